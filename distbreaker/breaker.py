@@ -1,0 +1,207 @@
+"""The synchronous circuit breaker front end: I/O only, decisions in the codec."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .codec import SCRIPT_NAME, BreakerCodec, Metrics, Permit, Reply, ScriptCall, Step, decode_reply
+from .config import BreakerConfig, RedisErrorPolicy, build_config
+from .connection import sync_client
+from .events import Listener, Listeners
+from .fallback import UNAVAILABLE_ERRORS, LocalScriptRunner, RedisHealth
+from .keys import DEFAULT_PREFIX
+from .scripts import load_script, run_script
+from .state import State
+
+T = TypeVar("T")
+
+
+class BreakerCore:
+    """What the sync and asyncio breakers share that is not I/O."""
+
+    def __init__(self, name: str, config: BreakerConfig | None, prefix: str,
+                 overrides: dict[str, Any]) -> None:
+        self.config = build_config(config, overrides)
+        self._codec = BreakerCodec(name, self.config, prefix)
+        self._script = load_script(SCRIPT_NAME)
+        self._listeners = Listeners()
+        self._health = RedisHealth(self.config.redis_retry_max_backoff)
+        self._local = LocalScriptRunner()
+
+    @property
+    def name(self) -> str:
+        return self._codec.name
+
+    @property
+    def keys(self) -> Any:
+        """The Redis keys of this breaker (see docs/KEY_SCHEMA.md)."""
+        return self._codec.keys
+
+    @property
+    def config_drift(self) -> str | None:
+        """The fleet's stored config when it differs from this process's, else None."""
+        return self._codec.config_drift
+
+    @property
+    def fail_closed(self) -> bool:
+        return self.config.on_redis_error is RedisErrorPolicy.FAIL_CLOSED
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call `listener(Transition)` for every transition this process's calls make."""
+        self._listeners.add(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        self._listeners.remove(listener)
+
+    def _local_reply(self, call: ScriptCall) -> Reply:
+        return decode_reply(self._local.run(self._script, call.keys, call.args))
+
+    def _publish(self, reply: Reply, source: str) -> Reply:
+        for event in self._codec.apply(reply, time.monotonic(), source):
+            self._listeners.emit(event)
+        return reply
+
+    def _redis_failed(self, error: BaseException) -> None:
+        self._health.failed(error)
+        self._codec.forget_view()
+
+    def _redis_ok(self) -> None:
+        if self._health.last_error is not None:
+            self._local.reset()
+        self._health.succeeded()
+
+    def _fallback(self, call: ScriptCall, acquiring: bool) -> Reply | None:
+        """Redis is unavailable: the local breaker answers, or (fail_closed) nobody."""
+        if self.fail_closed:
+            if acquiring:
+                error = self._health.last_error or ConnectionError("redis unavailable")
+                raise self._codec.redis_unavailable(error, self._health.retry_in())
+            return None
+        return self._publish(self._local_reply(call), "local")
+
+
+class CircuitBreaker(BreakerCore):
+    """A circuit breaker whose state is shared by every process using the same Redis.
+
+    Use as a decorator, a context manager, or ``breaker.call(fn, *args)``.
+    Keyword arguments override fields of `config` (a `BreakerConfig`).
+    """
+
+    def __init__(self, name: str, redis: Any = None, config: BreakerConfig | None = None, *,
+                 prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
+        super().__init__(name, config, prefix, overrides)
+        self._client = sync_client(redis, self.config.redis_timeout)
+        self._tls = threading.local()
+
+    # -- I/O -------------------------------------------------------------------
+    def _execute(self, call: ScriptCall, acquiring: bool = False) -> Reply | None:
+        if self._health.usable():
+            try:
+                raw = run_script(self._client, self._script, call.keys, call.args)
+            except UNAVAILABLE_ERRORS as error:
+                self._redis_failed(error)
+            else:
+                self._redis_ok()
+                return self._publish(decode_reply(raw), "redis")
+        return self._fallback(call, acquiring)
+
+    def _admin(self, call: ScriptCall) -> Reply:
+        """Operator actions and reads go to Redis only: their errors are raised."""
+        reply = decode_reply(run_script(self._client, self._script, call.keys, call.args))
+        return self._publish(reply, "redis")
+
+    # -- the protected call -------------------------------------------------------
+    def acquire(self) -> Permit:
+        """Ask for permission to make one call; raises CallNotPermitted."""
+        codec = self._codec
+        now = time.monotonic()
+        step = codec.step(now)
+        if step is Step.PERMIT:
+            return Permit()
+        if step is Step.REJECT:
+            raise codec.local_rejection(now)
+        call, token = codec.acquire_call()
+        reply = self._execute(call, acquiring=True)
+        assert reply is not None
+        return codec.admission(reply, token)
+
+    def record(self, permit: Permit, error: BaseException | None, duration: float) -> None:
+        """Report how a permitted call ended (error None: it returned normally)."""
+        codec = self._codec
+        call = codec.record_call(permit, codec.outcome(error), duration)
+        if call is not None:
+            self._execute(call)
+
+    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run `fn(*args, **kwargs)` under the breaker."""
+        permit = self.acquire()
+        started = time.monotonic()
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as error:
+            self.record(permit, error, time.monotonic() - started)
+            raise
+        self.record(permit, None, time.monotonic() - started)
+        return result
+
+    def __call__(self, fn: Callable[..., T]) -> Callable[..., T]:
+        if inspect.iscoroutinefunction(fn):
+            raise TypeError("use distbreaker.aio.CircuitBreaker to decorate a coroutine function")
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> T:
+            return self.call(fn, *args, **kwargs)
+
+        return wrapper
+
+    def __enter__(self) -> CircuitBreaker:
+        stack = self._tls.__dict__.setdefault("stack", [])
+        stack.append((self.acquire(), time.monotonic()))
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        permit, started = self._tls.stack.pop()
+        self.record(permit, exc, time.monotonic() - started)
+
+    # -- state, metrics, operator actions --------------------------------------------
+    def _read(self) -> Reply:
+        return self._admin(self._codec.state_call())
+
+    @property
+    def state(self) -> State:
+        """The fleet-wide state, read from Redis (OPEN becomes HALF_OPEN by time here too)."""
+        return self._read().state
+
+    def metrics(self) -> Metrics:
+        return self._codec.metrics(self._read())
+
+    def _set(self, target: str, reason: str, actor: str) -> State:
+        return self._admin(self._codec.set_call(target, reason, actor)).state
+
+    def reset(self, reason: str = "reset", actor: str = "") -> State:
+        """Back to CLOSED with an empty window; this process's config becomes the stored one."""
+        return self._set("RESET", reason, actor)
+
+    def trip(self, reason: str = "tripped", actor: str = "") -> State:
+        """Force OPEN now (a normal OPEN: probes start after the wait)."""
+        return self._set("TRIP", reason, actor)
+
+    def transition_to_closed(self, reason: str = "closed by operator", actor: str = "") -> State:
+        return self._set(State.CLOSED.value, reason, actor)
+
+    def transition_to_forced_open(self, reason: str = "forced open", actor: str = "") -> State:
+        return self._set(State.FORCED_OPEN.value, reason, actor)
+
+    def transition_to_disabled(self, reason: str = "disabled", actor: str = "") -> State:
+        return self._set(State.DISABLED.value, reason, actor)
+
+    def transition_to_metrics_only(self, reason: str = "metrics only", actor: str = "") -> State:
+        return self._set(State.METRICS_ONLY.value, reason, actor)
+
+    def __repr__(self) -> str:
+        return f"CircuitBreaker({self.name!r})"

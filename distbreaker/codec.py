@@ -1,0 +1,237 @@
+"""The breaker's pure protocol core, shared by the sync and asyncio front ends.
+
+It builds script arguments, decodes replies, keeps this process's local view
+of the fleet state (refreshed by every reply) and decides what a call needs:
+a local permit (CLOSED: 0 round trips before the call), a local rejection
+(a known OPEN wait: 0 round trips), or an `acquire` script call. It performs
+no I/O; the front ends do, and hand every reply back here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import secrets
+import threading
+import warnings
+from collections.abc import Sequence
+from enum import Enum
+from typing import Any
+
+from .classify import Outcome, classify_exception
+from .config import BreakerConfig, to_ms
+from .errors import CallNotPermitted, ConfigDriftWarning
+from .events import Transition
+from .keys import DEFAULT_PREFIX, BreakerKeys
+from .state import State
+
+logger = logging.getLogger("distbreaker")
+SCRIPT_NAME = "breaker"
+
+
+class Step(str, Enum):
+    """What a protected call must do before running."""
+
+    PERMIT = "permit"    # run now, no round trip
+    REJECT = "reject"    # fail fast, no round trip
+    ACQUIRE = "acquire"  # ask Redis (or the local fallback) with the acquire script
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptCall:
+    """KEYS and ARGV of one breaker script call."""
+
+    keys: Sequence[str]
+    args: Sequence[Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """A decoded breaker script reply (see docs/KEY_SCHEMA.md)."""
+
+    state: State
+    wait_ms: int
+    permitted: bool
+    transitions: tuple[tuple[State, State, str], ...]
+    calls: int
+    failures: int
+    slow: int
+    total_ms: int
+    rejected: int
+    drift: bool
+    stored_config: str
+    now_ms: int
+    since_ms: int
+    probes_in_flight: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Permit:
+    """Permission to run one call; `token` is the half-open probe lease, if any."""
+
+    token: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Metrics:
+    """Fleet-wide window figures plus this process's own rejection count.
+
+    Rates are percentages, -1 until the minimum number of calls is reached.
+    In HALF_OPEN the figures are those of the probes reported so far.
+    """
+
+    state: State
+    failure_rate: float
+    slow_call_rate: float
+    calls: int
+    failed: int
+    slow: int
+    not_permitted: int
+    rejected_fleet_wide: int
+    probes_in_flight: int
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def decode_reply(raw: Sequence[Any]) -> Reply:
+    """Decode the breaker script's reply array (bytes or str, per client settings)."""
+    transitions = tuple((State(_text(t[0])), State(_text(t[1])), _text(t[2])) for t in raw[3])
+    return Reply(
+        state=State(_text(raw[0])), wait_ms=int(raw[1]), permitted=bool(int(raw[2])),
+        transitions=transitions, calls=int(raw[4]), failures=int(raw[5]), slow=int(raw[6]),
+        total_ms=int(raw[7]), rejected=int(raw[8]), drift=bool(int(raw[9])),
+        stored_config=_text(raw[10]), now_ms=int(raw[11]), since_ms=int(raw[12]),
+        probes_in_flight=int(raw[13]),
+    )
+
+
+def rate(part: int, whole: int, minimum: int) -> float:
+    """Percentage of `part` in `whole`, or -1 below the minimum number of calls."""
+    if whole <= 0 or whole < minimum:
+        return -1.0
+    return round(part * 100.0 / whole, 2)
+
+
+class BreakerCodec:
+    """Everything about one breaker that is neither I/O nor a front end."""
+
+    def __init__(self, name: str, config: BreakerConfig, prefix: str = DEFAULT_PREFIX) -> None:
+        self.name = name
+        self.config = config
+        self.keys = BreakerKeys.build(name, prefix)
+        self.wire = config.to_wire()
+        self._slow_ms = to_ms(config.slow_call_duration)
+        self._lock = threading.Lock()
+        self._view: State | None = None          # None: unknown, ask Redis
+        self._open_deadline = 0.0                # monotonic seconds
+        self._view_now_ms = 0
+        self._drift_warned = False
+        self.config_drift: str | None = None     # stored config when it differs from ours
+        self.not_permitted = 0
+
+    # -- building script calls ------------------------------------------------
+    def _call(self, op: str, *extra: Any) -> ScriptCall:
+        keys = self.keys
+        return ScriptCall(keys.script_keys, (op, self.name, self.wire, keys.channel, *extra))
+
+    def acquire_call(self) -> tuple[ScriptCall, str]:
+        token = secrets.token_hex(8)
+        return self._call("acquire", token), token
+
+    def state_call(self) -> ScriptCall:
+        return self._call("state")
+
+    def set_call(self, target: str, reason: str, actor: str = "") -> ScriptCall:
+        return self._call("set", target, reason, actor)
+
+    def record_call(self, permit: Permit, outcome: Outcome, duration: float) -> ScriptCall | None:
+        """The record script call for one finished call, or None when nothing is recorded."""
+        if outcome is Outcome.IGNORED:
+            if not permit.token:
+                return None
+            return self._call("record", permit.token, 0, 0, 0, 0)
+        ms = max(0, to_ms(duration))
+        failed = outcome is Outcome.FAILURE
+        slow = 1 if ms > self._slow_ms else 0
+        return self._call("record", permit.token, 0 if failed else 1, 1 if failed else 0,
+                          slow, ms)
+
+    def outcome(self, error: BaseException | None) -> Outcome:
+        """How a finished call counts (error None: it returned normally)."""
+        return Outcome.SUCCESS if error is None else classify_exception(self.config, error)
+
+    # -- local decisions ---------------------------------------------------------
+    def step(self, now: float) -> Step:
+        """Decide from the local view whether a round trip is needed before the call."""
+        view = self._view
+        if view in (State.CLOSED, State.DISABLED, State.METRICS_ONLY):
+            return Step.PERMIT
+        if view is State.OPEN and now < self._open_deadline:
+            return Step.REJECT
+        return Step.ACQUIRE
+
+    def local_rejection(self, now: float) -> CallNotPermitted:
+        with self._lock:
+            self.not_permitted += 1
+        return CallNotPermitted(self.name, State.OPEN, self._open_deadline - now)
+
+    def forget_view(self) -> None:
+        """Redis could not be asked: the next call must ask (or use the fallback) again."""
+        self._view = None
+
+    def apply(self, reply: Reply, now: float, source: str = "redis") -> list[Transition]:
+        """Refresh the local view from a Redis reply; return the transitions it made."""
+        if source == "redis":
+            with self._lock:
+                if reply.now_ms >= self._view_now_ms:
+                    self._view_now_ms = reply.now_ms
+                    self._view = reply.state
+                    self._open_deadline = now + reply.wait_ms / 1000.0
+            if reply.drift:
+                self._note_drift(reply.stored_config)
+            elif self.config_drift is not None:
+                self.config_drift = None
+        return [Transition(self.name, a, b, why, reply.now_ms, source)
+                for a, b, why in reply.transitions]
+
+    def admission(self, reply: Reply, token: str) -> Permit:
+        """Turn an acquire reply into a permit, or raise CallNotPermitted."""
+        if reply.permitted:
+            uses_probe = reply.state is State.HALF_OPEN
+            return Permit(token if uses_probe else "")
+        with self._lock:
+            self.not_permitted += 1
+        raise CallNotPermitted(self.name, reply.state, reply.wait_ms / 1000.0)
+
+    def redis_unavailable(self, error: BaseException, retry_after: float) -> CallNotPermitted:
+        """The fail_closed rejection (the Redis error becomes its cause)."""
+        with self._lock:
+            self.not_permitted += 1
+        rejection = CallNotPermitted(self.name, "UNKNOWN", retry_after,
+                                     reason=f"redis unavailable: {error}")
+        rejection.__cause__ = error
+        return rejection
+
+    def metrics(self, reply: Reply) -> Metrics:
+        minimum = (self.config.permitted_calls_in_half_open if reply.state is State.HALF_OPEN
+                   else self.config.effective_minimum_calls)
+        return Metrics(
+            state=reply.state,
+            failure_rate=rate(reply.failures, reply.calls, minimum),
+            slow_call_rate=rate(reply.slow, reply.calls, minimum),
+            calls=reply.calls, failed=reply.failures, slow=reply.slow,
+            not_permitted=self.not_permitted, rejected_fleet_wide=reply.rejected,
+            probes_in_flight=reply.probes_in_flight,
+        )
+
+    def _note_drift(self, stored: str) -> None:
+        self.config_drift = stored
+        if not self._drift_warned:
+            self._drift_warned = True
+            message = (f"circuit breaker {self.name!r}: this process's config {self.wire!r} "
+                       f"differs from the fleet's stored config {stored!r}; the stored config "
+                       f"governs until reset()")
+            logger.warning(message)
+            warnings.warn(message, ConfigDriftWarning, stacklevel=4)

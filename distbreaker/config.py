@@ -1,0 +1,213 @@
+"""Breaker configuration: a frozen, validated dataclass and its wire form.
+
+Durations are seconds (`float` or `datetime.timedelta`) here and integer
+milliseconds on the wire. The wire form (`to_wire()`) is what every script
+call carries; it doubles as the config fingerprint stored beside the state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from datetime import timedelta
+from enum import Enum
+from typing import Any
+
+Seconds = float | int | timedelta
+
+WIRE_VERSION = "1"
+
+
+class WindowType(str, Enum):
+    """Kind of sliding window (Resilience4j names)."""
+
+    COUNT_BASED = "COUNT_BASED"
+    TIME_BASED = "TIME_BASED"
+
+
+class RedisErrorPolicy(str, Enum):
+    """What a protected call does while Redis is unreachable."""
+
+    FAIL_OPEN = "fail_open"
+    FAIL_CLOSED = "fail_closed"
+
+
+_WINDOW_ALIASES = {"COUNT": WindowType.COUNT_BASED, "TIME": WindowType.TIME_BASED}
+MAX_COUNT_WINDOW = 100_000
+MAX_TIME_WINDOW = 3_600
+
+
+def to_seconds(value: Any, field: str) -> float:
+    """Convert a duration (seconds or timedelta) to float seconds, or raise naming `field`."""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{field} must be a number of seconds or a timedelta, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{field} must be a finite duration >= 0 seconds, got {value!r}")
+    return float(value)
+
+
+def to_ms(seconds: float) -> int:
+    """Seconds to the integer milliseconds used inside the scripts."""
+    return round(seconds * 1000)
+
+
+def check_int(value: Any, field: str, low: int, high: int) -> int:
+    """Validate an integer within [low, high] or raise a ValueError naming `field`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{field} must be an integer in [{low}, {high}], got {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{field} must be in [{low}, {high}], got {value!r}")
+    return value
+
+
+def check_percent(value: Any, field: str) -> float:
+    """Validate a percentage threshold in (0, 100]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{field} must be a number in (0, 100], got {value!r}")
+    if not 0 < value <= 100:
+        raise ValueError(f"{field} must be in (0, 100], got {value!r}")
+    return float(value)
+
+
+def _exception_types(value: Any, field: str) -> tuple[type[BaseException], ...]:
+    if isinstance(value, type):
+        value = (value,)
+    items = tuple(value)
+    for item in items:
+        if not (isinstance(item, type) and issubclass(item, BaseException)):
+            raise ValueError(f"{field} must hold exception classes, got {item!r}")
+    return items
+
+
+@dataclasses.dataclass(frozen=True)
+class BreakerConfig:
+    """Resilience4j's circuit breaker settings, with Resilience4j's defaults.
+
+    `half_open_lease` bounds how long a half-open probe may stay unreported
+    before its slot is handed to another worker (a SIGKILLed worker's probe).
+    `key_ttl` is how long an idle breaker's keys live in Redis.
+    Classification follows Resilience4j: `ignore_exceptions` / `ignore_predicate`
+    win; then an exception is a failure if it is one of `record_exceptions` or
+    `record_predicate` says so (with neither given, every `Exception` is a
+    failure); anything else counts as a success.
+    """
+
+    failure_rate_threshold: float = 50.0
+    slow_call_rate_threshold: float = 100.0
+    slow_call_duration: Seconds = 60.0
+    sliding_window_type: WindowType | str = WindowType.COUNT_BASED
+    sliding_window_size: int = 100
+    minimum_number_of_calls: int = 100
+    wait_duration_in_open_state: Seconds = 60.0
+    permitted_calls_in_half_open: int = 10
+    max_wait_in_half_open: Seconds = 0.0
+    half_open_lease: Seconds = 60.0
+    key_ttl: Seconds = 3600.0
+    record_exceptions: tuple[type[BaseException], ...] = ()
+    ignore_exceptions: tuple[type[BaseException], ...] = ()
+    record_predicate: Callable[[BaseException], bool] | None = None
+    ignore_predicate: Callable[[BaseException], bool] | None = None
+    on_redis_error: RedisErrorPolicy | str = RedisErrorPolicy.FAIL_OPEN
+    redis_timeout: Seconds = 0.25
+    redis_retry_max_backoff: Seconds = 5.0
+
+    def __post_init__(self) -> None:
+        put = object.__setattr__
+        put(self, "failure_rate_threshold",
+            check_percent(self.failure_rate_threshold, "failure_rate_threshold"))
+        put(self, "slow_call_rate_threshold",
+            check_percent(self.slow_call_rate_threshold, "slow_call_rate_threshold"))
+        window_type = self.sliding_window_type
+        if isinstance(window_type, str) and not isinstance(window_type, WindowType):
+            key = window_type.upper()
+            window_type = _WINDOW_ALIASES.get(key) or (
+                WindowType(key) if key in WindowType.__members__ else None)
+            if window_type is None:
+                raise ValueError(
+                    "sliding_window_type must be COUNT_BASED or TIME_BASED, "
+                    f"got {self.sliding_window_type!r}")
+        if not isinstance(window_type, WindowType):
+            raise ValueError(f"sliding_window_type must be COUNT_BASED or TIME_BASED, "
+                             f"got {self.sliding_window_type!r}")
+        put(self, "sliding_window_type", window_type)
+        top = MAX_COUNT_WINDOW if window_type is WindowType.COUNT_BASED else MAX_TIME_WINDOW
+        check_int(self.sliding_window_size, "sliding_window_size", 1, top)
+        check_int(self.minimum_number_of_calls, "minimum_number_of_calls", 1, 1_000_000_000)
+        check_int(self.permitted_calls_in_half_open, "permitted_calls_in_half_open", 1, 10_000)
+        for field in ("slow_call_duration", "wait_duration_in_open_state",
+                      "max_wait_in_half_open", "half_open_lease", "key_ttl",
+                      "redis_timeout", "redis_retry_max_backoff"):
+            put(self, field, to_seconds(getattr(self, field), field))
+        for field in ("slow_call_duration", "half_open_lease", "redis_timeout"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"{field} must be > 0 seconds, got {getattr(self, field)!r}")
+        if self.wait_duration_in_open_state < 0.001:
+            raise ValueError("wait_duration_in_open_state must be >= 0.001 seconds, "
+                             f"got {self.wait_duration_in_open_state!r}")
+        floor = max(self.wait_duration_in_open_state, self.max_wait_in_half_open,
+                    self.half_open_lease,
+                    self.sliding_window_size if window_type is WindowType.TIME_BASED else 0)
+        if self.key_ttl < floor:
+            raise ValueError(f"key_ttl must be >= {floor} seconds (the longest wait, lease or "
+                             f"time window), got {self.key_ttl!r}")
+        put(self, "record_exceptions",
+            _exception_types(self.record_exceptions, "record_exceptions"))
+        put(self, "ignore_exceptions",
+            _exception_types(self.ignore_exceptions, "ignore_exceptions"))
+        for field in ("record_predicate", "ignore_predicate"):
+            value = getattr(self, field)
+            if value is not None and not callable(value):
+                raise ValueError(f"{field} must be callable or None, got {value!r}")
+        try:
+            put(self, "on_redis_error", RedisErrorPolicy(self.on_redis_error))
+        except ValueError:
+            raise ValueError("on_redis_error must be 'fail_open' or 'fail_closed', "
+                             f"got {self.on_redis_error!r}") from None
+
+    @property
+    def effective_minimum_calls(self) -> int:
+        """Resilience4j caps the minimum at the window size for count windows."""
+        if self.sliding_window_type is WindowType.COUNT_BASED:
+            return min(self.minimum_number_of_calls, self.sliding_window_size)
+        return self.minimum_number_of_calls
+
+    def replace(self, **changes: Any) -> BreakerConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_wire(self) -> str:
+        """The semicolon-separated form the scripts parse (see docs/KEY_SCHEMA.md)."""
+        parts = [
+            WIRE_VERSION,
+            "C" if self.sliding_window_type is WindowType.COUNT_BASED else "T",
+            str(self.sliding_window_size),
+            str(self.effective_minimum_calls),
+            _num(self.failure_rate_threshold),
+            _num(self.slow_call_rate_threshold),
+            str(to_ms(self.wait_duration_in_open_state)),
+            str(self.permitted_calls_in_half_open),
+            str(to_ms(self.max_wait_in_half_open)),
+            str(to_ms(self.half_open_lease)),
+            str(to_ms(self.key_ttl)),
+            str(to_ms(self.slow_call_duration)),
+        ]
+        return ";".join(parts)
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def build_config(config: BreakerConfig | None, overrides: dict[str, Any]) -> BreakerConfig:
+    """Merge constructor keyword overrides into a config, naming unknown fields clearly."""
+    base = config if config is not None else BreakerConfig()
+    if not isinstance(base, BreakerConfig):
+        raise TypeError(f"config must be a BreakerConfig, got {type(base).__name__}")
+    known = {f.name for f in dataclasses.fields(BreakerConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise TypeError(f"unknown breaker option(s): {', '.join(unknown)}")
+    return dataclasses.replace(base, **overrides) if overrides else base

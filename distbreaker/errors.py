@@ -1,0 +1,46 @@
+"""Exceptions raised by distbreaker.
+
+`CallNotPermitted` is the only one a protected call raises on its own account
+(besides whatever the protected function raised); the others signal misuse or
+foreign data in Redis.
+"""
+
+from __future__ import annotations
+
+from .state import State
+
+
+class DistbreakerError(Exception):
+    """Base class of every error raised by distbreaker itself."""
+
+
+class CallNotPermitted(DistbreakerError):
+    """The breaker rejected the call without running it.
+
+    `retry_after` is the number of seconds until a probe may be tried (0 when
+    unknown or not applicable, e.g. FORCED_OPEN or a fail-closed Redis outage).
+    """
+
+    def __init__(self, name: str, state: State | str, retry_after: float = 0.0,
+                 reason: str = "") -> None:
+        self.name = name
+        self.state = state
+        self.retry_after = max(0.0, retry_after)
+        self.reason = reason
+        detail = f" ({reason})" if reason else ""
+        super().__init__(
+            f"circuit breaker {name!r} is {state}{detail}; "
+            f"retry after {self.retry_after:.3f}s"
+        )
+
+
+class SchemaError(DistbreakerError):
+    """A key holds data distbreaker did not write (wrong type, garbage, other schema)."""
+
+    def __init__(self, message: str, key: str = "") -> None:
+        self.key = key
+        super().__init__(message)
+
+
+class ConfigDriftWarning(UserWarning):
+    """Two workers configured the same breaker name differently."""

@@ -1,0 +1,68 @@
+"""Transition events and the per-breaker listener list.
+
+A transition is reported exactly once fleet-wide, by the script call that made
+it: that process calls its local listeners; the script itself publishes it on
+the pub/sub channel and appends it to the breaker's history stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable
+
+from .state import State
+
+logger = logging.getLogger("distbreaker")
+
+
+@dataclasses.dataclass(frozen=True)
+class Transition:
+    """One state change of one breaker.
+
+    `source` is "redis" for a fleet-wide transition, "local" for one made by
+    the in-process fallback breaker while Redis was unreachable.
+    """
+
+    name: str
+    from_state: State
+    to_state: State
+    reason: str
+    at_ms: int
+    source: str = "redis"
+
+
+Listener = Callable[[Transition], None]
+
+
+class Listeners:
+    """Thread-safe list of callbacks; a failing listener is logged, never raised."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: list[Listener] = []
+
+    def add(self, listener: Listener) -> None:
+        if not callable(listener):
+            raise TypeError(f"listener must be callable, got {listener!r}")
+        with self._lock:
+            self._items.append(listener)
+
+    def remove(self, listener: Listener) -> None:
+        with self._lock:
+            self._items.remove(listener)
+
+    def emit(self, event: Transition) -> None:
+        logger.info("circuit breaker %s: %s -> %s (%s)", event.name, event.from_state.value,
+                    event.to_state.value, event.reason,
+                    extra={"breaker": event.name, "from_state": event.from_state.value,
+                           "to_state": event.to_state.value, "reason": event.reason,
+                           "source": event.source})
+        with self._lock:
+            items = list(self._items)
+        for listener in items:
+            try:
+                listener(event)
+            except Exception:  # a listener must not break the protected call
+                logger.exception("distbreaker listener %r failed", listener)

@@ -1,0 +1,75 @@
+"""The key schema (v1): every Redis key and channel distbreaker uses.
+
+All keys of one protected name share the hash tag ``{name}`` so that every
+script touches a single Redis Cluster slot. See docs/KEY_SCHEMA.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+SCHEMA_VERSION = "1"
+DEFAULT_PREFIX = "distbreaker"
+MAX_NAME_LENGTH = 200
+MAX_PREFIX_LENGTH = 100
+
+
+def validate_name(name: object) -> str:
+    """A protected name: 1-200 printable characters, no whitespace or control characters."""
+    if not isinstance(name, str):
+        raise ValueError(f"name must be a str, got {type(name).__name__}")
+    if not 1 <= len(name) <= MAX_NAME_LENGTH:
+        raise ValueError(f"name must be 1-{MAX_NAME_LENGTH} characters, got {len(name)}")
+    bad = [c for c in name if not c.isprintable() or c.isspace()]
+    if bad:
+        raise ValueError(f"name must not contain whitespace or control characters, "
+                         f"got {bad[0]!r} in {name!r}")
+    return name
+
+
+def validate_prefix(prefix: object) -> str:
+    """A key prefix: printable, no whitespace, no braces (they would steal the hash tag)."""
+    if not isinstance(prefix, str):
+        raise ValueError(f"prefix must be a str, got {type(prefix).__name__}")
+    if not 1 <= len(prefix) <= MAX_PREFIX_LENGTH:
+        raise ValueError(f"prefix must be 1-{MAX_PREFIX_LENGTH} characters, got {len(prefix)}")
+    if any(c in "{}" or not c.isprintable() or c.isspace() for c in prefix):
+        raise ValueError(f"prefix must not contain braces, whitespace or control "
+                         f"characters, got {prefix!r}")
+    return prefix
+
+
+def namespace(prefix: str) -> str:
+    """The versioned namespace every key starts with, e.g. ``distbreaker:v1``."""
+    return f"{validate_prefix(prefix)}:v{SCHEMA_VERSION}"
+
+
+def events_channel(prefix: str = DEFAULT_PREFIX) -> str:
+    """The pub/sub channel every transition of every breaker is published on."""
+    return f"{namespace(prefix)}:events"
+
+
+@dataclasses.dataclass(frozen=True)
+class BreakerKeys:
+    """Keys of one circuit breaker, in the order the breaker script takes them."""
+
+    state: str
+    window: str
+    probes: str
+    history: str
+    channel: str
+
+    @classmethod
+    def build(cls, name: str, prefix: str = DEFAULT_PREFIX) -> BreakerKeys:
+        base = f"{namespace(prefix)}:{{{validate_name(name)}}}"
+        return cls(
+            state=f"{base}:cb",
+            window=f"{base}:cb:win",
+            probes=f"{base}:cb:probes",
+            history=f"{base}:cb:events",
+            channel=events_channel(prefix),
+        )
+
+    @property
+    def script_keys(self) -> list[str]:
+        return [self.state, self.window, self.probes, self.history]

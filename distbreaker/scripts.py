@@ -1,0 +1,86 @@
+"""Loading the Lua scripts shipped with the package, and running them.
+
+The scripts live in the top-level ``lua/`` folder of the source tree, which
+the wheel ships as ``distbreaker/lua/``. They are run with EVALSHA; a
+NOSCRIPT reply (Redis restarted, SCRIPT FLUSH) falls back to EVAL, which also
+caches the script again, so recovery costs one extra round trip once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from redis.exceptions import NoScriptError, ResponseError
+
+from .errors import SchemaError
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_CANDIDATES = (_PACKAGE_DIR / "lua", _PACKAGE_DIR.parent / "lua")
+
+
+def lua_dir() -> Path:
+    """The folder holding the scripts: inside the installed package, else the source tree."""
+    for candidate in _CANDIDATES:
+        if (candidate / "breaker.lua").is_file():
+            return candidate
+    raise FileNotFoundError("distbreaker's lua/ folder is missing from the installation")
+
+
+@dataclasses.dataclass(frozen=True)
+class LuaScript:
+    """One script: its file name, source text and SHA1 (the EVALSHA handle)."""
+
+    name: str
+    source: str
+    sha: str
+
+
+@functools.cache
+def load_script(name: str) -> LuaScript:
+    """Read ``lua/<name>.lua`` once per process."""
+    source = (lua_dir() / f"{name}.lua").read_text(encoding="utf-8")
+    return LuaScript(name, source, hashlib.sha1(source.encode()).hexdigest())
+
+
+def translate_error(exc: ResponseError) -> Exception:
+    """Turn a script's error reply into the library's own exception type."""
+    text = str(exc)
+    marker = "DISTBREAKER_SCHEMA "
+    if marker in text:
+        detail = text.split(marker, 1)[1].split(" script:", 1)[0].strip()
+        key = detail.split(" ", 1)[0]
+        return SchemaError(f"foreign or corrupt data: {detail}", key=key)
+    if "DISTBREAKER_ARGS " in text:
+        return ValueError(text.split("DISTBREAKER_ARGS ", 1)[1].split(" script:", 1)[0])
+    if text.startswith("WRONGTYPE"):
+        return SchemaError(f"a distbreaker key holds the wrong type: {text}")
+    return exc
+
+
+def run_script(client: Any, script: LuaScript, keys: Sequence[str],
+               args: Sequence[Any]) -> Any:
+    """Run a script on a sync redis-py client, reloading it after NOSCRIPT."""
+    try:
+        try:
+            return client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return client.eval(script.source, len(keys), *keys, *args)
+    except ResponseError as exc:
+        raise translate_error(exc) from exc
+
+
+async def run_script_async(client: Any, script: LuaScript, keys: Sequence[str],
+                           args: Sequence[Any]) -> Any:
+    """Run a script on a redis.asyncio client, reloading it after NOSCRIPT."""
+    try:
+        try:
+            return await client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await client.eval(script.source, len(keys), *keys, *args)
+    except ResponseError as exc:
+        raise translate_error(exc) from exc

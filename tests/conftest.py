@@ -1,0 +1,51 @@
+"""Shared fixtures: a real redis-server per test session (flushed between tests)
+and a fakeredis client for fast unit tests."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import fakeredis
+import pytest
+import redis
+
+from distbreaker.embedded import RedisServer
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    if redis_server.process is None or redis_server.process.poll() is not None:
+        redis_server.start()  # a previous test killed it
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.script_flush()
+    yield redis_server.url
+    client.close()
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def fake_client() -> fakeredis.FakeStrictRedis:
+    return fakeredis.FakeStrictRedis()
+
+
+@pytest.fixture
+def name() -> str:
+    """A fresh breaker name per test."""
+    return f"dep-{next(_names)}"
