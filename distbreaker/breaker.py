@@ -9,80 +9,16 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .codec import SCRIPT_NAME, BreakerCodec, Metrics, Permit, Reply, ScriptCall, Step, decode_reply
-from .config import BreakerConfig, RedisErrorPolicy, build_config
+from .codec import Metrics, Permit, Reply, ScriptCall, Step, decode_reply
+from .config import BreakerConfig
 from .connection import sync_client
-from .events import Listener, Listeners
-from .fallback import UNAVAILABLE_ERRORS, LocalScriptRunner, RedisHealth
+from .fallback import UNAVAILABLE_ERRORS
+from .frontend import BreakerCore
 from .keys import DEFAULT_PREFIX
-from .scripts import load_script, run_script
+from .scripts import run_script
 from .state import State
 
 T = TypeVar("T")
-
-
-class BreakerCore:
-    """What the sync and asyncio breakers share that is not I/O."""
-
-    def __init__(self, name: str, config: BreakerConfig | None, prefix: str,
-                 overrides: dict[str, Any]) -> None:
-        self.config = build_config(config, overrides)
-        self._codec = BreakerCodec(name, self.config, prefix)
-        self._script = load_script(SCRIPT_NAME)
-        self._listeners = Listeners()
-        self._health = RedisHealth(self.config.redis_retry_max_backoff)
-        self._local = LocalScriptRunner()
-
-    @property
-    def name(self) -> str:
-        return self._codec.name
-
-    @property
-    def keys(self) -> Any:
-        """The Redis keys of this breaker (see docs/KEY_SCHEMA.md)."""
-        return self._codec.keys
-
-    @property
-    def config_drift(self) -> str | None:
-        """The fleet's stored config when it differs from this process's, else None."""
-        return self._codec.config_drift
-
-    @property
-    def fail_closed(self) -> bool:
-        return self.config.on_redis_error is RedisErrorPolicy.FAIL_CLOSED
-
-    def add_listener(self, listener: Listener) -> None:
-        """Call `listener(Transition)` for every transition this process's calls make."""
-        self._listeners.add(listener)
-
-    def remove_listener(self, listener: Listener) -> None:
-        self._listeners.remove(listener)
-
-    def _local_reply(self, call: ScriptCall) -> Reply:
-        return decode_reply(self._local.run(self._script, call.keys, call.args))
-
-    def _publish(self, reply: Reply, source: str) -> Reply:
-        for event in self._codec.apply(reply, time.monotonic(), source):
-            self._listeners.emit(event)
-        return reply
-
-    def _redis_failed(self, error: BaseException) -> None:
-        self._health.failed(error)
-        self._codec.forget_view()
-
-    def _redis_ok(self) -> None:
-        if self._health.last_error is not None:
-            self._local.reset()
-        self._health.succeeded()
-
-    def _fallback(self, call: ScriptCall, acquiring: bool) -> Reply | None:
-        """Redis is unavailable: the local breaker answers, or (fail_closed) nobody."""
-        if self.fail_closed:
-            if acquiring:
-                error = self._health.last_error or ConnectionError("redis unavailable")
-                raise self._codec.redis_unavailable(error, self._health.retry_in())
-            return None
-        return self._publish(self._local_reply(call), "local")
 
 
 class CircuitBreaker(BreakerCore):
