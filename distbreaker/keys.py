@@ -61,7 +61,7 @@ class BreakerKeys:
 
     @classmethod
     def build(cls, name: str, prefix: str = DEFAULT_PREFIX) -> BreakerKeys:
-        base = f"{namespace(prefix)}:{{{validate_name(name)}}}"
+        base = _base(name, prefix)
         return cls(
             state=f"{base}:cb",
             window=f"{base}:cb:win",
@@ -73,3 +73,32 @@ class BreakerKeys:
     @property
     def script_keys(self) -> list[str]:
         return [self.state, self.window, self.probes, self.history]
+
+
+def _base(name: str, prefix: str) -> str:
+    return f"{namespace(prefix)}:{{{validate_name(name)}}}"
+
+
+@dataclasses.dataclass(frozen=True)
+class BulkheadKeys:
+    """Keys of one fleet-wide bulkhead (same hash tag as the breaker of that name)."""
+
+    leases: str   # zset: holder id -> lease deadline (server ms)
+    meta: str     # hash: counters (rejected, waiting, ...)
+    notify: str   # list: one element pushed per release, BLPOPed by waiters
+
+    @classmethod
+    def build(cls, name: str, prefix: str = DEFAULT_PREFIX) -> BulkheadKeys:
+        base = _base(name, prefix)
+        return cls(leases=f"{base}:bh", meta=f"{base}:bh:meta", notify=f"{base}:bh:notify")
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetKeys:
+    """Keys of one fleet-wide retry budget (same hash tag as the breaker of that name)."""
+
+    slices: str   # hash: per-time-slice deposits and withdrawals
+
+    @classmethod
+    def build(cls, name: str, prefix: str = DEFAULT_PREFIX) -> BudgetKeys:
+        return cls(slices=f"{_base(name, prefix)}:rb")
