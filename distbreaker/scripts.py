@@ -84,3 +84,57 @@ async def run_script_async(client: Any, script: LuaScript, keys: Sequence[str],
             return await client.eval(script.source, len(keys), *keys, *args)
     except ResponseError as exc:
         raise translate_error(exc) from exc
+
+
+ScriptCallSpec = tuple[LuaScript, Sequence[str], Sequence[Any]]
+
+
+def _queue(client: Any, calls: Sequence[ScriptCallSpec], indices: Sequence[int],
+           by_source: bool) -> Any:
+    """A non-transactional pipeline holding the given calls (EVALSHA, or EVAL by source)."""
+    pipe = client.pipeline(transaction=False)
+    for i in indices:
+        script, keys, args = calls[i]
+        if by_source:
+            pipe.eval(script.source, len(keys), *keys, *args)
+        else:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+    return pipe
+
+
+def _missing(results: list[Any]) -> list[int]:
+    """Indices whose script was not cached (NOSCRIPT: it did not run, so rerunning is safe)."""
+    return [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
+
+
+def _merged(results: list[Any], missing: list[int], rerun: Sequence[Any]) -> list[Any]:
+    for i, result in zip(missing, rerun, strict=True):
+        results[i] = result
+    for result in results:
+        if isinstance(result, ResponseError):
+            raise translate_error(result) from result
+        if isinstance(result, Exception):
+            raise result
+    return results
+
+
+def run_scripts(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
+    """Several script calls in one round trip (a pipeline, not a transaction).
+
+    Calls whose script is missing from the server's cache are rerun by source
+    (one more round trip, once after a restart or SCRIPT FLUSH).
+    """
+    results = list(_queue(client, calls, range(len(calls)), False).execute(raise_on_error=False))
+    missing = _missing(results)
+    rerun = _queue(client, calls, missing, True).execute(raise_on_error=False) if missing else []
+    return _merged(results, missing, rerun)
+
+
+async def run_scripts_async(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
+    """The asyncio twin of `run_scripts`."""
+    pipe = _queue(client, calls, range(len(calls)), False)
+    results = list(await pipe.execute(raise_on_error=False))
+    missing = _missing(results)
+    rerun = (await _queue(client, calls, missing, True).execute(raise_on_error=False)
+             if missing else [])
+    return _merged(results, missing, rerun)
