@@ -196,6 +196,34 @@ class BreakerConfig:
         ]
         return ";".join(parts)
 
+    @classmethod
+    def from_wire(cls, wire: str) -> BreakerConfig:
+        """Rebuild the config a wire string describes (e.g. the `cfg` stored beside a breaker).
+
+        Only the fields the wire carries are restored; classification and Redis
+        client settings keep their defaults. ``from_wire(w).to_wire() == w`` for
+        any wire written by `to_wire`. Raises ValueError on a malformed string.
+        """
+        parts = wire.split(";") if isinstance(wire, str) else []
+        if len(parts) < 12 or parts[0] != WIRE_VERSION or parts[1] not in ("C", "T"):
+            raise ValueError(f"not a v{WIRE_VERSION} breaker config wire string: {wire!r}")
+        try:
+            size, minimum, wait, permitted, half_open, lease, ttl, slow = (
+                int(p) for p in (parts[2], parts[3], *parts[6:12]))
+            failure, slow_rate = float(parts[4]), float(parts[5])
+        except ValueError:
+            raise ValueError(f"not a v{WIRE_VERSION} breaker config wire string: "
+                             f"{wire!r}") from None
+        return cls(
+            failure_rate_threshold=failure, slow_call_rate_threshold=slow_rate,
+            slow_call_duration=slow / 1000, sliding_window_type=(
+                WindowType.COUNT_BASED if parts[1] == "C" else WindowType.TIME_BASED),
+            sliding_window_size=size, minimum_number_of_calls=minimum,
+            wait_duration_in_open_state=wait / 1000, permitted_calls_in_half_open=permitted,
+            max_wait_in_half_open=half_open / 1000, half_open_lease=lease / 1000,
+            key_ttl=ttl / 1000,
+        )
+
 
 def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
