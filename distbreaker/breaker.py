@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .codec import Metrics, Permit, Reply, ScriptCall, Step, decode_reply
+from .codec import Metrics, Permit, Reply, ScriptCall
 from .config import BreakerConfig
 from .connection import sync_client
 from .fallback import UNAVAILABLE_ERRORS
@@ -42,34 +42,25 @@ class CircuitBreaker(BreakerCore):
             except UNAVAILABLE_ERRORS as error:
                 self._redis_failed(error)
             else:
-                self._redis_ok()
-                return self._publish(decode_reply(raw), "redis")
+                return self._redis_reply(raw)
         return self._fallback(call, acquiring)
 
     def _admin(self, call: ScriptCall) -> Reply:
         """Operator actions and reads go to Redis only: their errors are raised."""
-        reply = decode_reply(run_script(self._client, self._script, call.keys, call.args))
-        return self._publish(reply, "redis")
+        return self._admin_reply(run_script(self._client, self._script, call.keys, call.args))
 
     # -- the protected call -------------------------------------------------------
     def acquire(self) -> Permit:
         """Ask for permission to make one call; raises CallNotPermitted."""
-        codec = self._codec
-        now = time.monotonic()
-        step = codec.step(now)
-        if step is Step.PERMIT:
+        pending = self._pending_acquire()
+        if pending is None:
             return Permit()
-        if step is Step.REJECT:
-            raise codec.local_rejection(now)
-        call, token = codec.acquire_call()
-        reply = self._execute(call, acquiring=True)
-        assert reply is not None
-        return codec.admission(reply, token)
+        call, token = pending
+        return self._admit(self._execute(call, acquiring=True), token)
 
     def record(self, permit: Permit, error: BaseException | None, duration: float) -> None:
         """Report how a permitted call ended (error None: it returned normally)."""
-        codec = self._codec
-        call = codec.record_call(permit, codec.outcome(error), duration)
+        call = self._record_call(permit, error, duration)
         if call is not None:
             self._execute(call)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .codec import SCRIPT_NAME, BreakerCodec, Reply, ScriptCall, decode_reply
+from .codec import SCRIPT_NAME, BreakerCodec, Permit, Reply, ScriptCall, Step, decode_reply
 from .config import BreakerConfig, RedisErrorPolicy, build_config
 from .events import Listener, Listeners
 from .fallback import LocalScriptRunner, RedisHealth
@@ -52,6 +52,38 @@ class BreakerCore:
 
     def remove_listener(self, listener: Listener) -> None:
         self._listeners.remove(listener)
+
+    # -- the steps around each Redis call (the front ends only do the call) -----
+    def _pending_acquire(self) -> tuple[ScriptCall, str] | None:
+        """None: permitted locally (no round trip); raises a local rejection; else the call."""
+        codec = self._codec
+        now = time.monotonic()
+        step = codec.step(now)
+        if step is Step.PERMIT:
+            return None
+        if step is Step.REJECT:
+            raise codec.local_rejection(now)
+        return codec.acquire_call()
+
+    def _admit(self, reply: Reply | None, token: str) -> Permit:
+        """Turn the acquire reply into a permit, or raise CallNotPermitted."""
+        assert reply is not None  # acquiring: the fallback answers or raises
+        return self._codec.admission(reply, token)
+
+    def _record_call(self, permit: Permit, error: BaseException | None,
+                     duration: float) -> ScriptCall | None:
+        """The record script call for a finished call, or None when nothing is recorded."""
+        codec = self._codec
+        return codec.record_call(permit, codec.outcome(error), duration)
+
+    def _redis_reply(self, raw: Any) -> Reply:
+        """A protected call's script reply from Redis: Redis is healthy again."""
+        self._redis_ok()
+        return self._publish(decode_reply(raw), "redis")
+
+    def _admin_reply(self, raw: Any) -> Reply:
+        """An operator action's or read's reply (these never use the fallback)."""
+        return self._publish(decode_reply(raw), "redis")
 
     def _local_reply(self, call: ScriptCall) -> Reply:
         return decode_reply(self._local.run(self._script, call.keys, call.args))

@@ -1,0 +1,168 @@
+"""The asyncio circuit breaker front end: the sync breaker's shell with awaited Redis calls.
+
+Every decision is made by `BreakerCore` and the codec, exactly as in the sync
+breaker; only the Redis round trips are awaited. The in-process fallback used
+while Redis is unreachable (fakeredis, microseconds, no network) runs inline.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from typing import Any, NoReturn, TypeVar
+
+from ..codec import Metrics, Permit, Reply, ScriptCall
+from ..config import BreakerConfig
+from ..connection import async_client
+from ..fallback import UNAVAILABLE_ERRORS
+from ..frontend import BreakerCore
+from ..keys import DEFAULT_PREFIX
+from ..scripts import run_script_async
+from ..state import State
+
+T = TypeVar("T")
+
+# Permits of the `async with breaker:` blocks open in the current task, innermost last.
+# One module-level variable (ContextVars must not be created per instance: contexts keep
+# them alive) holding an immutable tuple, so tasks spawned inside a block, which copy
+# the context, can never pop their parent's permit.
+_open_blocks: ContextVar[tuple[tuple[CircuitBreaker, Permit, float], ...]] = ContextVar(
+    "distbreaker_aio_open_blocks", default=())
+
+
+class CircuitBreaker(BreakerCore):
+    """The asyncio twin of `distbreaker.CircuitBreaker`, sharing its state in Redis.
+
+    Use as a decorator of coroutine functions, ``async with breaker:``, or
+    ``await breaker.call(coro_fn, *args)``. `redis` is a URL or a
+    ``redis.asyncio.Redis``; keyword arguments override fields of `config`.
+    """
+
+    def __init__(self, name: str, redis: Any = None, config: BreakerConfig | None = None, *,
+                 prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
+        super().__init__(name, config, prefix, overrides)
+        self._owns_client = redis is None or isinstance(redis, str)
+        self._client = async_client(redis, self.config.redis_timeout)
+
+    async def aclose(self) -> None:
+        """Close the Redis client if this breaker built it from a URL (a given one is yours)."""
+        if self._owns_client:
+            await self._client.aclose()
+
+    # -- I/O -------------------------------------------------------------------
+    async def _execute(self, call: ScriptCall, acquiring: bool = False) -> Reply | None:
+        if self._health.usable():
+            try:
+                raw = await run_script_async(self._client, self._script, call.keys, call.args)
+            except UNAVAILABLE_ERRORS as error:
+                self._redis_failed(error)
+            else:
+                return self._redis_reply(raw)
+        return self._fallback(call, acquiring)
+
+    async def _admin(self, call: ScriptCall) -> Reply:
+        """Operator actions and reads go to Redis only: their errors are raised."""
+        raw = await run_script_async(self._client, self._script, call.keys, call.args)
+        return self._admin_reply(raw)
+
+    # -- the protected call -------------------------------------------------------
+    async def acquire(self) -> Permit:
+        """Ask for permission to make one call; raises CallNotPermitted."""
+        pending = self._pending_acquire()
+        if pending is None:
+            return Permit()
+        call, token = pending
+        return self._admit(await self._execute(call, acquiring=True), token)
+
+    async def record(self, permit: Permit, error: BaseException | None, duration: float) -> None:
+        """Report how a permitted call ended (error None: it returned normally)."""
+        call = self._record_call(permit, error, duration)
+        if call is not None:
+            await self._execute(call)
+
+    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """Await `fn(*args, **kwargs)` under the breaker.
+
+        A cancelled call (CancelledError) counts nowhere; its half-open probe,
+        if it held one, is handed back.
+        """
+        permit = await self.acquire()
+        started = time.monotonic()
+        try:
+            result = await fn(*args, **kwargs)
+        except BaseException as error:
+            await self.record(permit, error, time.monotonic() - started)
+            raise
+        await self.record(permit, None, time.monotonic() - started)
+        return result
+
+    def __call__(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError("distbreaker.aio.CircuitBreaker decorates coroutine functions; "
+                            "use distbreaker.CircuitBreaker for a plain function")
+
+        @functools.wraps(fn)
+        async def wrapper(*args: Any, **kwargs: Any) -> T:
+            return await self.call(fn, *args, **kwargs)
+
+        return wrapper
+
+    async def __aenter__(self) -> CircuitBreaker:
+        permit = await self.acquire()
+        _open_blocks.set((*_open_blocks.get(), (self, permit, time.monotonic())))
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        blocks = _open_blocks.get()
+        index = max(i for i, block in enumerate(blocks) if block[0] is self)
+        _, permit, started = blocks[index]
+        _open_blocks.set(blocks[:index] + blocks[index + 1:])
+        await self.record(permit, exc, time.monotonic() - started)
+
+    # -- state, metrics, operator actions --------------------------------------------
+    async def _read(self) -> Reply:
+        return await self._admin(self._codec.state_call())
+
+    async def get_state(self) -> State:
+        """The fleet-wide state, read from Redis (OPEN becomes HALF_OPEN by time here too)."""
+        return (await self._read()).state
+
+    @property
+    def state(self) -> NoReturn:
+        """Not available here: a property cannot await Redis."""
+        raise AttributeError("the asyncio breaker reads its state with `await breaker.get_state()`")
+
+    async def metrics(self) -> Metrics:
+        return self._codec.metrics(await self._read())
+
+    async def _set(self, target: str, reason: str, actor: str) -> State:
+        return (await self._admin(self._codec.set_call(target, reason, actor))).state
+
+    async def reset(self, reason: str = "reset", actor: str = "") -> State:
+        """Back to CLOSED with an empty window; this process's config becomes the stored one."""
+        return await self._set("RESET", reason, actor)
+
+    async def trip(self, reason: str = "tripped", actor: str = "") -> State:
+        """Force OPEN now (a normal OPEN: probes start after the wait)."""
+        return await self._set("TRIP", reason, actor)
+
+    async def transition_to_closed(self, reason: str = "closed by operator",
+                                   actor: str = "") -> State:
+        return await self._set(State.CLOSED.value, reason, actor)
+
+    async def transition_to_forced_open(self, reason: str = "forced open",
+                                        actor: str = "") -> State:
+        return await self._set(State.FORCED_OPEN.value, reason, actor)
+
+    async def transition_to_disabled(self, reason: str = "disabled", actor: str = "") -> State:
+        return await self._set(State.DISABLED.value, reason, actor)
+
+    async def transition_to_metrics_only(self, reason: str = "metrics only",
+                                         actor: str = "") -> State:
+        return await self._set(State.METRICS_ONLY.value, reason, actor)
+
+    def __repr__(self) -> str:
+        return f"aio.CircuitBreaker({self.name!r})"

@@ -1,0 +1,318 @@
+"""The asyncio front end against a real redis-server: the sync breaker's behaviour, awaited."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import pytest
+import redis
+import redis.asyncio
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from distbreaker import CircuitBreaker as SyncBreaker
+from distbreaker.aio import CallNotPermitted, CircuitBreaker, State, Transition
+from distbreaker.codec import SCRIPT_NAME
+from distbreaker.scripts import load_script
+
+T = TypeVar("T")
+SEED = {"sliding_window_type": "COUNT_BASED", "sliding_window_size": 10,
+        "minimum_number_of_calls": 5, "failure_rate_threshold": 50,
+        "wait_duration_in_open_state": 1.0, "permitted_calls_in_half_open": 2}
+
+
+def run(fn: Callable[[], Awaitable[T]]) -> T:
+    return asyncio.run(fn())  # type: ignore[arg-type]
+
+
+class Dependency:
+    """An async dependency that fails until `healthy`, counting the calls that reach it."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.healthy = False
+        self.calls = 0
+        self.delay = delay
+        self.entered = asyncio.Event()
+
+    async def __call__(self) -> str:
+        self.calls += 1
+        self.entered.set()
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if not self.healthy:
+            raise ConnectionError("gateway down")
+        return "ok"
+
+
+def closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"redis://127.0.0.1:{port}/0"
+
+
+async def outcome(breaker: CircuitBreaker, dep: Callable[[], Awaitable[Any]]) -> str:
+    try:
+        await breaker.call(dep)
+    except CallNotPermitted:
+        return "rejected"
+    except ConnectionError:
+        return "failed"
+    return "ok"
+
+
+def test_seed_scenario_with_one_listener_call_per_transition(name: str, redis_url: str) -> None:
+    async def scenario() -> None:
+        breaker = CircuitBreaker(name, redis=redis_url, **SEED)
+        events: list[Transition] = []
+        breaker.add_listener(events.append)
+        dep = Dependency()
+        outcomes = [await outcome(breaker, dep) for _ in range(8)]
+        assert outcomes == ["failed"] * 5 + ["rejected"] * 3
+        assert dep.calls == 5
+        assert await breaker.get_state() is State.OPEN
+        metrics = await breaker.metrics()
+        assert metrics.failure_rate == 100.0 and metrics.calls == 5
+        assert metrics.not_permitted == 3
+
+        await asyncio.sleep(1.05)
+        dep.healthy = True
+        assert await breaker.call(dep) == "ok"
+        assert await breaker.get_state() is State.HALF_OPEN
+        assert await breaker.call(dep) == "ok"
+        assert await breaker.get_state() is State.CLOSED
+        assert dep.calls == 7
+        assert [(e.from_state, e.to_state, e.source) for e in events] == [
+            (State.CLOSED, State.OPEN, "redis"), (State.OPEN, State.HALF_OPEN, "redis"),
+            (State.HALF_OPEN, State.CLOSED, "redis")]
+        await breaker.aclose()
+
+    run(scenario)
+
+
+def test_decorator_and_async_context_manager(name: str, redis_url: str) -> None:
+    async def scenario() -> None:
+        breaker = CircuitBreaker(name, redis=redis_url, minimum_number_of_calls=4,
+                                 sliding_window_size=10)
+
+        @breaker
+        async def fetch(value: int, *, fail: bool = False) -> int:
+            if fail:
+                raise ConnectionError("down")
+            return value * 2
+
+        assert fetch.__name__ == "fetch"
+        assert await fetch(21) == 42
+        with pytest.raises(ConnectionError):
+            await fetch(1, fail=True)
+        async with breaker as entered:
+            assert entered is breaker
+        with pytest.raises(ConnectionError):
+            async with breaker:
+                raise ConnectionError("down")
+        metrics = await breaker.metrics()
+        assert (metrics.calls, metrics.failed, metrics.failure_rate) == (4, 2, 50.0)
+
+        with pytest.raises(TypeError, match="coroutine functions"):
+            breaker(lambda: None)
+        with pytest.raises(AttributeError, match="get_state"):
+            _ = breaker.state
+        await breaker.aclose()
+
+    run(scenario)
+
+
+def test_async_with_blocks_of_interleaved_tasks_keep_their_own_permit(
+        name: str, redis_url: str) -> None:
+    """Task A enters first and leaves first: a shared (thread-local) stack would swap
+    the two start times and report B as slow (0.55 s); each really took 0.35 s."""
+    async def scenario() -> None:
+        breaker = CircuitBreaker(name, redis=redis_url, slow_call_duration=0.45)
+
+        async def block(delay_before: float, inside: float) -> None:
+            await asyncio.sleep(delay_before)
+            async with breaker:
+                await asyncio.sleep(inside)
+
+        await asyncio.gather(block(0.0, 0.35), block(0.2, 0.35))
+        metrics = await breaker.metrics()
+        assert (metrics.calls, metrics.slow) == (2, 0)
+        await breaker.aclose()
+
+    run(scenario)
+
+
+def test_ignored_exceptions_count_nowhere_and_return_the_probe(name: str,
+                                                                redis_url: str) -> None:
+    async def scenario() -> None:
+        breaker = CircuitBreaker(name, redis=redis_url, ignore_exceptions=(KeyError,),
+                                 minimum_number_of_calls=2, wait_duration_in_open_state=0.2,
+                                 permitted_calls_in_half_open=1)
+
+        @breaker
+        async def lookup() -> None:
+            raise KeyError("missing")
+
+        for _ in range(5):
+            with pytest.raises(KeyError):
+                await lookup()
+            with pytest.raises(KeyError):
+                async with breaker:
+                    raise KeyError("missing")
+        metrics = await breaker.metrics()
+        assert (metrics.state, metrics.calls, metrics.failed) == (State.CLOSED, 0, 0)
+
+        await breaker.trip()
+        await asyncio.sleep(0.25)
+        with pytest.raises(KeyError):  # the only probe is ignored: it must be handed back
+            await lookup()
+        metrics = await breaker.metrics()
+        assert (metrics.state, metrics.calls, metrics.probes_in_flight) == (State.HALF_OPEN, 0, 0)
+        async with breaker:  # so a second probe is admitted, and closes the breaker
+            pass
+        assert await breaker.get_state() is State.CLOSED
+        await breaker.aclose()
+
+    run(scenario)
+
+
+def test_cancelled_calls_count_nowhere_and_return_the_probe(name: str, redis_url: str) -> None:
+    async def scenario() -> None:
+        breaker = CircuitBreaker(name, redis=redis_url, minimum_number_of_calls=2,
+                                 wait_duration_in_open_state=0.2, permitted_calls_in_half_open=1)
+        dep = Dependency(delay=10)
+        for _ in range(3):
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(breaker.call(dep), 0.05)
+        metrics = await breaker.metrics()
+        assert (metrics.state, metrics.calls, metrics.failed) == (State.CLOSED, 0, 0)
+
+        await breaker.trip()
+        await asyncio.sleep(0.25)
+        dep.entered.clear()
+        probe = asyncio.create_task(breaker.call(dep))
+        await dep.entered.wait()
+        assert (await breaker.metrics()).probes_in_flight == 1
+        probe.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await probe
+        metrics = await breaker.metrics()
+        assert (metrics.state, metrics.calls, metrics.probes_in_flight) == (State.HALF_OPEN, 0, 0)
+        dep.delay, dep.healthy = 0, True
+        assert await breaker.call(dep) == "ok"  # permitted 1: only possible if handed back
+        assert await breaker.get_state() is State.CLOSED
+        await breaker.aclose()
+
+    run(scenario)
+
+
+def test_fail_open_local_breaker_still_protects() -> None:
+    async def scenario() -> None:
+        breaker = CircuitBreaker("unreachable", redis=closed_port_url(), **SEED)
+        events: list[Transition] = []
+        breaker.add_listener(events.append)
+        dep = Dependency()
+        outcomes = [await outcome(breaker, dep) for _ in range(8)]
+        assert outcomes == ["failed"] * 5 + ["rejected"] * 3
+        assert dep.calls == 5
+        assert [(e.from_state, e.to_state, e.source) for e in events] == [
+            (State.CLOSED, State.OPEN, "local")]
+        with pytest.raises(RedisConnectionError):  # operator reads do raise
+            await breaker.get_state()
+        await breaker.aclose()
+
+    run(scenario)
+
+
+def test_fail_closed_rejects_with_the_redis_error_as_cause() -> None:
+    async def scenario() -> None:
+        breaker = CircuitBreaker("unreachable", redis=closed_port_url(),
+                                 on_redis_error="fail_closed")
+        dep = Dependency()
+        dep.healthy = True
+        with pytest.raises(CallNotPermitted) as caught:
+            await breaker.call(dep)
+        assert isinstance(caught.value.__cause__, RedisConnectionError)
+        assert dep.calls == 0
+        await breaker.aclose()
+
+    run(scenario)
+
+
+def test_noscript_after_script_flush_is_recovered(name: str, redis_url: str,
+                                                 redis_client: redis.Redis) -> None:
+    sha = load_script(SCRIPT_NAME).sha
+
+    async def scenario() -> None:
+        breaker = CircuitBreaker(name, redis=redis_url)
+        dep = Dependency()
+        dep.healthy = True
+        assert await breaker.call(dep) == "ok"
+        redis_client.script_flush()
+        assert redis_client.script_exists(sha) == [False]
+        assert await breaker.call(dep) == "ok"  # CLOSED: its record goes to Redis
+        assert redis_client.script_exists(sha) == [True]
+        assert (await breaker.metrics()).calls == 2  # both recorded in Redis, not locally
+        await breaker.aclose()
+
+    run(scenario)
+
+
+def test_twenty_concurrent_tasks_in_half_open_let_exactly_two_probes_through(
+        name: str, redis_url: str) -> None:
+    async def scenario() -> None:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        breaker = CircuitBreaker(name, redis=client, **{**SEED, "wait_duration_in_open_state":
+                                                        0.2})
+        observer = CircuitBreaker(name, redis=client, **{**SEED, "wait_duration_in_open_state":
+                                                         0.2})
+        events: list[Transition] = []
+        breaker.add_listener(events.append)
+        observer.add_listener(events.append)
+        await breaker.trip()
+        events.clear()
+        await asyncio.sleep(0.25)
+        dep = Dependency(delay=0.1)
+        dep.healthy = True
+        outcomes = await asyncio.gather(*(outcome(breaker, dep) for _ in range(20)))
+        assert dep.calls == 2
+        assert sorted(outcomes) == ["ok"] * 2 + ["rejected"] * 18
+        assert await observer.get_state() is State.CLOSED
+        assert [(e.from_state, e.to_state) for e in events] == [
+            (State.OPEN, State.HALF_OPEN), (State.HALF_OPEN, State.CLOSED)]
+        await client.aclose()
+
+    run(scenario)
+
+
+def test_shares_state_with_the_sync_breaker_and_operator_actions(
+        name: str, redis_url: str) -> None:
+    sync = SyncBreaker(name, redis=redis_url)
+    sync.trip()
+
+    async def scenario() -> None:
+        breaker = CircuitBreaker(name, redis=redis_url)
+        dep = Dependency()
+        assert await breaker.get_state() is State.OPEN
+        assert await outcome(breaker, dep) == "rejected"
+        assert await breaker.transition_to_forced_open() is State.FORCED_OPEN
+        with pytest.raises(CallNotPermitted) as caught:
+            await breaker.call(dep)
+        assert caught.value.state is State.FORCED_OPEN
+        assert await breaker.transition_to_disabled() is State.DISABLED
+        assert await outcome(breaker, dep) == "failed"
+        assert await breaker.transition_to_metrics_only() is State.METRICS_ONLY
+        assert await breaker.transition_to_closed() is State.CLOSED
+        assert await breaker.reset() is State.CLOSED
+        assert dep.calls == 1
+        await breaker.aclose()
+
+    run(scenario)
+    assert sync.state is State.CLOSED
+
+
+def test_redis_argument_must_be_async() -> None:
+    with pytest.raises(TypeError, match="asyncio"):
+        CircuitBreaker("x", redis=redis.Redis())
