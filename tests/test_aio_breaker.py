@@ -208,6 +208,47 @@ def test_cancelled_calls_count_nowhere_and_return_the_probe(name: str, redis_url
     run(scenario)
 
 
+class SlowAcquireReplies:
+    """A client whose acquire replies arrive late: Redis has already granted the probe."""
+
+    def __init__(self, client: redis.asyncio.Redis) -> None:
+        self.client = client
+        self.delay = 0.0
+
+    async def evalsha(self, *args: Any) -> Any:
+        reply = await self.client.evalsha(*args)
+        if "acquire" in args:
+            await asyncio.sleep(self.delay)
+        return reply
+
+    async def eval(self, *args: Any) -> Any:
+        return await self.client.eval(*args)
+
+
+def test_cancelled_while_acquiring_hands_the_granted_probe_back(name: str,
+                                                                 redis_url: str) -> None:
+    async def scenario() -> None:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        slow = SlowAcquireReplies(client)
+        breaker = CircuitBreaker(name, redis=slow, wait_duration_in_open_state=0.2,
+                                 permitted_calls_in_half_open=1)
+        await breaker.trip()
+        await asyncio.sleep(0.25)
+        dep = Dependency()
+        dep.healthy = True
+        slow.delay = 10
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(breaker.call(dep), 0.1)
+        slow.delay = 0
+        metrics = await breaker.metrics()
+        assert (metrics.state, metrics.probes_in_flight, dep.calls) == (State.HALF_OPEN, 0, 0)
+        assert await breaker.call(dep) == "ok"  # permitted 1: only possible if handed back
+        assert await breaker.get_state() is State.CLOSED
+        await client.aclose()
+
+    run(scenario)
+
+
 def test_fail_open_local_breaker_still_protects() -> None:
     async def scenario() -> None:
         breaker = CircuitBreaker("unreachable", redis=closed_port_url(), **SEED)

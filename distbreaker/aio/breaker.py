@@ -7,6 +7,7 @@ while Redis is unreachable (fakeredis, microseconds, no network) runs inline.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import time
@@ -75,7 +76,15 @@ class CircuitBreaker(BreakerCore):
         if pending is None:
             return Permit()
         call, token = pending
-        return self._admit(await self._execute(call, acquiring=True), token)
+        try:
+            reply = await self._execute(call, acquiring=True)
+        except asyncio.CancelledError as cancelled:
+            # Redis may have granted a half-open probe before the reply was lost to the
+            # cancellation (a timeout around the call): hand it back rather than leave the
+            # slot taken until its lease expires. Outside HALF_OPEN this is a no-op.
+            await self.record(Permit(token), cancelled, 0.0)
+            raise
+        return self._admit(reply, token)
 
     async def record(self, permit: Permit, error: BaseException | None, duration: float) -> None:
         """Report how a permitted call ended (error None: it returned normally)."""
