@@ -44,3 +44,21 @@ class SchemaError(DistbreakerError):
 
 class ConfigDriftWarning(UserWarning):
     """Two workers configured the same breaker name differently."""
+
+
+class RetryBudgetExhausted(DistbreakerError):
+    """The fleet-wide retry budget had no retry left for `name`.
+
+    `RetryBudget.withdraw()` raises it. `Retry` does not: when the budget says
+    no it re-raises the original error, marked `retry_budget_exhausted = True`
+    (see distbreaker.retry), so callers' ``except`` clauses keep working.
+    """
+
+    def __init__(self, name: str, balance: int = 0, deposits: int = 0,
+                 withdrawals: int = 0) -> None:
+        self.name = name
+        self.balance = balance
+        self.deposits = deposits
+        self.withdrawals = withdrawals
+        super().__init__(f"retry budget {name!r} is exhausted (balance {balance}, "
+                         f"{deposits} requests and {withdrawals} retries in the window)")

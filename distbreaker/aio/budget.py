@@ -1,0 +1,56 @@
+"""The fleet-wide retry budget for asyncio: `distbreaker.RetryBudget` with awaited calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..budget_codec import BudgetConfig, BudgetCore, BudgetReply
+from ..connection import async_client
+from ..fallback import UNAVAILABLE_ERRORS
+from ..keys import DEFAULT_PREFIX
+from ..scripts import run_script_async
+
+
+class RetryBudget(BudgetCore):
+    """Async twin of `distbreaker.RetryBudget` (same script, keys and fallback)."""
+
+    def __init__(self, name: str, redis: Any = None, config: BudgetConfig | None = None, *,
+                 prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
+        super().__init__(name, config, prefix, overrides)
+        self._client = async_client(redis, self.config.redis_timeout)
+
+    async def _run(self, op: str, amount: int = 1) -> BudgetReply:
+        args = self.script_args(op, amount)
+        if self._health.usable():
+            try:
+                raw = await run_script_async(self._client, self._script, [self.keys.slices],
+                                             args)
+            except UNAVAILABLE_ERRORS as error:
+                self._redis_failed(error)
+            else:
+                self._redis_ok()
+                return self._decode(raw, "redis")
+        # The local fallback is an in-memory fakeredis: no I/O worth awaiting.
+        return self._decode(self._local_raw(args), "local")
+
+    async def deposit(self, amount: int = 1) -> int:
+        """Count `amount` logical requests; returns the balance after."""
+        return (await self._run("deposit", amount)).balance
+
+    async def try_withdraw(self) -> bool:
+        """Take one retry from the budget; False when it is exhausted."""
+        return (await self._run("withdraw")).ok
+
+    async def withdraw(self) -> None:
+        """Take one retry from the budget or raise `RetryBudgetExhausted`."""
+        reply = await self._run("withdraw")
+        if not reply.ok:
+            raise self.exhausted(reply)
+
+    async def balance(self) -> int:
+        """Retries the fleet may still make now (this process's budget while Redis is down)."""
+        return (await self._run("balance")).balance
+
+    async def reset(self) -> None:
+        """Forget the window in Redis (the next writer's ttl/slices become the stored ones)."""
+        await self._client.delete(self.keys.slices)

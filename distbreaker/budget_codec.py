@@ -1,0 +1,160 @@
+"""The retry budget's pure core, shared by the sync and asyncio front ends.
+
+It validates the configuration, builds the ``lua/budget.lua`` script calls and
+decodes their replies; it does no I/O. What the front ends share that is not
+I/O (Redis health, the local fallback runner) lives in `BudgetCore`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from .config import Seconds, check_int, to_ms, to_seconds
+from .errors import ConfigDriftWarning, RetryBudgetExhausted
+from .fallback import LocalScriptRunner, RedisHealth
+from .keys import DEFAULT_PREFIX, BudgetKeys, validate_name
+from .scripts import load_script
+
+SCRIPT_NAME = "budget"
+MAX_PERCENT_CAN_RETRY = 10.0   # 1000 %, as in Finagle
+MILLIONTHS = 1_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetConfig:
+    """Finagle's RetryBudget settings.
+
+    `percent_can_retry` is a fraction (0.2 = one retry per five requests);
+    `min_retries_per_sec * ttl` is the floor that lets a quiet service retry at
+    all. The window (`ttl`) is cut into `slices` time slices, evicted lazily in
+    Redis. `redis_timeout` / `redis_retry_max_backoff` as for the breaker.
+    """
+
+    percent_can_retry: float = 0.2
+    min_retries_per_sec: float = 10.0
+    ttl: Seconds = 10.0
+    slices: int = 10
+    redis_timeout: Seconds = 0.25
+    redis_retry_max_backoff: Seconds = 5.0
+
+    def __post_init__(self) -> None:
+        put = object.__setattr__
+        for field, top in (("percent_can_retry", MAX_PERCENT_CAN_RETRY),
+                           ("min_retries_per_sec", 1_000_000.0)):
+            value = getattr(self, field)
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or not 0 <= value <= top):
+                raise ValueError(f"{field} must be a number in [0, {top:g}], got {value!r}")
+            put(self, field, float(value))
+        for field in ("ttl", "redis_timeout", "redis_retry_max_backoff"):
+            put(self, field, to_seconds(getattr(self, field), field))
+        if not 0.01 <= self.ttl <= 86_400:
+            raise ValueError(f"ttl must be in [0.01, 86400] seconds, got {self.ttl!r}")
+        if self.redis_timeout <= 0:
+            raise ValueError(f"redis_timeout must be > 0 seconds, got {self.redis_timeout!r}")
+        check_int(self.slices, "slices", 1, 100)
+
+    @property
+    def floor(self) -> int:
+        """Retries allowed with no traffic at all: floor(min_retries_per_sec * ttl)."""
+        return self.reserve_millionths // MILLIONTHS
+
+    @property
+    def percent_millionths(self) -> int:
+        return round(self.percent_can_retry * MILLIONTHS)
+
+    @property
+    def reserve_millionths(self) -> int:
+        return round(self.min_retries_per_sec * self.ttl * MILLIONTHS)
+
+
+def build_budget_config(config: BudgetConfig | None, overrides: dict[str, Any]) -> BudgetConfig:
+    """Merge constructor keyword overrides into a config, naming unknown fields clearly."""
+    base = config if config is not None else BudgetConfig()
+    if not isinstance(base, BudgetConfig):
+        raise TypeError(f"config must be a BudgetConfig, got {type(base).__name__}")
+    known = {f.name for f in dataclasses.fields(BudgetConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise TypeError(f"unknown retry budget option(s): {', '.join(unknown)}")
+    return dataclasses.replace(base, **overrides) if overrides else base
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetReply:
+    """A decoded budget script reply (see lua/budget.lua)."""
+
+    ok: bool
+    balance: int
+    deposits: int
+    withdrawals: int
+    now_ms: int
+    drift: bool
+
+
+def decode_budget_reply(raw: Sequence[Any]) -> BudgetReply:
+    return BudgetReply(ok=bool(int(raw[0])), balance=int(raw[1]), deposits=int(raw[2]),
+                       withdrawals=int(raw[3]), now_ms=int(raw[4]), drift=bool(int(raw[5])))
+
+
+class BudgetCore:
+    """Everything about one retry budget that is neither I/O nor a front end.
+
+    While Redis is unreachable the same script runs on a private in-process
+    fakeredis (`LocalScriptRunner`): the local budget has the same formula and
+    window, scoped to this process, so during an outage the fleet may retry up
+    to `workers x floor` + `percent_can_retry` of its requests. When Redis
+    answers again the local budget is discarded.
+    """
+
+    def __init__(self, name: str, config: BudgetConfig | None, prefix: str,
+                 overrides: dict[str, Any]) -> None:
+        self.name = validate_name(name)
+        self.config = build_budget_config(config, overrides)
+        self.keys = BudgetKeys.build(name, prefix or DEFAULT_PREFIX)
+        self._script = load_script(SCRIPT_NAME)
+        self._health = RedisHealth(self.config.redis_retry_max_backoff)
+        self._local = LocalScriptRunner()
+        self._drift_warned = False
+        self.last_source = "redis"   # where the last answer came from: "redis" or "local"
+        cfg = self.config
+        self._args = (str(cfg.percent_millionths), str(cfg.reserve_millionths),
+                      str(to_ms(cfg.ttl)), str(cfg.slices))
+
+    def script_args(self, op: str, amount: int = 1) -> list[str]:
+        """ARGV of one budget script call."""
+        if op == "deposit":
+            check_int(amount, "amount", 1, 1_000_000_000)
+        return [op, *self._args, str(amount)]
+
+    def _local_raw(self, args: Sequence[str]) -> Any:
+        return self._local.run(self._script, [self.keys.slices], args)
+
+    def _redis_failed(self, error: BaseException) -> None:
+        self._health.failed(error)
+
+    def _redis_ok(self) -> None:
+        if self._health.last_error is not None:
+            self._local.reset()
+        self._health.succeeded()
+
+    def _decode(self, raw: Sequence[Any], source: str) -> BudgetReply:
+        reply = decode_budget_reply(raw)
+        self.last_source = source
+        if reply.drift and not self._drift_warned and source == "redis":
+            self._drift_warned = True
+            warnings.warn(
+                f"retry budget {self.name!r}: the stored window geometry differs from this "
+                f"process's ttl/slices; the stored one is used until the key expires or "
+                f"reset() is called", ConfigDriftWarning, stacklevel=4)
+        return reply
+
+    def exhausted(self, reply: BudgetReply) -> RetryBudgetExhausted:
+        return RetryBudgetExhausted(self.name, reply.balance, reply.deposits, reply.withdrawals)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
