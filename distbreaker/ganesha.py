@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from .config import check_int, check_percent, to_ms, to_seconds
 from .connection import sync_client
+from .errors import CallNotPermitted
 from .events import logger
 from .fallback import UNAVAILABLE_ERRORS, RedisHealth
 from .scripts import load_script, run_script
@@ -132,20 +133,16 @@ class GaneshaCodec:
 GaneshaListener = Callable[[str, GaneshaEvent], None]
 
 
-class GaneshaBreaker:
-    """A breaker that speaks Ganesha's Redis layout (see the module docstring).
+class GaneshaCore:
+    """What the sync and asyncio Ganesha breakers share: everything but the Redis call."""
 
-    While Redis is unreachable `is_available()` answers True (fail-open, as a
-    breaker must not become the outage) and outcomes are dropped; Redis is
-    retried with backoff.
-    """
-
-    def __init__(self, service: str, redis: Any = None, config: GaneshaConfig | None = None,
-                 **overrides: Any) -> None:
+    def __init__(self, service: str, config: GaneshaConfig | None,
+                 overrides: dict[str, Any]) -> None:
         base = config or GaneshaConfig()
+        if not isinstance(base, GaneshaConfig):
+            raise TypeError(f"config must be a GaneshaConfig, got {type(base).__name__}")
         self.config = dataclasses.replace(base, **overrides) if overrides else base
         self._codec = GaneshaCodec(service, self.config)
-        self._client = sync_client(redis, self.config.redis_timeout)
         self._script = load_script(SCRIPT_NAME)
         self._health = RedisHealth(5.0)
         self._listeners: list[GaneshaListener] = []
@@ -158,18 +155,17 @@ class GaneshaBreaker:
         """Called as `listener(service, event)` when this process's call trips or calms it."""
         self._listeners.append(listener)
 
-    def _run(self, op: str) -> GaneshaReply | None:
-        if not self._health.usable():
-            return None
-        keys, args = self._codec.call(op)
-        try:
-            reply = self._codec.decode(run_script(self._client, self._script, keys, args))
-        except UNAVAILABLE_ERRORS as error:
-            self._health.failed(error)
-            logger.warning("ganesha %s: redis unavailable (%s); failing open", self.service,
-                           error)
-            return None
+    def _prepare(self, op: str) -> tuple[Sequence[str], Sequence[Any]] | None:
+        """The script call for `op`, or None while Redis is in backoff (fail open)."""
+        return self._codec.call(op) if self._health.usable() else None
+
+    def _unavailable(self, error: BaseException) -> None:
+        self._health.failed(error)
+        logger.warning("ganesha %s: redis unavailable (%s); failing open", self.service, error)
+
+    def _handle(self, raw: Any) -> GaneshaReply:
         self._health.succeeded()
+        reply = self._codec.decode(raw)
         if reply.event is not None:
             for listener in list(self._listeners):
                 try:
@@ -177,6 +173,34 @@ class GaneshaBreaker:
                 except Exception:
                     logger.exception("ganesha listener %r failed", listener)
         return reply
+
+    def _rejection(self) -> CallNotPermitted:
+        return CallNotPermitted(self.service, "OPEN", 0.0, reason="ganesha: not available")
+
+
+class GaneshaBreaker(GaneshaCore):
+    """A breaker that speaks Ganesha's Redis layout (see the module docstring).
+
+    While Redis is unreachable `is_available()` answers True (fail-open, as a
+    breaker must not become the outage) and outcomes are dropped; Redis is
+    retried with backoff.
+    """
+
+    def __init__(self, service: str, redis: Any = None, config: GaneshaConfig | None = None,
+                 **overrides: Any) -> None:
+        super().__init__(service, config, overrides)
+        self._client = sync_client(redis, self.config.redis_timeout)
+
+    def _run(self, op: str) -> GaneshaReply | None:
+        prepared = self._prepare(op)
+        if prepared is None:
+            return None
+        try:
+            raw = run_script(self._client, self._script, *prepared)
+        except UNAVAILABLE_ERRORS as error:
+            self._unavailable(error)
+            return None
+        return self._handle(raw)
 
     def is_available(self) -> bool:
         """Ganesha's isAvailable: records a rejection when it answers False."""
@@ -195,10 +219,8 @@ class GaneshaBreaker:
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn` if available (else raise CallNotPermitted); record success or failure."""
-        from .errors import CallNotPermitted
-
         if not self.is_available():
-            raise CallNotPermitted(self.service, "OPEN", 0.0, reason="ganesha: not available")
+            raise self._rejection()
         try:
             result = fn(*args, **kwargs)
         except Exception:

@@ -151,3 +151,42 @@ def test_invalid_config_names_the_field() -> None:
         GaneshaConfig(failure_rate_threshold=150)
     with pytest.raises(ValueError, match="service"):
         GaneshaBreaker("has space", redis="redis://127.0.0.1:1")
+
+
+def test_async_twin_shares_the_same_keys_and_decisions(redis_url: str,
+                                                       redis_client: redis.Redis) -> None:
+    import asyncio
+
+    from distbreaker.aio.ganesha import GaneshaBreaker as AsyncGaneshaBreaker
+
+    async def scenario() -> list[object]:
+        breaker = AsyncGaneshaBreaker("asy", redis=redis_url, minimum_requests=3,
+                                      interval_to_half_open=60)
+        events: list[object] = []
+        breaker.add_listener(lambda service, event: events.append(event))
+
+        async def boom() -> None:
+            raise RuntimeError("down")
+
+        for _ in range(3):
+            with pytest.raises(RuntimeError):
+                await breaker.call(boom)
+        with pytest.raises(CallNotPermitted):
+            await breaker.call(boom)
+        return events
+
+    events = asyncio.run(scenario())
+    assert events == [GaneshaEvent.TRIPPED]
+    assert redis_client.zcard("ganesha_asy_failure") == 3
+    assert redis_client.zcard("ganesha_asy_rejection") == 1
+    # the sync breaker sees the same state
+    assert make(redis_url, "asy", minimum_requests=3, interval_to_half_open=60).is_available() \
+        is False
+
+
+def test_fail_open_when_redis_is_unreachable() -> None:
+    from distbreaker.embedded import free_port
+
+    breaker = GaneshaBreaker("down", redis=f"redis://127.0.0.1:{free_port()}/0")
+    assert breaker.is_available() is True
+    assert breaker.call(lambda: 42) == 42
