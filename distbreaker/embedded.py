@@ -31,7 +31,7 @@ def _wait_for_port(port: int, deadline: float, process: subprocess.Popen[Any] | 
             raise RuntimeError(f"redis-server exited with code {process.returncode}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
-                sock.sendall(b"PING\r\n")
+                sock.sendall(b"*1\r\n$4\r\nPING\r\n")  # RESP: fakeredis rejects inline
                 if sock.recv(16).startswith(b"+PONG"):
                     return
         except OSError:
