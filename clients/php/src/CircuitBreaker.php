@@ -1,0 +1,332 @@
+<?php
+
+declare(strict_types=1);
+
+namespace Distbreaker;
+
+/**
+ * A circuit breaker shared with every process (PHP or Python) on the same Redis.
+ *
+ * The state machine lives only in lua/breaker.lua; this class builds KEYS/ARGV,
+ * decodes replies and keeps the same local view as Python's codec: a known
+ * CLOSED breaker permits without a round trip, a known OPEN wait rejects
+ * locally, anything else asks the script (acquire).
+ *
+ *     $breaker = new CircuitBreaker($redis, 'payments', ['failure_rate_threshold' => 50]);
+ *     $result = $breaker->call(fn () => Http::post(...), fn () => ['status' => 'queued']);
+ */
+final class CircuitBreaker
+{
+    public const SCRIPT = 'breaker';
+    private const PERMITTING = ['CLOSED' => true, 'DISABLED' => true, 'METRICS_ONLY' => true];
+
+    public readonly BreakerConfig $config;
+    public readonly string $wire;
+    /** @var array{state: string, window: string, probes: string, history: string, channel: string} */
+    public readonly array $keys;
+    /** The fleet's stored config when it differs from this process's, else null. */
+    public ?string $configDrift = null;
+    /** Calls this instance rejected (locally or by the script). */
+    public int $notPermitted = 0;
+
+    /** @var array{source: string, sha: string} */
+    private array $script;
+    private ?string $view = null;      // null: unknown, ask Redis
+    private float $openDeadline = 0.0; // monotonic seconds
+    private int $viewNowMs = 0;
+    private int $slowMs;
+    /** @var list<callable(array{name: string, from: string, to: string, reason: string, at_ms: int}): void> */
+    private array $listeners = [];
+    private static bool $driftWarned = false;
+
+    /**
+     * @param array<string, mixed> $config Python BreakerConfig option names, plus
+     *        'prefix' (default 'distbreaker') and 'lua_dir' (default ../../lua)
+     */
+    public function __construct(
+        private readonly \Redis|\RedisCluster $redis,
+        public readonly string $name,
+        array $config = [],
+    ) {
+        $prefix = $config['prefix'] ?? Keys::DEFAULT_PREFIX;
+        $luaDir = $config['lua_dir'] ?? null;
+        unset($config['prefix'], $config['lua_dir']);
+        $this->config = new BreakerConfig($config);
+        $this->wire = $this->config->toWire();
+        $this->keys = Keys::breaker($name, $prefix);
+        $this->slowMs = BreakerConfig::toMs($this->config->slowCallDuration);
+        $this->script = Scripts::load(self::SCRIPT, $luaDir);
+        Scripts::checkConnection($redis);
+    }
+
+    /** Call $listener(array event) for every transition this process's calls make. */
+    public function onTransition(callable $listener): void
+    {
+        $this->listeners[] = $listener;
+    }
+
+    // -- the protected call ------------------------------------------------------
+
+    /** Ask for permission to make one call; throws CallNotPermitted. */
+    public function acquire(): Permit
+    {
+        $now = self::monotonic();
+        if ($this->view !== null && isset(self::PERMITTING[$this->view])) {
+            return new Permit(); // CLOSED: no round trip before the call
+        }
+        if ($this->view === 'OPEN' && $now < $this->openDeadline) {
+            $this->notPermitted++;
+            throw new CallNotPermitted($this->name, 'OPEN', $this->openDeadline - $now);
+        }
+        $token = bin2hex(random_bytes(8));
+        try {
+            $reply = $this->execute('acquire', $token);
+        } catch (\RedisException $e) {
+            return $this->redisDown($e);
+        }
+        if ($reply['permitted']) {
+            return new Permit($reply['state'] === 'HALF_OPEN' ? $token : '');
+        }
+        $this->notPermitted++;
+        throw new CallNotPermitted($this->name, $reply['state'], $reply['wait_ms'] / 1000.0);
+    }
+
+    /** Alias of acquire() (Ganesha / Resilience4j wording). */
+    public function allow(): Permit
+    {
+        return $this->acquire();
+    }
+
+    /**
+     * Report how a permitted call ended.
+     *
+     * $error: null or false = success, true = failure, a Throwable = classified
+     * like Python (ignore_exceptions / ignore_predicate win, then
+     * record_exceptions / record_predicate; with neither, every Throwable fails).
+     */
+    public function record(Permit $permit, \Throwable|bool|null $error, float $durationSeconds): void
+    {
+        $outcome = $this->outcome($error);
+        if ($outcome === 'ignored') {
+            if ($permit->token === '') {
+                return;
+            }
+            $args = [$permit->token, 0, 0, 0, 0];
+        } else {
+            $ms = max(0, BreakerConfig::toMs($durationSeconds));
+            $failed = $outcome === 'failure';
+            $args = [$permit->token, $failed ? 0 : 1, $failed ? 1 : 0, $ms > $this->slowMs ? 1 : 0, $ms];
+        }
+        try {
+            $this->execute('record', ...$args);
+        } catch (\RedisException $e) {
+            $this->view = null; // the outcome is lost; never fail the caller for it
+        }
+    }
+
+    /**
+     * Run $fn under the breaker. With a $fallback, a rejection (CallNotPermitted)
+     * or a call that failed (classified as a failure) returns $fallback($error)
+     * instead; errors classified as ignored or success (e.g. client errors you
+     * configured so) are rethrown, so a fallback never hides them.
+     */
+    public function call(callable $fn, ?callable $fallback = null): mixed
+    {
+        try {
+            $permit = $this->acquire();
+        } catch (CallNotPermitted $rejected) {
+            if ($fallback === null) {
+                throw $rejected;
+            }
+            return $fallback($rejected);
+        }
+        $started = hrtime(true);
+        try {
+            $result = $fn();
+        } catch (\Throwable $error) {
+            $this->record($permit, $error, (hrtime(true) - $started) / 1e9);
+            if ($fallback !== null && $this->outcome($error) === 'failure') {
+                return $fallback($error);
+            }
+            throw $error;
+        }
+        $this->record($permit, null, (hrtime(true) - $started) / 1e9);
+        return $result;
+    }
+
+    /** 'success', 'failure' or 'ignored', in Resilience4j's order (same as Python). */
+    public function outcome(\Throwable|bool|null $error): string
+    {
+        if ($error === null || $error === false) {
+            return 'success';
+        }
+        if ($error === true) {
+            return 'failure';
+        }
+        $c = $this->config;
+        foreach ($c->ignoreExceptions as $class) {
+            if ($error instanceof $class) {
+                return 'ignored';
+            }
+        }
+        if ($c->ignorePredicate !== null && ($c->ignorePredicate)($error)) {
+            return 'ignored';
+        }
+        $recorded = true;
+        if ($c->recordExceptions !== [] || $c->recordPredicate !== null) {
+            $recorded = false;
+            foreach ($c->recordExceptions as $class) {
+                $recorded = $recorded || $error instanceof $class;
+            }
+            if (!$recorded && $c->recordPredicate !== null) {
+                $recorded = (bool) ($c->recordPredicate)($error);
+            }
+        }
+        return $recorded ? 'failure' : 'success';
+    }
+
+    // -- state, metrics, operator actions ---------------------------------------
+
+    /** The fleet-wide state, read from Redis (OPEN becomes HALF_OPEN by time here too). */
+    public function state(): string
+    {
+        return $this->execute('state')['state'];
+    }
+
+    /**
+     * Window figures (rates in percent, -1 below the minimum number of calls).
+     *
+     * @return array<string, int|float|string>
+     */
+    public function metrics(): array
+    {
+        $r = $this->execute('state');
+        $minimum = $r['state'] === 'HALF_OPEN' ? $this->config->permittedCallsInHalfOpen : $this->config->effectiveMinimumCalls();
+        $rate = static fn (int $part): float => ($r['calls'] <= 0 || $r['calls'] < $minimum) ? -1.0 : round($part * 100.0 / $r['calls'], 2);
+        return [
+            'state' => $r['state'],
+            'failure_rate' => $rate($r['failures']),
+            'slow_call_rate' => $rate($r['slow']),
+            'calls' => $r['calls'],
+            'failed' => $r['failures'],
+            'slow' => $r['slow'],
+            'not_permitted' => $this->notPermitted,
+            'rejected_fleet_wide' => $r['rejected'],
+            'probes_in_flight' => $r['probes_in_flight'],
+        ];
+    }
+
+    /** Back to CLOSED with an empty window; this process's config becomes the stored one. */
+    public function reset(string $reason = 'reset', string $actor = ''): string
+    {
+        return $this->execute('set', 'RESET', $reason, $actor)['state'];
+    }
+
+    /** Force OPEN now (a normal OPEN: probes start after the wait). */
+    public function trip(string $reason = 'tripped', string $actor = ''): string
+    {
+        return $this->execute('set', 'TRIP', $reason, $actor)['state'];
+    }
+
+    /** Operator transition to CLOSED, FORCED_OPEN, DISABLED or METRICS_ONLY. */
+    public function transitionTo(string $state, string $reason = 'by operator', string $actor = ''): string
+    {
+        return $this->execute('set', $state, $reason, $actor)['state'];
+    }
+
+    // -- wire ------------------------------------------------------------------
+
+    /**
+     * Run one breaker op and refresh the local view from the reply.
+     *
+     * @return array{state: string, wait_ms: int, permitted: bool, transitions: list<array{0: string, 1: string, 2: string}>,
+     *               calls: int, failures: int, slow: int, total_ms: int, rejected: int, drift: bool,
+     *               stored_config: string, now_ms: int, since_ms: int, probes_in_flight: int}
+     */
+    public function execute(string $op, string|int ...$extra): array
+    {
+        $k = $this->keys;
+        try {
+            $raw = Scripts::run(
+                $this->redis,
+                $this->script,
+                [$k['state'], $k['window'], $k['probes'], $k['history']],
+                [$op, $this->name, $this->wire, $k['channel'], ...$extra],
+            );
+        } catch (\RedisException $e) {
+            $this->view = null;
+            throw $e;
+        }
+        $reply = self::decode($raw);
+        $this->apply($reply);
+        return $reply;
+    }
+
+    /** Decode the script's reply array (docs/KEY_SCHEMA.md, "Reply"). */
+    public static function decode(mixed $raw): array
+    {
+        if (!is_array($raw) || count($raw) < 14) {
+            throw new SchemaError('unexpected breaker script reply: ' . var_export($raw, true));
+        }
+        return [
+            'state' => (string) $raw[0],
+            'wait_ms' => (int) $raw[1],
+            'permitted' => (int) $raw[2] === 1,
+            'transitions' => array_map(static fn ($t) => [(string) $t[0], (string) $t[1], (string) $t[2]], $raw[3] ?: []),
+            'calls' => (int) $raw[4],
+            'failures' => (int) $raw[5],
+            'slow' => (int) $raw[6],
+            'total_ms' => (int) $raw[7],
+            'rejected' => (int) $raw[8],
+            'drift' => (int) $raw[9] === 1,
+            'stored_config' => (string) $raw[10],
+            'now_ms' => (int) $raw[11],
+            'since_ms' => (int) $raw[12],
+            'probes_in_flight' => (int) $raw[13],
+        ];
+    }
+
+    private function apply(array $reply): void
+    {
+        if ($reply['now_ms'] >= $this->viewNowMs) {
+            $this->viewNowMs = $reply['now_ms'];
+            $this->view = $reply['state'];
+            $this->openDeadline = self::monotonic() + $reply['wait_ms'] / 1000.0;
+        }
+        if ($reply['drift']) {
+            $this->configDrift = $reply['stored_config'];
+            if (!self::$driftWarned) {
+                self::$driftWarned = true;
+                error_log("distbreaker: circuit breaker '{$this->name}': this process's config '{$this->wire}' differs "
+                    . "from the fleet's stored config '{$reply['stored_config']}'; the stored config governs until reset()");
+            }
+        } else {
+            $this->configDrift = null;
+        }
+        foreach ($reply['transitions'] as [$from, $to, $reason]) {
+            $event = ['name' => $this->name, 'from' => $from, 'to' => $to, 'reason' => $reason, 'at_ms' => $reply['now_ms']];
+            foreach ($this->listeners as $listener) {
+                try {
+                    $listener($event);
+                } catch (\Throwable $e) {
+                    error_log("distbreaker: transition listener failed: {$e->getMessage()}");
+                }
+            }
+        }
+    }
+
+    /** Redis unreachable while acquiring: fail_open runs the call, fail_closed rejects it. */
+    private function redisDown(\RedisException $error): Permit
+    {
+        if ($this->config->onRedisError === 'fail_closed') {
+            $this->notPermitted++;
+            throw new CallNotPermitted($this->name, 'UNKNOWN', 0.0, "redis unavailable: {$error->getMessage()}", $error);
+        }
+        return new Permit();
+    }
+
+    private static function monotonic(): float
+    {
+        return hrtime(true) / 1e9;
+    }
+}

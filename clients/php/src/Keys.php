@@ -1,0 +1,96 @@
+<?php
+
+declare(strict_types=1);
+
+namespace Distbreaker;
+
+/**
+ * The key schema v1 (docs/KEY_SCHEMA.md): every key of one protected name
+ * carries the hash tag {name} after the versioned namespace <prefix>:v1, so
+ * each script touches one Redis Cluster slot. Mirrors distbreaker/keys.py.
+ */
+final class Keys
+{
+    public const SCHEMA_VERSION = '1';
+    public const DEFAULT_PREFIX = 'distbreaker';
+    public const MAX_NAME_LENGTH = 200;
+    public const MAX_PREFIX_LENGTH = 100;
+
+    /** A protected name: 1-200 printable characters, no whitespace or control characters. */
+    public static function validateName(string $name): string
+    {
+        $length = preg_match('//u', $name) === 1 ? preg_match_all('/./us', $name) : -1;
+        if ($length < 1 || $length > self::MAX_NAME_LENGTH) {
+            throw new \InvalidArgumentException(sprintf(
+                'name must be 1-%d characters of valid UTF-8, got %s',
+                self::MAX_NAME_LENGTH,
+                $length < 0 ? 'invalid UTF-8' : (string) $length,
+            ));
+        }
+        if (preg_match('/[\p{C}\p{Z}\s]/u', $name) === 1) {
+            throw new \InvalidArgumentException("name must not contain whitespace or control characters, got '{$name}'");
+        }
+        return $name;
+    }
+
+    /** A key prefix: printable, no whitespace, no braces (they would steal the hash tag). */
+    public static function validatePrefix(string $prefix): string
+    {
+        $length = preg_match('//u', $prefix) === 1 ? preg_match_all('/./us', $prefix) : -1;
+        if ($length < 1 || $length > self::MAX_PREFIX_LENGTH) {
+            throw new \InvalidArgumentException(sprintf('prefix must be 1-%d characters, got %s', self::MAX_PREFIX_LENGTH, (string) $length));
+        }
+        if (preg_match('/[{}\p{C}\p{Z}\s]/u', $prefix) === 1) {
+            throw new \InvalidArgumentException("prefix must not contain braces, whitespace or control characters, got '{$prefix}'");
+        }
+        return $prefix;
+    }
+
+    /** The versioned namespace every key starts with, e.g. "distbreaker:v1". */
+    public static function namespace(string $prefix = self::DEFAULT_PREFIX): string
+    {
+        return self::validatePrefix($prefix) . ':v' . self::SCHEMA_VERSION;
+    }
+
+    /** The pub/sub channel every transition of every breaker is published on. */
+    public static function eventsChannel(string $prefix = self::DEFAULT_PREFIX): string
+    {
+        return self::namespace($prefix) . ':events';
+    }
+
+    /** "<ns>:{<name>}", the start of every key of one protected name. */
+    public static function base(string $name, string $prefix = self::DEFAULT_PREFIX): string
+    {
+        return self::namespace($prefix) . ':{' . self::validateName($name) . '}';
+    }
+
+    /**
+     * Breaker keys in script order: state hash, window hash, probe zset, history stream.
+     *
+     * @return array{state: string, window: string, probes: string, history: string, channel: string}
+     */
+    public static function breaker(string $name, string $prefix = self::DEFAULT_PREFIX): array
+    {
+        $base = self::base($name, $prefix);
+        return [
+            'state' => "{$base}:cb",
+            'window' => "{$base}:cb:win",
+            'probes' => "{$base}:cb:probes",
+            'history' => "{$base}:cb:events",
+            'channel' => self::eventsChannel($prefix),
+        ];
+    }
+
+    /** @return array{leases: string, meta: string, notify: string} */
+    public static function bulkhead(string $name, string $prefix = self::DEFAULT_PREFIX): array
+    {
+        $base = self::base($name, $prefix);
+        return ['leases' => "{$base}:bh", 'meta' => "{$base}:bh:meta", 'notify' => "{$base}:bh:notify"];
+    }
+
+    /** @return array{slices: string} */
+    public static function budget(string $name, string $prefix = self::DEFAULT_PREFIX): array
+    {
+        return ['slices' => self::base($name, $prefix) . ':rb'];
+    }
+}

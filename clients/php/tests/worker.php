@@ -1,0 +1,136 @@
+<?php
+
+declare(strict_types=1);
+
+// A PHP worker driven by tests/test_interop_php.py: one JSON job in argv[1],
+// one JSON result on stdout. Each action is what a PHP-FPM request would do.
+
+require dirname(__DIR__) . '/src/autoload.php';
+
+use Distbreaker\CallNotPermitted;
+use Distbreaker\CircuitBreaker;
+use Distbreaker\SchemaError;
+
+$job = json_decode($argv[1] ?? '{}', true, 512, JSON_THROW_ON_ERROR);
+$redis = new Redis();
+$redis->connect($job['host'] ?? '127.0.0.1', (int) ($job['port'] ?? 6379), 2.0);
+$config = $job['config'] ?? [];
+
+/** Block until the test releases every worker at once (a Redis list used as a start gate). */
+function gate(Redis $redis, array $job): void
+{
+    if (isset($job['gate'])) {
+        $redis->blPop([$job['gate']], 10);
+    }
+}
+
+function rejection(CallNotPermitted $e): array
+{
+    return ['outcome' => 'rejected', 'state' => $e->state, 'retry_after' => $e->retryAfter, 'class' => get_class($e)];
+}
+
+$out = [];
+switch ($job['action']) {
+    case 'wire':
+        $out = array_map(static fn (array $c) => (new Distbreaker\BreakerConfig($c))->toWire(), $job['configs']);
+        break;
+
+    case 'calls': // n calls that fail (or succeed), through call()
+        $breaker = new CircuitBreaker($redis, $job['name'], $config);
+        for ($i = 0; $i < $job['n']; $i++) {
+            try {
+                $breaker->call(static function () use ($redis, $job) {
+                    $redis->incr($job['counter']);
+                    if ($job['fail']) {
+                        throw new RuntimeException('dependency down');
+                    }
+                    return 'ok';
+                });
+                $out[] = ['outcome' => 'ok'];
+            } catch (CallNotPermitted $e) {
+                $out[] = rejection($e);
+            } catch (RuntimeException $e) {
+                $out[] = ['outcome' => 'failed'];
+            }
+        }
+        break;
+
+    case 'probe': // wait at the gate, then one call that holds the dependency briefly
+        $breaker = new CircuitBreaker($redis, $job['name'], $config);
+        gate($redis, $job);
+        try {
+            $out = ['outcome' => $breaker->call(static function () use ($redis, $job) {
+                $redis->incr($job['counter']);
+                usleep((int) ($job['hold'] * 1e6));
+                return 'ok';
+            })];
+        } catch (CallNotPermitted $e) {
+            $out = rejection($e);
+        }
+        break;
+
+    case 'fallback':
+        $breaker = new CircuitBreaker($redis, $job['name'], $config);
+        $out = $breaker->call(
+            static fn () => throw new RuntimeException('dependency down'),
+            static fn (Throwable $e) => ['status' => 'queued', 'because' => get_class($e)],
+        );
+        break;
+
+    case 'trip': // an operator action from PHP, with a listener
+        $breaker = new CircuitBreaker($redis, $job['name'], $config);
+        $seen = [];
+        $breaker->onTransition(static function (array $event) use (&$seen) {
+            $seen[] = $event;
+        });
+        $out = ['state' => $breaker->trip($job['reason'], 'php'), 'seen' => $seen];
+        break;
+
+    case 'state':
+        $breaker = new CircuitBreaker($redis, $job['name'], $config);
+        $out = ['state' => $breaker->state(), 'metrics' => $breaker->metrics()];
+        break;
+
+    case 'schema':
+        $breaker = new CircuitBreaker($redis, $job['name'], $config);
+        try {
+            $breaker->acquire();
+            $out = ['outcome' => 'permitted'];
+        } catch (SchemaError $e) {
+            $out = ['outcome' => 'schema_error', 'class' => get_class($e), 'key' => $e->key, 'message' => $e->getMessage()];
+        }
+        break;
+
+    case 'bulkhead': // wait at the gate, then hold a fleet-wide permit while counting concurrency
+        $bulkhead = new Distbreaker\Bulkhead($redis, $job['name'], $config);
+        gate($redis, $job);
+        try {
+            $out = ['outcome' => $bulkhead->call(static function () use ($redis, $job) {
+                $now = $redis->incr($job['counter']);
+                $redis->eval("local m = tonumber(redis.call('GET', KEYS[2]) or '0') if ARGV[1] + 0 > m then redis.call('SET', KEYS[2], ARGV[1]) end return 1", [$job['counter'], $job['peak'], $now], 2);
+                usleep((int) ($job['hold'] * 1e6));
+                $redis->decr($job['counter']);
+                return 'ok';
+            })];
+        } catch (Distbreaker\BulkheadFull $e) {
+            $out = ['outcome' => 'full', 'in_use' => $e->inUse, 'limit' => $e->limit];
+        }
+        break;
+
+    case 'budget': // deposit / withdraw on a fleet-wide retry budget
+        $budget = new Distbreaker\RetryBudget($redis, $job['name'], $config);
+        for ($i = 0; $i < ($job['deposits'] ?? 0); $i++) {
+            $budget->deposit();
+        }
+        $taken = 0;
+        for ($i = 0; $i < ($job['withdrawals'] ?? 0); $i++) {
+            $taken += $budget->withdraw() ? 1 : 0;
+        }
+        $out = ['taken' => $taken, 'balance' => $budget->balance()];
+        break;
+
+    default:
+        fwrite(STDERR, "unknown action {$job['action']}\n");
+        exit(2);
+}
+echo json_encode($out, JSON_THROW_ON_ERROR), "\n";
