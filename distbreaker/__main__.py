@@ -1,0 +1,8 @@
+"""`python -m distbreaker`: the operator CLI."""
+
+from __future__ import annotations
+
+from distbreaker.cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,12 @@
+"""The `distbreaker` command line: inspect and operate the fleet's shared state.
+
+`main` is the console-script entry point; `cli` is the click group (for
+CliRunner and for embedding). Importing the submodules registers the commands.
+"""
+
+from __future__ import annotations
+
+from . import actions, doctor, views  # noqa: F401  (register the commands)
+from .app import cli, main
+
+__all__ = ["cli", "main"]

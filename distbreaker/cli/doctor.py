@@ -1,0 +1,184 @@
+"""`distbreaker doctor`: can this Redis (and this ACL user) run distbreaker?
+
+Checks: Redis version and mode, round-trip latency, that every script in lua/
+loads (same SHA1 as the client computes), and, with Redis >= 7, that the ACL
+user may run every command the library and its scripts need (ACL DRYRUN, no
+command is executed). Exit 1 with one precise line per failed check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import statistics
+import time
+from typing import Any
+
+import click
+
+from .. import inspect as view
+from ..keys import BreakerKeys, events_channel
+from ..scripts import load_script, lua_dir
+from .app import App, cli, emit_json
+
+MIN_VERSION = (5, 0)
+LATENCY_WARN_MS = 50.0
+#: Commands the Python side sends itself (scripts run with EVALSHA, EVAL after NOSCRIPT;
+#: a bulkhead waiter blocks on BLPOP).
+LIBRARY_COMMANDS = ("EVALSHA", "EVAL", "BLPOP", "PING")
+#: Commands only the operator tools send (a worker's user does not need them).
+OPERATOR_COMMANDS = ("SCAN", "TYPE", "HGETALL", "HGET", "ZRANGE", "ZCOUNT", "ZCARD", "XREVRANGE",
+                     "XLEN", "PTTL", "EXISTS", "TIME", "SUBSCRIBE", "INFO")
+_CALL = re.compile(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]")
+
+
+@dataclasses.dataclass
+class Check:
+    name: str
+    status: str  # ok | warn | fail | skip
+    detail: str
+
+
+def script_commands() -> dict[str, list[str]]:
+    """Every Redis command each lua/*.lua script calls, by script name."""
+    return {path.stem: sorted({m.upper() for m in _CALL.findall(path.read_text("utf-8"))})
+            for path in sorted(lua_dir().glob("*.lua"))}
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
+
+
+def _dryrun_args(command: str, arity: int, key: str, channel: str, sha: str) -> list[str]:
+    if command in ("PUBLISH", "SUBSCRIBE"):
+        return [channel, "x"][: max(1, abs(arity) - 1)]
+    if command == "EVALSHA":
+        return [sha, "1", key]
+    if command == "EVAL":
+        return ["return 1", "1", key]
+    if command == "SCAN":
+        return ["0"]
+    needed = abs(arity) - 1
+    return [key, *["0"] * (needed - 1)][:needed] if needed > 0 else []
+
+
+def acl_checks(client: Any, prefix: str, version: tuple[int, ...]) -> list[Check]:
+    """ACL DRYRUN every needed command as the connected user (Redis >= 7)."""
+    if version < (7, 0):
+        return [Check("acl", "skip", f"ACL DRYRUN needs Redis >= 7; not checked on "
+                      f"{'.'.join(map(str, version))}")]
+    try:
+        user = view.text(client.execute_command("ACL", "WHOAMI"))
+        client.execute_command("ACL", "DRYRUN", user, "PING")
+    except Exception as exc:  # NOPERM for ACL itself, or ACL disabled by a proxy
+        return [Check("acl", "skip", f"cannot run ACL DRYRUN as this user ({exc}); "
+                      "permissions not checked")]
+    scripts = script_commands()
+    needed = {c: "library" for c in LIBRARY_COMMANDS}
+    for script, commands in scripts.items():
+        for c in commands:
+            needed.setdefault(c, f"lua/{script}.lua")
+    for c in OPERATOR_COMMANDS:
+        needed.setdefault(c, "operator")
+    info = client.execute_command("COMMAND", "INFO", *needed)
+    key = BreakerKeys.build("doctor", prefix).state
+    channel = events_channel(prefix)
+    sha = load_script("breaker").sha
+    denied_lib, denied_ops = [], []
+    for command, used_by in needed.items():
+        meta = info.get(command.lower()) if isinstance(info, dict) else None
+        if not meta:
+            denied_lib.append(f"{command} (unknown to this server)")
+            continue
+        args = _dryrun_args(command, int(meta["arity"]), key, channel, sha)
+        try:
+            answer = view.text(client.execute_command("ACL", "DRYRUN", user, command, *args))
+        except Exception as exc:
+            answer = str(exc)
+        if answer != "OK":
+            (denied_ops if used_by == "operator" else denied_lib).append(
+                f"{command} (needed by {used_by}: {answer})")
+    checks = []
+    if denied_lib:
+        checks.append(Check("acl", "fail", f"ACL user {user!r} may not run: "
+                            + "; ".join(denied_lib)))
+    else:
+        checks.append(Check("acl", "ok", f"ACL user {user!r} may run all "
+                            f"{sum(1 for v in needed.values() if v != 'operator')} commands "
+                            f"the library and lua/ scripts need on keys {prefix}:v1:*"))
+    if denied_ops:
+        checks.append(Check("acl-operator", "warn", "operator commands denied (ls/show/events "
+                            "need them, workers do not): " + "; ".join(denied_ops)))
+    return checks
+
+
+def run_checks(app: App) -> list[Check]:
+    client = app.client
+    checks: list[Check] = []
+    infos = client.info("server")
+    if view.is_cluster(client):  # {node: info} from every node
+        first = next(iter(infos.values()))
+        server, nodes = first, len(client.get_primaries())
+    else:
+        server, nodes = infos, 1
+    version_text = str(server.get("redis_version", "0"))
+    version = _version(version_text)
+    mode = str(server.get("redis_mode", "standalone"))
+    detail = f"Redis {version_text}, {mode}" + (f" ({nodes} primaries)" if nodes > 1 else "")
+    if version < MIN_VERSION:
+        checks.append(Check("server", "fail", f"{detail}: distbreaker needs Redis >= 5.0 "
+                            "(streams, effect replication of scripts calling TIME)"))
+    else:
+        checks.append(Check("server", "ok", detail))
+
+    samples = []
+    for _ in range(5):
+        started = time.perf_counter()
+        client.ping()
+        samples.append((time.perf_counter() - started) * 1000)
+    median, worst = statistics.median(samples), max(samples)
+    checks.append(Check("latency", "warn" if median > LATENCY_WARN_MS else "ok",
+                        f"round trip median {median:.2f} ms, max {worst:.2f} ms over 5 PINGs"
+                        + (f" (above {LATENCY_WARN_MS:g} ms: raise redis_timeout)"
+                           if median > LATENCY_WARN_MS else "")))
+
+    for path in sorted(lua_dir().glob("*.lua")):
+        script = load_script(path.stem)
+        try:
+            sha = view.text(client.script_load(script.source))
+        except Exception as exc:
+            checks.append(Check(f"script {path.name}", "fail", f"SCRIPT LOAD failed: {exc}"))
+            continue
+        if sha != script.sha:
+            checks.append(Check(f"script {path.name}", "fail",
+                                f"server SHA1 {sha} != client SHA1 {script.sha}"))
+        else:
+            checks.append(Check(f"script {path.name}", "ok", f"loaded, sha1 {sha[:12]}"))
+
+    checks.extend(acl_checks(client, app.prefix, version))
+
+    skew = view.server_now_ms(client) - time.time() * 1000
+    checks.append(Check("clock", "ok", "state is timed by the Redis server clock only (TIME "
+                        "inside every script); worker clocks need not agree. This host is "
+                        f"{-skew:+.0f} ms from the server (informational)"))
+    return checks
+
+
+@cli.command("doctor")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def doctor_command(app: App, as_json: bool) -> None:
+    """Check Redis version and mode, latency, script load, ACL permissions."""
+    checks = run_checks(app)
+    failed = [c for c in checks if c.status == "fail"]
+    if as_json:
+        emit_json({"ok": not failed, "checks": [dataclasses.asdict(c) for c in checks]})
+    else:
+        marks = {"ok": click.style("ok  ", fg="green"), "warn": click.style("warn", fg="yellow"),
+                 "skip": click.style("skip", fg="blue"), "fail": click.style("FAIL", fg="red")}
+        for c in checks:
+            click.echo(f"{marks[c.status]}  {c.name}: {c.detail}")
+    for c in failed:
+        click.echo(f"Error: {c.name}: {c.detail}", err=True)
+    if failed:
+        raise SystemExit(1)

@@ -1,0 +1,419 @@
+"""Read-only views of the shared state, for operator tools (the CLI, exporters).
+
+Everything here only *reads* Redis (SCAN, HGETALL, ZRANGE, XRANGE, PTTL, TIME)
+and decodes what it read into plain dicts of JSON-friendly values; nothing
+here decides a transition. The state machine lives in the Lua scripts alone,
+so a stored OPEN whose wait has elapsed is reported as OPEN with
+``retry_in_s == 0`` (the next call will make it HALF_OPEN), not re-computed.
+The dict layouts are the CLI's documented ``--json`` schema (docs/CLI_JSON.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from .codec import rate
+from .config import BreakerConfig, WindowType
+from .errors import SchemaError
+from .keys import BreakerKeys, BudgetKeys, BulkheadKeys, namespace
+from .state import State
+
+JSON_SCHEMA_VERSION = 1
+SCAN_COUNT = 500
+"""Keys asked per SCAN step: bounded, so Redis never blocks on one huge reply."""
+
+# Key suffixes after ``{name}`` and the component each belongs to.
+_SUFFIXES = {":cb": "breaker", ":cb:win": "breaker", ":cb:probes": "breaker",
+             ":cb:events": "breaker", ":bh": "bulkhead", ":bh:meta": "bulkhead",
+             ":bh:notify": "bulkhead", ":rb": "budget"}
+_STATE_INTS = ("since", "open_until", "calls", "failures", "slow", "total_ms", "head",
+               "wsec", "hp_issued", "hp_done", "hp_fail", "hp_slow", "rejected", "gen")
+
+
+def text(value: Any) -> str:
+    """A reply element as str, whatever the client's decode_responses setting."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _glob_escape(value: str) -> str:
+    """Escape Redis glob specials so a prefix matches only itself."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in value)
+
+
+def is_cluster(client: Any) -> bool:
+    """True for a redis-py RedisCluster client (scans and scripts go to every primary)."""
+    return hasattr(client, "get_primaries")
+
+
+def server_now_ms(client: Any) -> int:
+    """Redis server time in ms: the only clock distbreaker's state is measured with."""
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def name_from_key(key: str, prefix: str) -> tuple[str, str] | None:
+    """``(name, component)`` for a distbreaker key under `prefix`, else None."""
+    head = namespace(prefix) + ":{"
+    if not key.startswith(head):
+        return None
+    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
+        tail = "}" + suffix
+        if key.endswith(tail) and len(key) > len(head) + len(tail):
+            return key[len(head):-len(tail)], _SUFFIXES[suffix]
+    return None
+
+
+def scan_keys(client: Any, prefix: str, count: int = SCAN_COUNT) -> Iterator[str]:
+    """Every key under the prefix's namespace, by SCAN MATCH in steps of `count` keys.
+
+    On a RedisCluster client every primary is scanned.
+    """
+    pattern = _glob_escape(namespace(prefix)) + ":{*"
+    kwargs: dict[str, Any] = {"match": pattern, "count": count}
+    if is_cluster(client):
+        kwargs["target_nodes"] = client.PRIMARIES
+    for key in client.scan_iter(**kwargs):
+        yield text(key)
+
+
+def scan_names(client: Any, prefix: str,
+               count: int = SCAN_COUNT) -> dict[str, set[str]]:
+    """Protected names under the prefix, each with the components that have keys."""
+    found: dict[str, set[str]] = {}
+    for key in scan_keys(client, prefix, count):
+        parsed = name_from_key(key, prefix)
+        if parsed is not None:
+            found.setdefault(parsed[0], set()).add(parsed[1])
+    return found
+
+
+# -- decoding ---------------------------------------------------------------------
+def decode_config(wire: str) -> dict[str, Any]:
+    """The stored config wire string as named thresholds (seconds, percents)."""
+    try:
+        cfg = BreakerConfig.from_wire(wire)
+    except ValueError as exc:
+        raise SchemaError(str(exc)) from None
+    return {
+        "wire": wire,
+        "sliding_window_type": cfg.sliding_window_type.value,
+        "sliding_window_size": cfg.sliding_window_size,
+        "minimum_number_of_calls": cfg.minimum_number_of_calls,
+        "failure_rate_threshold": cfg.failure_rate_threshold,
+        "slow_call_rate_threshold": cfg.slow_call_rate_threshold,
+        "slow_call_duration_s": cfg.slow_call_duration,
+        "wait_duration_in_open_state_s": cfg.wait_duration_in_open_state,
+        "permitted_calls_in_half_open": cfg.permitted_calls_in_half_open,
+        "max_wait_in_half_open_s": cfg.max_wait_in_half_open,
+        "half_open_lease_s": cfg.half_open_lease,
+        "key_ttl_s": cfg.key_ttl,
+    }
+
+
+def decode_state_hash(name: str, raw: Mapping[Any, Any], now_ms: int,
+                      probe_deadlines: Sequence[int] = ()) -> dict[str, Any]:
+    """The breaker's state hash as a JSON-friendly dict (see docs/CLI_JSON.md).
+
+    `probe_deadlines` are the unexpired half-open lease deadlines, when known;
+    they tell when a full half-open state frees a probe slot.
+    """
+    h = {text(k): text(v) for k, v in raw.items()}
+    if h.get("v", "1") != "1":
+        raise SchemaError(f"breaker {name!r} has schema version {h.get('v')!r}, "
+                          "this tool reads 1")
+    try:
+        state = State(h.get("state", ""))
+    except ValueError:
+        raise SchemaError(f"breaker {name!r} has unknown state {h.get('state')!r}") from None
+    try:
+        n = {f: int(h.get(f, "0") or 0) for f in _STATE_INTS}
+    except ValueError:
+        raise SchemaError(f"breaker {name!r}: a counter field is not a number") from None
+    config = decode_config(h.get("cfg", ""))
+    minimum = BreakerConfig.from_wire(config["wire"]).effective_minimum_calls
+    calls, failures, slow = n["calls"], n["failures"], n["slow"]
+    if (config["sliding_window_type"] == WindowType.TIME_BASED.value and n["wsec"]
+            and now_ms // 1000 - n["wsec"] >= config["sliding_window_size"]):
+        calls = failures = slow = 0  # every bucket is stale; the next call clears them
+    if state is State.HALF_OPEN:
+        minimum = config["permitted_calls_in_half_open"]
+        shown = (n["hp_done"], n["hp_fail"], n["hp_slow"])
+    else:
+        shown = (calls, failures, slow)
+    return {
+        "name": name,
+        "state": state.value,
+        "since_ms": n["since"],
+        "in_state_s": max(0, now_ms - n["since"]) / 1000,
+        "retry_in_s": _retry_in(state, n, config, now_ms, probe_deadlines),
+        "open_until_ms": n["open_until"] or None,
+        "calls": shown[0],
+        "failures": shown[1],
+        "slow": shown[2],
+        "failure_rate": rate(shown[1], shown[0], minimum),
+        "slow_rate": rate(shown[2], shown[0], minimum),
+        "window": {"calls": calls, "failures": failures, "slow": slow,
+                   "total_ms": n["total_ms"], "head": n["head"]},
+        "half_open": {"issued": n["hp_issued"], "done": n["hp_done"],
+                      "failed": n["hp_fail"], "slow": n["hp_slow"]},
+        "rejected": n["rejected"],
+        "generation": n["gen"],
+        "config": config,
+    }
+
+
+def _retry_in(state: State, n: Mapping[str, int], config: Mapping[str, Any], now_ms: int,
+              deadlines: Sequence[int]) -> float | None:
+    """Seconds until a call may be tried; None while an operator holds it FORCED_OPEN."""
+    if state is State.FORCED_OPEN:
+        return None
+    if state is State.OPEN:
+        return max(0, n["open_until"] - now_ms) / 1000
+    if state is State.HALF_OPEN and n["hp_issued"] >= config["permitted_calls_in_half_open"]:
+        live = [d for d in deadlines if d > now_ms]
+        return (min(live) - now_ms) / 1000 if live else 0.0
+    return 0.0
+
+
+def decode_window(config: Mapping[str, Any], raw: Mapping[Any, Any], head: int,
+                  now_ms: int) -> list[dict[str, Any]]:
+    """The window hash as buckets: time windows per live second, count windows per slot.
+
+    Count-window slots are listed oldest first (the ring starts at `head`).
+    """
+    buckets: list[dict[str, Any]] = []
+    fields = {text(k): text(v).split(",") for k, v in raw.items()}
+    try:
+        if config["sliding_window_type"] == WindowType.TIME_BASED.value:
+            now_sec = now_ms // 1000
+            for parts in fields.values():
+                sec, calls, fails, slow, ms = (int(p) for p in parts[:5])
+                if now_sec - sec < config["sliding_window_size"]:
+                    buckets.append({"second": sec, "age_s": now_sec - sec, "calls": calls,
+                                    "failures": fails, "slow": slow, "total_ms": ms})
+            buckets.sort(key=lambda b: b["second"])
+        else:
+            size = config["sliding_window_size"]
+            for i in range(size):
+                slot = (head + i) % size
+                parts = fields.get(str(slot))
+                if parts is not None:
+                    fails, slow, ms = (int(p) for p in parts[:3])
+                    buckets.append({"slot": slot, "failed": bool(fails), "slow": bool(slow),
+                                    "duration_ms": ms})
+    except ValueError:
+        raise SchemaError("a window bucket is not a list of integers") from None
+    return buckets
+
+
+def decode_history(entry_id: Any, fields: Mapping[Any, Any], name: str) -> dict[str, Any]:
+    """One history stream entry as an event dict (same layout as a live event)."""
+    f = {text(k): text(v) for k, v in fields.items()}
+    return _event(name, text(entry_id), f)
+
+
+def decode_event_message(payload: Any) -> dict[str, Any] | None:
+    """A pub/sub transition payload as an event dict; None if it is not one of ours."""
+    try:
+        data = json.loads(text(payload))
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or "name" not in data or "to" not in data:
+        return None
+    return _event(str(data["name"]), None, data)
+
+
+def _event(name: str, entry_id: str | None, f: Mapping[str, Any]) -> dict[str, Any]:
+    def num(key: str) -> float | None:
+        try:
+            return float(f[key])
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    at = num("at_ms")
+    gen = num("gen")
+    return {"name": name, "id": entry_id, "at_ms": int(at) if at is not None else None,
+            "from": str(f.get("from", "")), "to": str(f.get("to", "")),
+            "reason": str(f.get("reason", "")), "actor": str(f.get("actor", "")),
+            "failure_rate": num("failure_rate"), "slow_rate": num("slow_rate"),
+            "generation": int(gen) if gen is not None else None}
+
+
+def decode_bulkhead(leases: Sequence[tuple[Any, Any]], meta: Mapping[Any, Any],
+                    now_ms: int) -> dict[str, Any]:
+    """Bulkhead leases (holder, deadline) and meta hash; expired leases are not in use."""
+    m = {text(k): text(v) for k, v in meta.items()}
+    holders = [{"token": text(tok), "deadline_ms": int(score),
+                "expires_in_s": (int(score) - now_ms) / 1000, "expired": int(score) <= now_ms}
+               for tok, score in leases]
+
+    def counter(field: str) -> int | None:
+        try:
+            return int(m[field])
+        except (KeyError, ValueError):
+            return None
+
+    waiting = sum(1 for k, v in m.items() if k.startswith("w:") and _int_or(v, 0) > now_ms)
+    return {"in_use": sum(1 for h in holders if not h["expired"]), "limit": counter("limit"),
+            "waiting": waiting, "rejected": counter("rejected"),
+            "acquired": counter("acquired"), "lost": counter("lost"), "holders": holders}
+
+
+def _int_or(value: str, default: int) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        return default
+
+
+def decode_budget(raw: Mapping[Any, Any], now_ms: int) -> dict[str, Any]:
+    """The retry budget hash: deposits and withdrawals over the live window.
+
+    The balance itself depends on each caller's percent_can_retry and
+    min_retries_per_sec, which the key does not store, so it is not shown;
+    the raw fields are included as they are.
+    """
+    f = {text(k): text(v) for k, v in raw.items()}
+    out: dict[str, Any] = {"deposits": None, "withdrawals": None, "slice_ms": None,
+                           "slices": None, "fields": dict(sorted(f.items()))}
+    try:
+        slice_ms, n = int(f["slice_ms"]), int(f["n"])
+    except (KeyError, ValueError):
+        return out
+    if slice_ms < 1:
+        return out
+    oldest = now_ms // slice_ms - n + 1
+    live = {"d": 0, "w": 0}
+    for key, value in f.items():
+        kind, _, sid = key.partition(":")
+        if kind in live and sid.lstrip("-").isdigit() and int(sid) >= oldest:
+            live[kind] += _int_or(value, 0)
+    out.update(deposits=live["d"], withdrawals=live["w"], slice_ms=slice_ms, slices=n)
+    return out
+
+
+# -- reading ------------------------------------------------------------------------
+_TYPES = {"breaker": "hash", "bulkhead": "zset", "budget": "hash"}
+
+
+def _check_type(client: Any, key: str, expected: str) -> None:
+    found = text(client.type(key))
+    if found not in ("none", expected):
+        raise SchemaError(f"key {key} holds a {found}, expected a {expected}", key=key)
+
+
+def read_summaries(client: Any, prefix: str, names: Iterable[str],
+                   batch: int = 200) -> Iterator[dict[str, Any]]:
+    """One summary row per name (breaker state, bulkhead usage, budget), read in
+    pipelined batches so thousands of names cost a few round trips each of
+    bounded size. A name whose keys hold foreign data gets an ``error`` entry."""
+    chunk: list[str] = []
+    for name in names:
+        chunk.append(name)
+        if len(chunk) >= batch:
+            yield from _summaries(client, prefix, chunk)
+            chunk = []
+    if chunk:
+        yield from _summaries(client, prefix, chunk)
+
+
+def _summaries(client: Any, prefix: str, names: Sequence[str]) -> list[dict[str, Any]]:
+    now_ms = server_now_ms(client)
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        bk, hk, rk = (BreakerKeys.build(name, prefix), BulkheadKeys.build(name, prefix),
+                      BudgetKeys.build(name, prefix))
+        for key in (bk.state, hk.leases, hk.meta, rk.slices):
+            pipe.type(key)
+        pipe.hgetall(bk.state)
+        pipe.zrange(bk.probes, 0, -1, withscores=True)
+        pipe.zcount(hk.leases, f"({now_ms}", "+inf")
+        pipe.hgetall(hk.meta)
+        pipe.hgetall(rk.slices)
+    replies = pipe.execute(raise_on_error=False)
+    rows = []
+    for i, name in enumerate(names):
+        types = [text(t) for t in replies[i * 9:i * 9 + 4]]
+        state, probes, in_use, meta, budget = replies[i * 9 + 4:i * 9 + 9]
+        rows.append(_summary(name, types, state, probes, in_use, meta, budget, now_ms))
+    return rows
+
+
+def _summary(name: str, types: Sequence[str], state: Any, probes: Any, in_use: Any,
+             meta: Any, budget: Any, now_ms: int) -> dict[str, Any]:
+    row: dict[str, Any] = {"name": name, "state": None, "breaker": None, "bulkhead": None,
+                           "budget": None, "error": None}
+    expected = ("hash", "zset", "hash", "hash")
+    for found, want in zip(types, expected, strict=True):
+        if found not in ("none", want):
+            row["error"] = f"a key holds a {found}, expected a {want}"
+            return row
+    try:
+        if types[0] == "hash":
+            deadlines = [int(s) for _, s in probes] if isinstance(probes, list) else []
+            row["breaker"] = decode_state_hash(name, state, now_ms, deadlines)
+            row["state"] = row["breaker"]["state"]
+        if types[1] == "zset" or types[2] == "hash":
+            m = {text(k): text(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
+            row["bulkhead"] = {"in_use": int(in_use) if isinstance(in_use, int) else 0,
+                               "limit": _int_or(m.get("limit", ""), 0) or None}
+        if types[3] == "hash" and isinstance(budget, dict):
+            row["budget"] = decode_budget(budget, now_ms)
+    except SchemaError as exc:
+        row["error"] = str(exc)
+    return row
+
+
+def read_detail(client: Any, prefix: str, name: str) -> dict[str, Any]:
+    """Everything stored about one name (the `show` view). Raises SchemaError on a
+    key of the wrong type."""
+    bk, hk, rk = (BreakerKeys.build(name, prefix), BulkheadKeys.build(name, prefix),
+                  BudgetKeys.build(name, prefix))
+    expected = {bk.state: "hash", bk.window: "hash", bk.probes: "zset", bk.history: "stream",
+                hk.leases: "zset", hk.meta: "hash", hk.notify: "list", rk.slices: "hash"}
+    for key, kind in expected.items():
+        _check_type(client, key, kind)
+    now_ms = server_now_ms(client)
+    pipe = client.pipeline(transaction=False)
+    pipe.hgetall(bk.state)
+    pipe.hgetall(bk.window)
+    pipe.zrange(bk.probes, 0, -1, withscores=True)
+    pipe.zrange(hk.leases, 0, -1, withscores=True)
+    pipe.hgetall(hk.meta)
+    pipe.hgetall(rk.slices)
+    pipe.xlen(bk.history)
+    for key in expected:
+        pipe.pttl(key)
+    state, window, probes, leases, meta, budget, history_len, *ttls = pipe.execute()
+    detail: dict[str, Any] = {"name": name, "prefix": prefix, "server_time_ms": now_ms,
+                              "exists": bool(state or leases or meta or budget or history_len),
+                              "breaker": None, "bulkhead": None, "budget": None}
+    if state:
+        deadlines = [int(score) for _, score in probes]
+        breaker = decode_state_hash(name, state, now_ms, deadlines)
+        breaker["window"]["buckets"] = decode_window(
+            breaker["config"], window, breaker["window"]["head"], now_ms)
+        breaker["probes"] = [{"token": text(tok), "deadline_ms": int(score),
+                              "expires_in_s": (int(score) - now_ms) / 1000}
+                             for tok, score in probes]
+        breaker["history_length"] = int(history_len)
+        detail["breaker"] = breaker
+    if leases or meta:
+        detail["bulkhead"] = decode_bulkhead(leases, meta, now_ms)
+    if budget:
+        detail["budget"] = decode_budget(budget, now_ms)
+    detail["ttls"] = {key: (int(ttl) / 1000 if int(ttl) >= 0 else None)
+                      for key, ttl in zip(expected, ttls, strict=True) if int(ttl) != -2}
+    return detail
+
+
+def read_history(client: Any, prefix: str, name: str, count: int) -> list[dict[str, Any]]:
+    """The last `count` transitions of one breaker, oldest first."""
+    key = BreakerKeys.build(name, prefix).history
+    _check_type(client, key, "stream")
+    entries = client.xrevrange(key, count=count)
+    return [decode_history(entry_id, fields, name) for entry_id, fields in reversed(entries)]
