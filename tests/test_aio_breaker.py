@@ -354,6 +354,23 @@ def test_shares_state_with_the_sync_breaker_and_operator_actions(
     assert sync.state is State.CLOSED
 
 
+def test_one_breaker_serves_several_event_loops(name: str, redis_url: str) -> None:
+    """A breaker made at import time (a decorator) outlives each test's asyncio.run."""
+    breaker = CircuitBreaker(name, redis=redis_url)
+
+    @breaker
+    async def ping() -> str:
+        return "pong"
+
+    async def scenario() -> tuple[str, int]:
+        result = await ping(), (await breaker.metrics()).calls
+        await breaker.aclose()
+        return result
+
+    assert run(scenario) == ("pong", 1)
+    assert run(scenario) == ("pong", 2)
+
+
 def test_redis_argument_must_be_async() -> None:
     with pytest.raises(TypeError, match="asyncio"):
         CircuitBreaker("x", redis=redis.Redis())

@@ -11,6 +11,7 @@ import asyncio
 import functools
 import inspect
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, NoReturn, TypeVar
@@ -45,13 +46,35 @@ class CircuitBreaker(BreakerCore):
     def __init__(self, name: str, redis: Any = None, config: BreakerConfig | None = None, *,
                  prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
         super().__init__(name, config, prefix, overrides)
-        self._owns_client = redis is None or isinstance(redis, str)
-        self._client = async_client(redis, self.config.redis_timeout)
+        client = async_client(redis, self.config.redis_timeout)  # validates `redis` now
+        self._given = None if redis is None or isinstance(redis, str) else client
+        self._url = redis
+        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary())
+
+    @property
+    def _client(self) -> Any:
+        """The Redis client for the running event loop.
+
+        asyncio connections belong to the loop that opened them, and a breaker is
+        typically created at import time (a decorator) and may serve several loops
+        (one ``asyncio.run`` per test): a client built from a URL is kept per loop.
+        A client passed in is used as given (the caller owns its loop binding).
+        """
+        if self._given is not None:
+            return self._given
+        loop = asyncio.get_running_loop()
+        client = self._per_loop.get(loop)
+        if client is None:
+            client = self._per_loop[loop] = async_client(self._url, self.config.redis_timeout)
+        return client
 
     async def aclose(self) -> None:
-        """Close the Redis client if this breaker built it from a URL (a given one is yours)."""
-        if self._owns_client:
-            await self._client.aclose()
+        """Close the running loop's client if this breaker built it (a given one is yours)."""
+        if self._given is None:
+            client = self._per_loop.pop(asyncio.get_running_loop(), None)
+            if client is not None:
+                await client.aclose()
 
     # -- I/O -------------------------------------------------------------------
     async def _execute(self, call: ScriptCall, acquiring: bool = False) -> Reply | None:
