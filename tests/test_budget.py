@@ -1,0 +1,211 @@
+"""The fleet-wide retry budget on a real redis-server (lua/budget.lua), sync and async."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+import warnings
+
+import pytest
+import redis
+
+from distbreaker.aio.budget import RetryBudget as AsyncRetryBudget
+from distbreaker.budget import RetryBudget
+from distbreaker.budget_codec import BudgetConfig
+from distbreaker.embedded import RedisServer, free_port
+from distbreaker.errors import ConfigDriftWarning, RetryBudgetExhausted, SchemaError
+
+
+def drain(budget: RetryBudget) -> int:
+    taken = 0
+    while budget.try_withdraw():
+        taken += 1
+    return taken
+
+
+def test_100_requests_at_20_percent_allow_exactly_20_retries(redis_url: str, name: str) -> None:
+    budget = RetryBudget(name, redis=redis_url, percent_can_retry=0.2, min_retries_per_sec=0)
+    assert budget.balance() == 0 and not budget.try_withdraw()
+    for _ in range(100):
+        budget.deposit()
+    assert budget.balance() == 20
+    assert drain(budget) == 20
+    with pytest.raises(RetryBudgetExhausted) as caught:
+        budget.withdraw()
+    assert caught.value.deposits == 100 and caught.value.withdrawals == 20
+    assert budget.last_source == "redis"
+
+
+def test_percentages_use_exact_integer_arithmetic(redis_url: str, name: str) -> None:
+    budget = RetryBudget(name, redis=redis_url, percent_can_retry=0.29, min_retries_per_sec=0)
+    assert budget.deposit(100) == 29          # 0.29 * 100 is 28.999... in floating point
+
+
+def test_the_floor_alone_allows_min_retries_per_sec_times_ttl(redis_url: str, name: str) -> None:
+    budget = RetryBudget(name, redis=redis_url, percent_can_retry=0.2, min_retries_per_sec=2,
+                         ttl=5)
+    assert BudgetConfig(min_retries_per_sec=2, ttl=5).floor == 10
+    assert budget.balance() == 10
+    assert drain(budget) == 10
+    assert budget.deposit(4) == 0             # floor(10 + 0.8) - 10
+    assert budget.deposit() == 1 and budget.try_withdraw()
+
+
+def test_balance_does_not_create_the_key(redis_url: str, redis_client: redis.Redis,
+                                         name: str) -> None:
+    budget = RetryBudget(name, redis=redis_url)
+    assert budget.balance() == 100            # defaults: 10/s * 10 s
+    assert not redis_client.exists(budget.keys.slices)
+
+
+def test_slices_expire_after_ttl(redis_url: str, redis_client: redis.Redis, name: str) -> None:
+    budget = RetryBudget(name, redis=redis_url, percent_can_retry=1.0, min_retries_per_sec=0,
+                         ttl=1.0, slices=10)
+    budget.deposit(4)
+    assert budget.try_withdraw()
+    time.sleep(0.5)
+    assert budget.deposit(3) == 6             # 4 + 3 - 1, both slices live
+    assert 0 < redis_client.pttl(budget.keys.slices) <= 1100
+    time.sleep(0.6)                           # the first slice (4 in, 1 out) has left
+    assert budget.balance() == 3
+    time.sleep(0.5)
+    assert budget.balance() == 0              # everything has left
+    assert budget.deposit() == 1              # and the old withdrawal is forgotten too
+    fields = redis_client.hkeys(budget.keys.slices)
+    assert sorted(f for f in fields if f[:2] in (b"d:", b"w:")) == sorted(
+        f for f in fields if f.startswith(b"d:"))
+    assert len([f for f in fields if f.startswith(b"d:")]) == 1
+
+
+def test_memory_is_bounded_by_the_slice_count(redis_url: str, redis_client: redis.Redis,
+                                              name: str) -> None:
+    budget = RetryBudget(name, redis=redis_url, ttl=0.2, slices=4)   # 50 ms slices
+    deadline = time.monotonic() + 0.6
+    while time.monotonic() < deadline:
+        budget.deposit()
+        budget.try_withdraw()
+        time.sleep(0.005)
+    fields = redis_client.hkeys(budget.keys.slices)
+    slice_fields = [f for f in fields if f[:2] in (b"d:", b"w:")]
+    assert len(slice_fields) <= 2 * 4
+    stored = redis_client.hgetall(budget.keys.slices)
+    assert int(stored[b"D"]) == sum(int(v) for k, v in stored.items() if k.startswith(b"d:"))
+    assert int(stored[b"W"]) == sum(int(v) for k, v in stored.items() if k.startswith(b"w:"))
+    time.sleep(0.3)
+    assert not redis_client.exists(budget.keys.slices)   # PEXPIRE (n + 1) * slice
+
+
+def test_foreign_data_is_a_schema_error(redis_url: str, redis_client: redis.Redis,
+                                        name: str) -> None:
+    budget = RetryBudget(name, redis=redis_url)
+    redis_client.set(budget.keys.slices, "not a hash")
+    with pytest.raises(SchemaError, match="expected a hash"):
+        budget.deposit()
+    redis_client.delete(budget.keys.slices)
+    redis_client.hset(budget.keys.slices, "x", "1")
+    with pytest.raises(SchemaError):
+        budget.try_withdraw()
+
+
+def test_geometry_drift_warns_and_the_stored_window_wins(redis_url: str, name: str) -> None:
+    first = RetryBudget(name, redis=redis_url, ttl=10, min_retries_per_sec=0)
+    first.deposit(10)
+    other = RetryBudget(name, redis=redis_url, ttl=20, min_retries_per_sec=0)
+    with pytest.warns(ConfigDriftWarning, match="stored window"):
+        assert other.deposit(10) == 4
+    other.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert other.deposit(5) == 1
+
+
+@pytest.mark.parametrize(("options", "field"), [
+    ({"percent_can_retry": -0.1}, "percent_can_retry"),
+    ({"percent_can_retry": 11}, "percent_can_retry"),
+    ({"min_retries_per_sec": -1}, "min_retries_per_sec"), ({"ttl": 0}, "ttl"),
+    ({"slices": 0}, "slices"), ({"slices": 101}, "slices"),
+])
+def test_config_validation_names_the_field(options: dict[str, float], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        BudgetConfig(**options)
+    with pytest.raises(TypeError, match="unknown retry budget option"):
+        RetryBudget("x", redis="redis://localhost:1/0", percent=0.1)
+
+
+def test_redis_down_uses_a_local_budget_with_the_same_formula(name: str) -> None:
+    budget = RetryBudget(name, redis=f"redis://127.0.0.1:{free_port()}/0",
+                         percent_can_retry=0.5, min_retries_per_sec=1, ttl=3)
+    assert budget.balance() == 3 and budget.last_source == "local"
+    assert drain(budget) == 3
+    assert budget.deposit(4) == 2 and drain(budget) == 2
+    assert budget.last_source == "local"
+
+
+def test_budget_goes_back_to_redis_when_it_returns(name: str) -> None:
+    with RedisServer() as server:
+        budget = RetryBudget(name, redis=server.url, percent_can_retry=0, min_retries_per_sec=1,
+                             ttl=5)
+        assert drain(budget) == 5 and budget.last_source == "redis"
+        server.kill()
+        assert budget.try_withdraw() and budget.last_source == "local"   # fresh local floor
+        server.start()
+        deadline = time.monotonic() + 3
+        while budget.last_source == "local" and time.monotonic() < deadline:
+            time.sleep(0.05)
+            budget.balance()
+        assert budget.last_source == "redis"
+        assert budget.balance() == 5                  # a restarted Redis lost the window
+
+
+def _fleet_worker(url: str, name: str, start: float, rounds: int) -> int:
+    budget = RetryBudget(name, redis=url, percent_can_retry=0.2, min_retries_per_sec=1, ttl=10)
+    while time.time() < start:
+        time.sleep(0.001)
+    taken = 0
+    for _ in range(rounds):
+        budget.deposit()
+        taken += budget.try_withdraw()
+        taken += budget.try_withdraw()
+    assert budget.last_source == "redis"
+    return taken
+
+
+def test_fleet_wide_retries_never_exceed_percent_of_requests_plus_floor(
+        redis_url: str, redis_client: redis.Redis, name: str) -> None:
+    rounds, workers = 150, 4
+    ctx = multiprocessing.get_context("spawn")
+    start = time.time() + 2.0
+    with ctx.Pool(workers) as pool:
+        taken = pool.starmap(_fleet_worker, [(redis_url, name, start, rounds)] * workers)
+    deposits = rounds * workers
+    allowance = int(1 * 10 + 0.2 * deposits)              # floor 10 + 20 % of 600 = 130
+    assert sum(taken) <= allowance
+    assert min(taken) > 0                                  # every worker got some
+    budget = RetryBudget(name, redis=redis_url, percent_can_retry=0.2, min_retries_per_sec=1,
+                         ttl=10)
+    assert sum(taken) + drain(budget) == allowance         # nothing lost, nothing extra
+    stored = redis_client.hgetall(budget.keys.slices)
+    assert int(stored[b"D"]) == deposits and int(stored[b"W"]) == allowance
+
+
+def test_async_budget(redis_url: str, name: str) -> None:
+    async def main() -> None:
+        budget = AsyncRetryBudget(name, redis=redis_url, percent_can_retry=0.2,
+                                  min_retries_per_sec=0)
+        for _ in range(100):
+            await budget.deposit()
+        taken = 0
+        while await budget.try_withdraw():
+            taken += 1
+        assert taken == 20 and await budget.balance() == 0
+        with pytest.raises(RetryBudgetExhausted):
+            await budget.withdraw()
+        down = AsyncRetryBudget(name, redis=f"redis://127.0.0.1:{free_port()}/0",
+                                percent_can_retry=0, min_retries_per_sec=1, ttl=2)
+        assert await down.try_withdraw() and await down.try_withdraw()
+        assert not await down.try_withdraw() and down.last_source == "local"
+        await budget.reset()
+        assert await budget.balance() == 0 and await budget.deposit(5) == 1
+
+    asyncio.run(main())
