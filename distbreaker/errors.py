@@ -46,6 +46,26 @@ class ConfigDriftWarning(UserWarning):
     """Two workers configured the same breaker name differently."""
 
 
+class BulkheadFull(DistbreakerError):
+    """The bulkhead had no free permit (within `max_wait_duration`); the call did not run.
+
+    `in_use` is the number of permits held fleet-wide when the call was refused
+    (the local count while Redis is unreachable and the local limit applies).
+    """
+
+    def __init__(self, name: str, limit: int, in_use: int, waited: float = 0.0,
+                 local: bool = False) -> None:
+        self.name = name
+        self.limit = limit
+        self.in_use = in_use
+        self.waited = waited
+        self.local = local
+        scope = "local fallback limit" if local else "fleet-wide limit"
+        detail = f" after waiting {waited:.3f}s" if waited > 0 else ""
+        super().__init__(f"bulkhead {name!r} is full ({in_use}/{limit} permits in use, "
+                         f"{scope}){detail}")
+
+
 class RetryBudgetExhausted(DistbreakerError):
     """The fleet-wide retry budget had no retry left for `name`.
 

@@ -1,0 +1,294 @@
+"""The bulkhead's pure core, shared by the sync and asyncio front ends.
+
+Configuration, script arguments, reply decoding and the waiting arithmetic
+(how long a waiter may block on the notify list). No I/O happens here; the
+front ends (`distbreaker.bulkhead`, `distbreaker.aio.bulkhead`) do it. The
+semaphore itself lives in ``lua/bulkhead.lua`` (see its header for the keys,
+ARGV and reply).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import secrets
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from .config import Seconds, check_int, to_ms, to_seconds
+from .errors import BulkheadFull
+from .fallback import RedisHealth
+from .keys import DEFAULT_PREFIX, BulkheadKeys, validate_name
+from .scripts import LuaScript, load_script
+
+logger = logging.getLogger("distbreaker")
+SCRIPT_NAME = "bulkhead"
+
+#: A registered waiter stays counted this long after the deadline it announced,
+#: covering the round trip between its wake-up and its next acquire.
+WAITER_GRACE_MS = 1000
+#: Never ask BLPOP for less than this (a timeout that rounds to 0 blocks forever).
+MIN_BLOCK = 0.002
+#: Extra time after the next lease deadline before trying again (clock granularity).
+DEADLINE_SLACK = 0.005
+_MAX_LIMIT = 1_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class BulkheadConfig:
+    """Settings of one fleet-wide bulkhead.
+
+    `max_concurrent_calls` permits exist fleet-wide. `max_wait_duration` 0
+    rejects at once with `BulkheadFull`; a positive value waits that long at
+    most, woken by releases. Every permit is a `lease`: a holder that dies
+    (SIGKILL) gives its permit back within one lease; a live holder renews its
+    lease every `lease / 3` while its call runs.
+
+    While Redis is unreachable each process enforces its own `fallback_limit`
+    with a local semaphore: by default ``max(1, max_concurrent_calls //
+    expected_workers)``, so the fleet stays near its limit when the user says
+    how many processes share it. `fallback_limit=0` rejects every call while
+    Redis is down (fail closed). The fallback is never unlimited.
+    """
+
+    max_concurrent_calls: int = 25
+    max_wait_duration: Seconds = 0.0
+    lease: Seconds = 30.0
+    expected_workers: int = 1
+    fallback_limit: int | None = None
+    key_ttl: Seconds = 3600.0
+    redis_timeout: Seconds = 0.25
+    redis_retry_max_backoff: Seconds = 5.0
+
+    def __post_init__(self) -> None:
+        put = object.__setattr__
+        check_int(self.max_concurrent_calls, "max_concurrent_calls", 1, _MAX_LIMIT)
+        check_int(self.expected_workers, "expected_workers", 1, _MAX_LIMIT)
+        if self.fallback_limit is not None:
+            check_int(self.fallback_limit, "fallback_limit", 0, _MAX_LIMIT)
+        for field in ("max_wait_duration", "lease", "key_ttl", "redis_timeout",
+                      "redis_retry_max_backoff"):
+            put(self, field, to_seconds(getattr(self, field), field))
+        if self.lease < 0.01:
+            raise ValueError(f"lease must be >= 0.01 seconds, got {self.lease!r}")
+        if self.redis_timeout <= 0:
+            raise ValueError(f"redis_timeout must be > 0 seconds, got {self.redis_timeout!r}")
+        floor = max(self.lease, self.max_wait_duration)
+        if self.key_ttl < floor:
+            raise ValueError(f"key_ttl must be >= {floor} seconds (the lease and the longest "
+                             f"wait), got {self.key_ttl!r}")
+
+    @property
+    def effective_fallback_limit(self) -> int:
+        """The per-process limit while Redis is unreachable."""
+        if self.fallback_limit is not None:
+            return self.fallback_limit
+        return max(1, self.max_concurrent_calls // self.expected_workers)
+
+    @property
+    def renew_interval(self) -> float:
+        """How often a held permit's lease is renewed (seconds)."""
+        return self.lease / 3
+
+    def replace(self, **changes: Any) -> BulkheadConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def build_bulkhead_config(config: BulkheadConfig | None,
+                          overrides: dict[str, Any]) -> BulkheadConfig:
+    """Merge constructor keyword overrides into a config, naming unknown fields clearly."""
+    base = config if config is not None else BulkheadConfig()
+    if not isinstance(base, BulkheadConfig):
+        raise TypeError(f"config must be a BulkheadConfig, got {type(base).__name__}")
+    known = {f.name for f in dataclasses.fields(BulkheadConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise TypeError(f"unknown bulkhead option(s): {', '.join(unknown)}")
+    return dataclasses.replace(base, **overrides) if overrides else base
+
+
+@dataclasses.dataclass(eq=False)
+class BulkheadPermit:
+    """One permit: `token` is the lease holder id in Redis (empty for a local permit).
+
+    `lost` turns True when a renewal or the release found the lease gone (it
+    expired or was deleted): the call ran without a fleet-wide permit for a while.
+    """
+
+    token: str
+    local: bool = False
+    acquired_at: float = 0.0
+    lost: bool = False
+    released: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class BulkheadReply:
+    """A decoded bulkhead script reply (see the header of lua/bulkhead.lua)."""
+
+    ok: bool
+    in_use: int
+    limit: int
+    waiting: int
+    rejected: int
+    next_deadline_ms: int
+    now_ms: int
+    lost: int
+    acquired: int
+
+
+@dataclasses.dataclass(frozen=True)
+class BulkheadMetrics:
+    """Fleet-wide figures from Redis, plus this process's own counters.
+
+    `rejected`, `lost` and `acquired` are fleet-wide totals since the keys were
+    created (they expire with the keys after `key_ttl` of idleness).
+    """
+
+    max_concurrent_calls: int
+    in_use: int
+    available: int
+    waiting: int
+    rejected: int
+    lost: int
+    acquired: int
+    rejected_here: int
+    lost_here: int
+    fallback_in_use: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptCall:
+    """KEYS and ARGV of one bulkhead script call."""
+
+    keys: Sequence[str]
+    args: Sequence[Any]
+
+
+def decode_reply(raw: Sequence[Any]) -> BulkheadReply:
+    """Decode the script's reply array."""
+    v = [int(x) for x in raw]
+    return BulkheadReply(ok=bool(v[0]), in_use=v[1], limit=v[2], waiting=v[3], rejected=v[4],
+                         next_deadline_ms=v[5], now_ms=v[6], lost=v[7], acquired=v[8])
+
+
+def blocking_cap(client: Any) -> float:
+    """The longest one blocking call may take on `client` before its socket times out."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None) or {}
+    timeout = kwargs.get("socket_timeout")
+    if not timeout:
+        return math.inf
+    return max(MIN_BLOCK, timeout - min(0.1, timeout / 5))
+
+
+class BulkheadCodec:
+    """Everything about one bulkhead that is neither I/O nor a front end."""
+
+    def __init__(self, name: str, config: BulkheadConfig, prefix: str = DEFAULT_PREFIX) -> None:
+        self.name = validate_name(name)
+        self.config = config
+        self.keys = BulkheadKeys.build(name, prefix)
+        self.script: LuaScript = load_script(SCRIPT_NAME)
+        self.health = RedisHealth(config.redis_retry_max_backoff)
+        self._lease_ms = max(1, to_ms(config.lease))
+        self._ttl_ms = max(1, to_ms(config.key_ttl))
+        self._lock = threading.Lock()
+        self.rejected_here = 0
+        self.lost_here = 0
+
+    # -- script calls -------------------------------------------------------------
+    def _call(self, op: str, token: str, extra: int = 0) -> ScriptCall:
+        keys = self.keys
+        return ScriptCall((keys.leases, keys.meta, keys.notify),
+                          (op, token, self.config.max_concurrent_calls, self._lease_ms,
+                           self._ttl_ms, extra))
+
+    @staticmethod
+    def new_token() -> str:
+        return secrets.token_hex(12)
+
+    def acquire_call(self, token: str, remaining: float) -> ScriptCall:
+        """Acquire; with time left, a refusal registers `token` as a waiter."""
+        wait_ms = to_ms(remaining) + WAITER_GRACE_MS if remaining > 0 else 0
+        return self._call("acquire", token, wait_ms)
+
+    def release_call(self, token: str) -> ScriptCall:
+        return self._call("release", token)
+
+    def renew_call(self, token: str) -> ScriptCall:
+        return self._call("renew", token)
+
+    def cancel_call(self, token: str) -> ScriptCall:
+        """Undo an interrupted acquire: drop the token's lease (if granted) and waiter entry."""
+        return self._call("cancel", token)
+
+    def metrics_call(self) -> ScriptCall:
+        return self._call("metrics", "")
+
+    # -- decisions -------------------------------------------------------------------
+    def block_for(self, remaining: float, reply: BulkheadReply, cap: float) -> float:
+        """How long a refused waiter blocks on the notify list before asking again.
+
+        Bounded by the remaining wait, by the next lease deadline (a reaped lease
+        frees a permit without any release) and by the client's socket timeout.
+        """
+        bound = remaining
+        if reply.next_deadline_ms > 0:
+            bound = min(bound, reply.next_deadline_ms / 1000.0 + DEADLINE_SLACK)
+        return max(MIN_BLOCK, min(bound, cap))
+
+    def after_acquire(self, reply: BulkheadReply, token: str, remaining: float,
+                      started: float, now: float, cap: float) -> BulkheadPermit | float:
+        """A granted permit, or how long to block before asking again; raises BulkheadFull."""
+        if reply.ok:
+            return BulkheadPermit(token, acquired_at=now)
+        if remaining <= 0:
+            raise self.full(reply.in_use, now - started if self.config.max_wait_duration else 0)
+        return self.block_for(remaining, reply, cap)
+
+    def after_renew(self, permit: BulkheadPermit, reply: BulkheadReply) -> bool:
+        """Whether to keep renewing `permit`."""
+        if reply.ok:
+            return True
+        self.mark_lost(permit, "renewal")
+        return False
+
+    def after_release(self, permit: BulkheadPermit, reply: BulkheadReply) -> None:
+        if not reply.ok:
+            self.mark_lost(permit, "release")
+
+    def needs_release_call(self, permit: BulkheadPermit) -> bool:
+        """Mark `permit` released; True when Redis must be told (it holds a live lease)."""
+        if permit.released:
+            return False
+        permit.released = True
+        return not permit.local and not permit.lost and self.health.usable()
+
+    def full(self, in_use: int, waited: float, local: bool = False) -> BulkheadFull:
+        with self._lock:
+            self.rejected_here += 1
+        limit = self.config.effective_fallback_limit if local else self.config.max_concurrent_calls
+        return BulkheadFull(self.name, limit, in_use, waited, local)
+
+    def mark_lost(self, permit: BulkheadPermit, when: str) -> None:
+        """A lease was found gone: say so loudly, once per permit."""
+        if permit.lost:
+            return
+        permit.lost = True
+        with self._lock:
+            self.lost_here += 1
+        logger.warning("bulkhead %r: the lease of permit %s was lost (found gone at %s); "
+                       "the call ran without a fleet-wide permit", self.name, permit.token, when)
+
+    def metrics(self, reply: BulkheadReply, fallback_in_use: int) -> BulkheadMetrics:
+        limit = self.config.max_concurrent_calls
+        return BulkheadMetrics(
+            max_concurrent_calls=limit, in_use=reply.in_use,
+            available=max(0, limit - reply.in_use), waiting=reply.waiting,
+            rejected=reply.rejected, lost=reply.lost, acquired=reply.acquired,
+            rejected_here=self.rejected_here, lost_here=self.lost_here,
+            fallback_in_use=fallback_in_use)
