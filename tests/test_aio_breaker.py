@@ -371,6 +371,41 @@ def test_one_breaker_serves_several_event_loops(name: str, redis_url: str) -> No
     assert run(scenario) == ("pong", 2)
 
 
+def commands(client: redis.Redis) -> int:
+    """Script round trips the server has served so far (commands inside scripts count too,
+    in commandstats, so only the top-level EVALSHA / EVAL are summed)."""
+    stats = client.info("commandstats")
+    return sum(stats.get(f"cmdstat_{cmd}", {}).get("calls", 0) for cmd in ("evalsha", "eval"))
+
+
+def test_round_trip_budget(name: str, redis_url: str, redis_client: redis.Redis) -> None:
+    """At most 1 round trip per call in CLOSED, 0 in a known OPEN wait, at most 2 in HALF_OPEN."""
+    async def scenario() -> None:
+        breaker = CircuitBreaker(name, redis=redis_url, **{**SEED, "wait_duration_in_open_state":
+                                                           0.3})
+        dep = Dependency()
+        dep.healthy = True
+        await breaker.call(dep)  # learns CLOSED (and caches the script)
+        before = commands(redis_client)
+        for _ in range(10):
+            await breaker.call(dep)
+        assert commands(redis_client) - before == 10
+
+        await breaker.trip()
+        before = commands(redis_client)
+        for _ in range(10):
+            assert await outcome(breaker, dep) == "rejected"
+        assert commands(redis_client) - before == 0
+
+        await asyncio.sleep(0.35)
+        before = commands(redis_client)
+        assert await breaker.call(dep) == "ok"
+        assert commands(redis_client) - before == 2
+        await breaker.aclose()
+
+    run(scenario)
+
+
 def test_redis_argument_must_be_async() -> None:
     with pytest.raises(TypeError, match="asyncio"):
         CircuitBreaker("x", redis=redis.Redis())
