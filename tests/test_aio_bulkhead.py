@@ -1,0 +1,216 @@
+"""The asyncio bulkhead against a real redis-server: tasks, processes, leases, fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import redis
+
+from distbreaker.aio.bulkhead import Bulkhead
+from distbreaker.embedded import free_port
+from distbreaker.errors import BulkheadFull
+
+FORK = multiprocessing.get_context("fork")
+
+
+class Dependency:
+    """A slow coroutine dependency that counts its calls and the most it saw at once."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.calls = 0
+        self.current = 0
+        self.peak = 0
+
+    async def __call__(self) -> str:
+        self.calls += 1
+        self.current += 1
+        self.peak = max(self.peak, self.current)
+        await asyncio.sleep(self.seconds)
+        self.current -= 1
+        return "ok"
+
+
+async def at_once(count: int, fn: Callable[[], Awaitable[Any]]) -> list[Any]:
+    return list(await asyncio.gather(*(fn() for _ in range(count)), return_exceptions=True))
+
+
+def test_ten_tasks_max_three_no_wait(name: str, redis_url: str) -> None:
+    async def main() -> None:
+        bulkhead = Bulkhead(name, redis=redis_url, max_concurrent_calls=3)
+        dep = Dependency(0.3)
+        results = await at_once(10, lambda: bulkhead.call(dep))
+        full = [r for r in results if isinstance(r, BulkheadFull)]
+        assert results.count("ok") == 3 and len(full) == 7
+        assert all(e.limit == 3 and e.in_use == 3 for e in full)
+        assert dep.calls == 3 and dep.peak == 3
+        metrics = await bulkhead.metrics()
+        assert (metrics.in_use, metrics.rejected, metrics.acquired) == (0, 7, 3)
+        await bulkhead.aclose()
+
+    asyncio.run(main())
+
+
+def test_decorator_and_async_with(name: str, redis_url: str) -> None:
+    async def main() -> None:
+        bulkhead = Bulkhead(name, redis=redis_url, max_concurrent_calls=1)
+
+        @bulkhead
+        async def double(x: int) -> int:
+            return 2 * x
+
+        assert await double(21) == 42
+        async with bulkhead as permit:
+            assert (await bulkhead.metrics()).in_use == 1
+            with pytest.raises(BulkheadFull):
+                await double(1)
+        assert (await bulkhead.metrics()).in_use == 0 and permit.released
+        with pytest.raises(TypeError):
+            bulkhead(lambda: None)  # type: ignore[arg-type]
+        await bulkhead.aclose()
+
+    asyncio.run(main())
+
+
+def test_waiters_get_in_as_permits_free_up_and_give_up_after_max_wait(
+        name: str, redis_url: str) -> None:
+    async def main() -> None:
+        holder = Bulkhead(name, redis=redis_url, max_concurrent_calls=2)
+        waiter = Bulkhead(name, redis=redis_url, max_concurrent_calls=2, max_wait_duration=0.6)
+        held = [await holder.acquire(), await holder.acquire()]
+
+        async def timed() -> float:
+            started = time.monotonic()
+            permit = await waiter.acquire()
+            await asyncio.sleep(0.5)            # hold it past the third waiter's patience
+            await waiter.release(permit)
+            return time.monotonic() - started - 0.5
+
+        async def release_one_later() -> None:
+            await asyncio.sleep(0.3)
+            await holder.release(held[0])
+
+        started = time.monotonic()
+        results = await asyncio.gather(timed(), timed(), release_one_later(),
+                                       return_exceptions=True)
+        # One waiter got in when the permit freed up (~0.3 s); the other gave up at 0.6 s.
+        got_in = [r for r in results[:2] if isinstance(r, float)]
+        gave_up = [r for r in results[:2] if isinstance(r, BulkheadFull)]
+        assert len(got_in) == 1 and 0.25 <= got_in[0] < 0.45
+        assert len(gave_up) == 1 and 0.6 <= gave_up[0].waited < 0.6 + 0.15
+        assert time.monotonic() - started < 1.0
+        metrics = await holder.metrics()
+        assert (metrics.in_use, metrics.waiting, metrics.rejected) == (1, 0, 1)
+        await holder.release(held[1])
+        await holder.aclose()
+        await waiter.aclose()
+
+    asyncio.run(main())
+
+
+def test_cancelled_waiter_leaves_no_trace(name: str, redis_url: str) -> None:
+    async def main() -> None:
+        holder = Bulkhead(name, redis=redis_url, max_concurrent_calls=1)
+        waiter = Bulkhead(name, redis=redis_url, max_concurrent_calls=1, max_wait_duration=5)
+        permit = await holder.acquire()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(waiter.acquire(), 0.2)
+        await asyncio.sleep(0.05)               # the shielded cancel runs
+        metrics = await holder.metrics()
+        assert (metrics.in_use, metrics.waiting) == (1, 0)
+        await holder.release(permit)
+        await holder.aclose()
+        await waiter.aclose()
+
+    asyncio.run(main())
+
+
+def test_renewal_keeps_a_long_call_alive_and_a_lost_lease_is_reported(
+        name: str, redis_url: str, redis_client: redis.Redis,
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        bulkhead = Bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=0.3)
+        async with bulkhead as permit:
+            for _ in range(3):                  # 0.75 s, more than two leases
+                await asyncio.sleep(0.25)
+                with pytest.raises(BulkheadFull):
+                    await bulkhead.acquire()
+        assert not permit.lost
+        with caplog.at_level(logging.WARNING, logger="distbreaker"):
+            async with bulkhead as permit:
+                redis_client.delete(bulkhead.keys.leases)
+                await asyncio.sleep(0.25)       # past one renewal (every lease / 3)
+                assert permit.lost
+        assert "was lost" in caplog.text
+        metrics = await bulkhead.metrics()
+        assert (metrics.in_use, metrics.lost, metrics.rejected) == (0, 1, 3)
+        await bulkhead.aclose()
+
+    asyncio.run(main())
+
+
+def test_redis_down_enforces_the_local_fallback_limit(name: str) -> None:
+    async def main() -> None:
+        url = f"redis://127.0.0.1:{free_port()}/0"   # nothing listens there
+        bulkhead = Bulkhead(name, redis=url, max_concurrent_calls=6, expected_workers=3)
+        dep = Dependency(0.2)
+        results = await at_once(5, lambda: bulkhead.call(dep))
+        full = [r for r in results if isinstance(r, BulkheadFull)]
+        assert results.count("ok") == 2 and len(full) == 3
+        assert all(e.local and e.limit == 2 for e in full) and dep.peak == 2
+        waiting = Bulkhead(name, redis=url, max_concurrent_calls=6, expected_workers=6,
+                           max_wait_duration=0.5)
+        results = await at_once(2, lambda: waiting.call(dep))
+        assert results == ["ok", "ok"]          # the second waited for the first (limit 1)
+
+    asyncio.run(main())
+
+
+def _process_worker(url: str, name: str, tasks: int, ready: Any, go: Any,
+                    counters: Any, lock: Any) -> None:
+    async def main() -> None:
+        bulkhead = Bulkhead(name, redis=url, max_concurrent_calls=3)
+        await bulkhead.metrics()  # connect before the start signal
+
+        async def dependency() -> None:
+            with lock:
+                counters[0] += 1
+                counters[1] += 1
+                counters[2] = max(counters[2], counters[1])
+            await asyncio.sleep(0.3)
+            with lock:
+                counters[1] -= 1
+
+        ready.release()
+        await asyncio.get_running_loop().run_in_executor(None, go.wait)
+        results = await at_once(tasks, lambda: bulkhead.call(dependency))
+        with lock:
+            counters[3] += sum(1 for r in results if r is None)
+            counters[4] += sum(1 for r in results if isinstance(r, BulkheadFull))
+
+    asyncio.run(main())
+
+
+def test_four_processes_share_the_limit(name: str, redis_url: str) -> None:
+    ready, go, lock = FORK.Semaphore(0), FORK.Event(), FORK.Lock()
+    counters = FORK.Array("i", 5, lock=False)  # calls, running, peak, ok, full
+    processes = [FORK.Process(target=_process_worker,
+                              args=(redis_url, name, tasks, ready, go, counters, lock))
+                 for tasks in (3, 3, 2, 2)]
+    for process in processes:
+        process.start()
+    for _ in processes:
+        assert ready.acquire(timeout=10)
+    go.set()
+    for process in processes:
+        process.join(10)
+        assert process.exitcode == 0
+    calls, running, peak, ok, full = counters[:]
+    assert (ok, full) == (3, 7)
+    assert calls == 3 and peak == 3 and running == 0
