@@ -151,7 +151,12 @@ final class BreakerConfig
     /** Seconds to integer ms like Python's round(): halves go to the even neighbour. */
     public static function toMs(float $seconds): int
     {
-        $x = $seconds * 1000;
+        return self::roundHalfEven($seconds * 1000);
+    }
+
+    /** Python's round(x) for a float: to the nearest integer, halves to the even one. */
+    public static function roundHalfEven(float $x): int
+    {
         $low = floor($x);
         $diff = $x - $low; // exact for doubles below 2**52
         if ($diff > 0.5 || ($diff === 0.5 && fmod($low, 2.0) !== 0.0)) {

@@ -64,13 +64,23 @@ final class Scripts
     public static function run(\Redis|\RedisCluster $redis, array $script, array $keys, array $args): mixed
     {
         $argv = array_merge($keys, array_map('strval', $args));
-        $redis->clearLastError();
-        $reply = $redis->evalSha($script['sha'], $argv, count($keys));
-        $error = $redis->getLastError();
-        if ($reply === false && is_string($error) && str_starts_with($error, 'NOSCRIPT')) {
+        try {
             $redis->clearLastError();
-            $reply = $redis->eval($script['source'], $argv, count($keys));
+            $reply = $redis->evalSha($script['sha'], $argv, count($keys));
             $error = $redis->getLastError();
+            if ($reply === false && is_string($error) && str_starts_with($error, 'NOSCRIPT')) {
+                $redis->clearLastError();
+                $reply = $redis->eval($script['source'], $argv, count($keys));
+                $error = $redis->getLastError();
+            }
+        } catch (\RedisException $e) {
+            // phpredis throws (instead of returning false) for error replies whose
+            // code is not a standard one (ERR, NOSCRIPT, WRONGTYPE...), e.g. ours.
+            if (str_contains($e->getMessage(), 'DISTBREAKER_')) {
+                $redis->clearLastError();
+                throw self::translate($e->getMessage());
+            }
+            throw $e; // connection trouble: the callers' Redis-unavailable policy applies
         }
         if ($reply === false && is_string($error) && $error !== '') {
             $redis->clearLastError();

@@ -124,7 +124,7 @@ switch ($job['action']) {
         }
         $taken = 0;
         for ($i = 0; $i < ($job['withdrawals'] ?? 0); $i++) {
-            $taken += $budget->withdraw() ? 1 : 0;
+            $taken += $budget->tryWithdraw() ? 1 : 0;
         }
         $out = ['taken' => $taken, 'balance' => $budget->balance()];
         break;
