@@ -272,16 +272,19 @@ def test_four_processes_share_the_limit(name: str, redis_url: str) -> None:
     assert calls == 3 and peak == 3 and running == 0
 
 
-def _hold_forever(url: str, name: str, acquired: Any) -> None:
-    bulkhead = Bulkhead(name, redis=url, max_concurrent_calls=2, lease=1.0)
+def _hold_forever(bulkhead: Bulkhead, acquired: Any) -> None:
     bulkhead.acquire()
     acquired.release()
     time.sleep(60)
 
 
 def test_sigkilled_holders_permits_come_back_within_one_lease(name: str, redis_url: str) -> None:
+    # Created (and its renewal thread started) before the fork, like a preloaded app:
+    # the children must renew their own permits after the fork.
+    shared = Bulkhead(name, redis=redis_url, max_concurrent_calls=2, lease=1.0)
+    shared.release(shared.acquire())
     acquired = FORK.Semaphore(0)
-    holders = [FORK.Process(target=_hold_forever, args=(redis_url, name, acquired))
+    holders = [FORK.Process(target=_hold_forever, args=(shared, acquired))
                for _ in range(2)]
     for process in holders:
         process.start()

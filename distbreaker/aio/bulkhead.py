@@ -79,7 +79,9 @@ class Bulkhead:
         self._given = None if isinstance(self._target, str) else client
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _PerLoop] = (
             weakref.WeakKeyDictionary())
-        self._renewals: dict[BulkheadPermit, asyncio.Task[None]] = {}
+        # Per held permit: the timer of its next renewal, or the renewal in flight.
+        self._renewals: dict[BulkheadPermit, asyncio.TimerHandle | asyncio.Task[None]] = {}
+        self._background: set[asyncio.Task[None]] = set()
 
     @property
     def name(self) -> str:
@@ -136,7 +138,7 @@ class Bulkhead:
                     await asyncio.shield(self._cancel(token))
                 raise
             else:
-                self._renewals[permit] = asyncio.create_task(self._renew_loop(permit))
+                self._schedule_renewal(permit)
                 return permit
         return await self._acquire_local(started, deadline)
 
@@ -177,23 +179,32 @@ class Bulkhead:
         state.local_in_use += 1
         return BulkheadPermit("", local=True, acquired_at=time.monotonic())
 
-    async def _renew_loop(self, permit: BulkheadPermit) -> None:
+    def _schedule_renewal(self, permit: BulkheadPermit) -> None:
+        """A timer, not a task: short calls never pay for their renewal."""
+        self._renewals[permit] = asyncio.get_running_loop().call_later(
+            self.config.renew_interval, self._start_renewal, permit)
+
+    def _start_renewal(self, permit: BulkheadPermit) -> None:
+        if permit in self._renewals:
+            self._renewals[permit] = asyncio.get_running_loop().create_task(self._renew(permit))
+
+    async def _renew(self, permit: BulkheadPermit) -> None:
         codec = self._codec
-        while True:
-            await asyncio.sleep(self.config.renew_interval)
-            if not codec.health.usable():
-                continue
+        keep = True
+        if codec.health.usable():
             try:
                 reply = await self._run(codec.renew_call(permit.token))
             except UNAVAILABLE_ERRORS as error:
                 codec.health.failed(error)
-                continue
             except Exception:
                 logger.exception("bulkhead %r: lease renewal failed", self.name)
-                continue
-            codec.health.succeeded()
-            if not codec.after_renew(permit, reply):
-                return
+            else:
+                codec.health.succeeded()
+                keep = codec.after_renew(permit, reply)
+        if keep and permit in self._renewals:
+            self._schedule_renewal(permit)
+        else:
+            self._renewals.pop(permit, None)
 
     async def release(self, permit: BulkheadPermit) -> None:
         """Give a permit back (idempotent). A lease found gone marks the permit lost."""
@@ -205,15 +216,23 @@ class Bulkhead:
                 state.local_in_use -= 1
                 state.local.release()
             return
-        task = self._renewals.pop(permit, None)
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        renewal = self._renewals.pop(permit, None)
+        if renewal is not None:
+            renewal.cancel()
+            if isinstance(renewal, asyncio.Task):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await renewal
         if not codec.needs_release_call(permit):
             return
         try:
             reply = await self._run(codec.release_call(permit.token))
+        except asyncio.CancelledError:
+            # Cancelled mid-release: finish it in the background (cancel is idempotent
+            # and counts nothing) rather than leave the permit taken until its lease ends.
+            task = asyncio.get_running_loop().create_task(self._cancel(permit.token))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            raise
         except UNAVAILABLE_ERRORS as error:
             codec.health.failed(error)  # the lease expires on its own
             return
@@ -227,7 +246,7 @@ class Bulkhead:
         try:
             return await fn(*args, **kwargs)
         finally:
-            await asyncio.shield(self.release(permit))
+            await self.release(permit)
 
     def __call__(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         if not inspect.iscoroutinefunction(fn):
@@ -250,7 +269,7 @@ class Bulkhead:
         for i in range(len(blocks) - 1, -1, -1):
             if blocks[i][0] is self:
                 _open_blocks.set(blocks[:i] + blocks[i + 1:])
-                await asyncio.shield(self.release(blocks[i][1]))
+                await self.release(blocks[i][1])
                 return
         raise RuntimeError("async with bulkhead: exit without a matching enter in this task")
 
