@@ -3,6 +3,8 @@
 from .breaker import CircuitBreaker
 from .budget import RetryBudget
 from .budget_codec import BudgetConfig
+from .bulkhead import Bulkhead
+from .bulkhead_codec import BulkheadConfig, BulkheadMetrics, BulkheadPermit
 from .classify import (
     HttpClassifier,
     HttpStatusError,
@@ -15,6 +17,7 @@ from .classify import (
 from .codec import Metrics
 from .config import BreakerConfig, RedisErrorPolicy, WindowType
 from .errors import (
+    BulkheadFull,
     CallNotPermitted,
     ConfigDriftWarning,
     DistbreakerError,
@@ -30,6 +33,11 @@ __all__ = [
     "SCHEMA_VERSION",
     "BreakerConfig",
     "BudgetConfig",
+    "Bulkhead",
+    "BulkheadConfig",
+    "BulkheadFull",
+    "BulkheadMetrics",
+    "BulkheadPermit",
     "CallNotPermitted",
     "CircuitBreaker",
     "ConfigDriftWarning",
