@@ -23,7 +23,7 @@ import redis
 from distbreaker import BreakerConfig, CallNotPermitted, CircuitBreaker, SchemaError, State
 from distbreaker.embedded import RedisServer
 from distbreaker.inspect import decode_event_message, read_history
-from distbreaker.keys import BreakerKeys, events_channel
+from distbreaker.keys import BreakerKeys, BulkheadKeys, events_channel
 from distbreaker.scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -307,3 +307,74 @@ def test_retry_budget_deposits_from_php_fund_python_retries(
     assert php_worker.run(action="budget", name=name, config=options, withdrawals=2) == {
         "taken": 1, "balance": 0}
     assert budget.try_withdraw() is False
+
+
+# -- one bulkhead limit across both languages -------------------------------------
+
+PY_BULKHEAD = textwrap.dedent("""
+    import json, sys, time
+    import redis
+    from distbreaker.bulkhead import Bulkhead
+    from distbreaker.errors import BulkheadFull
+    job = json.loads(sys.argv[1])
+    client = redis.Redis(port=job["port"])
+    bulkhead = Bulkhead(job["name"], redis=client, **job["config"])
+    peak = client.register_script(
+        "local m = tonumber(redis.call('GET', KEYS[2]) or '0') "
+        "if ARGV[1] + 0 > m then redis.call('SET', KEYS[2], ARGV[1]) end return 1")
+    client.blpop([job["gate"]], 10)
+    def dependency():
+        now = client.incr(job["counter"])
+        peak(keys=[job["counter"], job["peak"]], args=[now])
+        time.sleep(job["hold"])
+        client.decr(job["counter"])
+        return "ok"
+    try:
+        out = {"outcome": bulkhead.call(dependency)}
+    except BulkheadFull as e:
+        out = {"outcome": "full", "in_use": e.in_use, "limit": e.limit}
+    print(json.dumps(out))
+""")
+
+
+def run_bulkhead_fleet(php_worker: Php, redis_server: RedisServer, redis_client: redis.Redis,
+                       name: str, config: dict[str, Any]) -> tuple[list[Any], float]:
+    """Three PHP and three Python processes each make one bulkhead call at the same moment."""
+    job = {"name": name, "config": config, "counter": "inside", "peak": "peak",
+           "gate": "gate", "hold": 0.3}
+    procs = [php_worker.start(action="bulkhead", **job) for _ in range(3)]
+    procs += [subprocess.Popen([sys.executable, "-c", PY_BULKHEAD,
+                                json.dumps({"port": redis_server.port, **job})],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for _ in range(3)]
+    deadline = time.monotonic() + 15
+    while (int(redis_client.info("clients")["blocked_clients"]) < 6
+           and time.monotonic() < deadline):
+        time.sleep(0.02)
+    assert int(redis_client.info("clients")["blocked_clients"]) == 6, "workers not at the gate"
+    released = time.monotonic()
+    redis_client.rpush("gate", *["go"] * 6)
+    results = [finish(p) for p in procs]
+    return results, time.monotonic() - released
+
+
+def test_bulkhead_fail_fast_limit_holds_across_php_and_python(
+        php_worker: Php, redis_server: RedisServer, redis_client: redis.Redis,
+        name: str) -> None:
+    config = {"max_concurrent_calls": 2, "max_wait_duration": 0, "lease": 10.0}
+    results, _ = run_bulkhead_fleet(php_worker, redis_server, redis_client, name, config)
+    assert sorted(r["outcome"] for r in results) == ["full"] * 4 + ["ok"] * 2
+    assert {(r["in_use"], r["limit"]) for r in results if r["outcome"] == "full"} == {(2, 2)}
+    assert int(redis_client.get("peak") or 0) == 2
+
+
+def test_bulkhead_waiters_of_both_languages_are_woken_by_either(
+        php_worker: Php, redis_server: RedisServer, redis_client: redis.Redis,
+        name: str) -> None:
+    config = {"max_concurrent_calls": 2, "max_wait_duration": 5.0, "lease": 10.0}
+    results, elapsed = run_bulkhead_fleet(php_worker, redis_server, redis_client, name, config)
+    assert [r["outcome"] for r in results] == ["ok"] * 6
+    assert int(redis_client.get("peak") or 0) == 2
+    # three rounds of 0.3 s: waiters were woken by releases, not by their wait running out
+    assert elapsed < 4.0
+    assert redis_client.zcard(BulkheadKeys.build(name).leases) == 0

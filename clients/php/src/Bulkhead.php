@@ -1,0 +1,226 @@
+<?php
+
+declare(strict_types=1);
+
+namespace Distbreaker;
+
+/**
+ * A fleet-wide bulkhead over lua/bulkhead.lua: at most max_concurrent_calls
+ * calls run at once across every PHP and Python process using the same name.
+ * Options and defaults are Python's BulkheadConfig: max_concurrent_calls (25),
+ * max_wait_duration (0 s = fail fast), lease (30 s), key_ttl (3600 s),
+ * fallback_limit (null; 0 = reject while Redis is unreachable), expected_workers
+ * (accepted for config sharing), plus 'prefix' and 'lua_dir'.
+ *
+ * Every permit is a lease in server time: a process that dies gives its permit
+ * back within one lease. PHP has no background thread to renew it, so choose a
+ * lease longer than your longest call (e.g. max_execution_time) or call
+ * renew() from long loops.
+ */
+final class Bulkhead
+{
+    public const SCRIPT = 'bulkhead';
+    public const DEFAULTS = [
+        'max_concurrent_calls' => 25,
+        'max_wait_duration' => 0.0,
+        'lease' => 30.0,
+        'expected_workers' => 1,
+        'fallback_limit' => null,
+        'key_ttl' => 3600.0,
+    ];
+    /** A registered waiter stays counted this long after its deadline (same as Python). */
+    private const WAITER_GRACE_MS = 1000;
+    private const MIN_BLOCK = 0.002;
+    private const DEADLINE_SLACK = 0.005;
+
+    public readonly int $maxConcurrentCalls;
+    public readonly float $maxWaitDuration;
+    public readonly float $lease;
+    public readonly ?int $fallbackLimit;
+    public readonly float $keyTtl;
+    /** @var array{leases: string, meta: string, notify: string} */
+    public readonly array $keys;
+    /** @var array{source: string, sha: string} */
+    private array $script;
+    private int $leaseMs;
+    private int $ttlMs;
+
+    /** @param array<string, mixed> $config */
+    public function __construct(private readonly \Redis|\RedisCluster $redis, public readonly string $name, array $config = [])
+    {
+        $prefix = $config['prefix'] ?? Keys::DEFAULT_PREFIX;
+        $luaDir = $config['lua_dir'] ?? null;
+        unset($config['prefix'], $config['lua_dir']);
+        $unknown = array_diff(array_keys($config), array_keys(self::DEFAULTS));
+        if ($unknown !== []) {
+            sort($unknown);
+            throw new \InvalidArgumentException('unknown bulkhead option(s): ' . implode(', ', $unknown));
+        }
+        $o = $config + self::DEFAULTS;
+        foreach (['max_concurrent_calls' => 1, 'expected_workers' => 1] as $field => $low) {
+            if (!is_int($o[$field]) || $o[$field] < $low || $o[$field] > 1000000) {
+                throw new \InvalidArgumentException("{$field} must be an integer in [{$low}, 1000000], got " . var_export($o[$field], true));
+            }
+        }
+        if ($o['fallback_limit'] !== null && (!is_int($o['fallback_limit']) || $o['fallback_limit'] < 0)) {
+            throw new \InvalidArgumentException('fallback_limit must be null or an integer >= 0, got ' . var_export($o['fallback_limit'], true));
+        }
+        foreach (['max_wait_duration', 'lease', 'key_ttl'] as $field) {
+            $v = $o[$field];
+            if (!(is_int($v) || is_float($v)) || !is_finite((float) $v) || $v < 0) {
+                throw new \InvalidArgumentException("{$field} must be a finite duration >= 0 seconds, got " . var_export($v, true));
+            }
+        }
+        if ($o['lease'] < 0.01) {
+            throw new \InvalidArgumentException('lease must be >= 0.01 seconds, got ' . var_export($o['lease'], true));
+        }
+        $floor = max((float) $o['lease'], (float) $o['max_wait_duration']);
+        if ($o['key_ttl'] < $floor) {
+            throw new \InvalidArgumentException("key_ttl must be >= {$floor} seconds (the lease and the longest wait), got " . var_export($o['key_ttl'], true));
+        }
+        $this->maxConcurrentCalls = $o['max_concurrent_calls'];
+        $this->maxWaitDuration = (float) $o['max_wait_duration'];
+        $this->lease = (float) $o['lease'];
+        $this->fallbackLimit = $o['fallback_limit'];
+        $this->keyTtl = (float) $o['key_ttl'];
+        $this->leaseMs = max(1, BreakerConfig::toMs($this->lease));
+        $this->ttlMs = max(1, BreakerConfig::toMs($this->keyTtl));
+        $this->keys = Keys::bulkhead($name, $prefix);
+        $this->script = Scripts::load(self::SCRIPT, $luaDir);
+        Scripts::checkConnection($redis);
+    }
+
+    /** Take one permit, waiting up to max_wait_duration for a release; throws BulkheadFull. */
+    public function acquire(): BulkheadPermit
+    {
+        $token = bin2hex(random_bytes(12));
+        $started = self::monotonic();
+        $deadline = $started + $this->maxWaitDuration;
+        try {
+            while (true) {
+                $remaining = $deadline - self::monotonic();
+                $wait = $remaining > 0 ? BreakerConfig::toMs($remaining) + self::WAITER_GRACE_MS : 0;
+                $reply = $this->run('acquire', $token, $wait);
+                if ($reply['ok']) {
+                    return new BulkheadPermit($token);
+                }
+                if ($remaining <= 0) {
+                    $waited = $this->maxWaitDuration > 0 ? self::monotonic() - $started : 0.0;
+                    throw new BulkheadFull($this->name, $this->maxConcurrentCalls, $reply['in_use'], $waited);
+                }
+                // Block until a release wakes us, a lease may expire, or our time is up.
+                $bound = $remaining;
+                if ($reply['next_deadline_ms'] > 0) {
+                    $bound = min($bound, $reply['next_deadline_ms'] / 1000.0 + self::DEADLINE_SLACK);
+                }
+                $this->block(max(self::MIN_BLOCK, $bound));
+            }
+        } catch (\RedisException $e) {
+            if ($this->fallbackLimit === 0) {
+                throw new BulkheadFull($this->name, 0, 0);
+            }
+            return new BulkheadPermit(''); // fail open: this process runs one call at a time
+        }
+    }
+
+    /** Give the permit back (once); a lease that had already expired is marked lost. */
+    public function release(BulkheadPermit $permit): void
+    {
+        if ($permit->released) {
+            return;
+        }
+        $permit->released = true;
+        if ($permit->token === '' || $permit->lost) {
+            return;
+        }
+        try {
+            if (!$this->run('release', $permit->token)['ok']) {
+                $this->markLost($permit, 'release');
+            }
+        } catch (\RedisException) {
+            // the lease expires on its own
+        }
+    }
+
+    /** Push the lease deadline out by one lease (for long calls); false when it was lost. */
+    public function renew(BulkheadPermit $permit): bool
+    {
+        if ($permit->token === '' || $permit->released || $permit->lost) {
+            return false;
+        }
+        if ($this->run('renew', $permit->token)['ok']) {
+            return true;
+        }
+        $this->markLost($permit, 'renewal');
+        return false;
+    }
+
+    /** Run $fn holding a permit; with a $fallback, BulkheadFull returns $fallback($error). */
+    public function call(callable $fn, ?callable $fallback = null): mixed
+    {
+        try {
+            $permit = $this->acquire();
+        } catch (BulkheadFull $full) {
+            if ($fallback === null) {
+                throw $full;
+            }
+            return $fallback($full);
+        }
+        try {
+            return $fn();
+        } finally {
+            $this->release($permit);
+        }
+    }
+
+    /** @return array{ok: bool, in_use: int, limit: int, waiting: int, rejected: int, next_deadline_ms: int, now_ms: int, lost: int, acquired: int} */
+    public function metrics(): array
+    {
+        return $this->run('metrics', '');
+    }
+
+    /** @return array{ok: bool, in_use: int, limit: int, waiting: int, rejected: int, next_deadline_ms: int, now_ms: int, lost: int, acquired: int} */
+    private function run(string $op, string $token, int $extra = 0): array
+    {
+        $k = $this->keys;
+        $raw = Scripts::run(
+            $this->redis,
+            $this->script,
+            [$k['leases'], $k['meta'], $k['notify']],
+            [$op, $token, $this->maxConcurrentCalls, $this->leaseMs, $this->ttlMs, $extra],
+        );
+        if (!is_array($raw) || count($raw) < 9) {
+            throw new SchemaError('unexpected bulkhead script reply: ' . var_export($raw, true));
+        }
+        $v = array_map('intval', $raw);
+        return [
+            'ok' => $v[0] === 1, 'in_use' => $v[1], 'limit' => $v[2], 'waiting' => $v[3], 'rejected' => $v[4],
+            'next_deadline_ms' => $v[5], 'now_ms' => $v[6], 'lost' => $v[7], 'acquired' => $v[8],
+        ];
+    }
+
+    /** BLPOP the notify list with a fractional timeout (phpredis 5 blPop takes whole seconds). */
+    private function block(float $seconds): void
+    {
+        $notify = $this->keys['notify'];
+        $timeout = sprintf('%.3f', $seconds);
+        if ($this->redis instanceof \RedisCluster) {
+            $this->redis->rawCommand($notify, 'BLPOP', $notify, $timeout);
+        } else {
+            $this->redis->rawCommand('BLPOP', $notify, $timeout);
+        }
+    }
+
+    private function markLost(BulkheadPermit $permit, string $when): void
+    {
+        if (!$permit->lost) {
+            $permit->lost = true;
+            error_log("distbreaker: bulkhead '{$this->name}': the lease of permit {$permit->token} was lost (found gone at {$when})");
+        }
+    }
+
+    private static function monotonic(): float
+    {
+        return hrtime(true) / 1e9;
+    }
+}
