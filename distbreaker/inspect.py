@@ -10,6 +10,7 @@ The dict layouts are the CLI's documented ``--json`` schema (docs/CLI_JSON.md).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -94,6 +95,12 @@ def scan_names(client: Any, prefix: str,
 # -- decoding ---------------------------------------------------------------------
 def decode_config(wire: str) -> dict[str, Any]:
     """The stored config wire string as named thresholds (seconds, percents)."""
+    return dict(_config(wire)[0])
+
+
+@functools.lru_cache(maxsize=256)
+def _config(wire: str) -> tuple[dict[str, Any], int]:
+    """(named thresholds, effective minimum calls) of a wire string; a fleet has few."""
     try:
         cfg = BreakerConfig.from_wire(wire)
     except ValueError as exc:
@@ -111,7 +118,7 @@ def decode_config(wire: str) -> dict[str, Any]:
         "max_wait_in_half_open_s": cfg.max_wait_in_half_open,
         "half_open_lease_s": cfg.half_open_lease,
         "key_ttl_s": cfg.key_ttl,
-    }
+    }, cfg.effective_minimum_calls
 
 
 def decode_state_hash(name: str, raw: Mapping[Any, Any], now_ms: int,
@@ -133,8 +140,8 @@ def decode_state_hash(name: str, raw: Mapping[Any, Any], now_ms: int,
         n = {f: int(h.get(f, "0") or 0) for f in _STATE_INTS}
     except ValueError:
         raise SchemaError(f"breaker {name!r}: a counter field is not a number") from None
-    config = decode_config(h.get("cfg", ""))
-    minimum = BreakerConfig.from_wire(config["wire"]).effective_minimum_calls
+    config, minimum = _config(h.get("cfg", ""))
+    config = dict(config)
     calls, failures, slow = n["calls"], n["failures"], n["slow"]
     if (config["sliding_window_type"] == WindowType.TIME_BASED.value and n["wsec"]
             and now_ms // 1000 - n["wsec"] >= config["sliding_window_size"]):
@@ -297,8 +304,6 @@ def decode_budget(raw: Mapping[Any, Any], now_ms: int) -> dict[str, Any]:
 
 
 # -- reading ------------------------------------------------------------------------
-_TYPES = {"breaker": "hash", "bulkhead": "zset", "budget": "hash"}
-
 
 def _check_type(client: Any, key: str, expected: str) -> None:
     found = text(client.type(key))
@@ -306,66 +311,95 @@ def _check_type(client: Any, key: str, expected: str) -> None:
         raise SchemaError(f"key {key} holds a {found}, expected a {expected}", key=key)
 
 
-def read_summaries(client: Any, prefix: str, names: Iterable[str],
-                   batch: int = 200) -> Iterator[dict[str, Any]]:
+def read_summaries(client: Any, prefix: str,
+                   names: Mapping[str, Iterable[str]] | Iterable[str],
+                   batch: int = 500) -> Iterator[dict[str, Any]]:
     """One summary row per name (breaker state, bulkhead usage, budget), read in
-    pipelined batches so thousands of names cost a few round trips each of
-    bounded size. A name whose keys hold foreign data gets an ``error`` entry."""
-    chunk: list[str] = []
-    for name in names:
-        chunk.append(name)
-        if len(chunk) >= batch:
-            yield from _summaries(client, prefix, chunk)
-            chunk = []
-    if chunk:
-        yield from _summaries(client, prefix, chunk)
+    pipelined batches so thousands of names cost a few bounded round trips.
+
+    `names` may map each name to its components (as `scan_names` returns), so
+    only the keys that exist are read. A name whose keys hold foreign data
+    gets an ``error`` entry instead of failing the whole listing.
+    """
+    if isinstance(names, Mapping):
+        items = [(n, frozenset(c)) for n, c in names.items()]
+    else:
+        items = [(n, _ALL) for n in names]
+    for i in range(0, len(items), batch):
+        yield from _summaries(client, prefix, items[i:i + batch])
 
 
-def _summaries(client: Any, prefix: str, names: Sequence[str]) -> list[dict[str, Any]]:
+_ALL = frozenset({"breaker", "bulkhead", "budget"})
+
+
+def _summaries(client: Any, prefix: str,
+               items: Sequence[tuple[str, frozenset[str]]]) -> list[dict[str, Any]]:
     now_ms = server_now_ms(client)
     pipe = client.pipeline(transaction=False)
-    for name in names:
-        bk, hk, rk = (BreakerKeys.build(name, prefix), BulkheadKeys.build(name, prefix),
-                      BudgetKeys.build(name, prefix))
-        for key in (bk.state, hk.leases, hk.meta, rk.slices):
-            pipe.type(key)
-        pipe.hgetall(bk.state)
-        pipe.zrange(bk.probes, 0, -1, withscores=True)
-        pipe.zcount(hk.leases, f"({now_ms}", "+inf")
-        pipe.hgetall(hk.meta)
-        pipe.hgetall(rk.slices)
-    replies = pipe.execute(raise_on_error=False)
+    plan: list[list[str]] = []
+    for name, parts in items:
+        steps = []
+        if "breaker" in parts:
+            bk = BreakerKeys.build(name, prefix)
+            pipe.hgetall(bk.state)
+            pipe.zrangebyscore(bk.probes, f"({now_ms}", "+inf", start=0, num=1,
+                               withscores=True)
+            steps += ["state", "probe"]
+        if "bulkhead" in parts:
+            hk = BulkheadKeys.build(name, prefix)
+            pipe.zcount(hk.leases, f"({now_ms}", "+inf")
+            pipe.hget(hk.meta, "limit")
+            steps += ["in_use", "limit"]
+        if "budget" in parts:
+            pipe.hgetall(BudgetKeys.build(name, prefix).slices)
+            steps.append("budget")
+        plan.append(steps)
+    replies = iter(pipe.execute(raise_on_error=False))
     rows = []
-    for i, name in enumerate(names):
-        types = [text(t) for t in replies[i * 9:i * 9 + 4]]
-        state, probes, in_use, meta, budget = replies[i * 9 + 4:i * 9 + 9]
-        rows.append(_summary(name, types, state, probes, in_use, meta, budget, now_ms))
+    for (name, _), steps in zip(items, plan, strict=True):
+        got = {step: next(replies) for step in steps}
+        rows.append(_summary(client, prefix, name, got, now_ms))
     return rows
 
 
-def _summary(name: str, types: Sequence[str], state: Any, probes: Any, in_use: Any,
-             meta: Any, budget: Any, now_ms: int) -> dict[str, Any]:
+def _summary(client: Any, prefix: str, name: str, got: dict[str, Any],
+             now_ms: int) -> dict[str, Any]:
     row: dict[str, Any] = {"name": name, "state": None, "breaker": None, "bulkhead": None,
                            "budget": None, "error": None}
-    expected = ("hash", "zset", "hash", "hash")
-    for found, want in zip(types, expected, strict=True):
-        if found not in ("none", want):
-            row["error"] = f"a key holds a {found}, expected a {want}"
-            return row
+    if any(isinstance(v, Exception) for v in got.values()):
+        row["error"] = _explain_types(client, prefix, name) or next(
+            str(v) for v in got.values() if isinstance(v, Exception))
+        return row
     try:
-        if types[0] == "hash":
-            deadlines = [int(s) for _, s in probes] if isinstance(probes, list) else []
-            row["breaker"] = decode_state_hash(name, state, now_ms, deadlines)
+        if got.get("state"):
+            deadlines = [int(score) for _, score in got["probe"]]
+            row["breaker"] = decode_state_hash(name, got["state"], now_ms, deadlines)
             row["state"] = row["breaker"]["state"]
-        if types[1] == "zset" or types[2] == "hash":
-            m = {text(k): text(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
-            row["bulkhead"] = {"in_use": int(in_use) if isinstance(in_use, int) else 0,
-                               "limit": _int_or(m.get("limit", ""), 0) or None}
-        if types[3] == "hash" and isinstance(budget, dict):
-            row["budget"] = decode_budget(budget, now_ms)
+        if "in_use" in got:
+            limit = got["limit"]
+            row["bulkhead"] = {"in_use": int(got["in_use"]),
+                               "limit": _int_or(text(limit), 0) or None if limit else None}
+        if got.get("budget"):
+            row["budget"] = decode_budget(got["budget"], now_ms)
     except SchemaError as exc:
         row["error"] = str(exc)
     return row
+
+
+def _explain_types(client: Any, prefix: str, name: str) -> str | None:
+    """Which of a name's keys holds a foreign type (only asked after a WRONGTYPE)."""
+    for key, kind in _expected_types(name, prefix).items():
+        found = text(client.type(key))
+        if found not in ("none", kind):
+            return f"key {key} holds a {found}, expected a {kind}"
+    return None
+
+
+def _expected_types(name: str, prefix: str) -> dict[str, str]:
+    bk, hk, rk = (BreakerKeys.build(name, prefix), BulkheadKeys.build(name, prefix),
+                  BudgetKeys.build(name, prefix))
+    return {bk.state: "hash", bk.window: "hash", bk.probes: "zset", bk.history: "stream",
+            hk.leases: "zset", hk.meta: "hash", hk.notify: "list", rk.slices: "hash"}
 
 
 def read_detail(client: Any, prefix: str, name: str) -> dict[str, Any]:
@@ -373,8 +407,7 @@ def read_detail(client: Any, prefix: str, name: str) -> dict[str, Any]:
     key of the wrong type."""
     bk, hk, rk = (BreakerKeys.build(name, prefix), BulkheadKeys.build(name, prefix),
                   BudgetKeys.build(name, prefix))
-    expected = {bk.state: "hash", bk.window: "hash", bk.probes: "zset", bk.history: "stream",
-                hk.leases: "zset", hk.meta: "hash", hk.notify: "list", rk.slices: "hash"}
+    expected = _expected_types(name, prefix)
     for key, kind in expected.items():
         _check_type(client, key, kind)
     now_ms = server_now_ms(client)

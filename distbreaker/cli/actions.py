@@ -15,8 +15,6 @@ import click
 
 from .. import inspect as view
 from ..breaker import CircuitBreaker
-from ..bulkhead_codec import BulkheadCodec, BulkheadConfig
-from ..bulkhead_codec import decode_reply as decode_bulkhead_reply
 from ..config import BreakerConfig
 from ..errors import SchemaError
 from ..keys import BreakerKeys, BulkheadKeys
@@ -120,6 +118,9 @@ def release_stale_command(app: App, name: str, as_json: bool) -> None:
     Workers reap them on every bulkhead call anyway; this frees the permits of
     SIGKILLed holders on an idle bulkhead and wakes waiters at once.
     """
+    from ..bulkhead_codec import BulkheadCodec, BulkheadConfig
+    from ..bulkhead_codec import decode_reply as decode_bulkhead_reply
+
     client = app.client
     keys = BulkheadKeys.build(name, app.prefix)
     for key, kind in ((keys.leases, "zset"), (keys.meta, "hash"), (keys.notify, "list")):

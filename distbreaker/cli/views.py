@@ -63,7 +63,7 @@ def collect(app: App, states: Sequence[str] = ()) -> dict[str, Any]:
     """The `ls` document: every name under the prefix, optionally filtered by state."""
     client = app.client
     names = view.scan_names(client, app.prefix)
-    rows = list(view.read_summaries(client, app.prefix, sorted(names)))
+    rows = list(view.read_summaries(client, app.prefix, {n: names[n] for n in sorted(names)}))
     wanted = {s.upper() for s in states}
     if wanted:
         rows = [r for r in rows if r["state"] in wanted]
