@@ -1,13 +1,20 @@
 -- distbreaker fleet-wide bulkhead, key schema v1: a Redis semaphore of leases.
 --
--- KEYS[1] leases  zset  member = holder token, score = lease deadline (server ms)
--- KEYS[2] meta    hash  counters and registered waiters:
---                       rejected  calls refused (full with no wait, or a waiter gave up)
+-- Keys (all under the name's hash tag, like the breaker's):
+-- KEYS[1] leases  <prefix>:v1:{<name>}:bh         zset  member = holder token (any
+--                       string; Python uses 24 hex chars), score = lease deadline (server ms)
+-- KEYS[2] meta    <prefix>:v1:{<name>}:bh:meta    hash  counters and registered waiters:
+--                       rejected  calls refused (full on a fail-fast or last-try acquire)
 --                       acquired  permits granted
 --                       lost      renewals or releases that found their lease gone
---                       limit     max_concurrent_calls of the last caller
+--                       limit     max_concurrent_calls of the last writing caller
+--                                 (informational: each call's ARGV[3] governs it)
 --                       w:<token> a waiter's deadline (server ms), reaped when passed
--- KEYS[3] notify  list  one element ("1") per wake-up owed to waiters; waiters BLPOP it
+-- KEYS[3] notify  <prefix>:v1:{<name>}:bh:notify  list  one element ("1") per wake-up
+--                       owed to waiters; a refused waiter BLPOPs it with a timeout of at
+--                       most min(its remaining wait, next_deadline_in_ms), then acquires again
+-- TTLs: every key written by an op gets PEXPIRE key ttl (ARGV[5]); an empty zset or
+-- list simply does not exist. Foreign types give 'DISTBREAKER_SCHEMA <key> ...'.
 --
 -- ARGV[1] op: acquire | release | renew | cancel | metrics
 -- ARGV[2] holder token ("" for metrics)
@@ -16,7 +23,8 @@
 -- ARGV[5] key ttl ms (every written key gets this PEXPIRE)
 -- ARGV[6] acquire: wait ms; 0 = fail fast or last try (when full: counts a rejection
 --         and unregisters the token as a waiter), > 0 = when full, register (or
---         refresh) the token as a waiter until now + wait ms
+--         refresh) the token as a waiter until now + wait ms (Python sends its
+--         remaining wait + 1000 ms of grace); other ops: 0
 --
 -- Every op reads TIME once, then reaps expired leases (ZREMRANGEBYSCORE -inf now)
 -- and waiters whose deadline passed, and ends by making the notify list hold
