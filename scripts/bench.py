@@ -3,7 +3,8 @@
 
 Every scenario runs in one process against the same Redis (a fresh
 ``redis-server`` on a free port unless ``--url`` or ``$REDIS_URL`` is given),
-so the numbers are comparable with each other even on a noisy machine:
+interleaved in short slices (round robin), so that load from other programs
+hits all scenarios alike and the ratios stay meaningful on a noisy machine:
 
 * raw ``PING`` with redis-py (the floor: one round trip, no logic),
 * distbreaker CLOSED success path (budget: 1 round trip per call),
@@ -16,7 +17,7 @@ a redis-py connection sends) and on the server (``INFO commandstats``
 deltas of the commands the client sent; commands run inside Lua scripts are
 reported separately as "server cmds", since Redis counts those too).
 
-Usage: ``.venv/bin/python scripts/bench.py [--seconds 2.5] [--calls N] [--json]``
+Usage: ``.venv/bin/python scripts/bench.py [--seconds 3] [--calls N] [--rounds 12] [--json]``
 """
 
 from __future__ import annotations
@@ -64,77 +65,93 @@ def counting_client(url: str, **options: Any) -> redis.Redis:
     return redis.Redis(connection_pool=pool)
 
 
-def command_stats(admin: redis.Redis) -> Counter[str]:
-    """Calls per command since the server started (INFO itself excluded)."""
+def command_stats(admin: redis.Redis) -> tuple[Counter[str], Counter[str]]:
+    """Calls and microseconds per command since the server started (INFO excluded)."""
     info = admin.info("commandstats")
-    stats: Counter[str] = Counter()
+    calls: Counter[str] = Counter()
+    usec: Counter[str] = Counter()
     for key, value in info.items():
         command = key.removeprefix("cmdstat_")
         if command != "info":
-            stats[command] = int(value["calls"])
-    return stats
+            calls[command] = int(value["calls"])
+            usec[command] = int(value["usec"])
+    return calls, usec
 
 
 @dataclasses.dataclass
-class Result:
-    """One scenario's measurement."""
+class Scenario:
+    """One measured path: a zero-argument call plus what it accumulated so far.
+
+    `prepare` runs before every slice, outside the timed region and the
+    counts (the HALF_OPEN scenario re-trips the breaker there).
+    """
 
     key: str
-    scenario: str
-    calls: int
-    seconds: float
-    round_trips: float         # per call, counted on the client
-    top_level_commands: float  # per call, commandstats of the commands the client sent
-    server_commands: float     # per call, commandstats incl. commands run inside Lua
-    commands: dict[str, float]  # per call, by command name (server side)
+    title: str
+    call: Callable[[], Any]
+    prepare: Callable[[], None] | None = None
+    calls: int = 0
+    seconds: float = 0.0
+    best: float = 0.0
+    round_trips: int = 0
+    sent: Counter[str] = dataclasses.field(default_factory=Counter)
+    server: Counter[str] = dataclasses.field(default_factory=Counter)
+    usec: Counter[str] = dataclasses.field(default_factory=Counter)
+
+    def warm_up(self) -> None:
+        """Connections, script cache and local view ready before the first slice."""
+        if self.prepare is not None:
+            self.prepare()
+        for _ in range(200):
+            self.call()
+
+    def run_slice(self, admin: redis.Redis, seconds: float, calls: int | None) -> None:
+        """Run for `seconds` (or exactly `calls` times), timing and counting."""
+        if self.prepare is not None:
+            self.prepare()
+        CountingConnection.round_trips = 0
+        CountingConnection.commands = Counter()
+        calls_before, usec_before = command_stats(admin)
+        done, elapsed, call = 0, 0.0, self.call
+        while calls is None or done < calls:
+            batch = 100 if calls is None else min(100, calls - done)
+            started = time.perf_counter()
+            for _ in range(batch):
+                call()
+            elapsed += time.perf_counter() - started
+            done += batch
+            if calls is None and elapsed >= seconds:
+                break
+        calls_after, usec_after = command_stats(admin)
+        self.server += calls_after - calls_before
+        self.usec += usec_after - usec_before
+        self.round_trips += CountingConnection.round_trips
+        self.sent += CountingConnection.commands
+        self.calls += done
+        self.seconds += elapsed
+        self.best = max(self.best, done / elapsed if elapsed else 0.0)
+
+    def result(self) -> dict[str, Any]:
+        calls = max(self.calls, 1)
+        return {
+            "key": self.key, "scenario": self.title, "calls": self.calls,
+            "seconds": round(self.seconds, 3),
+            "calls_per_second": round(self.calls_per_second, 1),
+            "best_slice_calls_per_second": round(self.best, 1),
+            "round_trips_per_call": round(self.round_trips / calls, 3),
+            "top_level_commands_per_call": round(
+                sum(self.server[name] for name in self.sent) / calls, 3),
+            "server_commands_per_call": round(sum(self.server.values()) / calls, 3),
+            # A script's time includes the commands it ran: count top-level ones only.
+            "server_usec_per_call": round(
+                sum(self.usec[name] for name in self.sent) / calls, 2),
+            "server_commands": {name: round(count / calls, 3)
+                                for name, count in sorted(self.server.items())},
+        }
 
     @property
     def calls_per_second(self) -> float:
         return self.calls / self.seconds if self.seconds else 0.0
-
-
-def measure(key: str, scenario: str, admin: redis.Redis, one_call: Callable[[], Any],
-            seconds: float, calls: int | None, between: Callable[[int], None] | None = None,
-            ) -> Result:
-    """Run `one_call` for `seconds` (or exactly `calls` times) and count its round trips.
-
-    `between(done)` runs every 1000 calls outside the timed region (and its
-    Redis work outside the counts): the HALF_OPEN scenario re-trips there.
-    """
-    for _ in range(200):  # warm-up: connections, script cache, local view
-        one_call()
-    if between is not None:
-        between(0)
-    CountingConnection.round_trips = 0
-    CountingConnection.commands = Counter()
-    before = command_stats(admin)
-    done, elapsed = 0, 0.0
-    excluded: Counter[str] = Counter()
-    while True:
-        batch = 1000 if calls is None else min(1000, calls - done)
-        if batch <= 0:
-            break
-        started = time.perf_counter()
-        for _ in range(batch):
-            one_call()
-        elapsed += time.perf_counter() - started
-        done += batch
-        if calls is None and elapsed >= seconds:
-            break
-        if between is not None:
-            mark = command_stats(admin)
-            between(done)
-            excluded += command_stats(admin) - mark
-    after = command_stats(admin)
-    server = after - before - excluded
-    sent = CountingConnection.commands
-    return Result(
-        key=key, scenario=scenario, calls=done, seconds=elapsed,
-        round_trips=CountingConnection.round_trips / done,
-        top_level_commands=sum(server[name] for name in sent) / done,
-        server_commands=sum(server.values()) / done,
-        commands={name: count / done for name, count in sorted(server.items())},
-    )
 
 
 # -- scenarios ------------------------------------------------------------------
@@ -143,23 +160,17 @@ def ok() -> str:
     return "ok"
 
 
-def bench_ping(url: str, admin: redis.Redis, seconds: float, calls: int | None) -> Result:
-    client = counting_client(url)
-    return measure("ping", "raw PING (redis-py)", admin, client.ping, seconds, calls)
+def ping(url: str) -> Scenario:
+    return Scenario("ping", "raw PING (redis-py)", counting_client(url).ping)
 
 
-def bench_closed(url: str, admin: redis.Redis, seconds: float, calls: int | None,
-                 name: str) -> Result:
+def closed(url: str, name: str) -> Scenario:
     breaker = CircuitBreaker(name, redis=counting_client(url))
     breaker.reset()
-    result = measure("closed", "distbreaker CLOSED success", admin, lambda: breaker.call(ok),
-                     seconds, calls)
-    assert breaker.state is State.CLOSED
-    return result
+    return Scenario("closed", "distbreaker CLOSED success", lambda: breaker.call(ok))
 
 
-def bench_open(url: str, admin: redis.Redis, seconds: float, calls: int | None,
-               name: str) -> Result:
+def opened(url: str, name: str) -> Scenario:
     breaker = CircuitBreaker(name, redis=counting_client(url),
                              wait_duration_in_open_state=3600.0)
     breaker.trip("bench")
@@ -171,66 +182,64 @@ def bench_open(url: str, admin: redis.Redis, seconds: float, calls: int | None,
             return
         raise AssertionError("the OPEN breaker let a call through")
 
-    return measure("open", "distbreaker OPEN rejection", admin, rejected, seconds, calls)
+    return Scenario("open", "distbreaker OPEN rejection", rejected)
 
 
-def bench_half_open(url: str, admin: redis.Redis, seconds: float, calls: int | None,
-                    name: str) -> Result:
-    """Probe path: a huge probe quota keeps the breaker HALF_OPEN; re-trip between batches."""
-    probes = 10_000
-    breaker = CircuitBreaker(name, redis=counting_client(url),
-                             permitted_calls_in_half_open=probes,
-                             wait_duration_in_open_state=0.001)
-    operator = CircuitBreaker(name, redis=redis.Redis.from_url(url),
-                              permitted_calls_in_half_open=probes,
-                              wait_duration_in_open_state=0.001)
-    issued = 0
+HALF_OPEN_PROBES = 10_000  # the largest quota the config allows
+MAX_SLICE_CALLS = 4_000    # so one slice never uses up the probes
+
+
+def half_open(url: str, name: str) -> Scenario:
+    """Probe path: a huge probe quota keeps the breaker HALF_OPEN; re-trip between slices."""
+    options: dict[str, Any] = {"permitted_calls_in_half_open": HALF_OPEN_PROBES,
+                               "wait_duration_in_open_state": 0.001}
+    breaker = CircuitBreaker(name, redis=counting_client(url), **options)
+    operator = CircuitBreaker(name, redis=redis.Redis.from_url(url), **options)
+    issued = HALF_OPEN_PROBES
 
     def probe() -> None:
         nonlocal issued
         issued += 1
         breaker.call(ok)
 
-    def retrip(done: int) -> None:
+    def retrip() -> None:
         nonlocal issued
-        if issued + 1200 >= probes or done == 0:
+        if issued + MAX_SLICE_CALLS >= HALF_OPEN_PROBES:
             operator.trip("bench")
-            time.sleep(0.003)  # OPEN -> HALF_OPEN by server time
+            time.sleep(0.003)  # OPEN -> HALF_OPEN by server time alone
             issued = 0
+        elif operator.state is not State.HALF_OPEN:
+            raise AssertionError("the breaker left HALF_OPEN during the measurement")
 
-    operator.trip("bench")
-    time.sleep(0.003)
-    result = measure("half_open", "distbreaker HALF_OPEN probe", admin, probe, seconds, calls,
-                     retrip)
-    assert operator.state is State.HALF_OPEN, "left HALF_OPEN during the measurement"
-    return result
+    return Scenario("half_open", "distbreaker HALF_OPEN probe", probe, retrip)
 
 
-def bench_pybreaker(url: str, admin: redis.Redis, seconds: float, calls: int | None,
-                    name: str, open_state: bool) -> Result | None:
+def pybreaker_scenarios(url: str, tag: str) -> list[Scenario]:
     try:
         import pybreaker
     except ImportError:
         print("pybreaker is not installed: skipping its scenarios", file=sys.stderr)
-        return None
-    # CircuitRedisStorage decodes the bytes it reads: it needs decode_responses=False.
-    storage = pybreaker.CircuitRedisStorage(pybreaker.STATE_CLOSED, counting_client(url),
-                                            namespace=name)
-    breaker = pybreaker.CircuitBreaker(fail_max=5, reset_timeout=3600, state_storage=storage)
-    if not open_state:
-        return measure("pybreaker_closed", "pybreaker+Redis CLOSED success", admin,
-                       lambda: breaker.call(ok), seconds, calls)
-    breaker.open()
+        return []
+
+    def make(namespace: str) -> Any:
+        # CircuitRedisStorage decodes the bytes it reads: it needs decode_responses=False.
+        storage = pybreaker.CircuitRedisStorage(pybreaker.STATE_CLOSED, counting_client(url),
+                                                namespace=namespace)
+        return pybreaker.CircuitBreaker(fail_max=5, reset_timeout=3600, state_storage=storage)
+
+    closed_breaker, open_breaker = make(f"{tag}-pyb-closed"), make(f"{tag}-pyb-open")
+    open_breaker.open()
 
     def rejected() -> None:
         try:
-            breaker.call(ok)
+            open_breaker.call(ok)
         except pybreaker.CircuitBreakerError:
             return
         raise AssertionError("the open pybreaker let a call through")
 
-    return measure("pybreaker_open", "pybreaker+Redis OPEN rejection", admin, rejected,
-                   seconds, calls)
+    return [Scenario("pybreaker_closed", "pybreaker+Redis CLOSED success",
+                     lambda: closed_breaker.call(ok)),
+            Scenario("pybreaker_open", "pybreaker+Redis OPEN rejection", rejected)]
 
 
 # -- running and reporting ---------------------------------------------------------
@@ -246,22 +255,27 @@ def redis_url(url: str | None) -> Iterator[tuple[str, str]]:
         yield server.url, "spawned"
 
 
-def run(url: str, seconds: float, calls: int | None) -> list[Result]:
+def run(url: str, seconds: float, calls: int | None, rounds: int) -> list[Scenario]:
+    """Interleave the scenarios in `rounds` short slices, so load drift hits all alike."""
     admin = redis.Redis.from_url(url)
     tag = f"bench-{os.getpid()}-{secrets.token_hex(3)}"
-    results: list[Result | None] = []
     try:
-        results.append(bench_ping(url, admin, seconds, calls))
-        results.append(bench_closed(url, admin, seconds, calls, f"{tag}-closed"))
-        results.append(bench_open(url, admin, seconds, calls, f"{tag}-open"))
-        results.append(bench_half_open(url, admin, seconds, calls, f"{tag}-half"))
-        results.append(bench_pybreaker(url, admin, seconds, calls, f"{tag}-pyb-c", False))
-        results.append(bench_pybreaker(url, admin, seconds, calls, f"{tag}-pyb-o", True))
+        scenarios = [ping(url), closed(url, f"{tag}-closed"), opened(url, f"{tag}-open"),
+                     half_open(url, f"{tag}-half"), *pybreaker_scenarios(url, tag)]
+        for scenario in scenarios:
+            scenario.warm_up()
+        if calls is not None:
+            rounds = max(rounds, -(-calls // MAX_SLICE_CALLS))
+        for index in range(rounds):
+            for scenario in scenarios:
+                share = None if calls is None else calls // rounds + (
+                    1 if index < calls % rounds else 0)
+                scenario.run_slice(admin, seconds / rounds, share)
     finally:
         for key in admin.scan_iter(match=f"*{tag}*", count=1000):
             admin.delete(key)
         admin.close()
-    return [result for result in results if result is not None]
+    return scenarios
 
 
 RATIOS = {
@@ -272,54 +286,58 @@ RATIOS = {
 }
 
 
-def ratios(results: list[Result]) -> dict[str, float]:
+def ratios(scenarios: list[Scenario]) -> dict[str, float]:
     """Throughput ratios between scenarios (higher: the first is faster)."""
-    rate = {result.key: result.calls_per_second for result in results}
+    rate = {scenario.key: scenario.calls_per_second for scenario in scenarios}
     return {label: round(rate[a] / rate[b], 2) for label, (a, b) in RATIOS.items()
             if rate.get(a) and rate.get(b)}
 
 
-def print_table(results: list[Result], info: dict[str, Any]) -> None:
+def print_table(scenarios: list[Scenario], info: dict[str, Any]) -> None:
     print(f"distbreaker {info['distbreaker']}, redis {info['redis_version']} ({info['redis']}), "
-          f"python {info['python']}, {info['seconds_per_scenario']}")
-    header = f"{'scenario':34} {'calls/s':>10} {'round trips':>12} {'top-level':>10} " \
-             f"{'server cmds':>12}"
+          f"python {info['python']}, {info['run']}")
+    header = (f"{'scenario':32} {'calls/s':>9} {'best':>9} {'round trips':>12} "
+              f"{'top-level':>10} {'server cmds':>12} {'server us':>10}")
     print(header)
     print("-" * len(header))
-    for r in results:
-        print(f"{r.scenario:34} {r.calls_per_second:10,.0f} {r.round_trips:12.2f} "
-              f"{r.top_level_commands:10.2f} {r.server_commands:12.2f}")
-    print("\nround trips: requests sent by the client per call; top-level: the same counted by "
-          "the server\n(INFO commandstats); server cmds: all commands Redis ran per call, "
-          "including inside Lua.")
+    for s in scenarios:
+        r = s.result()
+        print(f"{s.title:32} {s.calls_per_second:9,.0f} {s.best:9,.0f} "
+              f"{r['round_trips_per_call']:12.2f} {r['top_level_commands_per_call']:10.2f} "
+              f"{r['server_commands_per_call']:12.2f} {r['server_usec_per_call']:10.1f}")
+    print("\ncalls/s: over all slices; best: the fastest slice. round trips: requests the client "
+          "sent per call;\ntop-level: the same counted by the server (INFO commandstats); "
+          "server cmds: every command\nRedis ran per call, including those inside Lua scripts; "
+          "server us: Redis CPU time per call.")
     print("\nratios (calls/s):")
-    for label, value in ratios(results).items():
+    for label, value in ratios(scenarios).items():
         print(f"  {label:40} {value:8.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--url", help="Redis URL (default: $REDIS_URL, else spawn redis-server)")
-    parser.add_argument("--seconds", type=float, default=2.5,
-                        help="timed seconds per scenario (default 2.5)")
+    parser.add_argument("--seconds", type=float, default=3.0,
+                        help="timed seconds per scenario (default 3)")
     parser.add_argument("--calls", type=int, help="exactly this many calls per scenario")
+    parser.add_argument("--rounds", type=int, default=12,
+                        help="interleaved slices per scenario (default 12)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     options = parser.parse_args(argv)
     with redis_url(options.url) as (url, origin):
-        results = run(url, options.seconds, options.calls)
+        scenarios = run(url, options.seconds, options.calls, max(1, options.rounds))
         version = redis.Redis.from_url(url).info("server").get("redis_version", "?")
     info = {
         "distbreaker": distbreaker.__version__, "redis_version": version, "redis": origin,
         "python": sys.version.split()[0],
-        "seconds_per_scenario": (f"{options.calls} calls per scenario" if options.calls
-                                 else f"{options.seconds:g} s per scenario"),
+        "run": (f"{options.calls} calls per scenario" if options.calls
+                else f"{options.seconds:g} s per scenario") + f" in {options.rounds} rounds",
     }
     if options.json:
-        print(json.dumps({**info, "ratios": ratios(results), "results": [
-            {**dataclasses.asdict(r), "calls_per_second": round(r.calls_per_second, 1)}
-            for r in results]}, indent=2))
+        print(json.dumps({**info, "ratios": ratios(scenarios),
+                          "results": [s.result() for s in scenarios]}, indent=2))
     else:
-        print_table(results, info)
+        print_table(scenarios, info)
     return 0
 
 
