@@ -31,8 +31,7 @@ class RetryBudget(BudgetCore):
         super().__init__(name, config, prefix, overrides)
         self._client = sync_client(redis, self.config.redis_timeout)
 
-    def _run(self, op: str, amount: int = 1) -> BudgetReply:
-        args = self.script_args(op, amount)
+    def _run(self, args: list[str]) -> BudgetReply:
         if self._health.usable():
             try:
                 raw = run_script(self._client, self._script, [self.keys.slices], args)
@@ -43,23 +42,30 @@ class RetryBudget(BudgetCore):
                 return self._decode(raw, "redis")
         return self._decode(self._local_raw(args), "local")
 
-    def deposit(self, amount: int = 1) -> int:
-        """Count `amount` logical requests; returns the balance after."""
-        return self._run("deposit", amount).balance
+    def deposit(self, amount: int = 1) -> int | None:
+        """Count `amount` logical requests; the balance after, or None while batched."""
+        args = self.deposit_args(amount)
+        return None if args is None else self._run(args).balance
+
+    def flush(self) -> None:
+        """Send the deposits batched in this process (see `deposit_batch`)."""
+        args = self.flush_args()
+        if args is not None:
+            self._run(args)
 
     def try_withdraw(self) -> bool:
         """Take one retry from the budget; False when it is exhausted."""
-        return self._run("withdraw").ok
+        return self._run(self.carrying_args("withdraw")).ok
 
     def withdraw(self) -> None:
         """Take one retry from the budget or raise `RetryBudgetExhausted`."""
-        reply = self._run("withdraw")
+        reply = self._run(self.carrying_args("withdraw"))
         if not reply.ok:
             raise self.exhausted(reply)
 
     def balance(self) -> int:
         """Retries the fleet may still make now (this process's budget while Redis is down)."""
-        return self._run("balance").balance
+        return self._run(self.carrying_args("balance")).balance
 
     def reset(self) -> None:
         """Forget the window in Redis (the next writer's ttl/slices become the stored ones)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -31,13 +32,18 @@ class BudgetConfig:
     `percent_can_retry` is a fraction (0.2 = one retry per five requests);
     `min_retries_per_sec * ttl` is the floor that lets a quiet service retry at
     all. The window (`ttl`) is cut into `slices` time slices, evicted lazily in
-    Redis. `redis_timeout` / `redis_retry_max_backoff` as for the breaker.
+    Redis. `deposit_batch` > 1 keeps deposits in this process until that many
+    are pending, then sends them with the next script call (a withdrawal or
+    balance read carries them too), so successful calls cost no round trip;
+    pending deposits only ever make the budget stricter, never looser.
+    `redis_timeout` / `redis_retry_max_backoff` as for the breaker.
     """
 
     percent_can_retry: float = 0.2
     min_retries_per_sec: float = 10.0
     ttl: Seconds = 10.0
     slices: int = 10
+    deposit_batch: int = 1
     redis_timeout: Seconds = 0.25
     redis_retry_max_backoff: Seconds = 5.0
 
@@ -57,6 +63,7 @@ class BudgetConfig:
         if self.redis_timeout <= 0:
             raise ValueError(f"redis_timeout must be > 0 seconds, got {self.redis_timeout!r}")
         check_int(self.slices, "slices", 1, 100)
+        check_int(self.deposit_batch, "deposit_batch", 1, 10_000)
 
     @property
     def floor(self) -> int:
@@ -121,15 +128,37 @@ class BudgetCore:
         self._local = LocalScriptRunner()
         self._drift_warned = False
         self.last_source = "redis"   # where the last answer came from: "redis" or "local"
+        self._pending = 0
+        self._pending_lock = threading.Lock()
         cfg = self.config
         self._args = (str(cfg.percent_millionths), str(cfg.reserve_millionths),
                       str(to_ms(cfg.ttl)), str(cfg.slices))
 
-    def script_args(self, op: str, amount: int = 1) -> list[str]:
-        """ARGV of one budget script call."""
-        if op == "deposit":
-            check_int(amount, "amount", 1, 1_000_000_000)
+    def script_args(self, op: str, amount: int = 0) -> list[str]:
+        """ARGV of one budget script call; `amount` deposits go first."""
         return [op, *self._args, str(amount)]
+
+    def deposit_args(self, amount: int) -> list[str] | None:
+        """Count `amount` deposits; the deposit call to make now, or None (batched)."""
+        check_int(amount, "amount", 1, 1_000_000_000)
+        with self._pending_lock:
+            self._pending += amount
+            if self._pending < self.config.deposit_batch:
+                return None
+            amount, self._pending = self._pending, 0
+        return self.script_args("deposit", amount)
+
+    def carrying_args(self, op: str) -> list[str]:
+        """A withdraw or balance call that also carries the pending deposits."""
+        with self._pending_lock:
+            amount, self._pending = self._pending, 0
+        return self.script_args(op, amount)
+
+    def flush_args(self) -> list[str] | None:
+        """The deposit call sending the pending deposits now, or None if there are none."""
+        with self._pending_lock:
+            amount, self._pending = self._pending, 0
+        return self.script_args("deposit", amount) if amount else None
 
     def _local_raw(self, args: Sequence[str]) -> Any:
         return self._local.run(self._script, [self.keys.slices], args)

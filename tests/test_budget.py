@@ -96,6 +96,38 @@ def test_memory_is_bounded_by_the_slice_count(redis_url: str, redis_client: redi
     assert not redis_client.exists(budget.keys.slices)   # PEXPIRE (n + 1) * slice
 
 
+def test_batched_deposits_cost_no_round_trip_until_the_batch_is_full(
+        redis_url: str, redis_client: redis.Redis, name: str) -> None:
+    budget = RetryBudget(name, redis=redis_url, percent_can_retry=0.2, min_retries_per_sec=0,
+                         deposit_batch=10)
+    redis_client.config_resetstat()
+    for _ in range(9):
+        assert budget.deposit() is None
+    assert not redis_client.exists(budget.keys.slices)
+    assert budget.deposit() == 2                          # the 10th sends all ten
+    for _ in range(5):
+        budget.deposit()
+    assert budget.try_withdraw()                          # carries the 5 pending deposits
+    assert int(redis_client.hget(budget.keys.slices, "D") or 0) == 15
+    budget.deposit(3)
+    budget.flush()
+    budget.flush()                                        # nothing pending: no call
+    assert budget.balance() == 2                          # floor(0.2 * 18) - 1
+    # every script call starts with one EVALSHA: 10th deposit, withdraw, flush, balance
+    assert redis_client.info("commandstats")["cmdstat_evalsha"]["calls"] == 4
+
+
+def test_script_rejects_bad_arguments(redis_client: redis.Redis) -> None:
+    from distbreaker.scripts import load_script, run_script
+
+    script = load_script("budget")
+    good = ["200000", "0", "1000", "10"]
+    for args in (["deposit", *good, "0"], ["deposit", *good, "1.5"], ["withdraw", *good, "-1"],
+                 ["steal", *good, "1"], ["balance", "200000", "0", "1000", "101", "0"]):
+        with pytest.raises(ValueError, match="bad budget arguments"):
+            run_script(redis_client, script, ["k"], args)
+
+
 def test_foreign_data_is_a_schema_error(redis_url: str, redis_client: redis.Redis,
                                         name: str) -> None:
     budget = RetryBudget(name, redis=redis_url)
