@@ -365,6 +365,20 @@ def test_exhausted_real_budget_makes_the_original_error_final(redis_url: str, na
     assert budget.balance() == 0
 
 
+def test_retry_with_redis_down_uses_the_local_budget(name: str) -> None:
+    from distbreaker.embedded import free_port
+
+    fake = FakeTime()
+    budget = RetryBudget(name, redis=f"redis://127.0.0.1:{free_port()}/0", percent_can_retry=0,
+                         min_retries_per_sec=0.3, ttl=10)          # local floor: 3 retries
+    dep = Flaky(forever=ConnectionError("down"))
+    retry = make(fake, max_attempts=10, budget=budget)
+    with pytest.raises(ConnectionError) as caught:
+        retry.call(dep)                                           # no Redis error escapes
+    assert dep.calls == 4 and budget.last_source == "local"
+    check_exhausted(caught.value, name)
+
+
 def test_async_retry_mirrors_sync(redis_url: str, name: str) -> None:
     fake = FakeTime()
 
