@@ -13,8 +13,9 @@ import functools
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
 from .errors import SchemaError
@@ -47,9 +48,21 @@ def load_script(name: str) -> LuaScript:
     return LuaScript(name, source, hashlib.sha1(source.encode()).hexdigest())
 
 
+class RedisBusyError(RedisConnectionError):
+    """Redis answered but cannot serve us now (BUSY script, MISCONF, NOREPLICAS, ...).
+
+    A ConnectionError subclass, so every front end treats it as "Redis unavailable".
+    """
+
+
+_UNAVAILABLE_REPLIES = ("BUSY", "MISCONF", "NOREPLICAS", "LOADING", "MASTERDOWN", "READONLY")
+
+
 def translate_error(exc: ResponseError) -> Exception:
     """Turn a script's error reply into the library's own exception type."""
     text = str(exc)
+    if text.split(" ", 1)[0] in _UNAVAILABLE_REPLIES:
+        return RedisBusyError(text)
     marker = "DISTBREAKER_SCHEMA "
     if marker in text:
         detail = text.split(marker, 1)[1].split(" script:", 1)[0].strip()
@@ -62,6 +75,13 @@ def translate_error(exc: ResponseError) -> Exception:
     return exc
 
 
+def _raise_translated(exc: ResponseError) -> NoReturn:
+    translated = translate_error(exc)
+    if translated is exc:
+        raise exc
+    raise translated from exc
+
+
 def run_script(client: Any, script: LuaScript, keys: Sequence[str],
                args: Sequence[Any]) -> Any:
     """Run a script on a sync redis-py client, reloading it after NOSCRIPT."""
@@ -71,7 +91,7 @@ def run_script(client: Any, script: LuaScript, keys: Sequence[str],
         except NoScriptError:
             return client.eval(script.source, len(keys), *keys, *args)
     except ResponseError as exc:
-        raise translate_error(exc) from exc
+        _raise_translated(exc)
 
 
 async def run_script_async(client: Any, script: LuaScript, keys: Sequence[str],
@@ -83,7 +103,7 @@ async def run_script_async(client: Any, script: LuaScript, keys: Sequence[str],
         except NoScriptError:
             return await client.eval(script.source, len(keys), *keys, *args)
     except ResponseError as exc:
-        raise translate_error(exc) from exc
+        _raise_translated(exc)
 
 
 ScriptCallSpec = tuple[LuaScript, Sequence[str], Sequence[Any]]
@@ -112,7 +132,7 @@ def _merged(results: list[Any], missing: list[int], rerun: Sequence[Any]) -> lis
         results[i] = result
     for result in results:
         if isinstance(result, ResponseError):
-            raise translate_error(result) from result
+            _raise_translated(result)
         if isinstance(result, Exception):
             raise result
     return results

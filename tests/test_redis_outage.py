@@ -20,7 +20,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from distbreaker import CallNotPermitted, CircuitBreaker, State, Transition
 from distbreaker.embedded import RedisServer
-from distbreaker.fallback import RedisHealth
+from distbreaker.fallback import UNAVAILABLE_ERRORS, RedisHealth
 
 TIMEOUT = 0.2
 FAST = {"sliding_window_size": 10, "minimum_number_of_calls": 5, "failure_rate_threshold": 50,
@@ -257,3 +257,21 @@ def test_health_lets_one_trial_through_per_backoff_period() -> None:
     for step in range(30):
         health.failed(RedisConnectionError("down"), now=float(step))
     assert 0.5 <= health.retry_in(now=29.0) <= 1.0  # capped at max_backoff
+
+
+def test_busy_and_misconf_replies_count_as_unavailable() -> None:
+    """A Redis that answers BUSY/MISCONF cannot serve us: fail open, never raise."""
+    import hashlib
+
+    from distbreaker.scripts import LuaScript, RedisBusyError, run_script
+
+    with RedisServer() as server:
+        client = redis.Redis.from_url(server.url)
+        for reply in ("BUSY Redis is busy running a script", "MISCONF no disk"):
+            source = f"return redis.error_reply('{reply}')"
+            script = LuaScript("x", source, hashlib.sha1(source.encode()).hexdigest())
+            with pytest.raises(RedisBusyError) as caught:
+                run_script(client, script, [], [])
+            assert caught.value.__cause__ is not None
+            assert isinstance(caught.value, UNAVAILABLE_ERRORS)
+        client.close()
