@@ -32,7 +32,7 @@ def run(url: str, *args: str) -> Result:
     return CliRunner().invoke(cli, ["--url", url, *args])
 
 
-def make(name: str, url: str, **overrides: object) -> CircuitBreaker:
+def make(name: str, url: object, **overrides: object) -> CircuitBreaker:
     return CircuitBreaker(name, redis=url, **{**FAST, **overrides})
 
 
@@ -451,3 +451,42 @@ def test_ls_over_10000_breakers_scans_in_bounded_batches(
     print(f"\nls --json over {many} breakers: {elapsed:.2f}s, "
           f"{stats['cmdstat_scan']['calls']} SCAN calls of "
           f"{stats['cmdstat_scan']['usec_per_call']:.0f} us each, no command over 25 ms")
+
+
+# -- Redis Cluster --------------------------------------------------------------------------
+@pytest.fixture
+def cluster_url(tmp_path: Path) -> Iterator[str]:
+    """A one-node Redis Cluster owning every slot (enough to exercise the cluster client)."""
+    from distbreaker.embedded import RedisServer
+
+    server = RedisServer(extra_args=("--cluster-enabled", "yes", "--cluster-config-file",
+                                     str(tmp_path / "nodes.conf"))).start()
+    try:
+        admin = redis.Redis.from_url(server.url)
+        admin.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+        deadline = time.monotonic() + 10
+        while admin.cluster("info")["cluster_state"] != "ok":
+            assert time.monotonic() < deadline, "cluster did not come up"
+            time.sleep(0.02)
+        admin.close()
+        yield server.url
+    finally:
+        server.stop()
+
+
+def test_cluster_is_detected_scanned_and_operated(cluster_url: str) -> None:
+    from redis.cluster import RedisCluster
+
+    client = RedisCluster.from_url(cluster_url)
+    for n in ("alpha", "beta"):
+        fail(make(n, client), 4)
+    doc = json.loads(run(cluster_url, "ls", "--json").stdout)
+    assert [(r["name"], r["state"]) for r in doc["breakers"]] == [("alpha", "OPEN"),
+                                                                  ("beta", "OPEN")]
+    result = run(cluster_url, "reset", "alpha", "--reason", "cluster test")
+    assert result.exit_code == 0, result.output
+    assert make("alpha", client).state is State.CLOSED
+    doctor = run(cluster_url, "doctor")
+    assert doctor.exit_code == 0, doctor.output
+    assert "cluster (1 primary)" in doctor.stdout
+    client.close()

@@ -115,16 +115,15 @@ def acl_checks(client: Any, prefix: str, version: tuple[int, ...]) -> list[Check
 def run_checks(app: App) -> list[Check]:
     client = app.client
     checks: list[Check] = []
-    infos = client.info("server")
-    if view.is_cluster(client):  # {node: info} from every node
-        first = next(iter(infos.values()))
-        server, nodes = first, len(client.get_primaries())
-    else:
-        server, nodes = infos, 1
+    server = client.info("server")
+    if server and all(isinstance(v, dict) for v in server.values()):
+        server = next(iter(server.values()))  # a cluster client's {node: info}
+    nodes = len(client.get_primaries()) if view.is_cluster(client) else 1
     version_text = str(server.get("redis_version", "0"))
     version = _version(version_text)
     mode = str(server.get("redis_mode", "standalone"))
-    detail = f"Redis {version_text}, {mode}" + (f" ({nodes} primaries)" if nodes > 1 else "")
+    detail = f"Redis {version_text}, {mode}" + (
+        f" ({nodes} primar{'y' if nodes == 1 else 'ies'})" if view.is_cluster(client) else "")
     if version < MIN_VERSION:
         checks.append(Check("server", "fail", f"{detail}: distbreaker needs Redis >= 5.0 "
                             "(streams, effect replication of scripts calling TIME)"))
