@@ -135,8 +135,11 @@ class BudgetCore:
                       str(to_ms(cfg.ttl)), str(cfg.slices))
 
     def script_args(self, op: str, amount: int = 0) -> list[str]:
-        """ARGV of one budget script call; `amount` deposits go first."""
-        return [op, *self._args, str(amount)]
+        """ARGV of one budget script call: `amount` deposits (for withdraw and
+        balance: carried deposits, added first; ARGV[7])."""
+        if op == "deposit":
+            return [op, *self._args, str(amount)]
+        return [op, *self._args, "1", str(amount)]
 
     def deposit_args(self, amount: int) -> list[str] | None:
         """Count `amount` deposits; the deposit call to make now, or None (batched)."""

@@ -21,8 +21,9 @@
 -- ARGV[2] percent_can_retry in millionths (0.2 -> 200000)
 -- ARGV[3] reserve = min_retries_per_sec * ttl in millionths (10/s, 10 s -> 100000000)
 -- ARGV[4] ttl in ms   ARGV[5] slices per ttl (1-100)
--- ARGV[6] deposits to add first (deposit: >= 1; withdraw and balance: >= 0, lets a
---         client batch its deposits into the next call; default 1 / 0)
+-- ARGV[6] amount: deposits to add (deposit: integer >= 1; other ops ignore it, send 1)
+-- ARGV[7] optional, withdraw and balance only: deposits to add first (integer >= 0,
+--         default 0), so a client can batch its deposits into its next call
 --
 -- Reply: {ok, balance, deposits, withdrawals, now_ms, drift}
 --   ok: 1 (deposit, balance: always; withdraw: 1 if taken, 0 if exhausted)
@@ -51,11 +52,17 @@ end
 
 local ppm, reserve = tonumber(ARGV[2]), tonumber(ARGV[3])
 local ttl_ms, want_n = tonumber(ARGV[4]), tonumber(ARGV[5])
-local amount = tonumber(ARGV[6] or (op == 'deposit' and '1' or '0'))
+local amount
+if op == 'deposit' then
+  amount = tonumber(ARGV[6] or '1')
+  if amount and amount < 1 then amount = nil end
+else
+  amount = tonumber(ARGV[7] or '0')
+end
 if (op ~= 'deposit' and op ~= 'withdraw' and op ~= 'balance') or not ppm or ppm < 0
     or not reserve or reserve < 0 or not ttl_ms or ttl_ms < 1 or not want_n
     or want_n < 1 or want_n > 100 or not amount or amount < 0
-    or (op == 'deposit' and amount < 1) or amount ~= math.floor(amount) then
+    or amount ~= math.floor(amount) then
   return redis.error_reply('DISTBREAKER_ARGS bad budget arguments for ' .. tostring(op))
 end
 

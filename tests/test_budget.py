@@ -122,10 +122,14 @@ def test_script_rejects_bad_arguments(redis_client: redis.Redis) -> None:
 
     script = load_script("budget")
     good = ["200000", "0", "1000", "10"]
-    for args in (["deposit", *good, "0"], ["deposit", *good, "1.5"], ["withdraw", *good, "-1"],
-                 ["steal", *good, "1"], ["balance", "200000", "0", "1000", "101", "0"]):
+    for args in (["deposit", *good, "0"], ["deposit", *good, "1.5"],
+                 ["withdraw", *good, "1", "-1"], ["balance", *good, "1", "x"],
+                 ["steal", *good, "1"], ["balance", "200000", "0", "1000", "101", "1"]):
         with pytest.raises(ValueError, match="bad budget arguments"):
             run_script(redis_client, script, ["k"], args)
+    # ARGV[6] is ignored by withdraw and balance (clients send 1): no deposit is made
+    assert run_script(redis_client, script, ["k"], ["withdraw", *good, "5"])[2] == 0
+    assert run_script(redis_client, script, ["k"], ["balance", *good, "1", "5"])[2] == 5
 
 
 def test_foreign_data_is_a_schema_error(redis_url: str, redis_client: redis.Redis,
