@@ -378,3 +378,12 @@ def test_bulkhead_waiters_of_both_languages_are_woken_by_either(
     # three rounds of 0.3 s: waiters were woken by releases, not by their wait running out
     assert elapsed < 4.0
     assert redis_client.zcard(BulkheadKeys.build(name).leases) == 0
+
+
+def test_php_applies_the_redis_outage_policy(php_worker: Php, name: str) -> None:
+    from distbreaker.embedded import free_port
+
+    result = php_worker.run(action="outage", name=name, dead_port=free_port())
+    assert result["fail_open"] == "ran"
+    assert result["fail_closed"]["outcome"] == "rejected"
+    assert result["fail_closed"]["state"] == "UNKNOWN"

@@ -41,14 +41,19 @@ final class Scripts
     /** Refuse connection options that would change keys or arguments on the wire. */
     public static function checkConnection(\Redis|\RedisCluster $redis): void
     {
-        $prefix = $redis->getOption(\Redis::OPT_PREFIX);
+        try {
+            $prefix = $redis->getOption(\Redis::OPT_PREFIX);
+            $serializer = $redis->getOption(\Redis::OPT_SERIALIZER);
+        } catch (\RedisException) {
+            return; // not connected (yet): nothing to check, the outage policy applies on use
+        }
         if (is_string($prefix) && $prefix !== '') {
             throw new \InvalidArgumentException(
                 "the Redis connection has OPT_PREFIX '{$prefix}', which would rename distbreaker's keys "
                 . 'and split the fleet; give distbreaker a connection without a key prefix'
             );
         }
-        if ($redis->getOption(\Redis::OPT_SERIALIZER) !== \Redis::SERIALIZER_NONE) {
+        if ($serializer !== \Redis::SERIALIZER_NONE) {
             throw new \InvalidArgumentException('the Redis connection must use Redis::SERIALIZER_NONE for distbreaker');
         }
     }

@@ -129,6 +129,22 @@ switch ($job['action']) {
         $out = ['taken' => $taken, 'balance' => $budget->balance()];
         break;
 
+    case 'outage': // Redis unreachable: the documented policy, never a Redis error
+        $down = new Redis();
+        try {
+            $down->connect('127.0.0.1', (int) $job['dead_port'], 0.2);
+        } catch (RedisException) {
+        }
+        foreach (['fail_open', 'fail_closed'] as $policy) {
+            $breaker = new CircuitBreaker($down, $job['name'], ['on_redis_error' => $policy]);
+            try {
+                $out[$policy] = $breaker->call(static fn () => 'ran');
+            } catch (CallNotPermitted $e) {
+                $out[$policy] = rejection($e);
+            }
+        }
+        break;
+
     default:
         fwrite(STDERR, "unknown action {$job['action']}\n");
         exit(2);
