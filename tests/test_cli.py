@@ -306,6 +306,19 @@ def test_release_stale_reaps_a_dead_holders_lease(redis_url: str, redis_client: 
     assert run(redis_url, "release-stale", "nobody").exit_code == 1
 
 
+def test_url_defaults_to_distbreaker_redis_url_then_redis_url(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from distbreaker.cli.app import default_url
+
+    monkeypatch.delenv("DISTBREAKER_REDIS_URL", raising=False)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    assert default_url() == "redis://localhost:6379/0"
+    monkeypatch.setenv("REDIS_URL", "redis://b:2/0")
+    assert default_url() == "redis://b:2/0"
+    monkeypatch.setenv("DISTBREAKER_REDIS_URL", "redis://a:1/0")
+    assert default_url() == "redis://a:1/0"
+
+
 # -- failures: one line, documented exit codes ------------------------------------------------
 @pytest.mark.parametrize("args", [["show", "ghost"], ["open", "ghost", "--reason", "x"],
                                   ["events", "ghost"], ["reset", "ghost", "--reason", "x"]])

@@ -99,13 +99,15 @@ def reset_command(app: App, name: str | None, every: bool, yes: bool, reason: st
                                f"{app.prefix!r}; add --yes to confirm")
     found = view.scan_names(app.client, app.prefix)
     names = sorted(n for n, parts in found.items() if "breaker" in parts)
+    done = 0
     for n in names:
         try:
             _act(app, n, reason, actor, as_json, lambda b, r, a: b.reset(r, a), "reset")
-        except NotFound:  # expired between the scan and the reset
+        except NotFound:  # only history left, or expired between the scan and the reset
             continue
+        done += 1
     if not as_json:
-        click.echo(f"reset {len(names)} breaker(s)", err=True)
+        click.echo(f"reset {done} breaker(s)", err=True)
 
 
 @cli.command("release-stale")

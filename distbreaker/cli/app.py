@@ -85,7 +85,10 @@ def connect(url: str) -> Any:
         client = redis.Redis.from_url(url, **_options())
     except ValueError as exc:
         raise click.UsageError(f"bad --url {redact(url)!r}: {exc}") from None
-    info = client.info("cluster")
+    try:
+        info = client.info("cluster")
+    except redis.exceptions.NoPermissionError:  # a user without INFO: assume standalone
+        return client
     if str(info.get("cluster_enabled", 0)) == "1":
         client.close()
         from redis.cluster import RedisCluster
