@@ -15,6 +15,8 @@ import redis
 import redis.asyncio
 
 DEFAULT_URL = "redis://localhost:6379/0"
+ASYNC_MAX_CONNECTIONS = 32
+ASYNC_POOL_WAIT = 1.0  # seconds a call may queue for a free asyncio connection
 
 
 def _url_options(timeout: float) -> dict[str, Any]:
@@ -40,7 +42,14 @@ def async_client(target: Any, timeout: float) -> Any:
     if target is None:
         target = DEFAULT_URL
     if isinstance(target, str):
-        return redis.asyncio.Redis.from_url(target, **_url_options(timeout))
+        # redis.asyncio's default pool raises MaxConnectionsError (a ConnectionError) at once
+        # beyond 100 calls in flight, which would pass for a Redis outage. Queue for one of a
+        # few connections instead (opening many at once is slower than sharing few); the
+        # queue is local, so its wait is bounded separately from the tight Redis timeouts.
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            target, max_connections=ASYNC_MAX_CONNECTIONS,
+            timeout=max(ASYNC_POOL_WAIT, timeout), **_url_options(timeout))
+        return redis.asyncio.Redis.from_pool(pool)
     if isinstance(target, redis.Redis):
         raise TypeError("this is the asyncio breaker; use distbreaker.CircuitBreaker "
                         "for a sync client")

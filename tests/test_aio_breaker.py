@@ -328,6 +328,26 @@ def test_twenty_concurrent_tasks_in_half_open_let_exactly_two_probes_through(
     run(scenario)
 
 
+def test_many_concurrent_calls_are_not_mistaken_for_a_redis_outage(
+        name: str, redis_url: str) -> None:
+    """More calls in flight than redis.asyncio's default 100 connections queue for one;
+    they must not be taken for Redis being unreachable (rejected under fail_closed).
+    (redis_timeout is relaxed so a CPU-starved test machine is not what is measured.)"""
+    async def scenario() -> None:
+        breaker = CircuitBreaker(name, redis=redis_url, on_redis_error="fail_closed",
+                                 redis_timeout=1.0, sliding_window_size=1000,
+                                 minimum_number_of_calls=1000)
+        dep = Dependency(delay=0.01)
+        dep.healthy = True
+        outcomes = await asyncio.gather(*(outcome(breaker, dep) for _ in range(150)))
+        assert outcomes == ["ok"] * 150
+        assert breaker._health.last_error is None
+        assert (await breaker.metrics()).calls == 150
+        await breaker.aclose()
+
+    run(scenario)
+
+
 def test_shares_state_with_the_sync_breaker_and_operator_actions(
         name: str, redis_url: str) -> None:
     sync = SyncBreaker(name, redis=redis_url)
