@@ -236,7 +236,7 @@ def test_half_open_probes_are_limited_fleet_wide_across_php_and_python(
     tripped = time.monotonic()
 
     job = {"name": name, "config": config, "counter": "probes", "gate": "gate",
-           "hold": 0.5}
+           "hold": 1.0}  # long enough that every worker asks before a probe reports
     procs = [php_worker.start(action="probe", **job) for _ in range(3)]
     procs += [subprocess.Popen([sys.executable, "-c", PY_PROBE,
                                 json.dumps({"port": redis_server.port, **job})],
@@ -338,10 +338,11 @@ PY_BULKHEAD = textwrap.dedent("""
 
 
 def run_bulkhead_fleet(php_worker: Php, redis_server: RedisServer, redis_client: redis.Redis,
-                       name: str, config: dict[str, Any]) -> tuple[list[Any], float]:
+                       name: str, config: dict[str, Any],
+                       hold: float = 0.3) -> tuple[list[Any], float]:
     """Three PHP and three Python processes each make one bulkhead call at the same moment."""
     job = {"name": name, "config": config, "counter": "inside", "peak": "peak",
-           "gate": "gate", "hold": 0.3}
+           "gate": "gate", "hold": hold}
     procs = [php_worker.start(action="bulkhead", **job) for _ in range(3)]
     procs += [subprocess.Popen([sys.executable, "-c", PY_BULKHEAD,
                                 json.dumps({"port": redis_server.port, **job})],
@@ -362,7 +363,7 @@ def test_bulkhead_fail_fast_limit_holds_across_php_and_python(
         php_worker: Php, redis_server: RedisServer, redis_client: redis.Redis,
         name: str) -> None:
     config = {"max_concurrent_calls": 2, "max_wait_duration": 0, "lease": 10.0}
-    results, _ = run_bulkhead_fleet(php_worker, redis_server, redis_client, name, config)
+    results, _ = run_bulkhead_fleet(php_worker, redis_server, redis_client, name, config, 1.0)
     assert sorted(r["outcome"] for r in results) == ["full"] * 4 + ["ok"] * 2
     assert {(r["in_use"], r["limit"]) for r in results if r["outcome"] == "full"} == {(2, 2)}
     assert int(redis_client.get("peak") or 0) == 2
