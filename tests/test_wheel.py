@@ -50,9 +50,18 @@ print(json.dumps({"package": distbreaker.__file__, "lua_dir": str(lua_dir()),
 """
 
 
-def pip(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
+def pip(*args: str, cwd: Path, python: str = sys.executable,
+        ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([python, "-m", "pip", "--disable-pip-version-check", *args],
                           cwd=cwd, capture_output=True, text=True, timeout=180)
+
+
+def outer_pip_can_target() -> bool:
+    """pip >= 22.3 installs into another interpreter's environment (``--python``)."""
+    import pip as outer
+
+    major, minor = (int(part) for part in outer.__version__.split(".")[:2])
+    return (major, minor) >= (22, 3)
 
 
 def make_venv(home: Path, wheel: Path) -> Path:
@@ -64,12 +73,15 @@ def make_venv(home: Path, wheel: Path) -> Path:
     packages through a .pth file: distbreaker itself still comes from the wheel.
     """
     venv = home / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
-                   timeout=60)
+    targeted = outer_pip_can_target()
+    subprocess.run([sys.executable, "-m", "venv", *(["--without-pip"] if targeted else []),
+                    str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
-    done = pip("--python", str(python), "install", "-q", str(wheel), cwd=home)
+    target: tuple[str, ...] = ("--python", str(python)) if targeted else ()
+    runner = sys.executable if targeted else str(python)
+    done = pip(*target, "install", "-q", str(wheel), cwd=home, python=runner)
     if done.returncode != 0:
-        alone = pip("--python", str(python), "install", "-q", "--no-deps", str(wheel), cwd=home)
+        alone = pip(*target, "install", "-q", "--no-deps", str(wheel), cwd=home, python=runner)
         assert alone.returncode == 0, f"installing the wheel failed:\n{alone.stderr}"
         site = subprocess.run([str(python), "-c", "import sysconfig; "
                                "print(sysconfig.get_paths()['purelib'])"],
