@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from .classify import Outcome
 from .codec import Metrics, Permit, Reply, ScriptCall
 from .config import BreakerConfig
 from .connection import sync_client
@@ -58,9 +59,13 @@ class CircuitBreaker(BreakerCore):
         call, token = pending
         return self._admit(self._execute(call, acquiring=True), token)
 
-    def record(self, permit: Permit, error: BaseException | None, duration: float) -> None:
-        """Report how a permitted call ended (error None: it returned normally)."""
-        call = self._record_call(permit, error, duration)
+    def record(self, permit: Permit, error: BaseException | None, duration: float,
+               outcome: Outcome | None = None) -> None:
+        """Report how a permitted call ended (error None: it returned normally).
+
+        `outcome` overrides the breaker's own classification of `error`.
+        """
+        call = self._record_call(permit, error, duration, outcome)
         if call is not None:
             self._execute(call)
 

@@ -18,7 +18,7 @@ from .config import Seconds, check_int, to_ms, to_seconds
 from .errors import ConfigDriftWarning, RetryBudgetExhausted
 from .fallback import LocalScriptRunner, RedisHealth
 from .keys import DEFAULT_PREFIX, BudgetKeys, validate_name
-from .scripts import load_script
+from .scripts import PendingCall, load_script
 
 SCRIPT_NAME = "budget"
 MAX_PERCENT_CAN_RETRY = 10.0   # 1000 %, as in Finagle
@@ -150,6 +150,24 @@ class BudgetCore:
                 return None
             amount, self._pending = self._pending, 0
         return self.script_args("deposit", amount)
+
+    def deposit_pending(self, amount: int = 1) -> PendingCall | None:
+        """Count deposits; the deposit call owed now (pipelined by a Policy), or None."""
+        args = self.deposit_args(amount)
+        if args is None:
+            return None
+
+        def deposited(raw: Any) -> None:
+            self._redis_ok()
+            self._decode(raw, "redis")
+
+        def unavailable(error: BaseException | None) -> None:
+            if error is not None:
+                self._redis_failed(error)
+            self._decode(self._local_raw(args), "local")
+
+        return PendingCall(self._script, [self.keys.slices], args, self._health.usable,
+                           deposited, unavailable)
 
     def carrying_args(self, op: str) -> list[str]:
         """A withdraw or balance call that also carries the pending deposits."""

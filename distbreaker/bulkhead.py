@@ -33,7 +33,7 @@ from .connection import DEFAULT_URL, sync_client
 from .errors import BulkheadFull
 from .fallback import UNAVAILABLE_ERRORS
 from .keys import DEFAULT_PREFIX, BulkheadKeys
-from .scripts import run_script
+from .scripts import PendingCall, run_script
 
 __all__ = ["Bulkhead", "BulkheadConfig", "BulkheadMetrics", "BulkheadPermit"]
 
@@ -260,8 +260,8 @@ class Bulkhead:
             self._local_in_use += 1
         return BulkheadPermit("", local=True, acquired_at=now)
 
-    def release(self, permit: BulkheadPermit) -> None:
-        """Give a permit back (idempotent). A lease found gone marks the permit lost."""
+    def _release_pending(self, permit: BulkheadPermit) -> PendingCall | None:
+        """The local part of a release; the script call still owed to Redis, if any."""
         codec = self._codec
         if permit.local:
             if not permit.released:
@@ -269,17 +269,23 @@ class Bulkhead:
                 with self._lock:
                     self._local_in_use -= 1
                 self._local_sem.release()
-            return
+            return None
         self._renewer.remove(permit)
         if not codec.needs_release_call(permit):
+            return None
+        return codec.release_pending(permit)
+
+    def release(self, permit: BulkheadPermit) -> None:
+        """Give a permit back (idempotent). A lease found gone marks the permit lost."""
+        pending = self._release_pending(permit)
+        if pending is None:
             return
         try:
-            reply = self._run(codec.release_call(permit.token))
+            raw = run_script(self._client, *pending.spec)
         except UNAVAILABLE_ERRORS as error:
-            codec.health.failed(error)  # the lease expires on its own
+            pending.on_unavailable(error)
             return
-        codec.health.succeeded()
-        codec.after_release(permit, reply)
+        pending.on_reply(raw)
 
     # -- the protected call ---------------------------------------------------------------
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

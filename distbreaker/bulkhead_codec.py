@@ -17,11 +17,12 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from .codec import ScriptCall
 from .config import Seconds, check_int, to_ms, to_seconds
 from .errors import BulkheadFull
 from .fallback import RedisHealth
 from .keys import DEFAULT_PREFIX, BulkheadKeys, validate_name
-from .scripts import LuaScript, load_script
+from .scripts import LuaScript, PendingCall, load_script
 
 logger = logging.getLogger("distbreaker")
 SCRIPT_NAME = "bulkhead"
@@ -160,14 +161,6 @@ class BulkheadMetrics:
     fallback_in_use: int
 
 
-@dataclasses.dataclass(frozen=True)
-class ScriptCall:
-    """KEYS and ARGV of one bulkhead script call."""
-
-    keys: Sequence[str]
-    args: Sequence[Any]
-
-
 def decode_reply(raw: Sequence[Any]) -> BulkheadReply:
     """Decode the script's reply array."""
     v = [int(x) for x in raw]
@@ -260,6 +253,21 @@ class BulkheadCodec:
     def after_release(self, permit: BulkheadPermit, reply: BulkheadReply) -> None:
         if not reply.ok:
             self.mark_lost(permit, "release")
+
+    def release_pending(self, permit: BulkheadPermit) -> PendingCall:
+        """The release script call with its reply and outage handling (sent by a shell)."""
+        call = self.release_call(permit.token)
+
+        def released(raw: Any) -> None:
+            self.health.succeeded()
+            self.after_release(permit, decode_reply(raw))
+
+        def unavailable(error: BaseException | None) -> None:
+            if error is not None:
+                self.health.failed(error)  # the lease expires on its own
+
+        return PendingCall(self.script, call.keys, call.args, self.health.usable, released,
+                           unavailable)
 
     def needs_release_call(self, permit: BulkheadPermit) -> bool:
         """Mark `permit` released; True when Redis must be told (it holds a live lease)."""

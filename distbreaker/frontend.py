@@ -9,11 +9,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .classify import Outcome
 from .codec import SCRIPT_NAME, BreakerCodec, Permit, Reply, ScriptCall, Step, decode_reply
 from .config import BreakerConfig, RedisErrorPolicy, build_config
 from .events import Listener, Listeners
 from .fallback import LocalScriptRunner, RedisHealth
-from .scripts import load_script
+from .scripts import PendingCall, load_script
 
 
 class BreakerCore:
@@ -70,11 +71,32 @@ class BreakerCore:
         assert reply is not None  # acquiring: the fallback answers or raises
         return self._codec.admission(reply, token)
 
-    def _record_call(self, permit: Permit, error: BaseException | None,
-                     duration: float) -> ScriptCall | None:
-        """The record script call for a finished call, or None when nothing is recorded."""
+    def _record_call(self, permit: Permit, error: BaseException | None, duration: float,
+                     outcome: Outcome | None = None) -> ScriptCall | None:
+        """The record script call for a finished call, or None when nothing is recorded.
+
+        `outcome` overrides the breaker's own classification (a Policy uses it to
+        make the breaker ignore BulkheadFull and HTTP client errors).
+        """
         codec = self._codec
-        return codec.record_call(permit, codec.outcome(error), duration)
+        if outcome is None:
+            outcome = codec.outcome(error)
+        return codec.record_call(permit, outcome, duration)
+
+    def _record_pending(self, permit: Permit, error: BaseException | None, duration: float,
+                        outcome: Outcome | None = None) -> PendingCall | None:
+        """The record call, to be pipelined with other components' calls by a Policy."""
+        call = self._record_call(permit, error, duration, outcome)
+        if call is None:
+            return None
+
+        def unavailable(failure: BaseException | None) -> None:
+            if failure is not None:
+                self._redis_failed(failure)
+            self._fallback(call, acquiring=False)
+
+        return PendingCall(self._script, call.keys, call.args, self._health.usable,
+                           self._redis_reply, unavailable)
 
     def _redis_reply(self, raw: Any) -> Reply:
         """A protected call's script reply from Redis: Redis is healthy again."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -107,6 +107,26 @@ async def run_script_async(client: Any, script: LuaScript, keys: Sequence[str],
 
 
 ScriptCallSpec = tuple[LuaScript, Sequence[str], Sequence[Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class PendingCall:
+    """A component's script call to be sent later, maybe pipelined with others.
+
+    `on_reply(raw)` takes the reply; `on_unavailable(error)` runs the
+    component's outage path (error None: Redis was in backoff and not tried).
+    """
+
+    script: LuaScript
+    keys: Sequence[str]
+    args: Sequence[Any]
+    usable: Callable[[], bool]
+    on_reply: Callable[[Any], Any]
+    on_unavailable: Callable[[BaseException | None], Any]
+
+    @property
+    def spec(self) -> ScriptCallSpec:
+        return (self.script, self.keys, self.args)
 
 
 def _queue(client: Any, calls: Sequence[ScriptCallSpec], indices: Sequence[int],

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, NoReturn, TypeVar
 
+from ..classify import Outcome
 from ..codec import Metrics, Permit, Reply, ScriptCall
 from ..config import BreakerConfig
 from ..connection import async_client
@@ -109,9 +110,13 @@ class CircuitBreaker(BreakerCore):
             raise
         return self._admit(reply, token)
 
-    async def record(self, permit: Permit, error: BaseException | None, duration: float) -> None:
-        """Report how a permitted call ended (error None: it returned normally)."""
-        call = self._record_call(permit, error, duration)
+    async def record(self, permit: Permit, error: BaseException | None, duration: float,
+                     outcome: Outcome | None = None) -> None:
+        """Report how a permitted call ended (error None: it returned normally).
+
+        `outcome` overrides the breaker's own classification of `error`.
+        """
+        call = self._record_call(permit, error, duration, outcome)
         if call is not None:
             await self._execute(call)
 

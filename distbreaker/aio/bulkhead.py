@@ -35,7 +35,7 @@ from ..connection import DEFAULT_URL, async_client
 from ..errors import BulkheadFull
 from ..fallback import UNAVAILABLE_ERRORS
 from ..keys import DEFAULT_PREFIX, BulkheadKeys
-from ..scripts import run_script_async
+from ..scripts import PendingCall, run_script_async
 
 __all__ = ["Bulkhead"]
 
@@ -206,8 +206,8 @@ class Bulkhead:
         else:
             self._renewals.pop(permit, None)
 
-    async def release(self, permit: BulkheadPermit) -> None:
-        """Give a permit back (idempotent). A lease found gone marks the permit lost."""
+    async def _release_pending(self, permit: BulkheadPermit) -> PendingCall | None:
+        """The local part of a release; the script call still owed to Redis, if any."""
         codec = self._codec
         if permit.local:
             if not permit.released:
@@ -215,7 +215,7 @@ class Bulkhead:
                 state = self._loop()
                 state.local_in_use -= 1
                 state.local.release()
-            return
+            return None
         renewal = self._renewals.pop(permit, None)
         if renewal is not None:
             renewal.cancel()
@@ -223,9 +223,16 @@ class Bulkhead:
                 with contextlib.suppress(asyncio.CancelledError):
                     await renewal
         if not codec.needs_release_call(permit):
+            return None
+        return codec.release_pending(permit)
+
+    async def release(self, permit: BulkheadPermit) -> None:
+        """Give a permit back (idempotent). A lease found gone marks the permit lost."""
+        pending = await self._release_pending(permit)
+        if pending is None:
             return
         try:
-            reply = await self._run(codec.release_call(permit.token))
+            raw = await run_script_async(self._loop().client, *pending.spec)
         except asyncio.CancelledError:
             # Cancelled mid-release: finish it in the background (cancel is idempotent
             # and counts nothing) rather than leave the permit taken until its lease ends.
@@ -234,10 +241,9 @@ class Bulkhead:
             task.add_done_callback(self._background.discard)
             raise
         except UNAVAILABLE_ERRORS as error:
-            codec.health.failed(error)  # the lease expires on its own
+            pending.on_unavailable(error)
             return
-        codec.health.succeeded()
-        codec.after_release(permit, reply)
+        pending.on_reply(raw)
 
     # -- the protected call ---------------------------------------------------------------
     async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
