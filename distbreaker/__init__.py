@@ -26,6 +26,7 @@ from .errors import (
 )
 from .events import Transition
 from .keys import SCHEMA_VERSION
+from .policy import Policy
 from .retry import Jitter, Retry, RetryConfig
 from .state import State
 
@@ -48,6 +49,7 @@ __all__ = [
     "Jitter",
     "Metrics",
     "Outcome",
+    "Policy",
     "RedisErrorPolicy",
     "Retry",
     "RetryBudget",

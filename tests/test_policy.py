@@ -1,0 +1,254 @@
+"""The composed policy against a real redis-server: ordering, bulkhead trap, retry storm."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from distbreaker import (
+    BulkheadFull,
+    CallNotPermitted,
+    CircuitBreaker,
+    HttpStatusError,
+    Retry,
+    State,
+)
+from distbreaker.policy import Policy
+
+NO_SLEEP = {"base": 0.0, "cap": 0.0}
+
+
+@dataclasses.dataclass
+class Response:
+    """The shape of an httpx/requests response the policy classifies."""
+
+    status_code: int
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+class Dependency:
+    def __init__(self, answer: Any = None, delay: float = 0.0) -> None:
+        self.answer = answer
+        self.delay = delay
+        self.calls = 0
+        self.running = 0
+        self.peak = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Any:
+        with self._lock:
+            self.calls += 1
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        try:
+            if self.delay:
+                time.sleep(self.delay)
+            if isinstance(self.answer, BaseException):
+                raise self.answer
+            return self.answer
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
+def ordering_breaker(name: str, url: str) -> dict[str, Any]:
+    return {"sliding_window_size": 6, "minimum_number_of_calls": 6,
+            "failure_rate_threshold": 50, "wait_duration_in_open_state": 60}
+
+
+def run_requests(call: Any, count: int) -> list[str]:
+    outcomes = []
+    for _ in range(count):
+        try:
+            call()
+            outcomes.append("ok")
+        except CallNotPermitted:
+            outcomes.append("rejected")
+        except ConnectionError:
+            outcomes.append("failed")
+    return outcomes
+
+
+def test_retry_outside_breaker_with_rejections_retried(name: str, redis_url: str) -> None:
+    dep = Dependency(ConnectionError("down"))
+    breaker = CircuitBreaker(name, redis=redis_url, **ordering_breaker(name, redis_url))
+    attempts_on_open = 0
+
+    def attempt() -> Any:
+        nonlocal attempts_on_open
+        try:
+            return breaker.call(dep)
+        except CallNotPermitted:
+            attempts_on_open += 1
+            raise
+
+    retry = Retry(max_attempts=3, ignore=(), sleep=lambda s: None, **NO_SLEEP)
+    run_requests(lambda: retry.call(attempt), 6)
+    assert dep.calls == 6
+    assert attempts_on_open == 12
+
+
+def test_breaker_outside_retry_lets_every_retry_through(name: str, redis_url: str) -> None:
+    dep = Dependency(ConnectionError("down"))
+    breaker = CircuitBreaker(name, redis=redis_url, **ordering_breaker(name, redis_url))
+    retry = Retry(max_attempts=3, sleep=lambda s: None, **NO_SLEEP)
+    run_requests(lambda: breaker.call(lambda: retry.call(dep)), 6)
+    assert dep.calls == 18
+
+
+def test_default_policy_stops_at_the_breaker_without_retrying(name: str, redis_url: str) -> None:
+    dep = Dependency(ConnectionError("down"))
+    policy = Policy(name, redis=redis_url, breaker=ordering_breaker(name, redis_url),
+                    retry={"max_attempts": 3, **NO_SLEEP}, sleep=lambda s: None)
+    started = time.monotonic()
+    outcomes = run_requests(lambda: policy.call(dep), 6)
+    assert dep.calls == 6
+    assert outcomes == ["failed", "failed", "rejected", "rejected", "rejected", "rejected"]
+    assert time.monotonic() - started < 2.0
+    assert policy.breaker.state is State.OPEN
+
+
+def test_the_bulkhead_trap_does_not_open_the_breaker(name: str, redis_url: str) -> None:
+    dep = Dependency("ok", delay=0.3)
+    policy = Policy(name, redis=redis_url,
+                    breaker={"sliding_window_size": 10, "minimum_number_of_calls": 5},
+                    bulkhead={"max_concurrent_calls": 3}, retry={"max_attempts": 3})
+    results: list[str] = []
+    lock = threading.Lock()
+    gate = threading.Barrier(10)
+
+    def request() -> None:
+        gate.wait()
+        try:
+            outcome = policy.call(dep)
+        except BulkheadFull:
+            outcome = "full"
+        with lock:
+            results.append(outcome)
+
+    threads = [threading.Thread(target=request) for _ in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == ["full"] * 7 + ["ok"] * 3
+    assert dep.calls == 3 and dep.peak == 3
+    metrics = policy.breaker.metrics()
+    assert metrics.state is State.CLOSED
+    assert metrics.failed == 0 and metrics.calls == 3
+
+
+def storm_policy(name: str, url: str, **breaker: Any) -> Policy:
+    options = {"sliding_window_size": 10, "minimum_number_of_calls": 5,
+               "failure_rate_threshold": 50, "wait_duration_in_open_state": 60}
+    options.update(breaker)
+    return Policy(name, redis=url, breaker=options, bulkhead={"max_concurrent_calls": 10},
+                  retry={"max_attempts": 3, **NO_SLEEP},
+                  budget={"percent_can_retry": 0.2, "min_retries_per_sec": 0, "ttl": 10},
+                  sleep=lambda s: None)
+
+
+def test_retry_storm_is_stopped_by_the_breaker(name: str, redis_url: str) -> None:
+    dep = Dependency(Response(503))
+    policy = storm_policy(name, redis_url)
+    outcomes = []
+    for _ in range(50):
+        try:
+            policy.call(dep)
+        except CallNotPermitted:
+            outcomes.append("rejected")
+        except HttpStatusError as error:
+            assert error.status_code == 503
+            outcomes.append("503")
+    assert dep.calls <= 6  # the threshold (5), never hundreds
+    assert outcomes.count("503") <= 5
+    assert outcomes.count("rejected") == 50 - outcomes.count("503")
+    assert policy.breaker.state is State.OPEN
+
+
+def test_budget_alone_caps_retries_when_the_breaker_never_opens(name: str,
+                                                              redis_url: str) -> None:
+    dep = Dependency(Response(503))
+    policy = storm_policy(name, redis_url, failure_rate_threshold=100,
+                          minimum_number_of_calls=10**6, sliding_window_size=100)
+    for _ in range(50):
+        with pytest.raises(HttpStatusError):
+            policy.call(dep)
+    # 50 first attempts + 20 % of 50 requests in retries
+    assert dep.calls == 60
+    assert policy.breaker.state is State.CLOSED
+
+
+def test_429_without_retry_after_opens_the_breaker_on_the_first_call(name: str,
+                                                                     redis_url: str) -> None:
+    dep = Dependency(Response(429))
+    policy = storm_policy(name, redis_url)
+    with pytest.raises(HttpStatusError):
+        policy.call(dep)
+    assert dep.calls == 1
+    assert policy.breaker.state is State.OPEN
+    with pytest.raises(CallNotPermitted):
+        policy.call(dep)
+    assert dep.calls == 1
+
+
+def test_a_400_is_neither_retried_nor_counted(name: str, redis_url: str) -> None:
+    dep = Dependency(Response(400))
+    policy = storm_policy(name, redis_url)
+    assert policy.call(dep).status_code == 400
+    raising = Dependency(HttpStatusError(400))
+    with pytest.raises(HttpStatusError):
+        policy.call(raising)
+    assert dep.calls == 1 and raising.calls == 1
+    assert policy.breaker.metrics().calls == 0
+
+
+def test_fallback_gets_the_error_but_not_client_errors(name: str, redis_url: str) -> None:
+    seen: list[BaseException] = []
+
+    def fallback(error: BaseException) -> str:
+        seen.append(error)
+        return "queued"
+
+    policy = Policy(name, redis=redis_url, fallback=fallback)
+    assert policy.call(Dependency(ConnectionError("down"))) == "queued"
+    assert isinstance(seen[0], ConnectionError)
+    with pytest.raises(HttpStatusError):
+        policy.call(Dependency(HttpStatusError(404)))
+    asked = Policy(name, redis=redis_url, fallback=fallback, fallback_on_client_error=True)
+    assert asked.call(Dependency(HttpStatusError(404))) == "queued"
+
+
+def commands(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return sum(v["calls"] for k, v in stats.items()
+               if k in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+def test_full_policy_costs_two_round_trips_per_attempt_in_closed(name: str, redis_url: str,
+                                                                 redis_client: redis.Redis
+                                                                 ) -> None:
+    policy = Policy(name, redis=redis_url, bulkhead={"max_concurrent_calls": 5},
+                    retry={"max_attempts": 2},
+                    budget={"percent_can_retry": 0.2, "min_retries_per_sec": 1})
+    policy.call(lambda: "warm-up")  # learns CLOSED, loads scripts
+    sent: list[int] = []
+    original = policy._client.connection_pool.get_connection
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        connection = original(*args, **kwargs)
+        sent.append(1)
+        return connection
+
+    policy._client.connection_pool.get_connection = counting  # type: ignore[method-assign]
+    before = commands(redis_client)
+    for _ in range(20):
+        assert policy.call(lambda: "ok") == "ok"
+    # one acquire + one pipeline (release, record, deposit) per call
+    assert len(sent) == 40
+    assert commands(redis_client) - before == 20 * 4
