@@ -1,0 +1,144 @@
+"""The composed policy for asyncio (see distbreaker.policy for the semantics).
+
+Built from a URL, the components share one ``redis.asyncio`` client, which
+binds to the event loop that first uses it: give your own components to a
+policy that must serve several loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from ..classify import HttpClassifier, Outcome, status_of
+from ..connection import async_client
+from ..errors import BulkheadFull
+from ..fallback import UNAVAILABLE_ERRORS
+from ..keys import DEFAULT_PREFIX
+from ..policy import Fallback, PolicyCore, build_component, build_retry, group_ready
+from ..retry import RetryCore
+from ..scripts import PendingCall, run_scripts_async
+from .breaker import CircuitBreaker
+from .budget import RetryBudget
+from .bulkhead import Bulkhead
+from .retry import Retry
+
+T = TypeVar("T")
+
+
+class Policy(PolicyCore):
+    """The asyncio twin of `distbreaker.Policy` (awaited `call`, coroutine decorator)."""
+
+    def __init__(self, name: str, redis: Any = None, *, breaker: Any = True,
+                 bulkhead: Any = None, retry: Any = None, budget: Any = None,
+                 fallback: Fallback | None = None, fallback_on_client_error: bool = False,
+                 http_classifier: HttpClassifier | None = None,
+                 prefix: str = DEFAULT_PREFIX,
+                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+                 redis_timeout: float = 0.25) -> None:
+        client = async_client(redis, redis_timeout)
+        self.breaker = build_component(breaker, CircuitBreaker, name, client, prefix)
+        self.bulkhead = build_component(bulkhead, Bulkhead, name, client, prefix)
+        retry_obj = build_retry(retry, Retry)
+        budget_obj = build_component(budget, RetryBudget, name, client, prefix)
+        self._setup(name, retry_obj, budget_obj, fallback, fallback_on_client_error,
+                    http_classifier)
+        self._sleep = sleep
+
+    async def _flush(self, pending: Sequence[tuple[Any, PendingCall | None]]) -> None:
+        """Send owed calls: one pipeline per Redis client (one in all when shared)."""
+        for client, ready in group_ready(pending):
+            try:
+                raws = await run_scripts_async(client, [call.spec for call in ready])
+            except UNAVAILABLE_ERRORS as error:
+                for call in ready:
+                    call.on_unavailable(error)
+                continue
+            for call, raw in zip(ready, raws, strict=True):
+                call.on_reply(raw)
+
+    async def _trip(self, error: BaseException) -> None:
+        try:
+            await self.breaker.trip(f"hard stop: HTTP {status_of(error)} without Retry-After")
+        except UNAVAILABLE_ERRORS:
+            pass
+
+    async def _attempt(self, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any,
+                       owed: list[tuple[Any, PendingCall | None]]) -> T:
+        breaker, bulkhead = self.breaker, self.bulkhead
+        permit = await breaker.acquire() if breaker is not None else None
+        try:
+            slot = await bulkhead.acquire() if bulkhead is not None else None
+        except BulkheadFull as full:
+            if breaker is not None:
+                await breaker.record(permit, full, 0.0, Outcome.IGNORED)
+            raise
+        started = time.monotonic()
+        error: BaseException | None
+        try:
+            result = await fn(*args, **kwargs)
+        except BaseException as raised:
+            error, result = raised, None
+        else:
+            error = self.response_error(result)
+        duration = time.monotonic() - started
+        pending = list(owed)
+        owed.clear()
+        if slot is not None:
+            pending.append((bulkhead._loop().client, await bulkhead._release_pending(slot)))
+        if breaker is not None:
+            pending.append((breaker._client, breaker._record_pending(
+                permit, error, duration, self.breaker_outcome(error, result))))
+        await self._flush(pending)
+        if error is not None:
+            if breaker is not None and self.is_hard_stop(error):
+                await self._trip(error)
+            raise error
+        return result  # type: ignore[return-value]
+
+    async def _with_retry(self, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any) -> T:
+        budget = self.budget
+        owed: list[tuple[Any, PendingCall | None]] = []
+        if budget is not None:
+            owed.append((budget._client, budget.deposit_pending()))
+        started = time.monotonic()
+        attempt = 0
+        try:
+            while True:
+                attempt += 1
+                try:
+                    return await self._attempt(fn, args, kwargs, owed)
+                except Exception as error:
+                    decision = self.decide(error, attempt, started)
+                    if not decision.retry:
+                        raise
+                    if budget is not None and not await budget.try_withdraw():
+                        RetryCore.mark_exhausted(error, budget.name)
+                        raise
+                    await self._sleep(decision.delay)
+        finally:
+            if owed:
+                await self._flush(owed)
+
+    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """Await `fn(*args, **kwargs)` under the whole policy."""
+        try:
+            return await self._with_retry(fn, args, kwargs)
+        except Exception as error:
+            if self.uses_fallback(error):
+                result = self.fallback(error)  # type: ignore[misc]
+                return await result if asyncio.iscoroutine(result) else result
+            raise
+
+    def __call__(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+        @functools.wraps(fn)
+        async def wrapper(*args: Any, **kwargs: Any) -> T:
+            return await self.call(fn, *args, **kwargs)
+
+        return wrapper
+
+    def __repr__(self) -> str:
+        return f"Policy({self.name!r})"

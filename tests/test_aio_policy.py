@@ -1,0 +1,121 @@
+"""The asyncio Policy passes the same behavioural tests as the sync one."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from distbreaker import BulkheadFull, CallNotPermitted, HttpStatusError, State
+from distbreaker.aio import Policy
+from tests.test_policy import NO_SLEEP, Response
+
+
+class AsyncDependency:
+    def __init__(self, answer: Any = None, delay: float = 0.0) -> None:
+        self.answer = answer
+        self.delay = delay
+        self.calls = 0
+        self.running = 0
+        self.peak = 0
+
+    async def __call__(self) -> Any:
+        self.calls += 1
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        try:
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            if isinstance(self.answer, BaseException):
+                raise self.answer
+            return self.answer
+        finally:
+            self.running -= 1
+
+
+async def no_sleep(seconds: float) -> None:
+    return None
+
+
+def test_default_policy_stops_at_the_breaker(name: str, redis_url: str) -> None:
+    async def scenario() -> tuple[list[str], int, State]:
+        dep = AsyncDependency(ConnectionError("down"))
+        policy = Policy(name, redis=redis_url,
+                        breaker={"sliding_window_size": 6, "minimum_number_of_calls": 6,
+                                 "wait_duration_in_open_state": 60},
+                        retry={"max_attempts": 3, **NO_SLEEP}, sleep=no_sleep)
+        outcomes = []
+        for _ in range(6):
+            try:
+                await policy.call(dep)
+            except CallNotPermitted:
+                outcomes.append("rejected")
+            except ConnectionError:
+                outcomes.append("failed")
+        return outcomes, dep.calls, await policy.breaker.get_state()
+
+    outcomes, calls, state = asyncio.run(scenario())
+    assert calls == 6
+    assert outcomes == ["failed", "failed"] + ["rejected"] * 4
+    assert state is State.OPEN
+
+
+def test_bulkhead_trap_keeps_the_breaker_closed(name: str, redis_url: str) -> None:
+    async def scenario() -> tuple[list[Any], AsyncDependency, Any]:
+        dep = AsyncDependency("ok", delay=0.3)
+        policy = Policy(name, redis=redis_url, bulkhead={"max_concurrent_calls": 3},
+                        breaker={"sliding_window_size": 10, "minimum_number_of_calls": 5},
+                        retry={"max_attempts": 3})
+        results = await asyncio.gather(*(policy.call(dep) for _ in range(10)),
+                                       return_exceptions=True)
+        return results, dep, await policy.breaker.metrics()
+
+    results, dep, metrics = asyncio.run(scenario())
+    assert sum(r == "ok" for r in results) == 3
+    assert sum(isinstance(r, BulkheadFull) for r in results) == 7
+    assert dep.calls == 3 and dep.peak == 3
+    assert metrics.state is State.CLOSED and metrics.failed == 0
+
+
+def test_http_classification_budget_and_fallback(name: str, redis_url: str) -> None:
+    async def scenario() -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        budgeted = Policy(name, redis=redis_url,
+                          breaker={"failure_rate_threshold": 100,
+                                   "minimum_number_of_calls": 10**6},
+                          retry={"max_attempts": 3, **NO_SLEEP},
+                          budget={"percent_can_retry": 0.2, "min_retries_per_sec": 0},
+                          sleep=no_sleep)
+        storm = AsyncDependency(Response(503))
+        for _ in range(50):
+            with pytest.raises(HttpStatusError):
+                await budgeted.call(storm)
+        found["storm_calls"] = storm.calls
+
+        hard = Policy(name + "-429", redis=redis_url)
+        stop = AsyncDependency(Response(429))
+        with pytest.raises(HttpStatusError):
+            await hard.call(stop)
+        found["429_state"] = await hard.breaker.get_state()
+
+        client = Policy(name + "-400", redis=redis_url, retry={"max_attempts": 3},
+                        fallback=lambda error: "queued")
+        bad = AsyncDependency(HttpStatusError(400))
+        with pytest.raises(HttpStatusError):
+            await client.call(bad)
+        found["400_calls"] = bad.calls
+        found["400_counted"] = (await client.breaker.metrics()).calls
+
+        async def fallback(error: BaseException) -> str:
+            return f"queued after {type(error).__name__}"
+
+        down = Policy(name + "-fb", redis=redis_url, fallback=fallback)
+        found["fallback"] = await down.call(AsyncDependency(ConnectionError("x")))
+        return found
+
+    found = asyncio.run(scenario())
+    assert found["storm_calls"] == 60
+    assert found["429_state"] is State.OPEN
+    assert found["400_calls"] == 1 and found["400_counted"] == 0
+    assert found["fallback"] == "queued after ConnectionError"
