@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from .config import Seconds, check_int, to_ms, to_seconds
+from .config import Seconds, check_int, merge_options, to_ms, to_seconds
 from .errors import ConfigDriftWarning, RetryBudgetExhausted
 from .fallback import LocalScriptRunner, RedisHealth
 from .keys import DEFAULT_PREFIX, BudgetKeys, validate_name
@@ -80,15 +80,8 @@ class BudgetConfig:
 
 
 def build_budget_config(config: BudgetConfig | None, overrides: dict[str, Any]) -> BudgetConfig:
-    """Merge constructor keyword overrides into a config, naming unknown fields clearly."""
-    base = config if config is not None else BudgetConfig()
-    if not isinstance(base, BudgetConfig):
-        raise TypeError(f"config must be a BudgetConfig, got {type(base).__name__}")
-    known = {f.name for f in dataclasses.fields(BudgetConfig)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise TypeError(f"unknown retry budget option(s): {', '.join(unknown)}")
-    return dataclasses.replace(base, **overrides) if overrides else base
+    """Merge constructor keyword overrides into a retry budget config."""
+    return merge_options(BudgetConfig, config, overrides, "retry budget")
 
 
 @dataclasses.dataclass(frozen=True)

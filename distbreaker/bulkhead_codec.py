@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .codec import ScriptCall
-from .config import Seconds, check_int, to_ms, to_seconds
+from .config import Seconds, check_int, merge_options, to_ms, to_seconds
 from .errors import BulkheadFull
 from .fallback import RedisHealth
 from .keys import DEFAULT_PREFIX, BulkheadKeys, validate_name
@@ -100,15 +100,8 @@ class BulkheadConfig:
 
 def build_bulkhead_config(config: BulkheadConfig | None,
                           overrides: dict[str, Any]) -> BulkheadConfig:
-    """Merge constructor keyword overrides into a config, naming unknown fields clearly."""
-    base = config if config is not None else BulkheadConfig()
-    if not isinstance(base, BulkheadConfig):
-        raise TypeError(f"config must be a BulkheadConfig, got {type(base).__name__}")
-    known = {f.name for f in dataclasses.fields(BulkheadConfig)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise TypeError(f"unknown bulkhead option(s): {', '.join(unknown)}")
-    return dataclasses.replace(base, **overrides) if overrides else base
+    """Merge constructor keyword overrides into a bulkhead config."""
+    return merge_options(BulkheadConfig, config, overrides, "bulkhead")
 
 
 @dataclasses.dataclass(eq=False)

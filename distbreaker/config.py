@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from datetime import timedelta
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 Seconds = float | int | timedelta
 
@@ -229,13 +229,24 @@ def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def build_config(config: BreakerConfig | None, overrides: dict[str, Any]) -> BreakerConfig:
-    """Merge constructor keyword overrides into a config, naming unknown fields clearly."""
-    base = config if config is not None else BreakerConfig()
-    if not isinstance(base, BreakerConfig):
-        raise TypeError(f"config must be a BreakerConfig, got {type(base).__name__}")
-    known = {f.name for f in dataclasses.fields(BreakerConfig)}
+C = TypeVar("C")
+
+
+def merge_options(cls: type[C], config: C | None, overrides: dict[str, Any], what: str) -> C:
+    """`config` (or `cls()`) with constructor keyword overrides, naming unknown fields clearly.
+
+    Shared by every component's constructor (breaker, bulkhead, retry, budget).
+    """
+    base = config if config is not None else cls()
+    if not isinstance(base, cls):
+        raise TypeError(f"config must be a {cls.__name__}, got {type(base).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(overrides) - known)
     if unknown:
-        raise TypeError(f"unknown breaker option(s): {', '.join(unknown)}")
-    return dataclasses.replace(base, **overrides) if overrides else base
+        raise TypeError(f"unknown {what} option(s): {', '.join(unknown)}")
+    return dataclasses.replace(base, **overrides) if overrides else base  # type: ignore[type-var]
+
+
+def build_config(config: BreakerConfig | None, overrides: dict[str, Any]) -> BreakerConfig:
+    """Merge constructor keyword overrides into a breaker config."""
+    return merge_options(BreakerConfig, config, overrides, "breaker")

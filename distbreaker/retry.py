@@ -32,7 +32,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from . import errors
 from .classify import DEFAULT_HTTP_CLASSIFIER, HttpClassifier, HttpVerdict, retry_after_of
-from .config import Seconds, check_int, to_seconds
+from .config import Seconds, check_int, merge_options, to_seconds
 
 T = TypeVar("T")
 
@@ -126,15 +126,8 @@ class RetryConfig:
 
 
 def build_retry_config(config: RetryConfig | None, overrides: dict[str, Any]) -> RetryConfig:
-    """Merge constructor keyword overrides into a config, naming unknown fields clearly."""
-    base = config if config is not None else RetryConfig()
-    if not isinstance(base, RetryConfig):
-        raise TypeError(f"config must be a RetryConfig, got {type(base).__name__}")
-    known = {f.name for f in dataclasses.fields(RetryConfig)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise TypeError(f"unknown retry option(s): {', '.join(unknown)}")
-    return dataclasses.replace(base, **overrides) if overrides else base
+    """Merge constructor keyword overrides into a retry config."""
+    return merge_options(RetryConfig, config, overrides, "retry")
 
 
 class Decision(NamedTuple):
