@@ -190,3 +190,34 @@ def test_fail_open_when_redis_is_unreachable() -> None:
     breaker = GaneshaBreaker("down", redis=f"redis://127.0.0.1:{free_port()}/0")
     assert breaker.is_available() is True
     assert breaker.call(lambda: 42) == 42
+
+
+def test_cli_lists_shows_and_resets_ganesha_services(redis_url: str,
+                                                     redis_client: redis.Redis) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from distbreaker.cli import cli
+
+    breaker = make(redis_url, "orders", minimum_requests=2)
+    breaker.failure()
+    breaker.failure()
+    make(redis_url, "users").success()
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["--url", redis_url, "ganesha", "ls", "--json"])
+    assert listed.exit_code == 0, listed.output
+    rows = {row["service"]: row for row in json.loads(listed.output)}
+    assert set(rows) == {"orders", "users"}
+    assert rows["orders"]["status"] == "tripped" and rows["orders"]["failures"] == 2
+    assert rows["users"]["status"] == "calmed_down" and rows["users"]["successes"] == 1
+    shown = runner.invoke(cli, ["--url", redis_url, "ganesha", "show", "orders"])
+    assert shown.exit_code == 0 and "tripped" in shown.output
+    refused = runner.invoke(cli, ["--url", redis_url, "ganesha", "reset", "orders"])
+    assert refused.exit_code == 2
+    assert redis_client.exists("ganesha_orders_failure")
+    done = runner.invoke(cli, ["--url", redis_url, "ganesha", "reset", "orders", "--yes"])
+    assert done.exit_code == 0, done.output
+    assert not redis_client.exists("ganesha_orders_failure", "ganesha_orders_status")
+    missing = runner.invoke(cli, ["--url", redis_url, "ganesha", "show", "orders"])
+    assert missing.exit_code == 1
