@@ -72,6 +72,9 @@ local FIELDS = {'v', 'cfg', 'state', 'since', 'open_until', 'calls', 'failures',
 local raw = redis.call('HMGET', K_STATE, unpack(FIELDS))
 local h = {}
 local exists = raw[3] ~= false
+if not exists and redis.call('EXISTS', K_STATE) == 1 then
+  return schema_error(K_STATE, 'is a hash without a state field')
+end
 for i, f in ipairs(FIELDS) do h[f] = raw[i] end
 
 if h.v and h.v ~= '1' then
@@ -106,6 +109,7 @@ if not exists then
   h.state, h.since, h.v, h.cfg = 'CLOSED', now, '1', cfg_wire
 elseif adopt or not h.cfg then
   h.cfg = cfg_wire
+  adopt = true  -- persist it
 elseif h.cfg ~= cfg_wire then
   drift = 1
   cfg = parse_config(h.cfg)
@@ -172,6 +176,23 @@ local function transition(to, reason, actor)
 end
 
 -- Sliding window (pre-aggregated, O(1) per recorded outcome) -----------------
+-- A window bucket is a comma-separated list of `want` integers; anything else
+-- was written by someone else. Raised (not returned) because it is found deep
+-- in the window code, before the state hash is written.
+local function bucket(value, want)
+  local b = split(value, ',')
+  local ok = #b == want
+  for i = 1, want do
+    b[i] = tonumber(b[i])
+    if b[i] == nil then ok = false end
+  end
+  if not ok then
+    error('DISTBREAKER_SCHEMA ' .. K_WIN .. ' holds a corrupt bucket ' ..
+          string.format('%q', string.sub(value, 1, 40)))
+  end
+  return b
+end
+
 local function add_totals(calls, fails, slows, ms)
   put('calls', h.calls + calls); put('failures', h.failures + fails)
   put('slow', h.slow + slows); put('total_ms', h.total_ms + ms)
@@ -188,8 +209,8 @@ local function evict_time_buckets()
       local slot = s % cfg.window_size
       local old = redis.call('HGET', K_WIN, slot)
       if old then
-        local b = split(old, ',')
-        add_totals(-tonumber(b[2]), -tonumber(b[3]), -tonumber(b[4]), -tonumber(b[5]))
+        local b = bucket(old, 5)
+        add_totals(-b[2], -b[3], -b[4], -b[5])
         redis.call('HDEL', K_WIN, slot)
       end
     end
@@ -206,8 +227,8 @@ local function record_window(ok, fails, slows, ms)
     local old = redis.call('HGET', K_WIN, slot)
     local c, f, s, m = 0, 0, 0, 0
     if old then
-      local b = split(old, ',')
-      c, f, s, m = tonumber(b[2]), tonumber(b[3]), tonumber(b[4]), tonumber(b[5])
+      local b = bucket(old, 5)
+      c, f, s, m = b[2], b[3], b[4], b[5]
     end
     redis.call('HSET', K_WIN, slot, sec .. ',' .. (c + n) .. ',' .. (f + fails) .. ',' ..
                (s + slows) .. ',' .. (m + ms))
@@ -217,22 +238,21 @@ local function record_window(ok, fails, slows, ms)
   -- Count window: a ring of window_size outcome slots "failed,slow,ms".
   local per_ms = math.floor(ms / n)
   local first = n - cfg.window_size  -- outcomes that would be evicted within this batch
-  for i = 1, n do
+  -- Only the last window_size outcomes of a batch can stay in the ring.
+  for i = math.max(1, first + 1), n do
     -- spread failures and slow calls evenly over the batch
     local f = math.floor(i * fails / n) - math.floor((i - 1) * fails / n)
     local s = math.floor(i * slows / n) - math.floor((i - 1) * slows / n)
     local m = per_ms + ((i == 1) and (ms - per_ms * n) or 0)
-    if i > first then
-      local slot = h.head
-      local old = redis.call('HGET', K_WIN, slot)
-      if old then
-        local b = split(old, ',')
-        add_totals(-1, -tonumber(b[1]), -tonumber(b[2]), -tonumber(b[3]))
-      end
-      redis.call('HSET', K_WIN, slot, f .. ',' .. s .. ',' .. m)
-      add_totals(1, f, s, m)
-      put('head', (h.head + 1) % cfg.window_size)
+    local slot = h.head
+    local old = redis.call('HGET', K_WIN, slot)
+    if old then
+      local b = bucket(old, 3)
+      add_totals(-1, -b[1], -b[2], -b[3])
     end
+    redis.call('HSET', K_WIN, slot, f .. ',' .. s .. ',' .. m)
+    add_totals(1, f, s, m)
+    put('head', (h.head + 1) % cfg.window_size)
   end
 end
 
@@ -296,8 +316,13 @@ elseif op == 'record' then
   local token = ARGV[5]
   local ok, fails = tonumber(ARGV[6]), tonumber(ARGV[7])
   local slows, ms = tonumber(ARGV[8]), tonumber(ARGV[9])
-  if not (ok and fails and slows and ms) then
-    return redis.error_reply('DISTBREAKER_ARGS record counts must be integers')
+  for _, v in ipairs({ok or -1, fails or -1, slows or -1, ms or -1}) do
+    if v < 0 or v ~= math.floor(v) then
+      return redis.error_reply('DISTBREAKER_ARGS record counts must be integers >= 0')
+    end
+  end
+  if slows > ok + fails then
+    return redis.error_reply('DISTBREAKER_ARGS record: more slow calls than calls')
   end
   local st = h.state
   if st == 'CLOSED' or st == 'METRICS_ONLY' then
