@@ -1,0 +1,168 @@
+"""httpx transports sending every request through a fleet-wide policy per host.
+
+    transport = BreakerTransport(redis="redis://redis:6379/0", retry=3,
+                                 breaker={"failure_rate_threshold": 50})
+    client = httpx.Client(transport=transport)          # AsyncBreakerTransport for AsyncClient
+
+Each request runs under the `distbreaker.Policy` (`distbreaker.aio.Policy`) of its
+host (``host[:port]``; `name=` a fixed name or ``name(request) -> str``), built on
+first use from the options (all policies share one Redis client) or by
+``factory(name)``. Responses are classified by `classify_http`: 4xx come back
+untouched, uncounted and unretried; a 429 without Retry-After opens the breaker
+at once; 5xx and a 429 with Retry-After are retried (waiting the Retry-After)
+and, when final, returned as the last response, as without the transport.
+Timeouts and connection errors are failures, retried when retries are on;
+errors of our own side (unsupported protocol, local protocol error, our pool
+being full) are neither. Only idempotent methods with a replayable body are
+retried (`retry_methods`). A rejection raises `CallNotPermitted` or
+`BulkheadFull`, or with ``reject_as_response=True`` returns a synthetic 503
+with Retry-After (seconds until a probe may be tried) and
+``X-Distbreaker-Rejected: circuit-open|bulkhead-full`` (the error is in
+``response.extensions["distbreaker_rejection"]``). Bodies are never read: a
+streamed response is classified by its status line and headers.
+
+The asyncio transport's shared Redis client binds to the event loop that first
+uses it (as an `httpx.AsyncClient` does); build one transport per loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import httpx
+
+from ..aio.policy import Policy as AsyncPolicy
+from ..classify import HttpClassifier
+from ..connection import async_client, sync_client
+from ..keys import DEFAULT_PREFIX
+from ..policy import Policy
+from ._http import (
+    IDEMPOTENT_METHODS,
+    REJECTIONS,
+    Exchange,
+    NameOption,
+    Protection,
+    rejection_headers,
+)
+
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError, httpx.ProxyError)
+LOCAL_ERRORS: tuple[type[BaseException], ...] = (
+    httpx.UnsupportedProtocol, httpx.LocalProtocolError, httpx.PoolTimeout, httpx.InvalidURL)
+
+
+class _Protected:
+    """The options and per-request decisions both transports share."""
+
+    _policy_cls: type
+    _make_client: Callable[[Any, float], Any]
+
+    def __init__(self, transport: Any = None, redis: Any = None, *, name: NameOption = None,
+                 factory: Callable[[str], Any] | None = None, breaker: Any = True,
+                 bulkhead: Any = None, retry: Any = None, budget: Any = None,
+                 http_classifier: HttpClassifier | None = None, prefix: str = DEFAULT_PREFIX,
+                 redis_timeout: float = 0.25,
+                 retry_methods: Iterable[str] | None = IDEMPOTENT_METHODS,
+                 reject_as_response: bool = False) -> None:
+        self._inner = transport if transport is not None else self._default_inner()
+        self._protection = Protection(
+            self._policy_cls, type(self)._make_client, redis, name=name, factory=factory,
+            breaker=breaker, bulkhead=bulkhead, retry=retry, budget=budget,
+            http_classifier=http_classifier, prefix=prefix, redis_timeout=redis_timeout,
+            retry_methods=retry_methods, reject_as_response=reject_as_response,
+            transient=TRANSIENT_ERRORS, local=LOCAL_ERRORS)
+
+    def _default_inner(self) -> Any:
+        raise NotImplementedError
+
+    def policy(self, name: str) -> Any:
+        """The policy protecting `name` (built now if no request used it yet)."""
+        return self._protection.registry.get(name)
+
+    def _policy_for(self, request: httpx.Request) -> Any:
+        url = request.url
+        name = self._protection.name_of(request, url.raw_host.decode("ascii"), url.port,
+                                        url.scheme)
+        return self._protection.policy(name, request.method,
+                                       isinstance(request.stream, httpx.ByteStream))
+
+    def _answer(self, request: httpx.Request, error: Exception,
+                response: httpx.Response | None) -> httpx.Response:
+        """What the caller gets for a call the policy ended with `error`: a response or a raise."""
+        if response is not None:
+            return response
+        if self._protection.reject_as_response and isinstance(error, REJECTIONS):
+            return httpx.Response(503, headers=rejection_headers(error),
+                                  content=f"{error}\n".encode(), request=request,
+                                  extensions={"distbreaker_rejection": error})
+        raise error
+
+
+class BreakerTransport(_Protected, httpx.BaseTransport):
+    """Wraps `transport` (default ``httpx.HTTPTransport()``) in a policy per host."""
+
+    _policy_cls = Policy
+    _make_client = staticmethod(sync_client)
+
+    def _default_inner(self) -> httpx.BaseTransport:
+        return httpx.HTTPTransport()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        policy = self._policy_for(request)
+        exchange = Exchange()
+
+        def send() -> httpx.Response:
+            stale = exchange.superseded()
+            if stale is not None:
+                stale.close()
+            return exchange.received(self._inner.handle_request(request))
+
+        try:
+            return policy.call(send)
+        except Exception as error:
+            response, stale = exchange.settle(error)
+            if stale is not None:
+                stale.close()
+            return self._answer(request, error, response)
+
+    def close(self) -> None:
+        self._inner.close()
+        if self._protection.owns_client:
+            self._protection.client.close()
+
+
+class AsyncBreakerTransport(_Protected, httpx.AsyncBaseTransport):
+    """Wraps `transport` (default ``httpx.AsyncHTTPTransport()``) in a policy per host."""
+
+    _policy_cls = AsyncPolicy
+    _make_client = staticmethod(async_client)
+
+    def _default_inner(self) -> httpx.AsyncBaseTransport:
+        return httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        policy = self._policy_for(request)
+        exchange = Exchange()
+
+        async def send() -> httpx.Response:
+            stale = exchange.superseded()
+            if stale is not None:
+                await stale.aclose()
+            return exchange.received(await self._inner.handle_async_request(request))
+
+        try:
+            return await policy.call(send)
+        except Exception as error:
+            response, stale = exchange.settle(error)
+            if stale is not None:
+                await stale.aclose()
+            return self._answer(request, error, response)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+        if self._protection.owns_client:
+            await self._protection.client.aclose()
+
+
+__all__ = ["LOCAL_ERRORS", "TRANSIENT_ERRORS", "AsyncBreakerTransport", "BreakerTransport"]

@@ -1,0 +1,141 @@
+"""A requests `HTTPAdapter` sending every request through a fleet-wide policy per host.
+
+    session = requests.Session()
+    protect(session, redis="redis://redis:6379/0", retry=3)   # mounts on http:// and https://
+
+Same semantics as `distbreaker.contrib.httpx` (see there): a `distbreaker.Policy`
+per ``host[:port]`` (or `name=` / `factory=`), 4xx returned untouched and
+uncounted, 429 without Retry-After opens the breaker, 5xx and 429 with
+Retry-After retried (honouring Retry-After) and finally returned as the last
+response, `requests.ConnectionError` / `requests.Timeout` are failures, only
+idempotent methods with a replayable body retried, rejections raise
+`CallNotPermitted` / `BulkheadFull` or, with ``reject_as_response=True``, come
+back as a synthetic 503 with Retry-After (the error in
+``response.distbreaker_rejection``). Bodies are not read by the adapter (a
+``stream=True`` request is classified by its status and headers). Leave the
+adapter's own ``max_retries`` at 0, or the retry layers multiply.
+"""
+
+from __future__ import annotations
+
+import io
+import urllib.parse
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import requests
+import requests.adapters
+import requests.exceptions
+from requests.structures import CaseInsensitiveDict
+
+from ..classify import HttpClassifier
+from ..connection import sync_client
+from ..keys import DEFAULT_PREFIX
+from ..policy import Policy
+from ._http import (
+    IDEMPOTENT_METHODS,
+    REJECTIONS,
+    Exchange,
+    NameOption,
+    Protection,
+    rejection_headers,
+)
+
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    requests.exceptions.ConnectionError, requests.exceptions.Timeout)
+LOCAL_ERRORS: tuple[type[BaseException], ...] = (
+    requests.exceptions.InvalidURL, requests.exceptions.InvalidSchema,
+    requests.exceptions.MissingSchema, requests.exceptions.InvalidHeader,
+    requests.exceptions.InvalidProxyURL)
+
+
+class BreakerAdapter(requests.adapters.HTTPAdapter):
+    """An HTTPAdapter whose `send` runs under the policy of the request's host.
+
+    Keyword arguments not listed here go to `HTTPAdapter` (pool sizes...).
+    """
+
+    def __init__(self, redis: Any = None, *, name: NameOption = None,
+                 factory: Callable[[str], Any] | None = None, breaker: Any = True,
+                 bulkhead: Any = None, retry: Any = None, budget: Any = None,
+                 http_classifier: HttpClassifier | None = None, prefix: str = DEFAULT_PREFIX,
+                 redis_timeout: float = 0.25,
+                 retry_methods: Iterable[str] | None = IDEMPOTENT_METHODS,
+                 reject_as_response: bool = False, **adapter_options: Any) -> None:
+        super().__init__(**adapter_options)
+        self._protection = Protection(
+            Policy, sync_client, redis, name=name, factory=factory, breaker=breaker,
+            bulkhead=bulkhead, retry=retry, budget=budget, http_classifier=http_classifier,
+            prefix=prefix, redis_timeout=redis_timeout, retry_methods=retry_methods,
+            reject_as_response=reject_as_response, transient=TRANSIENT_ERRORS,
+            local=LOCAL_ERRORS)
+
+    def policy(self, name: str) -> Any:
+        """The policy protecting `name` (built now if no request used it yet)."""
+        return self._protection.registry.get(name)
+
+    def _policy_for(self, request: requests.PreparedRequest) -> Any:
+        parts = urllib.parse.urlsplit(request.url or "")
+        name = self._protection.name_of(request, parts.hostname or "", parts.port,
+                                        parts.scheme)
+        replayable = isinstance(request.body, (bytes, str, type(None)))
+        return self._protection.policy(name, request.method or "GET", replayable)
+
+    def send(self, request: requests.PreparedRequest, stream: bool = False,
+             timeout: Any = None, verify: Any = True, cert: Any = None,
+             proxies: Any = None) -> requests.Response:
+        policy = self._policy_for(request)
+        exchange = Exchange()
+
+        def attempt() -> requests.Response:
+            stale = exchange.superseded()
+            if stale is not None:
+                stale.close()
+            return exchange.received(super(BreakerAdapter, self).send(
+                request, stream=stream, timeout=timeout, verify=verify, cert=cert,
+                proxies=proxies))
+
+        try:
+            return policy.call(attempt)
+        except Exception as error:
+            response, stale = exchange.settle(error)
+            if stale is not None:
+                stale.close()
+            if response is not None:
+                return response
+            if self._protection.reject_as_response and isinstance(error, REJECTIONS):
+                return self._rejection(request, error)
+            raise
+
+    def _rejection(self, request: requests.PreparedRequest,
+                   error: BaseException) -> requests.Response:
+        body = f"{error}\n".encode()
+        response = requests.Response()
+        response.status_code = 503
+        response.reason = "Service Unavailable"
+        response.headers = CaseInsensitiveDict(rejection_headers(error))
+        response.url = request.url or ""
+        response.request = request
+        response.connection = self
+        response.encoding = "utf-8"
+        response.raw = io.BytesIO(body)
+        response._content = body
+        response._content_consumed = True
+        response.distbreaker_rejection = error  # type: ignore[attr-defined]
+        return response
+
+    def close(self) -> None:
+        super().close()
+        if self._protection.owns_client:
+            self._protection.client.close()
+
+
+def protect(session: requests.Session, redis: Any = None, **options: Any) -> BreakerAdapter:
+    """Mount one `BreakerAdapter` (built from `options`) on the session's http:// and https://."""
+    adapter = BreakerAdapter(redis, **options)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return adapter
+
+
+__all__ = ["LOCAL_ERRORS", "TRANSIENT_ERRORS", "BreakerAdapter", "protect"]
