@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from . import forking
 from .config import Seconds, check_int, merge_options, to_ms, to_seconds
 from .errors import ConfigDriftWarning, RetryBudgetExhausted
 from .fallback import LocalScriptRunner, RedisHealth
@@ -126,6 +127,12 @@ class BudgetCore:
         cfg = self.config
         self._args = (str(cfg.percent_millionths), str(cfg.reserve_millionths),
                       str(to_ms(cfg.ttl)), str(cfg.slices))
+        forking.register(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a fresh lock; batched deposits stay the parent's to send."""
+        self._pending_lock = threading.Lock()
+        self._pending = 0
 
     def script_args(self, op: str, amount: int = 0) -> list[str]:
         """ARGV of one budget script call: `amount` deposits (for withdraw and

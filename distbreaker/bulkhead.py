@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import redis as redis_lib
 
+from . import forking
 from .bulkhead_codec import (
     BulkheadCodec,
     BulkheadConfig,
@@ -152,6 +153,12 @@ class Bulkhead:
         self._local_pid = -1
         self._local_sem = threading.Semaphore(0)
         self._local_in_use = 0
+        forking.register(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a fresh lock (the renewer and the local semaphore
+        notice the new pid themselves; the parent's permits are not the child's)."""
+        self._lock = threading.Lock()
 
     @property
     def name(self) -> str:

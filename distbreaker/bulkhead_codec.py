@@ -17,6 +17,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from . import forking
 from .codec import ScriptCall
 from .config import Seconds, check_int, merge_options, to_ms, to_seconds
 from .errors import BulkheadFull
@@ -182,6 +183,13 @@ class BulkheadCodec:
         self.health = RedisHealth(config.redis_retry_max_backoff)
         self._lease_ms = max(1, to_ms(config.lease))
         self._ttl_ms = max(1, to_ms(config.key_ttl))
+        self._lock = threading.Lock()
+        self.rejected_here = 0
+        self.lost_here = 0
+        forking.register(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a fresh lock and this process's own (zero) counts."""
         self._lock = threading.Lock()
         self.rejected_here = 0
         self.lost_here = 0

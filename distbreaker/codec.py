@@ -14,10 +14,12 @@ import logging
 import secrets
 import threading
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from enum import Enum
 from typing import Any
 
+from . import forking
 from .classify import Outcome, classify_exception
 from .config import BreakerConfig, to_ms
 from .errors import CallNotPermitted, ConfigDriftWarning
@@ -63,6 +65,8 @@ class Reply:
     now_ms: int
     since_ms: int
     probes_in_flight: int
+    #: (failure_rate, slow_rate) of each transition, in the order of `transitions`.
+    transition_rates: tuple[tuple[float, float], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +108,13 @@ def decode_reply(raw: Sequence[Any]) -> Reply:
         total_ms=int(raw[7]), rejected=int(raw[8]), drift=bool(int(raw[9])),
         stored_config=_text(raw[10]), now_ms=int(raw[11]), since_ms=int(raw[12]),
         probes_in_flight=int(raw[13]),
+        transition_rates=tuple((_rate(t, 3), _rate(t, 4)) for t in raw[3]),
     )
+
+
+def _rate(entry: Sequence[Any], i: int) -> float:
+    """A transition entry's rate (percent); -1 when absent (an older script)."""
+    return float(_text(entry[i])) if len(entry) > i else -1.0
 
 
 def rate(part: int, whole: int, minimum: int) -> float:
@@ -130,6 +140,18 @@ class BreakerCodec:
         self._drift_warned = False
         self.config_drift: str | None = None     # stored config when it differs from ours
         self.not_permitted = 0
+        #: This process's finished calls by outcome value, and rejections by the
+        #: state that rejected them ("UNKNOWN": Redis unavailable, fail_closed).
+        self.outcomes: Counter[str] = Counter()
+        self.rejections: Counter[str] = Counter()
+        forking.register(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a fresh lock and this process's own (zero) counts."""
+        self._lock = threading.Lock()
+        self.not_permitted = 0
+        self.outcomes = Counter()
+        self.rejections = Counter()
 
     # -- building script calls ------------------------------------------------
     def _call(self, op: str, *extra: Any) -> ScriptCall:
@@ -148,6 +170,8 @@ class BreakerCodec:
 
     def record_call(self, permit: Permit, outcome: Outcome, duration: float) -> ScriptCall | None:
         """The record script call for one finished call, or None when nothing is recorded."""
+        with self._lock:
+            self.outcomes[outcome.value] += 1
         if outcome is Outcome.IGNORED:
             if not permit.token:
                 return None
@@ -173,8 +197,7 @@ class BreakerCodec:
         return Step.ACQUIRE
 
     def local_rejection(self, now: float) -> CallNotPermitted:
-        with self._lock:
-            self.not_permitted += 1
+        self._count_rejection(State.OPEN.value)
         return CallNotPermitted(self.name, State.OPEN, self._open_deadline - now)
 
     def forget_view(self) -> None:
@@ -193,26 +216,30 @@ class BreakerCodec:
                 self._note_drift(reply.stored_config)
             elif self.config_drift is not None:
                 self.config_drift = None
-        return [Transition(self.name, a, b, why, reply.now_ms, source)
-                for a, b, why in reply.transitions]
+        rates = reply.transition_rates or ((-1.0, -1.0),) * len(reply.transitions)
+        return [Transition(self.name, a, b, why, reply.now_ms, source, *rate_pair)
+                for (a, b, why), rate_pair in zip(reply.transitions, rates, strict=True)]
 
     def admission(self, reply: Reply, token: str) -> Permit:
         """Turn an acquire reply into a permit, or raise CallNotPermitted."""
         if reply.permitted:
             uses_probe = reply.state is State.HALF_OPEN
             return Permit(token if uses_probe else "")
-        with self._lock:
-            self.not_permitted += 1
+        self._count_rejection(reply.state.value)
         raise CallNotPermitted(self.name, reply.state, reply.wait_ms / 1000.0)
 
     def redis_unavailable(self, error: BaseException, retry_after: float) -> CallNotPermitted:
         """The fail_closed rejection (the Redis error becomes its cause)."""
-        with self._lock:
-            self.not_permitted += 1
+        self._count_rejection("UNKNOWN")
         rejection = CallNotPermitted(self.name, "UNKNOWN", retry_after,
                                      reason=f"redis unavailable: {error}")
         rejection.__cause__ = error
         return rejection
+
+    def _count_rejection(self, state: str) -> None:
+        with self._lock:
+            self.not_permitted += 1
+            self.rejections[state] += 1
 
     def metrics(self, reply: Reply) -> Metrics:
         minimum = (self.config.permitted_calls_in_half_open if reply.state is State.HALF_OPEN

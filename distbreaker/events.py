@@ -12,6 +12,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from . import forking
 from .state import State
 
 logger = logging.getLogger("distbreaker")
@@ -31,9 +32,22 @@ class Transition:
     reason: str
     at_ms: int
     source: str = "redis"
+    #: Rates (percent) of the window the transition was decided on (the probes'
+    #: for a half-open verdict), as in the history stream; -1: no calls, or unknown.
+    failure_rate: float = -1.0
+    slow_rate: float = -1.0
 
 
 Listener = Callable[[Transition], None]
+
+
+def log_extra(event: Transition) -> dict[str, object]:
+    """The structured fields of a transition's log record (``name`` is taken by
+    logging itself, so the breaker's name is ``breaker``)."""
+    return {"breaker": event.name, "from_state": event.from_state.value,
+            "to_state": event.to_state.value, "reason": event.reason,
+            "failure_rate": event.failure_rate, "slow_rate": event.slow_rate,
+            "at_ms": event.at_ms, "source": event.source}
 
 
 class Listeners:
@@ -42,6 +56,10 @@ class Listeners:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._items: list[Listener] = []
+        forking.register(self)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()  # another parent thread may have held it at fork time
 
     def add(self, listener: Listener) -> None:
         if not callable(listener):
@@ -55,10 +73,7 @@ class Listeners:
 
     def emit(self, event: Transition) -> None:
         logger.info("circuit breaker %s: %s -> %s (%s)", event.name, event.from_state.value,
-                    event.to_state.value, event.reason,
-                    extra={"breaker": event.name, "from_state": event.from_state.value,
-                           "to_state": event.to_state.value, "reason": event.reason,
-                           "source": event.source})
+                    event.to_state.value, event.reason, extra=log_extra(event))
         with self._lock:
             items = list(self._items)
         for listener in items:

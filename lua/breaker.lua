@@ -14,7 +14,8 @@
 --
 -- Reply: {state, wait_ms, permitted, transitions, calls, failures, slow,
 --         total_ms, rejected, drift, stored_config, now_ms, since_ms,
---         probes_in_flight}; transitions is a list of {from, to, reason}.
+--         probes_in_flight}; transitions is a list of {from, to, reason,
+--         failure_rate, slow_rate} (rates as strings, as in the history stream).
 
 local K_STATE, K_WIN, K_PROBES, K_HIST = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local op, name, cfg_wire, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -164,7 +165,7 @@ local function transition(to, reason, actor)
     clear_window()
     redis.call('DEL', K_PROBES)
   end
-  transitions[#transitions + 1] = {from, to, reason}
+  transitions[#transitions + 1] = {from, to, reason, tostring(frate), tostring(srate)}
   actor = actor or ''
   redis.call('XADD', K_HIST, 'MAXLEN', '1000', '*', 'from', from, 'to', to,
              'reason', reason, 'at_ms', now, 'failure_rate', tostring(frate),
