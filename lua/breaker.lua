@@ -299,13 +299,19 @@ local permitted = 1
 if op == 'state' then
   advance()
 elseif op == 'acquire' then
+  local token = ARGV[5]
+  if not token or token == '' then
+    return redis.error_reply('DISTBREAKER_ARGS acquire needs a probe token')
+  end
   advance()
   local st = h.state
   if st == 'OPEN' or st == 'FORCED_OPEN' then
     permitted = 0
   elseif st == 'HALF_OPEN' then
-    if h.hp_issued < cfg.permitted then
-      redis.call('ZADD', K_PROBES, now + cfg.lease_ms, ARGV[5])
+    if redis.call('ZSCORE', K_PROBES, token) then
+      -- the token already holds a live lease: a retried acquire takes no second slot
+    elseif h.hp_issued < cfg.permitted then
+      redis.call('ZADD', K_PROBES, now + cfg.lease_ms, token)
       put('hp_issued', h.hp_issued + 1)
     else
       permitted = 0
