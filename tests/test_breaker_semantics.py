@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from distbreaker import (
+    BreakerConfig,
     CallNotPermitted,
     CircuitBreaker,
     ConfigDriftWarning,
@@ -24,7 +25,9 @@ from distbreaker import (
     State,
     Transition,
 )
+from distbreaker.codec import decode_reply
 from distbreaker.keys import BreakerKeys
+from distbreaker.scripts import load_script, run_script
 
 
 def fail(exc: BaseException) -> Callable[[], None]:
@@ -489,3 +492,38 @@ def test_round_trips_per_protected_call(make: Callable[..., CircuitBreaker],
         breaker.call(ok)                                      # two probes of three
     assert round_trips(redis_client) == 4                    # HALF_OPEN: 2 per call
     assert breaker.state is State.HALF_OPEN
+
+
+# -- the script's argument contract -------------------------------------------------------------
+
+
+def _script(client: redis.Redis, name: str, config: BreakerConfig, op: str, *extra: Any) -> Any:
+    keys = BreakerKeys.build(name)
+    args = (op, name, config.to_wire(), keys.channel, *extra)
+    return decode_reply(run_script(client, load_script("breaker"), keys.script_keys, args))
+
+
+@pytest.mark.parametrize("counts", [(-1, 0, 0, 0), (1, 0, 0, -5), (1.5, 0, 0, 0),
+                                    ("x", 0, 0, 0), (1, 1, 3, 0)])
+def test_record_rejects_impossible_counts(counts: tuple[Any, ...], name: str,
+                                          redis_client: redis.Redis) -> None:
+    config = BreakerConfig(sliding_window_size=4, minimum_number_of_calls=1)
+    _script(redis_client, name, config, "record", "", 1, 0, 0, 3)
+    with pytest.raises(ValueError, match="record"):
+        _script(redis_client, name, config, "record", "", *counts)
+    reply = _script(redis_client, name, config, "state")
+    assert (reply.calls, reply.failures, reply.slow, reply.total_ms) == (1, 0, 0, 3)
+
+
+def test_a_retried_acquire_with_the_same_token_takes_one_slot(
+        name: str, redis_client: redis.Redis) -> None:
+    config = BreakerConfig(wait_duration_in_open_state=0.01, permitted_calls_in_half_open=2)
+    _script(redis_client, name, config, "set", "TRIP", "t", "")
+    time.sleep(0.02)
+    with pytest.raises(ValueError, match="token"):
+        _script(redis_client, name, config, "acquire", "")
+    for _ in range(3):
+        assert _script(redis_client, name, config, "acquire", "tok-a").permitted
+    reply = _script(redis_client, name, config, "acquire", "tok-b")
+    assert reply.permitted and reply.probes_in_flight == 2
+    assert not _script(redis_client, name, config, "acquire", "tok-c").permitted
