@@ -16,8 +16,6 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import redis as redis_lib
-
 from . import forking
 from .bulkhead_codec import (
     BulkheadCodec,
@@ -30,7 +28,7 @@ from .bulkhead_codec import (
     build_bulkhead_config,
     decode_reply,
 )
-from .connection import DEFAULT_URL, sync_client
+from .connection import DEFAULT_URL, sync_client, waiting_client
 from .errors import BulkheadFull
 from .fallback import UNAVAILABLE_ERRORS
 from .keys import DEFAULT_PREFIX, BulkheadKeys
@@ -184,10 +182,9 @@ class Bulkhead:
             if self._blocking is None:
                 if isinstance(self._target, str):
                     cfg = self.config
-                    self._blocking = redis_lib.Redis.from_url(
-                        self._target, socket_timeout=cfg.max_wait_duration + cfg.redis_timeout + 1,
-                        socket_connect_timeout=cfg.redis_timeout, retry_on_timeout=False,
-                        health_check_interval=0)
+                    self._blocking = waiting_client(
+                        self._target, cfg.redis_timeout,
+                        cfg.max_wait_duration + cfg.redis_timeout + 1)
                 else:
                     self._blocking = self._client
                 self._blocking_cap = blocking_cap(self._blocking)

@@ -5,18 +5,40 @@ A URL builds a client whose socket and connect timeouts are the config's
 decides). An existing client is used as given: its timeouts are the user's.
 redis-py's connection pools notice a fork and open fresh connections in the
 child, so a breaker created before gunicorn/Celery forks is safe to use after.
+
+Accepted clients: ``redis.Redis`` (including one from
+``redis.sentinel.Sentinel.master_for``) and ``redis.cluster.RedisCluster`` for
+the sync front ends; ``redis.asyncio.Redis`` and
+``redis.asyncio.cluster.RedisCluster`` for the asyncio ones. Accepted URLs:
+``redis://``, ``rediss://``, ``unix://`` and, for Sentinel,
+``redis+sentinel://[user:password@]host[:port][,host[:port]...]/service[/db]``
+(``rediss+sentinel://`` for TLS to the primary; query options
+``sentinel_username`` and ``sentinel_password`` authenticate to the sentinels).
+A cluster is given as a RedisCluster client (building one connects at once,
+which a breaker's constructor must not do).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.sentinel
+import redis.cluster
+import redis.sentinel
 
 DEFAULT_URL = "redis://localhost:6379/0"
 ASYNC_MAX_CONNECTIONS = 32
 ASYNC_POOL_WAIT = 1.0  # seconds a call may queue for a free asyncio connection
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+DEFAULT_SENTINEL_PORT = 26379
+
+_SYNC_TYPES: tuple[type, ...] = (redis.Redis, redis.cluster.RedisCluster)
+_ASYNC_TYPES: tuple[type, ...] = (redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster)
 
 
 def _url_options(timeout: float) -> dict[str, Any]:
@@ -24,17 +46,113 @@ def _url_options(timeout: float) -> dict[str, Any]:
             "retry_on_timeout": False, "health_check_interval": 0}
 
 
+@dataclasses.dataclass(frozen=True)
+class SentinelURL:
+    """A parsed ``redis+sentinel://`` URL."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    ssl: bool = False
+    sentinel_username: str | None = None
+    sentinel_password: str | None = None
+
+    def master_options(self, timeout: float) -> dict[str, Any]:
+        """Connection options of the primary's connections."""
+        options = {"db": self.db, "username": self.username, "password": self.password,
+                   **_url_options(timeout)}
+        if self.ssl:
+            options["ssl"] = True
+        return options
+
+    def sentinel_options(self, timeout: float) -> dict[str, Any]:
+        """Connection options of the connections to the sentinels themselves."""
+        return {"socket_timeout": timeout, "socket_connect_timeout": timeout,
+                "username": self.sentinel_username, "password": self.sentinel_password}
+
+
+def _host_port(item: str, url: str) -> tuple[str, int]:
+    if item.startswith("["):  # [ipv6]:port
+        host, _, rest = item[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    else:
+        host, _, port = item.rpartition(":") if ":" in item else (item, "", "")
+    if not host:
+        raise ValueError(f"sentinel URL {url!r} has an empty host")
+    try:
+        return host, int(port) if port else DEFAULT_SENTINEL_PORT
+    except ValueError:
+        raise ValueError(f"sentinel URL {url!r} has a bad port {port!r}") from None
+
+
+def parse_sentinel_url(url: str) -> SentinelURL | None:
+    """The parts of a ``redis+sentinel://`` URL; None for any other scheme."""
+    parts = urlsplit(url)
+    if parts.scheme not in SENTINEL_SCHEMES:
+        return None
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    username, _, password = userinfo.partition(":")
+    sentinels = tuple(_host_port(item, url) for item in hosts.split(",") if item)
+    if not sentinels:
+        raise ValueError(f"sentinel URL {url!r} names no sentinel host")
+    path = [unquote(p) for p in parts.path.split("/") if p]
+    if not 1 <= len(path) <= 2:
+        raise ValueError(f"sentinel URL {url!r} must end in /<service name>[/<db>]")
+    try:
+        db = int(path[1]) if len(path) == 2 else 0
+    except ValueError:
+        raise ValueError(f"sentinel URL {url!r} has a bad database number {path[1]!r}") from None
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    return SentinelURL(sentinels=sentinels, service=path[0], db=db,
+                       username=unquote(username) or None, password=unquote(password) or None,
+                       ssl=parts.scheme.startswith("rediss"),
+                       sentinel_username=query.get("sentinel_username"),
+                       sentinel_password=query.get("sentinel_password"))
+
+
+def _sentinel_master(spec: SentinelURL, timeout: float, *, asyncio: bool,
+                     **pool_options: Any) -> Any:
+    """A client of the primary that Sentinel names now (found again after a failover).
+
+    Nothing connects here: the primary is looked up on the first command.
+    """
+    module: Any = redis.asyncio.sentinel if asyncio else redis.sentinel
+    manager = module.Sentinel(list(spec.sentinels), sentinel_kwargs=spec.sentinel_options(timeout))
+    options = spec.master_options(timeout)
+    options.update(pool_options)
+    return manager.master_for(spec.service, **options)
+
+
+class _AsyncBlockingSentinelPool(redis.asyncio.sentinel.SentinelConnectionPool,
+                                 redis.asyncio.BlockingConnectionPool):
+    """Sentinel's pool that queues for a free connection (see `async_client`)."""
+
+
+def _check_client(target: Any, wanted: tuple[type, ...], other: tuple[type, ...],
+                  hint: str) -> Any:
+    if isinstance(target, other) and not isinstance(target, wanted):
+        raise TypeError(hint)
+    if isinstance(target, (redis.sentinel.Sentinel, redis.asyncio.sentinel.Sentinel)):
+        raise TypeError("redis must be a client, not a Sentinel: pass "
+                        "sentinel.master_for(<service name>) or a redis+sentinel:// URL")
+    if not hasattr(target, "evalsha"):
+        raise TypeError(f"redis must be a URL or a redis-py client, got {type(target).__name__}")
+    return target
+
+
 def sync_client(target: Any, timeout: float) -> Any:
     """A sync redis-py client from a URL, or the given client (None: localhost)."""
     if target is None:
         target = DEFAULT_URL
     if isinstance(target, str):
+        spec = parse_sentinel_url(target)
+        if spec is not None:
+            return _sentinel_master(spec, timeout, asyncio=False)
         return redis.Redis.from_url(target, **_url_options(timeout))
-    if isinstance(target, redis.asyncio.Redis):
-        raise TypeError("this is the sync breaker; use distbreaker.aio for an asyncio client")
-    if not hasattr(target, "evalsha"):
-        raise TypeError(f"redis must be a URL or a redis-py client, got {type(target).__name__}")
-    return target
+    return _check_client(target, _SYNC_TYPES, _ASYNC_TYPES,
+                         "this is the sync breaker; use distbreaker.aio for an asyncio client")
 
 
 def async_client(target: Any, timeout: float) -> Any:
@@ -46,13 +164,32 @@ def async_client(target: Any, timeout: float) -> Any:
         # beyond 100 calls in flight, which would pass for a Redis outage. Queue for one of a
         # few connections instead (opening many at once is slower than sharing few); the
         # queue is local, so its wait is bounded separately from the tight Redis timeouts.
+        queue = {"max_connections": ASYNC_MAX_CONNECTIONS,
+                 "timeout": max(ASYNC_POOL_WAIT, timeout)}
+        spec = parse_sentinel_url(target)
+        if spec is not None:
+            return _sentinel_master(spec, timeout, asyncio=True,
+                                    connection_pool_class=_AsyncBlockingSentinelPool, **queue)
         pool = redis.asyncio.BlockingConnectionPool.from_url(
-            target, max_connections=ASYNC_MAX_CONNECTIONS,
-            timeout=max(ASYNC_POOL_WAIT, timeout), **_url_options(timeout))
+            target, **queue, **_url_options(timeout))
         return redis.asyncio.Redis.from_pool(pool)
-    if isinstance(target, redis.Redis):
-        raise TypeError("this is the asyncio breaker; use distbreaker.CircuitBreaker "
-                        "for a sync client")
-    if not hasattr(target, "evalsha"):
-        raise TypeError(f"redis must be a URL or a redis-py client, got {type(target).__name__}")
-    return target
+    return _check_client(target, _ASYNC_TYPES, _SYNC_TYPES,
+                         "this is the asyncio breaker; use distbreaker.CircuitBreaker "
+                         "for a sync client")
+
+
+def waiting_client(url: str, timeout: float, read_timeout: float) -> Any:
+    """A sync client from a URL for blocking commands (BLPOP) of up to `read_timeout` s."""
+    spec = parse_sentinel_url(url)
+    if spec is not None:
+        return _sentinel_master(spec, timeout, asyncio=False, socket_timeout=read_timeout)
+    return redis.Redis.from_url(url, **{**_url_options(timeout), "socket_timeout": read_timeout})
+
+
+def async_waiting_client(url: str, timeout: float, read_timeout: float) -> Any:
+    """The asyncio twin of `waiting_client`."""
+    spec = parse_sentinel_url(url)
+    if spec is not None:
+        return _sentinel_master(spec, timeout, asyncio=True, socket_timeout=read_timeout)
+    return redis.asyncio.Redis.from_url(
+        url, **{**_url_options(timeout), "socket_timeout": read_timeout})

@@ -15,7 +15,8 @@ MAX_PREFIX_LENGTH = 100
 
 
 def validate_name(name: object) -> str:
-    """A protected name: 1-200 printable characters, no whitespace or control characters."""
+    """A protected name: 1-200 printable characters, no whitespace or control characters,
+    not starting with '}' (all keys of a name must share one Redis Cluster hash slot)."""
     if not isinstance(name, str):
         raise ValueError(f"name must be a str, got {type(name).__name__}")
     if not 1 <= len(name) <= MAX_NAME_LENGTH:
@@ -24,6 +25,9 @@ def validate_name(name: object) -> str:
     if bad:
         raise ValueError(f"name must not contain whitespace or control characters, "
                          f"got {bad[0]!r} in {name!r}")
+    if name.startswith("}"):  # "{}...": an empty hash tag, so each key would get its own slot
+        raise ValueError(f"name must not start with '}}' (Redis Cluster would spread its "
+                         f"keys over several slots), got {name!r}")
     return name
 
 

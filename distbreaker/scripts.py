@@ -131,14 +131,18 @@ class PendingCall:
 
 def _queue(client: Any, calls: Sequence[ScriptCallSpec], indices: Sequence[int],
            by_source: bool) -> Any:
-    """A non-transactional pipeline holding the given calls (EVALSHA, or EVAL by source)."""
+    """A non-transactional pipeline holding the given calls (EVALSHA, or EVAL by source).
+
+    Queued with execute_command: redis-py's cluster pipelines block the
+    `evalsha` method (for its NOSCRIPT handling, which is done here), not the command.
+    """
     pipe = client.pipeline(transaction=False)
     for i in indices:
         script, keys, args = calls[i]
         if by_source:
-            pipe.eval(script.source, len(keys), *keys, *args)
+            pipe.execute_command("EVAL", script.source, len(keys), *keys, *args)
         else:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
     return pipe
 
 

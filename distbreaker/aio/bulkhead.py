@@ -18,8 +18,6 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-import redis.asyncio
-
 from ..bulkhead_codec import (
     BulkheadCodec,
     BulkheadConfig,
@@ -31,7 +29,7 @@ from ..bulkhead_codec import (
     build_bulkhead_config,
     decode_reply,
 )
-from ..connection import DEFAULT_URL, async_client
+from ..connection import DEFAULT_URL, async_client, async_waiting_client
 from ..errors import BulkheadFull
 from ..fallback import UNAVAILABLE_ERRORS
 from ..keys import DEFAULT_PREFIX, BulkheadKeys
@@ -105,10 +103,9 @@ class Bulkhead:
         if state.blocking is None:
             if isinstance(self._target, str):
                 cfg = self.config
-                state.blocking = redis.asyncio.Redis.from_url(
-                    self._target, socket_timeout=cfg.max_wait_duration + cfg.redis_timeout + 1,
-                    socket_connect_timeout=cfg.redis_timeout, retry_on_timeout=False,
-                    health_check_interval=0)
+                state.blocking = async_waiting_client(
+                    self._target, cfg.redis_timeout,
+                    cfg.max_wait_duration + cfg.redis_timeout + 1)
             else:
                 state.blocking = state.client
             state.cap = blocking_cap(state.blocking)
