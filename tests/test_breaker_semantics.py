@@ -251,7 +251,7 @@ def test_reset_clears_the_window(make: Callable[..., CircuitBreaker]) -> None:
 
 
 def test_max_wait_in_half_open_moves_back_to_open(make: Callable[..., CircuitBreaker]) -> None:
-    breaker = make(wait_duration_in_open_state=0.03, max_wait_in_half_open=0.1,
+    breaker = make(wait_duration_in_open_state=0.03, max_wait_in_half_open=0.3,
                    permitted_calls_in_half_open=2)
     seen: list[Transition] = []
     breaker.add_listener(seen.append)
@@ -259,7 +259,7 @@ def test_max_wait_in_half_open_moves_back_to_open(make: Callable[..., CircuitBre
     time.sleep(0.04)
     breaker.acquire()                               # a probe that never reports
     assert breaker.state is State.HALF_OPEN
-    time.sleep(0.11)
+    time.sleep(0.31)
     assert breaker.state is State.OPEN
     assert [(t.from_state, t.to_state) for t in seen] == [
         (State.CLOSED, State.OPEN), (State.OPEN, State.HALF_OPEN),
@@ -269,16 +269,16 @@ def test_max_wait_in_half_open_moves_back_to_open(make: Callable[..., CircuitBre
 
 def test_an_expired_probe_lease_frees_the_slot(make: Callable[..., CircuitBreaker]) -> None:
     breaker = make(wait_duration_in_open_state=0.03, permitted_calls_in_half_open=1,
-                   half_open_lease=0.1)
+                   half_open_lease=0.3)
     breaker.trip()
     time.sleep(0.04)
     lost = breaker.acquire()                        # the worker holding it "dies"
     assert lost.token
     with pytest.raises(CallNotPermitted) as caught:
         breaker.call(ok)
-    assert caught.value.state is State.HALF_OPEN and 0 < caught.value.retry_after <= 0.1
+    assert caught.value.state is State.HALF_OPEN and 0 < caught.value.retry_after <= 0.3
     assert breaker.metrics().probes_in_flight == 1
-    time.sleep(0.11)
+    time.sleep(0.31)
     assert breaker.metrics().probes_in_flight == 0
     permit = breaker.acquire()                      # the slot went to another probe
     breaker.record(lost, ConnectionError("late"), 0.2)   # a late report is not counted
