@@ -151,6 +151,14 @@ class FlakyServer:
                 return sum(len(times) for times in self.hits.values())
             return len(self.hits.get(path, ()))
 
+    def wait_for(self, hits: int, timeout: float = 2.0) -> int:
+        """The total hit count once it reaches `hits` (or `timeout` passed): a request a
+        client gave up on may be handled a moment later."""
+        deadline = time.monotonic() + timeout
+        while self.count() < hits and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.count()
+
     def _hit(self, method: str, path: str) -> Behaviour:
         with self._lock:
             self.hits[path].append(time.monotonic())
