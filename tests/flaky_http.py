@@ -7,7 +7,8 @@ body byte at once, the rest after `delay`: for streaming tests).
 ``server.set(path, behaviour)`` sets a path's behaviour (``path=None``: the
 default for every path without its own); ``server.script(path, [b1, b2], then=b)``
 serves b1 to the first hit, b2 to the second, then b. Every hit is counted and
-time-stamped (monotonic) on arrival, before the behaviour runs.
+time-stamped (monotonic) on arrival, before the behaviour runs; `answered[path]`
+counts the answers written in full.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class _Handler(BaseHTTPRequestHandler):
                 time.sleep(behaviour.delay)
                 body = body[1:]
             self.wfile.write(body)
+            self.server.owner._done(self.path.split("?")[0])
         except OSError:
             pass  # the client gave up (timeout): nothing to answer
 
@@ -110,6 +112,7 @@ class FlakyServer:
         self._paths: dict[str, Behaviour] = {}
         self._scripts: dict[str, list[Behaviour]] = {}
         self.hits: dict[str, list[float]] = defaultdict(list)
+        self.answered: dict[str, int] = defaultdict(int)
         self.methods: list[str] = []
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         kwargs={"poll_interval": 0.05}, daemon=True)
@@ -158,6 +161,10 @@ class FlakyServer:
         while self.count() < hits and time.monotonic() < deadline:
             time.sleep(0.01)
         return self.count()
+
+    def _done(self, path: str) -> None:
+        with self._lock:
+            self.answered[path] += 1
 
     def _hit(self, method: str, path: str) -> Behaviour:
         with self._lock:
