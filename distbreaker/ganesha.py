@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Any, TypeVar
 
+from . import forking
 from .config import check_int, check_percent, to_ms, to_seconds
 from .connection import sync_client
 from .errors import CallNotPermitted
@@ -113,6 +114,12 @@ class GaneshaCodec:
         self.service = service
         self.config = config
         self.keys = config.keys(service)
+        self._process_tag = f"{os.getpid():x}{secrets.token_hex(3)}"
+        forking.register(self)
+
+    def _after_fork(self) -> None:
+        """A forked child gets its own tag: parent and child continue the same
+        counter, so with a shared tag their members could collide."""
         self._process_tag = f"{os.getpid():x}{secrets.token_hex(3)}"
 
     def call(self, op: str) -> tuple[Sequence[str], Sequence[Any]]:

@@ -221,3 +221,19 @@ def test_explicit_hook_resets_when_the_fork_hooks_did_not_run(redis_url: str,
     again = codec._lock
     forking.after_fork()
     assert codec._lock is again        # idempotent in the same process
+
+
+def test_ganesha_members_stay_unique_across_a_fork(redis_url: str, name: str) -> None:
+    """Ganesha mode tags its ZSET members per process; a child must not reuse the
+    parent's tag (both continue the same counter, so members could collide)."""
+    from distbreaker.ganesha import GaneshaBreaker
+
+    breaker = GaneshaBreaker(name, redis=redis_url)
+    parent_tag = breaker._codec._process_tag
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=lambda: queue.put(breaker._codec._process_tag))
+    proc.start()
+    child_tag = queue.get(timeout=20)
+    proc.join(10)
+    assert child_tag != parent_tag
