@@ -164,8 +164,14 @@ def decode_reply(raw: Sequence[Any]) -> BulkheadReply:
 
 def blocking_cap(client: Any) -> float:
     """The longest one blocking call may take on `client` before its socket times out."""
-    pool = getattr(client, "connection_pool", None)
-    kwargs = getattr(pool, "connection_kwargs", None) or {}
+    kwargs: dict[str, Any] = {}
+    # A Redis client's pool; a RedisCluster's node manager (sync) or itself (asyncio).
+    for owner in (getattr(client, "connection_pool", None),
+                  getattr(client, "nodes_manager", None), client):
+        found = getattr(owner, "connection_kwargs", None)
+        if isinstance(found, dict):
+            kwargs = found
+            break
     timeout = kwargs.get("socket_timeout")
     if not timeout:
         return math.inf

@@ -1,0 +1,305 @@
+"""The core behaviour tests, on a real 3-primary Redis Cluster through redis-py's
+RedisCluster clients (sync and asyncio): the seed scenario, the half-open probe cap,
+the bulkhead limit under threads, the retry budget, a composed Policy, pub/sub events,
+the history stream and the CLI's scan of every primary."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner
+from redis.cluster import RedisCluster
+
+from distbreaker import Bulkhead, CallNotPermitted, CircuitBreaker, RetryBudget, State
+from distbreaker import aio
+from distbreaker.cli import cli
+from distbreaker.embedded import EmbeddedCluster
+from distbreaker.inspect import decode_event_message, read_history
+from distbreaker.keys import BreakerKeys, events_channel
+from distbreaker.policy import Policy
+
+SEED = {"sliding_window_type": "COUNT_BASED", "sliding_window_size": 10,
+        "minimum_number_of_calls": 5, "failure_rate_threshold": 50,
+        "wait_duration_in_open_state": 1.0, "permitted_calls_in_half_open": 2}
+
+
+class Dependency:
+    def __init__(self) -> None:
+        self.healthy = False
+        self.calls = 0
+
+    def __call__(self) -> str:
+        self.calls += 1
+        if not self.healthy:
+            raise ConnectionError("gateway down")
+        return "ok"
+
+
+def run_seed_requests(call: Any, count: int) -> list[str]:
+    outcomes = []
+    for _ in range(count):
+        try:
+            call()
+            outcomes.append("ok")
+        except CallNotPermitted:
+            outcomes.append("rejected")
+        except ConnectionError:
+            outcomes.append("failed")
+    return outcomes
+
+
+def test_seed_scenario_on_the_cluster(cluster_client: RedisCluster, name: str) -> None:
+    breaker = CircuitBreaker(name, redis=cluster_client, **SEED)
+    dep = Dependency()
+    assert run_seed_requests(lambda: breaker.call(dep), 8) == ["failed"] * 5 + ["rejected"] * 3
+    assert dep.calls == 5 and breaker.state is State.OPEN
+    assert breaker.metrics().failure_rate == 100.0
+    time.sleep(1.05)
+    dep.healthy = True
+    assert breaker.call(dep) == "ok"
+    assert breaker.state is State.HALF_OPEN
+    assert breaker.call(dep) == "ok"
+    assert breaker.state is State.CLOSED
+    assert dep.calls == 7
+    assert not breaker._health.down  # every call went to the cluster, none to the fallback
+
+
+def test_half_open_hands_out_only_the_permitted_probes(cluster_client: RedisCluster,
+                                                       name: str) -> None:
+    breaker = CircuitBreaker(name, redis=cluster_client, **SEED)
+    breaker.trip()
+    time.sleep(1.05)
+    granted: list[Any] = []
+    rejected = 0
+    lock = threading.Lock()
+    gate = threading.Barrier(8)
+
+    def probe() -> None:
+        nonlocal rejected
+        other = CircuitBreaker(name, redis=cluster_client, **SEED)  # like another worker
+        gate.wait()
+        try:
+            permit = other.acquire()
+        except CallNotPermitted:
+            with lock:
+                rejected += 1
+        else:
+            with lock:
+                granted.append(permit)
+
+    threads = [threading.Thread(target=probe) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(granted) == 2 and rejected == 6
+    assert breaker.state is State.HALF_OPEN
+    assert cluster_client.zcard(BreakerKeys.build(name).probes) == 2
+
+
+def test_bulkhead_limit_holds_across_threads(cluster_client: RedisCluster, name: str) -> None:
+    running = peak = 0
+    lock = threading.Lock()
+
+    def work() -> None:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.1)
+        with lock:
+            running -= 1
+
+    bulkhead = Bulkhead(name, redis=cluster_client, max_concurrent_calls=3,
+                        max_wait_duration=10)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            for _ in range(3):
+                bulkhead.call(work)
+        except BaseException as exc:  # collected: the assertion below names it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    assert peak == 3  # the limit was reached and never passed
+    metrics = bulkhead.metrics()
+    assert metrics.in_use == 0
+
+
+def test_bulkhead_waits_longer_than_the_socket_timeout(cluster_client: RedisCluster,
+                                                       name: str) -> None:
+    """BLPOP on a cluster client is bounded by its nodes' socket timeout (1 s here), so a
+    2 s wait is several bounded blocks, not a timeout mistaken for an outage."""
+    bulkhead = Bulkhead(name, redis=cluster_client, max_concurrent_calls=1,
+                        max_wait_duration=10)
+    held = bulkhead.acquire()
+    releaser = threading.Timer(2.0, bulkhead.release, args=(held,))
+    releaser.start()
+    started = time.monotonic()
+    permit = bulkhead.acquire()
+    waited = time.monotonic() - started
+    bulkhead.release(permit)
+    releaser.join()
+    assert 1.8 < waited < 8
+    assert not bulkhead._codec.health.down
+
+
+def test_retry_budget_allowance(cluster_client: RedisCluster, name: str) -> None:
+    budget = RetryBudget(name, redis=cluster_client, percent_can_retry=0.2,
+                         min_retries_per_sec=0)
+    for _ in range(50):
+        budget.deposit()
+    assert budget.balance() == 10
+    taken = 0
+    while budget.try_withdraw():
+        taken += 1
+    assert taken == 10 and budget.last_source == "redis"
+
+
+def test_policy_call_retries_within_the_budget(cluster_client: RedisCluster, name: str) -> None:
+    attempts = 0
+
+    def flaky() -> str:
+        nonlocal attempts
+        attempts += 1
+        if attempts % 2:
+            raise ConnectionError("blip")
+        return "ok"
+
+    policy = Policy(name, redis=cluster_client,
+                    breaker={"sliding_window_size": 20, "minimum_number_of_calls": 20},
+                    bulkhead={"max_concurrent_calls": 2},
+                    retry={"max_attempts": 2, "base": 0.0, "cap": 0.0},
+                    budget={"percent_can_retry": 1.0, "min_retries_per_sec": 0},
+                    sleep=lambda s: None)
+    assert [policy.call(flaky) for _ in range(5)] == ["ok"] * 5
+    assert attempts == 10
+    metrics = policy.breaker.metrics()
+    assert (metrics.calls, metrics.failed) == (10, 5)
+    assert policy.bulkhead is not None and policy.bulkhead.metrics().in_use == 0
+
+
+def _wait_message(pubsub: Any, timeout: float = 5.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = pubsub.get_message(timeout=0.2)
+        if message and message.get("type") == "message":
+            event = decode_event_message(message["data"])
+            if event is not None:
+                return event
+    raise AssertionError("no transition event received")
+
+
+def test_events_reach_subscribers_on_every_node_and_the_history(
+        cluster: EmbeddedCluster, cluster_client: RedisCluster, name: str) -> None:
+    """PUBLISH from inside a script is broadcast over the cluster bus."""
+    channel = events_channel()
+    nodes = [redis.Redis(port=port) for port in cluster.ports]
+    per_node = [node.pubsub(ignore_subscribe_messages=True) for node in nodes]
+    for pubsub in per_node:
+        pubsub.subscribe(channel)
+    cluster_pubsub = cluster_client.pubsub(ignore_subscribe_messages=True)
+    cluster_pubsub.subscribe(channel)
+    try:
+        time.sleep(0.1)
+        breaker = CircuitBreaker(name, redis=cluster_client, **SEED)
+        breaker.trip(reason="cluster pubsub test", actor="pytest")
+        for pubsub in [cluster_pubsub, *per_node]:
+            event = _wait_message(pubsub)
+            assert (event["name"], event["from"], event["to"]) == (name, "CLOSED", "OPEN")
+            assert event["reason"] == "cluster pubsub test"
+        history = read_history(cluster_client, "distbreaker", name, 10)
+        assert [(e["from"], e["to"], e["actor"]) for e in history] == [
+            ("CLOSED", "OPEN", "pytest")]
+    finally:
+        cluster_pubsub.close()
+        for pubsub, node in zip(per_node, nodes, strict=True):
+            pubsub.close()
+            node.close()
+
+
+def test_cli_ls_and_show_scan_every_primary(cluster: EmbeddedCluster,
+                                             cluster_client: RedisCluster, name: str) -> None:
+    prefix = f"clitest{name.replace('-', '')}"
+    by_node: dict[str, str] = {}
+    i = 0
+    while len(by_node) < 3:  # one breaker on each primary
+        candidate = f"{name}-{i}"
+        node = cluster_client.get_node_from_key(BreakerKeys.build(candidate, prefix).state)
+        by_node.setdefault(node.name, candidate)
+        i += 1
+    for candidate in by_node.values():
+        breaker = CircuitBreaker(candidate, redis=cluster_client, prefix=prefix, **SEED)
+        breaker.call(lambda: None)
+    opened = next(iter(by_node.values()))
+    CircuitBreaker(opened, redis=cluster_client, prefix=prefix, **SEED).trip()
+
+    result = CliRunner().invoke(cli, ["--url", cluster.url, "--prefix", prefix, "ls", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["name"]: r["state"] for r in json.loads(result.stdout)["breakers"]}
+    assert rows == {n: ("OPEN" if n == opened else "CLOSED") for n in by_node.values()}
+    for candidate in by_node.values():
+        shown = CliRunner().invoke(cli, ["--url", cluster.url, "--prefix", prefix, "show",
+                                         candidate, "--json"])
+        assert shown.exit_code == 0, shown.output
+        assert json.loads(shown.stdout)["breaker"]["calls"] == 1
+
+
+def test_asyncio_breaker_and_policy_on_an_async_cluster_client(cluster: EmbeddedCluster,
+                                                               name: str) -> None:
+    async def scenario() -> None:
+        client = cluster.async_client(socket_timeout=1.0, socket_connect_timeout=1.0)
+        try:
+            breaker = aio.CircuitBreaker(name, redis=client, **SEED)
+            dep = Dependency()
+
+            async def call() -> str:
+                return dep()
+
+            outcomes = []
+            for _ in range(7):
+                try:
+                    await breaker.call(call)
+                    outcomes.append("ok")
+                except CallNotPermitted:
+                    outcomes.append("rejected")
+                except ConnectionError:
+                    outcomes.append("failed")
+            assert outcomes == ["failed"] * 5 + ["rejected"] * 2
+            assert await breaker.get_state() is State.OPEN
+            assert not breaker._health.down
+            policy = aio.Policy(name + "-policy", redis=client,
+                                bulkhead={"max_concurrent_calls": 2, "max_wait_duration": 10},
+                                budget={"min_retries_per_sec": 1})
+
+            async def ok() -> str:
+                await asyncio.sleep(0.6)  # 3 rounds of 2: waiters block past the 1 s timeout
+                return "ok"
+
+            assert await asyncio.gather(*(policy.call(ok) for _ in range(6))) == ["ok"] * 6
+            metrics = await policy.breaker.metrics()
+            assert metrics.calls == 6
+            assert policy.bulkhead is not None and not policy.bulkhead._codec.health.down
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_sync_and_async_cluster_clients_are_checked(cluster: EmbeddedCluster) -> None:
+    with pytest.raises(TypeError, match="asyncio breaker"):
+        aio.CircuitBreaker("typecheck", redis=cluster.client())
+    with pytest.raises(TypeError, match="sync breaker"):
+        CircuitBreaker("typecheck", redis=cluster.async_client())
