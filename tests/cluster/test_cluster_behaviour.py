@@ -16,8 +16,7 @@ import redis
 from click.testing import CliRunner
 from redis.cluster import RedisCluster
 
-from distbreaker import Bulkhead, CallNotPermitted, CircuitBreaker, RetryBudget, State
-from distbreaker import aio
+from distbreaker import Bulkhead, CallNotPermitted, CircuitBreaker, RetryBudget, State, aio
 from distbreaker.cli import cli
 from distbreaker.embedded import EmbeddedCluster
 from distbreaker.inspect import decode_event_message, read_history
