@@ -63,7 +63,7 @@ INTERVAL = 0.1          # one user request per worker every 100 ms (when it keep
 HTTP_TIMEOUT = 2.0
 LATENCY = 0.02          # the upstream's answer time, ok or failing
 SLOW_LATENCY = 0.6      # its answer time in the slow phase
-NAIVE_LAYERS = ((3, 0.0), (3, 0.05), (3, 0.1))   # (attempts, pause) from the inside out
+NAIVE_LAYERS = ((3, 0.0), (3, 0.01), (3, 0.02))   # (attempts, pause) from the inside out
 FRACTIONS = (("ok", 0.2), ("failing", 0.35), ("slow", 0.2), ("recovering", 0.25))
 LETTERS = {"CLOSED": "C", "OPEN": "O", "HALF_OPEN": "H", "FORCED_OPEN": "F",
            "DISABLED": "D", "METRICS_ONLY": "M"}
@@ -82,7 +82,7 @@ def breaker_config(duration: float) -> BreakerConfig:
     return BreakerConfig(sliding_window_type="COUNT_BASED", sliding_window_size=20,
                          minimum_number_of_calls=10, failure_rate_threshold=50,
                          slow_call_rate_threshold=50, slow_call_duration=SLOW_LATENCY / 2,
-                         wait_duration_in_open_state=max(0.5, duration / 15),
+                         wait_duration_in_open_state=max(0.5, duration / 10),
                          permitted_calls_in_half_open=PROBES, half_open_lease=5.0,
                          redis_timeout=2.0)  # generous: the server may be fakeredis
 
@@ -318,6 +318,19 @@ class Request:
         return self.end - self.start
 
 
+def worker_context() -> Any:
+    """Fresh worker processes (no inherited Redis connections or threads), started fast.
+
+    A fork server that imported this module once forks each worker; spawn where
+    there is none (each worker then imports distbreaker itself).
+    """
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([__name__])
+        return context
+    return multiprocessing.get_context("spawn")
+
+
 class Demo:
     """Starts both fleets and upstreams, prints the live timeline, builds the result."""
 
@@ -328,7 +341,7 @@ class Demo:
         self.stream = stream or sys.stdout
         self.timeline = timeline_for(duration)
         self.config = breaker_config(duration)
-        self.ctx = multiprocessing.get_context("spawn")
+        self.ctx = worker_context()
         self.out: Any = self.ctx.Queue()
         self.go = self.ctx.Event()
         self.stop = self.ctx.Event()
@@ -556,6 +569,7 @@ class Demo:
                 "upstream_calls": upstream,
                 "calls_per_request": round(upstream / len(rows), 2) if rows else 0.0,
                 "max_calls_per_request": max((r.calls for r in rows), default=0),
+                "calls_per_error": sorted({r.calls for r in rows if r.outcome == "error"}),
                 "latency_ms": {"p50": ms(percentile(latencies, 50)),
                                "p95": ms(percentile(latencies, 95)),
                                "max": ms(latencies[-1] if latencies else 0.0)}}
