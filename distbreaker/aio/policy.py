@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -27,6 +28,7 @@ from .bulkhead import Bulkhead
 from .retry import Retry
 
 T = TypeVar("T")
+logger = logging.getLogger("distbreaker")
 
 
 class Policy(PolicyCore):
@@ -63,8 +65,8 @@ class Policy(PolicyCore):
     async def _trip(self, error: BaseException) -> None:
         try:
             await self.breaker.trip(f"hard stop: HTTP {status_of(error)} without Retry-After")
-        except UNAVAILABLE_ERRORS:
-            pass
+        except UNAVAILABLE_ERRORS as failure:
+            logger.warning("policy %s: could not trip the breaker: %s", self.name, failure)
 
     async def _attempt(self, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any,
                        owed: list[tuple[Any, PendingCall | None]]) -> T:
