@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from .batching import THREAD_FLUSHER
 from .classify import Outcome
 from .codec import Metrics, Permit, Reply, ScriptCall
 from .config import BreakerConfig
@@ -34,6 +35,8 @@ class CircuitBreaker(BreakerCore):
         super().__init__(name, config, prefix, overrides)
         self._client = sync_client(redis, self.config.redis_timeout)
         self._tls = threading.local()
+        if self.config.batched:
+            self._batch = THREAD_FLUSHER
 
     # -- I/O -------------------------------------------------------------------
     def _execute(self, call: ScriptCall, acquiring: bool = False) -> Reply | None:
@@ -99,6 +102,15 @@ class CircuitBreaker(BreakerCore):
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         permit, started = self._tls.stack.pop()
         self.record(permit, exc, time.monotonic() - started)
+
+    def flush(self) -> None:
+        """Batched mode: send this process's pending outcomes now (all sync breakers').
+
+        Returns once they are recorded in Redis (or kept, Redis being unreachable).
+        A no-op in exact mode, where every outcome is recorded by its call.
+        """
+        if self._batch is not None:
+            self._batch.flush()
 
     # -- state, metrics, operator actions --------------------------------------------
     def _read(self) -> Reply:

@@ -39,6 +39,10 @@ class Step(str, Enum):
     ACQUIRE = "acquire"  # ask Redis (or the local fallback) with the acquire script
 
 
+#: Outcome counts as the record script takes them: (successes, failures, slow, total_ms).
+Counts = tuple[int, int, int, int]
+
+
 @dataclasses.dataclass(frozen=True)
 class ScriptCall:
     """KEYS and ARGV of one breaker script call."""
@@ -137,6 +141,7 @@ class BreakerCodec:
         self._view: State | None = None          # None: unknown, ask Redis
         self._open_deadline = 0.0                # monotonic seconds
         self._view_now_ms = 0
+        self._own_transition_ms = -1             # server ms of this process's last transition
         self._drift_warned = False
         self.config_drift: str | None = None     # stored config when it differs from ours
         self.not_permitted = 0
@@ -176,11 +181,22 @@ class BreakerCodec:
             if not permit.token:
                 return None
             return self._call("record", permit.token, 0, 0, 0, 0)
+        return self._call("record", permit.token, *self._counts(outcome, duration))
+
+    def batched_counts(self, outcome: Outcome, duration: float) -> Counts | None:
+        """Batched mode: the counts one finished call (no probe) adds, None when ignored."""
+        with self._lock:
+            self.outcomes[outcome.value] += 1
+        return None if outcome is Outcome.IGNORED else self._counts(outcome, duration)
+
+    def batch_call(self, counts: Counts) -> ScriptCall:
+        """The record script call carrying accumulated counts (no probe token)."""
+        return self._call("record", "", *counts)
+
+    def _counts(self, outcome: Outcome, duration: float) -> Counts:
         ms = max(0, to_ms(duration))
         failed = outcome is Outcome.FAILURE
-        slow = 1 if ms > self._slow_ms else 0
-        return self._call("record", permit.token, 0 if failed else 1, 1 if failed else 0,
-                          slow, ms)
+        return (0 if failed else 1, 1 if failed else 0, 1 if ms > self._slow_ms else 0, ms)
 
     def outcome(self, error: BaseException | None) -> Outcome:
         """How a finished call counts (error None: it returned normally)."""
@@ -204,6 +220,17 @@ class BreakerCodec:
         """Redis could not be asked: the next call must ask (or use the fallback) again."""
         self._view = None
 
+    def invalidate(self, at_ms: int) -> bool:
+        """A transition made elsewhere at server time `at_ms` (pub/sub): unless a reply
+        already told us of it, the next call asks Redis. True when the view was dropped."""
+        with self._lock:
+            if at_ms < self._view_now_ms or at_ms == self._own_transition_ms:
+                return False
+            # A reply of the same millisecond may predate the transition: accept newer only.
+            self._view_now_ms = at_ms + 1
+            self._view = None
+            return True
+
     def apply(self, reply: Reply, now: float, source: str = "redis") -> list[Transition]:
         """Refresh the local view from a Redis reply; return the transitions it made."""
         if source == "redis":
@@ -212,6 +239,8 @@ class BreakerCodec:
                     self._view_now_ms = reply.now_ms
                     self._view = reply.state
                     self._open_deadline = now + reply.wait_ms / 1000.0
+                if reply.transitions:
+                    self._own_transition_ms = reply.now_ms
             if reply.drift:
                 self._note_drift(reply.stored_config)
             elif self.config_drift is not None:

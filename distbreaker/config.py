@@ -26,6 +26,13 @@ class WindowType(str, Enum):
     TIME_BASED = "TIME_BASED"
 
 
+class RecordMode(str, Enum):
+    """How outcomes reach Redis: one record per call, or counts flushed in batches."""
+
+    EXACT = "exact"
+    BATCHED = "batched"
+
+
 class RedisErrorPolicy(str, Enum):
     """What a protected call does while Redis is unreachable."""
 
@@ -75,7 +82,11 @@ def check_percent(value: Any, field: str) -> float:
 def _exception_types(value: Any, field: str) -> tuple[type[BaseException], ...]:
     if isinstance(value, type):
         value = (value,)
-    items = tuple(value)
+    try:
+        items = tuple(value)
+    except TypeError:
+        raise ValueError(f"{field} must be an exception class or a tuple of them, "
+                         f"got {value!r}") from None
     for item in items:
         if not (isinstance(item, type) and issubclass(item, BaseException)):
             raise ValueError(f"{field} must hold exception classes, got {item!r}")
@@ -89,6 +100,13 @@ class BreakerConfig:
     `half_open_lease` bounds how long a half-open probe may stay unreported
     before its slot is handed to another worker (a SIGKILLed worker's probe).
     `key_ttl` is how long an idle breaker's keys live in Redis.
+    `record_mode` "batched" accumulates CLOSED outcomes in the process and
+    flushes them as counts at most every `flush_interval` seconds, or as soon
+    as `max_batch` outcomes of one breaker are pending; while Redis is
+    unreachable up to `max_pending` outcomes are kept, beyond that the
+    `on_redis_error` policy takes them (see distbreaker/batching.py).
+    `subscribe` (batched mode) also listens on the events channel, so that a
+    transition made by another worker reaches this process before its next flush.
     Classification follows Resilience4j: `ignore_exceptions` / `ignore_predicate`
     win; then an exception is a failure if it is one of `record_exceptions` or
     `record_predicate` says so (with neither given, every `Exception` is a
@@ -113,6 +131,11 @@ class BreakerConfig:
     on_redis_error: RedisErrorPolicy | str = RedisErrorPolicy.FAIL_OPEN
     redis_timeout: Seconds = 0.25
     redis_retry_max_backoff: Seconds = 5.0
+    record_mode: RecordMode | str = RecordMode.EXACT
+    flush_interval: Seconds = 0.01
+    max_batch: int = 1000
+    max_pending: int = 10_000
+    subscribe: bool = True
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -161,11 +184,33 @@ class BreakerConfig:
             value = getattr(self, field)
             if value is not None and not callable(value):
                 raise ValueError(f"{field} must be callable or None, got {value!r}")
+        self._check_batching()
         try:
             put(self, "on_redis_error", RedisErrorPolicy(self.on_redis_error))
         except ValueError:
             raise ValueError("on_redis_error must be 'fail_open' or 'fail_closed', "
                              f"got {self.on_redis_error!r}") from None
+
+    def _check_batching(self) -> None:
+        put = object.__setattr__
+        try:
+            put(self, "record_mode", RecordMode(self.record_mode))
+        except ValueError:
+            raise ValueError("record_mode must be 'exact' or 'batched', "
+                             f"got {self.record_mode!r}") from None
+        put(self, "flush_interval", to_seconds(self.flush_interval, "flush_interval"))
+        if not 0.0005 <= self.flush_interval <= 60:
+            raise ValueError("flush_interval must be in [0.0005, 60] seconds, "
+                             f"got {self.flush_interval!r}")
+        check_int(self.max_batch, "max_batch", 1, 1_000_000)
+        check_int(self.max_pending, "max_pending", self.max_batch, 1_000_000_000)
+        if not isinstance(self.subscribe, bool):
+            raise ValueError(f"subscribe must be a bool, got {self.subscribe!r}")
+
+    @property
+    def batched(self) -> bool:
+        """True when outcomes are flushed in batches (record_mode "batched")."""
+        return self.record_mode is RecordMode.BATCHED
 
     @property
     def effective_minimum_calls(self) -> int:

@@ -28,6 +28,8 @@ class BreakerCore:
         self._listeners = Listeners()
         self._health = RedisHealth(self.config.redis_retry_max_backoff)
         self._local = LocalScriptRunner()
+        #: Where batched outcomes go (record_mode "batched"; set by the front end).
+        self._batch: Any = None
 
     @property
     def name(self) -> str:
@@ -81,6 +83,12 @@ class BreakerCore:
         codec = self._codec
         if outcome is None:
             outcome = codec.outcome(error)
+        if self._batch is not None and not permit.token:
+            # Batched mode, not a half-open probe: counted locally, flushed later.
+            counts = codec.batched_counts(outcome, duration)
+            if counts is not None:
+                self._batch.add(self, counts)
+            return None
         return codec.record_call(permit, outcome, duration)
 
     def _record_pending(self, permit: Permit, error: BaseException | None, duration: float,

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, NoReturn, TypeVar
 
+from ..batching import LOOP_FLUSHERS
 from ..classify import Outcome
 from ..codec import Metrics, Permit, Reply, ScriptCall
 from ..config import BreakerConfig
@@ -52,6 +53,8 @@ class CircuitBreaker(BreakerCore):
         self._url = redis
         self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary())
+        if self.config.batched:
+            self._batch = LOOP_FLUSHERS
 
     @property
     def _client(self) -> Any:
@@ -158,6 +161,15 @@ class CircuitBreaker(BreakerCore):
         _, permit, started = blocks[index]
         _open_blocks.set(blocks[:index] + blocks[index + 1:])
         await self.record(permit, exc, time.monotonic() - started)
+
+    async def flush(self) -> None:
+        """Batched mode: send the running loop's pending outcomes now (all its breakers').
+
+        Returns once they are recorded in Redis (or kept, Redis being unreachable).
+        A no-op in exact mode, where every outcome is recorded by its call.
+        """
+        if self._batch is not None:
+            await LOOP_FLUSHERS.current().flush()
 
     # -- state, metrics, operator actions --------------------------------------------
     async def _read(self) -> Reply:

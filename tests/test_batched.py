@@ -1,0 +1,391 @@
+"""Batched record mode (record_mode="batched"): CLOSED outcomes counted in the
+process and flushed as counts, against a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import batched_worker
+import pytest
+import redis
+from batched_worker import Boom, fail, ok
+from fleet_worker import counter_key, wait_for_count
+
+import distbreaker.aio as aio
+from distbreaker import CallNotPermitted, CircuitBreaker, State, Transition
+from distbreaker.batching import LOOP_FLUSHERS, THREAD_FLUSHER
+from distbreaker.codec import Permit
+from distbreaker.config import BreakerConfig
+from distbreaker.embedded import RedisServer, free_port
+
+SPAWN = multiprocessing.get_context("spawn")
+FORK = multiprocessing.get_context("fork")
+HERE = Path(__file__).resolve().parent
+
+
+class ThreadCountingConnection(redis.Connection):
+    """Counts requests (round trips) per sending thread."""
+
+    requests: Counter[int] = Counter()
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        ThreadCountingConnection.requests[threading.get_ident()] += 1
+        super().send_packed_command(command, check_health)
+
+
+def fleet_state(client: redis.Redis, breaker: CircuitBreaker) -> dict[str, int | str]:
+    raw = {k.decode(): v.decode() for k, v in client.hgetall(breaker.keys.state).items()}
+    return {"state": raw["state"], **{f: int(raw.get(f, 0)) for f in
+                                      ("calls", "failures", "slow", "total_ms")}}
+
+
+def reap(processes: list[Any]) -> None:
+    for process in processes:
+        process.join(30)
+        if process.is_alive():
+            process.kill()
+            process.join(5)
+
+
+# -- config ----------------------------------------------------------------------------
+
+def test_config_validates_the_batching_fields() -> None:
+    config = BreakerConfig(record_mode="batched", flush_interval=0.005, max_batch=50)
+    assert config.batched and config.max_pending == 10_000
+    assert config.to_wire() == BreakerConfig().to_wire()  # local behaviour only
+    assert not BreakerConfig().batched  # exact stays the default
+    with pytest.raises(ValueError, match="record_mode"):
+        BreakerConfig(record_mode="lazy")
+    with pytest.raises(ValueError, match="flush_interval"):
+        BreakerConfig(flush_interval=0)
+    with pytest.raises(ValueError, match="max_pending"):
+        BreakerConfig(max_batch=100, max_pending=99)
+
+
+# -- agreement with exact mode ----------------------------------------------------------
+
+SEQUENCE: list[tuple[BaseException | None, float]] = (
+    [(None, 0.002)] * 7 + [(Boom("x"), 0.004), (None, 0.3), (ValueError("y"), 0.001)] * 3
+    + [(None, 0.25)] * 2)
+
+
+@pytest.mark.parametrize("window", ["COUNT_BASED", "TIME_BASED"])
+def test_batched_and_exact_agree_on_counts_and_state(redis_url: str, redis_client: redis.Redis,
+                                                      name: str, window: str) -> None:
+    cfg = {"sliding_window_type": window, "sliding_window_size": 50,
+           "minimum_number_of_calls": 30, "slow_call_duration": 0.2,
+           "slow_call_rate_threshold": 90.0, "flush_interval": 30.0}
+    exact = CircuitBreaker(f"{name}-exact", redis=redis_url, **cfg)
+    batched = CircuitBreaker(f"{name}-batched", redis=redis_url, record_mode="batched", **cfg)
+    for breaker in (exact, batched):
+        for error, duration in SEQUENCE:
+            breaker.record(Permit(), error, duration)
+    batched.flush()
+    assert len(SEQUENCE) == 18
+    assert fleet_state(redis_client, batched) == fleet_state(redis_client, exact) == {
+        "state": "CLOSED", "calls": 18, "failures": 6, "slow": 5,
+        "total_ms": 7 * 2 + 3 * (4 + 300 + 1) + 2 * 250}
+
+    # the same outcomes again: 36 calls, 12 failures (33 %), 10 slow (28 %): still CLOSED;
+    # then 12 failures: 24 of 48 (50 %), both trip at the very last one
+    seen: dict[str, list[Transition]] = {"exact": [], "batched": []}
+    exact.add_listener(seen["exact"].append)
+    batched.add_listener(seen["batched"].append)
+    for breaker in (exact, batched):
+        for error, duration in SEQUENCE + [(Boom("z"), 0.001)] * 12:
+            breaker.record(Permit(), error, duration)
+    batched.flush()
+    assert fleet_state(redis_client, batched) == fleet_state(redis_client, exact)
+    assert exact.state is batched.state is State.OPEN
+    for transitions in seen.values():  # reported once, by the call (flush) that made it
+        assert [(t.from_state, t.to_state, t.reason) for t in transitions] == [
+            (State.CLOSED, State.OPEN, "failure rate 50% >= 50%")]
+    assert seen["batched"][0].source == "redis"
+    with pytest.raises(CallNotPermitted):  # the flush reply told this process: OPEN
+        batched.call(ok)
+
+
+# -- round trips -------------------------------------------------------------------------
+
+def test_closed_calls_make_no_synchronous_round_trip(redis_url: str, name: str) -> None:
+    pool = redis.ConnectionPool.from_url(redis_url, connection_class=ThreadCountingConnection)
+    breaker = CircuitBreaker(name, redis=redis.Redis(connection_pool=pool),
+                             record_mode="batched", max_batch=100, flush_interval=30.0,
+                             subscribe=False)
+    breaker.call(ok)  # learns the state (one acquire), the script gets cached
+    breaker.flush()
+    ThreadCountingConnection.requests.clear()
+    before = (THREAD_FLUSHER.pipelines, THREAD_FLUSHER.sent)
+    calls = 2_000
+    for _ in range(calls):
+        breaker.call(ok)
+    caller = ThreadCountingConnection.requests[threading.get_ident()]
+    breaker.flush()
+    pipelines = THREAD_FLUSHER.pipelines - before[0]
+    assert caller == 0  # not one request from the calling thread
+    # about one pipeline per max_batch outcomes (fewer when calls outpace the flusher)
+    assert 1 <= pipelines <= calls // 100 + 1
+    assert THREAD_FLUSHER.sent - before[1] == calls
+    assert sum(ThreadCountingConnection.requests.values()) == pipelines
+    assert breaker.metrics().calls == 100  # the window size: every outcome arrived
+
+
+def test_one_pipeline_carries_every_breaker_sharing_a_client(redis_url: str,
+                                                             name: str) -> None:
+    pool = redis.ConnectionPool.from_url(redis_url, connection_class=ThreadCountingConnection)
+    client = redis.Redis(connection_pool=pool)
+    breakers = [CircuitBreaker(f"{name}-{i}", redis=client, record_mode="batched",
+                               flush_interval=30.0, subscribe=False) for i in range(5)]
+    for breaker in breakers:
+        breaker.call(ok)
+    breakers[0].flush()
+    ThreadCountingConnection.requests.clear()
+    for _ in range(10):
+        for breaker in breakers:
+            breaker.call(ok)
+    breakers[0].flush()
+    assert sum(ThreadCountingConnection.requests.values()) == 1
+    assert [b.metrics().calls for b in breakers] == [11] * 5
+
+
+def test_open_costs_no_round_trip_until_the_wait_expires(redis_url: str, name: str) -> None:
+    pool = redis.ConnectionPool.from_url(redis_url, connection_class=ThreadCountingConnection)
+    breaker = CircuitBreaker(name, redis=redis.Redis(connection_pool=pool),
+                             record_mode="batched", minimum_number_of_calls=4,
+                             sliding_window_size=4, wait_duration_in_open_state=0.5,
+                             subscribe=False)
+    for _ in range(4):
+        with pytest.raises(Boom):
+            breaker.call(fail)
+    breaker.flush()
+    ThreadCountingConnection.requests.clear()
+    rejected = 0
+    deadline = time.monotonic() + 0.3
+    while time.monotonic() < deadline:
+        with pytest.raises(CallNotPermitted):
+            breaker.call(ok)
+        rejected += 1
+    assert rejected > 100 and sum(ThreadCountingConnection.requests.values()) == 0
+    time.sleep(0.3)
+    assert breaker.call(ok) == "ok"  # a half-open probe: acquired and recorded at once
+    assert sum(ThreadCountingConnection.requests.values()) == 2
+    assert breaker.metrics().calls == 1
+
+
+# -- a fleet -----------------------------------------------------------------------------
+
+def test_a_fleet_trips_on_the_fleet_wide_failure_rate(redis_url: str, name: str) -> None:
+    processes_n = 4
+    cfg = {"record_mode": "batched", "sliding_window_size": 20,
+           "minimum_number_of_calls": 20, "wait_duration_in_open_state": 30.0}
+    subscribed, flushed = SPAWN.Barrier(processes_n), SPAWN.Barrier(processes_n)
+    results = SPAWN.Queue()
+    processes = [SPAWN.Process(target=batched_worker.fleet_member,
+                               args=(redis_url, name, cfg, 3, 2, subscribed, flushed, results))
+                 for _ in range(processes_n)]
+    for process in processes:
+        process.start()
+    try:
+        outcomes = sorted(results.get(timeout=60) for _ in range(processes_n))
+    finally:
+        reap(processes)
+    assert [p.exitcode for p in processes] == [0] * processes_n
+    # 5 calls each (60 % failures) never reach the minimum of 20 in one process;
+    # the fleet's 20 do, and every process then rejects without a call of its own
+    assert outcomes == ["rejected:OPEN"] * processes_n
+    metrics = CircuitBreaker(name, redis=redis_url, **cfg).metrics()
+    assert (metrics.state, metrics.calls, metrics.failed) == (State.OPEN, 20, 12)
+
+
+def test_half_open_probe_cap_holds_across_batched_processes(redis_url: str,
+                                                            redis_client: redis.Redis,
+                                                            name: str) -> None:
+    import fleet_worker
+
+    processes_n, threads = 4, 4
+    cfg = {"record_mode": "batched", "wait_duration_in_open_state": 0.4,
+           "permitted_calls_in_half_open": 3, "half_open_lease": 20.0}
+    tripped, go, release = SPAWN.Event(), SPAWN.Event(), SPAWN.Event()
+    results = SPAWN.Queue()
+    processes = [SPAWN.Process(target=fleet_worker.half_open_stampede,
+                               args=(redis_url, name, cfg, threads, tripped, go, release,
+                                     results)) for _ in range(processes_n)]
+    for process in processes:
+        process.start()
+    try:
+        assert wait_for_count(redis_client, counter_key(name, "ready"),
+                              processes_n) == processes_n
+        breaker = CircuitBreaker(name, redis=redis_url, **cfg)
+        breaker.trip()
+        tripped_at = time.monotonic()
+        tripped.set()
+        assert wait_for_count(redis_client, counter_key(name, "seen-open"),
+                              processes_n) == processes_n
+        time.sleep(max(0.0, tripped_at + 0.45 - time.monotonic()))
+        go.set()
+        total = processes_n * threads
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            reached = int(redis_client.get(counter_key(name, "reached")) or 0)
+            rejected = int(redis_client.get(counter_key(name, "rejected")) or 0)
+            if reached + rejected >= total:
+                break
+            time.sleep(0.005)
+        assert breaker.metrics().probes_in_flight == 3
+    finally:
+        release.set()
+        outcomes = [o for _ in range(processes_n) for o in results.get(timeout=30)]
+        reap(processes)
+    assert (reached, rejected) == (3, total - 3)
+    assert sorted(outcomes) == ["ok"] * 3 + ["rejected:HALF_OPEN"] * (total - 3)
+    # the probes were recorded by their calls (no flush involved): CLOSED already
+    assert breaker.state is State.CLOSED
+
+
+# -- fork and exit ---------------------------------------------------------------------------
+
+def _child_records(breaker: CircuitBreaker, calls: int) -> None:
+    for _ in range(calls):
+        breaker.call(ok)
+
+
+def test_outcomes_pending_at_fork_are_counted_once(redis_url: str, redis_client: redis.Redis,
+                                                   name: str) -> None:
+    breaker = CircuitBreaker(name, redis=redis_url, record_mode="batched",
+                             flush_interval=30.0, sliding_window_size=1000)
+    for _ in range(7):
+        breaker.call(ok)  # pending in the parent at the fork
+    child = FORK.Process(target=_child_records, args=(breaker, 5))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    # the child flushed its own 5 on its way out (multiprocessing exit), not the parent's 7
+    assert fleet_state(redis_client, breaker)["calls"] == 5
+    breaker.flush()
+    assert fleet_state(redis_client, breaker)["calls"] == 12
+
+    # a bare os.fork() child that flushes and leaves with os._exit: same accounting
+    for _ in range(3):
+        breaker.call(ok)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            _child_records(breaker, 4)
+            breaker.flush()
+        finally:
+            os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert fleet_state(redis_client, breaker)["calls"] == 16
+    breaker.flush()
+    assert fleet_state(redis_client, breaker)["calls"] == 19
+
+
+def test_outcomes_pending_at_exit_arrive(redis_url: str, redis_client: redis.Redis,
+                                         name: str) -> None:
+    subprocess.run([sys.executable, str(HERE / "batched_worker.py"), redis_url, name, "250"],
+                   check=True, timeout=60, cwd=HERE.parent)
+    # 250 < max_batch and a 30 s interval: nothing but the exit flush sent them
+    assert fleet_state(redis_client, CircuitBreaker(name, redis=redis_url))["calls"] == 250
+
+
+# -- Redis unreachable ----------------------------------------------------------------------------
+
+@pytest.fixture
+def own_server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+def test_counts_kept_while_redis_is_briefly_down(redis_url: str, name: str) -> None:
+    client = redis.Redis.from_url(redis_url, socket_timeout=0.25)
+    pool = client.connection_pool
+    breaker = CircuitBreaker(name, redis=client, record_mode="batched",
+                             redis_retry_max_backoff=0.2, subscribe=False)
+    breaker.call(ok)
+    breaker.flush()
+    port = pool.connection_kwargs["port"]
+    pool.connection_kwargs["port"] = free_port()  # nobody listens there: Redis "down"
+    pool.reset()
+    for _ in range(30):
+        breaker.call(ok)  # no view after the failure: fallback acquires, batched records
+    breaker.flush()
+    time.sleep(0.05)
+    assert THREAD_FLUSHER.acc.pending(breaker) == 30  # kept, not lost
+    pool.connection_kwargs["port"] = port  # back
+    pool.reset()
+    deadline = time.monotonic() + 10
+    while THREAD_FLUSHER.acc.pending(breaker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert breaker.metrics().calls == 31
+
+
+@pytest.mark.parametrize("policy", ["fail_open", "fail_closed"])
+def test_beyond_max_pending_the_outage_policy_applies(own_server: RedisServer, name: str,
+                                                      policy: str) -> None:
+    breaker = CircuitBreaker(name, redis=own_server.url, record_mode="batched",
+                             max_batch=5, max_pending=10, minimum_number_of_calls=10,
+                             sliding_window_size=10, on_redis_error=policy,
+                             redis_retry_max_backoff=30.0, subscribe=False)
+    breaker.call(ok)
+    breaker.flush()
+    seen: list[Transition] = []
+    breaker.add_listener(seen.append)
+    own_server.stop()
+    dropped = THREAD_FLUSHER.dropped
+    for _ in range(12):  # finished calls failing, each followed by a (failing) flush
+        breaker.record(Permit(), Boom("x"), 0.001)
+        breaker.flush()
+    assert THREAD_FLUSHER.acc.pending(breaker) == 1  # 11 > max_pending went to the policy
+    if policy == "fail_open":  # the local fallback breaker took the 11 failures and tripped
+        assert [(t.to_state, t.source) for t in seen] == [(State.OPEN, "local")]
+        assert THREAD_FLUSHER.dropped == dropped
+        with pytest.raises(CallNotPermitted) as rejected:
+            breaker.call(ok)
+        assert rejected.value.state is State.OPEN
+    else:
+        assert seen == [] and THREAD_FLUSHER.dropped - dropped == 11
+        with pytest.raises(CallNotPermitted) as rejected:
+            breaker.call(ok)
+        assert rejected.value.state == "UNKNOWN"
+
+
+# -- asyncio ---------------------------------------------------------------------------------------
+
+def test_asyncio_batched_breaker_flushes_per_loop_and_at_loop_end(
+        redis_url: str, redis_client: redis.Redis, name: str) -> None:
+    async def work() -> None:
+        breaker = aio.CircuitBreaker(name, redis=redis_url, record_mode="batched",
+                                     flush_interval=30.0, sliding_window_size=500)
+
+        async def call() -> str:
+            return "ok"
+
+        async def boom() -> None:
+            raise Boom("x")
+
+        for _ in range(40):
+            await breaker.call(call)
+        for _ in range(10):
+            with pytest.raises(Boom):
+                await breaker.call(boom)
+        await breaker.flush()
+        metrics = await breaker.metrics()
+        assert (metrics.calls, metrics.failed) == (50, 10)
+        for _ in range(25):
+            await breaker.call(call)  # pending when asyncio.run ends
+
+    asyncio.run(work())
+    breaker = CircuitBreaker(name, redis=redis_url, sliding_window_size=500)
+    assert fleet_state(redis_client, breaker)["calls"] == 75
+    assert not LOOP_FLUSHERS.leftovers()
