@@ -55,7 +55,11 @@ def default_ignore() -> tuple[type[BaseException], ...]:
 
 
 def _exception_types(value: Any, field: str) -> tuple[type[BaseException], ...]:
-    items = (value,) if isinstance(value, type) else tuple(value)
+    try:
+        items = (value,) if isinstance(value, type) else tuple(value)
+    except TypeError:
+        raise ValueError(f"{field} must be an exception class or a tuple of them, "
+                         f"got {value!r}") from None
     for item in items:
         if not (isinstance(item, type) and issubclass(item, BaseException)):
             raise ValueError(f"{field} must hold exception classes, got {item!r}")
