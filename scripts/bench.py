@@ -18,6 +18,8 @@ deltas of the commands the client sent; commands run inside Lua scripts are
 reported separately as "server cmds", since Redis counts those too).
 
 Usage: ``.venv/bin/python scripts/bench.py [--seconds 3] [--calls N] [--rounds 12] [--json]``
+       ``.venv/bin/python scripts/bench.py --fleet [--processes 4] [--threads 4] [--json]``
+       (scripts/bench_fleet.py: one Policy vs. raw EVALSHA from P processes x T threads)
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import bench_fleet  # this folder: --fleet (P processes x T threads)
 import redis
 
 import distbreaker
@@ -323,7 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=12,
                         help="interleaved slices per scenario (default 12)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    bench_fleet.add_arguments(parser)
     options = parser.parse_args(argv)
+    if options.fleet:
+        return bench_fleet.main(options, redis_url)
     with redis_url(options.url) as (url, origin):
         scenarios = run(url, options.seconds, options.calls, max(1, options.rounds))
         version = redis.Redis.from_url(url).info("server").get("redis_version", "?")
