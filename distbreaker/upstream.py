@@ -140,7 +140,7 @@ class FlakyUpstream:
     """The server: `start()` serves in a background thread, `serve_forever()` in this one."""
 
     def __init__(self, timeline: Timeline, host: str = "127.0.0.1", port: int = 0,
-                 latency: float = 0.02, slow_latency: float = 0.6) -> None:
+                 latency: float = 0.02, slow_latency: float = 1.0) -> None:
         self.timeline = timeline
         self.latency = latency
         self.slow_latency = slow_latency
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every phase")
     parser.add_argument("--loop", action="store_true", help="start the timeline over at its end")
     parser.add_argument("--latency", type=float, default=0.02, help="seconds per answer")
-    parser.add_argument("--slow-latency", type=float, default=0.6,
+    parser.add_argument("--slow-latency", type=float, default=1.0,
                         help="seconds per answer in the slow phase")
     options = parser.parse_args(argv)
     try:

@@ -20,7 +20,7 @@ NAME = os.environ.get("BREAKER_NAME", "payments")
 
 BREAKER = BreakerConfig(sliding_window_type="COUNT_BASED", sliding_window_size=20,
                         minimum_number_of_calls=10, failure_rate_threshold=50,
-                        slow_call_rate_threshold=50, slow_call_duration=0.3,
+                        slow_call_rate_threshold=50, slow_call_duration=0.5,
                         wait_duration_in_open_state=float(os.environ.get("OPEN_WAIT", "5")),
                         permitted_calls_in_half_open=3, half_open_lease=10.0)
 BULKHEAD = BulkheadConfig(max_concurrent_calls=8, max_wait_duration=0.1, lease=10.0,
