@@ -113,15 +113,16 @@ def parse_sentinel_url(url: str) -> SentinelURL | None:
 
 
 def _sentinel_master(spec: SentinelURL, timeout: float, *, asyncio: bool,
-                     **pool_options: Any) -> Any:
+                     pool_options: dict[str, Any] | None = None) -> Any:
     """A client of the primary that Sentinel names now (found again after a failover).
 
     Nothing connects here: the primary is looked up on the first command.
+    `pool_options` override the connection pool's options (and its class).
     """
     module: Any = redis.asyncio.sentinel if asyncio else redis.sentinel
     manager = module.Sentinel(list(spec.sentinels), sentinel_kwargs=spec.sentinel_options(timeout))
     options = spec.master_options(timeout)
-    options.update(pool_options)
+    options.update(pool_options or {})
     return manager.master_for(spec.service, **options)
 
 
@@ -168,8 +169,8 @@ def async_client(target: Any, timeout: float) -> Any:
                  "timeout": max(ASYNC_POOL_WAIT, timeout)}
         spec = parse_sentinel_url(target)
         if spec is not None:
-            return _sentinel_master(spec, timeout, asyncio=True,
-                                    connection_pool_class=_AsyncBlockingSentinelPool, **queue)
+            return _sentinel_master(spec, timeout, asyncio=True, pool_options={
+                "connection_pool_class": _AsyncBlockingSentinelPool, **queue})
         pool = redis.asyncio.BlockingConnectionPool.from_url(
             target, **queue, **_url_options(timeout))
         return redis.asyncio.Redis.from_pool(pool)
@@ -182,7 +183,8 @@ def waiting_client(url: str, timeout: float, read_timeout: float) -> Any:
     """A sync client from a URL for blocking commands (BLPOP) of up to `read_timeout` s."""
     spec = parse_sentinel_url(url)
     if spec is not None:
-        return _sentinel_master(spec, timeout, asyncio=False, socket_timeout=read_timeout)
+        return _sentinel_master(spec, timeout, asyncio=False,
+                                pool_options={"socket_timeout": read_timeout})
     return redis.Redis.from_url(url, **{**_url_options(timeout), "socket_timeout": read_timeout})
 
 
@@ -190,6 +192,7 @@ def async_waiting_client(url: str, timeout: float, read_timeout: float) -> Any:
     """The asyncio twin of `waiting_client`."""
     spec = parse_sentinel_url(url)
     if spec is not None:
-        return _sentinel_master(spec, timeout, asyncio=True, socket_timeout=read_timeout)
+        return _sentinel_master(spec, timeout, asyncio=True,
+                                pool_options={"socket_timeout": read_timeout})
     return redis.asyncio.Redis.from_url(
         url, **{**_url_options(timeout), "socket_timeout": read_timeout})

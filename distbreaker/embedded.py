@@ -301,10 +301,9 @@ class EmbeddedSentinel:
             if replica.info("replication").get("master_link_status") != "up":
                 return False
         with contextlib.closing(_admin(self.sentinel_port)) as sentinel:
-            replicas = sentinel.execute_command("SENTINEL", "REPLICAS", self.service)
-        ports = {int(dict(zip(r[::2], r[1::2], strict=True))["port"]) for r in replicas
-                 if "s_down" not in dict(zip(r[::2], r[1::2], strict=True))["flags"]}
-        return self.replica.port in ports
+            replicas = sentinel.sentinel_slaves(self.service)  # parsed: port, is_sdown, ...
+        return any(int(r["port"]) == self.replica.port and not r.get("is_sdown")
+                   for r in replicas)
 
     def master_address(self) -> tuple[str, int]:
         """The primary's address as the sentinel reports it now."""
