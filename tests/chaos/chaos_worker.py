@@ -76,6 +76,7 @@ class Shared:
     redis_down: Any    # RawArray('i', slots): 1 while a component of that process is in backoff
     degraded: Any      # RawArray('i', buckets): calls that ended with a component in backoff
     calls: Any         # RawArray('i', slots): protected calls finished, per process
+    last_call: Any     # RawArray('d', slots): wall time the process's last call ended
     victim_hung: Any   # Event: the victim process holds a probe and a bulkhead permit
     t0_bucket: int
 
@@ -200,6 +201,7 @@ class Worker:
         self.shared.redis_down[self.index] = int(down)
         with self.shared.lock:
             self.shared.calls[self.index] += 1
+            self.shared.last_call[self.index] = time.time()
         if down:
             self._bump(self.shared.degraded, bucket)
 

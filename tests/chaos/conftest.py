@@ -72,7 +72,8 @@ class ChaosRun:
             inflight=SPAWN.RawArray("i", slots), max_conc=SPAWN.RawArray("i", BUCKETS),
             requests=SPAWN.RawArray("i", BUCKETS), retries=SPAWN.RawArray("i", BUCKETS),
             redis_down=SPAWN.RawArray("i", slots), degraded=SPAWN.RawArray("i", BUCKETS),
-            calls=SPAWN.RawArray("i", slots), victim_hung=SPAWN.Event(),
+            calls=SPAWN.RawArray("i", slots), last_call=SPAWN.RawArray("d", slots),
+            victim_hung=SPAWN.Event(),
             t0_bucket=int(time.time() / cw.BUCKET))
         self.results = SPAWN.Queue()
         self.processes: list[Any] = []
@@ -116,7 +117,13 @@ class ChaosRun:
         return [i for i, p in enumerate(self.processes) if p.is_alive()]
 
     def fleet_on_redis(self) -> bool:
-        """Every live worker's components use Redis, and the breaker reads fine from Redis."""
+        """Every live worker finished a call since the fault ended with its components on
+        Redis, and the breaker reads fine from Redis."""
+        since = self.faults[-1].fault_end if self.faults else 0.0
+        stale = [i for i in self.live_slots() if self.shared.last_call[i] <= since]
+        if stale:
+            self.waiting_for = f"workers {stale} without a call since the fault ended"
+            return False
         down = [i for i in self.live_slots() if self.shared.redis_down[i]]
         if down:
             self.waiting_for = f"workers {down} in Redis backoff"
