@@ -675,9 +675,9 @@ def plot(result: dict[str, Any], requests: list[Request], path: str) -> None:
     for fleet, colour, label in (("without", "#d62728", "WITHOUT: 3 naive retry layers"),
                                  ("with", "#1f77b4", "WITH distbreaker")):
         calls = [s[fleet]["upstream_calls"] for s in result["seconds"]]
-        total = sum(calls)
+        failing = result["phases"].get("failing", {}).get(fleet, {}).get("upstream_calls", 0)
         load.step(seconds, calls, where="mid", color=colour, lw=2,
-                  label=f"{label} ({total:,} calls)")
+                  label=f"{label} ({failing:,} calls while failing)")
     load.set_ylabel("calls reaching the\nupstream per second")
     load.set_yscale("symlog", linthresh=10)
     load.legend(loc="upper left", fontsize=9)
