@@ -701,7 +701,8 @@ def plot(result: dict[str, Any], requests: list[Request], path: str) -> None:
         rows = [r for r in requests if r.fleet == fleet]
         latency.scatter([r.start for r in rows], [max(r.latency * 1000, 0.1) for r in rows],
                         s=6, color=colour, alpha=0.6, label=label, zorder=2)
-    latency.set_yscale("log")
+    if requests:
+        latency.set_yscale("log")
     latency.set_ylabel("user-visible\nlatency (ms)")
     latency.set_xlabel("seconds since start")
     latency.legend(loc="upper left", fontsize=8)
