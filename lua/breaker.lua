@@ -69,7 +69,7 @@ end
 -- Load the state hash ---------------------------------------------------------
 local FIELDS = {'v', 'cfg', 'state', 'since', 'open_until', 'calls', 'failures',
                 'slow', 'total_ms', 'head', 'wsec', 'hp_issued', 'hp_done',
-                'hp_fail', 'hp_slow', 'rejected', 'gen'}
+                'hp_fail', 'hp_slow', 'rejected', 'gen', 'ttl_at'}
 local raw = redis.call('HMGET', K_STATE, unpack(FIELDS))
 local h = {}
 local exists = raw[3] ~= false
@@ -138,6 +138,8 @@ local function rate(part, whole)
   return math.floor(part * 10000 / whole) / 100
 end
 
+local fresh_keys = {}  -- keys this call may have created: they get a TTL now
+
 local function clear_window()
   redis.call('DEL', K_WIN)
   put('calls', 0); put('failures', 0); put('slow', 0); put('total_ms', 0)
@@ -166,6 +168,7 @@ local function transition(to, reason, actor)
     redis.call('DEL', K_PROBES)
   end
   transitions[#transitions + 1] = {from, to, reason, tostring(frate), tostring(srate)}
+  fresh_keys[#fresh_keys + 1] = K_HIST
   actor = actor or ''
   redis.call('XADD', K_HIST, 'MAXLEN', '1000', '*', 'from', from, 'to', to,
              'reason', reason, 'at_ms', now, 'failure_rate', tostring(frate),
@@ -233,9 +236,11 @@ local function record_window(ok, fails, slows, ms)
     end
     redis.call('HSET', K_WIN, slot, sec .. ',' .. (c + n) .. ',' .. (f + fails) .. ',' ..
                (s + slows) .. ',' .. (m + ms))
+    if h.calls == 0 then fresh_keys[#fresh_keys + 1] = K_WIN end
     add_totals(n, fails, slows, ms)
     return
   end
+  if h.calls == 0 then fresh_keys[#fresh_keys + 1] = K_WIN end
   -- Count window: a ring of window_size outcome slots "failed,slow,ms".
   local per_ms = math.floor(ms / n)
   local first = n - cfg.window_size  -- outcomes that would be evicted within this batch
@@ -312,6 +317,7 @@ elseif op == 'acquire' then
       -- the token already holds a live lease: a retried acquire takes no second slot
     elseif h.hp_issued < cfg.permitted then
       redis.call('ZADD', K_PROBES, now + cfg.lease_ms, token)
+      fresh_keys[#fresh_keys + 1] = K_PROBES
       put('hp_issued', h.hp_issued + 1)
     else
       permitted = 0
@@ -373,6 +379,13 @@ else
 end
 
 -- Persist what changed and refresh TTLs --------------------------------------
+-- Every key's TTL is refreshed when the last refresh is ttl/2 old (or on any
+-- operator action), so an active breaker never expires and a refresh costs
+-- nothing on most calls; keys this call may have created get theirs at once.
+local writes = next(dirty) ~= nil or op ~= 'state'
+local refresh_all = writes and (op == 'set' or now - h.ttl_at >= cfg.ttl_ms / 2
+                                or h.ttl_at > now)
+if refresh_all then put('ttl_at', now) end
 local flat = {}
 for f, _ in pairs(dirty) do
   flat[#flat + 1] = f
@@ -381,8 +394,12 @@ end
 if #flat > 0 then
   redis.call('HSET', K_STATE, unpack(flat))
 end
-if #flat > 0 or op ~= 'state' then
+if refresh_all then
   for _, k in ipairs({K_STATE, K_WIN, K_PROBES, K_HIST}) do
+    redis.call('PEXPIRE', k, cfg.ttl_ms)
+  end
+else
+  for _, k in ipairs(fresh_keys) do
     redis.call('PEXPIRE', k, cfg.ttl_ms)
   end
 end

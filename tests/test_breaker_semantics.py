@@ -527,3 +527,27 @@ def test_a_retried_acquire_with_the_same_token_takes_one_slot(
     reply = _script(redis_client, name, config, "acquire", "tok-b")
     assert reply.permitted and reply.probes_in_flight == 2
     assert not _script(redis_client, name, config, "acquire", "tok-c").permitted
+
+
+def test_keys_created_between_ttl_refreshes_get_a_ttl_at_once(name: str, redis_url: str,
+                                                              redis_client: redis.Redis) -> None:
+    """TTLs are refreshed every ttl/2 only, so a key a call creates must get one itself."""
+    breaker = CircuitBreaker(name, redis=redis_url, key_ttl=3600,
+                             sliding_window_size=4, minimum_number_of_calls=4,
+                             wait_duration_in_open_state=0.2, permitted_calls_in_half_open=1)
+    for _ in range(4):                            # state, window, then history appear
+        with pytest.raises(ZeroDivisionError):
+            breaker.call(lambda: 1 / 0)
+    time.sleep(0.25)
+    permit = breaker.acquire()                    # HALF_OPEN: the probes zset appears
+    assert permit.token
+    assert 0 < redis_client.pttl(breaker.keys.probes) <= 3_600_000
+    breaker.record(permit, None, 0.001)           # CLOSED: the window is deleted
+    assert not redis_client.exists(breaker.keys.window)
+    assert breaker.call(lambda: "ok") == "ok"     # and created again by a record
+    for key in breaker.keys.script_keys:
+        if redis_client.exists(key):
+            ttl = redis_client.pttl(key)
+            assert 0 < ttl <= 3_600_000, (key, ttl)
+    assert redis_client.exists(breaker.keys.window, breaker.keys.history,
+                               breaker.keys.state) == 3
