@@ -680,6 +680,9 @@ def plot(result: dict[str, Any], requests: list[Request], path: str) -> None:
                   label=f"{label} ({failing:,} calls while failing)")
     load.set_ylabel("calls reaching the\nupstream per second")
     load.set_yscale("symlog", linthresh=10)
+    peak = max((s[f]["upstream_calls"] for s in result["seconds"] for f in ("with", "without")),
+               default=10)
+    load.set_ylim(0, max(peak, 10) * 15)  # headroom for the legend above the lines
     load.legend(loc="upper left", fontsize=9)
     load.set_title(f"distbreaker demo: {workers} worker processes per fleet, "
                    f"one request per worker every {int(INTERVAL * 1000)} ms", pad=18)
