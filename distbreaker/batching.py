@@ -153,6 +153,11 @@ class FlushCore:
         self.sent = 0
         self.dropped = 0
 
+    def attach(self, core: BreakerCore) -> None:
+        """A new batched breaker: listen for transitions made elsewhere from the start."""
+        if core.config.subscribe:
+            SUBSCRIBERS.watch(core)
+
     def plan(self, drained: dict[BreakerCore, Counts], client_of: Any,
              ) -> list[tuple[Any, list[tuple[BreakerCore, Counts, ScriptCall]]]]:
         """Group the drained counts by Redis client (one pipeline each); breakers whose
@@ -160,7 +165,7 @@ class FlushCore:
         groups: dict[int, tuple[Any, list[tuple[BreakerCore, Counts, ScriptCall]]]] = {}
         for core, counts in drained.items():
             if core.config.subscribe:
-                SUBSCRIBERS.watch(core)
+                SUBSCRIBERS.watch(core)  # (again: a forked child starts its own)
             if not core._health.usable():
                 self.unreachable(core, counts, None)
                 continue
@@ -434,6 +439,10 @@ class LoopFlushers:
         if self._pid != os.getpid():
             _forked(self)
         self.current().add(core, counts)
+
+    def attach(self, core: BreakerCore) -> None:
+        if core.config.subscribe:
+            SUBSCRIBERS.watch(core)
 
     def leftovers(self) -> list[LoopFlusher]:
         return [flusher for flusher in list(self._all) if flusher.acc]

@@ -37,6 +37,7 @@ class CircuitBreaker(BreakerCore):
         self._tls = threading.local()
         if self.config.batched:
             self._batch = THREAD_FLUSHER
+            THREAD_FLUSHER.attach(self)
 
     # -- I/O -------------------------------------------------------------------
     def _execute(self, call: ScriptCall, acquiring: bool = False) -> Reply | None:

@@ -160,7 +160,14 @@ def _target(core: BreakerCore) -> tuple[Any, Callable[[], Any]] | None:
     if hasattr(core, "_per_loop"):  # an asyncio breaker given an asyncio client
         return None
     client = core._client  # type: ignore[attr-defined]
-    return id(client), lambda: client
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if isinstance(kwargs, dict):  # breakers on the same server share one subscriber
+        key: Any = ("server", *(str(kwargs.get(k)) for k in
+                                ("host", "port", "path", "db", "username")))
+    else:
+        key = ("client", id(client))
+    return key, lambda: client
 
 
 SUBSCRIBERS = Subscribers()

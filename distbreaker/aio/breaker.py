@@ -55,6 +55,7 @@ class CircuitBreaker(BreakerCore):
             weakref.WeakKeyDictionary())
         if self.config.batched:
             self._batch = LOOP_FLUSHERS
+            LOOP_FLUSHERS.attach(self)
 
     @property
     def _client(self) -> Any:
