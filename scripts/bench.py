@@ -10,14 +10,20 @@ hits all scenarios alike and the ratios stay meaningful on a noisy machine:
 * distbreaker CLOSED success path (budget: 1 round trip per call),
 * distbreaker OPEN rejection path while the wait is known (budget: 0),
 * distbreaker HALF_OPEN probe path (budget: 2),
-* pybreaker with ``CircuitRedisStorage``, success path and OPEN rejection path.
+* pybreaker with ``CircuitRedisStorage``, success path and OPEN rejection path,
+* distbreaker ``record_mode="batched"`` CLOSED success path and interlock-cb
+  with its ``RedisStorage`` (scripts/bench_batched.py),
+* with ``--detection``: the fleet detection cost (16 processes calling a
+  dependency that fails after 5 ms: dependency calls before every process
+  rejects) for distbreaker exact and batched, pybreaker and interlock-cb.
 
 Round trips are counted twice, independently: on the client (every request
 a redis-py connection sends) and on the server (``INFO commandstats``
 deltas of the commands the client sent; commands run inside Lua scripts are
 reported separately as "server cmds", since Redis counts those too).
 
-Usage: ``.venv/bin/python scripts/bench.py [--seconds 3] [--calls N] [--rounds 12] [--json]``
+Usage: ``.venv/bin/python scripts/bench.py [--seconds 3] [--calls N] [--rounds 12]
+[--detection] [--json]``
        ``.venv/bin/python scripts/bench.py --fleet [--processes 4] [--threads 4] [--json]``
        (scripts/bench_fleet.py: one Policy vs. raw EVALSHA from P processes x T threads)
 """
@@ -36,12 +42,15 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import bench_fleet  # this folder: --fleet (P processes x T threads)
 import redis
 
 import distbreaker
 from distbreaker import CallNotPermitted, CircuitBreaker, State
 from distbreaker.embedded import RedisServer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_batched  # this folder: batched mode, interlock-cb, detection cost
+import bench_fleet  # this folder: --fleet (P processes x T threads)
 
 
 class CountingConnection(redis.Connection):
@@ -93,6 +102,7 @@ class Scenario:
     title: str
     call: Callable[[], Any]
     prepare: Callable[[], None] | None = None
+    finish: Callable[[], None] | None = None  # after each slice: untimed, but counted
     calls: int = 0
     seconds: float = 0.0
     best: float = 0.0
@@ -125,6 +135,8 @@ class Scenario:
             done += batch
             if calls is None and elapsed >= seconds:
                 break
+        if self.finish is not None:
+            self.finish()
         calls_after, usec_after = command_stats(admin)
         self.server += calls_after - calls_before
         self.usec += usec_after - usec_before
@@ -264,7 +276,10 @@ def run(url: str, seconds: float, calls: int | None, rounds: int) -> list[Scenar
     tag = f"bench-{os.getpid()}-{secrets.token_hex(3)}"
     try:
         scenarios = [ping(url), closed(url, f"{tag}-closed"), opened(url, f"{tag}-open"),
-                     half_open(url, f"{tag}-half"), *pybreaker_scenarios(url, tag)]
+                     half_open(url, f"{tag}-half"), *pybreaker_scenarios(url, tag),
+                     *bench_batched.batched_scenarios(url, f"{tag}-batched", Scenario,
+                                                      counting_client),
+                     *bench_batched.interlock_scenarios(url, tag, Scenario, counting_client)]
         for scenario in scenarios:
             scenario.warm_up()
         if calls is not None:
@@ -286,6 +301,10 @@ RATIOS = {
     "distbreaker OPEN / pybreaker CLOSED": ("open", "pybreaker_closed"),
     "distbreaker OPEN / pybreaker OPEN": ("open", "pybreaker_open"),
     "distbreaker CLOSED / raw PING": ("closed", "ping"),
+    "batched CLOSED / exact CLOSED": ("batched_closed", "closed"),
+    "batched CLOSED / interlock-cb CLOSED": ("batched_closed", "interlock_closed"),
+    "batched CLOSED / pybreaker CLOSED": ("batched_closed", "pybreaker_closed"),
+    "distbreaker OPEN / interlock-cb CLOSED": ("open", "interlock_closed"),
 }
 
 
@@ -327,11 +346,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="interleaved slices per scenario (default 12)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     bench_fleet.add_arguments(parser)
+    bench_batched.add_arguments(parser)
     options = parser.parse_args(argv)
     if options.fleet:
         return bench_fleet.main(options, redis_url)
     with redis_url(options.url) as (url, origin):
         scenarios = run(url, options.seconds, options.calls, max(1, options.rounds))
+        detection = bench_batched.detection(options, url)
         version = redis.Redis.from_url(url).info("server").get("redis_version", "?")
     info = {
         "distbreaker": distbreaker.__version__, "redis_version": version, "redis": origin,
@@ -341,9 +362,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     if options.json:
         print(json.dumps({**info, "ratios": ratios(scenarios),
-                          "results": [s.result() for s in scenarios]}, indent=2))
+                          "results": [s.result() for s in scenarios],
+                          **bench_batched.detection_json(detection)}, indent=2))
     else:
         print_table(scenarios, info)
+        if detection is not None:
+            bench_batched.print_detection(detection)
     return 0
 
 

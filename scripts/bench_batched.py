@@ -14,7 +14,10 @@ Kept in their own module so bench.py stays readable; bench.py imports them.
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
+import os
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any
@@ -212,3 +215,25 @@ def print_detection(report: dict[str, dict[str, Any]]) -> None:
         print(f"{label:24} {entry['dependency_calls']:46.1f}  {entry['runs']}{note}")
     for label, value in detection_ratios(report).items():
         print(f"  {label:44} {value:8.2f}x")
+
+
+# -- bench.py's command line ------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--detection", action="store_true",
+                        help=f"also measure the fleet detection cost ({FLEET} processes)")
+    parser.add_argument("--detection-rounds", type=int, default=1,
+                        help="--detection: runs per library, averaged (default 1)")
+
+
+def detection(options: argparse.Namespace, url: str) -> dict[str, dict[str, Any]] | None:
+    if not options.detection:
+        return None
+    return detection_cost(url, f"bench-{os.getpid()}-{secrets.token_hex(3)}",
+                          max(1, options.detection_rounds))
+
+
+def detection_json(report: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
+    if report is None:
+        return {}
+    return {"detection": report, "detection_ratios": detection_ratios(report)}
