@@ -154,7 +154,11 @@ def test_the_fleet_works_from_redis_again_after_the_fault(chaos: ChaosResult,
     assert figures["fleet_back_on_redis_s"] <= RECOVERY_BOUND, figures["notes"]
     assert figures["time_to_recover_s"] <= RECOVERY_BOUND, figures["notes"]
     steady = figures["steady_outcomes"]
-    assert steady.get("ok", 0) > 0 and "SchemaError" not in steady
+    assert steady.get("ok", 0) > 0
+    # Calls are bucketed by their start: one started in the last second before the next
+    # fault (keys_wrong_type) may still meet its wrong types.
+    window_end, steady_end = figures["buckets"]["steady"]
+    assert "SchemaError" not in chaos.figures.counts(window_end, steady_end - 10)
     # Mostly on Redis again (a loaded machine may still time out on it now and then).
     assert figures["degraded_calls_steady_after"] < 0.5 * sum(steady.values())
 
