@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from redis.exceptions import AskError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
 
 from .errors import SchemaError
 
@@ -61,6 +61,9 @@ _UNAVAILABLE_REPLIES = ("BUSY", "MISCONF", "NOREPLICAS", "LOADING", "MASTERDOWN"
 def translate_error(exc: ResponseError) -> Exception:
     """Turn a script's error reply into the library's own exception type."""
     text = str(exc)
+    if isinstance(exc, AskError):  # MOVED/ASK: a plain client talking to a cluster node
+        return TypeError(f"Redis answered {type(exc).__name__} ({text}): it is a Redis Cluster "
+                         "node; pass a redis.cluster.RedisCluster client as redis=")
     if text.split(" ", 1)[0] in _UNAVAILABLE_REPLIES:
         return RedisBusyError(text)
     marker = "DISTBREAKER_SCHEMA "

@@ -302,3 +302,15 @@ def test_sync_and_async_cluster_clients_are_checked(cluster: EmbeddedCluster) ->
         aio.CircuitBreaker("typecheck", redis=cluster.client())
     with pytest.raises(TypeError, match="sync breaker"):
         CircuitBreaker("typecheck", redis=cluster.async_client())
+
+
+def test_a_plain_url_to_a_cluster_node_gives_one_clear_error(cluster: EmbeddedCluster,
+                                                             cluster_client: RedisCluster,
+                                                             name: str) -> None:
+    """MOVED is a misconfiguration, not an outage: it names the fix instead of failing open."""
+    elsewhere = next(f"{name}-{i}" for i in range(100)
+                     if cluster_client.get_node_from_key(BreakerKeys.build(f"{name}-{i}").state)
+                     .port != cluster.ports[0])
+    breaker = CircuitBreaker(elsewhere, redis=cluster.url)
+    with pytest.raises(TypeError, match=r"pass a redis\.cluster\.RedisCluster client"):
+        breaker.call(lambda: None)
