@@ -7,11 +7,24 @@ foreign data in Redis.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .state import State
 
 
 class DistbreakerError(Exception):
-    """Base class of every error raised by distbreaker itself."""
+    """Base class of every error raised by distbreaker itself.
+
+    Subclasses name their constructor arguments in `_fields`, so they pickle
+    (multiprocessing, Celery's result backend) with every attribute intact.
+    """
+
+    _fields: tuple[str, ...] = ()
+
+    def __reduce__(self) -> Any:
+        if not self._fields:
+            return super().__reduce__()
+        return (type(self), tuple(getattr(self, field) for field in self._fields))
 
 
 class CallNotPermitted(DistbreakerError):
@@ -20,6 +33,8 @@ class CallNotPermitted(DistbreakerError):
     `retry_after` is the number of seconds until a probe may be tried (0 when
     unknown or not applicable, e.g. FORCED_OPEN or a fail-closed Redis outage).
     """
+
+    _fields = ("name", "state", "retry_after", "reason")
 
     def __init__(self, name: str, state: State | str, retry_after: float = 0.0,
                  reason: str = "") -> None:
@@ -37,7 +52,10 @@ class CallNotPermitted(DistbreakerError):
 class SchemaError(DistbreakerError):
     """A key holds data distbreaker did not write (wrong type, garbage, other schema)."""
 
+    _fields = ("message", "key")
+
     def __init__(self, message: str, key: str = "") -> None:
+        self.message = message
         self.key = key
         super().__init__(message)
 
@@ -52,6 +70,8 @@ class BulkheadFull(DistbreakerError):
     `in_use` is the number of permits held fleet-wide when the call was refused
     (the local count while Redis is unreachable and the local limit applies).
     """
+
+    _fields = ("name", "limit", "in_use", "waited", "local")
 
     def __init__(self, name: str, limit: int, in_use: int, waited: float = 0.0,
                  local: bool = False) -> None:
@@ -73,6 +93,8 @@ class RetryBudgetExhausted(DistbreakerError):
     no it re-raises the original error, marked `retry_budget_exhausted = True`
     (see distbreaker.retry), so callers' ``except`` clauses keep working.
     """
+
+    _fields = ("name", "balance", "deposits", "withdrawals")
 
     def __init__(self, name: str, balance: int = 0, deposits: int = 0,
                  withdrawals: int = 0) -> None:

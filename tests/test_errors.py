@@ -1,0 +1,28 @@
+"""distbreaker's exceptions survive pickling (multiprocessing, Celery result backends)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from distbreaker import (
+    BulkheadFull,
+    CallNotPermitted,
+    RetryBudgetExhausted,
+    SchemaError,
+    State,
+)
+
+
+@pytest.mark.parametrize("error", [
+    CallNotPermitted("payments", State.OPEN, 12.5, reason="tripped"),
+    BulkheadFull("payments", 3, 3, waited=0.5, local=True),
+    RetryBudgetExhausted("payments", balance=0, deposits=10, withdrawals=2),
+    SchemaError("foreign data", key="distbreaker:v1:{payments}:cb"),
+])
+def test_round_trip_keeps_type_message_and_attributes(error: Exception) -> None:
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is type(error)
+    assert str(copy) == str(error)
+    assert vars(copy) == vars(error)
