@@ -389,3 +389,22 @@ def test_asyncio_batched_breaker_flushes_per_loop_and_at_loop_end(
     breaker = CircuitBreaker(name, redis=redis_url, sliding_window_size=500)
     assert fleet_state(redis_client, breaker)["calls"] == 75
     assert not LOOP_FLUSHERS.leftovers()
+
+
+def test_a_policy_over_a_batched_breaker_records_without_a_round_trip(redis_url: str,
+                                                                      name: str) -> None:
+    from distbreaker import Policy
+
+    pool = redis.ConnectionPool.from_url(redis_url, connection_class=ThreadCountingConnection)
+    client = redis.Redis(connection_pool=pool)
+    breaker = CircuitBreaker(name, redis=client, record_mode="batched", flush_interval=30.0,
+                             subscribe=False)
+    policy = Policy(name, redis=client, breaker=breaker)
+    assert policy.call(ok) == "ok"  # learns the state
+    breaker.flush()
+    ThreadCountingConnection.requests.clear()
+    for _ in range(50):
+        assert policy.call(ok) == "ok"
+    assert sum(ThreadCountingConnection.requests.values()) == 0
+    breaker.flush()
+    assert breaker.metrics().calls == 51
