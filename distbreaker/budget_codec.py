@@ -192,7 +192,11 @@ class BudgetCore:
             self._local.reset()
         self._health.succeeded()
 
-    def _decode(self, raw: Sequence[Any], source: str) -> BudgetReply:
+    def _decode(self, raw: Sequence[Any] | None, source: str) -> BudgetReply:
+        if raw is None:  # the local fallback is still loading: no retry (the safe side)
+            self.last_source = source
+            return BudgetReply(ok=False, balance=0, deposits=0, withdrawals=0, now_ms=0,
+                               drift=False)
         reply = decode_budget_reply(raw)
         self.last_source = source
         if reply.drift and not self._drift_warned and source == "redis":

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -131,8 +132,57 @@ class RedisHealth:
                 logger.info("distbreaker: Redis reachable again; the fleet state governs")
 
 
+class _LocalRuntime:
+    """Loads fakeredis (and its Lua runtime) once per process, in the background.
+
+    Loading takes a few hundred milliseconds; a protected call must not wait
+    for it, so until it is ready the fallback lets calls through unrecorded
+    (fail-open without local accounting, logged once).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._loader_pid = -1
+
+    def _load(self) -> None:
+        try:
+            import fakeredis  # noqa: F401  (the import is the point)
+        except Exception:  # pragma: no cover - a broken install: no local breaker
+            logger.exception("distbreaker: cannot load the local fallback runtime")
+            return
+        self._ready.set()
+
+    def ready(self) -> bool:
+        """True when fakeredis is importable now; else start loading it (once per process)."""
+        if self._ready.is_set() or ("fakeredis" in sys.modules and \
+                hasattr(sys.modules["fakeredis"], "FakeStrictRedis")):
+            self._ready.set()
+            return True
+        with self._lock:
+            if self._loader_pid != os.getpid():
+                self._loader_pid = os.getpid()
+                logger.warning("distbreaker: loading the local fallback breaker; calls pass "
+                               "unrecorded until it is ready")
+                threading.Thread(target=self._load, name="distbreaker-fallback-loader",
+                                 daemon=True).start()
+        return False
+
+    def wait(self, timeout: float) -> bool:
+        """Block until the runtime is loaded (tests, or warming up before serving)."""
+        self.ready()
+        return self._ready.wait(timeout)
+
+
+LOCAL_RUNTIME = _LocalRuntime()
+
+
 class LocalScriptRunner:
-    """Runs distbreaker's scripts on a private in-process fakeredis (created lazily)."""
+    """Runs distbreaker's scripts on a private in-process fakeredis (created lazily).
+
+    `run` returns None while the fakeredis runtime is still loading (see
+    `_LocalRuntime`); callers then fail open without local accounting.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -147,9 +197,11 @@ class LocalScriptRunner:
         return self._lock
 
     def run(self, script: LuaScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        if self._client is None and not LOCAL_RUNTIME.ready():
+            return None
         with self._guard():
             if self._client is None:
-                import fakeredis  # imported only when Redis first fails
+                import fakeredis
 
                 self._client = fakeredis.FakeStrictRedis(server=fakeredis.FakeServer())
             return run_script(self._client, script, keys, args)

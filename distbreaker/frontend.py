@@ -69,8 +69,13 @@ class BreakerCore:
         return codec.acquire_call()
 
     def _admit(self, reply: Reply | None, token: str) -> Permit:
-        """Turn the acquire reply into a permit, or raise CallNotPermitted."""
-        assert reply is not None  # acquiring: the fallback answers or raises
+        """Turn the acquire reply into a permit, or raise CallNotPermitted.
+
+        No reply while acquiring means the local fallback is still loading
+        (fail_closed raises before): the call passes, nothing to protect yet.
+        """
+        if reply is None:
+            return Permit()
         return self._codec.admission(reply, token)
 
     def _record_call(self, permit: Permit, error: BaseException | None, duration: float,
@@ -115,8 +120,10 @@ class BreakerCore:
         """An operator action's or read's reply (these never use the fallback)."""
         return self._publish(decode_reply(raw), "redis")
 
-    def _local_reply(self, call: ScriptCall) -> Reply:
-        return decode_reply(self._local.run(self._script, call.keys, call.args))
+    def _local_reply(self, call: ScriptCall) -> Reply | None:
+        """The local fallback breaker's reply; None while its runtime is still loading."""
+        raw = self._local.run(self._script, call.keys, call.args)
+        return None if raw is None else decode_reply(raw)
 
     def _publish(self, reply: Reply, source: str) -> Reply:
         for event in self._codec.apply(reply, time.monotonic(), source):
@@ -139,4 +146,5 @@ class BreakerCore:
                 error = self._health.last_error or ConnectionError("redis unavailable")
                 raise self._codec.redis_unavailable(error, self._health.retry_in())
             return None
-        return self._publish(self._local_reply(call), "local")
+        reply = self._local_reply(call)
+        return None if reply is None else self._publish(reply, "local")

@@ -211,9 +211,9 @@ class Policy(PolicyCore):
         permit = breaker.acquire() if breaker is not None else None
         try:
             slot = bulkhead.acquire() if bulkhead is not None else None
-        except BulkheadFull as full:
+        except BaseException as refused:  # BulkheadFull, or no answer: hand the probe back
             if breaker is not None:
-                breaker.record(permit, full, 0.0, Outcome.IGNORED)
+                breaker.record(permit, refused, 0.0, Outcome.IGNORED)
             raise
         started = time.monotonic()
         error: BaseException | None

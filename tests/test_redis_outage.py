@@ -275,3 +275,42 @@ def test_busy_and_misconf_replies_count_as_unavailable() -> None:
             assert caught.value.__cause__ is not None
             assert isinstance(caught.value, UNAVAILABLE_ERRORS)
         client.close()
+
+
+def test_fallback_runtime_loads_in_the_background_without_blocking_calls() -> None:
+    """A fresh process whose Redis is down does not wait for fakeredis to load."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from distbreaker.embedded import free_port
+
+    code = textwrap.dedent(f"""
+        import sys, time
+        from distbreaker import CircuitBreaker, CallNotPermitted
+        from distbreaker.fallback import LOCAL_RUNTIME
+        assert "fakeredis" not in sys.modules
+        breaker = CircuitBreaker("cold", redis="redis://127.0.0.1:{free_port()}/0",
+                                 sliding_window_size=4, minimum_number_of_calls=4)
+        started = time.monotonic()
+        assert breaker.call(lambda: "ok") == "ok"      # passes while the runtime loads
+        first = time.monotonic() - started
+        assert LOCAL_RUNTIME.wait(30)
+        outcomes = []
+        for _ in range(6):
+            time.sleep(0.01)
+            try:
+                breaker.call(lambda: 1 / 0)
+            except ZeroDivisionError:
+                outcomes.append("failed")
+            except CallNotPermitted:
+                outcomes.append("rejected")
+        print(round(first, 3), outcomes)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    first, _, outcomes = done.stdout.strip().partition(" ")
+    assert float(first) < 1.0
+    # the local breaker protects once loaded: 4 failures open it
+    assert outcomes == str(["failed"] * 4 + ["rejected"] * 2)

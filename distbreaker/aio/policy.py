@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 
 from ..classify import HttpClassifier, Outcome, status_of
 from ..connection import async_client
-from ..errors import BulkheadFull
 from ..fallback import UNAVAILABLE_ERRORS
 from ..keys import DEFAULT_PREFIX
 from ..policy import Fallback, PolicyCore, build_component, build_retry, group_ready
@@ -74,9 +73,9 @@ class Policy(PolicyCore):
         permit = await breaker.acquire() if breaker is not None else None
         try:
             slot = await bulkhead.acquire() if bulkhead is not None else None
-        except BulkheadFull as full:
+        except BaseException as refused:  # BulkheadFull, or no answer: hand the probe back
             if breaker is not None:
-                await breaker.record(permit, full, 0.0, Outcome.IGNORED)
+                await breaker.record(permit, refused, 0.0, Outcome.IGNORED)
             raise
         started = time.monotonic()
         error: BaseException | None
