@@ -30,6 +30,9 @@ import redis.asyncio.cluster
 import redis.asyncio.sentinel
 import redis.cluster
 import redis.sentinel
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 DEFAULT_URL = "redis://localhost:6379/0"
 ASYNC_MAX_CONNECTIONS = 32
@@ -46,6 +49,12 @@ def _url_options(timeout: float) -> dict[str, Any]:
             "retry_on_timeout": False, "health_check_interval": 0}
 
 
+def _no_retry(asyncio: bool) -> Any:
+    """No client-side retries: redis-py's default (10, with backoff) made one lookup
+    of unreachable sentinels take about 4 s, inside a protected call."""
+    return (AsyncRetry if asyncio else Retry)(NoBackoff(), 0)
+
+
 @dataclasses.dataclass(frozen=True)
 class SentinelURL:
     """A parsed ``redis+sentinel://`` URL."""
@@ -59,18 +68,19 @@ class SentinelURL:
     sentinel_username: str | None = None
     sentinel_password: str | None = None
 
-    def master_options(self, timeout: float) -> dict[str, Any]:
+    def master_options(self, timeout: float, asyncio: bool = False) -> dict[str, Any]:
         """Connection options of the primary's connections."""
         options = {"db": self.db, "username": self.username, "password": self.password,
-                   **_url_options(timeout)}
+                   **_url_options(timeout), "retry": _no_retry(asyncio)}
         if self.ssl:
             options["ssl"] = True
         return options
 
-    def sentinel_options(self, timeout: float) -> dict[str, Any]:
+    def sentinel_options(self, timeout: float, asyncio: bool = False) -> dict[str, Any]:
         """Connection options of the connections to the sentinels themselves."""
         return {"socket_timeout": timeout, "socket_connect_timeout": timeout,
-                "username": self.sentinel_username, "password": self.sentinel_password}
+                "username": self.sentinel_username, "password": self.sentinel_password,
+                "retry": _no_retry(asyncio)}
 
 
 def _host_port(item: str, url: str) -> tuple[str, int]:
@@ -120,8 +130,9 @@ def _sentinel_master(spec: SentinelURL, timeout: float, *, asyncio: bool,
     `pool_options` override the connection pool's options (and its class).
     """
     module: Any = redis.asyncio.sentinel if asyncio else redis.sentinel
-    manager = module.Sentinel(list(spec.sentinels), sentinel_kwargs=spec.sentinel_options(timeout))
-    options = spec.master_options(timeout)
+    manager = module.Sentinel(list(spec.sentinels),
+                              sentinel_kwargs=spec.sentinel_options(timeout, asyncio))
+    options = spec.master_options(timeout, asyncio)
     options.update(pool_options or {})
     return manager.master_for(spec.service, **options)
 

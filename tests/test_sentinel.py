@@ -71,10 +71,26 @@ def test_clients_from_sentinel_urls_are_lazy_and_typed() -> None:
         CircuitBreaker("sentinel-object", redis=Sentinel([("127.0.0.1", 1)]))
 
 
-def test_a_breaker_on_an_unreachable_sentinel_fails_open(name: str) -> None:
-    breaker = CircuitBreaker(name, redis="redis+sentinel://127.0.0.1:1/svc")
+def test_a_breaker_on_an_unreachable_sentinel_fails_open_at_once(name: str) -> None:
+    """No client-side retries: redis-py's default ones took ~4 s per lookup, in the call."""
+    url = "redis+sentinel://127.0.0.1:1,127.0.0.1:2/svc"
+    breaker = CircuitBreaker(name, redis=url)
+    started = time.monotonic()
     assert breaker.call(lambda: "served") == "served"
+    assert time.monotonic() - started < 1.0
     assert breaker._health.down  # MasterNotFoundError is a ConnectionError
+
+    async def served() -> str:
+        return "served"
+
+    async def scenario() -> float:
+        abreaker = aio.CircuitBreaker(name, redis=url)
+        started = time.monotonic()
+        assert await abreaker.call(served) == "served"
+        assert abreaker._health.down
+        return time.monotonic() - started
+
+    assert asyncio.run(scenario()) < 1.0
 
 
 # -- a real failover ----------------------------------------------------------------------------
