@@ -468,23 +468,16 @@ def test_ls_over_10000_breakers_scans_in_bounded_batches(
 
 # -- Redis Cluster --------------------------------------------------------------------------
 @pytest.fixture
-def cluster_url(tmp_path: Path) -> Iterator[str]:
-    """A one-node Redis Cluster owning every slot (enough to exercise the cluster client)."""
-    from distbreaker.embedded import RedisServer
+def cluster_url() -> Iterator[str]:
+    """A one-node Redis Cluster owning every slot (enough to exercise the cluster client).
 
-    server = RedisServer(extra_args=("--cluster-enabled", "yes", "--cluster-config-file",
-                                     str(tmp_path / "nodes.conf"))).start()
-    try:
-        admin = redis.Redis.from_url(server.url)
-        admin.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
-        deadline = time.monotonic() + 10
-        while admin.cluster("info")["cluster_state"] != "ok":
-            assert time.monotonic() < deadline, "cluster did not come up"
-            time.sleep(0.02)
-        admin.close()
-        yield server.url
-    finally:
-        server.stop()
+    EmbeddedCluster gives the node an explicit bus port: the default port+10000 is out
+    of range (and redis-server exits) for ports above 55535.
+    """
+    from distbreaker.embedded import EmbeddedCluster
+
+    with EmbeddedCluster(primaries=1) as cluster:
+        yield cluster.url
 
 
 def test_cluster_is_detected_scanned_and_operated(cluster_url: str) -> None:
