@@ -27,7 +27,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from redis.exceptions import ClusterDownError, OutOfMemoryError, ReadOnlyError, TryAgainError
+from redis.exceptions import (
+    ClusterDownError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisClusterException,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -37,10 +43,12 @@ logger = logging.getLogger("distbreaker")
 
 #: Errors that mean "Redis cannot serve us now", as opposed to a bug or foreign data.
 #: (redis-py's BusyLoadingError, AuthenticationError and MaxConnectionsError are
-#: ConnectionErrors; MasterDownError is a ClusterDownError.)
+#: ConnectionErrors; MasterDownError is a ClusterDownError. A RedisCluster client raises
+#: a bare RedisClusterException when no node answers; distbreaker's own keys never
+#: raise its other cases, e.g. keys in different slots.)
 UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
     RedisConnectionError, RedisTimeoutError, ReadOnlyError, OutOfMemoryError,
-    ClusterDownError, TryAgainError, OSError)
+    ClusterDownError, TryAgainError, RedisClusterException, OSError)
 
 _FIRST_BACKOFF = 0.05
 #: How long other callers keep skipping Redis while one caller's trial is in flight
