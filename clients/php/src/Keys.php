@@ -16,7 +16,7 @@ final class Keys
     public const MAX_NAME_LENGTH = 200;
     public const MAX_PREFIX_LENGTH = 100;
 
-    /** A protected name: 1-200 printable characters, no whitespace or control characters. */
+    /** A protected name: 1-200 printable characters, no whitespace or control characters, not starting with '}'. */
     public static function validateName(string $name): string
     {
         $length = preg_match('//u', $name) === 1 ? preg_match_all('/./us', $name) : -1;
@@ -29,6 +29,10 @@ final class Keys
         }
         if (preg_match('/[\p{C}\p{Z}\s]/u', $name) === 1) {
             throw new \InvalidArgumentException("name must not contain whitespace or control characters, got '{$name}'");
+        }
+        if (str_starts_with($name, '}')) {
+            // "{}...": an empty hash tag, so each key would land in its own cluster slot
+            throw new \InvalidArgumentException("name must not start with '}', got '{$name}'");
         }
         return $name;
     }
