@@ -496,3 +496,45 @@ def test_cluster_is_detected_scanned_and_operated(cluster_url: str) -> None:
     assert doctor.exit_code == 0, doctor.output
     assert "cluster (1 primary)" in doctor.stdout
     client.close()
+
+
+def _drive(url: str, name: str, target: str) -> None:
+    """Runs in its own process: drives one breaker into `target` and exits."""
+    breaker = make(name, url, wait_duration_in_open_state=0.05)
+    if target == "CLOSED":
+        breaker.call(lambda: None)
+    elif target == "OPEN":
+        breaker.trip("driven by a worker process", "worker")
+    elif target == "HALF_OPEN":
+        fail(breaker, 4)
+        time.sleep(0.06)
+        assert breaker.acquire().token  # a probe lease left behind by this process
+    elif target == "FORCED_OPEN":
+        breaker.transition_to_forced_open("maintenance", "worker")
+    elif target == "DISABLED":
+        breaker.transition_to_disabled("off", "worker")
+    elif target == "METRICS_ONLY":
+        breaker.transition_to_metrics_only("observe", "worker")
+
+
+def test_ls_and_show_see_states_made_by_other_processes(redis_url: str) -> None:
+    import multiprocessing
+
+    targets = ["CLOSED", "OPEN", "HALF_OPEN", "FORCED_OPEN", "DISABLED", "METRICS_ONLY"]
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_drive, args=(redis_url, f"proc-{t.lower()}", t))
+             for t in targets]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    rows = {r["name"]: r for r in json.loads(run(redis_url, "ls", "--json").stdout)["breakers"]}
+    seen = {name: row["state"] for name, row in rows.items()}
+    # the OPEN one may have moved on to HALF_OPEN by time alone (0.05 s wait)
+    assert seen.pop("proc-open") in ("OPEN", "HALF_OPEN")
+    assert seen == {f"proc-{t.lower()}": t for t in targets if t != "OPEN"}
+    shown = json.loads(run(redis_url, "show", "proc-half_open", "--json").stdout)
+    assert len(shown["breaker"]["probes"]) == 1
+    history = run(redis_url, "events", "proc-forced_open", "--json")
+    assert history.exit_code == 0 and "maintenance" in history.stdout
