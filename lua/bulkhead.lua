@@ -26,8 +26,10 @@
 --         refresh) the token as a waiter until now + wait ms (Python sends its
 --         remaining wait + 1000 ms of grace); other ops: 0
 --
--- Every op reads TIME once, then reaps expired leases (ZREMRANGEBYSCORE -inf now)
--- and waiters whose deadline passed, and ends by making the notify list hold
+-- Every op reads TIME once, reads meta (HGETALL) and the notify length (LLEN)
+-- before any write (a key of a foreign type is reported before anything is
+-- written), then reaps expired leases (ZREMRANGEBYSCORE -inf now) and waiters
+-- whose deadline passed, and ends by making the notify list hold
 -- exactly min(free permits, waiters) elements, so a release (or a reaped lease)
 -- wakes one waiter, and no stale wake-up outlives the free permit it announced.
 --
@@ -54,24 +56,25 @@ if not limit or limit < 1 or not lease_ms or lease_ms < 1 or not ttl_ms or ttl_m
   return redis.error_reply('DISTBREAKER_ARGS bad bulkhead arguments')
 end
 
-local function key_type(key)
-  local r = redis.call('TYPE', key)
-  if type(r) == 'table' then return r['ok'] end
-  return r
-end
-
-for _, kt in ipairs({{K_LEASES, 'zset'}, {K_META, 'hash'}, {K_NOTIFY, 'list'}}) do
-  local found = key_type(kt[1])
-  if found ~= 'none' and found ~= kt[2] then
-    return redis.error_reply('DISTBREAKER_SCHEMA ' .. kt[1] .. ' holds a ' .. found ..
-                             ', expected a ' .. kt[2])
+-- Read (and type-check) every key before the first write, so a schema error
+-- never leaves a partial write behind. A command on a key of a foreign type
+-- fails without writing; TYPE runs only then, to name what was found.
+local function checked(reply, key, want)
+  if type(reply) == 'table' and reply['err'] then
+    local found = redis.call('TYPE', key)
+    if type(found) == 'table' then found = found['ok'] end
+    return nil, redis.error_reply('DISTBREAKER_SCHEMA ' .. key .. ' holds a ' ..
+                                  tostring(found) .. ', expected a ' .. want)
   end
+  return reply
 end
 
--- Reap expired leases and waiters -----------------------------------------------
-redis.call('ZREMRANGEBYSCORE', K_LEASES, '-inf', now)
+local meta, err = checked(redis.pcall('HGETALL', K_META), K_META, 'hash')
+if err then return err end
+local have
+have, err = checked(redis.pcall('LLEN', K_NOTIFY), K_NOTIFY, 'list')
+if err then return err end
 
-local meta = redis.call('HGETALL', K_META)
 local counters = {rejected = 0, acquired = 0, lost = 0, limit = 0}
 local waiters = {}
 local waiting = 0
@@ -93,6 +96,11 @@ for i = 1, #meta, 2 do
     counters[field] = value
   end
 end
+
+-- Reap expired leases and waiters (the first write) ------------------------------
+local _
+_, err = checked(redis.pcall('ZREMRANGEBYSCORE', K_LEASES, '-inf', now), K_LEASES, 'zset')
+if err then return err end
 if #expired > 0 then redis.call('HDEL', K_META, unpack(expired)) end
 
 local wrote = #expired > 0
@@ -116,7 +124,8 @@ local in_use = redis.call('ZCARD', K_LEASES)
 
 if op == 'acquire' then
   if token == '' then return redis.error_reply('DISTBREAKER_ARGS acquire needs a token') end
-  if redis.call('ZSCORE', K_LEASES, token) or in_use < limit then
+  -- ZSCORE only when full: a free permit is granted (or the lease refreshed) by ZADD.
+  if in_use < limit or redis.call('ZSCORE', K_LEASES, token) then
     if redis.call('ZADD', K_LEASES, now + lease_ms, token) == 1 then
       in_use = in_use + 1
       incr('acquired', 1)
@@ -169,7 +178,6 @@ end
 local free = limit - in_use
 if free < 0 then free = 0 end
 local want = math.min(free, waiting)
-local have = redis.call('LLEN', K_NOTIFY)
 if have < want then
   for _ = have + 1, want do redis.call('LPUSH', K_NOTIFY, '1') end
   wrote = true
@@ -184,10 +192,12 @@ if wrote then
 end
 
 local next_in = 0
-local first = redis.call('ZRANGE', K_LEASES, 0, 0, 'WITHSCORES')
-if #first == 2 then
-  next_in = tonumber(first[2]) - now
-  if next_in < 1 then next_in = 1 end
+if in_use > 0 then
+  local first = redis.call('ZRANGE', K_LEASES, 0, 0, 'WITHSCORES')
+  if #first == 2 then
+    next_in = tonumber(first[2]) - now
+    if next_in < 1 then next_in = 1 end
+  end
 end
 
 return {ok, in_use, limit, waiting, counters.rejected, next_in, now, counters.lost,

@@ -141,6 +141,67 @@ def test_foreign_data_raises_schema_error(name: str, redis_url: str,
         bulkhead.acquire()
 
 
+@pytest.mark.parametrize("bad", ["meta", "notify", "leases"])
+def test_foreign_type_is_reported_before_anything_is_written(
+        bad: str, name: str, redis_url: str, redis_client: redis.Redis) -> None:
+    """Each key's foreign type is named, and the call wrote nothing (no reaping either)."""
+    bulkhead = Bulkhead(name, redis=redis_url)
+    keys = bulkhead.keys
+    good = {"leases": lambda: redis_client.zadd(keys.leases, {"expired": 1}),
+            "meta": lambda: redis_client.hset(keys.meta, mapping={"w:gone": 1, "acquired": 4}),
+            "notify": lambda: redis_client.rpush(keys.notify, "1", "1")}
+    for key, fill in good.items():
+        if key != bad:
+            fill()
+    redis_client.set(getattr(keys, bad), "foreign")
+    before = {key: redis_client.dump(getattr(keys, key)) for key in good}
+    expected = {"leases": "zset", "meta": "hash", "notify": "list"}[bad]
+    with pytest.raises(SchemaError, match=f"holds a string, expected a {expected}"):
+        bulkhead.acquire()
+    assert {key: redis_client.dump(getattr(keys, key)) for key in good} == before
+    assert all(redis_client.pttl(getattr(keys, key)) == -1 for key in good)
+
+
+def test_bad_meta_field_is_reported_before_reaping(name: str, redis_url: str,
+                                                  redis_client: redis.Redis) -> None:
+    bulkhead = Bulkhead(name, redis=redis_url)
+    redis_client.zadd(bulkhead.keys.leases, {"expired": 1})
+    redis_client.hset(bulkhead.keys.meta, "lost", "many")
+    with pytest.raises(SchemaError, match="not a number"):
+        bulkhead.acquire()
+    assert redis_client.zrange(bulkhead.keys.leases, 0, -1) == [b"expired"]
+
+
+def script_commands(client: redis.Redis) -> int:
+    """Commands run inside scripts since the last CONFIG RESETSTAT."""
+    outside = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_info", "cmdstat_config|resetstat")
+    return sum(v["calls"] for k, v in client.info("commandstats").items() if k not in outside)
+
+
+def test_script_spends_few_commands_per_acquire_and_release(name: str) -> None:
+    """No TYPE checks on the happy path; no ZSCORE while a permit is free."""
+    with RedisServer() as server:  # private: nothing else runs commands on it
+        client = redis.Redis.from_url(server.url)
+        codec = BulkheadCodec(name, BulkheadConfig(max_concurrent_calls=2))
+
+        def counted(call: Any) -> tuple[list[int], int]:
+            client.config_resetstat()
+            reply = run_script(client, codec.script, call.keys, call.args)
+            return reply, script_commands(client)
+
+        counted(codec.metrics_call())  # loads the script
+        reply, acquire = counted(codec.acquire_call("a", 0))
+        assert reply[0] == 1
+        reply, release = counted(codec.release_call("a"))
+        assert reply[0] == 1
+        reply, idle = counted(codec.metrics_call())
+        # acquire: TIME HGETALL LLEN ZREMRANGEBYSCORE ZCARD ZADD HINCRBY HSET(limit, first
+        # call only) PEXPIRE x2 ZRANGE; release: TIME HGETALL LLEN ZREMRANGEBYSCORE ZCARD
+        # ZREM PEXPIRE; metrics on an idle bulkhead: the five reads.
+        assert (acquire, release, idle) == (11, 7, 5)
+        client.close()
+
+
 # -- threads ------------------------------------------------------------------------------
 def test_ten_threads_max_three_no_wait(name: str, redis_url: str) -> None:
     bulkhead = Bulkhead(name, redis=redis_url, max_concurrent_calls=3)
