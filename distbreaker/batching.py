@@ -319,7 +319,7 @@ class LoopFlusher(FlushCore):
 
     def add(self, core: BreakerCore, counts: Counts) -> None:
         if self.acc.add(core, counts) is not NOTHING:
-            if self._task is None:
+            if self._task is None or self._task.done():  # (a task that died: start anew)
                 self._wake = asyncio.Event()
                 self._flush_lock = asyncio.Lock()
                 self._task = asyncio.get_running_loop().create_task(
@@ -338,7 +338,7 @@ class LoopFlusher(FlushCore):
                 while delay > 0:
                     try:
                         await asyncio.wait_for(wake.wait(), delay)
-                    except TimeoutError:
+                    except asyncio.TimeoutError:  # not the builtin one before Python 3.11
                         pass
                     wake.clear()
                     delay = acc.due_in()

@@ -408,3 +408,31 @@ def test_a_policy_over_a_batched_breaker_records_without_a_round_trip(redis_url:
     assert sum(ThreadCountingConnection.requests.values()) == 0
     breaker.flush()
     assert breaker.metrics().calls == 51
+
+
+def test_asyncio_flusher_flushes_on_its_own_interval(redis_url: str, redis_client: redis.Redis,
+                                                     name: str) -> None:
+    """The loop's flusher task waits out `flush_interval` (asyncio.wait_for timing out:
+    asyncio.TimeoutError, not the builtin one before Python 3.11) and sends the counts
+    without an explicit flush, again and again."""
+    async def work() -> None:
+        breaker = aio.CircuitBreaker(name, redis=redis_url, record_mode="batched",
+                                     flush_interval=0.02, sliding_window_size=500,
+                                     subscribe=False)
+
+        async def call() -> str:
+            return "ok"
+
+        for round_ in (1, 2):
+            for _ in range(5):
+                await breaker.call(call)
+            deadline = time.monotonic() + 5
+            while (fleet_state(redis_client, breaker)["calls"] if
+                   redis_client.exists(breaker.keys.state) else 0) < 5 * round_:
+                assert time.monotonic() < deadline, "the flusher task never flushed"
+                await asyncio.sleep(0.01)
+        task = LOOP_FLUSHERS.current()._task
+        assert task is not None and not task.done()
+
+    asyncio.run(work())
+
