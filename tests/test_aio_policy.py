@@ -119,3 +119,45 @@ def test_http_classification_budget_and_fallback(name: str, redis_url: str) -> N
     assert found["429_state"] is State.OPEN
     assert found["400_calls"] == 1 and found["400_counted"] == 0
     assert found["fallback"] == "queued after ConnectionError"
+
+
+def test_cancelled_while_recording_still_releases_the_permit(name: str,
+                                                             redis_url: str) -> None:
+    """A cancellation that lands after the call, during the release+record pipeline,
+    must not leave the bulkhead permit taken until its lease (30 s) expires."""
+    async def scenario() -> tuple[list[Any], int, int]:
+        policy = Policy(name, redis=redis_url, bulkhead={"max_concurrent_calls": 1})
+        await policy.call(AsyncDependency("warm-up"))
+
+        async def cancelled_on_return() -> str:
+            # The pipeline must open a new connection, so the cancellation lands
+            # before release+record are sent (as a timeout around the call may).
+            await policy.bulkhead._loop().client.connection_pool.disconnect()
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()  # delivered at the policy's next await: its release+record
+            return "done"
+
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.create_task(policy.call(cancelled_on_return))
+        outcomes = []
+        for _ in range(20):  # the permit comes back at once, not after the lease
+            try:
+                outcomes.append(await policy.call(AsyncDependency("ok")))
+                break
+            except BulkheadFull:
+                outcomes.append("full")
+                await asyncio.sleep(0.05)
+        metrics = await policy.breaker.metrics()
+        return outcomes, (await policy.bulkhead.metrics()).in_use, metrics.calls
+
+    outcomes, in_use, calls = asyncio.run(scenario())
+    assert outcomes[-1] == "ok" and len(outcomes) <= 3
+    assert in_use == 0
+    assert calls == 3  # warm-up, the cancelled call (it did run) and the last one
+
+
+def test_decorating_a_plain_function_is_a_type_error(name: str, redis_url: str) -> None:
+    policy = Policy(name, redis=redis_url)
+    with pytest.raises(TypeError, match="coroutine"):
+        policy(lambda: "sync")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -48,10 +49,27 @@ class Policy(PolicyCore):
         self._setup(name, retry_obj, budget_obj, fallback, fallback_on_client_error,
                     http_classifier)
         self._sleep = sleep
+        self._background: set[asyncio.Future[None]] = set()
 
     async def _flush(self, pending: Sequence[tuple[Any, PendingCall | None]]) -> None:
-        """Send owed calls: one pipeline per Redis client (one in all when shared)."""
-        for client, ready in group_ready(pending):
+        """Send owed calls, shielded: a cancellation (e.g. a timeout around the call)
+        that lands here still releases the bulkhead permit, hands back a half-open
+        probe and records the outcome, in the background, then is raised."""
+        groups = group_ready(pending)
+        if not groups:
+            return
+        task = asyncio.ensure_future(self._send(groups))
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            raise
+
+    async def _send(self, groups: Sequence[tuple[Any, list[PendingCall]]]) -> None:
+        """One pipeline per Redis client (one in all when shared)."""
+        for client, ready in groups:
             try:
                 raws = await run_scripts_async(client, [call.spec for call in ready])
             except UNAVAILABLE_ERRORS as error:
@@ -135,6 +153,10 @@ class Policy(PolicyCore):
             raise
 
     def __call__(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError("distbreaker.aio.Policy decorates coroutine functions; "
+                            "use distbreaker.Policy for plain functions")
+
         @functools.wraps(fn)
         async def wrapper(*args: Any, **kwargs: Any) -> T:
             return await self.call(fn, *args, **kwargs)
