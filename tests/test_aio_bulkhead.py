@@ -214,3 +214,40 @@ def test_four_processes_share_the_limit(name: str, redis_url: str) -> None:
     calls, running, peak, ok, full = counters[:]
     assert (ok, full) == (3, 7)
     assert calls == 3 and peak == 3 and running == 0
+
+
+def test_release_cancelled_while_a_renewal_finishes_is_not_swallowed(
+        name: str, redis_url: str) -> None:
+    """A release waits for a renewal already in flight; a cancellation arriving then
+    propagates (it used to be swallowed) and the permit is still given back."""
+    async def scenario() -> tuple[bool, int]:
+        bulkhead = Bulkhead(name, redis=redis_url, max_concurrent_calls=1)
+        permit = await bulkhead.acquire()
+        bulkhead._renewals.pop(permit).cancel()
+
+        async def renewal_in_flight() -> None:  # finishes its round trip when cancelled
+            try:
+                await asyncio.sleep(5)
+            except asyncio.CancelledError:
+                await asyncio.sleep(0.2)
+                raise
+
+        bulkhead._renewals[permit] = asyncio.create_task(renewal_in_flight())
+        await asyncio.sleep(0)
+        releasing = asyncio.create_task(bulkhead.release(permit))
+        await asyncio.sleep(0.05)  # the release now waits for the renewal
+        releasing.cancel()
+        try:
+            await releasing
+            cancelled = False
+        except asyncio.CancelledError:
+            cancelled = True
+        for _ in range(50):
+            if (await bulkhead.metrics()).in_use == 0:
+                break
+            await asyncio.sleep(0.02)
+        return cancelled, (await bulkhead.metrics()).in_use
+
+    cancelled, in_use = asyncio.run(scenario())
+    assert cancelled
+    assert in_use == 0

@@ -8,7 +8,6 @@ leases from one task per held permit and keeps an asyncio fallback semaphore.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import inspect
 import logging
@@ -217,11 +216,21 @@ class Bulkhead:
         if renewal is not None:
             renewal.cancel()
             if isinstance(renewal, asyncio.Task):
-                with contextlib.suppress(asyncio.CancelledError):
-                    await renewal
+                try:  # a renewal in flight ends first (no false "lost"); never swallow
+                    await asyncio.wait([renewal])  # a cancellation of our own task
+                except asyncio.CancelledError:
+                    if codec.needs_release_call(permit):
+                        self._in_background(self._cancel(permit.token))
+                    raise
         if not codec.needs_release_call(permit):
             return None
         return codec.release_pending(permit)
+
+    def _in_background(self, work: Awaitable[None]) -> None:
+        """Finish `work` (a release cut short by a cancellation) in a kept task."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def release(self, permit: BulkheadPermit) -> None:
         """Give a permit back (idempotent). A lease found gone marks the permit lost."""
@@ -233,9 +242,7 @@ class Bulkhead:
         except asyncio.CancelledError:
             # Cancelled mid-release: finish it in the background (cancel is idempotent
             # and counts nothing) rather than leave the permit taken until its lease ends.
-            task = asyncio.get_running_loop().create_task(self._cancel(permit.token))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._in_background(self._cancel(permit.token))
             raise
         except UNAVAILABLE_ERRORS as error:
             pending.on_unavailable(error)
