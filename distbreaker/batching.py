@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from . import forking
 from .codec import Counts, ScriptCall
 from .fallback import UNAVAILABLE_ERRORS
-from .scripts import run_script, run_script_async, run_scripts, run_scripts_async
+from .scripts import run_script, run_scripts_each, run_scripts_each_async
 from .subscriber import SUBSCRIBERS, url_of
 
 if TYPE_CHECKING:
@@ -175,12 +175,29 @@ class FlushCore:
         return list(groups.values())
 
     def settled(self, items: Sequence[tuple[BreakerCore, Counts, ScriptCall]],
-                raws: Sequence[Any]) -> None:
-        """Every reply refreshes its breaker's view and reports its transitions."""
+                results: Sequence[Any]) -> None:
+        """Each breaker's reply refreshes its view and reports its transitions; a
+        breaker whose call met an error is handled alone (a pipeline is not a
+        transaction: the others' counts are recorded, and must not be sent again)."""
         self.pipelines += 1
-        for (core, counts, _), raw in zip(items, raws, strict=True):
-            self.sent += counts[0] + counts[1]
-            core._redis_reply(raw)
+        for (core, counts, _), result in zip(items, results, strict=True):
+            if isinstance(result, UNAVAILABLE_ERRORS):
+                self.unreachable(core, counts, result)
+            elif isinstance(result, Exception):
+                self.failed_call(core, counts, result)
+            else:
+                self.sent += counts[0] + counts[1]
+                core._redis_reply(result)
+
+    def pipeline_failed(self, items: Sequence[tuple[BreakerCore, Counts, ScriptCall]],
+                        error: Exception) -> None:
+        """The whole pipeline failed: Redis unavailable (keep the counts), or anything
+        else (whether the scripts ran is unknown: drop them rather than count twice)."""
+        for core, counts, _ in items:
+            if isinstance(error, UNAVAILABLE_ERRORS):
+                self.unreachable(core, counts, error)
+            else:
+                self.failed_call(core, counts, error)
 
     def unreachable(self, core: BreakerCore, counts: Counts,
                     error: BaseException | None) -> None:
@@ -273,23 +290,12 @@ class ThreadFlusher(FlushCore):
     def _send(self, client: Any,
               items: list[tuple[BreakerCore, Counts, ScriptCall]]) -> None:
         try:
-            raws = run_scripts(client, [(core._script, c.keys, c.args) for core, _, c in items])
-        except UNAVAILABLE_ERRORS as error:
-            for core, counts, _ in items:
-                self.unreachable(core, counts, error)
-            return
-        except Exception:  # one breaker's error reply: record the others one by one
-            for core, counts, call in items:
-                try:
-                    raw = run_script(client, core._script, call.keys, call.args)
-                except UNAVAILABLE_ERRORS as error:
-                    self.unreachable(core, counts, error)
-                except Exception as error:
-                    self.failed_call(core, counts, error)
-                else:
-                    self.settled([(core, counts, call)], [raw])
-            return
-        self.settled(items, raws)
+            results = run_scripts_each(
+                client, [(core._script, c.keys, c.args) for core, _, c in items])
+        except Exception as error:
+            self.pipeline_failed(items, error)
+        else:
+            self.settled(items, results)
 
     def _after_fork(self) -> None:
         """In a forked child: an empty accumulator and no thread (started on first use)."""
@@ -371,24 +377,12 @@ class LoopFlusher(FlushCore):
     async def _send(self, client: Any,
                     items: list[tuple[BreakerCore, Counts, ScriptCall]]) -> None:
         try:
-            raws = await run_scripts_async(
+            results = await run_scripts_each_async(
                 client, [(core._script, c.keys, c.args) for core, _, c in items])
-        except UNAVAILABLE_ERRORS as error:
-            for core, counts, _ in items:
-                self.unreachable(core, counts, error)
-            return
-        except Exception:
-            for core, counts, call in items:
-                try:
-                    raw = await run_script_async(client, core._script, call.keys, call.args)
-                except UNAVAILABLE_ERRORS as error:
-                    self.unreachable(core, counts, error)
-                except Exception as error:
-                    self.failed_call(core, counts, error)
-                else:
-                    self.settled([(core, counts, call)], [raw])
-            return
-        self.settled(items, raws)
+        except Exception as error:
+            self.pipeline_failed(items, error)
+        else:
+            self.settled(items, results)
 
     def flush_blocking(self) -> None:
         """At interpreter exit, with the loop gone: send what URL-built breakers hold

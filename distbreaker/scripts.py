@@ -154,34 +154,57 @@ def _missing(results: list[Any]) -> list[int]:
     return [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
 
 
-def _merged(results: list[Any], missing: list[int], rerun: Sequence[Any]) -> list[Any]:
+def _each(results: list[Any], missing: list[int], rerun: Sequence[Any]) -> list[Any]:
+    """Every call's reply, or its error (translated) in its place."""
     for i, result in zip(missing, rerun, strict=True):
         results[i] = result
+    return [_translated(result) if isinstance(result, ResponseError) else result
+            for result in results]
+
+
+def _translated(exc: ResponseError) -> Exception:
+    translated = translate_error(exc)
+    if translated is not exc:
+        translated.__cause__ = exc
+    return translated
+
+
+def _merged(results: list[Any]) -> list[Any]:
     for result in results:
-        if isinstance(result, ResponseError):
-            _raise_translated(result)
         if isinstance(result, Exception):
             raise result
     return results
 
 
-def run_scripts(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
-    """Several script calls in one round trip (a pipeline, not a transaction).
+def run_scripts_each(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
+    """Several script calls in one round trip (a pipeline, not a transaction): each
+    call's reply, or the exception it met in its place (the others ran regardless).
 
     Calls whose script is missing from the server's cache are rerun by source
-    (one more round trip, once after a restart or SCRIPT FLUSH).
+    (one more round trip, once after a restart or SCRIPT FLUSH). Raises only
+    when the pipeline as a whole fails (connection errors).
     """
     results = list(_queue(client, calls, range(len(calls)), False).execute(raise_on_error=False))
     missing = _missing(results)
     rerun = _queue(client, calls, missing, True).execute(raise_on_error=False) if missing else []
-    return _merged(results, missing, rerun)
+    return _each(results, missing, rerun)
 
 
-async def run_scripts_async(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
-    """The asyncio twin of `run_scripts`."""
+def run_scripts(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
+    """`run_scripts_each`, raising the first call's error (the other calls did run)."""
+    return _merged(run_scripts_each(client, calls))
+
+
+async def run_scripts_each_async(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
+    """The asyncio twin of `run_scripts_each`."""
     pipe = _queue(client, calls, range(len(calls)), False)
     results = list(await pipe.execute(raise_on_error=False))
     missing = _missing(results)
     rerun = (await _queue(client, calls, missing, True).execute(raise_on_error=False)
              if missing else [])
-    return _merged(results, missing, rerun)
+    return _each(results, missing, rerun)
+
+
+async def run_scripts_async(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
+    """The asyncio twin of `run_scripts`."""
+    return _merged(await run_scripts_each_async(client, calls))

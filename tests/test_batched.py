@@ -436,3 +436,25 @@ def test_asyncio_flusher_flushes_on_its_own_interval(redis_url: str, redis_clien
 
     asyncio.run(work())
 
+
+def test_one_failing_breaker_in_a_pipeline_does_not_double_count_the_others(
+        redis_url: str, redis_client: redis.Redis, name: str) -> None:
+    """A pipeline is not a transaction: when one breaker's reply is an error, the
+    others' scripts have run already and must not be sent a second time."""
+    client = redis.Redis.from_url(redis_url)
+    good = CircuitBreaker(f"{name}-good", redis=client, record_mode="batched",
+                          flush_interval=30.0, subscribe=False)
+    bad = CircuitBreaker(f"{name}-bad", redis=client, record_mode="batched",
+                         flush_interval=30.0, subscribe=False)
+    for breaker in (good, bad):
+        breaker.call(ok)
+    good.flush()
+    redis_client.hset(bad.keys.state, "state", "banana")  # foreign data: SchemaError
+    dropped = THREAD_FLUSHER.dropped
+    for _ in range(3):
+        good.call(ok)
+        bad.call(ok)
+    good.flush()
+    assert fleet_state(redis_client, good)["calls"] == 4
+    assert THREAD_FLUSHER.dropped - dropped == 3
+    assert THREAD_FLUSHER.acc.pending(good) == THREAD_FLUSHER.acc.pending(bad) == 0
