@@ -161,3 +161,27 @@ def test_decorating_a_plain_function_is_a_type_error(name: str, redis_url: str) 
     policy = Policy(name, redis=redis_url)
     with pytest.raises(TypeError, match="coroutine"):
         policy(lambda: "sync")
+
+
+def test_full_policy_costs_two_round_trips_per_attempt_in_closed(name: str,
+                                                                 redis_url: str) -> None:
+    async def scenario() -> int:
+        policy = Policy(name, redis=redis_url, bulkhead={"max_concurrent_calls": 5},
+                        retry={"max_attempts": 2},
+                        budget={"percent_can_retry": 0.2, "min_retries_per_sec": 1})
+        await policy.call(AsyncDependency("warm-up"))  # learns CLOSED, loads scripts
+        pool = policy.breaker._client.connection_pool
+        assert policy.bulkhead._loop().client.connection_pool is pool
+        original, sent = pool.get_connection, []
+
+        async def counting(*args: Any, **kwargs: Any) -> Any:
+            sent.append(1)
+            return await original(*args, **kwargs)
+
+        pool.get_connection = counting
+        for _ in range(20):
+            assert await policy.call(AsyncDependency("ok")) == "ok"
+        return len(sent)
+
+    # one acquire + one pipeline (release, record, deposit) per call
+    assert asyncio.run(scenario()) == 40
