@@ -15,7 +15,7 @@ from .codec import Metrics, Permit, Reply, ScriptCall
 from .config import BreakerConfig
 from .connection import sync_client
 from .fallback import UNAVAILABLE_ERRORS
-from .frontend import BreakerCore
+from .frontend import BreakerCore, log_hand_back_failure, must_propagate
 from .keys import DEFAULT_PREFIX
 from .scripts import run_script
 from .state import State
@@ -70,8 +70,15 @@ class CircuitBreaker(BreakerCore):
         `outcome` overrides the breaker's own classification of `error`.
         """
         call = self._record_call(permit, error, duration, outcome)
-        if call is not None:
+        if call is None:
+            return
+        if not must_propagate(error):
             self._execute(call)
+            return
+        try:
+            self._execute(call)
+        except Exception as failure:
+            log_hand_back_failure(self.name, error, failure)
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(*args, **kwargs)` under the breaker."""

@@ -6,6 +6,7 @@ the front ends add only the calls to Redis (blocking or awaited).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -15,6 +16,20 @@ from .config import BreakerConfig, RedisErrorPolicy, build_config
 from .events import Listener, Listeners
 from .fallback import LocalScriptRunner, RedisHealth
 from .scripts import PendingCall, load_script
+
+logger = logging.getLogger("distbreaker")
+
+
+def must_propagate(error: BaseException | None) -> bool:
+    """True when the call ended with cancellation, KeyboardInterrupt or SystemExit:
+    recording it (handing a half-open probe back) must never replace it with another
+    error, or asyncio timeouts and task groups, and Ctrl-C, stop working."""
+    return error is not None and not isinstance(error, Exception)
+
+
+def log_hand_back_failure(name: str, error: BaseException | None, failure: Exception) -> None:
+    logger.error("circuit breaker %s: recording a call ended by %s failed: %r", name,
+                 type(error).__name__, failure)
 
 
 class BreakerCore:

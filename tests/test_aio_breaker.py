@@ -429,3 +429,37 @@ def test_round_trip_budget(name: str, redis_url: str, redis_client: redis.Redis)
 def test_redis_argument_must_be_async() -> None:
     with pytest.raises(TypeError, match="asyncio"):
         CircuitBreaker("x", redis=redis.Redis())
+
+
+class SchemaErrorOnRecord(SlowAcquireReplies):
+    """Acquire replies arrive late; every record meets foreign data (a SchemaError)."""
+
+    async def evalsha(self, *args: Any) -> Any:
+        if "record" in args:
+            raise redis.exceptions.ResponseError(
+                "DISTBREAKER_SCHEMA some:key has unknown state banana")
+        return await super().evalsha(*args)
+
+
+def test_a_failing_hand_back_never_replaces_the_cancellation(name: str, redis_url: str) -> None:
+    """Cancelled while acquiring or mid-probe, the call hands its probe back; if that
+    record fails the cancellation must still propagate (asyncio.wait_for / timeout and
+    TaskGroup rely on it), not the record's error."""
+    async def scenario() -> None:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        slow = SchemaErrorOnRecord(client)
+        breaker = CircuitBreaker(name, redis=slow, wait_duration_in_open_state=0.05,
+                                 permitted_calls_in_half_open=2)
+        await breaker.trip()
+        await asyncio.sleep(0.06)
+        slow.delay = 10
+        with pytest.raises(asyncio.TimeoutError):  # cancelled while acquiring
+            await asyncio.wait_for(breaker.call(Dependency()), 0.1)
+        slow.delay = 0
+        dep = Dependency(delay=10)
+        with pytest.raises(asyncio.TimeoutError):  # cancelled mid-probe
+            await asyncio.wait_for(breaker.call(dep), 0.1)
+        assert dep.calls == 1
+        await client.aclose()
+
+    run(scenario)

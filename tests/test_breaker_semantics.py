@@ -175,6 +175,24 @@ def test_ignored_probe_hands_its_half_open_slot_back(make: Callable[..., Circuit
     assert breaker.state is State.CLOSED
 
 
+def test_a_failing_probe_hand_back_never_replaces_a_keyboard_interrupt(
+        make: Callable[..., CircuitBreaker], redis_client: redis.Redis) -> None:
+    """Ctrl-C mid-probe hands the probe back; if that record fails (here: foreign data
+    written meanwhile) the KeyboardInterrupt still propagates, not the SchemaError."""
+    breaker = make(wait_duration_in_open_state=0.03, permitted_calls_in_half_open=1)
+    breaker.trip()
+    time.sleep(0.04)
+
+    def interrupted() -> None:
+        redis_client.hset(breaker.keys.state, "state", "banana")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        breaker.call(interrupted)
+    with pytest.raises(SchemaError):  # an ordinary failure still reports it
+        breaker.call(fail(ConnectionError("down")))
+
+
 # -- special states, trip, reset --------------------------------------------------------------
 
 

@@ -22,7 +22,7 @@ from ..codec import Metrics, Permit, Reply, ScriptCall
 from ..config import BreakerConfig
 from ..connection import async_client
 from ..fallback import UNAVAILABLE_ERRORS
-from ..frontend import BreakerCore
+from ..frontend import BreakerCore, log_hand_back_failure, must_propagate
 from ..keys import DEFAULT_PREFIX
 from ..scripts import run_script_async
 from ..state import State
@@ -121,8 +121,15 @@ class CircuitBreaker(BreakerCore):
         `outcome` overrides the breaker's own classification of `error`.
         """
         call = self._record_call(permit, error, duration, outcome)
-        if call is not None:
+        if call is None:
+            return
+        if not must_propagate(error):
             await self._execute(call)
+            return
+        try:
+            await self._execute(call)
+        except Exception as failure:
+            log_hand_back_failure(self.name, error, failure)
 
     async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Await `fn(*args, **kwargs)` under the breaker.
