@@ -271,8 +271,14 @@ class BreakerCodec:
             self.rejections[state] += 1
 
     def metrics(self, reply: Reply) -> Metrics:
-        minimum = (self.config.permitted_calls_in_half_open if reply.state is State.HALF_OPEN
-                   else self.config.effective_minimum_calls)
+        governing = self.config
+        if reply.drift:  # the stored config decides: report rates as its minimum sees them
+            try:
+                governing = BreakerConfig.from_wire(reply.stored_config)
+            except ValueError:
+                pass
+        minimum = (governing.permitted_calls_in_half_open if reply.state is State.HALF_OPEN
+                   else governing.effective_minimum_calls)
         return Metrics(
             state=reply.state,
             failure_rate=rate(reply.failures, reply.calls, minimum),

@@ -437,6 +437,22 @@ def test_config_drift_is_detected_warned_once_and_the_stored_config_governs(
     assert first.config_drift == second.config.to_wire()
 
 
+def test_metrics_under_drift_use_the_governing_minimum(
+        make: Callable[..., CircuitBreaker]) -> None:
+    """The stored config decides (minimum 4), so the rates a drifting worker reports are
+    -1 below that minimum, as the fleet's decision sees them, not below its own (2)."""
+    first = make(sliding_window_size=4, minimum_number_of_calls=4)
+    second = make(sliding_window_size=4, minimum_number_of_calls=2)
+    first.call(ok)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigDriftWarning)
+        failures(second, 2)
+        metrics = second.metrics()
+    assert (metrics.calls, metrics.failed, metrics.failure_rate) == (3, 2, -1)
+    assert second.state is State.CLOSED
+    assert first.metrics().failure_rate == -1
+
+
 # -- scripts, names --------------------------------------------------------------------------------
 
 
