@@ -8,7 +8,10 @@ errors unless asked. Each attempt asks the breaker again.
 
 Round trips per attempt in CLOSED: the bulkhead's acquire, then one pipeline
 carrying the bulkhead release, the breaker record and (first attempt) the
-retry budget deposit: 2. Without a bulkhead: 1.
+retry budget deposit: 2. Without a bulkhead: 1. A call the breaker rejects
+locally (a known OPEN wait) costs 0, and deposits nothing: the budget counts
+the logical requests that reached an attempt (the safe side, so a recovering
+dependency is not met with a budget swollen by rejected requests).
 
 `PolicyCore` is everything but I/O, shared with `distbreaker.aio.Policy`.
 """
@@ -206,7 +209,7 @@ class Policy(PolicyCore):
 
     # -- one attempt ---------------------------------------------------------------------
     def _attempt(self, fn: Callable[..., T], args: Any, kwargs: Any,
-                 owed: list[tuple[Any, PendingCall | None]]) -> T:
+                 deposit: bool) -> T:
         breaker, bulkhead = self.breaker, self.bulkhead
         permit = breaker.acquire() if breaker is not None else None
         try:
@@ -224,8 +227,9 @@ class Policy(PolicyCore):
         else:
             error = self.response_error(result)
         duration = time.monotonic() - started
-        pending = list(owed)
-        owed.clear()
+        pending: list[tuple[Any, PendingCall | None]] = []
+        if deposit and self.budget is not None:  # once per logical request that ran
+            pending.append((self.budget._client, self.budget.deposit_pending()))
         if slot is not None:
             pending.append((bulkhead._client, bulkhead._release_pending(slot)))
         if breaker is not None:
@@ -241,27 +245,20 @@ class Policy(PolicyCore):
     # -- the protected call -----------------------------------------------------------------
     def _with_retry(self, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
         budget = self.budget
-        owed: list[tuple[Any, PendingCall | None]] = []
-        if budget is not None:
-            owed.append((budget._client, budget.deposit_pending()))
         started = time.monotonic()
         attempt = 0
-        try:
-            while True:
-                attempt += 1
-                try:
-                    return self._attempt(fn, args, kwargs, owed)
-                except Exception as error:
-                    decision = self.decide(error, attempt, started)
-                    if not decision.retry:
-                        raise
-                    if budget is not None and not budget.try_withdraw():
-                        RetryCore.mark_exhausted(error, budget.name)
-                        raise
-                    self._sleep(decision.delay)
-        finally:
-            if owed:  # the first attempt never reached its pipeline (e.g. rejected)
-                self._flush(owed)
+        while True:
+            attempt += 1
+            try:
+                return self._attempt(fn, args, kwargs, deposit=attempt == 1)
+            except Exception as error:
+                decision = self.decide(error, attempt, started)
+                if not decision.retry:
+                    raise
+                if budget is not None and not budget.try_withdraw():
+                    RetryCore.mark_exhausted(error, budget.name)
+                    raise
+                self._sleep(decision.delay)
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(*args, **kwargs)` under the whole policy."""

@@ -252,3 +252,21 @@ def test_full_policy_costs_two_round_trips_per_attempt_in_closed(name: str, redi
     # one acquire + one pipeline (release, record, deposit) per call
     assert len(sent) == 40
     assert commands(redis_client) - before == 20 * 4
+
+
+def test_a_locally_rejected_call_costs_no_round_trip_and_deposits_nothing(
+        name: str, redis_url: str, redis_client: redis.Redis) -> None:
+    policy = Policy(name, redis=redis_url, bulkhead={"max_concurrent_calls": 5},
+                    retry={"max_attempts": 2},
+                    budget={"percent_can_retry": 0.2, "min_retries_per_sec": 0})
+    assert policy.call(lambda: "ok") == "ok"     # one deposit, learns CLOSED
+    policy.breaker.trip("test")
+    with pytest.raises(CallNotPermitted):
+        policy.call(lambda: "never")             # learns OPEN
+    before = commands(redis_client)
+    for _ in range(20):
+        with pytest.raises(CallNotPermitted):
+            policy.call(lambda: "never")
+    assert commands(redis_client) == before
+    reply = policy.budget._run(policy.budget.carrying_args("balance"))
+    assert reply.deposits == 1

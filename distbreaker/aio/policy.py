@@ -86,7 +86,7 @@ class Policy(PolicyCore):
             logger.warning("policy %s: could not trip the breaker: %s", self.name, failure)
 
     async def _attempt(self, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any,
-                       owed: list[tuple[Any, PendingCall | None]]) -> T:
+                       deposit: bool) -> T:
         breaker, bulkhead = self.breaker, self.bulkhead
         permit = await breaker.acquire() if breaker is not None else None
         try:
@@ -104,8 +104,9 @@ class Policy(PolicyCore):
         else:
             error = self.response_error(result)
         duration = time.monotonic() - started
-        pending = list(owed)
-        owed.clear()
+        pending: list[tuple[Any, PendingCall | None]] = []
+        if deposit and self.budget is not None:  # once per logical request that ran
+            pending.append((self.budget._client, self.budget.deposit_pending()))
         if slot is not None:
             pending.append((bulkhead._loop().client, await bulkhead._release_pending(slot)))
         if breaker is not None:
@@ -120,27 +121,20 @@ class Policy(PolicyCore):
 
     async def _with_retry(self, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any) -> T:
         budget = self.budget
-        owed: list[tuple[Any, PendingCall | None]] = []
-        if budget is not None:
-            owed.append((budget._client, budget.deposit_pending()))
         started = time.monotonic()
         attempt = 0
-        try:
-            while True:
-                attempt += 1
-                try:
-                    return await self._attempt(fn, args, kwargs, owed)
-                except Exception as error:
-                    decision = self.decide(error, attempt, started)
-                    if not decision.retry:
-                        raise
-                    if budget is not None and not await budget.try_withdraw():
-                        RetryCore.mark_exhausted(error, budget.name)
-                        raise
-                    await self._sleep(decision.delay)
-        finally:
-            if owed:
-                await self._flush(owed)
+        while True:
+            attempt += 1
+            try:
+                return await self._attempt(fn, args, kwargs, deposit=attempt == 1)
+            except Exception as error:
+                decision = self.decide(error, attempt, started)
+                if not decision.retry:
+                    raise
+                if budget is not None and not await budget.try_withdraw():
+                    RetryCore.mark_exhausted(error, budget.name)
+                    raise
+                await self._sleep(decision.delay)
 
     async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Await `fn(*args, **kwargs)` under the whole policy."""
