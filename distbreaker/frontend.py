@@ -103,8 +103,11 @@ class BreakerCore:
         codec = self._codec
         if outcome is None:
             outcome = codec.outcome(error)
-        if self._batch is not None and not permit.token:
+        if self._batch is not None and not permit.token and not (
+                self._health.down and not self.fail_closed):
             # Batched mode, not a half-open probe: counted locally, flushed later.
+            # (While Redis is down under fail_open, outcomes go to the local
+            # fallback breaker at once, as in exact mode, so it still protects.)
             counts = codec.batched_counts(outcome, duration)
             if counts is not None:
                 self._batch.add(self, counts)

@@ -458,3 +458,21 @@ def test_one_failing_breaker_in_a_pipeline_does_not_double_count_the_others(
     assert fleet_state(redis_client, good)["calls"] == 4
     assert THREAD_FLUSHER.dropped - dropped == 3
     assert THREAD_FLUSHER.acc.pending(good) == THREAD_FLUSHER.acc.pending(bad) == 0
+
+
+def test_fail_open_outage_feeds_the_local_breaker_at_once() -> None:
+    """While Redis is down, batched outcomes protect through the local breaker right away."""
+    from distbreaker.embedded import free_port
+
+    breaker = CircuitBreaker("batched-outage", redis=f"redis://127.0.0.1:{free_port()}/0",
+                             record_mode="batched", subscribe=False,
+                             sliding_window_size=4, minimum_number_of_calls=4)
+    outcomes = []
+    for _ in range(7):
+        try:
+            breaker.call(lambda: 1 / 0)
+        except ZeroDivisionError:
+            outcomes.append("failed")
+        except CallNotPermitted:
+            outcomes.append("rejected")
+    assert outcomes == ["failed"] * 4 + ["rejected"] * 3
