@@ -42,7 +42,7 @@ from .errors import BulkheadFull, CallNotPermitted
 from .fallback import UNAVAILABLE_ERRORS
 from .keys import DEFAULT_PREFIX, validate_name
 from .retry import Decision, Retry, RetryCore
-from .scripts import PendingCall, run_scripts
+from .scripts import PendingCall, run_scripts_each
 
 T = TypeVar("T")
 logger = logging.getLogger("distbreaker")
@@ -150,6 +150,23 @@ class PolicyCore:
             self.verdict(error) is not HttpVerdict.CLIENT_ERROR
 
 
+def settle(ready: Sequence[PendingCall], results: Sequence[Any]) -> None:
+    """Hand each pipelined call its own reply (a pipeline is not a transaction: the
+    others ran even when one failed). A call answered by an "unavailable" error
+    takes its outage path alone; any other error (foreign data) is raised once
+    every other call has been settled."""
+    first_error: BaseException | None = None
+    for call, result in zip(ready, results, strict=True):
+        if isinstance(result, UNAVAILABLE_ERRORS):
+            call.on_unavailable(result)
+        elif isinstance(result, BaseException):
+            first_error = first_error or result
+        else:
+            call.on_reply(result)
+    if first_error is not None:
+        raise first_error
+
+
 def group_ready(pending: Sequence[tuple[Any, PendingCall | None]]
                 ) -> list[tuple[Any, list[PendingCall]]]:
     """Owed calls grouped by client, in order; calls whose Redis is in backoff go
@@ -193,13 +210,12 @@ class Policy(PolicyCore):
         """Send owed calls: one pipeline per Redis client (one in all when shared)."""
         for client, ready in group_ready(pending):
             try:
-                raws = run_scripts(client, [call.spec for call in ready])
+                results = run_scripts_each(client, [call.spec for call in ready])
             except UNAVAILABLE_ERRORS as error:
                 for call in ready:
                     call.on_unavailable(error)
                 continue
-            for call, raw in zip(ready, raws, strict=True):
-                call.on_reply(raw)
+            settle(ready, results)
 
     def _trip(self, error: BaseException) -> None:
         try:

@@ -270,3 +270,29 @@ def test_a_locally_rejected_call_costs_no_round_trip_and_deposits_nothing(
     assert commands(redis_client) == before
     reply = policy.budget._run(policy.budget.carrying_args("balance"))
     assert reply.deposits == 1
+
+
+def test_one_failing_reply_in_the_pipeline_does_not_undo_the_others(
+        name: str, redis_url: str, redis_client: redis.Redis) -> None:
+    from distbreaker import SchemaError
+
+    policy = Policy(name, redis=redis_url, bulkhead={"max_concurrent_calls": 2},
+                    breaker={"sliding_window_size": 1, "minimum_number_of_calls": 1},
+                    budget={"percent_can_retry": 0.2})
+    seen: list[Any] = []
+    policy.breaker.add_listener(seen.append)
+    redis_client.set(policy.budget.keys.slices, "foreign")   # the deposit will fail
+
+    def down() -> None:
+        raise ConnectionError("down")
+
+    with pytest.raises(SchemaError):
+        policy.call(down)
+    # the record in the same pipeline ran and its reply was applied: the trip it
+    # made reached this process's listeners and its view (the next call fails fast)
+    assert [(e.from_state, e.to_state) for e in seen] == [(State.CLOSED, State.OPEN)]
+    before = commands(redis_client)
+    with pytest.raises(CallNotPermitted):
+        policy.call(down)
+    assert commands(redis_client) == before
+    assert policy.bulkhead.metrics().in_use == 0

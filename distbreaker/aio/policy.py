@@ -19,9 +19,9 @@ from ..classify import HttpClassifier, Outcome, status_of
 from ..connection import async_client
 from ..fallback import UNAVAILABLE_ERRORS
 from ..keys import DEFAULT_PREFIX
-from ..policy import Fallback, PolicyCore, build_component, build_retry, group_ready
+from ..policy import Fallback, PolicyCore, build_component, build_retry, group_ready, settle
 from ..retry import RetryCore
-from ..scripts import PendingCall, run_scripts_async
+from ..scripts import PendingCall, run_scripts_each_async
 from .breaker import CircuitBreaker
 from .budget import RetryBudget
 from .bulkhead import Bulkhead
@@ -71,13 +71,12 @@ class Policy(PolicyCore):
         """One pipeline per Redis client (one in all when shared)."""
         for client, ready in groups:
             try:
-                raws = await run_scripts_async(client, [call.spec for call in ready])
+                results = await run_scripts_each_async(client, [call.spec for call in ready])
             except UNAVAILABLE_ERRORS as error:
                 for call in ready:
                     call.on_unavailable(error)
                 continue
-            for call, raw in zip(ready, raws, strict=True):
-                call.on_reply(raw)
+            settle(ready, results)
 
     async def _trip(self, error: BaseException) -> None:
         try:
