@@ -129,6 +129,10 @@ class CircuitBreaker(BreakerCore):
         """The fleet-wide state, read from Redis (OPEN becomes HALF_OPEN by time here too)."""
         return self._read().state
 
+    def get_state(self) -> State:
+        """The same as `state`; the spelling the asyncio breaker must use (awaited)."""
+        return self._read().state
+
     def metrics(self) -> Metrics:
         return self._codec.metrics(self._read())
 

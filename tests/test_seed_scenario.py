@@ -64,3 +64,10 @@ def test_failure_rate_is_minus_one_below_minimum(name: str, redis_url: str) -> N
     assert metrics.calls == 4 and metrics.failed == 4
     assert metrics.failure_rate == -1
     assert breaker.state is State.CLOSED
+
+
+def test_get_state_matches_the_property(name: str, redis_url: str) -> None:
+    breaker = make(name, redis_url)
+    assert breaker.get_state() is breaker.state is State.CLOSED
+    breaker.trip("test")
+    assert breaker.get_state() is State.OPEN
