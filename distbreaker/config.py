@@ -79,7 +79,8 @@ def check_percent(value: Any, field: str) -> float:
     return float(value)
 
 
-def _exception_types(value: Any, field: str) -> tuple[type[BaseException], ...]:
+def exception_types(value: Any, field: str) -> tuple[type[BaseException], ...]:
+    """Exception classes from one class or an iterable; a ValueError naming `field`."""
     if isinstance(value, type):
         value = (value,)
     try:
@@ -177,9 +178,9 @@ class BreakerConfig:
             raise ValueError(f"key_ttl must be >= {floor} seconds (the longest wait, lease or "
                              f"time window), got {self.key_ttl!r}")
         put(self, "record_exceptions",
-            _exception_types(self.record_exceptions, "record_exceptions"))
+            exception_types(self.record_exceptions, "record_exceptions"))
         put(self, "ignore_exceptions",
-            _exception_types(self.ignore_exceptions, "ignore_exceptions"))
+            exception_types(self.ignore_exceptions, "ignore_exceptions"))
         for field in ("record_predicate", "ignore_predicate"):
             value = getattr(self, field)
             if value is not None and not callable(value):

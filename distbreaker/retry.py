@@ -32,7 +32,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from . import errors
 from .classify import DEFAULT_HTTP_CLASSIFIER, HttpClassifier, HttpVerdict, retry_after_of
-from .config import Seconds, check_int, merge_options, to_seconds
+from .config import Seconds, check_int, exception_types, merge_options, to_seconds
 
 T = TypeVar("T")
 
@@ -52,18 +52,6 @@ def default_ignore() -> tuple[type[BaseException], ...]:
     if isinstance(bulkhead_full, type):
         found.append(bulkhead_full)
     return tuple(found)
-
-
-def _exception_types(value: Any, field: str) -> tuple[type[BaseException], ...]:
-    try:
-        items = (value,) if isinstance(value, type) else tuple(value)
-    except TypeError:
-        raise ValueError(f"{field} must be an exception class or a tuple of them, "
-                         f"got {value!r}") from None
-    for item in items:
-        if not (isinstance(item, type) and issubclass(item, BaseException)):
-            raise ValueError(f"{field} must hold exception classes, got {item!r}")
-    return items
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,8 +93,8 @@ class RetryConfig:
         except ValueError:
             raise ValueError(f"jitter must be 'full', 'equal' or 'none', "
                              f"got {self.jitter!r}") from None
-        put(self, "retry_on", _exception_types(self.retry_on, "retry_on"))
-        put(self, "ignore", _exception_types(self.ignore, "ignore"))
+        put(self, "retry_on", exception_types(self.retry_on, "retry_on"))
+        put(self, "ignore", exception_types(self.ignore, "ignore"))
         for field in ("deadline", "max_retry_after"):
             if getattr(self, field) is not None:
                 put(self, field, to_seconds(getattr(self, field), field))
