@@ -278,15 +278,16 @@ def _int_or(value: str, default: int) -> int:
 
 
 def decode_budget(raw: Mapping[Any, Any], now_ms: int) -> dict[str, Any]:
-    """The retry budget hash: deposits and withdrawals over the live window.
+    """The retry budget hash: deposits, withdrawals and balance over the live window.
 
-    The balance itself depends on each caller's percent_can_retry and
-    min_retries_per_sec, which the key does not store, so it is not shown;
-    the raw fields are included as they are.
+    The balance uses the last writer's percent_can_retry and reserve (fields
+    `ppm`, `reserve`); it is None for a hash written before they were stored.
+    The raw fields are included as they are.
     """
     f = {text(k): text(v) for k, v in raw.items()}
-    out: dict[str, Any] = {"deposits": None, "withdrawals": None, "slice_ms": None,
-                           "slices": None, "fields": dict(sorted(f.items()))}
+    out: dict[str, Any] = {"deposits": None, "withdrawals": None, "balance": None,
+                           "slice_ms": None, "slices": None,
+                           "fields": dict(sorted(f.items()))}
     try:
         slice_ms, n = int(f["slice_ms"]), int(f["n"])
     except (KeyError, ValueError):
@@ -300,6 +301,9 @@ def decode_budget(raw: Mapping[Any, Any], now_ms: int) -> dict[str, Any]:
         if kind in live and sid.lstrip("-").isdigit() and int(sid) >= oldest:
             live[kind] += _int_or(value, 0)
     out.update(deposits=live["d"], withdrawals=live["w"], slice_ms=slice_ms, slices=n)
+    ppm, reserve = _int_or(f.get("ppm", ""), -1), _int_or(f.get("reserve", ""), -1)
+    if ppm >= 0 and reserve >= 0:
+        out["balance"] = (reserve + ppm * live["d"]) // 1_000_000 - live["w"]
     return out
 
 

@@ -15,6 +15,8 @@
 --   D, W        running totals of deposits / withdrawals over the live slices
 --   d:<id>      deposits in slice <id>      (only the last n slices exist:
 --   w:<id>      withdrawals in slice <id>    older ones are evicted lazily)
+--   ppm, reserve  the last writer's ARGV[2] and ARGV[3] (informational: lets
+--                 operator tools show the balance; each call uses its own)
 --   TTL: PEXPIRE (n + 1) * slice_ms, refreshed by every deposit and withdrawal.
 --
 -- ARGV[1] op: deposit | withdraw | balance
@@ -136,7 +138,8 @@ end
 
 if write or (exists and changed) then
   redis.call('HSET', K, 'v', '1', 'slice_ms', slice_ms, 'n', n, 'head', string.format('%d', head),
-             'D', D, 'W', W)
+             'D', D, 'W', W, 'ppm', string.format('%d', ppm),
+             'reserve', string.format('%d', reserve))
 end
 if write then
   redis.call('PEXPIRE', K, (n + 1) * slice_ms)

@@ -538,3 +538,21 @@ def test_ls_and_show_see_states_made_by_other_processes(redis_url: str) -> None:
     assert len(shown["breaker"]["probes"]) == 1
     history = run(redis_url, "events", "proc-forced_open", "--json")
     assert history.exit_code == 0 and "maintenance" in history.stdout
+
+
+def test_show_and_ls_report_the_retry_budget_balance(redis_url: str, name: str) -> None:
+    from distbreaker import RetryBudget
+
+    budget = RetryBudget(name, redis=redis_url, percent_can_retry=0.2, min_retries_per_sec=1,
+                         ttl=10)
+    for _ in range(10):
+        budget.deposit()
+    assert budget.try_withdraw()
+    expected = budget.balance()               # (1 * 10 + 0.2 * 10) - 1 = 11
+    assert expected == 11
+    shown = json.loads(run(redis_url, "show", name, "--json").stdout)
+    assert shown["budget"]["balance"] == expected
+    listed = json.loads(run(redis_url, "ls", "--json").stdout)
+    row = next(r for r in listed["breakers"] if r["name"] == name)
+    assert row["budget"]["balance"] == expected
+    assert f"balance {expected}" in run(redis_url, "show", name).stdout

@@ -85,7 +85,8 @@ def ls_rows(doc: dict[str, Any]) -> list[list[str]]:
         b, bh, rb = r["breaker"] or {}, r["bulkhead"], r["budget"]
         bulk = "-" if bh is None else f"{bh['in_use']}/{bh['limit'] or '?'}"
         budget = ("-" if rb is None or rb["deposits"] is None
-                  else f"+{rb['deposits']}/-{rb['withdrawals']}")
+                  else f"+{rb['deposits']}/-{rb['withdrawals']}" + (
+                      "" if rb.get("balance") is None else f" ={rb['balance']}"))
         if r["error"]:
             out.append([r["name"], "ERROR", r["error"], "", "", "", "", "", ""])
             continue
@@ -174,7 +175,8 @@ def show_text(d: dict[str, Any]) -> str:
     rb = d["budget"]
     if rb is not None:
         lines.append(f"budget:    {rb['deposits']} deposits, {rb['withdrawals']} retries in "
-                     f"the window ({rb['slices']} slices of {rb['slice_ms']} ms)")
+                     f"the window ({rb['slices']} slices of {rb['slice_ms']} ms), "
+                     f"balance {'?' if rb.get('balance') is None else rb['balance']}")
     for key, ttl in d["ttls"].items():
         lines.append(f"ttl:       {key}  {'no expiry' if ttl is None else duration(ttl)}")
     return "\n".join(lines)
