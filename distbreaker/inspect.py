@@ -170,7 +170,20 @@ def decode_state_hash(name: str, raw: Mapping[Any, Any], now_ms: int,
         "rejected": n["rejected"],
         "generation": n["gen"],
         "config": config,
+        "config_drift": _drift(h),
     }
+
+
+def _drift(h: Mapping[str, str]) -> dict[str, Any] | None:
+    """The newest config a worker used that differs from the stored one, if any."""
+    wire = h.get("drift_cfg") or ""
+    if not wire:
+        return None
+    try:
+        config = dict(_config(wire)[0])
+    except (SchemaError, ValueError):
+        config = {"wire": wire}
+    return {"config": config, "seen_at_ms": int(h.get("drift_at") or 0) or None}
 
 
 def _retry_in(state: State, n: Mapping[str, int], config: Mapping[str, Any], now_ms: int,

@@ -123,6 +123,15 @@ if not exists then
   for _, f in ipairs({'v', 'cfg', 'state', 'since'}) do dirty[f] = true end
 end
 if adopt then dirty.cfg = true end
+-- Remember the newest config that disagreed with the stored one (for operators:
+-- `distbreaker show`); written only when it changes, cleared by RESET.
+if drift == 1 then
+  if redis.call('HGET', K_STATE, 'drift_cfg') ~= cfg_wire then
+    put('drift_cfg', cfg_wire); put('drift_at', now)
+  end
+elseif adopt and redis.call('HEXISTS', K_STATE, 'drift_cfg') == 1 then
+  redis.call('HDEL', K_STATE, 'drift_cfg', 'drift_at')
+end
 
 -- Events ----------------------------------------------------------------------
 local transitions = {}

@@ -556,3 +556,25 @@ def test_show_and_ls_report_the_retry_budget_balance(redis_url: str, name: str) 
     row = next(r for r in listed["breakers"] if r["name"] == name)
     assert row["budget"]["balance"] == expected
     assert f"balance {expected}" in run(redis_url, "show", name).stdout
+
+
+def test_show_reports_config_drift_until_reset(redis_url: str, name: str) -> None:
+    import warnings
+
+    first = CircuitBreaker(name, redis=redis_url, failure_rate_threshold=50)
+    first.call(lambda: None)
+    assert json.loads(run(redis_url, "show", name, "--json").stdout)["breaker"][
+        "config_drift"] is None
+    second = CircuitBreaker(name, redis=redis_url, failure_rate_threshold=30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        second.call(lambda: None)
+    drift = json.loads(run(redis_url, "show", name, "--json").stdout)["breaker"][
+        "config_drift"]
+    assert drift["config"]["failure_rate_threshold"] == 30
+    assert drift["config"]["wire"] == second.config.to_wire()
+    assert drift["seen_at_ms"] > 0
+    assert "drift:" in run(redis_url, "show", name).stdout
+    second.reset()   # adopts the second config: no more drift
+    assert json.loads(run(redis_url, "show", name, "--json").stdout)["breaker"][
+        "config_drift"] is None

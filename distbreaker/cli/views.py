@@ -148,6 +148,10 @@ def show_text(d: dict[str, Any]) -> str:
             f"{c['max_wait_in_half_open_s']:g}s), key TTL {c['key_ttl_s']:g}s",
             f"wire:      {c['wire']}",
         ]
+        if b.get("config_drift"):
+            lines.append(f"drift:     a worker runs {b['config_drift']['config'].get('wire')} "
+                         f"(seen at {b['config_drift']['seen_at_ms']} ms); the stored "
+                         f"config governs until reset")
         buckets = b["window"]["buckets"]
         if c["sliding_window_type"] == "COUNT_BASED":
             lines.append(f"outcomes:  {_outcomes(buckets) or '(empty)'}  "
