@@ -22,8 +22,8 @@ import redis
 
 from distbreaker import BreakerConfig, CallNotPermitted, CircuitBreaker, SchemaError, State
 from distbreaker.embedded import RedisServer
-from distbreaker.inspect import decode_event_message, read_history
 from distbreaker.keys import BreakerKeys, BulkheadKeys, events_channel
+from distbreaker.readside import decode_event_message, read_history
 from distbreaker.scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from distbreaker import CircuitBreaker, State
-from distbreaker.inspect import read_history
+from distbreaker.readside import read_history
 
 CFG = {"sliding_window_size": 4, "minimum_number_of_calls": 4,
        "failure_rate_threshold": 50, "wait_duration_in_open_state": 0.3,

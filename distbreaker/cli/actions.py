@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from .. import inspect as view
+from .. import readside as view
 from ..breaker import CircuitBreaker
 from ..config import BreakerConfig
 from ..errors import SchemaError

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from .. import inspect as view
+from .. import readside as view
 from ..keys import BreakerKeys, events_channel
 from ..scripts import load_script, lua_dir
 from .app import App, cli, emit_json

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from ..ganesha import GaneshaConfig
-from ..inspect import text
+from ..readside import text
 from .app import App, NotFound, cli, emit_json
 
 

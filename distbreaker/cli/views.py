@@ -1,4 +1,4 @@
-"""Read-only commands: ls, show, events, watch. All reads go through distbreaker.inspect."""
+"""Read-only commands: ls, show, events, watch. All reads go through distbreaker.readside."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from .. import inspect as view
+from .. import readside as view
 from ..keys import BreakerKeys, events_channel
 from ..state import State
 from .app import App, NotFound, check_name, cli, emit_json

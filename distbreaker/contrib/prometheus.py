@@ -9,7 +9,7 @@ collector.register(breaker, bulkhead, budget)    # or a Policy, or plain names
 REGISTRY.register(collector)
 ```
 
-Each scrape reads Redis once (pipelined, read-only, see `distbreaker.inspect`)
+Each scrape reads Redis once (pipelined, read-only, see `distbreaker.readside`)
 and exports for every registered name (and, with ``discover=True``, every name
 found under the prefix):
 
@@ -50,8 +50,8 @@ from ..budget_codec import MILLIONTHS, BudgetCore
 from ..connection import sync_client
 from ..events import Transition
 from ..frontend import BreakerCore
-from ..inspect import read_summaries, scan_names
 from ..keys import DEFAULT_PREFIX
+from ..readside import read_summaries, scan_names
 from ..state import State
 
 __all__ = ["DistbreakerCollector"]

@@ -19,9 +19,9 @@ from redis.cluster import RedisCluster
 from distbreaker import Bulkhead, CallNotPermitted, CircuitBreaker, RetryBudget, State, aio
 from distbreaker.cli import cli
 from distbreaker.embedded import EmbeddedCluster
-from distbreaker.inspect import decode_event_message, read_history
 from distbreaker.keys import BreakerKeys, events_channel
 from distbreaker.policy import Policy
+from distbreaker.readside import decode_event_message, read_history
 
 SEED = {"sliding_window_type": "COUNT_BASED", "sliding_window_size": 10,
         "minimum_number_of_calls": 5, "failure_rate_threshold": 50,
