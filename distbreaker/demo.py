@@ -46,7 +46,7 @@ from .breaker import CircuitBreaker
 from .budget_codec import BudgetConfig
 from .bulkhead_codec import BulkheadConfig
 from .config import BreakerConfig
-from .embedded import embedded_redis, free_port
+from .embedded import embedded_redis, free_port, terminate
 from .errors import BulkheadFull, CallNotPermitted
 from .events import Transition
 from .keys import DEFAULT_PREFIX, BudgetKeys, BulkheadKeys
@@ -290,13 +290,7 @@ class UpstreamProcess:
             reply.read()
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        terminate(self.process)
         if self.process.stderr is not None:
             self.process.stderr.close()
 

@@ -25,6 +25,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def terminate(process: subprocess.Popen[Any] | None, grace: float = 5.0) -> None:
+    """SIGTERM a child process, SIGKILL it if it has not exited within `grace` seconds."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(grace)
+
+
 def _wait_for_port(port: int, deadline: float, process: subprocess.Popen[Any] | None) -> None:
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
@@ -73,13 +85,7 @@ class RedisServer:
         self.process = None
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        terminate(self.process)
         self.process = None
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -323,13 +329,7 @@ class EmbeddedSentinel:
         return self.master_address()
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        terminate(self.process)
         self.process = None
         self.replica.stop()
         self.primary.stop()
