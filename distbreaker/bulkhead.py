@@ -181,10 +181,9 @@ class Bulkhead:
         with self._lock:
             if self._blocking is None:
                 if isinstance(self._target, str):
-                    cfg = self.config
                     self._blocking = waiting_client(
-                        self._target, cfg.redis_timeout,
-                        cfg.max_wait_duration + cfg.redis_timeout + 1)
+                        self._target, self.config.redis_timeout,
+                        self.config.waiting_socket_timeout)
                 else:
                     self._blocking = self._client
                 self._blocking_cap = blocking_cap(self._blocking)

@@ -90,6 +90,11 @@ class BulkheadConfig:
         return max(1, self.max_concurrent_calls // self.expected_workers)
 
     @property
+    def waiting_socket_timeout(self) -> float:
+        """Socket timeout of the client BLPOP waits on: outlasts the longest wait."""
+        return self.max_wait_duration + self.redis_timeout + 1
+
+    @property
     def renew_interval(self) -> float:
         """How often a held permit's lease is renewed (seconds)."""
         return self.lease / 3

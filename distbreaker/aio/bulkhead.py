@@ -101,10 +101,9 @@ class Bulkhead:
         """The client BLPOP runs on (see `distbreaker.Bulkhead._waiter`) and its bound."""
         if state.blocking is None:
             if isinstance(self._target, str):
-                cfg = self.config
                 state.blocking = async_waiting_client(
-                    self._target, cfg.redis_timeout,
-                    cfg.max_wait_duration + cfg.redis_timeout + 1)
+                    self._target, self.config.redis_timeout,
+                    self.config.waiting_socket_timeout)
             else:
                 state.blocking = state.client
             state.cap = blocking_cap(state.blocking)
