@@ -208,11 +208,14 @@ class Bulkhead:
         started = time.monotonic()
         deadline = started + self.config.max_wait_duration
         if codec.health.usable():
+            for orphan in codec.take_orphans():
+                self._cancel(orphan)
             token = codec.new_token()
             try:
                 permit = self._acquire_redis(token, started, deadline)
             except UNAVAILABLE_ERRORS as error:
                 codec.health.failed(error)
+                codec.orphan(token)  # Redis may have granted it before the reply was lost
             except BaseException as error:
                 if not isinstance(error, BulkheadFull):
                     self._cancel(token)  # e.g. KeyboardInterrupt while waiting

@@ -197,6 +197,8 @@ class BulkheadCodec:
         self._lock = threading.Lock()
         self.rejected_here = 0
         self.lost_here = 0
+        self._orphans_lock = threading.Lock()
+        self._orphans: list[str] = []
         forking.register(self)
 
     def _after_fork(self) -> None:
@@ -204,6 +206,8 @@ class BulkheadCodec:
         self._lock = threading.Lock()
         self.rejected_here = 0
         self.lost_here = 0
+        self._orphans_lock = threading.Lock()
+        self._orphans = []  # the parent's to cancel, not ours
 
     # -- script calls -------------------------------------------------------------
     def _call(self, op: str, token: str, extra: int = 0) -> ScriptCall:
@@ -265,6 +269,18 @@ class BulkheadCodec:
     def after_release(self, permit: BulkheadPermit, reply: BulkheadReply) -> None:
         if not reply.ok:
             self.mark_lost(permit, "release")
+
+    def orphan(self, token: str) -> None:
+        """An acquire whose reply was lost: Redis may hold its lease. Remembered (bounded)
+        so the next acquire that reaches Redis cancels it instead of waiting a lease."""
+        with self._orphans_lock:
+            if len(self._orphans) < 1000:
+                self._orphans.append(token)
+
+    def take_orphans(self) -> list[str]:
+        with self._orphans_lock:
+            tokens, self._orphans = self._orphans, []
+        return tokens
 
     def release_pending(self, permit: BulkheadPermit) -> PendingCall:
         """The release script call with its reply and outage handling (sent by a shell)."""

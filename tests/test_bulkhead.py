@@ -430,3 +430,32 @@ def test_local_fallback_then_back_to_the_fleet_limit(name: str) -> None:
         assert bulkhead.metrics().in_use == 2
     finally:
         server.stop()
+
+
+def test_a_lease_granted_before_a_lost_reply_is_cancelled_on_the_next_acquire(
+        name: str, redis_url: str) -> None:
+    """Redis granted the permit but the reply timed out: the lease must not stay taken."""
+
+    class LosesOneReply(redis.Redis):
+        lose = 1
+
+        def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+            reply = super().execute_command(*args, **kwargs)
+            if LosesOneReply.lose and args[0] in ("EVALSHA", "EVAL") \
+                    and args[3 + int(args[2])] == "acquire":
+                LosesOneReply.lose = 0
+                raise redis.exceptions.TimeoutError("reply lost")
+            return reply
+
+    client = LosesOneReply.from_url(redis_url)
+    bulkhead = Bulkhead(name, redis=client, max_concurrent_calls=1, lease=30)
+    first = bulkhead.acquire()
+    assert first.local                       # fell back while Redis looked unavailable
+    bulkhead.release(first)
+    assert bulkhead.metrics().in_use == 1    # the orphaned lease, granted in Redis
+    time.sleep(0.15)                         # past the first backoff
+    second = bulkhead.acquire()              # cancels the orphan, then gets the permit
+    assert not second.local
+    assert bulkhead.metrics().in_use == 1
+    bulkhead.release(second)
+    assert bulkhead.metrics().in_use == 0

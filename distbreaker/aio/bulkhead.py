@@ -121,11 +121,14 @@ class Bulkhead:
         started = time.monotonic()
         deadline = started + self.config.max_wait_duration
         if codec.health.usable():
+            for orphan in codec.take_orphans():
+                await self._cancel(orphan)
             token = codec.new_token()
             try:
                 permit = await self._acquire_redis(token, started, deadline)
             except UNAVAILABLE_ERRORS as error:
                 codec.health.failed(error)
+                codec.orphan(token)  # Redis may have granted it before the reply was lost
             except BaseException as error:
                 if not isinstance(error, BulkheadFull):
                     # Cancelled (e.g. a timeout around the call): Redis may have granted
