@@ -1,0 +1,87 @@
+"""A foreign key type on lua/breaker.lua's hot path (one outcome recorded in
+CLOSED, count window) is a schema error naming that key, reported before
+anything is written. Pinned here for any change that stops checking every
+key's TYPE up front (a deferred check must still run before the first write).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from distbreaker import BreakerConfig, SchemaError, State
+from distbreaker.codec import Reply, decode_reply
+from distbreaker.keys import BreakerKeys
+from distbreaker.scripts import load_script, run_script
+
+CONFIG = BreakerConfig(sliding_window_size=4, minimum_number_of_calls=4,
+                       failure_rate_threshold=50)
+
+
+def _record(client: redis.Redis, name: str, ok: int, fails: int) -> Reply:
+    keys = BreakerKeys.build(name)
+    args: tuple[Any, ...] = ("record", name, CONFIG.to_wire(), keys.channel, "", ok, fails,
+                             0, 5)
+    return decode_reply(run_script(client, load_script("breaker"), keys.script_keys, args))
+
+
+def _snapshot(client: redis.Redis, keys: BreakerKeys) -> list[Any]:
+    """Everything the script could have written."""
+    return [client.dump(key) for key in keys.script_keys] + [
+        client.pttl(key) > 0 for key in keys.script_keys]
+
+
+def test_a_record_that_would_trip_checks_the_history_key_before_writing(
+        name: str, redis_client: redis.Redis) -> None:
+    keys = BreakerKeys.build(name)
+    for _ in range(3):
+        _record(redis_client, name, 0, 1)       # three failures: the fourth call decides
+    redis_client.rpush(keys.history, "foreign")
+    before = _snapshot(redis_client, keys)
+    with pytest.raises(SchemaError) as caught:
+        _record(redis_client, name, 1, 0)       # 3/4 failed: would open the breaker
+    assert caught.value.key == keys.history
+    assert "holds a list, expected a stream" in str(caught.value)
+    assert _snapshot(redis_client, keys) == before
+
+
+def test_a_foreign_window_key_is_reported_before_anything_is_written(
+        name: str, redis_client: redis.Redis) -> None:
+    keys = BreakerKeys.build(name)
+    _record(redis_client, name, 1, 0)
+    redis_client.delete(keys.window)
+    redis_client.set(keys.window, "foreign")
+    before = _snapshot(redis_client, keys)
+    with pytest.raises(SchemaError) as caught:
+        _record(redis_client, name, 1, 0)
+    assert caught.value.key == keys.window
+    assert "holds a string, expected a hash" in str(caught.value)
+    assert _snapshot(redis_client, keys) == before
+
+
+def test_the_first_foreign_key_in_keys_order_wins_over_a_later_error(
+        name: str, redis_client: redis.Redis) -> None:
+    """A bad state field found on the hot path is still reported after the
+    window's type, as when every key was checked first."""
+    keys = BreakerKeys.build(name)
+    _record(redis_client, name, 1, 0)
+    redis_client.hset(keys.state, "calls", "many")
+    redis_client.delete(keys.window)
+    redis_client.rpush(keys.window, "foreign")
+    with pytest.raises(SchemaError) as caught:
+        _record(redis_client, name, 1, 0)
+    assert caught.value.key == keys.window
+
+
+def test_the_hot_path_still_counts_and_opens(name: str, redis_client: redis.Redis) -> None:
+    for _ in range(3):
+        reply = _record(redis_client, name, 1, 0)
+    assert (reply.state, reply.calls, reply.failures) == (State.CLOSED, 3, 0)
+    reply = _record(redis_client, name, 0, 1)
+    assert (reply.state, reply.calls, reply.failures) == (State.CLOSED, 4, 1)
+    reply = _record(redis_client, name, 0, 1)   # ring slot 0 (a success) is replaced: 2/4
+    assert reply.state is State.OPEN
+    assert [t[:2] for t in reply.transitions] == [(State.CLOSED, State.OPEN)]
+    assert redis_client.xlen(BreakerKeys.build(name).history) == 1
