@@ -301,7 +301,8 @@ end
 -- Operations ------------------------------------------------------------------
 local permitted = 1
 if op == 'record' then
-  advance()
+  -- Arguments are checked before advance(): an error must not leave a
+  -- time-driven transition half done (published but not saved).
   local token = ARGV[5]
   local ok, fails = tonumber(ARGV[6]), tonumber(ARGV[7])
   local slows, ms = tonumber(ARGV[8]), tonumber(ARGV[9])
@@ -313,6 +314,7 @@ if op == 'record' then
   if slows > ok + fails then
     return redis.error_reply('DISTBREAKER_ARGS record: more slow calls than calls')
   end
+  advance()
   local st = s_state
   if st == 'CLOSED' or st == 'METRICS_ONLY' then
     record_window(ok, fails, slows, ms)

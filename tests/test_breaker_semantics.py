@@ -585,3 +585,18 @@ def test_keys_created_between_ttl_refreshes_get_a_ttl_at_once(name: str, redis_u
             assert 0 < ttl <= 3_600_000, (key, ttl)
     assert redis_client.exists(breaker.keys.window, breaker.keys.history,
                                breaker.keys.state) == 3
+
+
+def test_a_bad_record_leaves_no_half_done_transition(name: str, redis_url: str,
+                                                     redis_client: redis.Redis) -> None:
+    """Bad arguments are refused before time-driven transitions run, so nothing is published."""
+    breaker = CircuitBreaker(name, redis=redis_url, wait_duration_in_open_state=0.05)
+    breaker.trip("test")
+    time.sleep(0.08)                                   # OPEN -> HALF_OPEN is now due
+    before = redis_client.xlen(breaker.keys.history)
+    call = breaker._codec._call("record", "", 1, 0, 5, 0)   # more slow calls than calls
+    with pytest.raises(ValueError, match="slow"):
+        run_script(redis_client, load_script("breaker"), call.keys, call.args)
+    assert redis_client.xlen(breaker.keys.history) == before
+    assert breaker.state is State.HALF_OPEN            # the transition happens once, here
+    assert redis_client.xlen(breaker.keys.history) == before + 1
