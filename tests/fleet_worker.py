@@ -33,6 +33,19 @@ def wait_for_count(client: redis.Redis, key: str, target: int, timeout: float = 
         time.sleep(0.005)
 
 
+def wait_until_all_tried(client: redis.Redis, name: str, total: int,
+                         timeout: float = 20.0) -> tuple[int, int]:
+    """Wait until `total` calls were counted as reached or rejected (or the timeout);
+    return (reached, rejected) as last read."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reached = int(client.get(counter_key(name, "reached")) or 0)
+        rejected = int(client.get(counter_key(name, "rejected")) or 0)
+        if reached + rejected >= total or time.monotonic() >= deadline:
+            return reached, rejected
+        time.sleep(0.005)
+
+
 def see_open_then_call(url: str, name: str, cfg: dict[str, Any], index: int, tripped: Event,
                        results: Queue) -> None:
     """Scenario (a): worker 0 trips the breaker; the others read the state, then call."""

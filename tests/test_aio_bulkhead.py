@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,8 +14,6 @@ import redis
 from distbreaker.aio.bulkhead import Bulkhead
 from distbreaker.embedded import free_port
 from distbreaker.errors import BulkheadFull
-
-FORK = multiprocessing.get_context("fork")
 
 
 class Dependency:
@@ -198,20 +195,9 @@ def _process_worker(url: str, name: str, tasks: int, ready: Any, go: Any,
 
 
 def test_four_processes_share_the_limit(name: str, redis_url: str) -> None:
-    ready, go, lock = FORK.Semaphore(0), FORK.Event(), FORK.Lock()
-    counters = FORK.Array("i", 5, lock=False)  # calls, running, peak, ok, full
-    processes = [FORK.Process(target=_process_worker,
-                              args=(redis_url, name, tasks, ready, go, counters, lock))
-                 for tasks in (3, 3, 2, 2)]
-    for process in processes:
-        process.start()
-    for _ in processes:
-        assert ready.acquire(timeout=10)
-    go.set()
-    for process in processes:
-        process.join(10)
-        assert process.exitcode == 0
-    calls, running, peak, ok, full = counters[:]
+    from test_bulkhead import run_four_processes
+
+    calls, running, peak, ok, full = run_four_processes(_process_worker, redis_url, name)
     assert (ok, full) == (3, 7)
     assert calls == 3 and peak == 3 and running == 0
 

@@ -19,7 +19,7 @@ import batched_worker
 import pytest
 import redis
 from batched_worker import Boom, fail, ok
-from fleet_worker import counter_key, wait_for_count
+from fleet_worker import counter_key, wait_for_count, wait_until_all_tried
 
 import distbreaker.aio as aio
 from distbreaker import CallNotPermitted, CircuitBreaker, State, Transition
@@ -234,13 +234,7 @@ def test_half_open_probe_cap_holds_across_batched_processes(redis_url: str,
         time.sleep(max(0.0, tripped_at + 0.45 - time.monotonic()))
         go.set()
         total = processes_n * threads
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            reached = int(redis_client.get(counter_key(name, "reached")) or 0)
-            rejected = int(redis_client.get(counter_key(name, "rejected")) or 0)
-            if reached + rejected >= total:
-                break
-            time.sleep(0.005)
+        reached, rejected = wait_until_all_tried(redis_client, name, total)
         assert breaker.metrics().probes_in_flight == 3
     finally:
         release.set()

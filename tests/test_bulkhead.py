@@ -314,12 +314,14 @@ def _process_worker(url: str, name: str, threads: int, ready: Any, go: Any,
         worker.join()
 
 
-def test_four_processes_share_the_limit(name: str, redis_url: str) -> None:
+def run_four_processes(worker: Any, redis_url: str, name: str) -> list[int]:
+    """Start 4 forked processes running 3+3+2+2 concurrent callers of `worker`, released
+    together; return the shared counters [calls, running, peak, ok, full]."""
     ready, go, lock = FORK.Semaphore(0), FORK.Event(), FORK.Lock()
-    counters = FORK.Array("i", 5, lock=False)  # calls, running, peak, ok, full
-    processes = [FORK.Process(target=_process_worker,
-                              args=(redis_url, name, threads, ready, go, counters, lock))
-                 for threads in (3, 3, 2, 2)]
+    counters = FORK.Array("i", 5, lock=False)
+    processes = [FORK.Process(target=worker,
+                              args=(redis_url, name, callers, ready, go, counters, lock))
+                 for callers in (3, 3, 2, 2)]
     for process in processes:
         process.start()
     for _ in processes:
@@ -328,7 +330,11 @@ def test_four_processes_share_the_limit(name: str, redis_url: str) -> None:
     for process in processes:
         process.join(10)
         assert process.exitcode == 0
-    calls, running, peak, ok, full = counters[:]
+    return list(counters[:])
+
+
+def test_four_processes_share_the_limit(name: str, redis_url: str) -> None:
+    calls, running, peak, ok, full = run_four_processes(_process_worker, redis_url, name)
     assert (ok, full) == (3, 7)
     assert calls == 3 and peak == 3 and running == 0
 

@@ -18,7 +18,7 @@ from typing import Any
 import fleet_worker
 import pytest
 import redis
-from fleet_worker import counter_key, wait_for_count
+from fleet_worker import counter_key, wait_for_count, wait_until_all_tried
 
 from distbreaker import CallNotPermitted, CircuitBreaker, State
 
@@ -102,13 +102,7 @@ def test_half_open_admits_only_the_permitted_probes_fleet_wide(name: str, redis_
         time.sleep(max(0.0, tripped_at + 0.45 - time.monotonic()))
         go.set()
         total = PROCESSES * threads
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            reached = int(redis_client.get(counter_key(name, "reached")) or 0)
-            rejected = int(redis_client.get(counter_key(name, "rejected")) or 0)
-            if reached + rejected >= total:
-                break
-            time.sleep(0.005)
+        reached, rejected = wait_until_all_tried(redis_client, name, total)
         # every thread of the fleet has tried; the probes are still in flight
         assert breaker.metrics().probes_in_flight == 3
     finally:
