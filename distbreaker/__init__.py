@@ -1,11 +1,7 @@
 """distbreaker: one circuit breaker per dependency for a whole fleet, kept in Redis."""
 
-from .breaker import CircuitBreaker
-from .budget import RetryBudget
-from .budget_codec import BudgetConfig
-from .bulkhead import Bulkhead
-from .bulkhead_codec import BulkheadConfig, BulkheadMetrics, BulkheadPermit
-from .classify import (
+from ._runtime.keys import SCHEMA_VERSION
+from .breaker.classify import (
     HttpClassifier,
     HttpStatusError,
     HttpVerdict,
@@ -14,8 +10,16 @@ from .classify import (
     classify_http,
     parse_retry_after,
 )
-from .codec import Metrics
-from .config import BreakerConfig, RedisErrorPolicy, WindowType
+from .breaker.config import BreakerConfig, RedisErrorPolicy, WindowType
+from .breaker.core import BreakerMetrics, Metrics
+from .breaker.events import Transition
+from .breaker.state import State
+from .breaker.sync import CircuitBreaker
+from .budget.config import BudgetConfig
+from .budget.sync import RetryBudget
+from .bulkhead.config import BulkheadConfig
+from .bulkhead.core import BulkheadMetrics, BulkheadPermit
+from .bulkhead.sync import Bulkhead
 from .errors import (
     BulkheadFull,
     CallNotPermitted,
@@ -24,15 +28,14 @@ from .errors import (
     RetryBudgetExhausted,
     SchemaError,
 )
-from .events import Transition
-from .keys import SCHEMA_VERSION
-from .policy import Policy
-from .retry import Jitter, Retry, RetryConfig
-from .state import State
+from .policy.sync import Policy
+from .retry.config import Jitter, RetryConfig
+from .retry.sync import Retry
 
 __all__ = [
     "SCHEMA_VERSION",
     "BreakerConfig",
+    "BreakerMetrics",
     "BudgetConfig",
     "Bulkhead",
     "BulkheadConfig",

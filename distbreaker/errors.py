@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .state import State
+from .breaker.state import State
 
 
 class DistbreakerError(Exception):

@@ -15,11 +15,11 @@ import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from .codec import rate
-from .config import BreakerConfig, WindowType
+from ._runtime.keys import BreakerKeys, BudgetKeys, BulkheadKeys, namespace
+from .breaker.config import BreakerConfig, WindowType
+from .breaker.core import rate
+from .breaker.state import State
 from .errors import SchemaError
-from .keys import BreakerKeys, BudgetKeys, BulkheadKeys, namespace
-from .state import State
 
 JSON_SCHEMA_VERSION = 1
 SCAN_COUNT = 500

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from distbreaker import BreakerConfig, BudgetConfig, BulkheadConfig, Policy, RetryConfig
-from distbreaker.demo import Response, http_get
+from distbreaker.demo.fleet import Response, http_get
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://localhost:6379/0")
 UPSTREAM_URL = os.environ.get("UPSTREAM_URL", "http://localhost:8080")

@@ -45,8 +45,10 @@ from typing import Any
 import redis
 
 import distbreaker
-from distbreaker import CallNotPermitted, CircuitBreaker, State
-from distbreaker.embedded import RedisServer
+from distbreaker import CircuitBreaker
+from distbreaker.breaker.state import State
+from distbreaker.demo.embedded import RedisServer
+from distbreaker.errors import CallNotPermitted
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_batched  # this folder: batched mode, interlock-cb, detection cost

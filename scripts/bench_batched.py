@@ -24,7 +24,8 @@ from typing import Any
 
 import redis
 
-from distbreaker import CallNotPermitted, CircuitBreaker
+from distbreaker import CircuitBreaker
+from distbreaker.errors import CallNotPermitted
 
 FLEET = 16
 DEPENDENCY_LATENCY = 0.005

@@ -8,9 +8,10 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 from typing import Any
 
-from distbreaker import CallNotPermitted, CircuitBreaker
-from distbreaker.codec import Step
-from distbreaker.subscriber import SUBSCRIBERS
+from distbreaker import CircuitBreaker
+from distbreaker._runtime.subscriber import SUBSCRIBERS
+from distbreaker.breaker.core import Step
+from distbreaker.errors import CallNotPermitted
 
 
 class Boom(Exception):

@@ -10,7 +10,7 @@ import fakeredis
 import pytest
 import redis
 
-from distbreaker.embedded import RedisServer
+from distbreaker.demo.embedded import RedisServer
 
 _names = itertools.count()
 

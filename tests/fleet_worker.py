@@ -16,7 +16,10 @@ from typing import Any
 
 import redis
 
-from distbreaker import CallNotPermitted, CircuitBreaker, State, Transition
+from distbreaker import CircuitBreaker
+from distbreaker.breaker.events import Transition
+from distbreaker.breaker.state import State
+from distbreaker.errors import CallNotPermitted
 
 
 def counter_key(name: str, what: str) -> str:

@@ -13,9 +13,12 @@ import redis.asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from distbreaker import CircuitBreaker as SyncBreaker
-from distbreaker.aio import CallNotPermitted, CircuitBreaker, State, Transition
-from distbreaker.codec import SCRIPT_NAME
-from distbreaker.scripts import load_script
+from distbreaker._runtime.scripts import load_script
+from distbreaker.aio import CircuitBreaker
+from distbreaker.breaker.core import SCRIPT_NAME
+from distbreaker.breaker.events import Transition
+from distbreaker.breaker.state import State
+from distbreaker.errors import CallNotPermitted
 
 T = TypeVar("T")
 SEED = {"sliding_window_type": "COUNT_BASED", "sliding_window_size": 10,

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import redis
 
-from distbreaker.aio.bulkhead import Bulkhead
-from distbreaker.embedded import free_port
+from distbreaker.bulkhead.aio import Bulkhead
+from distbreaker.demo.embedded import free_port
 from distbreaker.errors import BulkheadFull
 
 

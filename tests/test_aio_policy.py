@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
-from distbreaker import BulkheadFull, CallNotPermitted, HttpStatusError, State
 from distbreaker.aio import Policy
+from distbreaker.breaker.classify import HttpStatusError
+from distbreaker.breaker.state import State
+from distbreaker.errors import BulkheadFull, CallNotPermitted
 from tests.test_policy import NO_SLEEP, Response
 
 

@@ -21,21 +21,16 @@ from click.testing import CliRunner
 from redis.crc import key_slot
 
 import distbreaker.aio as aio
-from distbreaker import (
-    BreakerConfig,
-    BudgetConfig,
-    Bulkhead,
-    BulkheadConfig,
-    CircuitBreaker,
-    Policy,
-    Retry,
-    RetryBudget,
-    RetryConfig,
-)
-from distbreaker.aio.ganesha import GaneshaBreaker as AioGaneshaBreaker
-from distbreaker.cli import cli
-from distbreaker.ganesha import GaneshaBreaker, GaneshaConfig
-from distbreaker.keys import BreakerKeys, BudgetKeys, BulkheadKeys
+from distbreaker import Bulkhead, CircuitBreaker, Policy, Retry, RetryBudget
+from distbreaker._runtime.keys import BreakerKeys, BudgetKeys, BulkheadKeys
+from distbreaker.breaker.config import BreakerConfig
+from distbreaker.budget.config import BudgetConfig
+from distbreaker.bulkhead.config import BulkheadConfig
+from distbreaker.cli.app import cli
+from distbreaker.ganesha.aio import GaneshaBreaker as AioGaneshaBreaker
+from distbreaker.ganesha.config import GaneshaConfig
+from distbreaker.ganesha.sync import GaneshaBreaker
+from distbreaker.retry.config import RetryConfig
 
 BAD_NAMES: list[tuple[str, Any]] = [
     ("empty", ""), ("201 chars", "x" * 201), ("space", "a b"), ("newline", "a\nb"),

@@ -22,11 +22,14 @@ from batched_worker import Boom, fail, ok
 from fleet_worker import counter_key, wait_for_count, wait_until_all_tried
 
 import distbreaker.aio as aio
-from distbreaker import CallNotPermitted, CircuitBreaker, State, Transition
-from distbreaker.batching import LOOP_FLUSHERS, THREAD_FLUSHER
-from distbreaker.codec import Permit
-from distbreaker.config import BreakerConfig
-from distbreaker.embedded import RedisServer, free_port
+from distbreaker import CircuitBreaker
+from distbreaker.breaker.batching import LOOP_FLUSHERS, THREAD_FLUSHER
+from distbreaker.breaker.config import BreakerConfig
+from distbreaker.breaker.core import Permit
+from distbreaker.breaker.events import Transition
+from distbreaker.breaker.state import State
+from distbreaker.demo.embedded import RedisServer, free_port
+from distbreaker.errors import CallNotPermitted
 
 SPAWN = multiprocessing.get_context("spawn")
 FORK = multiprocessing.get_context("fork")
@@ -456,7 +459,7 @@ def test_one_failing_breaker_in_a_pipeline_does_not_double_count_the_others(
 
 def test_fail_open_outage_feeds_the_local_breaker_at_once() -> None:
     """While Redis is down, batched outcomes protect through the local breaker right away."""
-    from distbreaker.embedded import free_port
+    from distbreaker.demo.embedded import free_port
 
     breaker = CircuitBreaker("batched-outage", redis=f"redis://127.0.0.1:{free_port()}/0",
                              record_mode="batched", subscribe=False,

@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 import redis
 
-from distbreaker import BreakerConfig, SchemaError, State
-from distbreaker.codec import Reply, decode_reply
-from distbreaker.keys import BreakerKeys
-from distbreaker.scripts import load_script, run_script
+from distbreaker._runtime.keys import BreakerKeys
+from distbreaker._runtime.scripts import load_script, run_script
+from distbreaker.breaker.config import BreakerConfig
+from distbreaker.breaker.core import Reply, decode_reply
+from distbreaker.breaker.state import State
+from distbreaker.errors import SchemaError
 
 CONFIG = BreakerConfig(sliding_window_size=4, minimum_number_of_calls=4,
                        failure_rate_threshold=50)

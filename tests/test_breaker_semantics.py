@@ -16,18 +16,14 @@ from typing import Any
 import pytest
 import redis
 
-from distbreaker import (
-    BreakerConfig,
-    CallNotPermitted,
-    CircuitBreaker,
-    ConfigDriftWarning,
-    SchemaError,
-    State,
-    Transition,
-)
-from distbreaker.codec import decode_reply
-from distbreaker.keys import BreakerKeys
-from distbreaker.scripts import load_script, run_script
+from distbreaker import CircuitBreaker
+from distbreaker._runtime.keys import BreakerKeys
+from distbreaker._runtime.scripts import load_script, run_script
+from distbreaker.breaker.config import BreakerConfig
+from distbreaker.breaker.core import decode_reply
+from distbreaker.breaker.events import Transition
+from distbreaker.breaker.state import State
+from distbreaker.errors import CallNotPermitted, ConfigDriftWarning, SchemaError
 
 
 def fail(exc: BaseException) -> Callable[[], None]:

@@ -10,10 +10,10 @@ import warnings
 import pytest
 import redis
 
-from distbreaker.aio.budget import RetryBudget as AsyncRetryBudget
-from distbreaker.budget import RetryBudget
-from distbreaker.budget_codec import BudgetConfig
-from distbreaker.embedded import RedisServer, free_port
+from distbreaker.budget.aio import RetryBudget as AsyncRetryBudget
+from distbreaker.budget.config import BudgetConfig
+from distbreaker.budget.sync import RetryBudget
+from distbreaker.demo.embedded import RedisServer, free_port
 from distbreaker.errors import ConfigDriftWarning, RetryBudgetExhausted, SchemaError
 
 
@@ -118,7 +118,7 @@ def test_batched_deposits_cost_no_round_trip_until_the_batch_is_full(
 
 
 def test_script_rejects_bad_arguments(redis_client: redis.Redis) -> None:
-    from distbreaker.scripts import load_script, run_script
+    from distbreaker._runtime.scripts import load_script, run_script
 
     script = load_script("budget")
     good = ["200000", "0", "1000", "10"]

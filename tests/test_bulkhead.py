@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 import redis
 
-from distbreaker.bulkhead import Bulkhead, BulkheadConfig
-from distbreaker.bulkhead_codec import BulkheadCodec
-from distbreaker.embedded import RedisServer, free_port
+from distbreaker._runtime.scripts import run_script
+from distbreaker.bulkhead.config import BulkheadConfig
+from distbreaker.bulkhead.core import BulkheadCodec
+from distbreaker.bulkhead.sync import Bulkhead
+from distbreaker.demo.embedded import RedisServer, free_port
 from distbreaker.errors import BulkheadFull, DistbreakerError, SchemaError
-from distbreaker.scripts import run_script
 
 FORK = multiprocessing.get_context("fork")
 

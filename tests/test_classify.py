@@ -8,16 +8,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from distbreaker import BreakerConfig, Outcome, classify_exception
-from distbreaker.classify import (
+from distbreaker.breaker.classify import (
     HttpClassifier,
     HttpStatusError,
     HttpVerdict,
+    Outcome,
+    classify_exception,
     classify_http,
     parse_retry_after,
     retry_after_of,
     status_of,
 )
+from distbreaker.breaker.config import BreakerConfig
 
 
 @pytest.mark.parametrize("status", [100, 200, 204, 301, 304, 399])

@@ -17,10 +17,12 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 
-from distbreaker import CallNotPermitted, CircuitBreaker, State
-from distbreaker.cli import cli
-from distbreaker.embedded import free_port
-from distbreaker.keys import BreakerKeys, BudgetKeys
+from distbreaker import CircuitBreaker
+from distbreaker._runtime.keys import BreakerKeys, BudgetKeys
+from distbreaker.breaker.state import State
+from distbreaker.cli.app import cli
+from distbreaker.demo.embedded import free_port
+from distbreaker.errors import CallNotPermitted
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = {"sliding_window_size": 10, "minimum_number_of_calls": 4,
@@ -153,8 +155,8 @@ def test_show_text_and_time_window_buckets(redis_url: str, name: str) -> None:
 
 def test_show_bulkhead_holders_and_budget(redis_url: str, redis_client: redis.Redis,
                                           name: str) -> None:
-    from distbreaker.budget import RetryBudget
-    from distbreaker.bulkhead import Bulkhead
+    from distbreaker.budget.sync import RetryBudget
+    from distbreaker.bulkhead.sync import Bulkhead
 
     bulkhead = Bulkhead(name, redis=redis_url, max_concurrent_calls=3, lease=30.0)
     permit = bulkhead.acquire()
@@ -284,8 +286,9 @@ def test_reset_all_needs_yes(redis_url: str, fleet: dict[str, CircuitBreaker]) -
 
 def test_release_stale_reaps_a_dead_holders_lease(redis_url: str, redis_client: redis.Redis,
                                                   name: str) -> None:
-    from distbreaker.bulkhead_codec import BulkheadCodec, BulkheadConfig
-    from distbreaker.scripts import load_script, run_script
+    from distbreaker._runtime.scripts import load_script, run_script
+    from distbreaker.bulkhead.config import BulkheadConfig
+    from distbreaker.bulkhead.core import BulkheadCodec
 
     def hold(token: str, lease: float) -> None:
         codec = BulkheadCodec(name, BulkheadConfig(max_concurrent_calls=2, lease=lease))
@@ -474,7 +477,7 @@ def cluster_url() -> Iterator[str]:
     EmbeddedCluster gives the node an explicit bus port: the default port+10000 is out
     of range (and redis-server exits) for ports above 55535.
     """
-    from distbreaker.embedded import EmbeddedCluster
+    from distbreaker.demo.embedded import EmbeddedCluster
 
     with EmbeddedCluster(primaries=1) as cluster:
         yield cluster.url

@@ -27,8 +27,8 @@ from typing import Any
 import redis
 import yaml
 
-from distbreaker.embedded import free_port
-from distbreaker.keys import BreakerKeys
+from distbreaker._runtime.keys import BreakerKeys
+from distbreaker.demo.embedded import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -63,8 +63,8 @@ def test_compose_file_is_valid_and_names_what_exists() -> None:
     for copied in ("distbreaker", "lua", "docker", "pyproject.toml"):
         assert f"COPY {copied}" in dockerfile and (ROOT / copied).exists()
     upstream = command("upstream")
-    assert upstream[:3] == ["python", "-m", "distbreaker.upstream"]
-    assert importlib.util.find_spec("distbreaker.upstream") is not None
+    assert upstream[:3] == ["python", "-m", "distbreaker.demo.upstream"]
+    assert importlib.util.find_spec("distbreaker.demo.upstream") is not None
     web = command("web")
     assert web[0] == "gunicorn" and web[web.index("--workers") + 1] == "4"
     module, _, attr = web[-1].partition(":")

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import redis
 
-from distbreaker import BreakerConfig, CircuitBreaker, WindowType
+from distbreaker import CircuitBreaker
+from distbreaker.breaker.config import BreakerConfig, WindowType
 
 # (field, bad value, text the message must contain besides the field name)
 INVALID: list[tuple[str, Any, str]] = [

@@ -21,9 +21,11 @@ import pytest
 import redis
 from celery.exceptions import Retry
 
-from distbreaker import CallNotPermitted, CircuitBreaker, RetryBudget, State
+from distbreaker import CircuitBreaker, RetryBudget
+from distbreaker.breaker.state import State
 from distbreaker.contrib.celery import backoff_countdown, protect, rejection_countdown
-from distbreaker.embedded import RedisServer
+from distbreaker.demo.embedded import RedisServer
+from distbreaker.errors import CallNotPermitted
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT = 30.0

@@ -7,16 +7,10 @@ import redis
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from distbreaker import (
-    Bulkhead,
-    BulkheadFull,
-    CallNotPermitted,
-    CircuitBreaker,
-    Policy,
-    RetryBudget,
-)
+from distbreaker import Bulkhead, CircuitBreaker, Policy, RetryBudget
+from distbreaker._runtime.keys import BreakerKeys
 from distbreaker.contrib.prometheus import DistbreakerCollector
-from distbreaker.keys import BreakerKeys
+from distbreaker.errors import BulkheadFull, CallNotPermitted
 
 CFG = {"sliding_window_size": 4, "minimum_number_of_calls": 4, "failure_rate_threshold": 50,
        "wait_duration_in_open_state": 30}

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import redis
 
-from distbreaker.keys import BreakerKeys
-from distbreaker.upstream import FlakyUpstream, Timeline
+from distbreaker._runtime.keys import BreakerKeys
+from distbreaker.demo.upstream import FlakyUpstream, Timeline
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -147,6 +147,6 @@ def test_upstream_serves_the_timeline_and_counts_calls() -> None:
 
 
 def test_upstream_command_line_starts_and_rejects_a_bad_timeline() -> None:
-    bad = subprocess.run([sys.executable, "-m", "distbreaker.upstream", "--timeline", "nap:3"],
+    bad = subprocess.run([sys.executable, "-m", "distbreaker.demo.upstream", "--timeline", "nap:3"],
                          capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "unknown mode 'nap'" in bad.stderr

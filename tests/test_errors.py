@@ -6,13 +6,8 @@ import pickle
 
 import pytest
 
-from distbreaker import (
-    BulkheadFull,
-    CallNotPermitted,
-    RetryBudgetExhausted,
-    SchemaError,
-    State,
-)
+from distbreaker.breaker.state import State
+from distbreaker.errors import BulkheadFull, CallNotPermitted, RetryBudgetExhausted, SchemaError
 
 
 @pytest.mark.parametrize("error", [

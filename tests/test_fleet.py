@@ -20,7 +20,9 @@ import pytest
 import redis
 from fleet_worker import counter_key, wait_for_count, wait_until_all_tried
 
-from distbreaker import CallNotPermitted, CircuitBreaker, State
+from distbreaker import CircuitBreaker
+from distbreaker.breaker.state import State
+from distbreaker.errors import CallNotPermitted
 
 SPAWN = multiprocessing.get_context("spawn")
 FORK = multiprocessing.get_context("fork")

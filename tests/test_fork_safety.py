@@ -19,7 +19,10 @@ from typing import Any
 import pytest
 import redis
 
-from distbreaker import Bulkhead, CallNotPermitted, CircuitBreaker, RetryBudget, State, forking
+from distbreaker import Bulkhead, CircuitBreaker, RetryBudget
+from distbreaker._runtime import forking
+from distbreaker.breaker.state import State
+from distbreaker.errors import CallNotPermitted
 
 CFG = {"sliding_window_size": 100, "minimum_number_of_calls": 40, "failure_rate_threshold": 50,
        "wait_duration_in_open_state": 30}
@@ -226,7 +229,7 @@ def test_explicit_hook_resets_when_the_fork_hooks_did_not_run(redis_url: str,
 def test_ganesha_members_stay_unique_across_a_fork(redis_url: str, name: str) -> None:
     """Ganesha mode tags its ZSET members per process; a child must not reuse the
     parent's tag (both continue the same counter, so members could collide)."""
-    from distbreaker.ganesha import GaneshaBreaker
+    from distbreaker.ganesha.sync import GaneshaBreaker
 
     breaker = GaneshaBreaker(name, redis=redis_url)
     parent_tag = breaker._codec._process_tag

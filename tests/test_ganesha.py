@@ -11,7 +11,8 @@ import pytest
 import redis
 
 from distbreaker.errors import CallNotPermitted, SchemaError
-from distbreaker.ganesha import GaneshaBreaker, GaneshaConfig, GaneshaEvent
+from distbreaker.ganesha.config import GaneshaConfig, GaneshaEvent
+from distbreaker.ganesha.sync import GaneshaBreaker
 
 MEMBER = re.compile(r"^(\d{10})(\.\d{1,4})?:[0-9a-f]+-[0-9a-f]+$")
 
@@ -157,7 +158,7 @@ def test_async_twin_shares_the_same_keys_and_decisions(redis_url: str,
                                                        redis_client: redis.Redis) -> None:
     import asyncio
 
-    from distbreaker.aio.ganesha import GaneshaBreaker as AsyncGaneshaBreaker
+    from distbreaker.ganesha.aio import GaneshaBreaker as AsyncGaneshaBreaker
 
     async def scenario() -> list[object]:
         breaker = AsyncGaneshaBreaker("asy", redis=redis_url, minimum_requests=3,
@@ -185,7 +186,7 @@ def test_async_twin_shares_the_same_keys_and_decisions(redis_url: str,
 
 
 def test_fail_open_when_redis_is_unreachable() -> None:
-    from distbreaker.embedded import free_port
+    from distbreaker.demo.embedded import free_port
 
     breaker = GaneshaBreaker("down", redis=f"redis://127.0.0.1:{free_port()}/0")
     assert breaker.is_available() is True
@@ -198,7 +199,7 @@ def test_cli_lists_shows_and_resets_ganesha_services(redis_url: str,
 
     from click.testing import CliRunner
 
-    from distbreaker.cli import cli
+    from distbreaker.cli.app import cli
 
     breaker = make(redis_url, "orders", minimum_requests=2)
     breaker.failure()

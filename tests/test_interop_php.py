@@ -20,11 +20,14 @@ from typing import Any
 import pytest
 import redis
 
-from distbreaker import BreakerConfig, CallNotPermitted, CircuitBreaker, SchemaError, State
-from distbreaker.embedded import RedisServer
-from distbreaker.keys import BreakerKeys, BulkheadKeys, events_channel
+from distbreaker import CircuitBreaker
+from distbreaker._runtime.keys import BreakerKeys, BulkheadKeys, events_channel
+from distbreaker._runtime.scripts import load_script
+from distbreaker.breaker.config import BreakerConfig
+from distbreaker.breaker.state import State
+from distbreaker.demo.embedded import RedisServer
+from distbreaker.errors import CallNotPermitted, SchemaError
 from distbreaker.readside import decode_event_message, read_history
-from distbreaker.scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "clients" / "php" / "tests" / "worker.php"
@@ -296,7 +299,7 @@ def test_php_reloads_the_shared_script_after_noscript(
 
 def test_retry_budget_deposits_from_php_fund_python_retries(
         php_worker: Php, redis_client: redis.Redis, name: str, redis_url: str) -> None:
-    from distbreaker.budget import RetryBudget
+    from distbreaker.budget.sync import RetryBudget
 
     options = {"percent_can_retry": 0.2, "min_retries_per_sec": 0.1, "ttl": 10.0, "slices": 10}
     # floor(0.1 * 10 + 0.2 * 10 deposits) = 3 retries for the whole fleet
@@ -382,7 +385,7 @@ def test_bulkhead_waiters_of_both_languages_are_woken_by_either(
 
 
 def test_php_applies_the_redis_outage_policy(php_worker: Php, name: str) -> None:
-    from distbreaker.embedded import free_port
+    from distbreaker.demo.embedded import free_port
 
     result = php_worker.run(action="outage", name=name, dead_port=free_port())
     assert result["fail_open"] == "ran"

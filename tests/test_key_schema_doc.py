@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from distbreaker.keys import BreakerKeys, BudgetKeys, BulkheadKeys, events_channel, namespace
+from distbreaker._runtime.keys import (
+    BreakerKeys,
+    BudgetKeys,
+    BulkheadKeys,
+    events_channel,
+    namespace,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "KEY_SCHEMA.md"

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from distbreaker import CircuitBreaker, State
+from distbreaker import CircuitBreaker
+from distbreaker.breaker.state import State
 from distbreaker.readside import read_history
 
 CFG = {"sliding_window_size": 4, "minimum_number_of_calls": 4,

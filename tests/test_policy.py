@@ -10,15 +10,11 @@ from typing import Any
 import pytest
 import redis
 
-from distbreaker import (
-    BulkheadFull,
-    CallNotPermitted,
-    CircuitBreaker,
-    HttpStatusError,
-    Retry,
-    State,
-)
-from distbreaker.policy import Policy
+from distbreaker import CircuitBreaker, Retry
+from distbreaker.breaker.classify import HttpStatusError
+from distbreaker.breaker.state import State
+from distbreaker.errors import BulkheadFull, CallNotPermitted
+from distbreaker.policy.sync import Policy
 
 NO_SLEEP = {"base": 0.0, "cap": 0.0}
 
@@ -274,7 +270,7 @@ def test_a_locally_rejected_call_costs_no_round_trip_and_deposits_nothing(
 
 def test_one_failing_reply_in_the_pipeline_does_not_undo_the_others(
         name: str, redis_url: str, redis_client: redis.Redis) -> None:
-    from distbreaker import SchemaError
+    from distbreaker.errors import SchemaError
 
     policy = Policy(name, redis=redis_url, bulkhead={"max_concurrent_calls": 2},
                     breaker={"sliding_window_size": 1, "minimum_number_of_calls": 1},

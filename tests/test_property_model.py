@@ -28,10 +28,10 @@ import redis
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from distbreaker.codec import Reply, decode_reply
-from distbreaker.config import BreakerConfig
-from distbreaker.keys import BreakerKeys
-from distbreaker.scripts import load_script, run_script
+from distbreaker._runtime.keys import BreakerKeys
+from distbreaker._runtime.scripts import load_script, run_script
+from distbreaker.breaker.config import BreakerConfig
+from distbreaker.breaker.core import Reply, decode_reply
 
 SCRIPT = load_script("breaker")
 

@@ -18,9 +18,12 @@ import redis
 import redis.connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from distbreaker import CallNotPermitted, CircuitBreaker, State, Transition
-from distbreaker.embedded import RedisServer
-from distbreaker.fallback import UNAVAILABLE_ERRORS, RedisHealth
+from distbreaker import CircuitBreaker
+from distbreaker._runtime.health import UNAVAILABLE_ERRORS, RedisHealth
+from distbreaker.breaker.events import Transition
+from distbreaker.breaker.state import State
+from distbreaker.demo.embedded import RedisServer
+from distbreaker.errors import CallNotPermitted
 
 TIMEOUT = 0.2
 FAST = {"sliding_window_size": 10, "minimum_number_of_calls": 5, "failure_rate_threshold": 50,
@@ -263,7 +266,7 @@ def test_busy_and_misconf_replies_count_as_unavailable() -> None:
     """A Redis that answers BUSY/MISCONF cannot serve us: fail open, never raise."""
     import hashlib
 
-    from distbreaker.scripts import LuaScript, RedisBusyError, run_script
+    from distbreaker._runtime.scripts import LuaScript, RedisBusyError, run_script
 
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
@@ -283,12 +286,12 @@ def test_fallback_runtime_loads_in_the_background_without_blocking_calls() -> No
     import sys
     import textwrap
 
-    from distbreaker.embedded import free_port
+    from distbreaker.demo.embedded import free_port
 
     code = textwrap.dedent(f"""
         import sys, time
         from distbreaker import CircuitBreaker, CallNotPermitted
-        from distbreaker.fallback import LOCAL_RUNTIME
+        from distbreaker._runtime.local import LOCAL_RUNTIME
         assert "fakeredis" not in sys.modules
         breaker = CircuitBreaker("cold", redis="redis://127.0.0.1:{free_port()}/0",
                                  sliding_window_size=4, minimum_number_of_calls=4)

@@ -16,13 +16,15 @@ from typing import Any
 import pytest
 
 from distbreaker import aio
-from distbreaker.aio.budget import RetryBudget as AsyncRetryBudget
-from distbreaker.aio.retry import Retry as AsyncRetry
-from distbreaker.budget import RetryBudget
-from distbreaker.classify import HttpStatusError
+from distbreaker.breaker.classify import HttpStatusError
+from distbreaker.breaker.state import State
+from distbreaker.budget.aio import RetryBudget as AsyncRetryBudget
+from distbreaker.budget.sync import RetryBudget
 from distbreaker.errors import CallNotPermitted
-from distbreaker.retry import Retry, RetryConfig, RetryCore
-from distbreaker.state import State
+from distbreaker.retry.aio import Retry as AsyncRetry
+from distbreaker.retry.config import RetryConfig
+from distbreaker.retry.core import RetryCore
+from distbreaker.retry.sync import Retry
 
 
 class FakeTime:
@@ -366,7 +368,7 @@ def test_exhausted_real_budget_makes_the_original_error_final(redis_url: str, na
 
 
 def test_retry_with_redis_down_uses_the_local_budget(name: str) -> None:
-    from distbreaker.embedded import free_port
+    from distbreaker.demo.embedded import free_port
 
     fake = FakeTime()
     budget = RetryBudget(name, redis=f"redis://127.0.0.1:{free_port()}/0", percent_can_retry=0,

@@ -6,7 +6,9 @@ import time
 
 import pytest
 
-from distbreaker import CallNotPermitted, CircuitBreaker, State
+from distbreaker import CircuitBreaker
+from distbreaker.breaker.state import State
+from distbreaker.errors import CallNotPermitted
 
 
 class Dependency:

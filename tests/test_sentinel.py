@@ -14,10 +14,15 @@ import redis
 from redis.sentinel import Sentinel
 
 from distbreaker import CircuitBreaker, aio
-from distbreaker.connection import SentinelURL, async_client, parse_sentinel_url, sync_client
-from distbreaker.embedded import EmbeddedSentinel
-from distbreaker.keys import BreakerKeys
-from distbreaker.policy import Policy
+from distbreaker._runtime.connection import (
+    SentinelURL,
+    async_client,
+    parse_sentinel_url,
+    sync_client,
+)
+from distbreaker._runtime.keys import BreakerKeys
+from distbreaker.demo.embedded import EmbeddedSentinel
+from distbreaker.policy.sync import Policy
 
 # A window far larger than the calls made, so the stored `calls` only ever grows.
 WINDOW = {"sliding_window_size": 100_000, "minimum_number_of_calls": 100_000,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from distbreaker.keys import BreakerKeys
+from distbreaker._runtime.keys import BreakerKeys
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,7 +28,7 @@ CHECK = r"""
 import json, sys
 import distbreaker
 from distbreaker import CallNotPermitted, CircuitBreaker
-from distbreaker.scripts import lua_dir
+from distbreaker._runtime.scripts import lua_dir
 
 def failing():
     raise ConnectionError("down")

@@ -1,19 +1,21 @@
 """distbreaker for asyncio: the same fleet-wide breakers, with awaited Redis calls."""
 
-from ..bulkhead_codec import BulkheadConfig, BulkheadMetrics, BulkheadPermit
-from ..codec import Metrics
-from ..config import BreakerConfig, RedisErrorPolicy, WindowType
+from ..breaker.aio import CircuitBreaker
+from ..breaker.config import BreakerConfig, RedisErrorPolicy, WindowType
+from ..breaker.core import BreakerMetrics, Metrics
+from ..breaker.events import Transition
+from ..breaker.state import State
+from ..budget.aio import RetryBudget
+from ..bulkhead.aio import Bulkhead
+from ..bulkhead.config import BulkheadConfig
+from ..bulkhead.core import BulkheadMetrics, BulkheadPermit
 from ..errors import BulkheadFull, CallNotPermitted
-from ..events import Transition
-from ..state import State
-from .breaker import CircuitBreaker
-from .budget import RetryBudget
-from .bulkhead import Bulkhead
-from .policy import Policy
-from .retry import Retry
+from ..policy.aio import Policy
+from ..retry.aio import Retry
 
 __all__ = [
     "BreakerConfig",
+    "BreakerMetrics",
     "Bulkhead",
     "BulkheadConfig",
     "BulkheadFull",

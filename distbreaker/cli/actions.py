@@ -14,11 +14,11 @@ from typing import Any
 import click
 
 from .. import readside as view
-from ..breaker import CircuitBreaker
-from ..config import BreakerConfig
+from .._runtime.keys import BreakerKeys, BulkheadKeys
+from .._runtime.scripts import load_script, run_script
+from ..breaker.config import BreakerConfig
+from ..breaker.sync import CircuitBreaker
 from ..errors import SchemaError
-from ..keys import BreakerKeys, BulkheadKeys
-from ..scripts import load_script, run_script
 from .app import App, NotFound, check_name, cli, default_actor, emit_json
 
 
@@ -120,8 +120,9 @@ def release_stale_command(app: App, name: str, as_json: bool) -> None:
     Workers reap them on every bulkhead call anyway; this frees the permits of
     SIGKILLed holders on an idle bulkhead and wakes waiters at once.
     """
-    from ..bulkhead_codec import BulkheadCodec, BulkheadConfig
-    from ..bulkhead_codec import decode_reply as decode_bulkhead_reply
+    from ..bulkhead.config import BulkheadConfig
+    from ..bulkhead.core import BulkheadCodec
+    from ..bulkhead.core import decode_reply as decode_bulkhead_reply
 
     client = app.client
     keys = BulkheadKeys.build(name, app.prefix)

@@ -20,9 +20,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ..connection import DEFAULT_URL
+from .._runtime.connection import DEFAULT_URL
+from .._runtime.keys import DEFAULT_PREFIX, validate_name, validate_prefix
 from ..errors import SchemaError
-from ..keys import DEFAULT_PREFIX, validate_name, validate_prefix
 
 SOCKET_TIMEOUT = 5.0
 

@@ -33,7 +33,7 @@ def demo_command(ctx: click.Context, workers: int, duration: float, name: str,
     names one. Exit code 0 when the breaker tripped once, every worker failed
     fast, the upstream got at least 3x fewer calls and the breaker closed again.
     """
-    from .. import demo
+    from ..demo import fleet as demo
 
     app = ctx.find_object(App)
     parent = ctx.parent

@@ -17,8 +17,8 @@ from typing import Any
 import click
 
 from .. import readside as view
-from ..keys import BreakerKeys, events_channel
-from ..scripts import load_script, lua_dir
+from .._runtime.keys import BreakerKeys, events_channel
+from .._runtime.scripts import load_script, lua_dir
 from .app import App, cli, emit_json
 
 MIN_VERSION = (5, 0)

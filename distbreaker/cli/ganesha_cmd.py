@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from ..ganesha import GaneshaConfig
+from ..ganesha.config import GaneshaConfig
 from ..readside import text
 from .app import App, NotFound, cli, emit_json
 

@@ -10,8 +10,8 @@ from typing import Any
 import click
 
 from .. import readside as view
-from ..keys import BreakerKeys, events_channel
-from ..state import State
+from .._runtime.keys import BreakerKeys, events_channel
+from ..breaker.state import State
 from .app import App, NotFound, check_name, cli, emit_json
 
 STATE_COLOURS = {"CLOSED": "green", "OPEN": "red", "HALF_OPEN": "yellow",

@@ -17,10 +17,10 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..classify import HttpClassifier, HttpStatusError
+from .._runtime.keys import DEFAULT_PREFIX, MAX_NAME_LENGTH, validate_name
+from ..breaker.classify import HttpClassifier, HttpStatusError
 from ..errors import BulkheadFull, CallNotPermitted
-from ..keys import DEFAULT_PREFIX, MAX_NAME_LENGTH, validate_name
-from ..retry import default_ignore
+from ..retry.config import default_ignore
 
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 DEFAULT_PORTS = {"http": 80, "https": 443}

@@ -45,8 +45,8 @@ import random
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ..breaker.state import State
 from ..errors import BulkheadFull, CallNotPermitted
-from ..state import State
 
 __all__ = ["backoff_countdown", "protect", "rejection_countdown"]
 

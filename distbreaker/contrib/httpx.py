@@ -32,11 +32,11 @@ from typing import Any
 
 import httpx
 
-from ..aio.policy import Policy as AsyncPolicy
-from ..classify import HttpClassifier
-from ..connection import async_client, sync_client
-from ..keys import DEFAULT_PREFIX
-from ..policy import Policy
+from .._runtime.connection import async_client, sync_client
+from .._runtime.keys import DEFAULT_PREFIX
+from ..breaker.classify import HttpClassifier
+from ..policy.aio import Policy as AsyncPolicy
+from ..policy.sync import Policy
 from ._http import (
     IDEMPOTENT_METHODS,
     REJECTIONS,

@@ -46,13 +46,14 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..budget_codec import MILLIONTHS, BudgetCore
-from ..connection import sync_client
-from ..events import Transition
-from ..frontend import BreakerCore
-from ..keys import DEFAULT_PREFIX
+from .._runtime.connection import sync_client
+from .._runtime.keys import DEFAULT_PREFIX
+from ..breaker.core import BreakerCore
+from ..breaker.events import Transition
+from ..breaker.state import State
+from ..budget.config import MILLIONTHS
+from ..budget.core import BudgetCore
 from ..readside import read_summaries, scan_names
-from ..state import State
 
 __all__ = ["DistbreakerCollector"]
 

@@ -28,10 +28,10 @@ import requests.adapters
 import requests.exceptions
 from requests.structures import CaseInsensitiveDict
 
-from ..classify import HttpClassifier
-from ..connection import sync_client
-from ..keys import DEFAULT_PREFIX
-from ..policy import Policy
+from .._runtime.connection import sync_client
+from .._runtime.keys import DEFAULT_PREFIX
+from ..breaker.classify import HttpClassifier
+from ..policy.sync import Policy
 from ._http import (
     IDEMPOTENT_METHODS,
     REJECTIONS,

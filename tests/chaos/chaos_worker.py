@@ -28,14 +28,9 @@ from collections import Counter, defaultdict
 from multiprocessing.queues import Queue
 from typing import Any
 
-from distbreaker import (
-    BulkheadFull,
-    CallNotPermitted,
-    CircuitBreaker,
-    Policy,
-    SchemaError,
-)
-from distbreaker.connection import sync_client
+from distbreaker import CircuitBreaker, Policy
+from distbreaker._runtime.connection import sync_client
+from distbreaker.errors import BulkheadFull, CallNotPermitted, SchemaError
 
 BUCKET = 0.1
 DEPENDENCY_TIME = 0.002

@@ -28,8 +28,8 @@ import pytest
 import redis
 
 from distbreaker import CircuitBreaker
-from distbreaker.embedded import RedisServer
-from distbreaker.keys import BreakerKeys, BudgetKeys, BulkheadKeys
+from distbreaker._runtime.keys import BreakerKeys, BudgetKeys, BulkheadKeys
+from distbreaker.demo.embedded import RedisServer
 
 SOAK = os.environ.get("DISTBREAKER_SOAK") == "1"
 SOAK_SCALE = 6.0

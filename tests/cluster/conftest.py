@@ -9,7 +9,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from distbreaker.embedded import EmbeddedCluster
+from distbreaker.demo.embedded import EmbeddedCluster
 
 #: How a fleet should build its cluster client: tight timeouts, no client-side retries
 #: (distbreaker's backoff and local fallback handle an unreachable node).

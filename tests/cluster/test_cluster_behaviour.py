@@ -16,11 +16,13 @@ import redis
 from click.testing import CliRunner
 from redis.cluster import RedisCluster
 
-from distbreaker import Bulkhead, CallNotPermitted, CircuitBreaker, RetryBudget, State, aio
-from distbreaker.cli import cli
-from distbreaker.embedded import EmbeddedCluster
-from distbreaker.keys import BreakerKeys, events_channel
-from distbreaker.policy import Policy
+from distbreaker import Bulkhead, CircuitBreaker, RetryBudget, aio
+from distbreaker._runtime.keys import BreakerKeys, events_channel
+from distbreaker.breaker.state import State
+from distbreaker.cli.app import cli
+from distbreaker.demo.embedded import EmbeddedCluster
+from distbreaker.errors import CallNotPermitted
+from distbreaker.policy.sync import Policy
 from distbreaker.readside import decode_event_message, read_history
 
 SEED = {"sliding_window_type": "COUNT_BASED", "sliding_window_size": 10,

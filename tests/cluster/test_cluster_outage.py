@@ -9,8 +9,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from distbreaker import Bulkhead, CircuitBreaker, RetryBudget
-from distbreaker.embedded import EmbeddedCluster
-from distbreaker.policy import Policy
+from distbreaker.demo.embedded import EmbeddedCluster
+from distbreaker.policy.sync import Policy
 
 FAST_RETRY = {"redis_retry_max_backoff": 0.3}
 

@@ -12,10 +12,10 @@ import pytest
 from redis.cluster import RedisCluster, key_slot
 
 from distbreaker import Bulkhead, CircuitBreaker, RetryBudget
-from distbreaker.ganesha import GaneshaBreaker
-from distbreaker.keys import MAX_NAME_LENGTH, BreakerKeys, BudgetKeys, BulkheadKeys
-from distbreaker.policy import Policy
-from distbreaker.scripts import load_script, lua_dir
+from distbreaker._runtime.keys import MAX_NAME_LENGTH, BreakerKeys, BudgetKeys, BulkheadKeys
+from distbreaker._runtime.scripts import load_script, lua_dir
+from distbreaker.ganesha.sync import GaneshaBreaker
+from distbreaker.policy.sync import Policy
 
 NAME_SHAPES = [
     "payments",
@@ -39,7 +39,7 @@ def slot(key: str) -> int:
 
 
 def schema_keys(name: str) -> list[str]:
-    """Every key distbreaker.keys builds for one name (breaker, bulkhead, budget)."""
+    """Every key distbreaker._runtime.keys builds for one name (breaker, bulkhead, budget)."""
     bulkhead = BulkheadKeys.build(name)
     return [*BreakerKeys.build(name).script_keys, bulkhead.leases, bulkhead.meta,
             bulkhead.notify, BudgetKeys.build(name).slices]

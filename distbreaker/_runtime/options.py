@@ -1,0 +1,81 @@
+"""Option helpers every component's config uses: durations, ranges, keyword overrides.
+
+Durations are seconds (`float` or `datetime.timedelta`) in Python and integer
+milliseconds inside the scripts; every error names the field it is about.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from datetime import timedelta
+from typing import Any, TypeVar
+
+Seconds = float | int | timedelta
+
+
+def to_seconds(value: Any, field: str) -> float:
+    """Convert a duration (seconds or timedelta) to float seconds, or raise naming `field`."""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{field} must be a number of seconds or a timedelta, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{field} must be a finite duration >= 0 seconds, got {value!r}")
+    return float(value)
+
+
+def to_ms(seconds: float) -> int:
+    """Seconds to the integer milliseconds used inside the scripts."""
+    return round(seconds * 1000)
+
+
+def check_int(value: Any, field: str, low: int, high: int) -> int:
+    """Validate an integer within [low, high] or raise a ValueError naming `field`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{field} must be an integer in [{low}, {high}], got {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{field} must be in [{low}, {high}], got {value!r}")
+    return value
+
+
+def check_percent(value: Any, field: str) -> float:
+    """Validate a percentage threshold in (0, 100]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{field} must be a number in (0, 100], got {value!r}")
+    if not 0 < value <= 100:
+        raise ValueError(f"{field} must be in (0, 100], got {value!r}")
+    return float(value)
+
+
+def exception_types(value: Any, field: str) -> tuple[type[BaseException], ...]:
+    """Exception classes from one class or an iterable; a ValueError naming `field`."""
+    if isinstance(value, type):
+        value = (value,)
+    try:
+        items = tuple(value)
+    except TypeError:
+        raise ValueError(f"{field} must be an exception class or a tuple of them, "
+                         f"got {value!r}") from None
+    for item in items:
+        if not (isinstance(item, type) and issubclass(item, BaseException)):
+            raise ValueError(f"{field} must hold exception classes, got {item!r}")
+    return items
+
+
+C = TypeVar("C")
+
+
+def merge_options(cls: type[C], config: C | None, overrides: dict[str, Any], what: str) -> C:
+    """`config` (or `cls()`) with constructor keyword overrides, naming unknown fields clearly.
+
+    Shared by every component's constructor (breaker, bulkhead, retry, budget).
+    """
+    base = config if config is not None else cls()
+    if not isinstance(base, cls):
+        raise TypeError(f"config must be a {cls.__name__}, got {type(base).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise TypeError(f"unknown {what} option(s): {', '.join(unknown)}")
+    return dataclasses.replace(base, **overrides) if overrides else base  # type: ignore[type-var]

@@ -1,0 +1,232 @@
+"""The asyncio circuit breaker front end: the sync breaker's shell with awaited Redis calls.
+
+Every decision is made by `BreakerCore` and the codec, exactly as in the sync
+breaker; only the Redis round trips are awaited. The in-process fallback used
+while Redis is unreachable (fakeredis, microseconds, no network) runs inline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from typing import Any, NoReturn, TypeVar
+
+from .._runtime.connection import async_client
+from .._runtime.health import UNAVAILABLE_ERRORS
+from .._runtime.keys import DEFAULT_PREFIX
+from .._runtime.scripts import run_script_async
+from .batching import LOOP_FLUSHERS
+from .classify import Outcome
+from .config import BreakerConfig
+from .core import (
+    BreakerCore,
+    BreakerMetrics,
+    Permit,
+    Reply,
+    ScriptCall,
+    log_hand_back_failure,
+    must_propagate,
+)
+from .state import State
+
+T = TypeVar("T")
+
+# Permits of the `async with breaker:` blocks open in the current task, innermost last.
+# One module-level variable (ContextVars must not be created per instance: contexts keep
+# them alive) holding an immutable tuple, so tasks spawned inside a block, which copy
+# the context, can never pop their parent's permit.
+_open_blocks: ContextVar[tuple[tuple[CircuitBreaker, Permit, float], ...]] = ContextVar(
+    "distbreaker_aio_open_blocks", default=())
+
+
+class CircuitBreaker(BreakerCore):
+    """The asyncio twin of `distbreaker.CircuitBreaker`, sharing its state in Redis.
+
+    Use as a decorator of coroutine functions, ``async with breaker:``, or
+    ``await breaker.call(coro_fn, *args)``. `redis` is a URL or a
+    ``redis.asyncio.Redis``; keyword arguments override fields of `config`.
+    """
+
+    def __init__(self, name: str, redis: Any = None, config: BreakerConfig | None = None, *,
+                 prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
+        super().__init__(name, config, prefix, overrides)
+        client = async_client(redis, self.config.redis_timeout)  # validates `redis` now
+        self._given = None if redis is None or isinstance(redis, str) else client
+        self._url = redis
+        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary())
+        if self.config.batched:
+            self._batch = LOOP_FLUSHERS
+            LOOP_FLUSHERS.attach(self)
+
+    @property
+    def _client(self) -> Any:
+        """The Redis client for the running event loop.
+
+        asyncio connections belong to the loop that opened them, and a breaker is
+        typically created at import time (a decorator) and may serve several loops
+        (one ``asyncio.run`` per test): a client built from a URL is kept per loop.
+        A client passed in is used as given (the caller owns its loop binding).
+        """
+        if self._given is not None:
+            return self._given
+        loop = asyncio.get_running_loop()
+        client = self._per_loop.get(loop)
+        if client is None:
+            client = self._per_loop[loop] = async_client(self._url, self.config.redis_timeout)
+        return client
+
+    async def aclose(self) -> None:
+        """Close the running loop's client if this breaker built it (a given one is yours)."""
+        if self._given is None:
+            client = self._per_loop.pop(asyncio.get_running_loop(), None)
+            if client is not None:
+                await client.aclose()
+
+    # -- I/O -------------------------------------------------------------------
+    async def _execute(self, call: ScriptCall, acquiring: bool = False) -> Reply | None:
+        if self._health.usable():
+            try:
+                raw = await run_script_async(self._client, self._script, call.keys, call.args)
+            except UNAVAILABLE_ERRORS as error:
+                self._redis_failed(error)
+            else:
+                return self._redis_reply(raw)
+        return self._fallback(call, acquiring)
+
+    async def _admin(self, call: ScriptCall) -> Reply:
+        """Operator actions and reads go to Redis only: their errors are raised."""
+        raw = await run_script_async(self._client, self._script, call.keys, call.args)
+        return self._admin_reply(raw)
+
+    # -- the protected call -------------------------------------------------------
+    async def acquire(self) -> Permit:
+        """Ask for permission to make one call; raises CallNotPermitted."""
+        pending = self._pending_acquire()
+        if pending is None:
+            return Permit()
+        call, token = pending
+        try:
+            reply = await self._execute(call, acquiring=True)
+        except asyncio.CancelledError as cancelled:
+            # Redis may have granted a half-open probe before the reply was lost to the
+            # cancellation (a timeout around the call): hand it back rather than leave the
+            # slot taken until its lease expires. Outside HALF_OPEN this is a no-op.
+            await self.record(Permit(token), cancelled, 0.0)
+            raise
+        return self._admit(reply, token)
+
+    async def record(self, permit: Permit, error: BaseException | None, duration: float,
+                     outcome: Outcome | None = None) -> None:
+        """Report how a permitted call ended (error None: it returned normally).
+
+        `outcome` overrides the breaker's own classification of `error`.
+        """
+        call = self._record_call(permit, error, duration, outcome)
+        if call is None:
+            return
+        if not must_propagate(error):
+            await self._execute(call)
+            return
+        try:
+            await self._execute(call)
+        except Exception as failure:
+            log_hand_back_failure(self.name, error, failure)
+
+    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """Await `fn(*args, **kwargs)` under the breaker.
+
+        A cancelled call (CancelledError) counts nowhere; its half-open probe,
+        if it held one, is handed back.
+        """
+        permit = await self.acquire()
+        started = time.monotonic()
+        try:
+            result = await fn(*args, **kwargs)
+        except BaseException as error:
+            await self.record(permit, error, time.monotonic() - started)
+            raise
+        await self.record(permit, None, time.monotonic() - started)
+        return result
+
+    def __call__(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError("distbreaker.aio.CircuitBreaker decorates coroutine functions; "
+                            "use distbreaker.CircuitBreaker for a plain function")
+
+        @functools.wraps(fn)
+        async def wrapper(*args: Any, **kwargs: Any) -> T:
+            return await self.call(fn, *args, **kwargs)
+
+        return wrapper
+
+    async def __aenter__(self) -> CircuitBreaker:
+        permit = await self.acquire()
+        _open_blocks.set((*_open_blocks.get(), (self, permit, time.monotonic())))
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        blocks = _open_blocks.get()
+        index = max(i for i, block in enumerate(blocks) if block[0] is self)
+        _, permit, started = blocks[index]
+        _open_blocks.set(blocks[:index] + blocks[index + 1:])
+        await self.record(permit, exc, time.monotonic() - started)
+
+    async def flush(self) -> None:
+        """Batched mode: send the running loop's pending outcomes now (all its breakers').
+
+        Returns once they are recorded in Redis (or kept, Redis being unreachable).
+        A no-op in exact mode, where every outcome is recorded by its call.
+        """
+        if self._batch is not None:
+            await LOOP_FLUSHERS.current().flush()
+
+    # -- state, metrics, operator actions --------------------------------------------
+    async def _read(self) -> Reply:
+        return await self._admin(self._codec.state_call())
+
+    async def get_state(self) -> State:
+        """The fleet-wide state, read from Redis (OPEN becomes HALF_OPEN by time here too)."""
+        return (await self._read()).state
+
+    @property
+    def state(self) -> NoReturn:
+        """Not available here: a property cannot await Redis."""
+        raise AttributeError("the asyncio breaker reads its state with `await breaker.get_state()`")
+
+    async def metrics(self) -> BreakerMetrics:
+        return self._codec.metrics(await self._read())
+
+    async def _set(self, target: str, reason: str, actor: str) -> State:
+        return (await self._admin(self._codec.set_call(target, reason, actor))).state
+
+    async def reset(self, reason: str = "reset", actor: str = "") -> State:
+        """Back to CLOSED with an empty window; this process's config becomes the stored one."""
+        return await self._set("RESET", reason, actor)
+
+    async def trip(self, reason: str = "tripped", actor: str = "") -> State:
+        """Force OPEN now (a normal OPEN: probes start after the wait)."""
+        return await self._set("TRIP", reason, actor)
+
+    async def transition_to_closed(self, reason: str = "closed by operator",
+                                   actor: str = "") -> State:
+        return await self._set(State.CLOSED.value, reason, actor)
+
+    async def transition_to_forced_open(self, reason: str = "forced open",
+                                        actor: str = "") -> State:
+        return await self._set(State.FORCED_OPEN.value, reason, actor)
+
+    async def transition_to_disabled(self, reason: str = "disabled", actor: str = "") -> State:
+        return await self._set(State.DISABLED.value, reason, actor)
+
+    async def transition_to_metrics_only(self, reason: str = "metrics only",
+                                         actor: str = "") -> State:
+        return await self._set(State.METRICS_ONLY.value, reason, actor)
+
+    def __repr__(self) -> str:
+        return f"aio.CircuitBreaker({self.name!r})"

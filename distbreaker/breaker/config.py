@@ -1,0 +1,251 @@
+"""Breaker configuration: a frozen, validated dataclass and its wire form.
+
+Durations are seconds (`float` or `datetime.timedelta`) here and integer
+milliseconds on the wire. The wire form (`to_wire()`) is what every script
+call carries; it doubles as the config fingerprint stored beside the state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from enum import Enum
+from typing import Any
+
+from .._runtime.options import (
+    Seconds,
+    check_int,
+    check_percent,
+    exception_types,
+    merge_options,
+    to_ms,
+    to_seconds,
+)
+
+WIRE_VERSION = "1"
+
+
+class WindowType(str, Enum):
+    """Kind of sliding window (Resilience4j names)."""
+
+    COUNT_BASED = "COUNT_BASED"
+    TIME_BASED = "TIME_BASED"
+
+
+class RecordMode(str, Enum):
+    """How outcomes reach Redis: one record per call, or counts flushed in batches."""
+
+    EXACT = "exact"
+    BATCHED = "batched"
+
+
+class RedisErrorPolicy(str, Enum):
+    """What a protected call does while Redis is unreachable."""
+
+    FAIL_OPEN = "fail_open"
+    FAIL_CLOSED = "fail_closed"
+
+
+_WINDOW_ALIASES = {"COUNT": WindowType.COUNT_BASED, "TIME": WindowType.TIME_BASED}
+MAX_COUNT_WINDOW = 100_000
+MAX_TIME_WINDOW = 3_600
+
+
+
+
+
+
+
+
+
+
+
+
+@dataclasses.dataclass(frozen=True)
+class BreakerConfig:
+    """Resilience4j's circuit breaker settings, with Resilience4j's defaults.
+
+    `half_open_lease` bounds how long a half-open probe may stay unreported
+    before its slot is handed to another worker (a SIGKILLed worker's probe).
+    `key_ttl` is how long an idle breaker's keys live in Redis.
+    `record_mode` "batched" accumulates CLOSED outcomes in the process and
+    flushes them as counts at most every `flush_interval` seconds, or as soon
+    as `max_batch` outcomes of one breaker are pending; while Redis is
+    unreachable up to `max_pending` outcomes are kept, beyond that the
+    `on_redis_error` policy takes them (see distbreaker/batching.py).
+    `subscribe` (batched mode) also listens on the events channel, so that a
+    transition made by another worker reaches this process before its next flush.
+    Classification follows Resilience4j: `ignore_exceptions` / `ignore_predicate`
+    win; then an exception is a failure if it is one of `record_exceptions` or
+    `record_predicate` says so (with neither given, every `Exception` is a
+    failure); anything else counts as a success.
+    """
+
+    failure_rate_threshold: float = 50.0
+    slow_call_rate_threshold: float = 100.0
+    slow_call_duration: Seconds = 60.0
+    sliding_window_type: WindowType | str = WindowType.COUNT_BASED
+    sliding_window_size: int = 100
+    minimum_number_of_calls: int = 100
+    wait_duration_in_open_state: Seconds = 60.0
+    permitted_calls_in_half_open: int = 10
+    max_wait_in_half_open: Seconds = 0.0
+    half_open_lease: Seconds = 60.0
+    key_ttl: Seconds = 3600.0
+    record_exceptions: tuple[type[BaseException], ...] = ()
+    ignore_exceptions: tuple[type[BaseException], ...] = ()
+    record_predicate: Callable[[BaseException], bool] | None = None
+    ignore_predicate: Callable[[BaseException], bool] | None = None
+    on_redis_error: RedisErrorPolicy | str = RedisErrorPolicy.FAIL_OPEN
+    redis_timeout: Seconds = 0.25
+    redis_retry_max_backoff: Seconds = 5.0
+    record_mode: RecordMode | str = RecordMode.EXACT
+    flush_interval: Seconds = 0.01
+    max_batch: int = 1000
+    max_pending: int = 10_000
+    subscribe: bool = True
+
+    def __post_init__(self) -> None:
+        put = object.__setattr__
+        put(self, "failure_rate_threshold",
+            check_percent(self.failure_rate_threshold, "failure_rate_threshold"))
+        put(self, "slow_call_rate_threshold",
+            check_percent(self.slow_call_rate_threshold, "slow_call_rate_threshold"))
+        window_type = self.sliding_window_type
+        if isinstance(window_type, str) and not isinstance(window_type, WindowType):
+            key = window_type.upper()
+            window_type = _WINDOW_ALIASES.get(key) or (
+                WindowType(key) if key in WindowType.__members__ else None)
+            if window_type is None:
+                raise ValueError(
+                    "sliding_window_type must be COUNT_BASED or TIME_BASED, "
+                    f"got {self.sliding_window_type!r}")
+        if not isinstance(window_type, WindowType):
+            raise ValueError(f"sliding_window_type must be COUNT_BASED or TIME_BASED, "
+                             f"got {self.sliding_window_type!r}")
+        put(self, "sliding_window_type", window_type)
+        top = MAX_COUNT_WINDOW if window_type is WindowType.COUNT_BASED else MAX_TIME_WINDOW
+        check_int(self.sliding_window_size, "sliding_window_size", 1, top)
+        check_int(self.minimum_number_of_calls, "minimum_number_of_calls", 1, 1_000_000_000)
+        check_int(self.permitted_calls_in_half_open, "permitted_calls_in_half_open", 1, 10_000)
+        for field in ("slow_call_duration", "wait_duration_in_open_state",
+                      "max_wait_in_half_open", "half_open_lease", "key_ttl",
+                      "redis_timeout", "redis_retry_max_backoff"):
+            put(self, field, to_seconds(getattr(self, field), field))
+        for field in ("slow_call_duration", "half_open_lease", "redis_timeout"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"{field} must be > 0 seconds, got {getattr(self, field)!r}")
+        if self.wait_duration_in_open_state < 0.001:
+            raise ValueError("wait_duration_in_open_state must be >= 0.001 seconds, "
+                             f"got {self.wait_duration_in_open_state!r}")
+        floor = max(self.wait_duration_in_open_state, self.max_wait_in_half_open,
+                    self.half_open_lease,
+                    self.sliding_window_size if window_type is WindowType.TIME_BASED else 0)
+        if self.key_ttl < floor:
+            raise ValueError(f"key_ttl must be >= {floor} seconds (the longest wait, lease or "
+                             f"time window), got {self.key_ttl!r}")
+        put(self, "record_exceptions",
+            exception_types(self.record_exceptions, "record_exceptions"))
+        put(self, "ignore_exceptions",
+            exception_types(self.ignore_exceptions, "ignore_exceptions"))
+        for field in ("record_predicate", "ignore_predicate"):
+            value = getattr(self, field)
+            if value is not None and not callable(value):
+                raise ValueError(f"{field} must be callable or None, got {value!r}")
+        self._check_batching()
+        try:
+            put(self, "on_redis_error", RedisErrorPolicy(self.on_redis_error))
+        except ValueError:
+            raise ValueError("on_redis_error must be 'fail_open' or 'fail_closed', "
+                             f"got {self.on_redis_error!r}") from None
+
+    def _check_batching(self) -> None:
+        put = object.__setattr__
+        try:
+            put(self, "record_mode", RecordMode(self.record_mode))
+        except ValueError:
+            raise ValueError("record_mode must be 'exact' or 'batched', "
+                             f"got {self.record_mode!r}") from None
+        put(self, "flush_interval", to_seconds(self.flush_interval, "flush_interval"))
+        if not 0.0005 <= self.flush_interval <= 60:
+            raise ValueError("flush_interval must be in [0.0005, 60] seconds, "
+                             f"got {self.flush_interval!r}")
+        check_int(self.max_batch, "max_batch", 1, 1_000_000)
+        check_int(self.max_pending, "max_pending", self.max_batch, 1_000_000_000)
+        if not isinstance(self.subscribe, bool):
+            raise ValueError(f"subscribe must be a bool, got {self.subscribe!r}")
+
+    @property
+    def batched(self) -> bool:
+        """True when outcomes are flushed in batches (record_mode "batched")."""
+        return self.record_mode is RecordMode.BATCHED
+
+    @property
+    def effective_minimum_calls(self) -> int:
+        """Resilience4j caps the minimum at the window size for count windows."""
+        if self.sliding_window_type is WindowType.COUNT_BASED:
+            return min(self.minimum_number_of_calls, self.sliding_window_size)
+        return self.minimum_number_of_calls
+
+    def replace(self, **changes: Any) -> BreakerConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_wire(self) -> str:
+        """The semicolon-separated form the scripts parse (see docs/KEY_SCHEMA.md)."""
+        parts = [
+            WIRE_VERSION,
+            "C" if self.sliding_window_type is WindowType.COUNT_BASED else "T",
+            str(self.sliding_window_size),
+            str(self.effective_minimum_calls),
+            _num(self.failure_rate_threshold),
+            _num(self.slow_call_rate_threshold),
+            str(to_ms(self.wait_duration_in_open_state)),
+            str(self.permitted_calls_in_half_open),
+            str(to_ms(self.max_wait_in_half_open)),
+            str(to_ms(self.half_open_lease)),
+            str(to_ms(self.key_ttl)),
+            str(to_ms(self.slow_call_duration)),
+        ]
+        return ";".join(parts)
+
+    @classmethod
+    def from_wire(cls, wire: str) -> BreakerConfig:
+        """Rebuild the config a wire string describes (e.g. the `cfg` stored beside a breaker).
+
+        Only the fields the wire carries are restored; classification and Redis
+        client settings keep their defaults. ``from_wire(w).to_wire() == w`` for
+        any wire written by `to_wire`. Raises ValueError on a malformed string.
+        """
+        parts = wire.split(";") if isinstance(wire, str) else []
+        if len(parts) < 12 or parts[0] != WIRE_VERSION or parts[1] not in ("C", "T"):
+            raise ValueError(f"not a v{WIRE_VERSION} breaker config wire string: {wire!r}")
+        try:
+            size, minimum, wait, permitted, half_open, lease, ttl, slow = (
+                int(p) for p in (parts[2], parts[3], *parts[6:12]))
+            failure, slow_rate = float(parts[4]), float(parts[5])
+        except ValueError:
+            raise ValueError(f"not a v{WIRE_VERSION} breaker config wire string: "
+                             f"{wire!r}") from None
+        return cls(
+            failure_rate_threshold=failure, slow_call_rate_threshold=slow_rate,
+            slow_call_duration=slow / 1000, sliding_window_type=(
+                WindowType.COUNT_BASED if parts[1] == "C" else WindowType.TIME_BASED),
+            sliding_window_size=size, minimum_number_of_calls=minimum,
+            wait_duration_in_open_state=wait / 1000, permitted_calls_in_half_open=permitted,
+            max_wait_in_half_open=half_open / 1000, half_open_lease=lease / 1000,
+            key_ttl=ttl / 1000,
+        )
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+
+
+
+
+def build_config(config: BreakerConfig | None, overrides: dict[str, Any]) -> BreakerConfig:
+    """Merge constructor keyword overrides into a breaker config."""
+    return merge_options(BreakerConfig, config, overrides, "breaker")

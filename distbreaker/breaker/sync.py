@@ -1,0 +1,170 @@
+"""The synchronous circuit breaker front end: I/O only, decisions in the codec."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .._runtime.connection import sync_client
+from .._runtime.health import UNAVAILABLE_ERRORS
+from .._runtime.keys import DEFAULT_PREFIX
+from .._runtime.scripts import run_script
+from .batching import THREAD_FLUSHER
+from .classify import Outcome
+from .config import BreakerConfig
+from .core import (
+    BreakerCore,
+    BreakerMetrics,
+    Permit,
+    Reply,
+    ScriptCall,
+    log_hand_back_failure,
+    must_propagate,
+)
+from .state import State
+
+T = TypeVar("T")
+
+
+class CircuitBreaker(BreakerCore):
+    """A circuit breaker whose state is shared by every process using the same Redis.
+
+    Use as a decorator, a context manager, or ``breaker.call(fn, *args)``.
+    Keyword arguments override fields of `config` (a `BreakerConfig`).
+    """
+
+    def __init__(self, name: str, redis: Any = None, config: BreakerConfig | None = None, *,
+                 prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
+        super().__init__(name, config, prefix, overrides)
+        self._client = sync_client(redis, self.config.redis_timeout)
+        self._tls = threading.local()
+        if self.config.batched:
+            self._batch = THREAD_FLUSHER
+            THREAD_FLUSHER.attach(self)
+
+    # -- I/O -------------------------------------------------------------------
+    def _execute(self, call: ScriptCall, acquiring: bool = False) -> Reply | None:
+        if self._health.usable():
+            try:
+                raw = run_script(self._client, self._script, call.keys, call.args)
+            except UNAVAILABLE_ERRORS as error:
+                self._redis_failed(error)
+            else:
+                return self._redis_reply(raw)
+        return self._fallback(call, acquiring)
+
+    def _admin(self, call: ScriptCall) -> Reply:
+        """Operator actions and reads go to Redis only: their errors are raised."""
+        return self._admin_reply(run_script(self._client, self._script, call.keys, call.args))
+
+    # -- the protected call -------------------------------------------------------
+    def acquire(self) -> Permit:
+        """Ask for permission to make one call; raises CallNotPermitted."""
+        pending = self._pending_acquire()
+        if pending is None:
+            return Permit()
+        call, token = pending
+        return self._admit(self._execute(call, acquiring=True), token)
+
+    def record(self, permit: Permit, error: BaseException | None, duration: float,
+               outcome: Outcome | None = None) -> None:
+        """Report how a permitted call ended (error None: it returned normally).
+
+        `outcome` overrides the breaker's own classification of `error`.
+        """
+        call = self._record_call(permit, error, duration, outcome)
+        if call is None:
+            return
+        if not must_propagate(error):
+            self._execute(call)
+            return
+        try:
+            self._execute(call)
+        except Exception as failure:
+            log_hand_back_failure(self.name, error, failure)
+
+    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run `fn(*args, **kwargs)` under the breaker."""
+        permit = self.acquire()
+        started = time.monotonic()
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as error:
+            self.record(permit, error, time.monotonic() - started)
+            raise
+        self.record(permit, None, time.monotonic() - started)
+        return result
+
+    def __call__(self, fn: Callable[..., T]) -> Callable[..., T]:
+        if inspect.iscoroutinefunction(fn):
+            raise TypeError("use distbreaker.aio.CircuitBreaker to decorate a coroutine function")
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> T:
+            return self.call(fn, *args, **kwargs)
+
+        return wrapper
+
+    def __enter__(self) -> CircuitBreaker:
+        stack = self._tls.__dict__.setdefault("stack", [])
+        stack.append((self.acquire(), time.monotonic()))
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        permit, started = self._tls.stack.pop()
+        self.record(permit, exc, time.monotonic() - started)
+
+    def flush(self) -> None:
+        """Batched mode: send this process's pending outcomes now (all sync breakers').
+
+        Returns once they are recorded in Redis (or kept, Redis being unreachable).
+        A no-op in exact mode, where every outcome is recorded by its call.
+        """
+        if self._batch is not None:
+            self._batch.flush()
+
+    # -- state, metrics, operator actions --------------------------------------------
+    def _read(self) -> Reply:
+        return self._admin(self._codec.state_call())
+
+    @property
+    def state(self) -> State:
+        """The fleet-wide state, read from Redis (OPEN becomes HALF_OPEN by time here too)."""
+        return self._read().state
+
+    def get_state(self) -> State:
+        """The same as `state`; the spelling the asyncio breaker must use (awaited)."""
+        return self._read().state
+
+    def metrics(self) -> BreakerMetrics:
+        return self._codec.metrics(self._read())
+
+    def _set(self, target: str, reason: str, actor: str) -> State:
+        return self._admin(self._codec.set_call(target, reason, actor)).state
+
+    def reset(self, reason: str = "reset", actor: str = "") -> State:
+        """Back to CLOSED with an empty window; this process's config becomes the stored one."""
+        return self._set("RESET", reason, actor)
+
+    def trip(self, reason: str = "tripped", actor: str = "") -> State:
+        """Force OPEN now (a normal OPEN: probes start after the wait)."""
+        return self._set("TRIP", reason, actor)
+
+    def transition_to_closed(self, reason: str = "closed by operator", actor: str = "") -> State:
+        return self._set(State.CLOSED.value, reason, actor)
+
+    def transition_to_forced_open(self, reason: str = "forced open", actor: str = "") -> State:
+        return self._set(State.FORCED_OPEN.value, reason, actor)
+
+    def transition_to_disabled(self, reason: str = "disabled", actor: str = "") -> State:
+        return self._set(State.DISABLED.value, reason, actor)
+
+    def transition_to_metrics_only(self, reason: str = "metrics only", actor: str = "") -> State:
+        return self._set(State.METRICS_ONLY.value, reason, actor)
+
+    def __repr__(self) -> str:
+        return f"CircuitBreaker({self.name!r})"

@@ -1,0 +1,63 @@
+"""The fleet-wide retry budget for asyncio: `distbreaker.RetryBudget` with awaited calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._runtime.connection import async_client
+from .._runtime.health import UNAVAILABLE_ERRORS
+from .._runtime.keys import DEFAULT_PREFIX
+from .._runtime.scripts import run_script_async
+from .config import BudgetConfig
+from .core import BudgetCore, BudgetReply
+
+
+class RetryBudget(BudgetCore):
+    """Async twin of `distbreaker.RetryBudget` (same script, keys and fallback)."""
+
+    def __init__(self, name: str, redis: Any = None, config: BudgetConfig | None = None, *,
+                 prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
+        super().__init__(name, config, prefix, overrides)
+        self._client = async_client(redis, self.config.redis_timeout)
+
+    async def _run(self, args: list[str]) -> BudgetReply:
+        if self._health.usable():
+            try:
+                raw = await run_script_async(self._client, self._script, [self.keys.slices],
+                                             args)
+            except UNAVAILABLE_ERRORS as error:
+                self._redis_failed(error)
+            else:
+                self._redis_ok()
+                return self._decode(raw, "redis")
+        # The local fallback is an in-memory fakeredis: no I/O worth awaiting.
+        return self._decode(self._local_raw(args), "local")
+
+    async def deposit(self, amount: int = 1) -> int | None:
+        """Count `amount` logical requests; the balance after, or None while batched."""
+        args = self.deposit_args(amount)
+        return None if args is None else (await self._run(args)).balance
+
+    async def flush(self) -> None:
+        """Send the deposits batched in this process (see `deposit_batch`)."""
+        args = self.flush_args()
+        if args is not None:
+            await self._run(args)
+
+    async def try_withdraw(self) -> bool:
+        """Take one retry from the budget; False when it is exhausted."""
+        return (await self._run(self.carrying_args("withdraw"))).ok
+
+    async def withdraw(self) -> None:
+        """Take one retry from the budget or raise `RetryBudgetExhausted`."""
+        reply = await self._run(self.carrying_args("withdraw"))
+        if not reply.ok:
+            raise self.exhausted(reply)
+
+    async def balance(self) -> int:
+        """Retries the fleet may still make now (this process's budget while Redis is down)."""
+        return (await self._run(self.carrying_args("balance"))).balance
+
+    async def reset(self) -> None:
+        """Forget the window in Redis (the next writer's ttl/slices become the stored ones)."""
+        await self._client.delete(self.keys.slices)

@@ -1,0 +1,303 @@
+"""The asyncio fleet-wide bulkhead: the sync bulkhead's shell with awaited Redis calls.
+
+Decisions and script arguments come from `distbreaker.bulkhead_codec`, exactly
+as for `distbreaker.Bulkhead`; this module only awaits the round trips, renews
+leases from one task per held permit and keeps an asyncio fallback semaphore.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from typing import Any, TypeVar
+
+from .._runtime.connection import DEFAULT_URL, async_client, async_waiting_client
+from .._runtime.health import UNAVAILABLE_ERRORS
+from .._runtime.keys import DEFAULT_PREFIX, BulkheadKeys
+from .._runtime.scripts import PendingCall, run_script_async
+from ..breaker.core import ScriptCall
+from ..errors import BulkheadFull
+from .config import BulkheadConfig, build_bulkhead_config
+from .core import (
+    BulkheadCodec,
+    BulkheadMetrics,
+    BulkheadPermit,
+    BulkheadReply,
+    blocking_cap,
+    decode_reply,
+)
+
+__all__ = ["Bulkhead"]
+
+T = TypeVar("T")
+logger = logging.getLogger("distbreaker")
+
+# Permits of the `async with bulkhead:` blocks open in the current task, innermost last
+# (one module-level variable holding an immutable tuple, as in aio/breaker.py).
+_open_blocks: ContextVar[tuple[tuple[Bulkhead, BulkheadPermit], ...]] = ContextVar(
+    "distbreaker_aio_bulkhead_blocks", default=())
+
+
+class _PerLoop:
+    """What belongs to one event loop: clients and the fallback semaphore."""
+
+    def __init__(self, client: Any, fallback_limit: int) -> None:
+        self.client = client
+        self.blocking: Any = None
+        self.cap = 0.0
+        self.local = asyncio.Semaphore(fallback_limit)
+        self.local_in_use = 0
+
+
+class Bulkhead:
+    """The asyncio twin of `distbreaker.Bulkhead`, sharing its permits in Redis.
+
+    Use as a decorator of coroutine functions, ``async with bulkhead as permit:``,
+    or ``await bulkhead.call(coro_fn, *args)``; or `acquire()` / `release()`.
+    While Redis is unreachable the per-process fallback limit is enforced with
+    an ``asyncio.Semaphore`` of ``config.effective_fallback_limit`` permits
+    (one per event loop). Waiting never polls: it blocks on BLPOP of the
+    notify list on a client whose socket timeout outlasts the wait.
+    """
+
+    def __init__(self, name: str, redis: Any = None, config: BulkheadConfig | None = None, *,
+                 prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
+        self.config = build_bulkhead_config(config, overrides)
+        self._codec = BulkheadCodec(name, self.config, prefix)
+        self._target = DEFAULT_URL if redis is None else redis
+        client = async_client(self._target, self.config.redis_timeout)  # validates `redis`
+        self._given = None if isinstance(self._target, str) else client
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _PerLoop] = (
+            weakref.WeakKeyDictionary())
+        # Per held permit: the timer of its next renewal, or the renewal in flight.
+        self._renewals: dict[BulkheadPermit, asyncio.TimerHandle | asyncio.Task[None]] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    @property
+    def name(self) -> str:
+        return self._codec.name
+
+    @property
+    def keys(self) -> BulkheadKeys:
+        return self._codec.keys
+
+    def _loop(self) -> _PerLoop:
+        """Clients are bound to the loop that opened them: keep one set per running loop."""
+        loop = asyncio.get_running_loop()
+        state = self._loops.get(loop)
+        if state is None:
+            client = self._given or async_client(self._target, self.config.redis_timeout)
+            state = self._loops[loop] = _PerLoop(client, self.config.effective_fallback_limit)
+        return state
+
+    def _waiter(self, state: _PerLoop) -> tuple[Any, float]:
+        """The client BLPOP runs on (see `distbreaker.Bulkhead._waiter`) and its bound."""
+        if state.blocking is None:
+            if isinstance(self._target, str):
+                state.blocking = async_waiting_client(
+                    self._target, self.config.redis_timeout,
+                    self.config.waiting_socket_timeout)
+            else:
+                state.blocking = state.client
+            state.cap = blocking_cap(state.blocking)
+        return state.blocking, state.cap
+
+    async def _run(self, call: ScriptCall) -> BulkheadReply:
+        raw = await run_script_async(self._loop().client, self._codec.script, call.keys,
+                                     call.args)
+        return decode_reply(raw)
+
+    # -- permits ------------------------------------------------------------------------
+    async def acquire(self) -> BulkheadPermit:
+        """Take one permit (waiting up to max_wait_duration); raises BulkheadFull."""
+        codec = self._codec
+        started = time.monotonic()
+        deadline = started + self.config.max_wait_duration
+        if codec.health.usable():
+            for orphan in codec.take_orphans():
+                await self._cancel(orphan)
+            token = codec.new_token()
+            try:
+                permit = await self._acquire_redis(token, started, deadline)
+            except UNAVAILABLE_ERRORS as error:
+                codec.health.failed(error)
+                codec.orphan(token)  # Redis may have granted it before the reply was lost
+            except BaseException as error:
+                if not isinstance(error, BulkheadFull):
+                    # Cancelled (e.g. a timeout around the call): Redis may have granted
+                    # the lease before the reply was lost; hand it back now.
+                    await asyncio.shield(self._cancel(token))
+                raise
+            else:
+                self._schedule_renewal(permit)
+                return permit
+        return await self._acquire_local(started, deadline)
+
+    async def _acquire_redis(self, token: str, started: float,
+                             deadline: float) -> BulkheadPermit:
+        codec = self._codec
+        cap = 0.0
+        while True:
+            remaining = deadline - time.monotonic()
+            reply = await self._run(codec.acquire_call(token, remaining))
+            codec.health.succeeded()
+            step = codec.after_acquire(reply, token, remaining, started, time.monotonic(), cap)
+            if isinstance(step, BulkheadPermit):
+                return step
+            client, cap = self._waiter(self._loop())
+            await client.blpop([codec.keys.notify],
+                               timeout=codec.block_for(remaining, reply, cap))
+
+    async def _cancel(self, token: str) -> None:
+        try:
+            await self._run(self._codec.cancel_call(token))
+        except Exception as error:
+            logger.debug("bulkhead %r: cancel failed: %r", self.name, error)
+
+    async def _acquire_local(self, started: float, deadline: float) -> BulkheadPermit:
+        state = self._loop()
+        remaining = deadline - time.monotonic()
+        try:
+            if remaining <= 0:
+                if state.local.locked():
+                    raise asyncio.TimeoutError
+                await state.local.acquire()
+            else:
+                await asyncio.wait_for(state.local.acquire(), remaining)
+        except asyncio.TimeoutError:
+            waited = time.monotonic() - started if self.config.max_wait_duration else 0.0
+            raise self._codec.full(state.local_in_use, waited, local=True) from None
+        state.local_in_use += 1
+        return BulkheadPermit("", local=True, acquired_at=time.monotonic())
+
+    def _schedule_renewal(self, permit: BulkheadPermit) -> None:
+        """A timer, not a task: short calls never pay for their renewal."""
+        self._renewals[permit] = asyncio.get_running_loop().call_later(
+            self.config.renew_interval, self._start_renewal, permit)
+
+    def _start_renewal(self, permit: BulkheadPermit) -> None:
+        if permit in self._renewals:
+            self._renewals[permit] = asyncio.get_running_loop().create_task(self._renew(permit))
+
+    async def _renew(self, permit: BulkheadPermit) -> None:
+        codec = self._codec
+        keep = True
+        if codec.health.usable():
+            try:
+                reply = await self._run(codec.renew_call(permit.token))
+            except UNAVAILABLE_ERRORS as error:
+                codec.health.failed(error)
+            except Exception:
+                logger.exception("bulkhead %r: lease renewal failed", self.name)
+            else:
+                codec.health.succeeded()
+                keep = codec.after_renew(permit, reply)
+        if keep and permit in self._renewals:
+            self._schedule_renewal(permit)
+        else:
+            self._renewals.pop(permit, None)
+
+    async def _release_pending(self, permit: BulkheadPermit) -> PendingCall | None:
+        """The local part of a release; the script call still owed to Redis, if any."""
+        codec = self._codec
+        if permit.local:
+            if not permit.released:
+                permit.released = True
+                state = self._loop()
+                state.local_in_use -= 1
+                state.local.release()
+            return None
+        renewal = self._renewals.pop(permit, None)
+        if renewal is not None:
+            renewal.cancel()
+            if isinstance(renewal, asyncio.Task):
+                try:  # a renewal in flight ends first (no false "lost"); never swallow
+                    await asyncio.wait([renewal])  # a cancellation of our own task
+                except asyncio.CancelledError:
+                    if codec.needs_release_call(permit):
+                        self._in_background(self._cancel(permit.token))
+                    raise
+        if not codec.needs_release_call(permit):
+            return None
+        return codec.release_pending(permit)
+
+    def _in_background(self, work: Awaitable[None]) -> None:
+        """Finish `work` (a release cut short by a cancellation) in a kept task."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def release(self, permit: BulkheadPermit) -> None:
+        """Give a permit back (idempotent). A lease found gone marks the permit lost."""
+        pending = await self._release_pending(permit)
+        if pending is None:
+            return
+        try:
+            raw = await run_script_async(self._loop().client, *pending.spec)
+        except asyncio.CancelledError:
+            # Cancelled mid-release: finish it in the background (cancel is idempotent
+            # and counts nothing) rather than leave the permit taken until its lease ends.
+            self._in_background(self._cancel(permit.token))
+            raise
+        except UNAVAILABLE_ERRORS as error:
+            pending.on_unavailable(error)
+            return
+        pending.on_reply(raw)
+
+    # -- the protected call ---------------------------------------------------------------
+    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """Await `fn(*args, **kwargs)` holding a permit."""
+        permit = await self.acquire()
+        try:
+            return await fn(*args, **kwargs)
+        finally:
+            await self.release(permit)
+
+    def __call__(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError("distbreaker.aio.Bulkhead decorates coroutine functions; "
+                            "use distbreaker.Bulkhead for plain functions")
+
+        @functools.wraps(fn)
+        async def wrapper(*args: Any, **kwargs: Any) -> T:
+            return await self.call(fn, *args, **kwargs)
+
+        return wrapper
+
+    async def __aenter__(self) -> BulkheadPermit:
+        permit = await self.acquire()
+        _open_blocks.set((*_open_blocks.get(), (self, permit)))
+        return permit
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        blocks = _open_blocks.get()
+        for i in range(len(blocks) - 1, -1, -1):
+            if blocks[i][0] is self:
+                _open_blocks.set(blocks[:i] + blocks[i + 1:])
+                await self.release(blocks[i][1])
+                return
+        raise RuntimeError("async with bulkhead: exit without a matching enter in this task")
+
+    # -- metrics -------------------------------------------------------------------------
+    async def metrics(self) -> BulkheadMetrics:
+        """Fleet-wide figures read from Redis (Redis errors are raised)."""
+        reply = await self._run(self._codec.metrics_call())
+        return self._codec.metrics(reply, self._loop().local_in_use)
+
+    async def aclose(self) -> None:
+        """Close the running loop's clients if this bulkhead built them."""
+        state = self._loops.pop(asyncio.get_running_loop(), None)
+        if state is None or self._given is not None:
+            return
+        await state.client.aclose()
+        if state.blocking is not None:
+            await state.blocking.aclose()
+
+    def __repr__(self) -> str:
+        return f"Bulkhead({self.name!r}, max_concurrent_calls={self.config.max_concurrent_calls})"

@@ -1,0 +1,5 @@
+"""The composed policy: Retry( CircuitBreaker( Bulkhead( call ) ) ), fallback outermost."""
+
+from .sync import Policy
+
+__all__ = ["Policy"]

@@ -1,0 +1,161 @@
+"""What a policy decides, shared by the sync and asyncio policies (no I/O).
+
+How the breaker counts an attempt, which responses are errors, retry and
+fallback decisions, and how owed Redis calls are grouped and settled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .._runtime.health import UNAVAILABLE_ERRORS
+from .._runtime.keys import validate_name
+from .._runtime.scripts import PendingCall
+from ..breaker.classify import (
+    DEFAULT_HTTP_CLASSIFIER,
+    HttpClassifier,
+    HttpStatusError,
+    HttpVerdict,
+    Outcome,
+    headers_of,
+    status_of,
+)
+from ..errors import BulkheadFull
+from ..retry.core import Decision, RetryCore
+
+Fallback = Callable[[BaseException], Any]
+
+
+def build_component(spec: Any, cls: type, name: str, client: Any, prefix: str) -> Any:
+    """A component from what the user gave: None/False (none), True (defaults),
+    an instance (as is), a config object, or a dict of keyword arguments."""
+    if spec is None or spec is False:
+        return None
+    if isinstance(spec, cls):
+        return spec
+    if spec is True:
+        return cls(name, redis=client, prefix=prefix)
+    if isinstance(spec, dict):
+        return cls(name, redis=client, prefix=prefix, **spec)
+    return cls(name, redis=client, config=spec, prefix=prefix)
+
+
+def build_retry(spec: Any, cls: type) -> Any:
+    """A Retry from None/False, True, an instance, a RetryConfig or a dict."""
+    if spec is None or spec is False:
+        return None
+    if isinstance(spec, cls):
+        return spec
+    if spec is True:
+        return cls()
+    if isinstance(spec, dict):
+        return cls(**spec)
+    return cls(spec)
+
+
+class PolicyCore:
+    """The decisions of a policy: outcome for the breaker, retry, fallback."""
+
+    breaker: Any
+    bulkhead: Any
+    retry: Any
+    budget: Any
+
+    def _setup(self, name: str, retry: Any, budget: Any, fallback: Fallback | None,
+               fallback_on_client_error: bool, http_classifier: HttpClassifier | None) -> None:
+        self.name = validate_name(name)
+        if fallback is not None and not callable(fallback):
+            raise TypeError(f"fallback must be callable or None, got {fallback!r}")
+        if not isinstance(fallback_on_client_error, bool):
+            raise TypeError("fallback_on_client_error must be a bool")
+        self.retry = retry
+        self.budget = budget if budget is not None else getattr(retry, "budget", None)
+        self.fallback = fallback
+        self.fallback_on_client_error = fallback_on_client_error
+        self.classifier = http_classifier or (
+            retry.config.http_classifier if retry is not None else None) or DEFAULT_HTTP_CLASSIFIER
+        self._core: RetryCore | None = retry._core if retry is not None else None
+
+    def verdict(self, error: BaseException | None) -> HttpVerdict | None:
+        return None if error is None else self.classifier.classify_error(error)
+
+    def breaker_outcome(self, error: BaseException | None, result: Any = None) -> Outcome | None:
+        """How the breaker counts an attempt; None: its own classification decides.
+
+        A returned HTTP client-error response counts nowhere, like a raised one.
+        """
+        if error is None:
+            status = status_of(result) if hasattr(result, "status_code") else None
+            if status is not None and self.classifier.classify(
+                    status, headers_of(result)) is HttpVerdict.CLIENT_ERROR:
+                return Outcome.IGNORED
+            return Outcome.SUCCESS
+        if isinstance(error, BulkheadFull):
+            return Outcome.IGNORED
+        verdict = self.verdict(error)
+        if verdict in (HttpVerdict.CLIENT_ERROR, HttpVerdict.HARD_STOP):
+            return Outcome.IGNORED  # a hard stop trips the breaker explicitly instead
+        if verdict is HttpVerdict.TRANSIENT:
+            return Outcome.FAILURE
+        return None
+
+    def response_error(self, result: Any) -> HttpStatusError | None:
+        """An HTTP response that is a transient error or a hard stop, as an exception."""
+        status = status_of(result) if hasattr(result, "status_code") else None
+        if status is None:
+            return None
+        headers = headers_of(result)
+        if self.classifier.classify(status, headers) not in (HttpVerdict.TRANSIENT,
+                                                             HttpVerdict.HARD_STOP):
+            return None
+        error = HttpStatusError(status, headers, f"HTTP {status} from {self.name}")
+        error.response = result  # type: ignore[attr-defined]
+        return error
+
+    def is_hard_stop(self, error: BaseException) -> bool:
+        return self.verdict(error) is HttpVerdict.HARD_STOP
+
+    def decide(self, error: BaseException, attempt: int, started: float) -> Decision:
+        if self._core is None:
+            return Decision(False, 0.0, "no retry")
+        return self._core.decide(error, attempt, started, time.monotonic())
+
+    def uses_fallback(self, error: BaseException) -> bool:
+        if self.fallback is None or not isinstance(error, Exception):
+            return False
+        return self.fallback_on_client_error or \
+            self.verdict(error) is not HttpVerdict.CLIENT_ERROR
+
+
+def settle(ready: Sequence[PendingCall], results: Sequence[Any]) -> None:
+    """Hand each pipelined call its own reply (a pipeline is not a transaction: the
+    others ran even when one failed). A call answered by an "unavailable" error
+    takes its outage path alone; any other error (foreign data) is raised once
+    every other call has been settled."""
+    first_error: BaseException | None = None
+    for call, result in zip(ready, results, strict=True):
+        if isinstance(result, UNAVAILABLE_ERRORS):
+            call.on_unavailable(result)
+        elif isinstance(result, BaseException):
+            first_error = first_error or result
+        else:
+            call.on_reply(result)
+    if first_error is not None:
+        raise first_error
+
+
+def group_ready(pending: Sequence[tuple[Any, PendingCall | None]]
+                ) -> list[tuple[Any, list[PendingCall]]]:
+    """Owed calls grouped by client, in order; calls whose Redis is in backoff go
+    straight to their outage path (not tried)."""
+    groups: dict[int, tuple[Any, list[PendingCall]]] = {}
+    for client, call in pending:
+        if call is None:
+            continue
+        if not call.usable():
+            call.on_unavailable(None)
+            continue
+        groups.setdefault(id(client), (client, []))[1].append(call)
+    return list(groups.values())

@@ -1,0 +1,130 @@
+"""Retry with capped exponential backoff, full jitter, Retry-After, a deadline and a budget.
+
+`RetryConfig` and `RetryCore` are pure (no sleeping, no I/O) and shared by the
+sync `Retry` here and the asyncio `distbreaker.aio.Retry`; the two shells only
+sleep (or await) and talk to the budget.
+
+What is retried: an `Exception` (never KeyboardInterrupt or CancelledError)
+that is an instance of `retry_on`, not of `ignore` (default: CallNotPermitted
+and BulkheadFull: a rejection is not a failure worth repeating), whose HTTP
+status, when it carries one, is TRANSIENT for `http_classifier` (so 4xx and a
+429 without Retry-After are final), and for which `retry_predicate`, if given,
+returns true.
+
+When the retry budget is exhausted the failure is final: `Retry` re-raises the
+ORIGINAL error (so ``except`` clauses, the breaker and the fallback see what the
+dependency said), with the attribute ``retry_budget_exhausted = True`` and, on
+Python 3.11+, a note saying so. `RetryBudgetExhausted` is raised only by
+`RetryBudget.withdraw()` for callers that drive the budget themselves.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
+
+from ..breaker.classify import DEFAULT_HTTP_CLASSIFIER, HttpVerdict, retry_after_of
+from .config import Jitter, RetryConfig, build_retry_config
+
+T = TypeVar("T")
+
+
+
+
+
+
+
+
+
+
+class Decision(NamedTuple):
+    """Whether to retry after a failed attempt, after how long, and why (for logs/tests)."""
+
+    retry: bool
+    delay: float
+    reason: str
+
+
+class RetryCore:
+    """The pure decision logic: classification, backoff, Retry-After, deadline."""
+
+    def __init__(self, config: RetryConfig, rng: random.Random | None = None) -> None:
+        self.config = config
+        self.rng = rng if rng is not None else random.Random()
+        self.classifier = config.http_classifier or DEFAULT_HTTP_CLASSIFIER
+
+    def is_transient(self, exc: BaseException) -> bool:
+        cfg = self.config
+        if not isinstance(exc, Exception) or isinstance(exc, cfg.ignore):
+            return False
+        if not isinstance(exc, cfg.retry_on):
+            return False
+        verdict = self.classifier.classify_error(exc)
+        if verdict is not None and verdict is not HttpVerdict.TRANSIENT:
+            return False
+        return cfg.retry_predicate is None or bool(cfg.retry_predicate(exc))
+
+    def backoff(self, retry_index: int) -> float:
+        """The wait before retry number `retry_index` (0 = the first retry)."""
+        cfg = self.config
+        try:
+            ceiling = min(cfg.cap, cfg.base * cfg.multiplier ** retry_index)
+        except OverflowError:
+            ceiling = cfg.cap
+        if cfg.jitter is Jitter.FULL:
+            return self.rng.uniform(0.0, ceiling)
+        if cfg.jitter is Jitter.EQUAL:
+            return ceiling / 2 + self.rng.uniform(0.0, ceiling / 2)
+        return ceiling
+
+    def decide(self, exc: BaseException, attempt: int, started: float, now: float,
+               wall_now: float | None = None) -> Decision:
+        """After failed attempt number `attempt` (1-based) of a call begun at `started`."""
+        cfg = self.config
+        if not self.is_transient(exc):
+            return Decision(False, 0.0, "not transient")
+        if attempt >= cfg.max_attempts:
+            return Decision(False, 0.0, "max attempts")
+        delay = retry_after_of(exc, wall_now) if cfg.respect_retry_after else None
+        if delay is not None:
+            if cfg.max_retry_after is not None and delay > cfg.max_retry_after:
+                return Decision(False, delay, "retry-after too long")
+        else:
+            delay = self.backoff(attempt - 1)
+        if cfg.deadline is not None and now + delay >= started + cfg.deadline:
+            return Decision(False, delay, "deadline")
+        return Decision(True, delay, "transient")
+
+    @staticmethod
+    def mark_exhausted(exc: BaseException, budget_name: str) -> None:
+        """Tag the original error as final because the retry budget said no."""
+        try:
+            exc.retry_budget_exhausted = True  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):
+            pass
+        add_note = getattr(exc, "add_note", None)
+        if add_note is not None:
+            add_note(f"distbreaker: not retried, retry budget {budget_name!r} is exhausted")
+
+
+class RetryBase:
+    """What the sync and asyncio Retry share: config, core, budget, clock."""
+
+    def __init__(self, config: RetryConfig | None, budget: Any, sleep: Any,
+                 clock: Callable[[], float] | None, rng: random.Random | None,
+                 overrides: dict[str, Any]) -> None:
+        self.config = build_retry_config(config, overrides)
+        self._core = RetryCore(self.config, rng)
+        self.budget = budget
+        self._sleep = sleep
+        self._clock = clock or time.monotonic
+
+    def _decide(self, error: BaseException, attempt: int, started: float) -> Decision:
+        return self._core.decide(error, attempt, started, self._clock())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(max_attempts={self.config.max_attempts})"
+
+
