@@ -13,7 +13,7 @@ import functools
 import hashlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from redis.exceptions import AskError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -130,6 +130,13 @@ class PendingCall:
     @property
     def spec(self) -> ScriptCallSpec:
         return (self.script, self.keys, self.args)
+
+
+class Owed(NamedTuple):
+    """A call a component still owes Redis, and the client it must go through."""
+
+    client: Any
+    call: PendingCall
 
 
 def _queue(client: Any, calls: Sequence[ScriptCallSpec], indices: Sequence[int],

@@ -26,7 +26,7 @@ from .._runtime.health import RedisHealth
 from .._runtime.keys import DEFAULT_PREFIX, BreakerKeys
 from .._runtime.local import LocalScriptRunner
 from .._runtime.options import to_ms
-from .._runtime.scripts import PendingCall, load_script
+from .._runtime.scripts import Owed, PendingCall, load_script
 from ..errors import CallNotPermitted, ConfigDriftWarning
 from .classify import Outcome, classify_exception
 from .config import BreakerConfig, RedisErrorPolicy, build_config
@@ -335,6 +335,9 @@ class BreakerCore:
         #: Where batched outcomes go (record_mode "batched"; set by the front end).
         self._batch: Any = None
 
+    #: The Redis client (set by the front end; per event loop in asyncio).
+    _client: Any
+
     @property
     def name(self) -> str:
         return self._codec.name
@@ -403,9 +406,9 @@ class BreakerCore:
             return None
         return codec.record_call(permit, outcome, duration)
 
-    def _record_pending(self, permit: Permit, error: BaseException | None, duration: float,
-                        outcome: Outcome | None = None) -> PendingCall | None:
-        """The record call, to be pipelined with other components' calls by a Policy."""
+    def owed_record(self, permit: Permit, error: BaseException | None, duration: float,
+                    outcome: Outcome | None = None) -> Owed | None:
+        """The record this call still owes Redis, for a Policy to pipeline with others."""
         call = self._record_call(permit, error, duration, outcome)
         if call is None:
             return None
@@ -415,8 +418,9 @@ class BreakerCore:
                 self._redis_failed(failure)
             self._fallback(call, acquiring=False)
 
-        return PendingCall(self._script, call.keys, call.args, self._health.usable,
-                           self._redis_reply, unavailable)
+        return Owed(self._client, PendingCall(self._script, call.keys, call.args,
+                                              self._health.usable, self._redis_reply,
+                                              unavailable))
 
     def _redis_reply(self, raw: Any) -> Reply:
         """A protected call's script reply from Redis: Redis is healthy again."""

@@ -18,7 +18,7 @@ from .._runtime.health import RedisHealth
 from .._runtime.keys import DEFAULT_PREFIX, BudgetKeys, validate_name
 from .._runtime.local import LocalScriptRunner
 from .._runtime.options import check_int, to_ms
-from .._runtime.scripts import PendingCall, load_script
+from .._runtime.scripts import Owed, PendingCall, load_script
 from ..errors import ConfigDriftWarning, RetryBudgetExhausted
 from .config import BudgetConfig, build_budget_config
 
@@ -55,6 +55,9 @@ class BudgetCore:
     to `workers x floor` + `percent_can_retry` of its requests. When Redis
     answers again the local budget is discarded.
     """
+
+    #: The Redis client (set by the front end).
+    _client: Any
 
     def __init__(self, name: str, config: BudgetConfig | None, prefix: str,
                  overrides: dict[str, Any]) -> None:
@@ -95,7 +98,7 @@ class BudgetCore:
             amount, self._pending = self._pending, 0
         return self.script_args("deposit", amount)
 
-    def deposit_pending(self, amount: int = 1) -> PendingCall | None:
+    def owed_deposit(self, amount: int = 1) -> Owed | None:
         """Count deposits; the deposit call owed now (pipelined by a Policy), or None."""
         args = self.deposit_args(amount)
         if args is None:
@@ -110,8 +113,8 @@ class BudgetCore:
                 self._redis_failed(error)
             self._decode(self._local_raw(args), "local")
 
-        return PendingCall(self._script, [self.keys.slices], args, self._health.usable,
-                           deposited, unavailable)
+        return Owed(self._client, PendingCall(self._script, [self.keys.slices], args,
+                                              self._health.usable, deposited, unavailable))
 
     def carrying_args(self, op: str) -> list[str]:
         """A withdraw or balance call that also carries the pending deposits."""

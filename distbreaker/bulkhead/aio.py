@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from .._runtime.connection import DEFAULT_URL, async_client, async_waiting_client
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX, BulkheadKeys
-from .._runtime.scripts import PendingCall, run_script_async
+from .._runtime.scripts import Owed, PendingCall, run_script_async
 from ..breaker.core import ScriptCall
 from ..errors import BulkheadFull
 from .config import BulkheadConfig, build_bulkhead_config
@@ -232,6 +232,12 @@ class Bulkhead:
         task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def owed_release(self, permit: BulkheadPermit) -> Owed | None:
+        """Release locally now; the release call still owed to Redis (for a Policy to
+        pipeline with others), or None."""
+        pending = await self._release_pending(permit)
+        return None if pending is None else Owed(self._loop().client, pending)
 
     async def release(self, permit: BulkheadPermit) -> None:
         """Give a permit back (idempotent). A lease found gone marks the permit lost."""

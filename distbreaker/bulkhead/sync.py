@@ -20,7 +20,7 @@ from .._runtime import forking
 from .._runtime.connection import DEFAULT_URL, sync_client, waiting_client
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX, BulkheadKeys
-from .._runtime.scripts import PendingCall, run_script
+from .._runtime.scripts import Owed, PendingCall, run_script
 from ..breaker.core import ScriptCall
 from ..errors import BulkheadFull
 from .config import BulkheadConfig, build_bulkhead_config
@@ -279,6 +279,12 @@ class Bulkhead:
         if not codec.needs_release_call(permit):
             return None
         return codec.release_pending(permit)
+
+    def owed_release(self, permit: BulkheadPermit) -> Owed | None:
+        """Release locally now; the release call still owed to Redis (for a Policy to
+        pipeline with others), or None."""
+        pending = self._release_pending(permit)
+        return None if pending is None else Owed(self._client, pending)
 
     def release(self, permit: BulkheadPermit) -> None:
         """Give a permit back (idempotent). A lease found gone marks the permit lost."""

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from .._runtime.connection import async_client
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
-from .._runtime.scripts import PendingCall, run_scripts_each_async
+from .._runtime.scripts import Owed, PendingCall, run_scripts_each_async
 from ..breaker.aio import CircuitBreaker
 from ..breaker.classify import HttpClassifier, Outcome, status_of
 from ..budget.aio import RetryBudget
@@ -51,11 +51,11 @@ class Policy(PolicyCore):
         self._sleep = sleep
         self._background: set[asyncio.Future[None]] = set()
 
-    async def _flush(self, pending: Sequence[tuple[Any, PendingCall | None]]) -> None:
+    async def _flush(self, owed: Sequence[Owed | None]) -> None:
         """Send owed calls, shielded: a cancellation (e.g. a timeout around the call)
         that lands here still releases the bulkhead permit, hands back a half-open
         probe and records the outcome, in the background, then is raised."""
-        groups = group_ready(pending)
+        groups = group_ready(owed)
         if not groups:
             return
         task = asyncio.ensure_future(self._send(groups))
@@ -103,15 +103,15 @@ class Policy(PolicyCore):
         else:
             error = self.response_error(result)
         duration = time.monotonic() - started
-        pending: list[tuple[Any, PendingCall | None]] = []
+        owed: list[Owed | None] = []
         if deposit and self.budget is not None:  # once per logical request that ran
-            pending.append((self.budget._client, self.budget.deposit_pending()))
+            owed.append(self.budget.owed_deposit())
         if slot is not None:
-            pending.append((bulkhead._loop().client, await bulkhead._release_pending(slot)))
+            owed.append(await bulkhead.owed_release(slot))
         if breaker is not None:
-            pending.append((breaker._client, breaker._record_pending(
-                permit, error, duration, self.breaker_outcome(error, result))))
-        await self._flush(pending)
+            owed.append(breaker.owed_record(permit, error, duration,
+                                            self.breaker_outcome(error, result)))
+        await self._flush(owed)
         if error is not None:
             if breaker is not None and self.is_hard_stop(error):
                 await self._trip(error)

@@ -12,7 +12,7 @@ from typing import Any
 
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import validate_name
-from .._runtime.scripts import PendingCall
+from .._runtime.scripts import Owed, PendingCall
 from ..breaker.classify import (
     DEFAULT_HTTP_CLASSIFIER,
     HttpClassifier,
@@ -146,14 +146,14 @@ def settle(ready: Sequence[PendingCall], results: Sequence[Any]) -> None:
         raise first_error
 
 
-def group_ready(pending: Sequence[tuple[Any, PendingCall | None]]
-                ) -> list[tuple[Any, list[PendingCall]]]:
+def group_ready(owed: Sequence[Owed | None]) -> list[tuple[Any, list[PendingCall]]]:
     """Owed calls grouped by client, in order; calls whose Redis is in backoff go
     straight to their outage path (not tried)."""
     groups: dict[int, tuple[Any, list[PendingCall]]] = {}
-    for client, call in pending:
-        if call is None:
+    for item in owed:
+        if item is None:
             continue
+        client, call = item
         if not call.usable():
             call.on_unavailable(None)
             continue

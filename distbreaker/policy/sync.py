@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from .._runtime.connection import sync_client
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
-from .._runtime.scripts import PendingCall, run_scripts_each
+from .._runtime.scripts import Owed, run_scripts_each
 from ..breaker.classify import (
     HttpClassifier,
     Outcome,
@@ -80,9 +80,9 @@ class Policy(PolicyCore):
         self._sleep = sleep
 
     # -- Redis -------------------------------------------------------------------------
-    def _flush(self, pending: Sequence[tuple[Any, PendingCall | None]]) -> None:
+    def _flush(self, owed: Sequence[Owed | None]) -> None:
         """Send owed calls: one pipeline per Redis client (one in all when shared)."""
-        for client, ready in group_ready(pending):
+        for client, ready in group_ready(owed):
             try:
                 results = run_scripts_each(client, [call.spec for call in ready])
             except UNAVAILABLE_ERRORS as error:
@@ -117,15 +117,15 @@ class Policy(PolicyCore):
         else:
             error = self.response_error(result)
         duration = time.monotonic() - started
-        pending: list[tuple[Any, PendingCall | None]] = []
+        owed: list[Owed | None] = []
         if deposit and self.budget is not None:  # once per logical request that ran
-            pending.append((self.budget._client, self.budget.deposit_pending()))
+            owed.append(self.budget.owed_deposit())
         if slot is not None:
-            pending.append((bulkhead._client, bulkhead._release_pending(slot)))
+            owed.append(bulkhead.owed_release(slot))
         if breaker is not None:
-            pending.append((breaker._client, breaker._record_pending(
-                permit, error, duration, self.breaker_outcome(error, result))))
-        self._flush(pending)
+            owed.append(breaker.owed_record(permit, error, duration,
+                                            self.breaker_outcome(error, result)))
+        self._flush(owed)
         if error is not None:
             if breaker is not None and self.is_hard_stop(error):
                 self._trip(error)
