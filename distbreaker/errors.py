@@ -1,8 +1,9 @@
 """Exceptions raised by distbreaker.
 
-`CallNotPermitted` is the only one a protected call raises on its own account
-(besides whatever the protected function raised); the others signal misuse or
-foreign data in Redis.
+A protected call raises, on its own account (besides whatever the protected
+function raised), `CallNotPermitted` (the breaker said no) and `BulkheadFull`
+(the bulkhead is full); `RetryBudgetExhausted` comes only from
+`RetryBudget.withdraw()`. The others signal misuse or foreign data in Redis.
 """
 
 from __future__ import annotations
@@ -30,19 +31,23 @@ class DistbreakerError(Exception):
 class CallNotPermitted(DistbreakerError):
     """The breaker rejected the call without running it.
 
-    `retry_after` is the number of seconds until a probe may be tried (0 when
-    unknown or not applicable, e.g. FORCED_OPEN or a fail-closed Redis outage).
+    `retry_after` is the number of seconds until trying again makes sense: the
+    rest of the OPEN wait; for FORCED_OPEN the breaker's `revalidate_interval`
+    (when this process asks Redis again); during a fail-closed Redis outage the
+    time until Redis is tried again. `reason` and `actor` say why the breaker is
+    in this state and who put it there (an operator's action: "alice@host").
     """
 
-    _fields = ("name", "state", "retry_after", "reason")
+    _fields = ("name", "state", "retry_after", "reason", "actor")
 
     def __init__(self, name: str, state: State | str, retry_after: float = 0.0,
-                 reason: str = "") -> None:
+                 reason: str = "", actor: str = "") -> None:
         self.name = name
         self.state = state
         self.retry_after = max(0.0, retry_after)
         self.reason = reason
-        detail = f" ({reason})" if reason else ""
+        self.actor = actor
+        detail = f" ({reason}{', by ' + actor if actor else ''})" if reason else ""
         super().__init__(
             f"circuit breaker {name!r} is {state}{detail}; "
             f"retry after {self.retry_after:.3f}s"

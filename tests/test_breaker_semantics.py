@@ -200,7 +200,11 @@ def test_forced_open_rejects_every_call_until_reset(make: Callable[..., CircuitB
     time.sleep(0.03)                                # longer than the open wait: still held
     with pytest.raises(CallNotPermitted) as caught:
         breaker.call(ok)
-    assert caught.value.state is State.FORCED_OPEN and caught.value.retry_after == 0
+    # FORCED_OPEN has no wait of its own: retry_after is the re-check interval (never 0,
+    # so `queue_for_later(delay=rejected.retry_after)` cannot spin), with the reason.
+    assert caught.value.state is State.FORCED_OPEN
+    assert caught.value.retry_after == breaker.config.revalidate_interval == 1.0
+    assert caught.value.reason == "forced open"
     # `other` last saw CLOSED, where a call costs no round trip before it runs: at
     # most one call slips through before the reply of its record refreshes the view.
     reached = 0

@@ -207,3 +207,15 @@ def async_waiting_client(url: str, timeout: float, read_timeout: float) -> Any:
                                 pool_options={"socket_timeout": read_timeout})
     return redis.asyncio.Redis.from_url(
         url, **{**_url_options(timeout), "socket_timeout": read_timeout})
+
+
+def db_of(client: Any) -> int:
+    """The database index a client talks to (0 for a cluster or an unknown client)."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if isinstance(kwargs, dict):
+        try:
+            return int(kwargs.get("db") or 0)
+        except (TypeError, ValueError):
+            return 0
+    return 0

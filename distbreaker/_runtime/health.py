@@ -15,6 +15,7 @@ import time
 
 from redis.exceptions import (
     ClusterDownError,
+    NoPermissionError,
     OutOfMemoryError,
     ReadOnlyError,
     RedisClusterException,
@@ -30,9 +31,14 @@ logger = logging.getLogger("distbreaker")
 #: ConnectionErrors; MasterDownError is a ClusterDownError. A RedisCluster client raises
 #: a bare RedisClusterException when no node answers; distbreaker's own keys never
 #: raise its other cases, e.g. keys in different slots.)
+#: An ACL refusal (NOPERM) or a full Redis (OOM) counts too: the documented
+#: on_redis_error policy applies, never a raw error out of a protected call.
 UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
     RedisConnectionError, RedisTimeoutError, ReadOnlyError, OutOfMemoryError,
-    ClusterDownError, TryAgainError, RedisClusterException, OSError)
+    NoPermissionError, ClusterDownError, TryAgainError, RedisClusterException, OSError)
+
+#: NOPERM messages already logged by this process (each missing permission once).
+_logged_refusals: set[str] = set()
 
 _FIRST_BACKOFF = 0.05
 #: How long other callers keep skipping Redis while one caller's trial is in flight
@@ -107,7 +113,9 @@ class RedisHealth:
             self._backoff = ceiling
             backoff = ceiling / 2 + random.random() * ceiling / 2
             self._retry_at = (now if now is not None else time.monotonic()) + backoff
-        if first:
+        if isinstance(error, NoPermissionError):
+            _log_refusal(error)
+        elif first:
             logger.warning("distbreaker: Redis unavailable (%s: %s); using the on_redis_error "
                            "policy and retrying Redis with backoff", type(error).__name__, error)
 
@@ -124,7 +132,12 @@ class RedisHealth:
                 logger.info("distbreaker: Redis reachable again; the fleet state governs")
 
 
-
-
-
-
+def _log_refusal(error: NoPermissionError) -> None:
+    """Name a missing ACL permission once per process (it will not fix itself)."""
+    text = str(error).split(" script:", 1)[0]
+    if text in _logged_refusals:
+        return
+    _logged_refusals.add(text)
+    logger.error("distbreaker: the Redis user is missing a permission (%s); the "
+                 "on_redis_error policy applies until it is granted. `distbreaker doctor` "
+                 "prints the ACL SETUSER line that fixes it.", text)

@@ -48,9 +48,12 @@ def namespace(prefix: str) -> str:
     return f"{validate_prefix(prefix)}:v{SCHEMA_VERSION}"
 
 
-def events_channel(prefix: str = DEFAULT_PREFIX) -> str:
-    """The pub/sub channel every transition of every breaker is published on."""
-    return f"{namespace(prefix)}:events"
+def events_channel(prefix: str = DEFAULT_PREFIX, db: int = 0) -> str:
+    """The pub/sub channel every transition of every breaker in database `db` is
+    published on. Pub/sub ignores databases, so each one has its own channel:
+    ``<ns>:events`` for db 0 (and Redis Cluster), ``<ns>:events:db<N>`` otherwise."""
+    base = f"{namespace(prefix)}:events"
+    return base if db == 0 else f"{base}:db{db}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,14 +67,14 @@ class BreakerKeys:
     channel: str
 
     @classmethod
-    def build(cls, name: str, prefix: str = DEFAULT_PREFIX) -> BreakerKeys:
+    def build(cls, name: str, prefix: str = DEFAULT_PREFIX, db: int = 0) -> BreakerKeys:
         base = _base(name, prefix)
         return cls(
             state=f"{base}:cb",
             window=f"{base}:cb:win",
             probes=f"{base}:cb:probes",
             history=f"{base}:cb:events",
-            channel=events_channel(prefix),
+            channel=events_channel(prefix, db),
         )
 
     @property

@@ -69,6 +69,11 @@ class Subscriber:
                                                 name=f"distbreaker-subscriber {self.channel}")
                 self._thread.start()
 
+    def siblings_of(self, core: BreakerCore) -> list[BreakerCore]:
+        """The other watched breakers of the same name (same server) in this process."""
+        with self._lock:
+            return [c for c in self._watched.get(core.name, ()) if c is not core]
+
     def handle(self, data: Any) -> None:
         parsed = parse_event(data)
         if parsed is None:
@@ -77,7 +82,7 @@ class Subscriber:
         with self._lock:
             cores = list(self._watched.get(name, ()))
         for core in cores:
-            if core._codec.invalidate(at_ms):
+            if core.invalidate(at_ms):
                 self.invalidations += 1
 
     def _run(self) -> None:
@@ -118,6 +123,9 @@ class Subscribers:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_target: dict[tuple[Any, str], Subscriber] = {}
+        #: id(core) -> its subscriber (weak on the subscriber side: cores are in WeakSets).
+        self._of_core: weakref.WeakValueDictionary[int, Subscriber] = (
+            weakref.WeakValueDictionary())
         forking.register(self)
 
     def watch(self, core: BreakerCore) -> Subscriber | None:
@@ -131,8 +139,19 @@ class Subscribers:
             subscriber = self._by_target.get((key, channel))
             if subscriber is None:
                 subscriber = self._by_target[(key, channel)] = Subscriber(make_client, channel)
+            self._of_core[id(core)] = subscriber
         subscriber.watch(core)
         return subscriber
+
+    def made_transition(self, core: BreakerCore, at_ms: int) -> None:
+        """`core`'s own reply reported a transition: breakers of the same name in this
+        process drop their views now (without waiting for the pub/sub message)."""
+        subscriber = self._of_core.get(id(core))
+        if subscriber is None:
+            return
+        for sibling in subscriber.siblings_of(core):
+            if sibling.invalidate(at_ms):
+                subscriber.invalidations += 1
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()
@@ -157,17 +176,32 @@ def _target(core: BreakerCore) -> tuple[Any, Callable[[], Any]] | None:
         timeout = core.config.redis_timeout
         return ("url", url), lambda: redis.Redis.from_url(
             url, socket_timeout=None, socket_connect_timeout=timeout)
-    if hasattr(core, "_per_loop"):  # an asyncio breaker given an asyncio client
-        return None
-    client = core._client  # type: ignore[attr-defined]
+    given_async = hasattr(core, "_per_loop")
+    client = getattr(core, "_given", None) if given_async else core._client  # type: ignore[attr-defined]
     pool = getattr(client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)
-    if isinstance(kwargs, dict):  # breakers on the same server share one subscriber
-        key: Any = ("server", *(str(kwargs.get(k)) for k in
-                                ("host", "port", "path", "db", "username")))
-    else:
-        key = ("client", id(client))
-    return key, lambda: client
+    if not isinstance(kwargs, dict):
+        # A cluster client, or an asyncio one we cannot mirror: views stay bounded by
+        # revalidate_interval instead.
+        return None if given_async else (("client", id(client)), lambda: client)
+    # Breakers on the same server share one subscriber.
+    key: Any = ("server", *(str(kwargs.get(k)) for k in ("host", "port", "path", "db",
+                                                         "username")))
+    if not given_async:
+        return key, lambda: client
+    # An asyncio client: listen with a sync client to the same server (a thread, like
+    # every other subscriber: it must not depend on an event loop being alive).
+    import redis
+
+    options = {k: kwargs[k] for k in ("host", "port", "path", "db", "username", "password")
+               if kwargs.get(k) is not None}
+    if "path" in options:
+        options.pop("host", None)
+        options.pop("port", None)
+        options["unix_socket_path"] = options.pop("path")
+    timeout = core.config.redis_timeout
+    return key, lambda: redis.Redis(socket_timeout=None, socket_connect_timeout=timeout,
+                                    **options)
 
 
 SUBSCRIBERS = Subscribers()

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, NoReturn, TypeVar
 
-from .._runtime.connection import async_client
+from .._runtime.connection import async_client, db_of
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import run_script_async
@@ -56,6 +56,7 @@ class CircuitBreaker(BreakerCore):
                  prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
         super().__init__(name, config, prefix, overrides)
         client = async_client(redis, self.config.redis_timeout)  # validates `redis` now
+        self._codec.use_db(db_of(client))
         self._given = None if redis is None or isinstance(redis, str) else client
         self._url = redis
         self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (

@@ -72,9 +72,12 @@ class BreakerConfig:
     flushes them as counts at most every `flush_interval` seconds, or as soon
     as `max_batch` outcomes of one breaker are pending; while Redis is
     unreachable up to `max_pending` outcomes are kept, beyond that the
-    `on_redis_error` policy takes them (see distbreaker/batching.py).
-    `subscribe` (batched mode) also listens on the events channel, so that a
-    transition made by another worker reaches this process before its next flush.
+    `on_redis_error` policy takes them (see docs/ARCHITECTURE.md).
+    `subscribe` listens on the events channel (one connection per server per
+    process, from the first call), so a transition made by another worker or an
+    operator drops this process's local view at once; `revalidate_interval` bounds
+    how long a rejecting view (OPEN, FORCED_OPEN) is trusted without asking Redis,
+    which bounds staleness when pub/sub is down or not permitted.
     Classification follows Resilience4j: `ignore_exceptions` / `ignore_predicate`
     win; then an exception is a failure if it is one of `record_exceptions` or
     `record_predicate` says so (with neither given, every `Exception` is a
@@ -104,6 +107,7 @@ class BreakerConfig:
     max_batch: int = 1000
     max_pending: int = 10_000
     subscribe: bool = True
+    revalidate_interval: Seconds = 1.0
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -172,6 +176,11 @@ class BreakerConfig:
                              f"got {self.flush_interval!r}")
         check_int(self.max_batch, "max_batch", 1, 1_000_000)
         check_int(self.max_pending, "max_pending", self.max_batch, 1_000_000_000)
+        put(self, "revalidate_interval",
+            to_seconds(self.revalidate_interval, "revalidate_interval"))
+        if not 0.001 <= self.revalidate_interval <= 60:
+            raise ValueError("revalidate_interval must be in [0.001, 60] seconds, "
+                             f"got {self.revalidate_interval!r}")
         if not isinstance(self.subscribe, bool):
             raise ValueError(f"subscribe must be a bool, got {self.subscribe!r}")
 

@@ -27,6 +27,7 @@ from .._runtime.keys import DEFAULT_PREFIX, BreakerKeys
 from .._runtime.local import LocalScriptRunner
 from .._runtime.options import to_ms
 from .._runtime.scripts import Owed, PendingCall, load_script
+from .._runtime.subscriber import SUBSCRIBERS
 from ..errors import CallNotPermitted, ConfigDriftWarning
 from .classify import Outcome, classify_exception
 from .config import BreakerConfig, RedisErrorPolicy, build_config
@@ -77,6 +78,11 @@ class Reply:
     probes_in_flight: int
     #: (failure_rate, slow_rate) of each transition, in the order of `transitions`.
     transition_rates: tuple[tuple[float, float], ...] = ()
+    #: Why the breaker is in its state, and who put it there (operator actions).
+    reason: str = ""
+    actor: str = ""
+    #: Why the history XADD or the PUBLISH of this call's transition failed ('' if not).
+    event_errors: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +129,9 @@ def decode_reply(raw: Sequence[Any]) -> Reply:
         stored_config=_text(raw[10]), now_ms=int(raw[11]), since_ms=int(raw[12]),
         probes_in_flight=int(raw[13]),
         transition_rates=tuple((_rate(t, 3), _rate(t, 4)) for t in raw[3]),
+        reason=_text(raw[14]) if len(raw) > 16 else "",
+        actor=_text(raw[15]) if len(raw) > 16 else "",
+        event_errors=_text(raw[16]) if len(raw) > 16 else "",
     )
 
 
@@ -144,14 +153,21 @@ class BreakerCodec:
     def __init__(self, name: str, config: BreakerConfig, prefix: str = DEFAULT_PREFIX) -> None:
         self.name = name
         self.config = config
+        self.prefix = prefix
         self.keys = BreakerKeys.build(name, prefix)
         self.wire = config.to_wire()
         self._slow_ms = to_ms(config.slow_call_duration)
         self._lock = threading.Lock()
         self._view: State | None = None          # None: unknown, ask Redis
-        self._open_deadline = 0.0                # monotonic seconds
+        self._open_deadline = 0.0                # monotonic end of the OPEN wait
+        self._view_until = 0.0                   # a rejecting view is used until then
+        self._view_reason = ""
+        self._view_actor = ""
+        self._revalidate = config.revalidate_interval
+        self._event_errors_logged = False
         self._view_now_ms = 0
         self._own_transition_ms = -1             # server ms of this process's last transition
+        self._invalidated_at = -1                # server ms of the last pub/sub drop
         self._drift_warned = False
         self.config_drift: str | None = None     # stored config when it differs from ours
         self.not_permitted = 0
@@ -167,6 +183,11 @@ class BreakerCodec:
         self.not_permitted = 0
         self.outcomes = Counter()
         self.rejections = Counter()
+
+    def use_db(self, db: int) -> None:
+        """The client talks to database `db`: publish on that database's channel."""
+        if db:
+            self.keys = BreakerKeys.build(self.name, self.prefix, db)
 
     # -- building script calls ------------------------------------------------
     def _call(self, op: str, *extra: Any) -> ScriptCall:
@@ -214,17 +235,33 @@ class BreakerCodec:
 
     # -- local decisions ---------------------------------------------------------
     def step(self, now: float) -> Step:
-        """Decide from the local view whether a round trip is needed before the call."""
+        """Decide from the local view whether a round trip is needed before the call.
+
+        A rejecting view (OPEN, FORCED_OPEN) is trusted for at most
+        `revalidate_interval` seconds (and OPEN no longer than its wait), so an
+        operator's action or a missed pub/sub message is seen within that bound.
+        """
         view = self._view
         if view in (State.CLOSED, State.DISABLED, State.METRICS_ONLY):
             return Step.PERMIT
-        if view is State.OPEN and now < self._open_deadline:
+        if view in (State.OPEN, State.FORCED_OPEN) and now < self._view_until:
             return Step.REJECT
         return Step.ACQUIRE
 
     def local_rejection(self, now: float) -> CallNotPermitted:
-        self._count_rejection(State.OPEN.value)
-        return CallNotPermitted(self.name, State.OPEN, self._open_deadline - now)
+        """The rejection of a call the local view turned down (no round trip)."""
+        state = self._view or State.OPEN
+        self._count_rejection(state.value)
+        return self._rejection(state, self._open_deadline - now, self._view_reason,
+                               self._view_actor)
+
+    def _rejection(self, state: State, wait: float, reason: str,
+                   actor: str) -> CallNotPermitted:
+        """CallNotPermitted for `state`; FORCED_OPEN has no wait of its own: its
+        retry_after is the re-check interval."""
+        if state is State.FORCED_OPEN:
+            wait = self._revalidate
+        return CallNotPermitted(self.name, state, wait, reason=reason, actor=actor)
 
     def forget_view(self) -> None:
         """Redis could not be asked: the next call must ask (or use the fallback) again."""
@@ -236,8 +273,10 @@ class BreakerCodec:
         with self._lock:
             if at_ms < self._view_now_ms or at_ms == self._own_transition_ms:
                 return False
-            # A reply of the same millisecond may predate the transition: accept newer only.
+            # A reply of the same millisecond may predate the transition: accept newer only
+            # (or the reply reporting that very transition: the message can outrun it).
             self._view_now_ms = at_ms + 1
+            self._invalidated_at = at_ms
             self._view = None
             return True
 
@@ -245,12 +284,18 @@ class BreakerCodec:
         """Refresh the local view from a Redis reply; return the transitions it made."""
         if source == "redis":
             with self._lock:
-                if reply.now_ms >= self._view_now_ms:
+                if reply.now_ms >= self._view_now_ms or (
+                        reply.transitions and reply.now_ms == self._invalidated_at):
                     self._view_now_ms = reply.now_ms
                     self._view = reply.state
                     self._open_deadline = now + reply.wait_ms / 1000.0
+                    self._view_until = min(self._open_deadline, now + self._revalidate) \
+                        if reply.state is State.OPEN else now + self._revalidate
+                    self._view_reason, self._view_actor = reply.reason, reply.actor
                 if reply.transitions:
                     self._own_transition_ms = reply.now_ms
+            if reply.event_errors:
+                self._note_event_errors(reply.event_errors)
             if reply.drift:
                 self._note_drift(reply.stored_config)
             elif self.config_drift is not None:
@@ -265,7 +310,7 @@ class BreakerCodec:
             uses_probe = reply.state is State.HALF_OPEN
             return Permit(token if uses_probe else "")
         self._count_rejection(reply.state.value)
-        raise CallNotPermitted(self.name, reply.state, reply.wait_ms / 1000.0)
+        raise self._rejection(reply.state, reply.wait_ms / 1000.0, reply.reason, reply.actor)
 
     def redis_unavailable(self, error: BaseException, retry_after: float) -> CallNotPermitted:
         """The fail_closed rejection (the Redis error becomes its cause)."""
@@ -297,6 +342,16 @@ class BreakerCodec:
             not_permitted=self.not_permitted, rejected_fleet_wide=reply.rejected,
             probes_in_flight=reply.probes_in_flight,
         )
+
+    def _note_event_errors(self, errors: str) -> None:
+        """The script saved a transition but could not record or publish it: say so
+        once per process (other workers then learn of it only by re-checking)."""
+        if not self._event_errors_logged:
+            self._event_errors_logged = True
+            logger.error("circuit breaker %r: a transition was saved but its history entry "
+                         "or pub/sub message failed (%s); other workers see it within "
+                         "revalidate_interval. Run `distbreaker doctor` to check the ACL.",
+                         self.name, errors.strip("; "))
 
     def _note_drift(self, stored: str) -> None:
         self.config_drift = stored
@@ -334,9 +389,16 @@ class BreakerCore:
         self._local = LocalScriptRunner()
         #: Where batched outcomes go (record_mode "batched"; set by the front end).
         self._batch: Any = None
+        #: Subscribed to the transitions channel in this process (see _watch_transitions).
+        self._watching = False
+        forking.register(self)
 
     #: The Redis client (set by the front end; per event loop in asyncio).
     _client: Any
+
+    def _after_fork(self) -> None:
+        """A forked child subscribes on its own first call (threads do not survive fork)."""
+        self._watching = False
 
     @property
     def name(self) -> str:
@@ -364,8 +426,17 @@ class BreakerCore:
         self._listeners.remove(listener)
 
     # -- the steps around each Redis call (the front ends only do the call) -----
+    def _watch_transitions(self) -> None:
+        """Subscribe (once per process) to the transitions channel, so transitions made
+        elsewhere (other workers, operators) drop this breaker's local view at once."""
+        self._watching = True
+        if self.config.subscribe:
+            SUBSCRIBERS.watch(self)
+
     def _pending_acquire(self) -> tuple[ScriptCall, str] | None:
         """None: permitted locally (no round trip); raises a local rejection; else the call."""
+        if not self._watching:
+            self._watch_transitions()
         codec = self._codec
         now = time.monotonic()
         step = codec.step(now)
@@ -436,7 +507,14 @@ class BreakerCore:
         raw = self._local.run(self._script, call.keys, call.args)
         return None if raw is None else decode_reply(raw)
 
+    def invalidate(self, at_ms: int) -> bool:
+        """A transition made elsewhere at server time `at_ms`: drop the local view
+        (unless a reply already told of it). True when the view was dropped."""
+        return self._codec.invalidate(at_ms)
+
     def _publish(self, reply: Reply, source: str) -> Reply:
+        if reply.transitions and source == "redis":
+            SUBSCRIBERS.made_transition(self, reply.now_ms)
         for event in self._codec.apply(reply, time.monotonic(), source):
             log_transition(event)
             self._listeners.emit(event)

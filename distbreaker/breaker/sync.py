@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .._runtime.connection import sync_client
+from .._runtime.connection import db_of, sync_client
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import run_script
@@ -41,6 +41,7 @@ class CircuitBreaker(BreakerCore):
                  prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
         super().__init__(name, config, prefix, overrides)
         self._client = sync_client(redis, self.config.redis_timeout)
+        self._codec.use_db(db_of(self._client))
         self._tls = threading.local()
         if self.config.batched:
             self._batch = THREAD_FLUSHER

@@ -53,7 +53,9 @@ final class CircuitBreaker
         unset($config['prefix'], $config['lua_dir']);
         $this->config = new BreakerConfig($config);
         $this->wire = $this->config->toWire();
-        $this->keys = Keys::breaker($name, $prefix);
+        // pub/sub ignores databases: each has its own events channel (KEY_SCHEMA.md)
+        $db = $redis instanceof \Redis ? (int) $redis->getDbNum() : 0;
+        $this->keys = Keys::breaker($name, $prefix, $db);
         $this->slowMs = BreakerConfig::toMs($this->config->slowCallDuration);
         $this->script = Scripts::load(self::SCRIPT, $luaDir);
         Scripts::checkConnection($redis);

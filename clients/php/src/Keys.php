@@ -56,10 +56,14 @@ final class Keys
         return self::validatePrefix($prefix) . ':v' . self::SCHEMA_VERSION;
     }
 
-    /** The pub/sub channel every transition of every breaker is published on. */
-    public static function eventsChannel(string $prefix = self::DEFAULT_PREFIX): string
+    /**
+     * The pub/sub channel every transition of every breaker in database $db is published
+     * on: "<ns>:events" for db 0, "<ns>:events:db<N>" otherwise (pub/sub ignores databases).
+     */
+    public static function eventsChannel(string $prefix = self::DEFAULT_PREFIX, int $db = 0): string
     {
-        return self::namespace($prefix) . ':events';
+        $base = self::namespace($prefix) . ':events';
+        return $db === 0 ? $base : "{$base}:db{$db}";
     }
 
     /** "<ns>:{<name>}", the start of every key of one protected name. */
@@ -73,7 +77,7 @@ final class Keys
      *
      * @return array{state: string, window: string, probes: string, history: string, channel: string}
      */
-    public static function breaker(string $name, string $prefix = self::DEFAULT_PREFIX): array
+    public static function breaker(string $name, string $prefix = self::DEFAULT_PREFIX, int $db = 0): array
     {
         $base = self::base($name, $prefix);
         return [
@@ -81,7 +85,7 @@ final class Keys
             'window' => "{$base}:cb:win",
             'probes' => "{$base}:cb:probes",
             'history' => "{$base}:cb:events",
-            'channel' => self::eventsChannel($prefix),
+            'channel' => self::eventsChannel($prefix, $db),
         ];
     }
 
