@@ -1,9 +1,10 @@
 """`distbreaker doctor`: can this Redis (and this ACL user) run distbreaker?
 
 Checks: Redis version and mode, round-trip latency, that every script in lua/
-loads (same SHA1 as the client computes), and, with Redis >= 7, that the ACL
-user may run every command the library and its scripts need (ACL DRYRUN, no
-command is executed). Exit 1 with one precise line per failed check.
+loads, that the ACL user may run every command on every key and channel the
+library needs (ACL DRYRUN on Redis >= 7, nothing executed; the exact ACL SETUSER
+line that fixes what is missing), and memory (an evicting maxmemory-policy, used
+memory near maxmemory). Works for a user without INFO. Exit 1 on a failed check.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ from typing import Any
 import click
 
 from .. import readside as view
-from .._runtime.keys import BreakerKeys, events_channel
+from .._runtime.connection import db_of
+from .._runtime.keys import BreakerKeys, events_channel, namespace
 from .._runtime.scripts import load_script, lua_dir
 from .app import App, cli, emit_json
 
 MIN_VERSION = (5, 0)
 LATENCY_WARN_MS = 50.0
+#: Used memory above this share of maxmemory is a warning (writes start failing at 100 %).
+MEMORY_WARN_SHARE = 0.8
 #: Commands the Python side sends itself (scripts run with EVALSHA, EVAL after NOSCRIPT;
 #: a bulkhead waiter blocks on BLPOP).
 LIBRARY_COMMANDS = ("EVALSHA", "EVAL", "BLPOP", "PING")
@@ -82,9 +86,10 @@ def acl_checks(client: Any, prefix: str, version: tuple[int, ...]) -> list[Check
         needed.setdefault(c, "operator")
     info = client.execute_command("COMMAND", "INFO", *needed)
     key = BreakerKeys.build("doctor", prefix).state
-    channel = events_channel(prefix)
+    channel = events_channel(prefix, db_of(client))
     sha = load_script("breaker").sha
     denied_lib, denied_ops = [], []
+    grants: list[str] = []
     for command, used_by in needed.items():
         meta = info.get(command.lower()) if isinstance(info, dict) else None
         if not meta:
@@ -98,7 +103,13 @@ def acl_checks(client: Any, prefix: str, version: tuple[int, ...]) -> list[Check
         if answer != "OK":
             (denied_ops if used_by == "operator" else denied_lib).append(
                 f"{command} (needed by {used_by}: {answer})")
+            grant = _grant(answer, command, prefix, channel)
+            if grant not in grants:
+                grants.append(grant)
     checks = []
+    if grants:
+        checks.append(Check("acl-fix", "warn" if not denied_lib else "fail",
+                            f"ACL SETUSER {user} " + " ".join(grants)))
     if denied_lib:
         checks.append(Check("acl", "fail", f"ACL user {user!r} may not run: "
                             + "; ".join(denied_lib)))
@@ -112,12 +123,71 @@ def acl_checks(client: Any, prefix: str, version: tuple[int, ...]) -> list[Check
     return checks
 
 
+def _grant(answer: str, command: str, prefix: str, channel: str) -> str:
+    """The ACL rule granting what a DRYRUN answer says is missing."""
+    text = answer.lower()
+    if "channel" in text:
+        return f"&{channel}"
+    if "key" in text:
+        return f"~{namespace(prefix)}:*"
+    return f"+{command.lower()}"
+
+
+def _info(client: Any, section: str) -> dict[str, Any] | None:
+    """INFO `section`, or None when this user may not run INFO (or a proxy hides it)."""
+    try:
+        found = client.info(section)
+    except Exception:
+        return None
+    if found and all(isinstance(v, dict) for v in found.values()):
+        found = next(iter(found.values()))  # a cluster client's {node: info}
+    return found
+
+
+def _server_without_info(client: Any) -> dict[str, Any]:
+    """Version and mode from HELLO, for a user without INFO permission."""
+    try:
+        hello = client.execute_command("HELLO")
+    except Exception:
+        return {}
+    if isinstance(hello, list):
+        hello = dict(zip(hello[::2], hello[1::2], strict=False))
+    fields = {view.text(k): v for k, v in dict(hello).items()}
+    return {"redis_version": view.text(fields.get("version", "0")),
+            "redis_mode": view.text(fields.get("mode", "standalone"))}
+
+
+def memory_checks(client: Any) -> list[Check]:
+    """Whether Redis may evict distbreaker keys, or is about to refuse writes."""
+    memory = _info(client, "memory")
+    if memory is None:
+        return [Check("memory", "skip", "INFO memory not permitted: eviction policy and "
+                      "memory use not checked (see docs/OPERATIONS.md, Memory)")]
+    policy = str(memory.get("maxmemory_policy", "noeviction"))
+    limit, used = int(memory.get("maxmemory", 0) or 0), int(memory.get("used_memory", 0) or 0)
+    checks = []
+    if policy.startswith(("allkeys-", "volatile-")):
+        checks.append(Check("memory-policy", "warn", f"maxmemory-policy {policy} can evict "
+                            "distbreaker keys (every key has a TTL, so volatile-* too): an "
+                            "evicted OPEN breaker comes back CLOSED. Use noeviction, or a "
+                            "Redis of its own (docs/OPERATIONS.md, Memory)"))
+    else:
+        checks.append(Check("memory-policy", "ok", f"maxmemory-policy {policy}: distbreaker "
+                            "keys are never evicted"))
+    if limit and used >= MEMORY_WARN_SHARE * limit:
+        checks.append(Check("memory-use", "warn", f"used memory {used} of maxmemory {limit} "
+                            f"bytes ({used * 100 // limit} %): writes fail when it is full "
+                            "(protected calls then follow on_redis_error; OPEN still rejects)"))
+    elif limit:
+        checks.append(Check("memory-use", "ok", f"used memory {used * 100 // limit} % of "
+                            "maxmemory"))
+    return checks
+
+
 def run_checks(app: App) -> list[Check]:
     client = app.client
     checks: list[Check] = []
-    server = client.info("server")
-    if server and all(isinstance(v, dict) for v in server.values()):
-        server = next(iter(server.values()))  # a cluster client's {node: info}
+    server = _info(client, "server") or _server_without_info(client)
     nodes = len(client.get_primaries()) if view.is_cluster(client) else 1
     version_text = str(server.get("redis_version", "0"))
     version = _version(version_text)
@@ -155,6 +225,7 @@ def run_checks(app: App) -> list[Check]:
             checks.append(Check(f"script {path.name}", "ok", f"loaded, sha1 {sha[:12]}"))
 
     checks.extend(acl_checks(client, app.prefix, version))
+    checks.extend(memory_checks(client))
 
     skew = view.server_now_ms(client) - time.time() * 1000
     checks.append(Check("clock", "ok", "state is timed by the Redis server clock only (TIME "

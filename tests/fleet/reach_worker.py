@@ -21,7 +21,7 @@ from distbreaker import aio as dbaio
 URL, NAME, THREADS, ASYNC = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
 CONFIG = {"wait_duration_in_open_state": 60, "sliding_window_size": 10,
           "minimum_number_of_calls": 10}
-PAUSE = 0.001  # between calls: the fleet must not starve the machine's two cores
+PAUSE = 0.005  # between calls: 32 threads must not starve the machine's two cores
 GIVE_UP = 30.0
 
 
