@@ -1,9 +1,11 @@
 """Exceptions raised by distbreaker.
 
-A protected call raises, on its own account (besides whatever the protected
-function raised), `CallNotPermitted` (the breaker said no) and `BulkheadFull`
-(the bulkhead is full); `RetryBudgetExhausted` comes only from
-`RetryBudget.withdraw()`. The others signal misuse or foreign data in Redis.
+On its own account (besides whatever the protected function raised) a protected
+call raises only rejections: `CallNotPermitted` (the breaker; also a Redis outage
+under fail_closed) and `BulkheadFull` (the bulkhead). `RetryBudgetExhausted` is
+raised only by `RetryBudget.withdraw()`, for callers driving the budget themselves
+(`Retry` and `Policy` re-raise the original error instead). `SchemaError` means
+foreign data in Redis; misuse raises ValueError or TypeError.
 """
 
 from __future__ import annotations

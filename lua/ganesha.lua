@@ -26,19 +26,24 @@ local sec, usec = tonumber(t[1]), tonumber(t[2])
 local score = sec + usec / 1000000
 local score_str = sec .. '.' .. string.format('%06d', usec)
 
-local function key_type(key)
-  local r = redis.call('TYPE', key)
-  if type(r) == 'table' then return r['ok'] end
-  return r
+-- Foreign data (the same two helpers in every script) ------------------------
+local function schema_error(key, msg)
+  return redis.error_reply('DISTBREAKER_SCHEMA ' .. key .. ' ' .. msg)
 end
-for _, kt in ipairs({{K_SUCCESS, 'zset'}, {K_FAILURE, 'zset'}, {K_REJECTION, 'zset'},
-                     {K_STATUS, 'string'}}) do
-  local found = key_type(kt[1])
-  if found ~= 'none' and found ~= kt[2] then
-    return redis.error_reply('DISTBREAKER_SCHEMA ' .. kt[1] .. ' holds a ' .. found ..
-                             ', expected a ' .. kt[2])
+
+-- The schema error for a key holding a type other than want; nil when it holds
+-- a want or does not exist.
+local function foreign_type(key, want)
+  local found = redis.call('TYPE', key)
+  if type(found) == 'table' then found = found['ok'] end
+  if found ~= 'none' and found ~= want then
+    return schema_error(key, 'holds a ' .. found .. ', expected a ' .. want)
   end
 end
+
+local err = foreign_type(K_SUCCESS, 'zset') or foreign_type(K_FAILURE, 'zset')
+         or foreign_type(K_REJECTION, 'zset') or foreign_type(K_STATUS, 'string')
+if err then return err end
 
 -- PHP prints a float with precision 14: 10 digits of seconds leave 4 decimals,
 -- rounded, trailing zeros (and a bare point) dropped.
@@ -98,7 +103,7 @@ end
 
 local status = load_status()
 if not status then
-  return redis.error_reply('DISTBREAKER_SCHEMA ' .. K_STATUS .. ' holds an unknown status')
+  return schema_error(K_STATUS, 'holds an unknown status')
 end
 
 local event, member, available = '', '', 1
