@@ -20,7 +20,8 @@ class GaneshaConfig:
     """Ganesha's Rate strategy settings (seconds, as Ganesha takes them) and key layout.
 
     `key_ttl` 0 keeps Ganesha's own behaviour (keys never expire); a positive
-    value makes every Python write refresh a TTL on the keys it touches.
+    value (at least `time_window + interval_to_half_open`) makes every Python
+    write refresh a TTL on the keys it touches.
     """
 
     failure_rate_threshold: float = 50.0
@@ -52,6 +53,14 @@ class GaneshaConfig:
         if len(suffixes) != 4:
             raise ValueError("the four suffixes must differ from each other")
         object.__setattr__(self, "key_ttl", to_seconds(self.key_ttl, "key_ttl"))
+        shortest = self.time_window + self.interval_to_half_open
+        if 0 < self.key_ttl < shortest:
+            # A TTL set by Python would expire events other writers (Ganesha's PHP side,
+            # which sets no TTL) added after Python's last write, inside the window.
+            raise ValueError(f"key_ttl must be 0 (no TTL) or at least time_window + "
+                             f"interval_to_half_open = {shortest} s, so a TTL never "
+                             f"expires another writer's events inside the window; "
+                             f"got {self.key_ttl!r}")
         object.__setattr__(self, "redis_timeout", to_seconds(self.redis_timeout,
                                                              "redis_timeout"))
 

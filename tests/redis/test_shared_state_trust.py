@@ -167,3 +167,26 @@ def test_each_database_has_its_own_events_channel(redis_server: RedisServer,
     assert message is None          # db 0's channel heard nothing
     assert db0.call(lambda: "ok") == "ok"
     redis.Redis(port=redis_server.port, db=1).flushdb()
+
+
+def test_ganesha_refuses_a_key_ttl_that_could_expire_other_writers_events() -> None:
+    from distbreaker.ganesha import GaneshaConfig
+
+    with pytest.raises(ValueError, match="time_window \\+ interval_to_half_open = 35 s"):
+        GaneshaConfig(time_window=30, interval_to_half_open=5, key_ttl=2.5)
+    assert GaneshaConfig(time_window=30, interval_to_half_open=5, key_ttl=35).key_ttl == 35
+    assert GaneshaConfig(key_ttl=0).key_ttl == 0
+
+
+def test_ganesha_key_ttl_keeps_php_events_written_after_pythons_last_write(
+        redis_client: redis.Redis, redis_url: str, name: str) -> None:
+    from distbreaker.ganesha import GaneshaBreaker, GaneshaConfig
+
+    config = GaneshaConfig(time_window=2, interval_to_half_open=1, key_ttl=3)
+    breaker = GaneshaBreaker(name, redis=redis_url, config=config)
+    breaker.failure()                       # Python writes: the TTL is 3 s
+    failure_key = config.keys(name)[1]
+    # another writer (Ganesha's PHP side) adds a failure right after, without a TTL
+    redis_client.zadd(failure_key, {"php-1": time.time() * 1000})
+    ttl_ms = redis_client.pttl(failure_key)
+    assert ttl_ms >= (config.time_window) * 1000  # it outlives the window it counts in
