@@ -184,6 +184,11 @@ class ChaosRun:
             (Fault("worker_killed", "a 9th worker SIGKILLed while its call holds a half-open "
                    "probe and a bulkhead permit (dependency down until then)"),
              self.worker_killed, self.breaker_closed),
+            (Fault("acl_no_channel", "the workers' ACL user loses every channel permission "
+                   "(Redis 7's default for new users) while the dependency fails for 1 s"),
+             self.acl_no_channel, self.breaker_closed),
+            (Fault("redis_full", "maxmemory reached under noeviction for 1.5 s: every write "
+                   "that needs memory is refused (OOM)"), self.redis_full, None),
         ]
 
     def dependency_down(self, fault: Fault) -> None:
@@ -245,6 +250,38 @@ class ChaosRun:
             pipe.execute()
             time.sleep(0.2)
         self.admin.delete(*self.keys())
+
+    def acl_no_channel(self, fault: Fault) -> None:
+        history = BreakerKeys.build(NAME).history
+        before = self.admin.xlen(history)
+        self.admin.execute_command("ACL", "SETUSER", "default", "resetchannels")
+        try:
+            self.shared.mode.value = cw.DOWN
+            time.sleep(1.0 * SCALE)
+            self.shared.mode.value = cw.FLAKY
+            entries = self.admin.xrange(history, count=1000)[before:]
+            fault.notes["trips_saved"] = sum(1 for _, f in entries if f[b"to"] == b"OPEN")
+        finally:
+            self.admin.execute_command("ACL", "SETUSER", "default", "allchannels")
+
+    def redis_full(self, fault: Fault) -> None:
+        self.admin.config_set("maxmemory-policy", "noeviction")
+        filler = [f"chaos:filler:{i}" for i in range(100)]
+        pipe = self.admin.pipeline()
+        for key in filler:
+            pipe.set(key, "x" * 100_000)
+        pipe.execute()
+        self.admin.config_set("maxmemory", str(self.admin.info("memory")["used_memory"]))
+        try:
+            try:
+                self.admin.set("chaos:probe", "x" * 1000)
+                fault.notes["oom_seen"] = False
+            except redis.exceptions.OutOfMemoryError:
+                fault.notes["oom_seen"] = True
+            time.sleep(1.5 * SCALE)
+        finally:
+            self.admin.config_set("maxmemory", "0")
+            self.admin.delete(*filler)
 
     def worker_killed(self, fault: Fault) -> None:
         self.victim = self.spawn(PROCESSES, victim=True)

@@ -31,7 +31,7 @@ from conftest import PROCESSES, SOAK, ChaosResult, Fault
 pytestmark = pytest.mark.timeout(1200 if SOAK else 240)
 
 FAULTS = ["dependency_down", "script_flush", "redis_paused", "redis_killed", "keys_deleted",
-          "keys_wrong_type", "worker_killed"]
+          "keys_wrong_type", "worker_killed", "acl_no_channel", "redis_full"]
 DOCUMENTED = {"ok", "DependencyError", "CallNotPermitted", "BulkheadFull", "SchemaError"}
 LIMIT = cw.BULKHEAD["max_concurrent_calls"]
 FALLBACK_LIMIT = max(1, LIMIT // cw.BULKHEAD["expected_workers"])
@@ -173,6 +173,11 @@ def test_each_fault_was_felt_by_the_fleet(chaos: ChaosResult) -> None:
     killed = fault_of(chaos, "worker_killed").notes
     assert killed["victim_held_probe"] and killed["victim_exitcode"] == -9
     assert killed["probe_leases_at_kill"] >= 1 and killed["bulkhead_leases_at_kill"] >= 1
+    # without channel permission the breaker still trips (the PUBLISH cannot undo it)
+    assert fault_of(chaos, "acl_no_channel").notes["trips_saved"] >= 1
+    assert entry(chaos, "acl_no_channel")["outcomes"].get("CallNotPermitted", 0) > 0
+    assert fault_of(chaos, "redis_full").notes["oom_seen"] is True
+    assert entry(chaos, "redis_full")["degraded_calls"] > 0
 
 
 def test_the_report_holds_every_fault(chaos: ChaosResult) -> None:
