@@ -9,7 +9,6 @@ so a missing PHP fails these tests instead of skipping them.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -35,19 +34,6 @@ WORKER = ROOT / "clients" / "php" / "tests" / "worker.php"
 SMALL = {"sliding_window_type": "COUNT_BASED", "sliding_window_size": 10,
          "minimum_number_of_calls": 5, "failure_rate_threshold": 50,
          "wait_duration_in_open_state": 30.0, "permitted_calls_in_half_open": 2}
-
-
-@pytest.fixture(scope="module")
-def php() -> str:
-    """The php binary with the redis extension; fail (not skip) when it is missing."""
-    binary = shutil.which("php")
-    if binary is None:
-        pytest.fail("php is not installed: run scripts/test (it installs php-cli and php-redis) "
-                    "or `apt-get install -y php-cli php-redis`")
-    modules = subprocess.run([binary, "-m"], capture_output=True, text=True, check=True).stdout
-    if "redis" not in modules.lower().split():
-        pytest.fail("the phpredis extension is missing: `apt-get install -y php-redis`")
-    return binary
 
 
 class Php:
@@ -391,3 +377,102 @@ def test_php_applies_the_redis_outage_policy(php_worker: Php, name: str) -> None
     assert result["fail_open"] == "ran"
     assert result["fail_closed"]["outcome"] == "rejected"
     assert result["fail_closed"]["state"] == "UNKNOWN"
+
+
+# -- a Connection that cannot connect: fail_open applies, Redis is not hammered ----------
+
+def test_a_failed_connect_is_a_redis_outage_for_every_component(php_worker: Php,
+                                                                 name: str) -> None:
+    from distbreaker.demo.embedded import free_port
+
+    dead = {"port": free_port(), "timeout": 0.2, "retry_interval": 60}
+    result = php_worker.run(action="lazy", name=name, connection=dead, n=5, config=SMALL)
+    assert result["attempts_after_construct"] == 0, "building components must not connect"
+    assert result["calls"] == ["ran"] * 5          # fail_open: the call runs, unrecorded
+    assert result["bulkhead"] == "ran"             # the per-process fallback limit
+    assert (result["deposit"], result["withdraw"]) == (0, False)  # no retries while down
+    assert result["attempts"] == 1, "one connect attempt per retry_interval, not one per call"
+    assert result["connected"] is False
+
+    closed = php_worker.run(action="lazy", name=name, connection=dead, n=1,
+                            config={**SMALL, "on_redis_error": "fail_closed"})
+    (rejection,) = closed["calls"]
+    assert rejection["outcome"] == "rejected" and rejection["state"] == "UNKNOWN"
+
+
+def test_a_connection_reconnects_once_redis_is_up(php_worker: Php, redis_client: redis.Redis,
+                                                   name: str) -> None:
+    from distbreaker.demo.embedded import free_port
+
+    port = free_port()
+    late = RedisServer(port=port)
+    worker = php_worker.start(action="lazy", name=name, n=2, ready="ready", gate="go",
+                              pause=0.3, config=SMALL,
+                              connection={"url": f"redis://127.0.0.1:{port}/2",
+                                          "retry_interval": 0.2})
+    try:
+        first = redis_client.blpop(["ready"], timeout=20)   # the first call failed open
+        assert first is not None and first[1] == b"1"
+        late.start()
+        redis_client.rpush("go", "1")
+        result = finish(worker)
+        assert result["calls"] == ["ran", "ran"]
+        assert result["attempts"] == 2 and result["connected"] is True
+        # the second call was recorded on the server that came up, in the URL's database 2
+        late_client = redis.Redis(port=port, db=2)
+        window = late_client.hgetall(BreakerKeys.build(name).window)
+        assert window, "the call made after Redis came up was not recorded"
+        assert late_client.exists(BulkheadKeys.build(name).meta) == 1
+        assert int(redis.Redis(port=port, db=0).dbsize()) == 0
+    finally:
+        late.stop()
+
+
+# -- the Registry: named components from one config --------------------------------
+
+REGISTRY = {
+    "prefix": "distbreaker",
+    "breakers": {
+        "configs": {"default": {"failure_rate_threshold": 50, "wait_duration_in_open_state": "30s"},
+                    "fast": {"sliding_window_size": 10, "minimum_number_of_calls": "5",
+                             "slow_call_duration": "500ms"}},
+        "instances": {"payments": {"base_config": "fast", "permitted_calls_in_half_open": 2}},
+    },
+    "bulkheads": {"instances": {"payments": {"max_concurrent_calls": 3}}},
+}
+
+
+def test_registry_builds_one_instance_per_name_from_its_config(php_worker: Php,
+                                                              redis_server: RedisServer) -> None:
+    port = redis_server.port
+    payments = php_worker.run(action="registry", port=port, registry=REGISTRY, kind="breaker",
+                              name="payments")
+    assert payments["same"] is True and payments["class"] == "Distbreaker\\CircuitBreaker"
+    assert payments["wire"] == BreakerConfig(sliding_window_size=10, minimum_number_of_calls=5,
+                                             slow_call_duration=0.5,
+                                             permitted_calls_in_half_open=2).to_wire()
+    # a name the config does not list gets configs.default
+    other = php_worker.run(action="registry", port=port, registry=REGISTRY, kind="breaker",
+                           name="search")
+    assert other["wire"] == BreakerConfig(wait_duration_in_open_state=30).to_wire()
+    bulkhead = php_worker.run(action="registry", port=port, registry=REGISTRY, kind="bulkhead",
+                              name="payments")
+    assert bulkhead["options"]["max_concurrent_calls"] == 3
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"breakers": {"instances": {"payments": {"base_config": "nope"}}}},
+     "breakers.instances.payments.base_config: no config named 'nope'"),
+    ({"breakers": {"instances": {"payments": {"wait_duration_in_open_state": "30x"}}}},
+     "breakers.instances.payments.wait_duration_in_open_state: '30x' is not a duration"),
+    ({"breakers": {"instances": {"payments": {"failure_rate_threshold": 150}}}},
+     "breakers.instances.payments: failure_rate_threshold"),
+    ({"bulkheads": {"instances": {"payments": {"max_concurent_calls": 3}}}},
+     "bulkheads.instances.payments: unknown bulkhead option(s): max_concurent_calls"),
+])
+def test_registry_errors_name_the_instance_and_the_option(
+        php_worker: Php, redis_server: RedisServer, change: dict[str, Any], expected: str) -> None:
+    kind = "bulkhead" if "bulkheads" in change else "breaker"
+    result = php_worker.run(action="registry", port=redis_server.port, registry=change,
+                            kind=kind, name="payments")
+    assert expected in result["error"]

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 
+import distbreaker
 from distbreaker._runtime.keys import BreakerKeys
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,6 +107,10 @@ def test_wheel_ships_and_loads_the_lua_scripts(tmp_path: Path, redis_url: str,
                    for n in names if n.startswith("distbreaker/lua/") and n.endswith(".lua")}
     assert shipped == source_lua, "the wheel's distbreaker/lua/ must equal the source lua/"
     assert not [n for n in names if n.startswith("lua/")], "no stray top-level lua/ package"
+    assert "distbreaker/py.typed" in names, "the wheel must mark the package as typed (PEP 561)"
+    version = distbreaker.__version__
+    assert wheel.name.startswith(f"distbreaker-{version}-")
+    assert f"distbreaker-{version}.dist-info/licenses/LICENSE" in names
 
     python = make_venv(tmp_path, wheel)
     cwd = tmp_path / "elsewhere"
