@@ -15,11 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import batched_worker
 import pytest
 import redis
-from batched_worker import Boom, fail, ok
-from fleet_worker import counter_key, wait_for_count, wait_until_all_tried
 
 import distbreaker.aio as aio
 from distbreaker import CircuitBreaker
@@ -30,10 +27,13 @@ from distbreaker.breaker.events import Transition
 from distbreaker.breaker.state import State
 from distbreaker.demo.embedded import RedisServer, free_port
 from distbreaker.errors import CallNotPermitted
+from tests.helpers import batched_worker, fleet_worker
+from tests.helpers.batched_worker import Boom, fail, ok
+from tests.helpers.fleet_worker import counter_key, wait_for_count, wait_until_all_tried
 
 SPAWN = multiprocessing.get_context("spawn")
 FORK = multiprocessing.get_context("fork")
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class ThreadCountingConnection(redis.Connection):
@@ -213,8 +213,6 @@ def test_a_fleet_trips_on_the_fleet_wide_failure_rate(redis_url: str, name: str)
 def test_half_open_probe_cap_holds_across_batched_processes(redis_url: str,
                                                             redis_client: redis.Redis,
                                                             name: str) -> None:
-    import fleet_worker
-
     processes_n, threads = 4, 4
     cfg = {"record_mode": "batched", "wait_duration_in_open_state": 0.4,
            "permitted_calls_in_half_open": 3, "half_open_lease": 20.0}
@@ -289,8 +287,9 @@ def test_outcomes_pending_at_fork_are_counted_once(redis_url: str, redis_client:
 
 def test_outcomes_pending_at_exit_arrive(redis_url: str, redis_client: redis.Redis,
                                          name: str) -> None:
-    subprocess.run([sys.executable, str(HERE / "batched_worker.py"), redis_url, name, "250"],
-                   check=True, timeout=60, cwd=HERE.parent)
+    worker = ROOT / "tests" / "helpers" / "batched_worker.py"
+    subprocess.run([sys.executable, str(worker), redis_url, name, "250"],
+                   check=True, timeout=60, cwd=ROOT)
     # 250 < max_batch and a 30 s interval: nothing but the exit flush sent them
     assert fleet_state(redis_client, CircuitBreaker(name, redis=redis_url))["calls"] == 250
 

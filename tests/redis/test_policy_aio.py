@@ -11,7 +11,7 @@ from distbreaker.aio import Policy
 from distbreaker.breaker.classify import HttpStatusError
 from distbreaker.breaker.state import State
 from distbreaker.errors import BulkheadFull, CallNotPermitted
-from tests.test_policy import NO_SLEEP, Response
+from tests.redis.test_policy import NO_SLEEP, Response
 
 
 class AsyncDependency:

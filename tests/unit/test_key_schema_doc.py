@@ -21,7 +21,7 @@ from distbreaker._runtime.keys import (
     namespace,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "KEY_SCHEMA.md"
 SCRIPTS = sorted((ROOT / "lua").glob("*.lua"))
 NAME = "some-name"

@@ -30,7 +30,7 @@ import yaml
 from distbreaker._runtime.keys import BreakerKeys
 from distbreaker.demo.embedded import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 BIN = Path(sys.executable).parent
 

@@ -1,6 +1,6 @@
 """distbreaker.contrib.celery with a real Celery worker process on the test's redis-server.
 
-The worker (``celery -A tests.celery_app worker``) is started once for the
+The worker (``celery -A tests.helpers.celery_app worker``) is started once for the
 module and always terminated. Broker db 1, results db 2, distbreaker db 0.
 """
 
@@ -27,7 +27,7 @@ from distbreaker.contrib.celery import backoff_countdown, protect, rejection_cou
 from distbreaker.demo.embedded import RedisServer
 from distbreaker.errors import CallNotPermitted
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT = 30.0
 
 
@@ -43,7 +43,7 @@ def worker(redis_server: RedisServer) -> Iterator[dict[str, Any]]:
     os.environ["DISTBREAKER_CELERY_REDIS"] = base   # for the app imported by this process
     log = tempfile.NamedTemporaryFile(prefix="celery-worker-", suffix=".log", delete=False)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker", "--pool=solo",
+        [sys.executable, "-m", "celery", "-A", "tests.helpers.celery_app", "worker", "--pool=solo",
          "--loglevel=INFO", "--without-gossip", "--without-mingle", "--without-heartbeat",
          "-n", f"distbreaker-test-{os.getpid()}@%h"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -54,7 +54,7 @@ def worker(redis_server: RedisServer) -> Iterator[dict[str, Any]]:
                 raise RuntimeError("the Celery worker did not start:\n"
                                    + Path(log.name).read_text(errors="replace")[-3000:])
             time.sleep(0.1)
-        from tests import celery_app
+        from tests.helpers import celery_app
         yield {"app": celery_app, "base": base, "log": log.name, "proc": proc}
     finally:
         if proc.poll() is None:

@@ -12,7 +12,6 @@ from typing import Any
 import httpx
 import pytest
 import requests
-from flaky_http import FlakyServer, ok, reset, slow, status, trickle
 
 from distbreaker import Policy
 from distbreaker.breaker.classify import HttpStatusError
@@ -29,6 +28,7 @@ from distbreaker.contrib._http import (
 from distbreaker.contrib.httpx import AsyncBreakerTransport, BreakerTransport
 from distbreaker.contrib.requests import BreakerAdapter, protect
 from distbreaker.errors import CallNotPermitted
+from tests.helpers.flaky_http import FlakyServer, ok, reset, slow, status, trickle
 
 # 4 calls decide; half of them failing opens the breaker.
 BREAKER = {"sliding_window_size": 4, "minimum_number_of_calls": 4, "failure_rate_threshold": 50,

@@ -24,7 +24,7 @@ from distbreaker.cli.app import cli
 from distbreaker.demo.embedded import free_port
 from distbreaker.errors import CallNotPermitted
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FAST = {"sliding_window_size": 10, "minimum_number_of_calls": 4,
         "failure_rate_threshold": 50, "wait_duration_in_open_state": 30.0,
         "permitted_calls_in_half_open": 2, "key_ttl": 600.0}

@@ -1,4 +1,4 @@
-"""Bodies of the worker processes started by tests/test_batched.py (importable for spawn)."""
+"""Bodies of the worker processes started by tests/redis/test_batched.py (importable for spawn)."""
 
 from __future__ import annotations
 

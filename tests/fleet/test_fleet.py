@@ -1,6 +1,6 @@
 """One breaker shared by a fleet of real processes (multiprocessing, spawn and fork).
 
-Worker bodies live in tests/fleet_worker.py. Every worker builds its own
+Worker bodies live in tests/helpers/fleet_worker.py. Every worker builds its own
 `CircuitBreaker` on the shared Redis URL, except in the fork tests, where the
 children use the object their parent created.
 """
@@ -15,14 +15,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import fleet_worker
 import pytest
 import redis
-from fleet_worker import counter_key, wait_for_count, wait_until_all_tried
 
 from distbreaker import CircuitBreaker
 from distbreaker.breaker.state import State
 from distbreaker.errors import CallNotPermitted
+from tests.helpers import fleet_worker
+from tests.helpers.fleet_worker import counter_key, wait_for_count, wait_until_all_tried
 
 SPAWN = multiprocessing.get_context("spawn")
 FORK = multiprocessing.get_context("fork")

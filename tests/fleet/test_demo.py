@@ -24,7 +24,7 @@ import redis
 from distbreaker._runtime.keys import BreakerKeys
 from distbreaker.demo.upstream import FlakyUpstream, Timeline
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_demo(env: dict[str, str], *args: str) -> tuple[str, dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""The Celery app a real worker runs in tests/test_contrib_celery.py.
+"""The Celery app a real worker runs in tests/fleet/test_contrib_celery.py.
 
 `DISTBREAKER_CELERY_REDIS` is the test's redis-server (``redis://host:port``):
 db 0 holds distbreaker's keys and the deliveries log, db 1 is the broker,
@@ -23,7 +23,7 @@ from distbreaker.contrib.celery import protect
 BASE = os.environ.get("DISTBREAKER_CELERY_REDIS", "redis://127.0.0.1:6379")
 DATA = f"{BASE}/0"
 
-app = Celery("tests.celery_app", broker=f"{BASE}/1", backend=f"{BASE}/2")
+app = Celery("tests.helpers.celery_app", broker=f"{BASE}/1", backend=f"{BASE}/2")
 app.conf.update(worker_hijack_root_logger=False, worker_prefetch_multiplier=8,
                 broker_connection_retry_on_startup=True, task_acks_late=False,
                 result_expires=600)

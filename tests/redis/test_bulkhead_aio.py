@@ -195,7 +195,7 @@ def _process_worker(url: str, name: str, tasks: int, ready: Any, go: Any,
 
 
 def test_four_processes_share_the_limit(name: str, redis_url: str) -> None:
-    from test_bulkhead import run_four_processes
+    from tests.redis.test_bulkhead import run_four_processes
 
     calls, running, peak, ok, full = run_four_processes(_process_worker, redis_url, name)
     assert (ok, full) == (3, 7)

@@ -22,7 +22,7 @@ import redis
 
 from distbreaker._runtime.keys import BreakerKeys
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 CHECK = r"""
 import json, sys

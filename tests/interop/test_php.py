@@ -29,7 +29,7 @@ from distbreaker.demo.embedded import RedisServer
 from distbreaker.errors import CallNotPermitted, SchemaError
 from distbreaker.readside import decode_event_message, read_history
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "clients" / "php" / "tests" / "worker.php"
 
 SMALL = {"sliding_window_type": "COUNT_BASED", "sliding_window_size": 10,

@@ -1,4 +1,4 @@
-"""Bodies of the worker processes started by tests/test_fleet.py.
+"""Bodies of the worker processes started by tests/fleet/test_fleet.py.
 
 They live in an importable module (not in the test file) so that the "spawn"
 start method can find them. Every worker builds its own `CircuitBreaker` on
