@@ -12,7 +12,6 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,36 +21,13 @@ from distbreaker import CircuitBreaker
 from distbreaker.breaker.state import State
 from distbreaker.errors import CallNotPermitted
 from tests.helpers import fleet_worker
-from tests.helpers.fleet_worker import counter_key, wait_for_count, wait_until_all_tried
+from tests.helpers.fleet_worker import counter_key, wait_for_count
+from tests.helpers.processes import collect, join_all
+from tests.helpers.stampede import half_open_stampede
 
 SPAWN = multiprocessing.get_context("spawn")
 FORK = multiprocessing.get_context("fork")
 PROCESSES = 4
-
-
-def collect(results: Any, count: int, timeout: float = 30.0) -> list[Any]:
-    return [results.get(timeout=timeout) for _ in range(count)]
-
-
-def join_all(processes: list[Any]) -> None:
-    for process in processes:
-        process.join(30)
-    for process in processes:
-        if process.is_alive():
-            process.kill()
-            process.join(5)
-    assert [p.exitcode for p in processes] == [0] * len(processes)
-
-
-@pytest.fixture
-def reap() -> Iterator[list[Any]]:
-    """Processes registered here are killed at teardown if a test failed half-way."""
-    started: list[Any] = []
-    yield started
-    for process in started:
-        if process.is_alive():
-            process.kill()
-            process.join(5)
 
 
 def test_all_processes_see_open_after_one_trips_it(name: str, redis_url: str,
@@ -79,42 +55,17 @@ def test_all_processes_see_open_after_one_trips_it(name: str, redis_url: str,
     assert CircuitBreaker(name, redis=redis_url, **cfg).state is State.OPEN
 
 
-def test_half_open_admits_only_the_permitted_probes_fleet_wide(name: str, redis_url: str,
-                                                               redis_client: redis.Redis,
-                                                               reap: list[Any]) -> None:
-    threads = 4
+def test_half_open_admits_only_the_permitted_probes_fleet_wide(
+        name: str, redis_url: str, redis_client: redis.Redis) -> None:
     cfg = {"wait_duration_in_open_state": 0.4, "permitted_calls_in_half_open": 3,
            "half_open_lease": 20.0}
-    tripped, go, release = SPAWN.Event(), SPAWN.Event(), SPAWN.Event()
-    results = SPAWN.Queue()
-    workers = [SPAWN.Process(target=fleet_worker.half_open_stampede,
-                             args=(redis_url, name, cfg, threads, tripped, go, release, results))
-               for _ in range(PROCESSES)]
-    reap.extend(workers)
-    for worker in workers:
-        worker.start()
-    try:
-        assert wait_for_count(redis_client, counter_key(name, "ready"), PROCESSES) == PROCESSES
-        breaker = CircuitBreaker(name, redis=redis_url, **cfg)
-        breaker.trip()
-        tripped_at = time.monotonic()
-        tripped.set()
-        assert wait_for_count(redis_client, counter_key(name, "seen-open"),
-                              PROCESSES) == PROCESSES
-        time.sleep(max(0.0, tripped_at + 0.45 - time.monotonic()))
-        go.set()
-        total = PROCESSES * threads
-        reached, rejected = wait_until_all_tried(redis_client, name, total)
-        # every thread of the fleet has tried; the probes are still in flight
-        assert breaker.metrics().probes_in_flight == 3
-    finally:
-        release.set()
-    outcomes = [o for batch in collect(results, PROCESSES) for o in batch]
-    join_all(workers)
-
-    assert (reached, rejected) == (3, total - 3)
-    assert sorted(outcomes) == ["ok"] * 3 + ["rejected:HALF_OPEN"] * (total - 3)
-    assert breaker.state is State.CLOSED  # the three probes succeeded
+    run = half_open_stampede(redis_url, redis_client, name, cfg, PROCESSES, threads=4)
+    assert run.exitcodes == [0] * PROCESSES
+    # every thread of the fleet had tried while the probes were still in flight
+    assert run.probes_in_flight == 3
+    assert (run.reached, run.rejected) == (3, run.total - 3)
+    assert sorted(run.outcomes) == ["ok"] * 3 + ["rejected:HALF_OPEN"] * (run.total - 3)
+    assert run.breaker.state is State.CLOSED  # the three probes succeeded
 
 
 def test_exactly_one_open_transition_while_the_fleet_fails_together(

@@ -1,4 +1,5 @@
-"""Bodies of the worker processes started by tests/redis/test_batched.py (importable for spawn)."""
+"""Batched record mode: bodies of the worker processes (importable for spawn, runnable as a
+script) and what the parent reads back from Redis."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import time
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 from typing import Any
+
+import redis
 
 from distbreaker import CircuitBreaker
 from distbreaker._runtime.subscriber import SUBSCRIBERS
@@ -24,6 +27,13 @@ def fail() -> None:
 
 def ok() -> str:
     return "ok"
+
+
+def fleet_state(client: redis.Redis, breaker: CircuitBreaker) -> dict[str, int | str]:
+    """The fleet's state and counts as stored in Redis (what the flushes have sent)."""
+    raw = {k.decode(): v.decode() for k, v in client.hgetall(breaker.keys.state).items()}
+    return {"state": raw["state"], **{f: int(raw.get(f, 0)) for f in
+                                      ("calls", "failures", "slow", "total_ms")}}
 
 
 def fleet_member(url: str, name: str, cfg: dict[str, Any], failures: int, successes: int,

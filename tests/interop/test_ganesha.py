@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from distbreaker.errors import CallNotPermitted, SchemaError
-from distbreaker.ganesha.config import GaneshaConfig, GaneshaEvent
+from distbreaker.ganesha.config import GaneshaEvent
 from distbreaker.ganesha.sync import GaneshaBreaker
 
 MEMBER = re.compile(r"^(\d{10})(\.\d{1,4})?:[0-9a-f]+-[0-9a-f]+$")
@@ -143,15 +143,6 @@ def test_foreign_data_is_a_schema_error(redis_url: str, redis_client: redis.Redi
     redis_client.set("ganesha_bad_failure", "x")
     with pytest.raises(SchemaError, match="ganesha_bad_failure"):
         make(redis_url, "bad").failure()
-
-
-def test_invalid_config_names_the_field() -> None:
-    with pytest.raises(ValueError, match="minimum_requests"):
-        GaneshaConfig(minimum_requests=0)
-    with pytest.raises(ValueError, match="failure_rate_threshold"):
-        GaneshaConfig(failure_rate_threshold=150)
-    with pytest.raises(ValueError, match="service"):
-        GaneshaBreaker("has space", redis="redis://127.0.0.1:1")
 
 
 def test_async_twin_shares_the_same_keys_and_decisions(redis_url: str,

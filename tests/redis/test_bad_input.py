@@ -31,6 +31,7 @@ from distbreaker.ganesha.aio import GaneshaBreaker as AioGaneshaBreaker
 from distbreaker.ganesha.config import GaneshaConfig
 from distbreaker.ganesha.sync import GaneshaBreaker
 from distbreaker.retry.config import RetryConfig
+from tests.unit.test_config import INVALID
 
 BAD_NAMES: list[tuple[str, Any]] = [
     ("empty", ""), ("201 chars", "x" * 201), ("space", "a b"), ("newline", "a\nb"),
@@ -320,3 +321,13 @@ def test_brace_name_works_in_the_cli(redis_url: str) -> None:
     result = CliRunner().invoke(cli, ["--url", redis_url, "show", "a{b}c", "--json"])
     assert result.exit_code == 0, result.output
     assert '"a{b}c"' in result.output
+
+
+# every fourth BreakerConfig case of tests/unit/test_config.py, as CircuitBreaker keywords
+@pytest.mark.parametrize("case", INVALID[::4], ids=[f"{c[0]}={c[1]!r}" for c in INVALID[::4]])
+def test_breaker_keyword_overrides_are_validated_before_any_redis_io(
+        case: tuple[str, Any, str], redis_url: str, redis_client: redis.Redis) -> None:
+    field, value, _ = case
+    with pytest.raises(ValueError, match=field):
+        CircuitBreaker("cfg-test", redis=redis_url, **{field: value})
+    assert redis_client.dbsize() == 0

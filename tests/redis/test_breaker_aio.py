@@ -19,34 +19,18 @@ from distbreaker.breaker.core import SCRIPT_NAME
 from distbreaker.breaker.events import Transition
 from distbreaker.breaker.state import State
 from distbreaker.errors import CallNotPermitted
+from tests.helpers.dependency import SEED, AsyncDependency, outcome_async
 
 T = TypeVar("T")
-SEED = {"sliding_window_type": "COUNT_BASED", "sliding_window_size": 10,
-        "minimum_number_of_calls": 5, "failure_rate_threshold": 50,
-        "wait_duration_in_open_state": 1.0, "permitted_calls_in_half_open": 2}
 
 
 def run(fn: Callable[[], Awaitable[T]]) -> T:
     return asyncio.run(fn())  # type: ignore[arg-type]
 
 
-class Dependency:
+def Dependency(delay: float = 0.0) -> AsyncDependency:
     """An async dependency that fails until `healthy`, counting the calls that reach it."""
-
-    def __init__(self, delay: float = 0.0) -> None:
-        self.healthy = False
-        self.calls = 0
-        self.delay = delay
-        self.entered = asyncio.Event()
-
-    async def __call__(self) -> str:
-        self.calls += 1
-        self.entered.set()
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        if not self.healthy:
-            raise ConnectionError("gateway down")
-        return "ok"
+    return AsyncDependency(delay=delay, healthy=False)
 
 
 def closed_port_url() -> str:
@@ -57,13 +41,7 @@ def closed_port_url() -> str:
 
 
 async def outcome(breaker: CircuitBreaker, dep: Callable[[], Awaitable[Any]]) -> str:
-    try:
-        await breaker.call(dep)
-    except CallNotPermitted:
-        return "rejected"
-    except ConnectionError:
-        return "failed"
-    return "ok"
+    return await outcome_async(lambda: breaker.call(dep))
 
 
 def test_seed_scenario_with_one_listener_call_per_transition(name: str, redis_url: str) -> None:

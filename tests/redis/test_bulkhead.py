@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -20,30 +17,10 @@ from distbreaker.bulkhead.config import BulkheadConfig
 from distbreaker.bulkhead.core import BulkheadCodec
 from distbreaker.bulkhead.sync import Bulkhead
 from distbreaker.demo.embedded import RedisServer, free_port
-from distbreaker.errors import BulkheadFull, DistbreakerError, SchemaError
+from distbreaker.errors import BulkheadFull, SchemaError
+from tests.helpers.dependency import Dependency
 
 FORK = multiprocessing.get_context("fork")
-
-
-class Dependency:
-    """A slow dependency that counts its calls and the most it saw at once."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.calls = 0
-        self.current = 0
-        self.peak = 0
-        self._lock = threading.Lock()
-
-    def __call__(self) -> str:
-        with self._lock:
-            self.calls += 1
-            self.current += 1
-            self.peak = max(self.peak, self.current)
-        time.sleep(self.seconds)
-        with self._lock:
-            self.current -= 1
-        return "ok"
 
 
 def run_at_once(count: int, fn: Callable[[], Any]) -> list[Any]:
@@ -68,39 +45,6 @@ def run_at_once(count: int, fn: Callable[[], Any]) -> list[Any]:
 
 def evalsha_calls(client: redis.Redis) -> int:
     return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
-
-
-# -- configuration ---------------------------------------------------------------------
-def test_config_validates_and_names_the_field() -> None:
-    config = BulkheadConfig(max_wait_duration=timedelta(milliseconds=250), lease=2)
-    assert config.max_wait_duration == 0.25 and config.lease == 2.0
-    assert config.renew_interval == pytest.approx(2 / 3)
-    with pytest.raises(ValueError, match="max_concurrent_calls"):
-        BulkheadConfig(max_concurrent_calls=0)
-    with pytest.raises(ValueError, match="max_wait_duration"):
-        BulkheadConfig(max_wait_duration=-1)
-    with pytest.raises(ValueError, match="lease"):
-        BulkheadConfig(lease=0)
-    with pytest.raises(ValueError, match="expected_workers"):
-        BulkheadConfig(expected_workers=0)
-    with pytest.raises(ValueError, match="key_ttl"):
-        BulkheadConfig(lease=60, key_ttl=30)
-    with pytest.raises(TypeError, match="unknown bulkhead option"):
-        Bulkhead("x", redis="redis://127.0.0.1:1/0", max_calls=3)
-
-
-def test_fallback_limit_is_the_fleet_limit_over_the_workers_and_at_least_one() -> None:
-    assert BulkheadConfig(max_concurrent_calls=25).effective_fallback_limit == 25
-    assert BulkheadConfig(max_concurrent_calls=25,
-                          expected_workers=4).effective_fallback_limit == 6
-    assert BulkheadConfig(max_concurrent_calls=3, expected_workers=8).effective_fallback_limit == 1
-    assert BulkheadConfig(fallback_limit=0).effective_fallback_limit == 0
-
-
-def test_bulkhead_full_carries_name_limit_and_in_use() -> None:
-    error = BulkheadFull("dep", 3, 3)
-    assert isinstance(error, DistbreakerError)
-    assert (error.name, error.limit, error.in_use) == ("dep", 3, 3)
 
 
 # -- the script ---------------------------------------------------------------------------
@@ -206,7 +150,7 @@ def test_script_spends_few_commands_per_acquire_and_release(name: str) -> None:
 # -- threads ------------------------------------------------------------------------------
 def test_ten_threads_max_three_no_wait(name: str, redis_url: str) -> None:
     bulkhead = Bulkhead(name, redis=redis_url, max_concurrent_calls=3)
-    dep = Dependency(0.3)
+    dep = Dependency(delay=0.3)
     results = run_at_once(10, lambda: bulkhead.call(dep))
     full = [r for r in results if isinstance(r, BulkheadFull)]
     assert results.count("ok") == 3 and len(full) == 7
@@ -281,100 +225,6 @@ def test_waiter_gives_up_after_max_wait(name: str, redis_url: str,
     holder.release(permit)
 
 
-# -- processes ---------------------------------------------------------------------------
-def _process_worker(url: str, name: str, threads: int, ready: Any, go: Any,
-                    counters: Any, lock: Any) -> None:
-    """One worker process: `threads` threads calling a 300 ms dependency at once."""
-    bulkhead = Bulkhead(name, redis=url, max_concurrent_calls=3)
-    bulkhead.metrics()  # connect before the start signal
-
-    def dependency() -> None:
-        with lock:
-            counters[0] += 1                           # calls
-            counters[1] += 1                           # running now
-            counters[2] = max(counters[2], counters[1])  # peak
-        time.sleep(0.3)
-        with lock:
-            counters[1] -= 1
-
-    def one() -> None:
-        go.wait()
-        try:
-            bulkhead.call(dependency)
-            with lock:
-                counters[3] += 1
-        except BulkheadFull:
-            with lock:
-                counters[4] += 1
-
-    workers = [threading.Thread(target=one) for _ in range(threads)]
-    for worker in workers:
-        worker.start()
-    ready.release()
-    for worker in workers:
-        worker.join()
-
-
-def run_four_processes(worker: Any, redis_url: str, name: str) -> list[int]:
-    """Start 4 forked processes running 3+3+2+2 concurrent callers of `worker`, released
-    together; return the shared counters [calls, running, peak, ok, full]."""
-    ready, go, lock = FORK.Semaphore(0), FORK.Event(), FORK.Lock()
-    counters = FORK.Array("i", 5, lock=False)
-    processes = [FORK.Process(target=worker,
-                              args=(redis_url, name, callers, ready, go, counters, lock))
-                 for callers in (3, 3, 2, 2)]
-    for process in processes:
-        process.start()
-    for _ in processes:
-        assert ready.acquire(timeout=10)
-    go.set()
-    for process in processes:
-        process.join(10)
-        assert process.exitcode == 0
-    return list(counters[:])
-
-
-def test_four_processes_share_the_limit(name: str, redis_url: str) -> None:
-    calls, running, peak, ok, full = run_four_processes(_process_worker, redis_url, name)
-    assert (ok, full) == (3, 7)
-    assert calls == 3 and peak == 3 and running == 0
-
-
-def _hold_forever(bulkhead: Bulkhead, acquired: Any) -> None:
-    bulkhead.acquire()
-    acquired.release()
-    time.sleep(60)
-
-
-def test_sigkilled_holders_permits_come_back_within_one_lease(name: str, redis_url: str) -> None:
-    # Created (and its renewal thread started) before the fork, like a preloaded app:
-    # the children must renew their own permits after the fork.
-    shared = Bulkhead(name, redis=redis_url, max_concurrent_calls=2, lease=1.0)
-    shared.release(shared.acquire())
-    acquired = FORK.Semaphore(0)
-    holders = [FORK.Process(target=_hold_forever, args=(shared, acquired))
-               for _ in range(2)]
-    for process in holders:
-        process.start()
-    for _ in holders:
-        assert acquired.acquire(timeout=10)
-    bulkhead = Bulkhead(name, redis=redis_url, max_concurrent_calls=2, lease=1.0,
-                        max_wait_duration=3.0)
-    time.sleep(1.1)  # longer than the lease: the live holders renewed their permits
-    assert bulkhead.metrics().in_use == 2
-    for process in holders:
-        assert process.pid is not None
-        os.kill(process.pid, signal.SIGKILL)
-        process.join(5)
-    killed = time.monotonic()
-    permits = [bulkhead.acquire(), bulkhead.acquire()]
-    back_after = time.monotonic() - killed
-    assert back_after <= 1.0 + 0.25
-    assert bulkhead.metrics().in_use == 2
-    for permit in permits:
-        bulkhead.release(permit)
-
-
 # -- leases -----------------------------------------------------------------------------------
 def test_renewal_keeps_a_long_call_alive_past_the_lease(name: str, redis_url: str) -> None:
     bulkhead = Bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=0.3)
@@ -405,7 +255,7 @@ def test_a_lost_lease_is_reported(name: str, redis_url: str, redis_client: redis
 def test_redis_down_enforces_the_local_fallback_limit(name: str) -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"      # nothing listens there
     bulkhead = Bulkhead(name, redis=url, max_concurrent_calls=6, expected_workers=3)
-    dep = Dependency(0.2)
+    dep = Dependency(delay=0.2)
     results = run_at_once(5, lambda: bulkhead.call(dep))
     full = [r for r in results if isinstance(r, BulkheadFull)]
     assert results.count("ok") == 2 and len(full) == 3

@@ -14,24 +14,7 @@ import redis
 from distbreaker.bulkhead.aio import Bulkhead
 from distbreaker.demo.embedded import free_port
 from distbreaker.errors import BulkheadFull
-
-
-class Dependency:
-    """A slow coroutine dependency that counts its calls and the most it saw at once."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.calls = 0
-        self.current = 0
-        self.peak = 0
-
-    async def __call__(self) -> str:
-        self.calls += 1
-        self.current += 1
-        self.peak = max(self.peak, self.current)
-        await asyncio.sleep(self.seconds)
-        self.current -= 1
-        return "ok"
+from tests.helpers.dependency import AsyncDependency
 
 
 async def at_once(count: int, fn: Callable[[], Awaitable[Any]]) -> list[Any]:
@@ -41,7 +24,7 @@ async def at_once(count: int, fn: Callable[[], Awaitable[Any]]) -> list[Any]:
 def test_ten_tasks_max_three_no_wait(name: str, redis_url: str) -> None:
     async def main() -> None:
         bulkhead = Bulkhead(name, redis=redis_url, max_concurrent_calls=3)
-        dep = Dependency(0.3)
+        dep = AsyncDependency(delay=0.3)
         results = await at_once(10, lambda: bulkhead.call(dep))
         full = [r for r in results if isinstance(r, BulkheadFull)]
         assert results.count("ok") == 3 and len(full) == 7
@@ -156,7 +139,7 @@ def test_redis_down_enforces_the_local_fallback_limit(name: str) -> None:
     async def main() -> None:
         url = f"redis://127.0.0.1:{free_port()}/0"   # nothing listens there
         bulkhead = Bulkhead(name, redis=url, max_concurrent_calls=6, expected_workers=3)
-        dep = Dependency(0.2)
+        dep = AsyncDependency(delay=0.2)
         results = await at_once(5, lambda: bulkhead.call(dep))
         full = [r for r in results if isinstance(r, BulkheadFull)]
         assert results.count("ok") == 2 and len(full) == 3
@@ -167,39 +150,6 @@ def test_redis_down_enforces_the_local_fallback_limit(name: str) -> None:
         assert results == ["ok", "ok"]          # the second waited for the first (limit 1)
 
     asyncio.run(main())
-
-
-def _process_worker(url: str, name: str, tasks: int, ready: Any, go: Any,
-                    counters: Any, lock: Any) -> None:
-    async def main() -> None:
-        bulkhead = Bulkhead(name, redis=url, max_concurrent_calls=3)
-        await bulkhead.metrics()  # connect before the start signal
-
-        async def dependency() -> None:
-            with lock:
-                counters[0] += 1
-                counters[1] += 1
-                counters[2] = max(counters[2], counters[1])
-            await asyncio.sleep(0.3)
-            with lock:
-                counters[1] -= 1
-
-        ready.release()
-        await asyncio.get_running_loop().run_in_executor(None, go.wait)
-        results = await at_once(tasks, lambda: bulkhead.call(dependency))
-        with lock:
-            counters[3] += sum(1 for r in results if r is None)
-            counters[4] += sum(1 for r in results if isinstance(r, BulkheadFull))
-
-    asyncio.run(main())
-
-
-def test_four_processes_share_the_limit(name: str, redis_url: str) -> None:
-    from tests.redis.test_bulkhead import run_four_processes
-
-    calls, running, peak, ok, full = run_four_processes(_process_worker, redis_url, name)
-    assert (ok, full) == (3, 7)
-    assert calls == 3 and peak == 3 and running == 0
 
 
 def test_release_cancelled_while_a_renewal_finishes_is_not_swallowed(

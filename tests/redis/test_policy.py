@@ -15,6 +15,7 @@ from distbreaker.breaker.classify import HttpStatusError
 from distbreaker.breaker.state import State
 from distbreaker.errors import BulkheadFull, CallNotPermitted
 from distbreaker.policy.sync import Policy
+from tests.helpers.dependency import Dependency, run_requests
 
 NO_SLEEP = {"base": 0.0, "cap": 0.0}
 
@@ -27,47 +28,9 @@ class Response:
     headers: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-class Dependency:
-    def __init__(self, answer: Any = None, delay: float = 0.0) -> None:
-        self.answer = answer
-        self.delay = delay
-        self.calls = 0
-        self.running = 0
-        self.peak = 0
-        self._lock = threading.Lock()
-
-    def __call__(self) -> Any:
-        with self._lock:
-            self.calls += 1
-            self.running += 1
-            self.peak = max(self.peak, self.running)
-        try:
-            if self.delay:
-                time.sleep(self.delay)
-            if isinstance(self.answer, BaseException):
-                raise self.answer
-            return self.answer
-        finally:
-            with self._lock:
-                self.running -= 1
-
-
 def ordering_breaker(name: str, url: str) -> dict[str, Any]:
     return {"sliding_window_size": 6, "minimum_number_of_calls": 6,
             "failure_rate_threshold": 50, "wait_duration_in_open_state": 60}
-
-
-def run_requests(call: Any, count: int) -> list[str]:
-    outcomes = []
-    for _ in range(count):
-        try:
-            call()
-            outcomes.append("ok")
-        except CallNotPermitted:
-            outcomes.append("rejected")
-        except ConnectionError:
-            outcomes.append("failed")
-    return outcomes
 
 
 def test_retry_outside_breaker_with_rejections_retried(name: str, redis_url: str) -> None:

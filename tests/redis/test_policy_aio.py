@@ -10,30 +10,9 @@ import pytest
 from distbreaker.aio import Policy
 from distbreaker.breaker.classify import HttpStatusError
 from distbreaker.breaker.state import State
-from distbreaker.errors import BulkheadFull, CallNotPermitted
+from distbreaker.errors import BulkheadFull
+from tests.helpers.dependency import AsyncDependency, outcome_async
 from tests.redis.test_policy import NO_SLEEP, Response
-
-
-class AsyncDependency:
-    def __init__(self, answer: Any = None, delay: float = 0.0) -> None:
-        self.answer = answer
-        self.delay = delay
-        self.calls = 0
-        self.running = 0
-        self.peak = 0
-
-    async def __call__(self) -> Any:
-        self.calls += 1
-        self.running += 1
-        self.peak = max(self.peak, self.running)
-        try:
-            if self.delay:
-                await asyncio.sleep(self.delay)
-            if isinstance(self.answer, BaseException):
-                raise self.answer
-            return self.answer
-        finally:
-            self.running -= 1
 
 
 async def no_sleep(seconds: float) -> None:
@@ -47,14 +26,7 @@ def test_default_policy_stops_at_the_breaker(name: str, redis_url: str) -> None:
                         breaker={"sliding_window_size": 6, "minimum_number_of_calls": 6,
                                  "wait_duration_in_open_state": 60},
                         retry={"max_attempts": 3, **NO_SLEEP}, sleep=no_sleep)
-        outcomes = []
-        for _ in range(6):
-            try:
-                await policy.call(dep)
-            except CallNotPermitted:
-                outcomes.append("rejected")
-            except ConnectionError:
-                outcomes.append("failed")
+        outcomes = [await outcome_async(lambda: policy.call(dep)) for _ in range(6)]
         return outcomes, dep.calls, await policy.breaker.get_state()
 
     outcomes, calls, state = asyncio.run(scenario())

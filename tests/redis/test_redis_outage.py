@@ -19,11 +19,13 @@ import redis.connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from distbreaker import CircuitBreaker
-from distbreaker._runtime.health import UNAVAILABLE_ERRORS, RedisHealth
+from distbreaker._runtime.health import UNAVAILABLE_ERRORS
 from distbreaker.breaker.events import Transition
 from distbreaker.breaker.state import State
 from distbreaker.demo.embedded import RedisServer
 from distbreaker.errors import CallNotPermitted
+from tests.helpers.dependency import Dependency
+from tests.helpers.dependency import outcome as call_outcome
 
 TIMEOUT = 0.2
 FAST = {"sliding_window_size": 10, "minimum_number_of_calls": 5, "failure_rate_threshold": 50,
@@ -35,16 +37,9 @@ class DependencyDown(Exception):
     pass
 
 
-class Dependency:
-    def __init__(self) -> None:
-        self.healthy = True
-        self.calls = 0
-
-    def __call__(self) -> str:
-        self.calls += 1
-        if not self.healthy:
-            raise DependencyDown("dependency down")
-        return "ok"
+def dependency() -> Dependency:
+    """Healthy until told otherwise; then it raises DependencyDown."""
+    return Dependency(error=DependencyDown("dependency down"))
 
 
 @pytest.fixture
@@ -65,12 +60,7 @@ def pause(srv: RedisServer, sig: signal.Signals) -> None:
 
 
 def outcome(breaker: CircuitBreaker, dep: Dependency) -> str:
-    try:
-        return breaker.call(dep)
-    except DependencyDown:
-        return "failed"
-    except CallNotPermitted as exc:
-        return f"rejected:{exc.state}"
+    return call_outcome(lambda: breaker.call(dep), DependencyDown, with_state=True)
 
 
 def wait_until_redis_used(breaker: CircuitBreaker, client: redis.Redis,
@@ -88,7 +78,7 @@ def test_fail_open_calls_continue_and_the_local_breaker_still_opens(server: Redi
     breaker = CircuitBreaker(name, redis=server.url, **FAST)
     events: list[Transition] = []
     breaker.add_listener(events.append)
-    dep = Dependency()
+    dep = dependency()
     assert breaker.call(dep) == "ok"
     server.kill()
 
@@ -151,7 +141,7 @@ def test_fail_closed_rejects_with_the_redis_error_as_cause(server: RedisServer,
                                                            name: str) -> None:
     config = {**FAST, "on_redis_error": "fail_closed"}
     breaker = CircuitBreaker(name, redis=server.url, **config)
-    dep = Dependency()
+    dep = dependency()
     assert breaker.call(dep) == "ok"
     server.kill()
 
@@ -177,7 +167,7 @@ def test_restarted_redis_is_used_again_and_shared_state_resumes(server: RedisSer
     breaker = CircuitBreaker(name, redis=server.url, **FAST)
     events: list[Transition] = []
     breaker.add_listener(events.append)
-    dep = Dependency()
+    dep = dependency()
     assert breaker.call(dep) == "ok"
     server.kill()
     assert [outcome(breaker, dep) for _ in range(5)] == ["ok"] * 5
@@ -201,7 +191,7 @@ def test_a_hung_redis_costs_about_one_timeout_and_no_error(server: RedisServer,
                                                            name: str) -> None:
     config = {**FAST, "sliding_window_size": 100, "minimum_number_of_calls": 100}
     breaker = CircuitBreaker(name, redis=server.url, **config)
-    dep = Dependency()
+    dep = dependency()
     assert breaker.call(dep) == "ok"
     pause(server, signal.SIGSTOP)
     try:
@@ -233,7 +223,7 @@ def test_script_flush_mid_run_is_recovered(server: RedisServer, name: str) -> No
     events: list[Transition] = []
     breaker.add_listener(events.append)
     client = redis.Redis.from_url(server.url)
-    dep = Dependency()
+    dep = dependency()
     for _ in range(3):
         assert breaker.call(dep) == "ok"
     client.script_flush()
@@ -244,22 +234,6 @@ def test_script_flush_mid_run_is_recovered(server: RedisServer, name: str) -> No
     assert [(e.to_state, e.source) for e in events] == [(State.OPEN, "redis")]
     assert client.script_exists(breaker._script.sha) == [True]
     client.close()
-
-
-def test_health_lets_one_trial_through_per_backoff_period() -> None:
-    health = RedisHealth(max_backoff=1.0)
-    assert health.usable(now=0.0)
-    health.failed(RedisConnectionError("down"), now=0.0)
-    assert not health.usable(now=0.02)  # first backoff: 25-50 ms
-    assert health.usable(now=0.05)  # the trial
-    assert not health.usable(now=0.05) and not health.usable(now=0.9)  # trial in flight
-    health.failed(RedisConnectionError("still down"), now=0.3)
-    assert not health.usable(now=0.34) and health.usable(now=0.41)  # 50-100 ms
-    health.succeeded()
-    assert health.usable(now=0.41) and health.usable(now=0.41) and not health.down
-    for step in range(30):
-        health.failed(RedisConnectionError("down"), now=float(step))
-    assert 0.5 <= health.retry_in(now=29.0) <= 1.0  # capped at max_backoff
 
 
 def test_busy_and_misconf_replies_count_as_unavailable() -> None:

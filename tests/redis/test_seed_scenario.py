@@ -8,39 +8,17 @@ import pytest
 
 from distbreaker import CircuitBreaker
 from distbreaker.breaker.state import State
-from distbreaker.errors import CallNotPermitted
-
-
-class Dependency:
-    def __init__(self) -> None:
-        self.healthy = False
-        self.calls = 0
-
-    def __call__(self) -> str:
-        self.calls += 1
-        if not self.healthy:
-            raise ConnectionError("gateway down")
-        return "ok"
+from tests.helpers.dependency import SEED, Dependency, run_requests
 
 
 def make(name: str, redis_url: str) -> CircuitBreaker:
-    return CircuitBreaker(name, redis=redis_url, sliding_window_type="COUNT_BASED",
-                          sliding_window_size=10, minimum_number_of_calls=5,
-                          failure_rate_threshold=50, wait_duration_in_open_state=1.0,
-                          permitted_calls_in_half_open=2)
+    return CircuitBreaker(name, redis=redis_url, **SEED)
 
 
 def test_trip_after_five_failures_then_recover_with_two_probes(name: str, redis_url: str) -> None:
     breaker = make(name, redis_url)
-    dep = Dependency()
-    outcomes = []
-    for _ in range(8):
-        try:
-            breaker.call(dep)
-        except CallNotPermitted:
-            outcomes.append("rejected")
-        except ConnectionError:
-            outcomes.append("failed")
+    dep = Dependency(healthy=False)
+    outcomes = run_requests(lambda: breaker.call(dep), 8)
     assert outcomes == ["failed"] * 5 + ["rejected"] * 3
     assert dep.calls == 5
     assert breaker.state is State.OPEN
@@ -58,7 +36,7 @@ def test_trip_after_five_failures_then_recover_with_two_probes(name: str, redis_
 
 def test_failure_rate_is_minus_one_below_minimum(name: str, redis_url: str) -> None:
     breaker = make(name, redis_url)
-    dep = Dependency()
+    dep = Dependency(healthy=False)
     for _ in range(4):
         with pytest.raises(ConnectionError):
             breaker.call(dep)

@@ -1,7 +1,8 @@
-"""BreakerConfig validation: every bad value is refused at build time with an
-error that names the field (and, for out-of-range values, the allowed range),
-both through `BreakerConfig(...)` and through `CircuitBreaker(...)` keyword
-overrides, before anything touches Redis."""
+"""Config validation: every bad value is refused at build time with an error that
+names the field (and, for out-of-range values, the allowed range). BreakerConfig
+first (the same cases as `CircuitBreaker(...)` keywords, with nothing written to
+Redis, are in tests/redis/test_bad_input.py), then the bulkhead, retry budget,
+batched record mode and Ganesha configs."""
 
 from __future__ import annotations
 
@@ -11,10 +12,15 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-import redis
 
 from distbreaker import CircuitBreaker
 from distbreaker.breaker.config import BreakerConfig, WindowType
+from distbreaker.budget.config import BudgetConfig
+from distbreaker.budget.sync import RetryBudget
+from distbreaker.bulkhead.config import BulkheadConfig
+from distbreaker.bulkhead.sync import Bulkhead
+from distbreaker.ganesha.config import GaneshaConfig
+from distbreaker.ganesha.sync import GaneshaBreaker
 
 # (field, bad value, text the message must contain besides the field name)
 INVALID: list[tuple[str, Any, str]] = [
@@ -82,15 +88,6 @@ def test_invalid_value_names_the_field(case: tuple[str, Any, str]) -> None:
         BreakerConfig(**{field: value})
     message = str(caught.value)
     assert field in message and detail in message, message
-
-
-@pytest.mark.parametrize("case", INVALID[::4], ids=[_id(c) for c in INVALID[::4]])
-def test_breaker_keyword_overrides_are_validated_before_any_redis_io(
-        case: tuple[str, Any, str], redis_url: str, redis_client: redis.Redis) -> None:
-    field, value, _ = case
-    with pytest.raises(ValueError, match=field):
-        CircuitBreaker("cfg-test", redis=redis_url, **{field: value})
-    assert redis_client.dbsize() == 0
 
 
 def test_time_window_size_is_capped_at_an_hour() -> None:
@@ -172,3 +169,72 @@ def test_keyword_overrides_apply_on_top_of_a_config() -> None:
     assert breaker.config.sliding_window_size == 20
     assert breaker.config.failure_rate_threshold == 25
     assert base.failure_rate_threshold == 50
+
+
+# -- batched record mode ------------------------------------------------------------
+
+def test_config_validates_the_batching_fields() -> None:
+    config = BreakerConfig(record_mode="batched", flush_interval=0.005, max_batch=50)
+    assert config.batched and config.max_pending == 10_000
+    assert config.to_wire() == BreakerConfig().to_wire()  # local behaviour only
+    assert not BreakerConfig().batched  # exact stays the default
+    with pytest.raises(ValueError, match="record_mode"):
+        BreakerConfig(record_mode="lazy")
+    with pytest.raises(ValueError, match="flush_interval"):
+        BreakerConfig(flush_interval=0)
+    with pytest.raises(ValueError, match="max_pending"):
+        BreakerConfig(max_batch=100, max_pending=99)
+
+
+# -- bulkhead --------------------------------------------------------------------------
+
+def test_bulkhead_config_validates_and_names_the_field() -> None:
+    config = BulkheadConfig(max_wait_duration=timedelta(milliseconds=250), lease=2)
+    assert config.max_wait_duration == 0.25 and config.lease == 2.0
+    assert config.renew_interval == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="max_concurrent_calls"):
+        BulkheadConfig(max_concurrent_calls=0)
+    with pytest.raises(ValueError, match="max_wait_duration"):
+        BulkheadConfig(max_wait_duration=-1)
+    with pytest.raises(ValueError, match="lease"):
+        BulkheadConfig(lease=0)
+    with pytest.raises(ValueError, match="expected_workers"):
+        BulkheadConfig(expected_workers=0)
+    with pytest.raises(ValueError, match="key_ttl"):
+        BulkheadConfig(lease=60, key_ttl=30)
+    with pytest.raises(TypeError, match="unknown bulkhead option"):
+        Bulkhead("x", redis="redis://127.0.0.1:1/0", max_calls=3)
+
+
+def test_fallback_limit_is_the_fleet_limit_over_the_workers_and_at_least_one() -> None:
+    assert BulkheadConfig(max_concurrent_calls=25).effective_fallback_limit == 25
+    assert BulkheadConfig(max_concurrent_calls=25,
+                          expected_workers=4).effective_fallback_limit == 6
+    assert BulkheadConfig(max_concurrent_calls=3, expected_workers=8).effective_fallback_limit == 1
+    assert BulkheadConfig(fallback_limit=0).effective_fallback_limit == 0
+
+
+# -- retry budget ----------------------------------------------------------------------
+
+@pytest.mark.parametrize(("options", "field"), [
+    ({"percent_can_retry": -0.1}, "percent_can_retry"),
+    ({"percent_can_retry": 11}, "percent_can_retry"),
+    ({"min_retries_per_sec": -1}, "min_retries_per_sec"), ({"ttl": 0}, "ttl"),
+    ({"slices": 0}, "slices"), ({"slices": 101}, "slices"),
+])
+def test_budget_config_names_the_field(options: dict[str, float], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        BudgetConfig(**options)
+    with pytest.raises(TypeError, match="unknown retry budget option"):
+        RetryBudget("x", redis="redis://localhost:1/0", percent=0.1)
+
+
+# -- Ganesha ---------------------------------------------------------------------------
+
+def test_ganesha_config_names_the_field() -> None:
+    with pytest.raises(ValueError, match="minimum_requests"):
+        GaneshaConfig(minimum_requests=0)
+    with pytest.raises(ValueError, match="failure_rate_threshold"):
+        GaneshaConfig(failure_rate_threshold=150)
+    with pytest.raises(ValueError, match="service"):
+        GaneshaBreaker("has space", redis="redis://127.0.0.1:1")

@@ -1,4 +1,5 @@
-"""distbreaker's exceptions survive pickling (multiprocessing, Celery result backends)."""
+"""distbreaker's exceptions: what they carry, and that they survive pickling
+(multiprocessing, Celery result backends)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ import pickle
 import pytest
 
 from distbreaker.breaker.state import State
-from distbreaker.errors import BulkheadFull, CallNotPermitted, RetryBudgetExhausted, SchemaError
+from distbreaker.errors import (
+    BulkheadFull,
+    CallNotPermitted,
+    DistbreakerError,
+    RetryBudgetExhausted,
+    SchemaError,
+)
 
 
 @pytest.mark.parametrize("error", [
@@ -21,3 +28,9 @@ def test_round_trip_keeps_type_message_and_attributes(error: Exception) -> None:
     assert type(copy) is type(error)
     assert str(copy) == str(error)
     assert vars(copy) == vars(error)
+
+
+def test_bulkhead_full_carries_name_limit_and_in_use() -> None:
+    error = BulkheadFull("dep", 3, 3)
+    assert isinstance(error, DistbreakerError)
+    assert (error.name, error.limit, error.in_use) == ("dep", 3, 3)
