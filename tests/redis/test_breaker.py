@@ -2,7 +2,8 @@
 
 Each test names one rule of issue 2 and checks it through the public API (and,
 where the rule is about Redis itself, through the keys and the server's
-command statistics).
+command statistics). Tests built with `make` run with the sync and the asyncio
+breaker (the `flavour` fixture); what only asyncio has is in test_breaker_aio.py.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,10 +21,11 @@ from distbreaker import CircuitBreaker
 from distbreaker._runtime.keys import BreakerKeys
 from distbreaker._runtime.scripts import load_script, run_script
 from distbreaker.breaker.config import BreakerConfig
-from distbreaker.breaker.core import decode_reply
+from distbreaker.breaker.core import SCRIPT_NAME, decode_reply
 from distbreaker.breaker.events import Transition
 from distbreaker.breaker.state import State
 from distbreaker.errors import CallNotPermitted, ConfigDriftWarning, SchemaError
+from tests.helpers.flavours import Flavour
 
 
 def fail(exc: BaseException) -> Callable[[], None]:
@@ -50,11 +52,12 @@ def wait_for_server_second(client: redis.Redis, margin: float = 0.02) -> int:
 
 
 @pytest.fixture
-def make(name: str, redis_url: str) -> Iterator[Callable[..., CircuitBreaker]]:
-    """Build breakers on the test's name (several objects = several fleet members)."""
+def make(name: str, redis_url: str, flavour: Flavour) -> Callable[..., CircuitBreaker]:
+    """Build breakers of the test's flavour (sync, asyncio) on the test's name (several
+    objects = several fleet members)."""
     def build(**options: Any) -> CircuitBreaker:
-        return CircuitBreaker(options.pop("name", name), redis=redis_url, **options)
-    yield build
+        return flavour.breaker(options.pop("name", name), redis=redis_url, **options)
+    return build
 
 
 # -- rates, windows, minimum --------------------------------------------------------------
@@ -454,13 +457,17 @@ def test_metrics_under_drift_use_the_governing_minimum(
 
 def test_noscript_after_script_flush_is_recovered(make: Callable[..., CircuitBreaker],
                                                   redis_client: redis.Redis) -> None:
+    sha = load_script(SCRIPT_NAME).sha
     breaker = make(sliding_window_size=4, minimum_number_of_calls=2)
     failures(breaker, 1)
     redis_client.script_flush()
+    assert redis_client.script_exists(sha) == [False]
     failures(breaker, 1)                            # EVALSHA -> NOSCRIPT -> EVAL
+    assert redis_client.script_exists(sha) == [True]
     assert breaker.state is State.OPEN
     redis_client.script_flush()
-    assert breaker.metrics().failed == 2
+    metrics = breaker.metrics()                     # both recorded in Redis, not locally
+    assert (metrics.calls, metrics.failed) == (2, 2)
 
 
 @pytest.mark.parametrize("bad", ["", "x" * 201, "a b", "tab\there", "nl\nhere", "nul\x00",

@@ -1,21 +1,19 @@
-"""The asyncio front end against a real redis-server: the sync breaker's behaviour, awaited."""
+"""What only the asyncio breaker has, against a real redis-server: the async decorator and
+context manager, tasks, cancellation, several event loops, an asyncio client. The behaviour
+both flavours share is in test_breaker.py and test_seed_scenario.py, run with each."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
 import redis
 import redis.asyncio
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from distbreaker import CircuitBreaker as SyncBreaker
-from distbreaker._runtime.scripts import load_script
 from distbreaker.aio import CircuitBreaker
-from distbreaker.breaker.core import SCRIPT_NAME
 from distbreaker.breaker.events import Transition
 from distbreaker.breaker.state import State
 from distbreaker.errors import CallNotPermitted
@@ -28,49 +26,13 @@ def run(fn: Callable[[], Awaitable[T]]) -> T:
     return asyncio.run(fn())  # type: ignore[arg-type]
 
 
-def Dependency(delay: float = 0.0) -> AsyncDependency:
+def failing_dependency(delay: float = 0.0) -> AsyncDependency:
     """An async dependency that fails until `healthy`, counting the calls that reach it."""
     return AsyncDependency(delay=delay, healthy=False)
 
 
-def closed_port_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"redis://127.0.0.1:{port}/0"
-
-
 async def outcome(breaker: CircuitBreaker, dep: Callable[[], Awaitable[Any]]) -> str:
     return await outcome_async(lambda: breaker.call(dep))
-
-
-def test_seed_scenario_with_one_listener_call_per_transition(name: str, redis_url: str) -> None:
-    async def scenario() -> None:
-        breaker = CircuitBreaker(name, redis=redis_url, **SEED)
-        events: list[Transition] = []
-        breaker.add_listener(events.append)
-        dep = Dependency()
-        outcomes = [await outcome(breaker, dep) for _ in range(8)]
-        assert outcomes == ["failed"] * 5 + ["rejected"] * 3
-        assert dep.calls == 5
-        assert await breaker.get_state() is State.OPEN
-        metrics = await breaker.metrics()
-        assert metrics.failure_rate == 100.0 and metrics.calls == 5
-        assert metrics.not_permitted == 3
-
-        await asyncio.sleep(1.05)
-        dep.healthy = True
-        assert await breaker.call(dep) == "ok"
-        assert await breaker.get_state() is State.HALF_OPEN
-        assert await breaker.call(dep) == "ok"
-        assert await breaker.get_state() is State.CLOSED
-        assert dep.calls == 7
-        assert [(e.from_state, e.to_state, e.source) for e in events] == [
-            (State.CLOSED, State.OPEN, "redis"), (State.OPEN, State.HALF_OPEN, "redis"),
-            (State.HALF_OPEN, State.CLOSED, "redis")]
-        await breaker.aclose()
-
-    run(scenario)
 
 
 def test_decorator_and_async_context_manager(name: str, redis_url: str) -> None:
@@ -163,7 +125,7 @@ def test_cancelled_calls_count_nowhere_and_return_the_probe(name: str, redis_url
     async def scenario() -> None:
         breaker = CircuitBreaker(name, redis=redis_url, minimum_number_of_calls=2,
                                  wait_duration_in_open_state=0.2, permitted_calls_in_half_open=1)
-        dep = Dependency(delay=10)
+        dep = failing_dependency(delay=10)
         for _ in range(3):
             with pytest.raises(asyncio.TimeoutError):
                 await asyncio.wait_for(breaker.call(dep), 0.05)
@@ -215,7 +177,7 @@ def test_cancelled_while_acquiring_hands_the_granted_probe_back(name: str,
                                  permitted_calls_in_half_open=1)
         await breaker.trip()
         await asyncio.sleep(0.25)
-        dep = Dependency()
+        dep = failing_dependency()
         dep.healthy = True
         slow.delay = 10
         with pytest.raises(asyncio.TimeoutError):
@@ -226,58 +188,6 @@ def test_cancelled_while_acquiring_hands_the_granted_probe_back(name: str,
         assert await breaker.call(dep) == "ok"  # permitted 1: only possible if handed back
         assert await breaker.get_state() is State.CLOSED
         await client.aclose()
-
-    run(scenario)
-
-
-def test_fail_open_local_breaker_still_protects() -> None:
-    async def scenario() -> None:
-        breaker = CircuitBreaker("unreachable", redis=closed_port_url(), **SEED)
-        events: list[Transition] = []
-        breaker.add_listener(events.append)
-        dep = Dependency()
-        outcomes = [await outcome(breaker, dep) for _ in range(8)]
-        assert outcomes == ["failed"] * 5 + ["rejected"] * 3
-        assert dep.calls == 5
-        assert [(e.from_state, e.to_state, e.source) for e in events] == [
-            (State.CLOSED, State.OPEN, "local")]
-        with pytest.raises(RedisConnectionError):  # operator reads do raise
-            await breaker.get_state()
-        await breaker.aclose()
-
-    run(scenario)
-
-
-def test_fail_closed_rejects_with_the_redis_error_as_cause() -> None:
-    async def scenario() -> None:
-        breaker = CircuitBreaker("unreachable", redis=closed_port_url(),
-                                 on_redis_error="fail_closed")
-        dep = Dependency()
-        dep.healthy = True
-        with pytest.raises(CallNotPermitted) as caught:
-            await breaker.call(dep)
-        assert isinstance(caught.value.__cause__, RedisConnectionError)
-        assert dep.calls == 0
-        await breaker.aclose()
-
-    run(scenario)
-
-
-def test_noscript_after_script_flush_is_recovered(name: str, redis_url: str,
-                                                 redis_client: redis.Redis) -> None:
-    sha = load_script(SCRIPT_NAME).sha
-
-    async def scenario() -> None:
-        breaker = CircuitBreaker(name, redis=redis_url)
-        dep = Dependency()
-        dep.healthy = True
-        assert await breaker.call(dep) == "ok"
-        redis_client.script_flush()
-        assert redis_client.script_exists(sha) == [False]
-        assert await breaker.call(dep) == "ok"  # CLOSED: its record goes to Redis
-        assert redis_client.script_exists(sha) == [True]
-        assert (await breaker.metrics()).calls == 2  # both recorded in Redis, not locally
-        await breaker.aclose()
 
     run(scenario)
 
@@ -296,7 +206,7 @@ def test_twenty_concurrent_tasks_in_half_open_let_exactly_two_probes_through(
         await breaker.trip()
         events.clear()
         await asyncio.sleep(0.25)
-        dep = Dependency(delay=0.1)
+        dep = failing_dependency(delay=0.1)
         dep.healthy = True
         outcomes = await asyncio.gather(*(outcome(breaker, dep) for _ in range(20)))
         assert dep.calls == 2
@@ -318,7 +228,7 @@ def test_many_concurrent_calls_are_not_mistaken_for_a_redis_outage(
         breaker = CircuitBreaker(name, redis=redis_url, on_redis_error="fail_closed",
                                  redis_timeout=1.0, sliding_window_size=1000,
                                  minimum_number_of_calls=1000)
-        dep = Dependency(delay=0.01)
+        dep = failing_dependency(delay=0.01)
         dep.healthy = True
         outcomes = await asyncio.gather(*(outcome(breaker, dep) for _ in range(150)))
         assert outcomes == ["ok"] * 150
@@ -336,7 +246,7 @@ def test_shares_state_with_the_sync_breaker_and_operator_actions(
 
     async def scenario() -> None:
         breaker = CircuitBreaker(name, redis=redis_url)
-        dep = Dependency()
+        dep = failing_dependency()
         assert await breaker.get_state() is State.OPEN
         assert await outcome(breaker, dep) == "rejected"
         assert await breaker.transition_to_forced_open() is State.FORCED_OPEN
@@ -372,41 +282,6 @@ def test_one_breaker_serves_several_event_loops(name: str, redis_url: str) -> No
     assert run(scenario) == ("pong", 2)
 
 
-def commands(client: redis.Redis) -> int:
-    """Script round trips the server has served so far (commands inside scripts count too,
-    in commandstats, so only the top-level EVALSHA / EVAL are summed)."""
-    stats = client.info("commandstats")
-    return sum(stats.get(f"cmdstat_{cmd}", {}).get("calls", 0) for cmd in ("evalsha", "eval"))
-
-
-def test_round_trip_budget(name: str, redis_url: str, redis_client: redis.Redis) -> None:
-    """At most 1 round trip per call in CLOSED, 0 in a known OPEN wait, at most 2 in HALF_OPEN."""
-    async def scenario() -> None:
-        breaker = CircuitBreaker(name, redis=redis_url, **{**SEED, "wait_duration_in_open_state":
-                                                           0.3})
-        dep = Dependency()
-        dep.healthy = True
-        await breaker.call(dep)  # learns CLOSED (and caches the script)
-        before = commands(redis_client)
-        for _ in range(10):
-            await breaker.call(dep)
-        assert commands(redis_client) - before == 10
-
-        await breaker.trip()
-        before = commands(redis_client)
-        for _ in range(10):
-            assert await outcome(breaker, dep) == "rejected"
-        assert commands(redis_client) - before == 0
-
-        await asyncio.sleep(0.35)
-        before = commands(redis_client)
-        assert await breaker.call(dep) == "ok"
-        assert commands(redis_client) - before == 2
-        await breaker.aclose()
-
-    run(scenario)
-
-
 def test_redis_argument_must_be_async() -> None:
     with pytest.raises(TypeError, match="asyncio"):
         CircuitBreaker("x", redis=redis.Redis())
@@ -435,9 +310,9 @@ def test_a_failing_hand_back_never_replaces_the_cancellation(name: str, redis_ur
         await asyncio.sleep(0.06)
         slow.delay = 10
         with pytest.raises(asyncio.TimeoutError):  # cancelled while acquiring
-            await asyncio.wait_for(breaker.call(Dependency()), 0.1)
+            await asyncio.wait_for(breaker.call(failing_dependency()), 0.1)
         slow.delay = 0
-        dep = Dependency(delay=10)
+        dep = failing_dependency(delay=10)
         with pytest.raises(asyncio.TimeoutError):  # cancelled mid-probe
             await asyncio.wait_for(breaker.call(dep), 0.1)
         assert dep.calls == 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,8 +25,9 @@ from distbreaker.breaker.events import Transition
 from distbreaker.breaker.state import State
 from distbreaker.demo.embedded import RedisServer
 from distbreaker.errors import CallNotPermitted
-from tests.helpers.dependency import Dependency
+from tests.helpers.dependency import SEED, Dependency, run_requests
 from tests.helpers.dependency import outcome as call_outcome
+from tests.helpers.flavours import Flavour
 
 TIMEOUT = 0.2
 FAST = {"sliding_window_size": 10, "minimum_number_of_calls": 5, "failure_rate_threshold": 50,
@@ -234,6 +236,38 @@ def test_script_flush_mid_run_is_recovered(server: RedisServer, name: str) -> No
     assert [(e.to_state, e.source) for e in events] == [(State.OPEN, "redis")]
     assert client.script_exists(breaker._script.sha) == [True]
     client.close()
+
+
+def closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def test_unreachable_from_the_start_the_local_breaker_still_protects(flavour: Flavour) -> None:
+    breaker = flavour.breaker("unreachable", redis=closed_port_url(), **SEED)
+    events: list[Transition] = []
+    breaker.add_listener(events.append)
+    dep = Dependency(healthy=False)
+    outcomes = run_requests(lambda: breaker.call(dep), 8)
+    assert outcomes == ["failed"] * 5 + ["rejected"] * 3
+    assert dep.calls == 5
+    assert [(e.from_state, e.to_state, e.source) for e in events] == [
+        (State.CLOSED, State.OPEN, "local")]
+    with pytest.raises(RedisConnectionError):  # operator reads do raise
+        breaker.get_state()
+
+
+def test_unreachable_from_the_start_fail_closed_rejects_with_the_redis_error_as_cause(
+        flavour: Flavour) -> None:
+    breaker = flavour.breaker("unreachable", redis=closed_port_url(),
+                              on_redis_error="fail_closed")
+    dep = Dependency()
+    with pytest.raises(CallNotPermitted) as caught:
+        breaker.call(dep)
+    assert isinstance(caught.value.__cause__, RedisConnectionError)
+    assert dep.calls == 0
 
 
 def test_busy_and_misconf_replies_count_as_unavailable() -> None:
