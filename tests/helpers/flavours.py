@@ -37,6 +37,7 @@ class Blocking:
     def __init__(self, target: Any, loop: asyncio.AbstractEventLoop) -> None:
         self._target = target
         self._loop = loop
+        self._held: list[Any] = []
 
     @property
     def target(self) -> Any:
@@ -63,10 +64,17 @@ class Blocking:
         return self._loop.run_until_complete(self._target.get_state())
 
     def __enter__(self) -> Any:
-        return self._loop.run_until_complete(self._target.__aenter__())
+        """A bulkhead's `with` block, by acquire and release: `async with` keeps its permit
+        in a context variable of its task, and each blocking call here is a task of its
+        own (the `async with` form has tests of its own)."""
+        if not hasattr(self._target, "release"):
+            raise TypeError(f"{type(self._target).__name__}: no blocking `with` block")
+        permit = self.acquire()
+        self._held.append(permit)
+        return permit
 
-    def __exit__(self, *exc_info: Any) -> Any:
-        return self._loop.run_until_complete(self._target.__aexit__(*exc_info))
+    def __exit__(self, *exc_info: Any) -> None:
+        self.release(self._held.pop())
 
 
 def _as_coroutine(fn: Callable[..., Any]) -> Callable[..., Coroutine[Any, Any, Any]]:

@@ -1,4 +1,6 @@
-"""The fleet-wide bulkhead against a real redis-server: threads, processes, leases."""
+"""The fleet-wide bulkhead against a real redis-server: the script, concurrent callers,
+waiters, leases, Redis down. Tests taking `flavour` run with the sync and the asyncio
+bulkhead; what only one has is in this file (sync) or test_bulkhead_aio.py."""
 
 from __future__ import annotations
 
@@ -6,7 +8,6 @@ import logging
 import multiprocessing
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,29 +19,9 @@ from distbreaker.bulkhead.core import BulkheadCodec
 from distbreaker.bulkhead.sync import Bulkhead
 from distbreaker.demo.embedded import RedisServer, free_port
 from distbreaker.errors import BulkheadFull, SchemaError
-from tests.helpers.dependency import Dependency
+from tests.helpers.flavours import Flavour
 
 FORK = multiprocessing.get_context("fork")
-
-
-def run_at_once(count: int, fn: Callable[[], Any]) -> list[Any]:
-    """Run `fn` in `count` threads released together; each result or exception."""
-    barrier = threading.Barrier(count)
-    results: list[Any] = [None] * count
-
-    def one(i: int) -> None:
-        barrier.wait()
-        try:
-            results[i] = fn()
-        except Exception as error:
-            results[i] = error
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(10)
-    return results
 
 
 def evalsha_calls(client: redis.Redis) -> int:
@@ -74,9 +55,9 @@ def test_script_owes_one_wakeup_per_free_permit_with_a_waiter(
         assert 0 < redis_client.pttl(key) <= 3_600_000
 
 
-def test_foreign_data_raises_schema_error(name: str, redis_url: str,
-                                          redis_client: redis.Redis) -> None:
-    bulkhead = Bulkhead(name, redis=redis_url)
+def test_foreign_data_raises_schema_error(name: str, redis_url: str, redis_client: redis.Redis,
+                                          flavour: Flavour) -> None:
+    bulkhead = flavour.bulkhead(name, redis=redis_url)
     redis_client.set(bulkhead.keys.leases, "not a zset")
     with pytest.raises(SchemaError, match="expected a zset"):
         bulkhead.acquire()
@@ -88,9 +69,10 @@ def test_foreign_data_raises_schema_error(name: str, redis_url: str,
 
 @pytest.mark.parametrize("bad", ["meta", "notify", "leases"])
 def test_foreign_type_is_reported_before_anything_is_written(
-        bad: str, name: str, redis_url: str, redis_client: redis.Redis) -> None:
+        bad: str, name: str, redis_url: str, redis_client: redis.Redis,
+        flavour: Flavour) -> None:
     """Each key's foreign type is named, and the call wrote nothing (no reaping either)."""
-    bulkhead = Bulkhead(name, redis=redis_url)
+    bulkhead = flavour.bulkhead(name, redis=redis_url)
     keys = bulkhead.keys
     good = {"leases": lambda: redis_client.zadd(keys.leases, {"expired": 1}),
             "meta": lambda: redis_client.hset(keys.meta, mapping={"w:gone": 1, "acquired": 4}),
@@ -108,8 +90,9 @@ def test_foreign_type_is_reported_before_anything_is_written(
 
 
 def test_bad_meta_field_is_reported_before_reaping(name: str, redis_url: str,
-                                                  redis_client: redis.Redis) -> None:
-    bulkhead = Bulkhead(name, redis=redis_url)
+                                                  redis_client: redis.Redis,
+                                                  flavour: Flavour) -> None:
+    bulkhead = flavour.bulkhead(name, redis=redis_url)
     redis_client.zadd(bulkhead.keys.leases, {"expired": 1})
     redis_client.hset(bulkhead.keys.meta, "lost", "many")
     with pytest.raises(SchemaError, match="not a number"):
@@ -147,11 +130,12 @@ def test_script_spends_few_commands_per_acquire_and_release(name: str) -> None:
         client.close()
 
 
-# -- threads ------------------------------------------------------------------------------
-def test_ten_threads_max_three_no_wait(name: str, redis_url: str) -> None:
-    bulkhead = Bulkhead(name, redis=redis_url, max_concurrent_calls=3)
-    dep = Dependency(delay=0.3)
-    results = run_at_once(10, lambda: bulkhead.call(dep))
+# -- threads and tasks -----------------------------------------------------------------
+def test_ten_callers_max_three_no_wait(name: str, redis_url: str, flavour: Flavour) -> None:
+    """Ten threads (sync) or ten tasks (asyncio) at once: three get in, seven are full."""
+    bulkhead = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=3)
+    dep = flavour.dependency(delay=0.3)
+    results = flavour.call_at_once(10, bulkhead, dep)
     full = [r for r in results if isinstance(r, BulkheadFull)]
     assert results.count("ok") == 3 and len(full) == 7
     assert all(e.limit == 3 and e.in_use == 3 and not e.local for e in full)
@@ -206,10 +190,11 @@ def test_waiters_get_in_as_permits_free_up(name: str, redis_url: str,
     assert (metrics.in_use, metrics.waiting, metrics.rejected, metrics.acquired) == (0, 0, 0, 4)
 
 
-def test_waiter_gives_up_after_max_wait(name: str, redis_url: str,
-                                        redis_client: redis.Redis) -> None:
-    holder = Bulkhead(name, redis=redis_url, max_concurrent_calls=1)
-    waiter = Bulkhead(name, redis=redis_url, max_concurrent_calls=1, max_wait_duration=0.4)
+def test_waiter_gives_up_after_max_wait(name: str, redis_url: str, redis_client: redis.Redis,
+                                        flavour: Flavour) -> None:
+    holder = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=1)
+    waiter = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=1,
+                              max_wait_duration=0.4)
     permit = holder.acquire()
     before = evalsha_calls(redis_client)
     started = time.monotonic()
@@ -226,12 +211,13 @@ def test_waiter_gives_up_after_max_wait(name: str, redis_url: str,
 
 
 # -- leases -----------------------------------------------------------------------------------
-def test_renewal_keeps_a_long_call_alive_past_the_lease(name: str, redis_url: str) -> None:
-    bulkhead = Bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=0.3)
-    other = Bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=0.3)
+def test_renewal_keeps_a_long_call_alive_past_the_lease(name: str, redis_url: str,
+                                                        flavour: Flavour) -> None:
+    bulkhead = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=0.3)
+    other = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=0.3)
     with bulkhead as permit:
         for _ in range(4):                     # 1 s, more than three leases
-            time.sleep(0.25)
+            flavour.sleep(0.25)
             with pytest.raises(BulkheadFull):
                 other.acquire()
     assert not permit.lost
@@ -240,11 +226,11 @@ def test_renewal_keeps_a_long_call_alive_past_the_lease(name: str, redis_url: st
 
 
 def test_a_lost_lease_is_reported(name: str, redis_url: str, redis_client: redis.Redis,
-                                  caplog: pytest.LogCaptureFixture) -> None:
-    bulkhead = Bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=0.3)
+                                  caplog: pytest.LogCaptureFixture, flavour: Flavour) -> None:
+    bulkhead = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=0.3)
     with caplog.at_level(logging.WARNING, logger="distbreaker"), bulkhead as permit:
         redis_client.delete(bulkhead.keys.leases)
-        time.sleep(0.25)                       # past one renewal (every lease / 3)
+        flavour.sleep(0.25)                       # past one renewal (every lease / 3)
         assert permit.lost
     assert "was lost" in caplog.text
     metrics = bulkhead.metrics()
@@ -252,25 +238,29 @@ def test_a_lost_lease_is_reported(name: str, redis_url: str, redis_client: redis
 
 
 # -- Redis down --------------------------------------------------------------------------------
-def test_redis_down_enforces_the_local_fallback_limit(name: str) -> None:
+def test_redis_down_enforces_the_local_fallback_limit(name: str, flavour: Flavour) -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"      # nothing listens there
-    bulkhead = Bulkhead(name, redis=url, max_concurrent_calls=6, expected_workers=3)
-    dep = Dependency(delay=0.2)
-    results = run_at_once(5, lambda: bulkhead.call(dep))
+    bulkhead = flavour.bulkhead(name, redis=url, max_concurrent_calls=6, expected_workers=3)
+    dep = flavour.dependency(delay=0.2)
+    results = flavour.call_at_once(5, bulkhead, dep)
     full = [r for r in results if isinstance(r, BulkheadFull)]
     assert results.count("ok") == 2 and len(full) == 3
     assert all(e.local and e.limit == 2 for e in full)
     assert dep.peak == 2
-    closed = Bulkhead(name, redis=url, max_concurrent_calls=6, fallback_limit=0)
+    waiting = flavour.bulkhead(name, redis=url, max_concurrent_calls=6, expected_workers=6,
+                               max_wait_duration=0.5)
+    results = flavour.call_at_once(2, waiting, dep)
+    assert results == ["ok", "ok"]          # the second waited for the first (limit 1)
+    closed = flavour.bulkhead(name, redis=url, max_concurrent_calls=6, fallback_limit=0)
     with pytest.raises(BulkheadFull):
         closed.call(dep)
 
 
-def test_local_fallback_then_back_to_the_fleet_limit(name: str) -> None:
+def test_local_fallback_then_back_to_the_fleet_limit(name: str, flavour: Flavour) -> None:
     server = RedisServer().start()
     try:
-        bulkhead = Bulkhead(name, redis=server.url, max_concurrent_calls=2, expected_workers=2,
-                            redis_retry_max_backoff=0.05)
+        bulkhead = flavour.bulkhead(name, redis=server.url, max_concurrent_calls=2,
+                                    expected_workers=2, redis_retry_max_backoff=0.05)
         first = bulkhead.acquire()
         assert not first.local
         server.kill()

@@ -1,40 +1,22 @@
-"""The asyncio bulkhead against a real redis-server: tasks, processes, leases, fallback."""
+"""What only the asyncio bulkhead has, against a real redis-server: the async decorator and
+context manager, waiting tasks, cancellation. The shared behaviour is in test_bulkhead.py,
+run with each flavour."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-import redis
 
 from distbreaker.bulkhead.aio import Bulkhead
-from distbreaker.demo.embedded import free_port
 from distbreaker.errors import BulkheadFull
-from tests.helpers.dependency import AsyncDependency
 
 
 async def at_once(count: int, fn: Callable[[], Awaitable[Any]]) -> list[Any]:
     return list(await asyncio.gather(*(fn() for _ in range(count)), return_exceptions=True))
-
-
-def test_ten_tasks_max_three_no_wait(name: str, redis_url: str) -> None:
-    async def main() -> None:
-        bulkhead = Bulkhead(name, redis=redis_url, max_concurrent_calls=3)
-        dep = AsyncDependency(delay=0.3)
-        results = await at_once(10, lambda: bulkhead.call(dep))
-        full = [r for r in results if isinstance(r, BulkheadFull)]
-        assert results.count("ok") == 3 and len(full) == 7
-        assert all(e.limit == 3 and e.in_use == 3 for e in full)
-        assert dep.calls == 3 and dep.peak == 3
-        metrics = await bulkhead.metrics()
-        assert (metrics.in_use, metrics.rejected, metrics.acquired) == (0, 7, 3)
-        await bulkhead.aclose()
-
-    asyncio.run(main())
 
 
 def test_decorator_and_async_with(name: str, redis_url: str) -> None:
@@ -107,47 +89,6 @@ def test_cancelled_waiter_leaves_no_trace(name: str, redis_url: str) -> None:
         await holder.release(permit)
         await holder.aclose()
         await waiter.aclose()
-
-    asyncio.run(main())
-
-
-def test_renewal_keeps_a_long_call_alive_and_a_lost_lease_is_reported(
-        name: str, redis_url: str, redis_client: redis.Redis,
-        caplog: pytest.LogCaptureFixture) -> None:
-    async def main() -> None:
-        bulkhead = Bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=0.3)
-        async with bulkhead as permit:
-            for _ in range(3):                  # 0.75 s, more than two leases
-                await asyncio.sleep(0.25)
-                with pytest.raises(BulkheadFull):
-                    await bulkhead.acquire()
-        assert not permit.lost
-        with caplog.at_level(logging.WARNING, logger="distbreaker"):
-            async with bulkhead as permit:
-                redis_client.delete(bulkhead.keys.leases)
-                await asyncio.sleep(0.25)       # past one renewal (every lease / 3)
-                assert permit.lost
-        assert "was lost" in caplog.text
-        metrics = await bulkhead.metrics()
-        assert (metrics.in_use, metrics.lost, metrics.rejected) == (0, 1, 3)
-        await bulkhead.aclose()
-
-    asyncio.run(main())
-
-
-def test_redis_down_enforces_the_local_fallback_limit(name: str) -> None:
-    async def main() -> None:
-        url = f"redis://127.0.0.1:{free_port()}/0"   # nothing listens there
-        bulkhead = Bulkhead(name, redis=url, max_concurrent_calls=6, expected_workers=3)
-        dep = AsyncDependency(delay=0.2)
-        results = await at_once(5, lambda: bulkhead.call(dep))
-        full = [r for r in results if isinstance(r, BulkheadFull)]
-        assert results.count("ok") == 2 and len(full) == 3
-        assert all(e.local and e.limit == 2 for e in full) and dep.peak == 2
-        waiting = Bulkhead(name, redis=url, max_concurrent_calls=6, expected_workers=6,
-                           max_wait_duration=0.5)
-        results = await at_once(2, lambda: waiting.call(dep))
-        assert results == ["ok", "ok"]          # the second waited for the first (limit 1)
 
     asyncio.run(main())
 
