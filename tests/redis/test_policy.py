@@ -1,9 +1,11 @@
-"""The composed policy against a real redis-server: ordering, bulkhead trap, retry storm."""
+"""The composed policy against a real redis-server: ordering, bulkhead trap, retry storm.
+
+Tests taking `flavour` run with the sync and the asyncio Policy; what only the asyncio one
+has is in test_policy_aio.py."""
 
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from typing import Any
 
@@ -16,6 +18,7 @@ from distbreaker.breaker.state import State
 from distbreaker.errors import BulkheadFull, CallNotPermitted
 from distbreaker.policy.sync import Policy
 from tests.helpers.dependency import Dependency, run_requests
+from tests.helpers.flavours import Flavour
 
 NO_SLEEP = {"base": 0.0, "cap": 0.0}
 
@@ -60,10 +63,11 @@ def test_breaker_outside_retry_lets_every_retry_through(name: str, redis_url: st
     assert dep.calls == 18
 
 
-def test_default_policy_stops_at_the_breaker_without_retrying(name: str, redis_url: str) -> None:
+def test_default_policy_stops_at_the_breaker_without_retrying(name: str, redis_url: str,
+                                                               flavour: Flavour) -> None:
     dep = Dependency(ConnectionError("down"))
-    policy = Policy(name, redis=redis_url, breaker=ordering_breaker(name, redis_url),
-                    retry={"max_attempts": 3, **NO_SLEEP}, sleep=lambda s: None)
+    policy = flavour.policy(name, redis=redis_url, breaker=ordering_breaker(name, redis_url),
+                            retry={"max_attempts": 3, **NO_SLEEP}, sleep=flavour.no_sleep)
     started = time.monotonic()
     outcomes = run_requests(lambda: policy.call(dep), 6)
     assert dep.calls == 6
@@ -72,49 +76,39 @@ def test_default_policy_stops_at_the_breaker_without_retrying(name: str, redis_u
     assert policy.breaker.state is State.OPEN
 
 
-def test_the_bulkhead_trap_does_not_open_the_breaker(name: str, redis_url: str) -> None:
-    dep = Dependency("ok", delay=0.3)
-    policy = Policy(name, redis=redis_url,
-                    breaker={"sliding_window_size": 10, "minimum_number_of_calls": 5},
-                    bulkhead={"max_concurrent_calls": 3}, retry={"max_attempts": 3})
-    results: list[str] = []
-    lock = threading.Lock()
-    gate = threading.Barrier(10)
-
-    def request() -> None:
-        gate.wait()
-        try:
-            outcome = policy.call(dep)
-        except BulkheadFull:
-            outcome = "full"
-        with lock:
-            results.append(outcome)
-
-    threads = [threading.Thread(target=request) for _ in range(10)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert sorted(results) == ["full"] * 7 + ["ok"] * 3
+def test_the_bulkhead_trap_does_not_open_the_breaker(name: str, redis_url: str,
+                                                      flavour: Flavour) -> None:
+    """Ten threads (sync) or tasks (asyncio) at once: the seven BulkheadFull are neither
+    retried nor counted as the dependency's failures."""
+    dep = flavour.dependency("ok", delay=0.3)
+    policy = flavour.policy(name, redis=redis_url,
+                            breaker={"sliding_window_size": 10, "minimum_number_of_calls": 5},
+                            bulkhead={"max_concurrent_calls": 3}, retry={"max_attempts": 3})
+    results = flavour.call_at_once(10, policy, dep)
+    assert sorted("full" if isinstance(r, BulkheadFull) else r for r in results) == \
+        ["full"] * 7 + ["ok"] * 3
     assert dep.calls == 3 and dep.peak == 3
     metrics = policy.breaker.metrics()
     assert metrics.state is State.CLOSED
     assert metrics.failed == 0 and metrics.calls == 3
 
 
-def storm_policy(name: str, url: str, **breaker: Any) -> Policy:
+def storm_policy(flavour: Flavour, name: str, url: str, **breaker: Any) -> Policy:
     options = {"sliding_window_size": 10, "minimum_number_of_calls": 5,
                "failure_rate_threshold": 50, "wait_duration_in_open_state": 60}
     options.update(breaker)
-    return Policy(name, redis=url, breaker=options, bulkhead={"max_concurrent_calls": 10},
-                  retry={"max_attempts": 3, **NO_SLEEP},
-                  budget={"percent_can_retry": 0.2, "min_retries_per_sec": 0, "ttl": 10},
-                  sleep=lambda s: None)
+    return flavour.policy(name, redis=url, breaker=options,
+                          bulkhead={"max_concurrent_calls": 10},
+                          retry={"max_attempts": 3, **NO_SLEEP},
+                          budget={"percent_can_retry": 0.2, "min_retries_per_sec": 0,
+                                  "ttl": 10},
+                          sleep=flavour.no_sleep)
 
 
-def test_retry_storm_is_stopped_by_the_breaker(name: str, redis_url: str) -> None:
+def test_retry_storm_is_stopped_by_the_breaker(name: str, redis_url: str,
+                                               flavour: Flavour) -> None:
     dep = Dependency(Response(503))
-    policy = storm_policy(name, redis_url)
+    policy = storm_policy(flavour, name, redis_url)
     outcomes = []
     for _ in range(50):
         try:
@@ -130,10 +124,10 @@ def test_retry_storm_is_stopped_by_the_breaker(name: str, redis_url: str) -> Non
     assert policy.breaker.state is State.OPEN
 
 
-def test_budget_alone_caps_retries_when_the_breaker_never_opens(name: str,
-                                                              redis_url: str) -> None:
+def test_budget_alone_caps_retries_when_the_breaker_never_opens(name: str, redis_url: str,
+                                                              flavour: Flavour) -> None:
     dep = Dependency(Response(503))
-    policy = storm_policy(name, redis_url, failure_rate_threshold=100,
+    policy = storm_policy(flavour, name, redis_url, failure_rate_threshold=100,
                           minimum_number_of_calls=10**6, sliding_window_size=100)
     for _ in range(50):
         with pytest.raises(HttpStatusError):
@@ -143,10 +137,10 @@ def test_budget_alone_caps_retries_when_the_breaker_never_opens(name: str,
     assert policy.breaker.state is State.CLOSED
 
 
-def test_429_without_retry_after_opens_the_breaker_on_the_first_call(name: str,
-                                                                     redis_url: str) -> None:
+def test_429_without_retry_after_opens_the_breaker_on_the_first_call(
+        name: str, redis_url: str, flavour: Flavour) -> None:
     dep = Dependency(Response(429))
-    policy = storm_policy(name, redis_url)
+    policy = storm_policy(flavour, name, redis_url)
     with pytest.raises(HttpStatusError):
         policy.call(dep)
     assert dep.calls == 1
@@ -156,9 +150,10 @@ def test_429_without_retry_after_opens_the_breaker_on_the_first_call(name: str,
     assert dep.calls == 1
 
 
-def test_a_400_is_neither_retried_nor_counted(name: str, redis_url: str) -> None:
+def test_a_400_is_neither_retried_nor_counted(name: str, redis_url: str,
+                                              flavour: Flavour) -> None:
     dep = Dependency(Response(400))
-    policy = storm_policy(name, redis_url)
+    policy = storm_policy(flavour, name, redis_url)
     assert policy.call(dep).status_code == 400
     raising = Dependency(HttpStatusError(400))
     with pytest.raises(HttpStatusError):
@@ -167,19 +162,21 @@ def test_a_400_is_neither_retried_nor_counted(name: str, redis_url: str) -> None
     assert policy.breaker.metrics().calls == 0
 
 
-def test_fallback_gets_the_error_but_not_client_errors(name: str, redis_url: str) -> None:
+def test_fallback_gets_the_error_but_not_client_errors(name: str, redis_url: str,
+                                                       flavour: Flavour) -> None:
     seen: list[BaseException] = []
 
     def fallback(error: BaseException) -> str:
         seen.append(error)
         return "queued"
 
-    policy = Policy(name, redis=redis_url, fallback=fallback)
+    policy = flavour.policy(name, redis=redis_url, fallback=fallback)
     assert policy.call(Dependency(ConnectionError("down"))) == "queued"
     assert isinstance(seen[0], ConnectionError)
     with pytest.raises(HttpStatusError):
         policy.call(Dependency(HttpStatusError(404)))
-    asked = Policy(name, redis=redis_url, fallback=fallback, fallback_on_client_error=True)
+    asked = flavour.policy(name, redis=redis_url, fallback=fallback,
+                           fallback_on_client_error=True)
     assert asked.call(Dependency(HttpStatusError(404))) == "queued"
 
 

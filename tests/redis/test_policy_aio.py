@@ -1,4 +1,6 @@
-"""The asyncio Policy passes the same behavioural tests as the sync one."""
+"""What only the asyncio Policy has, against a real redis-server: a coroutine fallback,
+cancellation while recording, the coroutine-only decorator, its round trips. The shared
+behaviour is in test_policy.py, run with each flavour."""
 
 from __future__ import annotations
 
@@ -8,91 +10,19 @@ from typing import Any
 import pytest
 
 from distbreaker.aio import Policy
-from distbreaker.breaker.classify import HttpStatusError
-from distbreaker.breaker.state import State
 from distbreaker.errors import BulkheadFull
-from tests.helpers.dependency import AsyncDependency, outcome_async
-from tests.redis.test_policy import NO_SLEEP, Response
+from tests.helpers.dependency import AsyncDependency
 
 
-async def no_sleep(seconds: float) -> None:
-    return None
+def test_a_coroutine_fallback_is_awaited(name: str, redis_url: str) -> None:
+    async def fallback(error: BaseException) -> str:
+        return f"queued after {type(error).__name__}"
 
+    async def scenario() -> str:
+        down = Policy(name, redis=redis_url, fallback=fallback)
+        return await down.call(AsyncDependency(ConnectionError("x")))
 
-def test_default_policy_stops_at_the_breaker(name: str, redis_url: str) -> None:
-    async def scenario() -> tuple[list[str], int, State]:
-        dep = AsyncDependency(ConnectionError("down"))
-        policy = Policy(name, redis=redis_url,
-                        breaker={"sliding_window_size": 6, "minimum_number_of_calls": 6,
-                                 "wait_duration_in_open_state": 60},
-                        retry={"max_attempts": 3, **NO_SLEEP}, sleep=no_sleep)
-        outcomes = [await outcome_async(lambda: policy.call(dep)) for _ in range(6)]
-        return outcomes, dep.calls, await policy.breaker.get_state()
-
-    outcomes, calls, state = asyncio.run(scenario())
-    assert calls == 6
-    assert outcomes == ["failed", "failed"] + ["rejected"] * 4
-    assert state is State.OPEN
-
-
-def test_bulkhead_trap_keeps_the_breaker_closed(name: str, redis_url: str) -> None:
-    async def scenario() -> tuple[list[Any], AsyncDependency, Any]:
-        dep = AsyncDependency("ok", delay=0.3)
-        policy = Policy(name, redis=redis_url, bulkhead={"max_concurrent_calls": 3},
-                        breaker={"sliding_window_size": 10, "minimum_number_of_calls": 5},
-                        retry={"max_attempts": 3})
-        results = await asyncio.gather(*(policy.call(dep) for _ in range(10)),
-                                       return_exceptions=True)
-        return results, dep, await policy.breaker.metrics()
-
-    results, dep, metrics = asyncio.run(scenario())
-    assert sum(r == "ok" for r in results) == 3
-    assert sum(isinstance(r, BulkheadFull) for r in results) == 7
-    assert dep.calls == 3 and dep.peak == 3
-    assert metrics.state is State.CLOSED and metrics.failed == 0
-
-
-def test_http_classification_budget_and_fallback(name: str, redis_url: str) -> None:
-    async def scenario() -> dict[str, Any]:
-        found: dict[str, Any] = {}
-        budgeted = Policy(name, redis=redis_url,
-                          breaker={"failure_rate_threshold": 100,
-                                   "minimum_number_of_calls": 10**6},
-                          retry={"max_attempts": 3, **NO_SLEEP},
-                          budget={"percent_can_retry": 0.2, "min_retries_per_sec": 0},
-                          sleep=no_sleep)
-        storm = AsyncDependency(Response(503))
-        for _ in range(50):
-            with pytest.raises(HttpStatusError):
-                await budgeted.call(storm)
-        found["storm_calls"] = storm.calls
-
-        hard = Policy(name + "-429", redis=redis_url)
-        stop = AsyncDependency(Response(429))
-        with pytest.raises(HttpStatusError):
-            await hard.call(stop)
-        found["429_state"] = await hard.breaker.get_state()
-
-        client = Policy(name + "-400", redis=redis_url, retry={"max_attempts": 3},
-                        fallback=lambda error: "queued")
-        bad = AsyncDependency(HttpStatusError(400))
-        with pytest.raises(HttpStatusError):
-            await client.call(bad)
-        found["400_calls"] = bad.calls
-        found["400_counted"] = (await client.breaker.metrics()).calls
-
-        async def fallback(error: BaseException) -> str:
-            return f"queued after {type(error).__name__}"
-
-        down = Policy(name + "-fb", redis=redis_url, fallback=fallback)
-        found["fallback"] = await down.call(AsyncDependency(ConnectionError("x")))
-        return found
-
-    found = asyncio.run(scenario())
-    assert found["storm_calls"] == 60
-    assert found["429_state"] is State.OPEN
-    assert found["400_calls"] == 1 and found["400_counted"] == 0
-    assert found["fallback"] == "queued after ConnectionError"
+    assert asyncio.run(scenario()) == "queued after ConnectionError"
 
 
 def test_cancelled_while_recording_still_releases_the_permit(name: str,
