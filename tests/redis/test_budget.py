@@ -1,30 +1,32 @@
-"""The fleet-wide retry budget on a real redis-server (lua/budget.lua), sync and async."""
+"""The fleet-wide retry budget on a real redis-server (lua/budget.lua). Tests taking
+`flavour` run with the sync and the asyncio RetryBudget."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 import warnings
 
 import pytest
 import redis
 
-from distbreaker.budget.aio import RetryBudget as AsyncRetryBudget
 from distbreaker.budget.config import BudgetConfig
 from distbreaker.budget.sync import RetryBudget
 from distbreaker.demo.embedded import RedisServer, free_port
 from distbreaker.errors import ConfigDriftWarning, RetryBudgetExhausted, SchemaError
+from tests.helpers.flavours import Flavour
 
 
 def drain(budget: RetryBudget) -> int:
+    """Withdraw until refused; how many were allowed."""
     taken = 0
     while budget.try_withdraw():
         taken += 1
     return taken
 
 
-def test_100_requests_at_20_percent_allow_exactly_20_retries(redis_url: str, name: str) -> None:
-    budget = RetryBudget(name, redis=redis_url, percent_can_retry=0.2, min_retries_per_sec=0)
+def test_100_requests_at_20_percent_allow_exactly_20_retries(redis_url: str, name: str,
+                                                             flavour: Flavour) -> None:
+    budget = flavour.budget(name, redis=redis_url, percent_can_retry=0.2, min_retries_per_sec=0)
     assert budget.balance() == 0 and not budget.try_withdraw()
     for _ in range(100):
         budget.deposit()
@@ -34,16 +36,21 @@ def test_100_requests_at_20_percent_allow_exactly_20_retries(redis_url: str, nam
         budget.withdraw()
     assert caught.value.deposits == 100 and caught.value.withdrawals == 20
     assert budget.last_source == "redis"
+    budget.reset()                            # a fresh window: nothing deposited yet
+    assert budget.balance() == 0 and budget.deposit(5) == 1
 
 
-def test_percentages_use_exact_integer_arithmetic(redis_url: str, name: str) -> None:
-    budget = RetryBudget(name, redis=redis_url, percent_can_retry=0.29, min_retries_per_sec=0)
+def test_percentages_use_exact_integer_arithmetic(redis_url: str, name: str,
+                                                   flavour: Flavour) -> None:
+    budget = flavour.budget(name, redis=redis_url, percent_can_retry=0.29,
+                            min_retries_per_sec=0)
     assert budget.deposit(100) == 29          # 0.29 * 100 is 28.999... in floating point
 
 
-def test_the_floor_alone_allows_min_retries_per_sec_times_ttl(redis_url: str, name: str) -> None:
-    budget = RetryBudget(name, redis=redis_url, percent_can_retry=0.2, min_retries_per_sec=2,
-                         ttl=5)
+def test_the_floor_alone_allows_min_retries_per_sec_times_ttl(redis_url: str, name: str,
+                                                              flavour: Flavour) -> None:
+    budget = flavour.budget(name, redis=redis_url, percent_can_retry=0.2, min_retries_per_sec=2,
+                            ttl=5)
     assert BudgetConfig(min_retries_per_sec=2, ttl=5).floor == 10
     assert budget.balance() == 10
     assert drain(budget) == 10
@@ -52,8 +59,8 @@ def test_the_floor_alone_allows_min_retries_per_sec_times_ttl(redis_url: str, na
 
 
 def test_balance_does_not_create_the_key(redis_url: str, redis_client: redis.Redis,
-                                         name: str) -> None:
-    budget = RetryBudget(name, redis=redis_url)
+                                         name: str, flavour: Flavour) -> None:
+    budget = flavour.budget(name, redis=redis_url)
     assert budget.balance() == 100            # defaults: 10/s * 10 s
     assert not redis_client.exists(budget.keys.slices)
 
@@ -155,19 +162,20 @@ def test_geometry_drift_warns_and_the_stored_window_wins(redis_url: str, name: s
         assert other.deposit(5) == 1
 
 
-def test_redis_down_uses_a_local_budget_with_the_same_formula(name: str) -> None:
-    budget = RetryBudget(name, redis=f"redis://127.0.0.1:{free_port()}/0",
-                         percent_can_retry=0.5, min_retries_per_sec=1, ttl=3)
+def test_redis_down_uses_a_local_budget_with_the_same_formula(name: str,
+                                                              flavour: Flavour) -> None:
+    budget = flavour.budget(name, redis=f"redis://127.0.0.1:{free_port()}/0",
+                            percent_can_retry=0.5, min_retries_per_sec=1, ttl=3)
     assert budget.balance() == 3 and budget.last_source == "local"
     assert drain(budget) == 3
     assert budget.deposit(4) == 2 and drain(budget) == 2
     assert budget.last_source == "local"
 
 
-def test_budget_goes_back_to_redis_when_it_returns(name: str) -> None:
+def test_budget_goes_back_to_redis_when_it_returns(name: str, flavour: Flavour) -> None:
     with RedisServer() as server:
-        budget = RetryBudget(name, redis=server.url, percent_can_retry=0, min_retries_per_sec=1,
-                             ttl=5)
+        budget = flavour.budget(name, redis=server.url, percent_can_retry=0,
+                                min_retries_per_sec=1, ttl=5)
         assert drain(budget) == 5 and budget.last_source == "redis"
         server.kill()
         assert budget.try_withdraw() and budget.last_source == "local"   # fresh local floor
@@ -178,25 +186,3 @@ def test_budget_goes_back_to_redis_when_it_returns(name: str) -> None:
             budget.balance()
         assert budget.last_source == "redis"
         assert budget.balance() == 5                  # a restarted Redis lost the window
-
-
-def test_async_budget(redis_url: str, name: str) -> None:
-    async def main() -> None:
-        budget = AsyncRetryBudget(name, redis=redis_url, percent_can_retry=0.2,
-                                  min_retries_per_sec=0)
-        for _ in range(100):
-            await budget.deposit()
-        taken = 0
-        while await budget.try_withdraw():
-            taken += 1
-        assert taken == 20 and await budget.balance() == 0
-        with pytest.raises(RetryBudgetExhausted):
-            await budget.withdraw()
-        down = AsyncRetryBudget(name, redis=f"redis://127.0.0.1:{free_port()}/0",
-                                percent_can_retry=0, min_retries_per_sec=1, ttl=2)
-        assert await down.try_withdraw() and await down.try_withdraw()
-        assert not await down.try_withdraw() and down.last_source == "local"
-        await budget.reset()
-        assert await budget.balance() == 0 and await budget.deposit(5) == 1
-
-    asyncio.run(main())
