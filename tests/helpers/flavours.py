@@ -56,7 +56,7 @@ class Blocking:
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """The protected call of `fn`, sync or coroutine function alike."""
-        return self._loop.run_until_complete(self._target.call(_as_coroutine(fn), *args,
+        return self._loop.run_until_complete(self._target.call(as_coroutine(fn), *args,
                                                                **kwargs))
 
     @property
@@ -77,7 +77,8 @@ class Blocking:
         self.release(self._held.pop())
 
 
-def _as_coroutine(fn: Callable[..., Any]) -> Callable[..., Coroutine[Any, Any, Any]]:
+def as_coroutine(fn: Callable[..., Any]) -> Callable[..., Coroutine[Any, Any, Any]]:
+    """`fn` as a coroutine function (awaiting its result if it returns an awaitable)."""
     async def run(*args: Any, **kwargs: Any) -> Any:
         result = fn(*args, **kwargs)
         return await result if inspect.isawaitable(result) else result
@@ -140,7 +141,7 @@ class Flavour:
         barrier, or tasks); each one's result or exception."""
         if self._loop is None:
             return run_at_once(count, lambda: component.call(fn))
-        calls = [component.target.call(_as_coroutine(fn)) for _ in range(count)]
+        calls = [component.target.call(as_coroutine(fn)) for _ in range(count)]
 
         async def gather() -> list[Any]:
             return list(await asyncio.gather(*calls, return_exceptions=True))
