@@ -26,6 +26,7 @@ from distbreaker.breaker.events import Transition
 from distbreaker.breaker.state import State
 from distbreaker.errors import CallNotPermitted, ConfigDriftWarning, SchemaError
 from tests.helpers.flavours import Flavour
+from tests.helpers.redis_stats import commands, round_trips
 
 
 def fail(exc: BaseException) -> Callable[[], None]:
@@ -486,22 +487,6 @@ def test_a_200_character_name_is_accepted(redis_url: str, redis_client: redis.Re
 
 
 # -- round trips ---------------------------------------------------------------------------------
-
-
-def commands(client: redis.Redis) -> dict[str, int]:
-    """Commands run since the last CONFIG RESETSTAT, by name (INFO and CONFIG excluded).
-
-    Redis counts the commands a script runs too, so a round trip is one
-    EVALSHA (or EVAL); the other names are what the scripts did inside.
-    """
-    stats = client.info("commandstats")
-    return {k.removeprefix("cmdstat_"): v["calls"] for k, v in stats.items()
-            if k not in ("cmdstat_info", "cmdstat_config|resetstat")}
-
-
-def round_trips(client: redis.Redis) -> int:
-    counts = commands(client)
-    return sum(counts.get(c, 0) for c in ("evalsha", "eval", "evalsha_ro", "eval_ro"))
 
 
 def test_round_trips_per_protected_call(make: Callable[..., CircuitBreaker],

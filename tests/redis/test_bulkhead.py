@@ -20,12 +20,9 @@ from distbreaker.bulkhead.sync import Bulkhead
 from distbreaker.demo.embedded import RedisServer, free_port
 from distbreaker.errors import BulkheadFull, SchemaError
 from tests.helpers.flavours import Flavour
+from tests.helpers.redis_stats import round_trips, script_commands
 
 FORK = multiprocessing.get_context("fork")
-
-
-def evalsha_calls(client: redis.Redis) -> int:
-    return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
 
 
 # -- the script ---------------------------------------------------------------------------
@@ -100,12 +97,6 @@ def test_bad_meta_field_is_reported_before_reaping(name: str, redis_url: str,
     assert redis_client.zrange(bulkhead.keys.leases, 0, -1) == [b"expired"]
 
 
-def script_commands(client: redis.Redis) -> int:
-    """Commands run inside scripts since the last CONFIG RESETSTAT."""
-    outside = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_info", "cmdstat_config|resetstat")
-    return sum(v["calls"] for k, v in client.info("commandstats").items() if k not in outside)
-
-
 def test_script_spends_few_commands_per_acquire_and_release(name: str) -> None:
     """No TYPE checks on the happy path; no ZSCORE while a permit is free."""
     with RedisServer() as server:  # private: nothing else runs commands on it
@@ -178,9 +169,9 @@ def test_waiters_get_in_as_permits_free_up(name: str, redis_url: str,
         thread.start()
     time.sleep(0.2)
     assert holders.metrics().waiting == 2
-    before = evalsha_calls(redis_client)
+    before = round_trips(redis_client)
     time.sleep(0.2)
-    assert evalsha_calls(redis_client) - before <= 1   # blocked on BLPOP, not polling
+    assert round_trips(redis_client) - before <= 1   # blocked on BLPOP, not polling
     for permit in held:
         holders.release(permit)
     for thread in threads:
@@ -196,7 +187,7 @@ def test_waiter_gives_up_after_max_wait(name: str, redis_url: str, redis_client:
     waiter = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=1,
                               max_wait_duration=0.4)
     permit = holder.acquire()
-    before = evalsha_calls(redis_client)
+    before = round_trips(redis_client)
     started = time.monotonic()
     with pytest.raises(BulkheadFull) as caught:
         waiter.acquire()
@@ -204,7 +195,7 @@ def test_waiter_gives_up_after_max_wait(name: str, redis_url: str, redis_client:
     # Redis checks blocking timeouts on its timer (1/hz = 100 ms by default).
     assert 0.4 <= elapsed < 0.4 + 0.15
     assert caught.value.waited == pytest.approx(elapsed, abs=0.01)
-    assert evalsha_calls(redis_client) - before <= 3   # register, (wake), final try
+    assert round_trips(redis_client) - before <= 3   # register, (wake), final try
     metrics = holder.metrics()
     assert (metrics.in_use, metrics.waiting, metrics.rejected) == (1, 0, 1)
     holder.release(permit)

@@ -19,6 +19,7 @@ from distbreaker.errors import BulkheadFull, CallNotPermitted
 from distbreaker.policy.sync import Policy
 from tests.helpers.dependency import Dependency, run_requests
 from tests.helpers.flavours import Flavour
+from tests.helpers.redis_stats import round_trips
 
 NO_SLEEP = {"base": 0.0, "cap": 0.0}
 
@@ -180,12 +181,6 @@ def test_fallback_gets_the_error_but_not_client_errors(name: str, redis_url: str
     assert asked.call(Dependency(HttpStatusError(404))) == "queued"
 
 
-def commands(client: redis.Redis) -> int:
-    stats = client.info("commandstats")
-    return sum(v["calls"] for k, v in stats.items()
-               if k in ("cmdstat_evalsha", "cmdstat_eval"))
-
-
 def test_full_policy_costs_two_round_trips_per_attempt_in_closed(name: str, redis_url: str,
                                                                  redis_client: redis.Redis
                                                                  ) -> None:
@@ -202,12 +197,12 @@ def test_full_policy_costs_two_round_trips_per_attempt_in_closed(name: str, redi
         return connection
 
     policy._client.connection_pool.get_connection = counting  # type: ignore[method-assign]
-    before = commands(redis_client)
+    before = round_trips(redis_client)
     for _ in range(20):
         assert policy.call(lambda: "ok") == "ok"
     # one acquire + one pipeline (release, record, deposit) per call
     assert len(sent) == 40
-    assert commands(redis_client) - before == 20 * 4
+    assert round_trips(redis_client) - before == 20 * 4
 
 
 def test_a_locally_rejected_call_costs_no_round_trip_and_deposits_nothing(
@@ -219,11 +214,11 @@ def test_a_locally_rejected_call_costs_no_round_trip_and_deposits_nothing(
     policy.breaker.trip("test")
     with pytest.raises(CallNotPermitted):
         policy.call(lambda: "never")             # learns OPEN
-    before = commands(redis_client)
+    before = round_trips(redis_client)
     for _ in range(20):
         with pytest.raises(CallNotPermitted):
             policy.call(lambda: "never")
-    assert commands(redis_client) == before
+    assert round_trips(redis_client) == before
     reply = policy.budget._run(policy.budget.carrying_args("balance"))
     assert reply.deposits == 1
 
@@ -247,8 +242,8 @@ def test_one_failing_reply_in_the_pipeline_does_not_undo_the_others(
     # the record in the same pipeline ran and its reply was applied: the trip it
     # made reached this process's listeners and its view (the next call fails fast)
     assert [(e.from_state, e.to_state) for e in seen] == [(State.CLOSED, State.OPEN)]
-    before = commands(redis_client)
+    before = round_trips(redis_client)
     with pytest.raises(CallNotPermitted):
         policy.call(down)
-    assert commands(redis_client) == before
+    assert round_trips(redis_client) == before
     assert policy.bulkhead.metrics().in_use == 0
