@@ -12,7 +12,9 @@ import fakeredis
 import pytest
 import redis
 
-from distbreaker.demo.embedded import RedisServer
+pytest.register_assert_rewrite("tests.helpers")
+
+from distbreaker.demo.embedded import RedisServer  # noqa: E402 - after the rewrite hook
 
 _names = itertools.count()
 

@@ -49,10 +49,10 @@ REQUIRED = [
     "scripts/test",
     "scripts/sync_php_lua",
     "tests/conftest.py",
-    "tests/test_interop_php.py",
-    "tests/test_compose.py",
-    "tests/test_php_laravel.py",
-    "tests/laravel_app/artisan",
+    "tests/interop/test_php.py",
+    "tests/fleet/test_compose.py",
+    "tests/interop/test_php_laravel.py",
+    "tests/helpers/laravel_app/artisan",
     "tests/packaging/test_sdist.py",
 ]
 
@@ -126,9 +126,9 @@ def test_the_sdists_own_tests_and_docs_build_run_from_it(sdist: Path, tmp_path: 
     (tree,) = tmp_path.iterdir()
     env = {**os.environ, "PYTHONPATH": str(tree), "NO_MKDOCS_2_WARNING": "1"}
     tests = ["tests/packaging/test_php_package.py", "tests/packaging/test_docs.py",
-             "tests/test_key_schema_doc.py", "tests/test_php_laravel.py",
-             "tests/test_compose.py",
-             "tests/test_interop_php.py::test_php_computes_the_same_config_wire_string_as_python"]
+             "tests/unit/test_key_schema_doc.py", "tests/interop/test_php_laravel.py",
+             "tests/fleet/test_compose.py",
+             "tests/interop/test_php.py::test_php_computes_the_same_config_wire_string_as_python"]
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
                          cwd=tree, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]

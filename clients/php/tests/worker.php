@@ -2,7 +2,7 @@
 
 declare(strict_types=1);
 
-// A PHP worker driven by tests/test_interop_php.py: one JSON job in argv[1],
+// A PHP worker driven by tests/interop/test_php.py: one JSON job in argv[1],
 // one JSON result on stdout. Each action is what a PHP-FPM request would do.
 
 require dirname(__DIR__) . '/src/autoload.php';
