@@ -29,12 +29,14 @@ local floor, tonumber, match = math.floor, tonumber, string.match
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
 
+-- Foreign data (the same two helpers in every script) ------------------------
 local function schema_error(key, msg)
   return redis.error_reply('DISTBREAKER_SCHEMA ' .. key .. ' ' .. msg)
 end
 
--- An error reply when key holds a type other than want (a missing key is fine).
-local function type_error(key, want)
+-- The schema error for a key holding a type other than want; nil when it holds
+-- a want or does not exist.
+local function foreign_type(key, want)
   local found = redis.call('TYPE', key)
   if type(found) == 'table' then found = found['ok'] end
   if found ~= 'none' and found ~= want then
@@ -42,8 +44,8 @@ local function type_error(key, want)
   end
 end
 
-local err = type_error(K_STATE, 'hash') or type_error(K_WIN, 'hash')
-         or type_error(K_PROBES, 'zset') or type_error(K_HIST, 'stream')
+local err = foreign_type(K_STATE, 'hash') or foreign_type(K_WIN, 'hash')
+         or foreign_type(K_PROBES, 'zset') or foreign_type(K_HIST, 'stream')
 if err then return err end
 
 -- Config wire string: version 1, then 11 fields; fields past the 12th are
@@ -53,12 +55,18 @@ if err then return err end
 local CFG_PATTERN = '^1;([CT]);([^;]*);([^;]*);([^;]*);([^;]*);([^;]*);([^;]*);' ..
                     '([^;]*);([^;]*);([^;]*);([^;]*)'
 local function parse_config(wire)
-  local wt, a, b, c, d, e, f, g, h, i, j = match(wire, CFG_PATTERN)
-  if not wt then return nil end
-  a, b, c, d, e = tonumber(a), tonumber(b), tonumber(c), tonumber(d), tonumber(e)
-  f, g, h, i, j = tonumber(f), tonumber(g), tonumber(h), tonumber(i), tonumber(j)
-  if not (a and b and c and d and e and f and g and h and i and j) then return nil end
-  return wt, a, b, c, d, e, f, g, h, i
+  local window_type, size, min_calls, failure_thr, slow_thr, open_wait, probes, max_half_open,
+        lease, ttl, slow_duration = match(wire, CFG_PATTERN)
+  if not window_type then return nil end
+  size, min_calls, failure_thr = tonumber(size), tonumber(min_calls), tonumber(failure_thr)
+  slow_thr, open_wait, probes = tonumber(slow_thr), tonumber(open_wait), tonumber(probes)
+  max_half_open, lease, ttl = tonumber(max_half_open), tonumber(lease), tonumber(ttl)
+  if not (size and min_calls and failure_thr and slow_thr and open_wait and probes
+          and max_half_open and lease and ttl and tonumber(slow_duration)) then
+    return nil
+  end
+  return window_type, size, min_calls, failure_thr, slow_thr, open_wait, probes,
+         max_half_open, lease, ttl
 end
 
 -- Load the state hash ---------------------------------------------------------
@@ -104,7 +112,9 @@ local hp_fail, hp_slow, rejected, gen, ttl_at = raw[14], raw[15], raw[16], raw[1
 -- Dirty flags: which fields the final HSET writes.
 local d_v, d_cfg, d_state, d_trans, d_totals, d_head, d_wsec = false, false, false, false,
                                                               false, false, false
-local d_hpi, d_hpd, d_rej, d_drift, d_ttl = false, false, false, false, false
+-- d_probes_issued: hp_issued; d_probe_results: hp_done, hp_fail, hp_slow.
+local d_probes_issued, d_probe_results, d_rej, d_drift, d_ttl = false, false, false, false,
+                                                                 false
 -- Keys this call may have created: they get a TTL now.
 local fresh_win, fresh_probes, fresh_hist = false, false, false
 
@@ -176,7 +186,7 @@ local function transition(to, reason, actor)
   end
   if to == 'HALF_OPEN' then
     hp_issued, hp_done, hp_fail, hp_slow = 0, 0, 0, 0
-    d_hpi, d_hpd = true, true
+    d_probes_issued, d_probe_results = true, true
     redis.call('DEL', K_PROBES)
   elseif to ~= 'OPEN' then
     clear_window()
@@ -294,7 +304,7 @@ local function advance()
       return
     end
     local reaped = redis.call('ZREMRANGEBYSCORE', K_PROBES, '-inf', now)
-    if reaped > 0 then hp_issued, d_hpi = math.max(0, hp_issued - reaped), true end
+    if reaped > 0 then hp_issued, d_probes_issued = math.max(0, hp_issued - reaped), true end
   end
 end
 
@@ -325,10 +335,10 @@ if op == 'record' then
   elseif st == 'HALF_OPEN' and token ~= '' and redis.call('ZREM', K_PROBES, token) == 1 then
     if ok + fails == 0 then
       -- an ignored probe hands its slot back (Resilience4j releasePermission)
-      hp_issued, d_hpi = math.max(0, hp_issued - 1), true
+      hp_issued, d_probes_issued = math.max(0, hp_issued - 1), true
     end
     hp_done, hp_fail, hp_slow = hp_done + ok + fails, hp_fail + fails, hp_slow + slows
-    d_hpd = true
+    d_probe_results = true
     if hp_done >= probes_max then
       if rate_exceeded(hp_done, hp_fail, hp_slow) then
         transition('OPEN', 'half-open probes: ' .. describe(hp_done, hp_fail, hp_slow))
@@ -354,7 +364,7 @@ elseif op == 'acquire' then
     elseif hp_issued < probes_max then
       redis.call('ZADD', K_PROBES, now + lease_ms, token)
       fresh_probes = true
-      hp_issued, d_hpi = hp_issued + 1, true
+      hp_issued, d_probes_issued = hp_issued + 1, true
     else
       permitted = 0
     end
@@ -388,7 +398,7 @@ end
 -- operator action), so an active breaker never expires and a refresh costs
 -- nothing on most calls; keys this call may have created get theirs at once.
 local writes = op ~= 'state' or d_v or d_cfg or d_state or d_trans or d_totals or d_head
-               or d_wsec or d_hpi or d_hpd or d_rej or d_drift
+               or d_wsec or d_probes_issued or d_probe_results or d_rej or d_drift
 local refresh_all = writes and (op == 'set' or now - ttl_at >= ttl_ms / 2 or ttl_at > now)
 if refresh_all then ttl_at, d_ttl = now, true end
 local flat, n = {}, 0
@@ -410,8 +420,8 @@ if d_trans then
   flat[n + 3] = 'open_until'; flat[n + 4] = open_until; n = n + 4
 end
 if d_wsec then flat[n + 1] = 'wsec'; flat[n + 2] = wsec; n = n + 2 end
-if d_hpi then flat[n + 1] = 'hp_issued'; flat[n + 2] = hp_issued; n = n + 2 end
-if d_hpd then
+if d_probes_issued then flat[n + 1] = 'hp_issued'; flat[n + 2] = hp_issued; n = n + 2 end
+if d_probe_results then
   flat[n + 1] = 'hp_done'; flat[n + 2] = hp_done; flat[n + 3] = 'hp_fail'
   flat[n + 4] = hp_fail; flat[n + 5] = 'hp_slow'; flat[n + 6] = hp_slow; n = n + 6
 end

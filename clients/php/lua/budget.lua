@@ -40,17 +40,23 @@ local op = ARGV[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local function key_type(key)
-  local r = redis.call('TYPE', key)
-  if type(r) == 'table' then return r['ok'] end
-  return r
+-- Foreign data (the same two helpers in every script) ------------------------
+local function schema_error(key, msg)
+  return redis.error_reply('DISTBREAKER_SCHEMA ' .. key .. ' ' .. msg)
 end
 
-local found = key_type(K)
-if found ~= 'none' and found ~= 'hash' then
-  return redis.error_reply('DISTBREAKER_SCHEMA ' .. K .. ' holds a ' .. found ..
-                           ', expected a hash')
+-- The schema error for a key holding a type other than want; nil when it holds
+-- a want or does not exist.
+local function foreign_type(key, want)
+  local found = redis.call('TYPE', key)
+  if type(found) == 'table' then found = found['ok'] end
+  if found ~= 'none' and found ~= want then
+    return schema_error(key, 'holds a ' .. found .. ', expected a ' .. want)
+  end
 end
+
+local err = foreign_type(K, 'hash')
+if err then return err end
 
 local ppm, reserve = tonumber(ARGV[2]), tonumber(ARGV[3])
 local ttl_ms, want_n = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -71,11 +77,10 @@ end
 local raw = redis.call('HMGET', K, 'v', 'slice_ms', 'n', 'head', 'D', 'W')
 local exists = raw[1] ~= false
 if exists and raw[1] ~= '1' then
-  return redis.error_reply('DISTBREAKER_SCHEMA ' .. K .. ' has schema version ' ..
-                           tostring(raw[1]) .. ', this client speaks 1')
+  return schema_error(K, 'has schema version ' .. tostring(raw[1]) .. ', this client speaks 1')
 end
-if not exists and found == 'hash' then
-  return redis.error_reply('DISTBREAKER_SCHEMA ' .. K .. ' is a hash without a version')
+if not exists and redis.call('EXISTS', K) == 1 then
+  return schema_error(K, 'is a hash without a version')
 end
 
 local want_slice = math.max(1, math.ceil(ttl_ms / want_n))
@@ -84,7 +89,7 @@ if exists then
   slice_ms, n, head = tonumber(raw[2]), tonumber(raw[3]), tonumber(raw[4])
   D, W = tonumber(raw[5]), tonumber(raw[6])
   if not (slice_ms and n and head and D and W) or slice_ms < 1 or n < 1 or n > 100 then
-    return redis.error_reply('DISTBREAKER_SCHEMA ' .. K .. ' has corrupt budget fields')
+    return schema_error(K, 'has corrupt budget fields')
   end
 else
   slice_ms, n, head, D, W = want_slice, want_n, nil, 0, 0

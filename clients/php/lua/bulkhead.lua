@@ -46,34 +46,42 @@
 local K_LEASES, K_META, K_NOTIFY = KEYS[1], KEYS[2], KEYS[3]
 local op, token = ARGV[1], ARGV[2]
 local limit, lease_ms, ttl_ms = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local arg6 = tonumber(ARGV[6] or '0')
+local wait_ms = tonumber(ARGV[6] or '0')  -- acquire only; other ops send 0
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 if not limit or limit < 1 or not lease_ms or lease_ms < 1 or not ttl_ms or ttl_ms < 1
-    or not arg6 or arg6 < 0 then
+    or not wait_ms or wait_ms < 0 then
   return redis.error_reply('DISTBREAKER_ARGS bad bulkhead arguments')
 end
 
--- Read (and type-check) every key before the first write, so a schema error
--- never leaves a partial write behind. A command on a key of a foreign type
--- fails without writing; TYPE runs only then, to name what was found.
-local function checked(reply, key, want)
-  if type(reply) == 'table' and reply['err'] then
-    local found = redis.call('TYPE', key)
-    if type(found) == 'table' then found = found['ok'] end
-    return nil, redis.error_reply('DISTBREAKER_SCHEMA ' .. key .. ' holds a ' ..
-                                  tostring(found) .. ', expected a ' .. want)
-  end
-  return reply
+-- Foreign data (the same two helpers in every script) ----------------------------
+local function schema_error(key, msg)
+  return redis.error_reply('DISTBREAKER_SCHEMA ' .. key .. ' ' .. msg)
 end
 
-local meta, err = checked(redis.pcall('HGETALL', K_META), K_META, 'hash')
-if err then return err end
-local have
-have, err = checked(redis.pcall('LLEN', K_NOTIFY), K_NOTIFY, 'list')
-if err then return err end
+-- The schema error for a key holding a type other than want; nil when it holds
+-- a want or does not exist.
+local function foreign_type(key, want)
+  local found = redis.call('TYPE', key)
+  if type(found) == 'table' then found = found['ok'] end
+  if found ~= 'none' and found ~= want then
+    return schema_error(key, 'holds a ' .. found .. ', expected a ' .. want)
+  end
+end
+
+-- Read every key before the first write, so a schema error never leaves a
+-- partial write behind. The reads run under pcall: a command on a key of a
+-- foreign type fails without writing, and only then does foreign_type run TYPE
+-- to name what was found (no TYPE on the happy path). A failure on a key of
+-- the right type (an ACL refusal) is passed on as it is.
+local function failed(reply) return type(reply) == 'table' and reply['err'] ~= nil end
+
+local meta = redis.pcall('HGETALL', K_META)
+if failed(meta) then return foreign_type(K_META, 'hash') or meta end
+local have = redis.pcall('LLEN', K_NOTIFY)
+if failed(have) then return foreign_type(K_NOTIFY, 'list') or have end
 
 local counters = {rejected = 0, acquired = 0, lost = 0, limit = 0}
 local waiters = {}
@@ -82,8 +90,7 @@ local expired = {}
 for i = 1, #meta, 2 do
   local field, value = meta[i], tonumber(meta[i + 1])
   if value == nil then
-    return redis.error_reply('DISTBREAKER_SCHEMA ' .. K_META .. ' field ' .. field ..
-                             ' is not a number')
+    return schema_error(K_META, 'field ' .. field .. ' is not a number')
   end
   if string.sub(field, 1, 2) == 'w:' then
     if value <= now then
@@ -98,9 +105,8 @@ for i = 1, #meta, 2 do
 end
 
 -- Reap expired leases and waiters (the first write) ------------------------------
-local _
-_, err = checked(redis.pcall('ZREMRANGEBYSCORE', K_LEASES, '-inf', now), K_LEASES, 'zset')
-if err then return err end
+local reaped = redis.pcall('ZREMRANGEBYSCORE', K_LEASES, '-inf', now)
+if failed(reaped) then return foreign_type(K_LEASES, 'zset') or reaped end
 if #expired > 0 then redis.call('HDEL', K_META, unpack(expired)) end
 
 local wrote = #expired > 0
@@ -134,11 +140,11 @@ if op == 'acquire' then
     wrote = true
   else
     ok = 0
-    if arg6 > 0 then
+    if wait_ms > 0 then
       local f = 'w:' .. token
       if not waiters[f] then waiting = waiting + 1 end
-      waiters[f] = now + arg6
-      redis.call('HSET', K_META, f, now + arg6)
+      waiters[f] = now + wait_ms
+      redis.call('HSET', K_META, f, now + wait_ms)
       wrote = true
     else
       drop_waiter(token)
