@@ -6,7 +6,15 @@ import dataclasses
 import math
 from typing import Any
 
-from .._runtime.options import Seconds, check_int, merge_options, to_seconds
+from .._runtime.options import (
+    REDIS_RETRY_MAX_BACKOFF,
+    REDIS_TIMEOUT,
+    Seconds,
+    check_int,
+    check_redis_options,
+    merge_options,
+    to_seconds,
+)
 
 MILLIONTHS = 1_000_000
 
@@ -30,8 +38,8 @@ class BudgetConfig:
     ttl: Seconds = 10.0
     slices: int = 10
     deposit_batch: int = 1
-    redis_timeout: Seconds = 0.25
-    redis_retry_max_backoff: Seconds = 5.0
+    redis_timeout: Seconds = REDIS_TIMEOUT
+    redis_retry_max_backoff: Seconds = REDIS_RETRY_MAX_BACKOFF
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -42,12 +50,10 @@ class BudgetConfig:
                     or not math.isfinite(value) or not 0 <= value <= top):
                 raise ValueError(f"{field} must be a number in [0, {top:g}], got {value!r}")
             put(self, field, float(value))
-        for field in ("ttl", "redis_timeout", "redis_retry_max_backoff"):
-            put(self, field, to_seconds(getattr(self, field), field))
+        put(self, "ttl", to_seconds(self.ttl, "ttl"))
         if not 0.01 <= self.ttl <= 86_400:
             raise ValueError(f"ttl must be in [0.01, 86400] seconds, got {self.ttl!r}")
-        if self.redis_timeout <= 0:
-            raise ValueError(f"redis_timeout must be > 0 seconds, got {self.redis_timeout!r}")
+        check_redis_options(self)
         check_int(self.slices, "slices", 1, 100)
         check_int(self.deposit_batch, "deposit_batch", 1, 10_000)
 
