@@ -14,11 +14,6 @@ from typing import Any, TypeVar
 Seconds = float | int | timedelta
 
 
-#: Defaults of the Redis options every Redis-backed component's config has.
-REDIS_TIMEOUT = 0.25
-REDIS_RETRY_MAX_BACKOFF = 5.0
-
-
 def to_seconds(value: Any, field: str, *, positive: bool = False) -> float:
     """Convert a duration (seconds or timedelta) to float seconds, or raise naming `field`.
 

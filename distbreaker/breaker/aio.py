@@ -106,10 +106,8 @@ class CircuitBreaker(BreakerCore):
 
     async def record(self, permit: Permit, error: BaseException | None, duration: float,
                      outcome: Outcome | None = None) -> None:
-        """Report how a permitted call ended (error None: it returned normally).
-
-        `outcome` overrides the breaker's own classification of `error`.
-        """
+        """Report how a permitted call ended (error None: it returned normally), awaiting
+        the record; `outcome` overrides the breaker's own classification of `error`."""
         pending = self._record_pending(permit, error, duration, outcome)
         if pending is not None:
             with self._recording(error):

@@ -13,8 +13,6 @@ from enum import Enum
 from typing import Any
 
 from .._runtime.options import (
-    REDIS_RETRY_MAX_BACKOFF,
-    REDIS_TIMEOUT,
     Seconds,
     check_int,
     check_percent,
@@ -100,8 +98,8 @@ class BreakerConfig:
     record_predicate: Callable[[BaseException], bool] | None = None
     ignore_predicate: Callable[[BaseException], bool] | None = None
     on_redis_error: RedisErrorPolicy | str = RedisErrorPolicy.FAIL_OPEN
-    redis_timeout: Seconds = REDIS_TIMEOUT
-    redis_retry_max_backoff: Seconds = REDIS_RETRY_MAX_BACKOFF
+    redis_timeout: Seconds = 0.25
+    redis_retry_max_backoff: Seconds = 5.0
     record_mode: RecordMode | str = RecordMode.EXACT
     flush_interval: Seconds = 0.01
     max_batch: int = 1000

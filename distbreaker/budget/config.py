@@ -6,15 +6,7 @@ import dataclasses
 import math
 from typing import Any
 
-from .._runtime.options import (
-    REDIS_RETRY_MAX_BACKOFF,
-    REDIS_TIMEOUT,
-    Seconds,
-    check_int,
-    check_redis_options,
-    merge_options,
-    to_seconds,
-)
+from .._runtime.options import Seconds, check_int, check_redis_options, merge_options, to_seconds
 
 MILLIONTHS = 1_000_000
 
@@ -38,8 +30,8 @@ class BudgetConfig:
     ttl: Seconds = 10.0
     slices: int = 10
     deposit_batch: int = 1
-    redis_timeout: Seconds = REDIS_TIMEOUT
-    redis_retry_max_backoff: Seconds = REDIS_RETRY_MAX_BACKOFF
+    redis_timeout: Seconds = 0.25
+    redis_retry_max_backoff: Seconds = 5.0
 
     def __post_init__(self) -> None:
         put = object.__setattr__

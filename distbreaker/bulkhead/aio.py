@@ -19,15 +19,7 @@ from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import Owed, PendingCall, run_script_async, send_async
 from ..breaker.core import ScriptCall
 from .config import BulkheadConfig
-from .core import (
-    Acquisition,
-    BulkheadCore,
-    BulkheadMetrics,
-    BulkheadPermit,
-    BulkheadReply,
-    blocking_cap,
-    decode_reply,
-)
+from .core import Acquisition, BulkheadCore, BulkheadMetrics, BulkheadPermit, blocking_cap
 
 __all__ = ["Bulkhead"]
 
@@ -94,10 +86,9 @@ class Bulkhead(BulkheadCore):
             state.blocking_cap = blocking_cap(state.blocking)
         return state.blocking, state.blocking_cap
 
-    async def _run(self, call: ScriptCall) -> BulkheadReply:
-        raw = await run_script_async(self._loop().client, self._codec.script, call.keys,
-                                     call.args)
-        return decode_reply(raw)
+    async def _run(self, call: ScriptCall) -> Any:
+        return await run_script_async(self._loop().client, self._codec.script, call.keys,
+                                      call.args)
 
     # -- permits ------------------------------------------------------------------------
     async def acquire(self) -> BulkheadPermit:
@@ -255,8 +246,8 @@ class Bulkhead(BulkheadCore):
     # -- metrics -------------------------------------------------------------------------
     async def metrics(self) -> BulkheadMetrics:
         """Fleet-wide figures read from Redis (Redis errors are raised)."""
-        reply = await self._run(self._codec.metrics_call())
-        return self._codec.metrics(reply, self._loop().fallback_in_use)
+        raw = await self._run(self._codec.metrics_call())
+        return self._codec.metrics(raw, self._loop().fallback_in_use)
 
     async def aclose(self) -> None:
         """Close the running loop's clients if this bulkhead built them (a client given

@@ -5,15 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .._runtime.options import (
-    REDIS_RETRY_MAX_BACKOFF,
-    REDIS_TIMEOUT,
-    Seconds,
-    check_int,
-    check_redis_options,
-    merge_options,
-    to_seconds,
-)
+from .._runtime.options import Seconds, check_int, check_redis_options, merge_options, to_seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,8 +31,8 @@ class BulkheadConfig:
     expected_workers: int = 1
     fallback_limit: int | None = None
     key_ttl: Seconds = 3600.0
-    redis_timeout: Seconds = REDIS_TIMEOUT
-    redis_retry_max_backoff: Seconds = REDIS_RETRY_MAX_BACKOFF
+    redis_timeout: Seconds = 0.25
+    redis_retry_max_backoff: Seconds = 5.0
 
     def __post_init__(self) -> None:
         put = object.__setattr__

@@ -277,7 +277,9 @@ class BulkheadCodec:
         with self._lock:
             return LocalCounts(self.rejected_here, self.lost_here)
 
-    def metrics(self, reply: BulkheadReply, fallback_in_use: int) -> BulkheadMetrics:
+    def metrics(self, raw: Sequence[Any], fallback_in_use: int) -> BulkheadMetrics:
+        """The metrics script call's reply, with this process's counters."""
+        reply = decode_reply(raw)
         limit = self.config.max_concurrent_calls
         return BulkheadMetrics(
             max_concurrent_calls=limit, in_use=reply.in_use,
@@ -313,11 +315,12 @@ class Acquisition:
         self._remaining = self.remaining()
         return self._codec.acquire_call(self.token, self._remaining)
 
-    def answer(self, reply: BulkheadReply) -> BulkheadPermit | None:
+    def answer(self, raw: Sequence[Any]) -> BulkheadPermit | None:
         """The permit Redis granted, or None: wait `block_for()` on the notify list, then
         `request()` again. Raises BulkheadFull when no time is left."""
         codec = self._codec
         codec.health.succeeded()
+        reply = decode_reply(raw)
         if reply.ok:
             return BulkheadPermit(self.token, acquired_at=time.monotonic())
         if self._remaining <= 0:

@@ -20,15 +20,7 @@ from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import Owed, PendingCall, run_script, send
 from ..breaker.core import ScriptCall
 from .config import BulkheadConfig
-from .core import (
-    Acquisition,
-    BulkheadCore,
-    BulkheadMetrics,
-    BulkheadPermit,
-    BulkheadReply,
-    blocking_cap,
-    decode_reply,
-)
+from .core import Acquisition, BulkheadCore, BulkheadMetrics, BulkheadPermit, blocking_cap
 
 __all__ = ["Bulkhead", "BulkheadConfig", "BulkheadMetrics", "BulkheadPermit"]
 
@@ -153,8 +145,8 @@ class Bulkhead(BulkheadCore):
         self._lock = threading.Lock()
 
     # -- I/O ------------------------------------------------------------------------
-    def _run(self, call: ScriptCall) -> BulkheadReply:
-        return decode_reply(run_script(self._client, self._codec.script, call.keys, call.args))
+    def _run(self, call: ScriptCall) -> Any:
+        return run_script(self._client, self._codec.script, call.keys, call.args)
 
     def _waiter(self) -> tuple[Any, float]:
         """The client BLPOP runs on, and the longest one BLPOP may block on it.

@@ -7,8 +7,6 @@ from enum import Enum
 from typing import Any
 
 from .._runtime.options import (
-    REDIS_RETRY_MAX_BACKOFF,
-    REDIS_TIMEOUT,
     Seconds,
     check_int,
     check_percent,
@@ -44,8 +42,8 @@ class GaneshaConfig:
     rejection_suffix: str = "_rejection"
     status_suffix: str = "_status"
     key_ttl: Seconds = 0.0
-    redis_timeout: Seconds = REDIS_TIMEOUT
-    redis_retry_max_backoff: Seconds = REDIS_RETRY_MAX_BACKOFF
+    redis_timeout: Seconds = 0.25
+    redis_retry_max_backoff: Seconds = 5.0
 
     def __post_init__(self) -> None:
         check_percent(self.failure_rate_threshold, "failure_rate_threshold")
