@@ -74,11 +74,7 @@ class LoopFlusher(FlushCore):
         """Send everything pending now; returns when it is in Redis (or kept)."""
         lock = self._flush_lock or asyncio.Lock()
         async with lock:
-            drained = self.acc.drain()
-            if not drained:
-                return
-            self.flushes += 1
-            for client, batches in self.plan(drained):
+            for client, batches in self.take_plan():
                 await self._send(client, batches)
 
     async def _send(self, client: Any, batches: list[Batch]) -> None:

@@ -56,6 +56,14 @@ class FlushCore:
         """A new batched breaker: listen for transitions made elsewhere from the start."""
         watch_transitions(core)
 
+    def take_plan(self) -> list[tuple[Any, list[Batch]]]:
+        """Take everything pending and `plan` its flush (nothing pending: no pipelines)."""
+        drained = self.acc.drain()
+        if not drained:
+            return []
+        self.flushes += 1
+        return self.plan(drained)
+
     def plan(self, drained: dict[BreakerCore, Counts]) -> list[tuple[Any, list[Batch]]]:
         """Group the drained counts by Redis client (one pipeline each); breakers whose
         Redis is in backoff are not tried (their counts go back, see `unreachable`)."""

@@ -72,11 +72,7 @@ class ThreadFlusher(FlushCore):
     def flush(self) -> None:
         """Send everything pending now (blocking); returns when it is in Redis (or kept)."""
         with self._flush_lock:
-            drained = self.acc.drain()
-            if not drained:
-                return
-            self.flushes += 1
-            for client, batches in self.plan(drained):
+            for client, batches in self.take_plan():
                 self._send(client, batches)
 
     def _send(self, client: Any, batches: list[Batch]) -> None:
