@@ -162,7 +162,9 @@ def rate(part: int, whole: int, minimum: int) -> float:
 
 
 class BreakerCodec:
-    """Everything about one breaker that is neither I/O nor a front end."""
+    """One breaker's protocol state: script calls, this process's view of the fleet
+    state (refreshed by every reply) and its own counts. `BreakerCore` wires it to the
+    Redis health, the local fallback and the listeners."""
 
     def __init__(self, name: str, config: BreakerConfig, prefix: str = DEFAULT_PREFIX) -> None:
         self.name = name

@@ -119,7 +119,8 @@ def blocking_cap(client: Any) -> float:
 
 
 class BulkheadCodec:
-    """Everything about one bulkhead that is neither I/O nor a front end."""
+    """One bulkhead's protocol state: script calls, the Redis health, orphaned tokens
+    and this process's counts, and the decisions on renewals and releases."""
 
     def __init__(self, name: str, config: BulkheadConfig, prefix: str = DEFAULT_PREFIX) -> None:
         self.name = validate_name(name)
