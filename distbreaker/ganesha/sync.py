@@ -9,7 +9,8 @@ from typing import Any, TypeVar
 
 from .._runtime.connection import owns_client, sync_client
 from .._runtime.scripts import send
-from .core import GaneshaConfig, GaneshaCore, GaneshaReply
+from .config import GaneshaConfig
+from .core import GaneshaCore, GaneshaReply
 
 T = TypeVar("T")
 
