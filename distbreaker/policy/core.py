@@ -7,6 +7,7 @@ how owed Redis calls are grouped and settled.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -109,6 +110,14 @@ class PolicyCore:
         self.classifier = http_classifier or (
             retry.config.http_classifier if retry is not None else None) or DEFAULT_HTTP_CLASSIFIER
         self._core: RetryCore | None = retry._core if retry is not None else None
+
+    def without_retry(self) -> Any:
+        """A copy sharing this policy's breaker, bulkhead and budget (still deposited
+        to) that never retries (e.g. for a request that must not be sent twice)."""
+        twin = copy.copy(self)
+        twin.retry = None
+        twin._core = None
+        return twin
 
     def verdict(self, error: BaseException | None) -> HttpVerdict | None:
         return None if error is None else self.classifier.classify_error(error)

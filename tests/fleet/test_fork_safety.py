@@ -114,7 +114,7 @@ def test_children_share_the_breaker_but_no_connection(redis_url: str, redis_clie
     parts = Parts(redis_url, name)
     mine = parts.work()                 # the parent has live pooled connections now
     assert mine["outcomes"] == ["ok"] * CALLS
-    assert parts.budget._pending == CALLS // 2    # batched deposits pending at fork time
+    assert parts.budget._pending_deposits == CALLS // 2    # batched deposits pending at fork time
 
     results = _run_children(parts, fail=False, use_mp=use_mp)
 
