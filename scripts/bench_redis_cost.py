@@ -460,6 +460,10 @@ class CallgrindServer:
                                f"{done.stdout}{done.stderr}")
 
     def zero(self) -> None:
+        """A full Lua GC first (uncounted): the GC steps Redis runs every 50 script calls
+        then collect this batch's garbage, not the previous scenario's."""
+        with redis.Redis(port=self.port, socket_timeout=SLOW_SERVER_TIMEOUT) as admin:
+            admin.eval("collectgarbage('collect')", 0)
         self._control("-z")
 
     def dump(self, label: str) -> Cost:
@@ -596,22 +600,40 @@ def ceiling_calls(url: str, tag: str) -> list[Callable[[], Any]]:
     return [client.ping, lambda: legacy.call(ok), lambda: breaker.call(ok)]
 
 
-def ceiling_worker(url: str, tag: str, index: int, phase: Any, counts: Any,
+def ceiling_worker(url: str, tag: str, index: int, phase: Any, counts: Any, idle: Any,
                    ready: Any) -> None:
-    """Call the scenario `phase` names, in batches, until STOP; counts[index * K + s]."""
+    """Call the scenario `phase` names, in batches, until STOP: counts[index * K + s].
+
+    idle[index] is 1 only while the last phase this process read was IDLE (it is
+    cleared before every read), so once the parent has set IDLE and sees 1 everywhere,
+    the counts are final: calls and server figures cover exactly the same calls."""
     calls = ceiling_calls(url, tag)
     for call in calls:
         call()
     ready.release()
     width = len(calls)
-    while (current := phase.value) != STOP:
+    while True:
+        idle[index] = 0
+        current = phase.value
+        if current == STOP:
+            return
         if current == IDLE:
+            idle[index] = 1
             time.sleep(0.002)
             continue
         call = calls[current]
         for _ in range(CEILING_BATCH):
             call()
         counts[index * width + current] += CEILING_BATCH
+
+
+def settle(idle: Any, processes: int, timeout: float = 30.0) -> None:
+    """Wait until every worker has finished its calls of the slice just ended."""
+    deadline = time.monotonic() + timeout
+    while sum(idle[i] for i in range(processes)) < processes:
+        if time.monotonic() > deadline:
+            raise RuntimeError("a fleet-ceiling worker did not finish its slice")
+        time.sleep(0.005)
 
 
 def server_cpu(admin: redis.Redis) -> float:
@@ -629,12 +651,13 @@ def run_ceiling(url: str, processes: int, seconds: float, rounds: int) -> list[d
     ctx = multiprocessing.get_context("spawn")
     width = len(CEILING_SCENARIOS)
     phase, counts = ctx.RawValue("i", IDLE), ctx.RawArray("q", processes * width)
+    idle = ctx.RawArray("i", processes)
     ready = ctx.Semaphore(0)
     tag = f"ceiling-{secrets.token_hex(3)}"
     admin = redis.Redis.from_url(url)
     totals = [{"calls": 0, "cpu": 0.0, "wall": 0.0, "requests": 0} for _ in CEILING_SCENARIOS]
     workers = [ctx.Process(target=ceiling_worker,
-                           args=(url, tag, i, phase, counts, ready), daemon=True)
+                           args=(url, tag, i, phase, counts, idle, ready), daemon=True)
                for i in range(processes)]
     try:
         for worker in workers:
@@ -642,6 +665,7 @@ def run_ceiling(url: str, processes: int, seconds: float, rounds: int) -> list[d
         for _ in workers:
             if not ready.acquire(timeout=120):
                 raise RuntimeError("a fleet-ceiling worker did not start")
+        settle(idle, processes)
         for _ in range(rounds):
             for s, (_, _, sent) in enumerate(CEILING_SCENARIOS):
                 done = sum(counts[i * width + s] for i in range(processes))
@@ -651,7 +675,7 @@ def run_ceiling(url: str, processes: int, seconds: float, rounds: int) -> list[d
                 time.sleep(seconds / rounds)
                 phase.value = IDLE
                 wall = time.perf_counter() - started
-                time.sleep(0.1)  # calls in flight land in this slice's counts
+                settle(idle, processes)
                 after = command_calls(admin)
                 totals[s]["cpu"] += server_cpu(admin) - cpu
                 totals[s]["calls"] += sum(counts[i * width + s] for i in range(processes)) - done
