@@ -24,20 +24,27 @@ Around each measured batch the bench process zeroes the counters
 (or pybreaker's, or plain redis-py), then dumps (``callgrind_control -d``; it
 returns once the dump is written); setup, warm-up and re-tripping happen
 outside. Per call = the dump's total Ir / N. "in script" is the inclusive cost
-of ``luaCallFunction`` (the script body and the commands it runs, EVALSHA and
-FCALL alike); the rest of a script call is the call itself: its arguments,
-KEYS/ARGV tables, the reply. Counts are for the server binary measured
+of ``luaCallFunction``, EVALSHA and FCALL alike: the KEYS/ARGV tables, the
+script body and the commands it runs, the conversion of its reply, Lua's
+periodic GC step; the rest of a script call is reading and parsing the request
+(one string object per argument), finding the script, checking its keys and
+writing the reply. Counts are for the server binary measured
 (``--server-binary``; default ``redis-server`` on PATH). Kernel time (the
 ``read``/``write`` system calls) is not an instruction of the process and is
 not counted: the fleet ceiling includes it.
 
 Determinism: each scenario is measured in ``--cost-batches`` (default 2)
-separate batches; "spread" is (max - min) / mean of their per-call counts.
-Measured here (redis-server 7.0.15, two runs of ``--redis-cost``): every
-scenario agreed within 0.5 % between batches and between runs, the TIME window
-included (its per-second buckets roll at time-dependent calls). Lua's
-incremental garbage collector and the count window's ring position are why
-counts are averaged over N calls rather than taken from one.
+separate batches of ``--calls`` (default 200) calls, interleaved; "spread" is
+(max - min) / mean of their per-call counts. Before each batch a full Lua GC
+runs (uncounted), so the GC step Redis takes every 50 script calls collects
+that batch's garbage, not the previous scenario's. Measured here (redis-server
+7.0.15, four runs of ``--redis-cost``): batches of one run agree within 0.6 %,
+except where a batch makes few script calls (batched flushes, 1.9 %) or rolls
+time slices (budget deposit, 1.3 %); separate runs agree within 0.9 % for
+every script call. Cheap plain commands differ up to 5 % between runs (PING
+2,933-3,068, pybreaker 10.1-10.5k) though not between batches: the server
+draws a random hash seed at start-up, which changes the bucket chains its
+command table and keyspace lookups walk.
 
 ``--fleet-ceiling`` (no valgrind): P client processes (``--processes``,
 default 4) call one plain ``redis-server`` for ``--seconds`` per scenario,
@@ -45,7 +52,11 @@ interleaved in short slices; the server's CPU is the ``used_cpu_user +
 used_cpu_sys`` delta of ``INFO cpu`` (kernel time included) and the ceiling is
 calls / server CPU seconds: the protected calls/s one Redis core sustains for
 the whole fleet. Requests per call (``INFO commandstats``) show every call
-reached Redis (none answered by a local fallback).
+reached Redis (none answered by a local fallback). The server is not
+saturated when the clients share its cores (it reports its CPU share): each
+request then pays a wake-up and its own system calls, which a saturated server
+shares among clients, so cheap commands' ceilings (PING, pybreaker) are
+understated more than a script call's.
 """
 
 from __future__ import annotations
@@ -573,7 +584,7 @@ def print_cost_table(rows: Sequence[dict[str, Any]]) -> None:
               f"{r['round_trips_per_call']:11.2f} {spread:>7}")
     print(f"\ninstr/call: server instructions per call (callgrind, collected in "
           f"{' and '.join(TOGGLES)} only);\nin script: of which inside {SCRIPT_FUNCTION} "
-          "(script body and its commands); round trips: requests the\nclient sent per call "
+          "(KEYS/ARGV, body, its commands, reply); round trips: requests\nthe client sent per call "
           "(a pipeline is one); spread: (max - min) / mean over the batches.")
 
 
