@@ -428,6 +428,7 @@ class CallgrindServer:
         self.keep = Path(keep) if keep else None
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        self.version = "?"
         self._seen: set[str] = set()
 
     @property
@@ -532,7 +533,10 @@ def run_redis_cost(binary: str, calls: int, batches: int,
     with CallgrindServer(binary, keep) as server:
         tag = f"cost-{secrets.token_hex(3)}"
         results = measure(build_scenarios(server.url, tag), server, calls, batches)
-        return results, server.version
+    if not any(m.per_call() for m in results):
+        raise SystemExit(f"callgrind collected nothing: does {binary} have the symbols "
+                         f"{', '.join(TOGGLES)}? (nm -D {binary})")
+    return results, server.version
 
 
 # -- reporting the cost ------------------------------------------------------------------
@@ -770,8 +774,11 @@ def main(options: argparse.Namespace,
          redis_url: Callable[[str | None], contextlib.AbstractContextManager[Any]]) -> int:
     """Run --redis-cost and/or --fleet-ceiling; `redis_url` yields (url, origin)."""
     calls = options.calls or DEFAULT_CALLS
-    if not 1 <= calls <= MAX_CALLS:
+    if options.redis_cost and not 1 <= calls <= MAX_CALLS:
         raise SystemExit(f"--calls must be in [1, {MAX_CALLS}] for --redis-cost")
+    if options.redis_cost and options.url:
+        print("--redis-cost spawns its own server under callgrind: --url is for "
+              "--fleet-ceiling only", file=sys.stderr)
     document: dict[str, Any] = {"distbreaker": distbreaker.__version__,
                                 "python": sys.version.split()[0]}
     text: list[Callable[[], None]] = []
