@@ -793,9 +793,9 @@ def main(options: argparse.Namespace,
                                   "calls_per_batch": calls,
                                   "batches": max(1, options.cost_batches),
                                   "collected_in": list(TOGGLES), "results": rows}
-        text.append(lambda: (print(f"redis cost: redis {version} under callgrind, {calls} calls "
-                                   f"x {max(1, options.cost_batches)} batches per scenario"),
-                             print_cost_table(rows)))
+        heading = (f"redis cost: redis {version} under callgrind, {calls} calls x "
+                   f"{max(1, options.cost_batches)} batches per scenario")
+        text += [lambda: print(heading), lambda: print_cost_table(rows)]
     if options.fleet_ceiling:
         rounds = max(1, min(options.rounds, 6))
         with redis_url(options.url) as (url, origin):
