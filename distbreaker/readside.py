@@ -1,11 +1,8 @@
-"""Read-only views of the shared state, for operator tools (the CLI, exporters).
+"""Read-only views of the shared state for operator tools (the CLI, exporters).
 
-Everything here only *reads* Redis (SCAN, HGETALL, ZRANGE, XRANGE, PTTL, TIME)
-and decodes what it read into plain dicts of JSON-friendly values; nothing
-here decides a transition. The state machine lives in the Lua scripts alone,
-so a stored OPEN whose wait has elapsed is reported as OPEN with
-``retry_in_s == 0`` (the next call will make it HALF_OPEN), not re-computed.
-The dict layouts are the CLI's documented ``--json`` schema (docs/CLI_JSON.md).
+Only reads (SCAN, HGETALL, ZRANGE, XRANGE, PTTL, TIME), decoded into the JSON-friendly
+dicts of the CLI's ``--json`` schema (docs/CLI_JSON.md). Nothing here decides a
+transition: a stored OPEN whose wait has elapsed is OPEN with ``retry_in_s == 0``.
 """
 
 from __future__ import annotations
@@ -16,6 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ._runtime.keys import BreakerKeys, BudgetKeys, BulkheadKeys, namespace
+from ._runtime.scripts import text
 from .breaker.config import BreakerConfig, WindowType
 from .breaker.core import rate
 from .breaker.state import State
@@ -31,13 +29,6 @@ _SUFFIXES = {":cb": "breaker", ":cb:win": "breaker", ":cb:probes": "breaker",
              ":bh:notify": "bulkhead", ":rb": "budget"}
 _STATE_INTS = ("since", "open_until", "calls", "failures", "slow", "total_ms", "head",
                "wsec", "hp_issued", "hp_done", "hp_fail", "hp_slow", "rejected", "gen")
-
-
-def text(value: Any) -> str:
-    """A reply element as str, whatever the client's decode_responses setting."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return str(value)
 
 
 def _glob_escape(value: str) -> str:

@@ -26,6 +26,9 @@ Usage: ``.venv/bin/python scripts/bench.py [--seconds 3] [--calls N] [--rounds 1
 [--detection] [--json]``
        ``.venv/bin/python scripts/bench.py --fleet [--processes 4] [--threads 4] [--json]``
        (scripts/bench_fleet.py: one Policy vs. raw EVALSHA from P processes x T threads)
+       ``.venv/bin/python scripts/bench.py --redis-cost [--calls 200] [--fleet-ceiling] [--json]``
+       (scripts/bench_redis_cost.py: server instructions per call under callgrind;
+       --fleet-ceiling: calls/s one Redis core sustains, from --processes processes)
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from distbreaker.errors import CallNotPermitted
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_batched  # this folder: batched mode, interlock-cb, detection cost
 import bench_fleet  # this folder: --fleet (P processes x T threads)
+import bench_redis_cost  # this folder: --redis-cost (callgrind) and --fleet-ceiling
 
 
 class CountingConnection(redis.Connection):
@@ -349,9 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     bench_fleet.add_arguments(parser)
     bench_batched.add_arguments(parser)
+    bench_redis_cost.add_arguments(parser)
     options = parser.parse_args(argv)
     if options.fleet:
         return bench_fleet.main(options, redis_url)
+    if options.redis_cost or options.fleet_ceiling:
+        return bench_redis_cost.main(options, redis_url)
     with redis_url(options.url) as (url, origin):
         scenarios = run(url, options.seconds, options.calls, max(1, options.rounds))
         detection = bench_batched.detection(options, url)

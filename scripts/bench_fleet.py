@@ -229,7 +229,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """bench.py's options for this mode."""
     parser.add_argument("--fleet", action="store_true",
                         help="P processes x T threads: one Policy vs. raw EVALSHA")
-    parser.add_argument("--processes", type=int, default=4, help="--fleet: processes (4)")
+    parser.add_argument("--processes", type=int, default=4,
+                        help="--fleet, --fleet-ceiling: processes (4)")
     parser.add_argument("--threads", type=int, default=4, help="--fleet: threads each (4)")
     parser.add_argument("--dependency-ms", type=float, default=0.0,
                         help="--fleet: time the protected dependency takes (default 0)")

@@ -4,13 +4,17 @@ and a fakeredis client for fast unit tests."""
 from __future__ import annotations
 
 import itertools
+import shutil
+import subprocess
 from collections.abc import Iterator
 
 import fakeredis
 import pytest
 import redis
 
-from distbreaker.demo.embedded import RedisServer
+pytest.register_assert_rewrite("tests.helpers")
+
+from distbreaker.demo.embedded import RedisServer  # noqa: E402 - after the rewrite hook
 
 _names = itertools.count()
 
@@ -49,3 +53,16 @@ def fake_client() -> fakeredis.FakeStrictRedis:
 def name() -> str:
     """A fresh breaker name per test."""
     return f"dep-{next(_names)}"
+
+
+@pytest.fixture(scope="session")
+def php() -> str:
+    """The php binary with the redis extension; fail (not skip) when it is missing."""
+    binary = shutil.which("php")
+    if binary is None:
+        pytest.fail("php is not installed: run scripts/test (it installs php-cli and php-redis) "
+                    "or `apt-get install -y php-cli php-redis`")
+    modules = subprocess.run([binary, "-m"], capture_output=True, text=True, check=True).stdout
+    if "redis" not in modules.lower().split():
+        pytest.fail("the phpredis extension is missing: `apt-get install -y php-redis`")
+    return binary

@@ -1,21 +1,8 @@
-"""Turning the `redis=` argument into a client with short timeouts.
+"""Turning the `redis=` argument (a URL or a redis-py client) into a client.
 
-A URL builds a client whose socket and connect timeouts are the config's
-`redis_timeout` and that never retries on its own (distbreaker's backoff
-decides). An existing client is used as given: its timeouts are the user's.
-redis-py's connection pools notice a fork and open fresh connections in the
-child, so a breaker created before gunicorn/Celery forks is safe to use after.
-
-Accepted clients: ``redis.Redis`` (including one from
-``redis.sentinel.Sentinel.master_for``) and ``redis.cluster.RedisCluster`` for
-the sync front ends; ``redis.asyncio.Redis`` and
-``redis.asyncio.cluster.RedisCluster`` for the asyncio ones. Accepted URLs:
-``redis://``, ``rediss://``, ``unix://`` and, for Sentinel,
-``redis+sentinel://[user:password@]host[:port][,host[:port]...]/service[/db]``
-(``rediss+sentinel://`` for TLS to the primary; query options
-``sentinel_username`` and ``sentinel_password`` authenticate to the sentinels).
-A cluster is given as a RedisCluster client (building one connects at once,
-which a breaker's constructor must not do).
+A URL builds a client with the config's short `redis_timeout` that never retries on
+its own (distbreaker's backoff decides); a given client is used as it is, timeouts and
+all. redis-py's pools open fresh connections in a forked child by themselves.
 """
 
 from __future__ import annotations
@@ -154,8 +141,23 @@ def _check_client(target: Any, wanted: tuple[type, ...], other: tuple[type, ...]
     return target
 
 
+def owns_client(target: Any) -> bool:
+    """True when `target` is a URL (or None, the default URL): the client built from it
+    belongs to the component, which closes it; a client given to a component is the
+    caller's."""
+    return target is None or isinstance(target, str)
+
+
 def sync_client(target: Any, timeout: float) -> Any:
-    """A sync redis-py client from a URL, or the given client (None: localhost)."""
+    """A sync redis-py client from a URL, or the given client (None: localhost).
+
+    Accepted clients: ``redis.Redis`` (including ``Sentinel.master_for``'s) and
+    ``redis.cluster.RedisCluster`` (a cluster is given as a client: building one
+    connects at once, which a constructor must not do). Accepted URLs: ``redis://``,
+    ``rediss://``, ``unix://`` and ``redis+sentinel://[user:password@]host[:port][,...]
+    /service[/db]`` (``rediss+sentinel://`` for TLS to the primary; the query options
+    ``sentinel_username`` and ``sentinel_password`` authenticate to the sentinels).
+    """
     if target is None:
         target = DEFAULT_URL
     if isinstance(target, str):
@@ -168,7 +170,11 @@ def sync_client(target: Any, timeout: float) -> Any:
 
 
 def async_client(target: Any, timeout: float) -> Any:
-    """An asyncio redis-py client from a URL, or the given client (None: localhost)."""
+    """An asyncio redis-py client from a URL, or the given client (None: localhost).
+
+    The URLs of `sync_client`; clients: ``redis.asyncio.Redis`` and
+    ``redis.asyncio.cluster.RedisCluster``.
+    """
     if target is None:
         target = DEFAULT_URL
     if isinstance(target, str):

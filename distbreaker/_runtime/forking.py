@@ -1,26 +1,8 @@
 """Fork safety: what a child process must not inherit from its parent.
 
-gunicorn and Celery's prefork pool create breakers, bulkheads and budgets in the
-parent (import time, ``preload_app``) and use them in forked children. What a
-child must not reuse:
-
-- **sockets**: redis-py's sync connection pools notice the new pid and open
-  fresh connections in the child by themselves (nothing to do here);
-- **locks held at fork time**: a ``threading.Lock`` held by another parent
-  thread at the moment of the fork stays held forever in the child (only the
-  forking thread survives), so the child's first call would deadlock;
-- **per-process figures and batches**: rejection counts, pending batched
-  retry-budget deposits (they belong to the parent, which sends them);
-- **background threads**: they do not survive a fork (the bulkhead's lease
-  renewer starts afresh on its own in the child).
-
-Objects holding such state `register()` themselves and implement
-``_after_fork()``; `after_fork()` calls them all in the child. It runs
-automatically through ``os.register_at_fork`` for ``os.fork()`` and
-multiprocessing's fork context (what gunicorn and Celery prefork use). Servers
-that fork from C without running Python's fork hooks (uWSGI without
-``py-call-osafterfork``) should call `after_fork()` explicitly in their
-post-fork hook; calling it again in the same child is a no-op.
+Objects holding locks, per-process counts, batches or background threads `register()`
+themselves and implement ``_after_fork()``; `after_fork()` calls them all in the child,
+automatically through ``os.register_at_fork`` (gunicorn, Celery prefork, multiprocessing).
 """
 
 from __future__ import annotations
@@ -52,10 +34,16 @@ def register(obj: F) -> F:
 
 
 def after_fork() -> None:
-    """Reset everything registered, once per process: call it from gunicorn's
-    ``post_fork`` or Celery's ``worker_process_init`` if your server forks
-    without running Python's fork hooks. Idempotent; a no-op in the process
-    that imported distbreaker first and in a child already reset."""
+    """Reset everything registered, once per process.
+
+    In a forked child, a lock another parent thread held at the fork stays held
+    forever, and the parent's counts, batched outcomes and deposits are the parent's
+    to report; sockets need nothing (redis-py's pools notice the new pid). This runs
+    by itself for ``os.fork()`` and multiprocessing's fork context; servers that fork
+    from C without Python's fork hooks (uWSGI without ``py-call-osafterfork``) should
+    call it from their post-fork hook. Idempotent; a no-op in the process that
+    imported distbreaker first and in a child already reset.
+    """
     global _handled_pid, _lock
     pid = os.getpid()
     if pid == _handled_pid:

@@ -14,15 +14,31 @@ from typing import Any, TypeVar
 Seconds = float | int | timedelta
 
 
-def to_seconds(value: Any, field: str) -> float:
-    """Convert a duration (seconds or timedelta) to float seconds, or raise naming `field`."""
+def to_seconds(value: Any, field: str, *, positive: bool = False) -> float:
+    """Convert a duration (seconds or timedelta) to float seconds, or raise naming `field`.
+
+    `positive`: 0 is refused too (a timeout, a lease).
+    """
     if isinstance(value, timedelta):
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{field} must be a number of seconds or a timedelta, got {value!r}")
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{field} must be a finite duration >= 0 seconds, got {value!r}")
+    if positive and value == 0:
+        raise ValueError(f"{field} must be > 0 seconds, got {float(value)!r}")
     return float(value)
+
+
+def check_redis_options(config: Any) -> None:
+    """Validate a frozen config's `redis_timeout` (> 0: the socket and connect timeout of
+    URL-built clients) and `redis_retry_max_backoff` (>= 0: the longest wait before Redis
+    is tried again) and store them as float seconds: the same for every component."""
+    put = object.__setattr__
+    put(config, "redis_timeout", to_seconds(config.redis_timeout, "redis_timeout",
+                                            positive=True))
+    put(config, "redis_retry_max_backoff",
+        to_seconds(config.redis_retry_max_backoff, "redis_retry_max_backoff"))
 
 
 def to_ms(seconds: float) -> int:
@@ -69,7 +85,7 @@ C = TypeVar("C")
 def merge_options(cls: type[C], config: C | None, overrides: dict[str, Any], what: str) -> C:
     """`config` (or `cls()`) with constructor keyword overrides, naming unknown fields clearly.
 
-    Shared by every component's constructor (breaker, bulkhead, retry, budget).
+    Shared by every component's constructor (breaker, bulkhead, retry, budget, ganesha).
     """
     base = config if config is not None else cls()
     if not isinstance(base, cls):

@@ -1,9 +1,8 @@
-"""Loading the Lua scripts shipped with the package, and running them.
+"""Loading the Lua scripts shipped with the package, running them, decoding their text.
 
-The scripts live in the top-level ``lua/`` folder of the source tree, which
-the wheel ships as ``distbreaker/lua/``. They are run with EVALSHA; a
-NOSCRIPT reply (Redis restarted, SCRIPT FLUSH) falls back to EVAL, which also
-caches the script again, so recovery costs one extra round trip once.
+Scripts run with EVALSHA; after NOSCRIPT (Redis restarted, SCRIPT FLUSH) by source
+with EVAL, which caches them again. A `PendingCall` is a component's call with its
+reply and outage handling; `send` / `send_async` are its one sync and asyncio driver.
 """
 
 from __future__ import annotations
@@ -19,13 +18,15 @@ from redis.exceptions import AskError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ..errors import SchemaError
+from .health import UNAVAILABLE_ERRORS
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _CANDIDATES = (_PACKAGE_DIR / "lua", _PACKAGE_DIR.parent / "lua")
 
 
 def lua_dir() -> Path:
-    """The folder holding the scripts: inside the installed package, else the source tree."""
+    """The folder holding the scripts: ``distbreaker/lua/`` in a wheel, else the source
+    tree's top-level ``lua/``."""
     for candidate in _CANDIDATES:
         if (candidate / "breaker.lua").is_file():
             return candidate
@@ -130,6 +131,37 @@ class PendingCall:
     @property
     def spec(self) -> ScriptCallSpec:
         return (self.script, self.keys, self.args)
+
+
+def send(client: Any, pending: PendingCall) -> Any:
+    """Send one pending call on a sync client: the result of its reply handler, or of its
+    outage path (Redis in backoff, or unavailable). Other errors are raised."""
+    if not pending.usable():
+        return pending.on_unavailable(None)
+    try:
+        raw = run_script(client, pending.script, pending.keys, pending.args)
+    except UNAVAILABLE_ERRORS as error:
+        return pending.on_unavailable(error)
+    return pending.on_reply(raw)
+
+
+async def send_async(client: Any, pending: PendingCall) -> Any:
+    """The asyncio twin of `send`."""
+    if not pending.usable():
+        return pending.on_unavailable(None)
+    try:
+        raw = await run_script_async(client, pending.script, pending.keys, pending.args)
+    except UNAVAILABLE_ERRORS as error:
+        return pending.on_unavailable(error)
+    return pending.on_reply(raw)
+
+
+def text(value: Any) -> str:
+    """A reply element as str, whatever the client's decode_responses setting (bytes
+    that are not UTF-8, i.e. foreign data, are shown with replacement characters)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
 
 
 class Owed(NamedTuple):

@@ -1,20 +1,8 @@
 """Transitions made by other workers, pushed to batched breakers through pub/sub.
 
-A batched breaker learns the fleet state from its flush replies, so a process
-calling a dependency that another worker has just tripped would otherwise
-find out only at its next flush (up to ``flush_interval`` later). The breaker
-script publishes every transition on the events channel (JSON with ``name``
-and ``at_ms``, see docs/KEY_SCHEMA.md); a `Subscriber` thread per Redis and
-channel listens and drops the local view of the named breakers, so their next
-call asks Redis (one round trip) and sees OPEN at once. A transition this
-process's own reply already reported is recognised by its server time and
-ignored.
-
-Best effort by design: while Redis is unreachable the thread retries with
-backoff, and the flush replies keep the staleness bound on their own. One
-connection per Redis client (sync breakers) or per URL (asyncio breakers built
-from a URL; an asyncio breaker given a client relies on its flush replies).
-Started lazily by the flusher, restarted in forked children.
+One `Subscriber` thread per Redis and channel listens to the transitions the breaker
+script publishes and drops the named breakers' local views (`BreakerCore.invalidate`),
+so their next call asks Redis. Best effort: flush replies bound staleness on their own.
 """
 
 from __future__ import annotations
@@ -47,7 +35,12 @@ def parse_event(data: Any) -> tuple[str, int] | None:
 
 
 class Subscriber:
-    """One pub/sub connection, in a daemon thread, invalidating the watched breakers."""
+    """One pub/sub connection, in a daemon thread, invalidating the watched breakers.
+
+    A transition this process's own reply already reported is recognised by its
+    server time and ignored. While Redis is unreachable the thread retries with
+    backoff; it is started lazily and again in forked children.
+    """
 
     def __init__(self, make_client: Callable[[], Any], channel: str) -> None:
         self._make_client = make_client
@@ -118,7 +111,9 @@ class Subscriber:
 
 
 class Subscribers:
-    """The process's subscribers, one per Redis connection target and channel."""
+    """The process's subscribers, one per Redis connection target and channel: one
+    connection per Redis client (sync breakers) or per URL (asyncio breakers built
+    from a URL; an asyncio breaker given a client relies on its flush replies)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -130,10 +125,10 @@ class Subscribers:
 
     def watch(self, core: BreakerCore) -> Subscriber | None:
         """Have transitions of `core`'s breaker made elsewhere drop its local view."""
-        target = _target(core)
-        if target is None:
+        source = _source(core)
+        if source is None:
             return None
-        key, make_client = target
+        key, make_client = source
         channel = core.keys.channel
         with self._lock:
             subscriber = self._by_target.get((key, channel))
@@ -157,27 +152,22 @@ class Subscribers:
         self._lock = threading.Lock()
 
 
-def url_of(core: BreakerCore) -> str | None:
-    """The URL an asyncio breaker builds its per-loop clients from (None: given a client)."""
-    if not hasattr(core, "_per_loop") or getattr(core, "_given", None) is not None:
-        return None
-    from .connection import DEFAULT_URL
-
-    url = getattr(core, "_url", None)
-    return url if isinstance(url, str) else DEFAULT_URL
-
-
-def _target(core: BreakerCore) -> tuple[Any, Callable[[], Any]] | None:
-    """What to subscribe with: the sync client itself, or a sync client from the URL."""
-    url = url_of(core)
+def _source(core: BreakerCore) -> tuple[Any, Callable[[], Any]] | None:
+    """What to subscribe with: the sync breaker's own client, or a sync client from an
+    asyncio breaker's URL (None: an asyncio breaker given an asyncio client)."""
+    url = core.client_url
     if url is not None:
         import redis
 
         timeout = core.config.redis_timeout
         return ("url", url), lambda: redis.Redis.from_url(
             url, socket_timeout=None, socket_connect_timeout=timeout)
-    given_async = hasattr(core, "_per_loop")
-    client = getattr(core, "_given", None) if given_async else core._client  # type: ignore[attr-defined]
+    client = core.blocking_client
+    given_async = client is None
+    if given_async:
+        client = core.given_async_client
+        if client is None:
+            return None
     pool = getattr(client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)
     if not isinstance(kwargs, dict):

@@ -1,34 +1,13 @@
-"""distbreaker for asyncio: the same fleet-wide breakers, with awaited Redis calls."""
+"""distbreaker for asyncio: the same fleet-wide components, with awaited Redis calls."""
 
+from .._facade import *  # noqa: F403  (the names shared with distbreaker)
+from .._facade import __all__ as _shared
 from ..breaker.aio import CircuitBreaker
-from ..breaker.config import BreakerConfig, RedisErrorPolicy, WindowType
-from ..breaker.core import BreakerMetrics, Metrics
-from ..breaker.events import Transition
-from ..breaker.state import State
 from ..budget.aio import RetryBudget
 from ..bulkhead.aio import Bulkhead
-from ..bulkhead.config import BulkheadConfig
-from ..bulkhead.core import BulkheadMetrics, BulkheadPermit
-from ..errors import BulkheadFull, CallNotPermitted
+from ..ganesha.aio import GaneshaBreaker
 from ..policy.aio import Policy
 from ..retry.aio import Retry
 
-__all__ = [
-    "BreakerConfig",
-    "BreakerMetrics",
-    "Bulkhead",
-    "BulkheadConfig",
-    "BulkheadFull",
-    "BulkheadMetrics",
-    "BulkheadPermit",
-    "CallNotPermitted",
-    "CircuitBreaker",
-    "Metrics",
-    "Policy",
-    "RedisErrorPolicy",
-    "Retry",
-    "RetryBudget",
-    "State",
-    "Transition",
-    "WindowType",
-]
+__all__ = [*_shared, "Bulkhead", "CircuitBreaker", "GaneshaBreaker", "Policy", "Retry",
+           "RetryBudget"]

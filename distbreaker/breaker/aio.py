@@ -1,8 +1,7 @@
-"""The asyncio circuit breaker front end: the sync breaker's shell with awaited Redis calls.
+"""The asyncio circuit breaker front end: awaited I/O only, decisions in `breaker.core`.
 
-Every decision is made by `BreakerCore` and the codec, exactly as in the sync
-breaker; only the Redis round trips are awaited. The in-process fallback used
-while Redis is unreachable (fakeredis, microseconds, no network) runs inline.
+The in-process fallback used while Redis is unreachable (fakeredis, microseconds,
+no network) runs inline.
 """
 
 from __future__ import annotations
@@ -16,22 +15,13 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, NoReturn, TypeVar
 
-from .._runtime.connection import async_client, db_of
-from .._runtime.health import UNAVAILABLE_ERRORS
+from .._runtime.connection import DEFAULT_URL, async_client, db_of, owns_client
 from .._runtime.keys import DEFAULT_PREFIX
-from .._runtime.scripts import run_script_async
+from .._runtime.scripts import run_script_async, send_async
 from .batching import LOOP_FLUSHERS
 from .classify import Outcome
 from .config import BreakerConfig
-from .core import (
-    BreakerCore,
-    BreakerMetrics,
-    Permit,
-    Reply,
-    ScriptCall,
-    log_hand_back_failure,
-    must_propagate,
-)
+from .core import BreakerCore, BreakerMetrics, Permit, Reply, ScriptCall
 from .state import State
 
 T = TypeVar("T")
@@ -57,13 +47,21 @@ class CircuitBreaker(BreakerCore):
         super().__init__(name, config, prefix, overrides)
         client = async_client(redis, self.config.redis_timeout)  # validates `redis` now
         self._codec.use_db(db_of(client))
-        self._given = None if redis is None or isinstance(redis, str) else client
-        self._url = redis
+        self._given = None if owns_client(redis) else client
+        self._url = DEFAULT_URL if redis is None else redis
         self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary())
         if self.config.batched:
-            self._batch = LOOP_FLUSHERS
+            self._flusher = LOOP_FLUSHERS
             LOOP_FLUSHERS.attach(self)
+
+    @property
+    def client_url(self) -> str | None:
+        return None if self._given is not None else self._url
+
+    @property
+    def given_async_client(self) -> Any:
+        return self._given
 
     @property
     def _client(self) -> Any:
@@ -83,22 +81,13 @@ class CircuitBreaker(BreakerCore):
         return client
 
     async def aclose(self) -> None:
-        """Close the running loop's client if this breaker built it (a given one is yours)."""
+        """Send the running loop's batched outcomes, then close its client if this breaker
+        built it (a client given to it is yours)."""
+        await self.flush()
         if self._given is None:
             client = self._per_loop.pop(asyncio.get_running_loop(), None)
             if client is not None:
                 await client.aclose()
-
-    # -- I/O -------------------------------------------------------------------
-    async def _execute(self, call: ScriptCall, acquiring: bool = False) -> Reply | None:
-        if self._health.usable():
-            try:
-                raw = await run_script_async(self._client, self._script, call.keys, call.args)
-            except UNAVAILABLE_ERRORS as error:
-                self._redis_failed(error)
-            else:
-                return self._redis_reply(raw)
-        return self._fallback(call, acquiring)
 
     async def _admin(self, call: ScriptCall) -> Reply:
         """Operator actions and reads go to Redis only: their errors are raised."""
@@ -108,36 +97,26 @@ class CircuitBreaker(BreakerCore):
     # -- the protected call -------------------------------------------------------
     async def acquire(self) -> Permit:
         """Ask for permission to make one call; raises CallNotPermitted."""
-        pending = self._pending_acquire()
-        if pending is None:
+        step = self._acquire_step()
+        if step.call is None:
             return Permit()
-        call, token = pending
         try:
-            reply = await self._execute(call, acquiring=True)
+            return await send_async(self._client, step.call)
         except asyncio.CancelledError as cancelled:
             # Redis may have granted a half-open probe before the reply was lost to the
             # cancellation (a timeout around the call): hand it back rather than leave the
             # slot taken until its lease expires. Outside HALF_OPEN this is a no-op.
-            await self.record(Permit(token), cancelled, 0.0)
+            await self.record(Permit(step.token), cancelled, 0.0)
             raise
-        return self._admit(reply, token)
 
     async def record(self, permit: Permit, error: BaseException | None, duration: float,
                      outcome: Outcome | None = None) -> None:
-        """Report how a permitted call ended (error None: it returned normally).
-
-        `outcome` overrides the breaker's own classification of `error`.
-        """
-        call = self._record_call(permit, error, duration, outcome)
-        if call is None:
-            return
-        if not must_propagate(error):
-            await self._execute(call)
-            return
-        try:
-            await self._execute(call)
-        except Exception as failure:
-            log_hand_back_failure(self.name, error, failure)
+        """Report how a permitted call ended (error None: it returned normally), awaiting
+        the record; `outcome` overrides the breaker's own classification of `error`."""
+        pending = self._record_pending(permit, error, duration, outcome)
+        if pending is not None:
+            with self._recording(error):
+                await send_async(self._client, pending)
 
     async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Await `fn(*args, **kwargs)` under the breaker.
@@ -184,7 +163,7 @@ class CircuitBreaker(BreakerCore):
         Returns once they are recorded in Redis (or kept, Redis being unreachable).
         A no-op in exact mode, where every outcome is recorded by its call.
         """
-        if self._batch is not None:
+        if self._flusher is not None:
             await LOOP_FLUSHERS.current().flush()
 
     # -- state, metrics, operator actions --------------------------------------------

@@ -16,6 +16,7 @@ from .._runtime.options import (
     Seconds,
     check_int,
     check_percent,
+    check_redis_options,
     exception_types,
     merge_options,
     to_ms,
@@ -132,13 +133,11 @@ class BreakerConfig:
         check_int(self.sliding_window_size, "sliding_window_size", 1, top)
         check_int(self.minimum_number_of_calls, "minimum_number_of_calls", 1, 1_000_000_000)
         check_int(self.permitted_calls_in_half_open, "permitted_calls_in_half_open", 1, 10_000)
-        for field in ("slow_call_duration", "wait_duration_in_open_state",
-                      "max_wait_in_half_open", "half_open_lease", "key_ttl",
-                      "redis_timeout", "redis_retry_max_backoff"):
+        for field in ("wait_duration_in_open_state", "max_wait_in_half_open", "key_ttl"):
             put(self, field, to_seconds(getattr(self, field), field))
-        for field in ("slow_call_duration", "half_open_lease", "redis_timeout"):
-            if getattr(self, field) <= 0:
-                raise ValueError(f"{field} must be > 0 seconds, got {getattr(self, field)!r}")
+        for field in ("slow_call_duration", "half_open_lease"):
+            put(self, field, to_seconds(getattr(self, field), field, positive=True))
+        check_redis_options(self)
         if self.wait_duration_in_open_state < 0.001:
             raise ValueError("wait_duration_in_open_state must be >= 0.001 seconds, "
                              f"got {self.wait_duration_in_open_state!r}")

@@ -1,14 +1,13 @@
-"""The breaker's pure protocol core, shared by the sync and asyncio front ends.
+"""The breaker's pure core, shared by the sync and asyncio front ends (no I/O).
 
-It builds script arguments, decodes replies, keeps this process's local view
-of the fleet state (refreshed by every reply) and decides what a call needs:
-a local permit (CLOSED: 0 round trips before the call), a local rejection
-(a known OPEN wait: 0 round trips), or an `acquire` script call. It performs
-no I/O; the front ends do, and hand every reply back here.
+It builds script calls, decodes replies, keeps this process's view of the fleet
+state and decides what a call needs: a local permit (CLOSED, 0 round trips), a local
+rejection (a known OPEN wait) or an `acquire` call, whose reply it turns into a permit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import secrets
@@ -16,8 +15,10 @@ import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from enum import Enum
+from types import TracebackType
 from typing import Any
 
 from .._runtime import forking
@@ -26,7 +27,7 @@ from .._runtime.health import RedisHealth
 from .._runtime.keys import DEFAULT_PREFIX, BreakerKeys
 from .._runtime.local import LocalScriptRunner
 from .._runtime.options import to_ms
-from .._runtime.scripts import Owed, PendingCall, load_script
+from .._runtime.scripts import Owed, PendingCall, load_script, text
 from .._runtime.subscriber import SUBSCRIBERS
 from ..errors import CallNotPermitted, ConfigDriftWarning
 from .classify import Outcome, classify_exception
@@ -115,29 +116,51 @@ class BreakerMetrics:
 Metrics = BreakerMetrics
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+@dataclasses.dataclass(frozen=True)
+class LocalCounts:
+    """This process's own figures (no Redis): finished calls by outcome value, and
+    rejections by the state that rejected them ("UNKNOWN": Redis unavailable)."""
+
+    outcomes: Mapping[str, int]
+    rejections: Mapping[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class AcquireStep:
+    """The local decision of `acquire()` (a known OPEN wait raises instead).
+
+    PERMIT: run now, no round trip. ACQUIRE: send `call`, whose result is the Permit
+    (or which raises CallNotPermitted); `token` is the half-open probe lease it asks
+    for, to hand back if the call is cancelled before its reply arrives.
+    """
+
+    step: Step
+    call: PendingCall | None = None
+    token: str = ""
+
+
+_PERMITTED = AcquireStep(Step.PERMIT)
 
 
 def decode_reply(raw: Sequence[Any]) -> Reply:
     """Decode the breaker script's reply array (bytes or str, per client settings)."""
-    transitions = tuple((State(_text(t[0])), State(_text(t[1])), _text(t[2])) for t in raw[3])
+    transitions = tuple((State(text(t[0])), State(text(t[1])), text(t[2])) for t in raw[3])
     return Reply(
-        state=State(_text(raw[0])), wait_ms=int(raw[1]), permitted=bool(int(raw[2])),
+        state=State(text(raw[0])), wait_ms=int(raw[1]), permitted=bool(int(raw[2])),
         transitions=transitions, calls=int(raw[4]), failures=int(raw[5]), slow=int(raw[6]),
         total_ms=int(raw[7]), rejected=int(raw[8]), drift=bool(int(raw[9])),
-        stored_config=_text(raw[10]), now_ms=int(raw[11]), since_ms=int(raw[12]),
+        stored_config=text(raw[10]), now_ms=int(raw[11]), since_ms=int(raw[12]),
         probes_in_flight=int(raw[13]),
         transition_rates=tuple((_rate(t, 3), _rate(t, 4)) for t in raw[3]),
-        reason=_text(raw[14]) if len(raw) > 16 else "",
-        actor=_text(raw[15]) if len(raw) > 16 else "",
-        event_errors=_text(raw[16]) if len(raw) > 16 else "",
+        reason=text(raw[14]) if len(raw) > 16 else "",
+        actor=text(raw[15]) if len(raw) > 16 else "",
+        event_errors=text(raw[16]) if len(raw) > 16 else "",
     )
 
 
 def _rate(entry: Sequence[Any], i: int) -> float:
     """A transition entry's rate (percent); -1 when absent (an older script)."""
-    return float(_text(entry[i])) if len(entry) > i else -1.0
+    return float(text(entry[i])) if len(entry) > i else -1.0
 
 
 def rate(part: int, whole: int, minimum: int) -> float:
@@ -148,7 +171,9 @@ def rate(part: int, whole: int, minimum: int) -> float:
 
 
 class BreakerCodec:
-    """Everything about one breaker that is neither I/O nor a front end."""
+    """One breaker's protocol state: script calls, this process's view of the fleet
+    state (refreshed by every reply) and its own counts. `BreakerCore` wires it to the
+    Redis health, the local fallback and the listeners."""
 
     def __init__(self, name: str, config: BreakerConfig, prefix: str = DEFAULT_PREFIX) -> None:
         self.name = name
@@ -325,6 +350,10 @@ class BreakerCodec:
             self.not_permitted += 1
             self.rejections[state] += 1
 
+    def local_counts(self) -> LocalCounts:
+        with self._lock:
+            return LocalCounts(dict(self.outcomes), dict(self.rejections))
+
     def metrics(self, reply: Reply) -> BreakerMetrics:
         governing = self.config
         if reply.drift:  # the stored config decides: report rates as its minimum sees them
@@ -371,13 +400,33 @@ def must_propagate(error: BaseException | None) -> bool:
     return error is not None and not isinstance(error, Exception)
 
 
-def log_hand_back_failure(name: str, error: BaseException | None, failure: Exception) -> None:
-    logger.error("circuit breaker %s: recording a call ended by %s failed: %r", name,
-                 type(error).__name__, failure)
+class _LoggedNotRaised:
+    """Around the record of a call that `must_propagate` its error: a failure to record
+    is logged, never raised in that error's place."""
+
+    def __init__(self, name: str, error: BaseException | None) -> None:
+        self._name = name
+        self._error = error
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool:
+        if not isinstance(exc, Exception):
+            return False
+        logger.error("circuit breaker %s: recording a call ended by %s failed: %r",
+                     self._name, type(self._error).__name__, exc)
+        return True
 
 
 class BreakerCore:
-    """What the sync and asyncio breakers share that is not I/O."""
+    """What the sync and asyncio breakers share that is not I/O.
+
+    The front ends send the `PendingCall`s built here (`send` / `send_async`): each
+    carries its reply handling and its outage path (the local fallback breaker, or the
+    fail_closed rejection), so a front end's only job is the round trip.
+    """
 
     def __init__(self, name: str, config: BreakerConfig | None, prefix: str,
                  overrides: dict[str, Any]) -> None:
@@ -387,8 +436,8 @@ class BreakerCore:
         self._listeners = Listeners()
         self._health = RedisHealth(self.config.redis_retry_max_backoff)
         self._local = LocalScriptRunner()
-        #: Where batched outcomes go (record_mode "batched"; set by the front end).
-        self._batch: Any = None
+        #: The flusher batched outcomes go to (record_mode "batched"; set by the front end).
+        self._flusher: Any = None
         #: Subscribed to the transitions channel in this process (see _watch_transitions).
         self._watching = False
         forking.register(self)
@@ -418,6 +467,22 @@ class BreakerCore:
     def fail_closed(self) -> bool:
         return self.config.on_redis_error is RedisErrorPolicy.FAIL_CLOSED
 
+    @property
+    def client_url(self) -> str | None:
+        """The URL an asyncio breaker opens one client per event loop from; None for a
+        sync breaker and for one given a client."""
+        return None
+
+    @property
+    def blocking_client(self) -> Any:
+        """The sync breaker's client (None for an asyncio breaker)."""
+        return None
+
+    @property
+    def given_async_client(self) -> Any:
+        """The asyncio client an asyncio breaker was given (None otherwise)."""
+        return None
+
     def add_listener(self, listener: Listener) -> None:
         """Call `listener(Transition)` for every transition this process's calls make."""
         self._listeners.add(listener)
@@ -425,7 +490,16 @@ class BreakerCore:
     def remove_listener(self, listener: Listener) -> None:
         self._listeners.remove(listener)
 
-    # -- the steps around each Redis call (the front ends only do the call) -----
+    def local_counts(self) -> LocalCounts:
+        """This process's calls by outcome and rejections by state (for exporters)."""
+        return self._codec.local_counts()
+
+    def invalidate(self, at_ms: int) -> bool:
+        """A transition another process made at server time `at_ms` (pub/sub): unless a
+        reply already reported it, the next call asks Redis. True when the view was dropped."""
+        return self._codec.invalidate(at_ms)
+
+    # -- the steps around each Redis call (the front ends only send them) -------------
     def _watch_transitions(self) -> None:
         """Subscribe (once per process) to the transitions channel, so transitions made
         elsewhere (other workers, operators) drop this breaker's local view at once."""
@@ -433,18 +507,38 @@ class BreakerCore:
         if self.config.subscribe:
             SUBSCRIBERS.watch(self)
 
-    def _pending_acquire(self) -> tuple[ScriptCall, str] | None:
-        """None: permitted locally (no round trip); raises a local rejection; else the call."""
+    def _acquire_step(self) -> AcquireStep:
+        """Permitted locally, or the acquire call to send; raises a local rejection."""
         if not self._watching:
             self._watch_transitions()
         codec = self._codec
         now = time.monotonic()
         step = codec.step(now)
         if step is Step.PERMIT:
-            return None
+            return _PERMITTED
         if step is Step.REJECT:
             raise codec.local_rejection(now)
-        return codec.acquire_call()
+        call, token = codec.acquire_call()
+        return AcquireStep(Step.ACQUIRE, self._pending(call, acquiring=True, token=token),
+                           token)
+
+    def _pending(self, call: ScriptCall, acquiring: bool = False,
+                 token: str = "") -> PendingCall:
+        """`call` with its reply and outage handling. Its result: for an acquire the
+        Permit (CallNotPermitted is raised), else the Reply (None: nobody answered)."""
+
+        def answered(raw: Any) -> Any:
+            reply = self._redis_reply(raw)
+            return self._admit(reply, token) if acquiring else reply
+
+        def unavailable(error: BaseException | None) -> Any:
+            if error is not None:
+                self._redis_failed(error)
+            reply = self._fallback(call, acquiring)
+            return self._admit(reply, token) if acquiring else reply
+
+        return PendingCall(self._script, call.keys, call.args, self._health.usable,
+                           answered, unavailable)
 
     def _admit(self, reply: Reply | None, token: str) -> Permit:
         """Turn the acquire reply into a permit, or raise CallNotPermitted.
@@ -466,33 +560,60 @@ class BreakerCore:
         codec = self._codec
         if outcome is None:
             outcome = codec.outcome(error)
-        if self._batch is not None and not permit.token and not (
+        if self._flusher is not None and not permit.token and not (
                 self._health.down and not self.fail_closed):
             # Batched mode, not a half-open probe: counted locally, flushed later.
             # (While Redis is down under fail_open, outcomes go to the local
             # fallback breaker at once, as in exact mode, so it still protects.)
             counts = codec.batched_counts(outcome, duration)
             if counts is not None:
-                self._batch.add(self, counts)
+                self._flusher.add(self, counts)
             return None
         return codec.record_call(permit, outcome, duration)
+
+    def _record_pending(self, permit: Permit, error: BaseException | None, duration: float,
+                        outcome: Outcome | None = None) -> PendingCall | None:
+        """The record call a finished call owes Redis now, or None (nothing to record,
+        or batched)."""
+        call = self._record_call(permit, error, duration, outcome)
+        return None if call is None else self._pending(call)
+
+    def _recording(self, error: BaseException | None) -> AbstractContextManager[None]:
+        """Wrap sending the record of a call that ended with `error`: when that error
+        must propagate, a failure to record is logged instead of raised."""
+        return _LoggedNotRaised(self.name, error) if must_propagate(error) else _NO_GUARD
 
     def owed_record(self, permit: Permit, error: BaseException | None, duration: float,
                     outcome: Outcome | None = None) -> Owed | None:
         """The record this call still owes Redis, for a Policy to pipeline with others."""
-        call = self._record_call(permit, error, duration, outcome)
-        if call is None:
-            return None
+        pending = self._record_pending(permit, error, duration, outcome)
+        return None if pending is None else Owed(self._client, pending)
 
-        def unavailable(failure: BaseException | None) -> None:
-            if failure is not None:
-                self._redis_failed(failure)
-            self._fallback(call, acquiring=False)
+    # -- batched mode (the flusher sends these) ---------------------------------------
+    def batch_pending(self, counts: Counts) -> PendingCall:
+        """The record call carrying batched counts (no probe). Its outage path only
+        notes that Redis is down: the flusher keeps the counts (see `spill_batch`)."""
+        call = self._codec.batch_call(counts)
+        return PendingCall(self._script, call.keys, call.args, self._health.usable,
+                           self._redis_reply, self._batch_unavailable)
 
-        return Owed(self._client, PendingCall(self._script, call.keys, call.args,
-                                              self._health.usable, self._redis_reply,
-                                              unavailable))
+    def owed_batch(self, counts: Counts) -> Owed:
+        """`batch_pending` with the client it must go through (the running loop's)."""
+        return Owed(self._client, self.batch_pending(counts))
 
+    def spill_batch(self, counts: Counts) -> bool:
+        """Batched counts Redis could not take and that no longer fit: fail_open hands
+        them to the local fallback breaker (True), fail_closed drops them (False)."""
+        if self.fail_closed:
+            return False
+        self._fallback(self._codec.batch_call(counts), acquiring=False)
+        return True
+
+    def _batch_unavailable(self, error: BaseException | None) -> None:
+        if error is not None:
+            self._redis_failed(error)
+
+    # -- replies --------------------------------------------------------------------
     def _redis_reply(self, raw: Any) -> Reply:
         """A protected call's script reply from Redis: Redis is healthy again."""
         self._redis_ok()
@@ -506,11 +627,6 @@ class BreakerCore:
         """The local fallback breaker's reply; None while its runtime is still loading."""
         raw = self._local.run(self._script, call.keys, call.args)
         return None if raw is None else decode_reply(raw)
-
-    def invalidate(self, at_ms: int) -> bool:
-        """A transition made elsewhere at server time `at_ms`: drop the local view
-        (unless a reply already told of it). True when the view was dropped."""
-        return self._codec.invalidate(at_ms)
 
     def _publish(self, reply: Reply, source: str) -> Reply:
         if reply.transitions and source == "redis":
@@ -538,3 +654,6 @@ class BreakerCore:
             return None
         reply = self._local_reply(call)
         return None if reply is None else self._publish(reply, "local")
+
+
+_NO_GUARD = contextlib.nullcontext()

@@ -1,4 +1,4 @@
-"""The synchronous circuit breaker front end: I/O only, decisions in the codec."""
+"""The synchronous circuit breaker front end: I/O only, decisions in `breaker.core`."""
 
 from __future__ import annotations
 
@@ -9,22 +9,13 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .._runtime.connection import db_of, sync_client
-from .._runtime.health import UNAVAILABLE_ERRORS
+from .._runtime.connection import db_of, owns_client, sync_client
 from .._runtime.keys import DEFAULT_PREFIX
-from .._runtime.scripts import run_script
+from .._runtime.scripts import run_script, send
 from .batching import THREAD_FLUSHER
 from .classify import Outcome
 from .config import BreakerConfig
-from .core import (
-    BreakerCore,
-    BreakerMetrics,
-    Permit,
-    Reply,
-    ScriptCall,
-    log_hand_back_failure,
-    must_propagate,
-)
+from .core import BreakerCore, BreakerMetrics, Permit, Reply, ScriptCall
 from .state import State
 
 T = TypeVar("T")
@@ -42,21 +33,22 @@ class CircuitBreaker(BreakerCore):
         super().__init__(name, config, prefix, overrides)
         self._client = sync_client(redis, self.config.redis_timeout)
         self._codec.use_db(db_of(self._client))
+        self._owns_client = owns_client(redis)
         self._tls = threading.local()
         if self.config.batched:
-            self._batch = THREAD_FLUSHER
+            self._flusher = THREAD_FLUSHER
             THREAD_FLUSHER.attach(self)
 
-    # -- I/O -------------------------------------------------------------------
-    def _execute(self, call: ScriptCall, acquiring: bool = False) -> Reply | None:
-        if self._health.usable():
-            try:
-                raw = run_script(self._client, self._script, call.keys, call.args)
-            except UNAVAILABLE_ERRORS as error:
-                self._redis_failed(error)
-            else:
-                return self._redis_reply(raw)
-        return self._fallback(call, acquiring)
+    @property
+    def blocking_client(self) -> Any:
+        return self._client
+
+    def close(self) -> None:
+        """Send this process's batched outcomes, then close the client this breaker built
+        from a URL (a client given to it is yours)."""
+        self.flush()
+        if self._owns_client:
+            self._client.close()
 
     def _admin(self, call: ScriptCall) -> Reply:
         """Operator actions and reads go to Redis only: their errors are raised."""
@@ -65,11 +57,10 @@ class CircuitBreaker(BreakerCore):
     # -- the protected call -------------------------------------------------------
     def acquire(self) -> Permit:
         """Ask for permission to make one call; raises CallNotPermitted."""
-        pending = self._pending_acquire()
-        if pending is None:
+        step = self._acquire_step()
+        if step.call is None:
             return Permit()
-        call, token = pending
-        return self._admit(self._execute(call, acquiring=True), token)
+        return send(self._client, step.call)
 
     def record(self, permit: Permit, error: BaseException | None, duration: float,
                outcome: Outcome | None = None) -> None:
@@ -77,16 +68,10 @@ class CircuitBreaker(BreakerCore):
 
         `outcome` overrides the breaker's own classification of `error`.
         """
-        call = self._record_call(permit, error, duration, outcome)
-        if call is None:
-            return
-        if not must_propagate(error):
-            self._execute(call)
-            return
-        try:
-            self._execute(call)
-        except Exception as failure:
-            log_hand_back_failure(self.name, error, failure)
+        pending = self._record_pending(permit, error, duration, outcome)
+        if pending is not None:
+            with self._recording(error):
+                send(self._client, pending)
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(*args, **kwargs)` under the breaker."""
@@ -125,8 +110,8 @@ class CircuitBreaker(BreakerCore):
         Returns once they are recorded in Redis (or kept, Redis being unreachable).
         A no-op in exact mode, where every outcome is recorded by its call.
         """
-        if self._batch is not None:
-            self._batch.flush()
+        if self._flusher is not None:
+            self._flusher.flush()
 
     # -- state, metrics, operator actions --------------------------------------------
     def _read(self) -> Reply:

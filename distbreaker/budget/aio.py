@@ -1,13 +1,12 @@
-"""The fleet-wide retry budget for asyncio: `distbreaker.RetryBudget` with awaited calls."""
+"""The fleet-wide retry budget for asyncio: `distbreaker.RetryBudget` with awaited I/O."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .._runtime.connection import async_client
-from .._runtime.health import UNAVAILABLE_ERRORS
+from .._runtime.connection import async_client, owns_client
 from .._runtime.keys import DEFAULT_PREFIX
-from .._runtime.scripts import run_script_async
+from .._runtime.scripts import send_async
 from .config import BudgetConfig
 from .core import BudgetCore, BudgetReply
 
@@ -19,19 +18,11 @@ class RetryBudget(BudgetCore):
                  prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
         super().__init__(name, config, prefix, overrides)
         self._client = async_client(redis, self.config.redis_timeout)
+        self._owns_client = owns_client(redis)
 
     async def _run(self, args: list[str]) -> BudgetReply:
-        if self._health.usable():
-            try:
-                raw = await run_script_async(self._client, self._script, [self.keys.slices],
-                                             args)
-            except UNAVAILABLE_ERRORS as error:
-                self._redis_failed(error)
-            else:
-                self._redis_ok()
-                return self._decode(raw, "redis")
-        # The local fallback is an in-memory fakeredis: no I/O worth awaiting.
-        return self._decode(self._local_raw(args), "local")
+        # (The local fallback is an in-memory fakeredis: it runs inline, nothing to await.)
+        return await send_async(self._client, self._pending(args))
 
     async def deposit(self, amount: int = 1) -> int | None:
         """Count `amount` logical requests; the balance after, or None while batched."""
@@ -50,9 +41,7 @@ class RetryBudget(BudgetCore):
 
     async def withdraw(self) -> None:
         """Take one retry from the budget or raise `RetryBudgetExhausted`."""
-        reply = await self._run(self.carrying_args("withdraw"))
-        if not reply.ok:
-            raise self.exhausted(reply)
+        self.check_withdrawal(await self._run(self.carrying_args("withdraw")))
 
     async def balance(self) -> int:
         """Retries the fleet may still make now (this process's budget while Redis is down)."""
@@ -61,3 +50,10 @@ class RetryBudget(BudgetCore):
     async def reset(self) -> None:
         """Forget the window in Redis (the next writer's ttl/slices become the stored ones)."""
         await self._client.delete(self.keys.slices)
+
+    async def aclose(self) -> None:
+        """Send the batched deposits, then close the client this budget built from a URL
+        (a client given to it is yours)."""
+        await self.flush()
+        if self._owns_client:
+            await self._client.aclose()

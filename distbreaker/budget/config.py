@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Any
 
-from .._runtime.options import Seconds, check_int, merge_options, to_seconds
+from .._runtime.options import Seconds, check_int, check_redis_options, merge_options, to_seconds
 
 MILLIONTHS = 1_000_000
 
@@ -42,12 +42,10 @@ class BudgetConfig:
                     or not math.isfinite(value) or not 0 <= value <= top):
                 raise ValueError(f"{field} must be a number in [0, {top:g}], got {value!r}")
             put(self, field, float(value))
-        for field in ("ttl", "redis_timeout", "redis_retry_max_backoff"):
-            put(self, field, to_seconds(getattr(self, field), field))
+        put(self, "ttl", to_seconds(self.ttl, "ttl"))
         if not 0.01 <= self.ttl <= 86_400:
             raise ValueError(f"ttl must be in [0.01, 86400] seconds, got {self.ttl!r}")
-        if self.redis_timeout <= 0:
-            raise ValueError(f"redis_timeout must be > 0 seconds, got {self.redis_timeout!r}")
+        check_redis_options(self)
         check_int(self.slices, "slices", 1, 100)
         check_int(self.deposit_batch, "deposit_batch", 1, 10_000)
 

@@ -1,8 +1,7 @@
-"""The retry budget's pure core, shared by the sync and asyncio front ends.
+"""The retry budget's pure core, shared by the sync and asyncio front ends (no I/O).
 
-It validates the configuration, builds the ``lua/budget.lua`` script calls and
-decodes their replies; it does no I/O. What the front ends share that is not
-I/O (Redis health, the local fallback runner) lives in `BudgetCore`.
+It builds the ``lua/budget.lua`` calls, batches deposits, decodes replies and keeps
+the Redis health and the local fallback budget; the front ends only send the calls.
 """
 
 from __future__ import annotations
@@ -23,10 +22,6 @@ from ..errors import ConfigDriftWarning, RetryBudgetExhausted
 from .config import BudgetConfig, build_budget_config
 
 SCRIPT_NAME = "budget"
-
-
-
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +64,7 @@ class BudgetCore:
         self._local = LocalScriptRunner()
         self._drift_warned = False
         self.last_source = "redis"   # where the last answer came from: "redis" or "local"
-        self._pending = 0
+        self._pending_deposits = 0
         self._pending_lock = threading.Lock()
         cfg = self.config
         self._args = (str(cfg.percent_millionths), str(cfg.reserve_millionths),
@@ -79,7 +74,7 @@ class BudgetCore:
     def _after_fork(self) -> None:
         """In a forked child: a fresh lock; batched deposits stay the parent's to send."""
         self._pending_lock = threading.Lock()
-        self._pending = 0
+        self._pending_deposits = 0
 
     def script_args(self, op: str, amount: int = 0) -> list[str]:
         """ARGV of one budget script call: `amount` deposits (for withdraw and
@@ -92,47 +87,45 @@ class BudgetCore:
         """Count `amount` deposits; the deposit call to make now, or None (batched)."""
         check_int(amount, "amount", 1, 1_000_000_000)
         with self._pending_lock:
-            self._pending += amount
-            if self._pending < self.config.deposit_batch:
+            self._pending_deposits += amount
+            if self._pending_deposits < self.config.deposit_batch:
                 return None
-            amount, self._pending = self._pending, 0
+            amount, self._pending_deposits = self._pending_deposits, 0
         return self.script_args("deposit", amount)
+
+    def _pending(self, args: list[str]) -> PendingCall:
+        """One script call; its result is the reply from Redis or, while Redis is
+        unavailable, from this process's local budget."""
+
+        def answered(raw: Any) -> BudgetReply:
+            self._redis_ok()
+            return self._decode(raw, "redis")
+
+        def unavailable(error: BaseException | None) -> BudgetReply:
+            if error is not None:
+                self._health.failed(error)
+            return self._decode(self._local.run(self._script, [self.keys.slices], args),
+                                "local")
+
+        return PendingCall(self._script, [self.keys.slices], args, self._health.usable,
+                           answered, unavailable)
 
     def owed_deposit(self, amount: int = 1) -> Owed | None:
         """Count deposits; the deposit call owed now (pipelined by a Policy), or None."""
         args = self.deposit_args(amount)
-        if args is None:
-            return None
-
-        def deposited(raw: Any) -> None:
-            self._redis_ok()
-            self._decode(raw, "redis")
-
-        def unavailable(error: BaseException | None) -> None:
-            if error is not None:
-                self._redis_failed(error)
-            self._decode(self._local_raw(args), "local")
-
-        return Owed(self._client, PendingCall(self._script, [self.keys.slices], args,
-                                              self._health.usable, deposited, unavailable))
+        return None if args is None else Owed(self._client, self._pending(args))
 
     def carrying_args(self, op: str) -> list[str]:
         """A withdraw or balance call that also carries the pending deposits."""
         with self._pending_lock:
-            amount, self._pending = self._pending, 0
+            amount, self._pending_deposits = self._pending_deposits, 0
         return self.script_args(op, amount)
 
     def flush_args(self) -> list[str] | None:
         """The deposit call sending the pending deposits now, or None if there are none."""
         with self._pending_lock:
-            amount, self._pending = self._pending, 0
+            amount, self._pending_deposits = self._pending_deposits, 0
         return self.script_args("deposit", amount) if amount else None
-
-    def _local_raw(self, args: Sequence[str]) -> Any:
-        return self._local.run(self._script, [self.keys.slices], args)
-
-    def _redis_failed(self, error: BaseException) -> None:
-        self._health.failed(error)
 
     def _redis_ok(self) -> None:
         if self._health.last_error is not None:
@@ -154,8 +147,10 @@ class BudgetCore:
                 f"reset() is called", ConfigDriftWarning, stacklevel=4)
         return reply
 
-    def exhausted(self, reply: BudgetReply) -> RetryBudgetExhausted:
-        return RetryBudgetExhausted(self.name, reply.balance, reply.deposits, reply.withdrawals)
-
+    def check_withdrawal(self, reply: BudgetReply) -> None:
+        """Raise `RetryBudgetExhausted` unless the withdrawal `reply` answers was granted."""
+        if not reply.ok:
+            raise RetryBudgetExhausted(self.name, reply.balance, reply.deposits,
+                                       reply.withdrawals)
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"

@@ -1,20 +1,16 @@
-"""The fleet-wide retry budget (Finagle's RetryBudget), sync front end.
+"""The fleet-wide retry budget (Finagle's RetryBudget), sync front end: I/O only.
 
-Over the last `ttl` seconds the fleet may retry
-``floor(min_retries_per_sec * ttl + percent_can_retry * requests) - retries``
-more times. `deposit()` once per logical request, `try_withdraw()` once per
-retry. All arithmetic happens in ``lua/budget.lua`` in server time; this
-module only moves the script calls (decisions and codec: budget_codec.py).
+`deposit()` once per logical request, `try_withdraw()` once per retry; the arithmetic
+runs in ``lua/budget.lua`` on server time, every other decision in `budget.core`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .._runtime.connection import sync_client
-from .._runtime.health import UNAVAILABLE_ERRORS
+from .._runtime.connection import owns_client, sync_client
 from .._runtime.keys import DEFAULT_PREFIX
-from .._runtime.scripts import run_script
+from .._runtime.scripts import send
 from .config import BudgetConfig
 from .core import BudgetCore, BudgetReply
 
@@ -22,26 +18,21 @@ from .core import BudgetCore, BudgetReply
 class RetryBudget(BudgetCore):
     """One retry budget per dependency, shared by every process using the same Redis.
 
-    While Redis is unreachable a per-process budget with the same formula and
-    window answers (see `BudgetCore`); Redis errors never escape `deposit()`
-    or `try_withdraw()`. Foreign data in the key raises `SchemaError`.
+    Over the last `ttl` seconds the fleet may retry
+    ``floor(min_retries_per_sec * ttl + percent_can_retry * requests) - retries``
+    more times. While Redis is unreachable a per-process budget with the same formula
+    and window answers (see `BudgetCore`); Redis errors never escape `deposit()` or
+    `try_withdraw()`. Foreign data in the key raises `SchemaError`.
     """
 
     def __init__(self, name: str, redis: Any = None, config: BudgetConfig | None = None, *,
                  prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
         super().__init__(name, config, prefix, overrides)
         self._client = sync_client(redis, self.config.redis_timeout)
+        self._owns_client = owns_client(redis)
 
     def _run(self, args: list[str]) -> BudgetReply:
-        if self._health.usable():
-            try:
-                raw = run_script(self._client, self._script, [self.keys.slices], args)
-            except UNAVAILABLE_ERRORS as error:
-                self._redis_failed(error)
-            else:
-                self._redis_ok()
-                return self._decode(raw, "redis")
-        return self._decode(self._local_raw(args), "local")
+        return send(self._client, self._pending(args))
 
     def deposit(self, amount: int = 1) -> int | None:
         """Count `amount` logical requests; the balance after, or None while batched."""
@@ -60,9 +51,7 @@ class RetryBudget(BudgetCore):
 
     def withdraw(self) -> None:
         """Take one retry from the budget or raise `RetryBudgetExhausted`."""
-        reply = self._run(self.carrying_args("withdraw"))
-        if not reply.ok:
-            raise self.exhausted(reply)
+        self.check_withdrawal(self._run(self.carrying_args("withdraw")))
 
     def balance(self) -> int:
         """Retries the fleet may still make now (this process's budget while Redis is down)."""
@@ -71,3 +60,10 @@ class RetryBudget(BudgetCore):
     def reset(self) -> None:
         """Forget the window in Redis (the next writer's ttl/slices become the stored ones)."""
         self._client.delete(self.keys.slices)
+
+    def close(self) -> None:
+        """Send the batched deposits, then close the client this budget built from a URL
+        (a client given to it is yours)."""
+        self.flush()
+        if self._owns_client:
+            self._client.close()

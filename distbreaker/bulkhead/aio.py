@@ -1,8 +1,5 @@
-"""The asyncio fleet-wide bulkhead: the sync bulkhead's shell with awaited Redis calls.
-
-Decisions and script arguments come from `distbreaker.bulkhead_codec`, exactly
-as for `distbreaker.Bulkhead`; this module only awaits the round trips, renews
-leases from one task per held permit and keeps an asyncio fallback semaphore.
+"""The asyncio fleet-wide bulkhead: awaited I/O, lease renewal timers and one fallback
+semaphore per event loop; every decision in `bulkhead.core`.
 """
 
 from __future__ import annotations
@@ -11,27 +8,18 @@ import asyncio
 import functools
 import inspect
 import logging
-import time
 import weakref
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-from .._runtime.connection import DEFAULT_URL, async_client, async_waiting_client
+from .._runtime.connection import async_client, async_waiting_client
 from .._runtime.health import UNAVAILABLE_ERRORS
-from .._runtime.keys import DEFAULT_PREFIX, BulkheadKeys
-from .._runtime.scripts import Owed, PendingCall, run_script_async
+from .._runtime.keys import DEFAULT_PREFIX
+from .._runtime.scripts import Owed, PendingCall, run_script_async, send_async
 from ..breaker.core import ScriptCall
-from ..errors import BulkheadFull
-from .config import BulkheadConfig, build_bulkhead_config
-from .core import (
-    BulkheadCodec,
-    BulkheadMetrics,
-    BulkheadPermit,
-    BulkheadReply,
-    blocking_cap,
-    decode_reply,
-)
+from .config import BulkheadConfig
+from .core import Acquisition, BulkheadCore, BulkheadMetrics, BulkheadPermit, blocking_cap
 
 __all__ = ["Bulkhead"]
 
@@ -39,7 +27,7 @@ T = TypeVar("T")
 logger = logging.getLogger("distbreaker")
 
 # Permits of the `async with bulkhead:` blocks open in the current task, innermost last
-# (one module-level variable holding an immutable tuple, as in aio/breaker.py).
+# (one module-level variable holding an immutable tuple, as in breaker/aio.py).
 _open_blocks: ContextVar[tuple[tuple[Bulkhead, BulkheadPermit], ...]] = ContextVar(
     "distbreaker_aio_bulkhead_blocks", default=())
 
@@ -50,12 +38,12 @@ class _PerLoop:
     def __init__(self, client: Any, fallback_limit: int) -> None:
         self.client = client
         self.blocking: Any = None
-        self.cap = 0.0
-        self.local = asyncio.Semaphore(fallback_limit)
-        self.local_in_use = 0
+        self.blocking_cap = 0.0
+        self.fallback = asyncio.Semaphore(fallback_limit)
+        self.fallback_in_use = 0
 
 
-class Bulkhead:
+class Bulkhead(BulkheadCore):
     """The asyncio twin of `distbreaker.Bulkhead`, sharing its permits in Redis.
 
     Use as a decorator of coroutine functions, ``async with bulkhead as permit:``,
@@ -68,24 +56,14 @@ class Bulkhead:
 
     def __init__(self, name: str, redis: Any = None, config: BulkheadConfig | None = None, *,
                  prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
-        self.config = build_bulkhead_config(config, overrides)
-        self._codec = BulkheadCodec(name, self.config, prefix)
-        self._target = DEFAULT_URL if redis is None else redis
+        super().__init__(name, redis, config, prefix, overrides)
         client = async_client(self._target, self.config.redis_timeout)  # validates `redis`
-        self._given = None if isinstance(self._target, str) else client
+        self._given = None if self._owns_clients else client
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _PerLoop] = (
             weakref.WeakKeyDictionary())
         # Per held permit: the timer of its next renewal, or the renewal in flight.
         self._renewals: dict[BulkheadPermit, asyncio.TimerHandle | asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
-
-    @property
-    def name(self) -> str:
-        return self._codec.name
-
-    @property
-    def keys(self) -> BulkheadKeys:
-        return self._codec.keys
 
     def _loop(self) -> _PerLoop:
         """Clients are bound to the loop that opened them: keep one set per running loop."""
@@ -99,82 +77,68 @@ class Bulkhead:
     def _waiter(self, state: _PerLoop) -> tuple[Any, float]:
         """The client BLPOP runs on (see `distbreaker.Bulkhead._waiter`) and its bound."""
         if state.blocking is None:
-            if isinstance(self._target, str):
+            if self._owns_clients:
                 state.blocking = async_waiting_client(
                     self._target, self.config.redis_timeout,
                     self.config.waiting_socket_timeout)
             else:
                 state.blocking = state.client
-            state.cap = blocking_cap(state.blocking)
-        return state.blocking, state.cap
+            state.blocking_cap = blocking_cap(state.blocking)
+        return state.blocking, state.blocking_cap
 
-    async def _run(self, call: ScriptCall) -> BulkheadReply:
-        raw = await run_script_async(self._loop().client, self._codec.script, call.keys,
-                                     call.args)
-        return decode_reply(raw)
+    async def _run(self, call: ScriptCall) -> Any:
+        return await run_script_async(self._loop().client, self._codec.script, call.keys,
+                                      call.args)
 
     # -- permits ------------------------------------------------------------------------
     async def acquire(self) -> BulkheadPermit:
         """Take one permit (waiting up to max_wait_duration); raises BulkheadFull."""
-        codec = self._codec
-        started = time.monotonic()
-        deadline = started + self.config.max_wait_duration
-        if codec.health.usable():
-            for orphan in codec.take_orphans():
+        attempt = self._codec.begin_acquire()
+        if attempt.via_redis:
+            for orphan in attempt.orphans:
                 await self._cancel(orphan)
-            token = codec.new_token()
             try:
-                permit = await self._acquire_redis(token, started, deadline)
+                permit = await self._acquire_redis(attempt)
             except UNAVAILABLE_ERRORS as error:
-                codec.health.failed(error)
-                codec.orphan(token)  # Redis may have granted it before the reply was lost
+                attempt.unavailable(error)
             except BaseException as error:
-                if not isinstance(error, BulkheadFull):
+                if attempt.must_cancel(error):
                     # Cancelled (e.g. a timeout around the call): Redis may have granted
                     # the lease before the reply was lost; hand it back now.
-                    await asyncio.shield(self._cancel(token))
+                    await asyncio.shield(self._cancel(attempt.token))
                 raise
             else:
                 self._schedule_renewal(permit)
                 return permit
-        return await self._acquire_local(started, deadline)
+        return await self._acquire_local(attempt)
 
-    async def _acquire_redis(self, token: str, started: float,
-                             deadline: float) -> BulkheadPermit:
-        codec = self._codec
-        cap = 0.0
-        while True:
-            remaining = deadline - time.monotonic()
-            reply = await self._run(codec.acquire_call(token, remaining))
-            codec.health.succeeded()
-            step = codec.after_acquire(reply, token, remaining, started, time.monotonic(), cap)
-            if isinstance(step, BulkheadPermit):
-                return step
+    async def _acquire_redis(self, attempt: Acquisition) -> BulkheadPermit:
+        while (permit := attempt.answer(await self._run(attempt.request()))) is None:
             client, cap = self._waiter(self._loop())
-            await client.blpop([codec.keys.notify],
-                               timeout=codec.block_for(remaining, reply, cap))
+            await client.blpop([self.keys.notify], timeout=attempt.block_for(cap))
+        return permit
 
     async def _cancel(self, token: str) -> None:
+        """Undo an interrupted acquire; best effort (leases and waiters expire anyway)."""
         try:
             await self._run(self._codec.cancel_call(token))
         except Exception as error:
             logger.debug("bulkhead %r: cancel failed: %r", self.name, error)
 
-    async def _acquire_local(self, started: float, deadline: float) -> BulkheadPermit:
+    async def _acquire_local(self, attempt: Acquisition) -> BulkheadPermit:
         state = self._loop()
-        remaining = deadline - time.monotonic()
+        remaining = attempt.remaining()
         try:
             if remaining <= 0:
-                if state.local.locked():
+                if state.fallback.locked():
                     raise asyncio.TimeoutError
-                await state.local.acquire()
+                await state.fallback.acquire()
             else:
-                await asyncio.wait_for(state.local.acquire(), remaining)
+                await asyncio.wait_for(state.fallback.acquire(), remaining)
         except asyncio.TimeoutError:
-            waited = time.monotonic() - started if self.config.max_wait_duration else 0.0
-            raise self._codec.full(state.local_in_use, waited, local=True) from None
-        state.local_in_use += 1
-        return BulkheadPermit("", local=True, acquired_at=time.monotonic())
+            raise attempt.local_full(state.fallback_in_use) from None
+        state.fallback_in_use += 1
+        return attempt.local_permit()
 
     def _schedule_renewal(self, permit: BulkheadPermit) -> None:
         """A timer, not a task: short calls never pay for their renewal."""
@@ -186,18 +150,14 @@ class Bulkhead:
             self._renewals[permit] = asyncio.get_running_loop().create_task(self._renew(permit))
 
     async def _renew(self, permit: BulkheadPermit) -> None:
-        codec = self._codec
-        keep = True
-        if codec.health.usable():
+        keep = False
+        pending = self._codec.renew_pending(permit)
+        if pending is not None:
             try:
-                reply = await self._run(codec.renew_call(permit.token))
-            except UNAVAILABLE_ERRORS as error:
-                codec.health.failed(error)
+                keep = await send_async(self._loop().client, pending)
             except Exception:
                 logger.exception("bulkhead %r: lease renewal failed", self.name)
-            else:
-                codec.health.succeeded()
-                keep = codec.after_renew(permit, reply)
+                keep = True
         if keep and permit in self._renewals:
             self._schedule_renewal(permit)
         else:
@@ -207,11 +167,10 @@ class Bulkhead:
         """The local part of a release; the script call still owed to Redis, if any."""
         codec = self._codec
         if permit.local:
-            if not permit.released:
-                permit.released = True
+            if codec.take_release(permit):
                 state = self._loop()
-                state.local_in_use -= 1
-                state.local.release()
+                state.fallback_in_use -= 1
+                state.fallback.release()
             return None
         renewal = self._renewals.pop(permit, None)
         if renewal is not None:
@@ -220,11 +179,9 @@ class Bulkhead:
                 try:  # a renewal in flight ends first (no false "lost"); never swallow
                     await asyncio.wait([renewal])  # a cancellation of our own task
                 except asyncio.CancelledError:
-                    if codec.needs_release_call(permit):
+                    if codec.take_release(permit) and codec.health.usable():
                         self._in_background(self._cancel(permit.token))
                     raise
-        if not codec.needs_release_call(permit):
-            return None
         return codec.release_pending(permit)
 
     def _in_background(self, work: Awaitable[None]) -> None:
@@ -245,16 +202,12 @@ class Bulkhead:
         if pending is None:
             return
         try:
-            raw = await run_script_async(self._loop().client, *pending.spec)
+            await send_async(self._loop().client, pending)
         except asyncio.CancelledError:
             # Cancelled mid-release: finish it in the background (cancel is idempotent
             # and counts nothing) rather than leave the permit taken until its lease ends.
             self._in_background(self._cancel(permit.token))
             raise
-        except UNAVAILABLE_ERRORS as error:
-            pending.on_unavailable(error)
-            return
-        pending.on_reply(raw)
 
     # -- the protected call ---------------------------------------------------------------
     async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
@@ -293,17 +246,15 @@ class Bulkhead:
     # -- metrics -------------------------------------------------------------------------
     async def metrics(self) -> BulkheadMetrics:
         """Fleet-wide figures read from Redis (Redis errors are raised)."""
-        reply = await self._run(self._codec.metrics_call())
-        return self._codec.metrics(reply, self._loop().local_in_use)
+        raw = await self._run(self._codec.metrics_call())
+        return self._codec.metrics(raw, self._loop().fallback_in_use)
 
     async def aclose(self) -> None:
-        """Close the running loop's clients if this bulkhead built them."""
+        """Close the running loop's clients if this bulkhead built them (a client given
+        to it is yours)."""
         state = self._loops.pop(asyncio.get_running_loop(), None)
         if state is None or self._given is not None:
             return
         await state.client.aclose()
         if state.blocking is not None:
             await state.blocking.aclose()
-
-    def __repr__(self) -> str:
-        return f"Bulkhead({self.name!r}, max_concurrent_calls={self.config.max_concurrent_calls})"

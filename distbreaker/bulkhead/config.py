@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .._runtime.options import Seconds, check_int, merge_options, to_seconds
+from .._runtime.options import Seconds, check_int, check_redis_options, merge_options, to_seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,13 +40,11 @@ class BulkheadConfig:
         check_int(self.expected_workers, "expected_workers", 1, _MAX_LIMIT)
         if self.fallback_limit is not None:
             check_int(self.fallback_limit, "fallback_limit", 0, _MAX_LIMIT)
-        for field in ("max_wait_duration", "lease", "key_ttl", "redis_timeout",
-                      "redis_retry_max_backoff"):
+        for field in ("max_wait_duration", "lease", "key_ttl"):
             put(self, field, to_seconds(getattr(self, field), field))
         if self.lease < 0.01:
             raise ValueError(f"lease must be >= 0.01 seconds, got {self.lease!r}")
-        if self.redis_timeout <= 0:
-            raise ValueError(f"redis_timeout must be > 0 seconds, got {self.redis_timeout!r}")
+        check_redis_options(self)
         floor = max(self.lease, self.max_wait_duration)
         if self.key_ttl < floor:
             raise ValueError(f"key_ttl must be >= {floor} seconds (the lease and the longest "

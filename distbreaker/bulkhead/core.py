@@ -1,10 +1,7 @@
-"""The bulkhead's pure core, shared by the sync and asyncio front ends.
+"""The bulkhead's pure core, shared by the sync and asyncio front ends (no I/O).
 
-Configuration, script arguments, reply decoding and the waiting arithmetic
-(how long a waiter may block on the notify list). No I/O happens here; the
-front ends (`distbreaker.bulkhead`, `distbreaker.aio.bulkhead`) do it. The
-semaphore itself lives in ``lua/bulkhead.lua`` (see its header for the keys,
-ARGV and reply).
+Script calls, reply decoding, and every decision of an acquire (`Acquisition`), a
+renewal and a release. The semaphore itself is ``lua/bulkhead.lua``.
 """
 
 from __future__ import annotations
@@ -14,17 +11,19 @@ import logging
 import math
 import secrets
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from .._runtime import forking
+from .._runtime.connection import DEFAULT_URL, owns_client
 from .._runtime.health import RedisHealth
 from .._runtime.keys import DEFAULT_PREFIX, BulkheadKeys, validate_name
 from .._runtime.options import to_ms
 from .._runtime.scripts import LuaScript, PendingCall, load_script
 from ..breaker.core import ScriptCall
 from ..errors import BulkheadFull
-from .config import BulkheadConfig
+from .config import BulkheadConfig, build_bulkhead_config
 
 logger = logging.getLogger("distbreaker")
 SCRIPT_NAME = "bulkhead"
@@ -36,10 +35,6 @@ WAITER_GRACE_MS = 1000
 MIN_BLOCK = 0.002
 #: Extra time after the next lease deadline before trying again (clock granularity).
 DEADLINE_SLACK = 0.005
-
-
-
-
 
 
 @dataclasses.dataclass(eq=False)
@@ -70,6 +65,14 @@ class BulkheadReply:
     now_ms: int
     lost: int
     acquired: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalCounts:
+    """This process's own figures (no Redis): calls it rejected, leases it found lost."""
+
+    rejected: int
+    lost: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +119,8 @@ def blocking_cap(client: Any) -> float:
 
 
 class BulkheadCodec:
-    """Everything about one bulkhead that is neither I/O nor a front end."""
+    """One bulkhead's protocol state: script calls, the Redis health, orphaned tokens
+    and this process's counts, and the decisions on renewals and releases."""
 
     def __init__(self, name: str, config: BulkheadConfig, prefix: str = DEFAULT_PREFIX) -> None:
         self.name = validate_name(name)
@@ -171,6 +175,9 @@ class BulkheadCodec:
         return self._call("metrics", "")
 
     # -- decisions -------------------------------------------------------------------
+    def begin_acquire(self) -> Acquisition:
+        return Acquisition(self)
+
     def block_for(self, remaining: float, reply: BulkheadReply, cap: float) -> float:
         """How long a refused waiter blocks on the notify list before asking again.
 
@@ -181,15 +188,6 @@ class BulkheadCodec:
         if reply.next_deadline_ms > 0:
             bound = min(bound, reply.next_deadline_ms / 1000.0 + DEADLINE_SLACK)
         return max(MIN_BLOCK, min(bound, cap))
-
-    def after_acquire(self, reply: BulkheadReply, token: str, remaining: float,
-                      started: float, now: float, cap: float) -> BulkheadPermit | float:
-        """A granted permit, or how long to block before asking again; raises BulkheadFull."""
-        if reply.ok:
-            return BulkheadPermit(token, acquired_at=now)
-        if remaining <= 0:
-            raise self.full(reply.in_use, now - started if self.config.max_wait_duration else 0)
-        return self.block_for(remaining, reply, cap)
 
     def after_renew(self, permit: BulkheadPermit, reply: BulkheadReply) -> bool:
         """Whether to keep renewing `permit`."""
@@ -214,8 +212,39 @@ class BulkheadCodec:
             tokens, self._orphans = self._orphans, []
         return tokens
 
-    def release_pending(self, permit: BulkheadPermit) -> PendingCall:
-        """The release script call with its reply and outage handling (sent by a shell)."""
+    def renew_pending(self, permit: BulkheadPermit) -> PendingCall | None:
+        """The renewal of a held permit's lease (None once released). Its result: whether
+        to keep renewing (Redis unavailable: yes, the next interval tries again)."""
+        if permit.released:
+            return None
+        call = self.renew_call(permit.token)
+
+        def renewed(raw: Any) -> bool:
+            self.health.succeeded()
+            return self.after_renew(permit, decode_reply(raw))
+
+        def unavailable(error: BaseException | None) -> bool:
+            if error is not None:
+                self.health.failed(error)
+            return True
+
+        return PendingCall(self.script, call.keys, call.args, self.health.usable, renewed,
+                           unavailable)
+
+    @staticmethod
+    def take_release(permit: BulkheadPermit) -> bool:
+        """Mark `permit` released (releasing is idempotent); True when something must be
+        given back: a local permit's semaphore slot, a Redis permit's lease (unless lost)."""
+        if permit.released:
+            return False
+        permit.released = True
+        return permit.local or not permit.lost
+
+    def release_pending(self, permit: BulkheadPermit) -> PendingCall | None:
+        """Mark `permit` released; the release call Redis is still owed (sent by a shell
+        or pipelined by a Policy), or None. Redis unavailable: the lease expires."""
+        if not self.take_release(permit):
+            return None
         call = self.release_call(permit.token)
 
         def released(raw: Any) -> None:
@@ -228,13 +257,6 @@ class BulkheadCodec:
 
         return PendingCall(self.script, call.keys, call.args, self.health.usable, released,
                            unavailable)
-
-    def needs_release_call(self, permit: BulkheadPermit) -> bool:
-        """Mark `permit` released; True when Redis must be told (it holds a live lease)."""
-        if permit.released:
-            return False
-        permit.released = True
-        return not permit.local and not permit.lost and self.health.usable()
 
     def full(self, in_use: int, waited: float, local: bool = False) -> BulkheadFull:
         with self._lock:
@@ -252,7 +274,13 @@ class BulkheadCodec:
         logger.warning("bulkhead %r: the lease of permit %s was lost (found gone at %s); "
                        "the call ran without a fleet-wide permit", self.name, permit.token, when)
 
-    def metrics(self, reply: BulkheadReply, fallback_in_use: int) -> BulkheadMetrics:
+    def local_counts(self) -> LocalCounts:
+        with self._lock:
+            return LocalCounts(self.rejected_here, self.lost_here)
+
+    def metrics(self, raw: Sequence[Any], fallback_in_use: int) -> BulkheadMetrics:
+        """The metrics script call's reply, with this process's counters."""
+        reply = decode_reply(raw)
         limit = self.config.max_concurrent_calls
         return BulkheadMetrics(
             max_concurrent_calls=limit, in_use=reply.in_use,
@@ -260,3 +288,100 @@ class BulkheadCodec:
             rejected=reply.rejected, lost=reply.lost, acquired=reply.acquired,
             rejected_here=self.rejected_here, lost_here=self.lost_here,
             fallback_in_use=fallback_in_use)
+
+
+class Acquisition:
+    """One `acquire()` in progress: its deadline and token, and the decision after each
+    step. The shells only send the calls, block on the notify list and take semaphores.
+    """
+
+    def __init__(self, codec: BulkheadCodec) -> None:
+        self._codec = codec
+        self.started = time.monotonic()
+        self.deadline = self.started + codec.config.max_wait_duration
+        #: False: Redis is in backoff, the local fallback semaphore decides.
+        self.via_redis = codec.health.usable()
+        #: Earlier acquires whose reply was lost, to cancel before asking (see `orphan`).
+        self.orphans = codec.take_orphans() if self.via_redis else []
+        self.token = codec.new_token()
+        self._remaining = 0.0
+        self._refusal: BulkheadReply | None = None
+
+    def remaining(self) -> float:
+        """Seconds left to wait for a permit (<= 0: do not wait)."""
+        return self.deadline - time.monotonic()
+
+    def request(self) -> ScriptCall:
+        """The next acquire call; with time left, a refusal registers us as a waiter."""
+        self._remaining = self.remaining()
+        return self._codec.acquire_call(self.token, self._remaining)
+
+    def answer(self, raw: Sequence[Any]) -> BulkheadPermit | None:
+        """The permit Redis granted, or None: wait `block_for()` on the notify list, then
+        `request()` again. Raises BulkheadFull when no time is left."""
+        codec = self._codec
+        codec.health.succeeded()
+        reply = decode_reply(raw)
+        if reply.ok:
+            return BulkheadPermit(self.token, acquired_at=time.monotonic())
+        if self._remaining <= 0:
+            raise codec.full(reply.in_use, self._waited())
+        self._refusal = reply
+        return None
+
+    def block_for(self, cap: float) -> float:
+        """How long to block on the notify list after the last refusal (`cap`: the
+        longest one blocking call may take on the waiting client)."""
+        assert self._refusal is not None
+        return self._codec.block_for(self._remaining, self._refusal, cap)
+
+    def unavailable(self, error: BaseException) -> None:
+        """Redis failed mid-acquire (the local fallback decides now); it may have granted
+        the lease before the reply was lost, so the token is cancelled later."""
+        self._codec.health.failed(error)
+        self._codec.orphan(self.token)
+
+    @staticmethod
+    def must_cancel(error: BaseException) -> bool:
+        """An acquire interrupted by anything but BulkheadFull (a cancellation, Ctrl-C)
+        is cancelled in Redis: it may hold the token's lease or waiter entry."""
+        return not isinstance(error, BulkheadFull)
+
+    def local_full(self, in_use: int) -> BulkheadFull:
+        """The local fallback semaphore stayed full for the whole wait."""
+        return self._codec.full(in_use, self._waited(), local=True)
+
+    @staticmethod
+    def local_permit() -> BulkheadPermit:
+        return BulkheadPermit("", local=True, acquired_at=time.monotonic())
+
+    def _waited(self) -> float:
+        return time.monotonic() - self.started if self._codec.config.max_wait_duration else 0.0
+
+
+class BulkheadCore:
+    """What the sync and asyncio bulkheads share that is not I/O."""
+
+    def __init__(self, name: str, redis: Any, config: BulkheadConfig | None, prefix: str,
+                 overrides: dict[str, Any]) -> None:
+        self.config = build_bulkhead_config(config, overrides)
+        self._codec = BulkheadCodec(name, self.config, prefix)
+        #: A URL (the clients built from it are this bulkhead's) or a given client.
+        self._target = DEFAULT_URL if redis is None else redis
+        self._owns_clients = owns_client(redis)
+
+    @property
+    def name(self) -> str:
+        return self._codec.name
+
+    @property
+    def keys(self) -> BulkheadKeys:
+        """The Redis keys of this bulkhead (see lua/bulkhead.lua)."""
+        return self._codec.keys
+
+    def local_counts(self) -> LocalCounts:
+        """Calls this process rejected and leases it found lost (for exporters)."""
+        return self._codec.local_counts()
+
+    def __repr__(self) -> str:
+        return f"Bulkhead({self.name!r}, max_concurrent_calls={self.config.max_concurrent_calls})"

@@ -1,8 +1,5 @@
-"""The synchronous fleet-wide bulkhead: a Redis semaphore of leases.
-
-Decisions and arguments come from `distbreaker.bulkhead_codec`; the semaphore
-itself is ``lua/bulkhead.lua``. This module only does the blocking I/O, the
-lease renewal thread and the per-process fallback semaphore.
+"""The synchronous fleet-wide bulkhead: blocking I/O, the lease renewal thread and the
+per-process fallback semaphore; every decision in `bulkhead.core`.
 """
 
 from __future__ import annotations
@@ -17,21 +14,13 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .._runtime import forking
-from .._runtime.connection import DEFAULT_URL, sync_client, waiting_client
+from .._runtime.connection import sync_client, waiting_client
 from .._runtime.health import UNAVAILABLE_ERRORS
-from .._runtime.keys import DEFAULT_PREFIX, BulkheadKeys
-from .._runtime.scripts import Owed, PendingCall, run_script
+from .._runtime.keys import DEFAULT_PREFIX
+from .._runtime.scripts import Owed, PendingCall, run_script, send
 from ..breaker.core import ScriptCall
-from ..errors import BulkheadFull
-from .config import BulkheadConfig, build_bulkhead_config
-from .core import (
-    BulkheadCodec,
-    BulkheadMetrics,
-    BulkheadPermit,
-    BulkheadReply,
-    blocking_cap,
-    decode_reply,
-)
+from .config import BulkheadConfig
+from .core import Acquisition, BulkheadCore, BulkheadMetrics, BulkheadPermit, blocking_cap
 
 __all__ = ["Bulkhead", "BulkheadConfig", "BulkheadMetrics", "BulkheadPermit"]
 
@@ -117,7 +106,7 @@ class _Renewer:
                 self._cond.notify_all()
 
 
-class Bulkhead:
+class Bulkhead(BulkheadCore):
     """At most `max_concurrent_calls` calls at once across every process sharing Redis.
 
     Use as a decorator, a context manager (``with bulkhead as permit:``), or
@@ -138,18 +127,16 @@ class Bulkhead:
 
     def __init__(self, name: str, redis: Any = None, config: BulkheadConfig | None = None, *,
                  prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
-        self.config = build_bulkhead_config(config, overrides)
-        self._codec = BulkheadCodec(name, self.config, prefix)
-        self._target = DEFAULT_URL if redis is None else redis
+        super().__init__(name, redis, config, prefix, overrides)
         self._client = sync_client(self._target, self.config.redis_timeout)
         self._blocking: Any = None
         self._blocking_cap = 0.0
         self._lock = threading.Lock()
         self._renewer = _Renewer(self._renew, self.config.renew_interval)
         self._tls = threading.local()
-        self._local_pid = -1
-        self._local_sem = threading.Semaphore(0)
-        self._local_in_use = 0
+        self._fallback_pid = -1
+        self._fallback = threading.Semaphore(0)
+        self._fallback_in_use = 0
         forking.register(self)
 
     def _after_fork(self) -> None:
@@ -157,18 +144,9 @@ class Bulkhead:
         notice the new pid themselves; the parent's permits are not the child's)."""
         self._lock = threading.Lock()
 
-    @property
-    def name(self) -> str:
-        return self._codec.name
-
-    @property
-    def keys(self) -> BulkheadKeys:
-        """The Redis keys of this bulkhead (see lua/bulkhead.lua)."""
-        return self._codec.keys
-
     # -- I/O ------------------------------------------------------------------------
-    def _run(self, call: ScriptCall) -> BulkheadReply:
-        return decode_reply(run_script(self._client, self._codec.script, call.keys, call.args))
+    def _run(self, call: ScriptCall) -> Any:
+        return run_script(self._client, self._codec.script, call.keys, call.args)
 
     def _waiter(self) -> tuple[Any, float]:
         """The client BLPOP runs on, and the longest one BLPOP may block on it.
@@ -179,7 +157,7 @@ class Bulkhead:
         """
         with self._lock:
             if self._blocking is None:
-                if isinstance(self._target, str):
+                if self._owns_clients:
                     self._blocking = waiting_client(
                         self._target, self.config.redis_timeout,
                         self.config.waiting_socket_timeout)
@@ -189,53 +167,34 @@ class Bulkhead:
             return self._blocking, self._blocking_cap
 
     def _renew(self, permit: BulkheadPermit) -> bool:
-        codec = self._codec
-        if permit.released or not codec.health.usable():
-            return not permit.released
-        try:
-            reply = self._run(codec.renew_call(permit.token))
-        except UNAVAILABLE_ERRORS as error:
-            codec.health.failed(error)
-            return True
-        codec.health.succeeded()
-        return codec.after_renew(permit, reply)
+        pending = self._codec.renew_pending(permit)
+        return pending is not None and send(self._client, pending)
 
     # -- permits ------------------------------------------------------------------------
     def acquire(self) -> BulkheadPermit:
         """Take one permit (waiting up to max_wait_duration); raises BulkheadFull."""
-        codec = self._codec
-        started = time.monotonic()
-        deadline = started + self.config.max_wait_duration
-        if codec.health.usable():
-            for orphan in codec.take_orphans():
+        attempt = self._codec.begin_acquire()
+        if attempt.via_redis:
+            for orphan in attempt.orphans:
                 self._cancel(orphan)
-            token = codec.new_token()
             try:
-                permit = self._acquire_redis(token, started, deadline)
+                permit = self._acquire_redis(attempt)
             except UNAVAILABLE_ERRORS as error:
-                codec.health.failed(error)
-                codec.orphan(token)  # Redis may have granted it before the reply was lost
+                attempt.unavailable(error)
             except BaseException as error:
-                if not isinstance(error, BulkheadFull):
-                    self._cancel(token)  # e.g. KeyboardInterrupt while waiting
+                if attempt.must_cancel(error):
+                    self._cancel(attempt.token)  # e.g. KeyboardInterrupt while waiting
                 raise
             else:
                 self._renewer.add(permit)
                 return permit
-        return self._acquire_local(started, deadline)
+        return self._acquire_local(attempt)
 
-    def _acquire_redis(self, token: str, started: float, deadline: float) -> BulkheadPermit:
-        codec = self._codec
-        cap = 0.0
-        while True:
-            remaining = deadline - time.monotonic()
-            reply = self._run(codec.acquire_call(token, remaining))
-            codec.health.succeeded()
-            step = codec.after_acquire(reply, token, remaining, started, time.monotonic(), cap)
-            if isinstance(step, BulkheadPermit):
-                return step
+    def _acquire_redis(self, attempt: Acquisition) -> BulkheadPermit:
+        while (permit := attempt.answer(self._run(attempt.request()))) is None:
             client, cap = self._waiter()
-            client.blpop([codec.keys.notify], timeout=codec.block_for(remaining, reply, cap))
+            client.blpop([self.keys.notify], timeout=attempt.block_for(cap))
+        return permit
 
     def _cancel(self, token: str) -> None:
         """Undo an interrupted acquire; best effort (leases and waiters expire anyway)."""
@@ -244,41 +203,39 @@ class Bulkhead:
         except Exception as error:
             logger.debug("bulkhead %r: cancel failed: %r", self.name, error)
 
-    def _local(self) -> threading.Semaphore:
-        if self._local_pid != os.getpid():
+    def _fallback_semaphore(self) -> threading.Semaphore:
+        """The per-process semaphore used while Redis is unreachable (fresh after a fork)."""
+        if self._fallback_pid != os.getpid():
             with self._lock:
-                if self._local_pid != os.getpid():
-                    self._local_sem = threading.Semaphore(self.config.effective_fallback_limit)
-                    self._local_in_use = 0
-                    self._local_pid = os.getpid()
-        return self._local_sem
+                if self._fallback_pid != os.getpid():
+                    self._fallback = threading.Semaphore(self.config.effective_fallback_limit)
+                    self._fallback_in_use = 0
+                    self._fallback_pid = os.getpid()
+        return self._fallback
 
-    def _acquire_local(self, started: float, deadline: float) -> BulkheadPermit:
-        sem = self._local()
-        remaining = deadline - time.monotonic()
-        ok = sem.acquire(timeout=remaining) if remaining > 0 else sem.acquire(blocking=False)
-        now = time.monotonic()
-        if not ok:
-            waited = now - started if self.config.max_wait_duration else 0.0
-            raise self._codec.full(self._local_in_use, waited, local=True)
+    def _acquire_local(self, attempt: Acquisition) -> BulkheadPermit:
+        semaphore = self._fallback_semaphore()
+        remaining = attempt.remaining()
+        if remaining > 0:
+            acquired = semaphore.acquire(timeout=remaining)
+        else:
+            acquired = semaphore.acquire(blocking=False)
+        if not acquired:
+            raise attempt.local_full(self._fallback_in_use)
         with self._lock:
-            self._local_in_use += 1
-        return BulkheadPermit("", local=True, acquired_at=now)
+            self._fallback_in_use += 1
+        return attempt.local_permit()
 
     def _release_pending(self, permit: BulkheadPermit) -> PendingCall | None:
         """The local part of a release; the script call still owed to Redis, if any."""
-        codec = self._codec
         if permit.local:
-            if not permit.released:
-                permit.released = True
+            if self._codec.take_release(permit):
                 with self._lock:
-                    self._local_in_use -= 1
-                self._local_sem.release()
+                    self._fallback_in_use -= 1
+                self._fallback.release()
             return None
         self._renewer.remove(permit)
-        if not codec.needs_release_call(permit):
-            return None
-        return codec.release_pending(permit)
+        return self._codec.release_pending(permit)
 
     def owed_release(self, permit: BulkheadPermit) -> Owed | None:
         """Release locally now; the release call still owed to Redis (for a Policy to
@@ -289,14 +246,8 @@ class Bulkhead:
     def release(self, permit: BulkheadPermit) -> None:
         """Give a permit back (idempotent). A lease found gone marks the permit lost."""
         pending = self._release_pending(permit)
-        if pending is None:
-            return
-        try:
-            raw = run_script(self._client, *pending.spec)
-        except UNAVAILABLE_ERRORS as error:
-            pending.on_unavailable(error)
-            return
-        pending.on_reply(raw)
+        if pending is not None:
+            send(self._client, pending)
 
     # -- the protected call ---------------------------------------------------------------
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -328,14 +279,11 @@ class Bulkhead:
     # -- metrics -------------------------------------------------------------------------
     def metrics(self) -> BulkheadMetrics:
         """Fleet-wide figures read from Redis (Redis errors are raised)."""
-        return self._codec.metrics(self._run(self._codec.metrics_call()), self._local_in_use)
+        return self._codec.metrics(self._run(self._codec.metrics_call()), self._fallback_in_use)
 
     def close(self) -> None:
-        """Close the clients this bulkhead created from a URL."""
-        if isinstance(self._target, str):
+        """Close the clients this bulkhead built from a URL (a client given to it is yours)."""
+        if self._owns_clients:
             self._client.close()
             if self._blocking is not None:
                 self._blocking.close()
-
-    def __repr__(self) -> str:
-        return f"Bulkhead({self.name!r}, max_concurrent_calls={self.config.max_concurrent_calls})"

@@ -13,8 +13,8 @@ from typing import Any
 
 import click
 
+from .._runtime.scripts import text
 from ..ganesha.config import GaneshaConfig
-from ..readside import text
 from .app import App, NotFound, cli, emit_json
 
 

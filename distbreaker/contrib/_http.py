@@ -1,16 +1,12 @@
 """What the httpx and requests integrations share, without I/O.
 
-A `Protection` turns a request into a breaker name (host[:port] by default),
-keeps one policy per name (built lazily by a factory, all sharing one Redis
-client), decides whether a request may be retried (idempotent method,
-replayable body) and what the caller gets once the policy is done: the last
-real response for an HTTP error (as without the integration), the error
-otherwise, and optionally a synthetic 503 for a rejection.
+A `Protection` names a request's breaker (host[:port] by default), keeps one lazily
+built policy per name, decides whether a request may be retried, and what the caller
+gets once the policy is done (the last real response, the error, or a synthetic 503).
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import re
 import threading
@@ -72,10 +68,7 @@ def breaker_spec(breaker: Any, local: tuple[type[BaseException], ...]) -> Any:
 
 def without_retry(policy: Any) -> Any:
     """The same breaker, bulkhead and budget (still deposited to), never retrying."""
-    twin = copy.copy(policy)
-    twin.retry = None
-    twin._core = None
-    return twin
+    return policy.without_retry()
 
 
 class PolicyRegistry:

@@ -1,39 +1,7 @@
 """Prometheus metrics for distbreaker: fleet-wide truth from Redis, plus this process's counts.
 
-```python
-from prometheus_client import REGISTRY
-from distbreaker.contrib.prometheus import DistbreakerCollector
-
-collector = DistbreakerCollector(redis=URL)
-collector.register(breaker, bulkhead, budget)    # or a Policy, or plain names
-REGISTRY.register(collector)
-```
-
-Each scrape reads Redis once (pipelined, read-only, see `distbreaker.readside`)
-and exports for every registered name (and, with ``discover=True``, every name
-found under the prefix):
-
-- ``distbreaker_breaker_state{name,state}``: 1 for the current fleet-wide
-  state, 0 for the others; a registered breaker that was never called is
-  exported as CLOSED;
-- ``distbreaker_breaker_failure_rate_percent`` / ``_slow_call_rate_percent``
-  (-1 below the minimum number of calls), ``distbreaker_breaker_window_calls``
-  / ``_window_failures`` / ``_window_slow_calls``, ``_retry_in_seconds``, and
-  ``distbreaker_breaker_fleet_rejections_total``;
-- ``distbreaker_bulkhead_in_use`` / ``_limit``;
-- ``distbreaker_budget_deposits`` / ``_withdrawals`` over the window and
-  ``distbreaker_budget_balance`` (for registered budgets, whose formula is known);
-- ``distbreaker_up``: 1 when Redis answered this scrape, else 0 (the fleet
-  metrics are then left out; a scrape never fails because of Redis).
-
-Per process (from the registered objects themselves, no Redis):
-``distbreaker_calls_total{name,outcome}``, ``distbreaker_rejections_total
-{name,reason}`` (reason: open, half_open_full, forced_open, redis_unavailable,
-bulkhead_full) and ``distbreaker_transitions_total{name,from_state,to_state}``
-for the transitions this process's calls made (each transition is counted by
-exactly one process, so summing over processes gives the fleet's count).
-Under gunicorn/Celery prefork, use prometheus_client's multiprocess mode or
-one scrape target per worker, as for any per-process counter.
+``REGISTRY.register(DistbreakerCollector(redis=URL, components=[policy, breaker]))``;
+the metrics are listed on `DistbreakerCollector` and in the README.
 """
 
 from __future__ import annotations
@@ -53,6 +21,7 @@ from ..breaker.events import Transition
 from ..breaker.state import State
 from ..budget.config import MILLIONTHS
 from ..budget.core import BudgetCore
+from ..bulkhead.core import BulkheadCore
 from ..readside import read_summaries, scan_names
 
 __all__ = ["DistbreakerCollector"]
@@ -66,7 +35,28 @@ class DistbreakerCollector(Collector):
     """A prometheus_client collector of distbreaker's fleet-wide and per-process figures.
 
     `redis` is a URL or a sync redis-py client used for the read-only scrape
-    (a short `timeout` bounds a scrape while Redis hangs).
+    (a short `timeout` bounds a scrape while Redis hangs). Each scrape reads Redis
+    once (pipelined, read-only, see `distbreaker.readside`) and exports for every
+    registered name (and, with ``discover=True``, every name found under the prefix):
+
+    - ``distbreaker_breaker_state{name,state}``: 1 for the current fleet-wide
+      state, 0 for the others; a registered breaker never called is CLOSED;
+    - ``distbreaker_breaker_failure_rate_percent`` / ``_slow_call_rate_percent``
+      (-1 below the minimum number of calls), ``distbreaker_breaker_window_calls``
+      / ``_window_failures`` / ``_window_slow_calls``, ``_retry_in_seconds``, and
+      ``distbreaker_breaker_fleet_rejections_total``;
+    - ``distbreaker_bulkhead_in_use`` / ``_limit``;
+    - ``distbreaker_budget_deposits`` / ``_withdrawals`` over the window and
+      ``distbreaker_budget_balance`` (for registered budgets, whose formula is known);
+    - ``distbreaker_up``: 1 when Redis answered this scrape, else 0 (the fleet
+      metrics are then left out; a scrape never fails because of Redis).
+
+    Per process, from the registered objects (no Redis): ``distbreaker_calls_total
+    {name,outcome}``, ``distbreaker_rejections_total{name,reason}`` (open,
+    half_open_full, forced_open, redis_unavailable, bulkhead_full) and
+    ``distbreaker_transitions_total{name,from_state,to_state}`` for the transitions
+    this process's calls made (each is counted by exactly one process). Under
+    prefork servers use prometheus_client's multiprocess mode or one target per worker.
     """
 
     def __init__(self, redis: Any = None, *, prefix: str = DEFAULT_PREFIX,
@@ -78,7 +68,7 @@ class DistbreakerCollector(Collector):
         self._lock = threading.Lock()
         self._names: dict[str, set[str]] = {}
         self._breakers: list[BreakerCore] = []
-        self._bulkheads: list[Any] = []
+        self._bulkheads: list[BulkheadCore] = []
         self._budgets: dict[str, BudgetCore] = {}
         self._transitions: Counter[tuple[str, str, str]] = Counter()
         self.register(*components)
@@ -96,7 +86,7 @@ class DistbreakerCollector(Collector):
                 self._add_name(item.name, "budget")
                 with self._lock:
                     self._budgets.setdefault(item.name, item)
-            elif _is_bulkhead(item):
+            elif isinstance(item, BulkheadCore):
                 self._add_name(item.name, "bulkhead")
                 with self._lock:
                     self._bulkheads.append(item)
@@ -178,13 +168,13 @@ class DistbreakerCollector(Collector):
         outcome_sums: Counter[tuple[str, str]] = Counter()
         rejection_sums: Counter[tuple[str, str]] = Counter()
         for breaker in breakers:
-            codec = breaker._codec
+            counts = breaker.local_counts()
             for outcome in ("success", "failure", "ignored"):
-                outcome_sums[(breaker.name, outcome)] += codec.outcomes.get(outcome, 0)
+                outcome_sums[(breaker.name, outcome)] += counts.outcomes.get(outcome, 0)
             for state, reason in _REJECTION_REASONS.items():
-                rejection_sums[(breaker.name, reason)] += codec.rejections.get(state, 0)
+                rejection_sums[(breaker.name, reason)] += counts.rejections.get(state, 0)
         for bulkhead in bulkheads:
-            rejection_sums[(bulkhead.name, "bulkhead_full")] += bulkhead._codec.rejected_here
+            rejection_sums[(bulkhead.name, "bulkhead_full")] += bulkhead.local_counts().rejected
         for (name, outcome), value in sorted(outcome_sums.items()):
             calls.add_metric([name, outcome], value)
         for (name, reason), value in sorted(rejection_sums.items()):
@@ -194,11 +184,6 @@ class DistbreakerCollector(Collector):
         yield calls
         yield rejections
         yield transitions
-
-
-def _is_bulkhead(item: Any) -> bool:
-    codec = getattr(item, "_codec", None)
-    return codec is not None and hasattr(codec, "rejected_here") and hasattr(item, "name")
 
 
 class _FleetMetrics:

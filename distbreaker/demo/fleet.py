@@ -651,7 +651,8 @@ def plot(result: dict[str, Any], requests: list[Request], path: str) -> None:
     try:
         import matplotlib
     except ImportError:
-        raise SystemExit("--plot needs matplotlib: pip install 'distbreaker[plot]'") from None
+        raise SystemExit("--plot needs matplotlib: pip install matplotlib "
+                         "(or, in a distbreaker checkout: pip install '.[plot]')") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -1,14 +1,14 @@
-"""Ganesha-compatible mode for asyncio (see distbreaker.ganesha)."""
+"""The asyncio Ganesha-mode breaker: awaited I/O only, decisions in `ganesha.core`."""
 
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from .._runtime.connection import async_client
-from .._runtime.health import UNAVAILABLE_ERRORS
-from .._runtime.scripts import run_script_async
+from .._runtime.connection import async_client, owns_client
+from .._runtime.scripts import send_async
 from .config import GaneshaConfig
 from .core import GaneshaCore, GaneshaReply
 
@@ -16,27 +16,20 @@ T = TypeVar("T")
 
 
 class GaneshaBreaker(GaneshaCore):
-    """The asyncio twin of distbreaker.ganesha.GaneshaBreaker (awaited methods)."""
+    """The asyncio twin of `distbreaker.GaneshaBreaker` (awaited methods, same keys)."""
 
     def __init__(self, service: str, redis: Any = None, config: GaneshaConfig | None = None,
                  **overrides: Any) -> None:
         super().__init__(service, config, overrides)
         self._client = async_client(redis, self.config.redis_timeout)
+        self._owns_client = owns_client(redis)
 
     async def _run(self, op: str) -> GaneshaReply | None:
-        prepared = self._prepare(op)
-        if prepared is None:
-            return None
-        try:
-            raw = await run_script_async(self._client, self._script, *prepared)
-        except UNAVAILABLE_ERRORS as error:
-            self._unavailable(error)
-            return None
-        return self._handle(raw)
+        return await send_async(self._client, self._pending(op))
 
     async def is_available(self) -> bool:
-        reply = await self._run("available")
-        return True if reply is None else reply.available
+        """Ganesha's isAvailable: records a rejection when it answers False."""
+        return self._available(await self._run("available"))
 
     async def success(self) -> None:
         await self._run("success")
@@ -45,9 +38,11 @@ class GaneshaBreaker(GaneshaCore):
         await self._run("failure")
 
     async def counts(self) -> GaneshaReply | None:
+        """Trimmed counts and availability, without recording anything."""
         return await self._run("counts")
 
     async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """Await `fn` if available (else raise CallNotPermitted); record success or failure."""
         if not await self.is_available():
             raise self._rejection()
         try:
@@ -59,8 +54,17 @@ class GaneshaBreaker(GaneshaCore):
         return result
 
     def __call__(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError("distbreaker.aio.GaneshaBreaker decorates coroutine functions; "
+                            "use distbreaker.GaneshaBreaker for a plain function")
+
         @functools.wraps(fn)
         async def wrapper(*args: Any, **kwargs: Any) -> T:
             return await self.call(fn, *args, **kwargs)
 
         return wrapper
+
+    async def aclose(self) -> None:
+        """Close the client this breaker built from a URL (a client given to it is yours)."""
+        if self._owns_client:
+            await self._client.aclose()

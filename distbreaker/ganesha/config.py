@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 from enum import Enum
+from typing import Any
 
-from .._runtime.options import check_int, check_percent, to_seconds
+from .._runtime.options import (
+    Seconds,
+    check_int,
+    check_percent,
+    check_redis_options,
+    merge_options,
+    to_seconds,
+)
 
 
 class GaneshaEvent(str, Enum):
@@ -22,6 +30,7 @@ class GaneshaConfig:
     `key_ttl` 0 keeps Ganesha's own behaviour (keys never expire); a positive
     value (at least `time_window + interval_to_half_open`) makes every Python
     write refresh a TTL on the keys it touches.
+    `redis_timeout` / `redis_retry_max_backoff` as for the breaker.
     """
 
     failure_rate_threshold: float = 50.0
@@ -33,8 +42,9 @@ class GaneshaConfig:
     failure_suffix: str = "_failure"
     rejection_suffix: str = "_rejection"
     status_suffix: str = "_status"
-    key_ttl: float = 0.0
-    redis_timeout: float = 0.25
+    key_ttl: Seconds = 0.0
+    redis_timeout: Seconds = 0.25
+    redis_retry_max_backoff: Seconds = 5.0
 
     def __post_init__(self) -> None:
         check_percent(self.failure_rate_threshold, "failure_rate_threshold")
@@ -61,11 +71,20 @@ class GaneshaConfig:
                              f"interval_to_half_open = {shortest} s, so a TTL never "
                              f"expires another writer's events inside the window; "
                              f"got {self.key_ttl!r}")
-        object.__setattr__(self, "redis_timeout", to_seconds(self.redis_timeout,
-                                                             "redis_timeout"))
+        check_redis_options(self)
+
+    def replace(self, **changes: Any) -> GaneshaConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
 
     def keys(self, service: str) -> list[str]:
         """Ganesha's keys for a service: success, failure, rejection, status."""
         base = f"{self.prefix}{service}"
         return [base + self.success_suffix, base + self.failure_suffix,
                 base + self.rejection_suffix, base + self.status_suffix]
+
+
+def build_ganesha_config(config: GaneshaConfig | None,
+                         overrides: dict[str, Any]) -> GaneshaConfig:
+    """Merge constructor keyword overrides into a Ganesha config."""
+    return merge_options(GaneshaConfig, config, overrides, "ganesha")

@@ -1,11 +1,7 @@
-"""Ganesha-compatible mode: share breaker state with an existing PHP Ganesha fleet.
+"""Ganesha mode's pure core: script arguments, reply decoding, listeners, Redis health.
 
-Python workers read and write ackintosh/ganesha's own keys (Rate strategy,
-Redis adapter) and make Ganesha's decisions, but each operation is one Lua
-script (lua/ganesha.lua), so Python never loses its own events to member
-collisions and "tripped" fires exactly once per trip among Python workers.
-The PHP side keeps Ganesha's behaviour (its half-open lets every request
-through; its check-then-set may fire "tripped" once per PHP process).
+Python workers share ackintosh/ganesha's (PHP) Rate-strategy keys, each operation one
+Lua script (lua/ganesha.lua); the sync and asyncio breakers only send its calls.
 """
 
 from __future__ import annotations
@@ -15,26 +11,23 @@ import itertools
 import os
 import secrets
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from .._runtime import forking
 from .._runtime.events import logger
 from .._runtime.health import RedisHealth
 from .._runtime.options import to_ms
-from .._runtime.scripts import load_script
+from .._runtime.scripts import PendingCall, load_script, text
 from ..errors import CallNotPermitted
-from .config import GaneshaConfig, GaneshaEvent
+from .config import GaneshaConfig, GaneshaEvent, build_ganesha_config
 
-T = TypeVar("T")
 SCRIPT_NAME = "ganesha"
-
-
-
-
 
 
 @dataclasses.dataclass(frozen=True)
 class GaneshaReply:
+    """A decoded ganesha script reply (see lua/ganesha.lua)."""
+
     available: bool
     status: str
     event: GaneshaEvent | None
@@ -42,10 +35,6 @@ class GaneshaReply:
     successes: int
     rejections: int
     member: str
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class GaneshaCodec:
@@ -69,36 +58,38 @@ class GaneshaCodec:
         counter, so with a shared tag their members could collide."""
         self._process_tag = f"{os.getpid():x}{secrets.token_hex(3)}"
 
-    def call(self, op: str) -> tuple[Sequence[str], Sequence[Any]]:
+    def script_call(self, op: str) -> tuple[Sequence[str], Sequence[Any]]:
+        """KEYS and ARGV of one script call; each carries a member id unique in the fleet."""
         c = self.config
-        token = f"{self._process_tag}-{next(self._counter):x}"
+        member = f"{self._process_tag}-{next(self._counter):x}"
         return self.keys, (op, repr(float(c.failure_rate_threshold)), c.minimum_requests,
-                           c.time_window, c.interval_to_half_open, token, to_ms(c.key_ttl))
+                           c.time_window, c.interval_to_half_open, member, to_ms(c.key_ttl))
 
     @staticmethod
     def decode(raw: Sequence[Any]) -> GaneshaReply:
-        event = _text(raw[2])
-        return GaneshaReply(available=bool(int(raw[0])), status=_text(raw[1]),
+        event = text(raw[2])
+        return GaneshaReply(available=bool(int(raw[0])), status=text(raw[1]),
                             event=GaneshaEvent(event) if event else None,
                             failures=int(raw[3]), successes=int(raw[4]),
-                            rejections=int(raw[5]), member=_text(raw[6]))
+                            rejections=int(raw[5]), member=text(raw[6]))
 
 
 GaneshaListener = Callable[[str, GaneshaEvent], None]
 
 
 class GaneshaCore:
-    """What the sync and asyncio Ganesha breakers share: everything but the Redis call."""
+    """What the sync and asyncio Ganesha breakers share: everything but the Redis call.
+
+    While Redis is unreachable nothing is recorded and `is_available()` answers True
+    (fail open: the breaker must not become the outage); Redis is retried with backoff.
+    """
 
     def __init__(self, service: str, config: GaneshaConfig | None,
                  overrides: dict[str, Any]) -> None:
-        base = config or GaneshaConfig()
-        if not isinstance(base, GaneshaConfig):
-            raise TypeError(f"config must be a GaneshaConfig, got {type(base).__name__}")
-        self.config = dataclasses.replace(base, **overrides) if overrides else base
+        self.config = build_ganesha_config(config, overrides)
         self._codec = GaneshaCodec(service, self.config)
         self._script = load_script(SCRIPT_NAME)
-        self._health = RedisHealth(5.0)
+        self._health = RedisHealth(self.config.redis_retry_max_backoff)
         self._listeners: list[GaneshaListener] = []
 
     @property
@@ -109,15 +100,20 @@ class GaneshaCore:
         """Called as `listener(service, event)` when this process's call trips or calms it."""
         self._listeners.append(listener)
 
-    def _prepare(self, op: str) -> tuple[Sequence[str], Sequence[Any]] | None:
-        """The script call for `op`, or None while Redis is in backoff (fail open)."""
-        return self._codec.call(op) if self._health.usable() else None
+    def _pending(self, op: str) -> PendingCall:
+        """The script call for `op`; its result is the reply, or None when Redis could
+        not be asked (in backoff, or unavailable: logged)."""
+        keys, args = self._codec.script_call(op)
+        return PendingCall(self._script, keys, args, self._health.usable, self._on_reply,
+                           self._on_unavailable)
 
-    def _unavailable(self, error: BaseException) -> None:
-        self._health.failed(error)
-        logger.warning("ganesha %s: redis unavailable (%s); failing open", self.service, error)
+    def _on_unavailable(self, error: BaseException | None) -> None:
+        if error is not None:
+            self._health.failed(error)
+            logger.warning("ganesha %s: redis unavailable (%s); failing open", self.service,
+                           error)
 
-    def _handle(self, raw: Any) -> GaneshaReply:
+    def _on_reply(self, raw: Any) -> GaneshaReply:
         self._health.succeeded()
         reply = self._codec.decode(raw)
         if reply.event is not None:
@@ -128,7 +124,13 @@ class GaneshaCore:
                     logger.exception("ganesha listener %r failed", listener)
         return reply
 
+    @staticmethod
+    def _available(reply: GaneshaReply | None) -> bool:
+        """Whether a call may run: as Redis says, or yes when it could not be asked."""
+        return True if reply is None else reply.available
+
     def _rejection(self) -> CallNotPermitted:
         return CallNotPermitted(self.service, "OPEN", 0.0, reason="ganesha: not available")
 
-
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.service!r})"

@@ -7,42 +7,36 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .._runtime.connection import sync_client
-from .._runtime.health import UNAVAILABLE_ERRORS
-from .._runtime.scripts import run_script
-from .core import GaneshaConfig, GaneshaCore, GaneshaReply
+from .._runtime.connection import owns_client, sync_client
+from .._runtime.scripts import send
+from .config import GaneshaConfig
+from .core import GaneshaCore, GaneshaReply
 
 T = TypeVar("T")
 
 
 class GaneshaBreaker(GaneshaCore):
-    """A breaker that speaks Ganesha's Redis layout (see the module docstring).
+    """A breaker that shares an ackintosh/ganesha (PHP) fleet's Redis keys and decisions.
 
-    While Redis is unreachable `is_available()` answers True (fail-open, as a
-    breaker must not become the outage) and outcomes are dropped; Redis is
-    retried with backoff.
+    Each operation is one Lua script, so Python workers never lose their own events to
+    member collisions and "tripped" fires once per trip among them; PHP workers keep
+    Ganesha's own behaviour (a half-open that lets every request through, a check-then-set
+    that may fire "tripped" once per PHP process). While Redis is unreachable
+    `is_available()` answers True (fail open) and outcomes are dropped.
     """
 
     def __init__(self, service: str, redis: Any = None, config: GaneshaConfig | None = None,
                  **overrides: Any) -> None:
         super().__init__(service, config, overrides)
         self._client = sync_client(redis, self.config.redis_timeout)
+        self._owns_client = owns_client(redis)
 
     def _run(self, op: str) -> GaneshaReply | None:
-        prepared = self._prepare(op)
-        if prepared is None:
-            return None
-        try:
-            raw = run_script(self._client, self._script, *prepared)
-        except UNAVAILABLE_ERRORS as error:
-            self._unavailable(error)
-            return None
-        return self._handle(raw)
+        return send(self._client, self._pending(op))
 
     def is_available(self) -> bool:
         """Ganesha's isAvailable: records a rejection when it answers False."""
-        reply = self._run("available")
-        return True if reply is None else reply.available
+        return self._available(self._run("available"))
 
     def success(self) -> None:
         self._run("success")
@@ -75,3 +69,8 @@ class GaneshaBreaker(GaneshaCore):
             return self.call(fn, *args, **kwargs)
 
         return wrapper
+
+    def close(self) -> None:
+        """Close the client this breaker built from a URL (a client given to it is yours)."""
+        if self._owns_client:
+            self._client.close()

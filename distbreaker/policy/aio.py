@@ -11,7 +11,6 @@ import asyncio
 import functools
 import inspect
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -20,12 +19,11 @@ from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import Owed, PendingCall, run_scripts_each_async
 from ..breaker.aio import CircuitBreaker
-from ..breaker.classify import HttpClassifier, Outcome, status_of
+from ..breaker.classify import HttpClassifier, Outcome
 from ..budget.aio import RetryBudget
 from ..bulkhead.aio import Bulkhead
-from ..retry.aio import Retry
-from ..retry.core import RetryCore
-from .core import Fallback, PolicyCore, build_component, build_retry, group_ready, settle
+from ..retry.aio import Retry, run_flow
+from .core import Fallback, PolicyCore, Ran, group_ready, settle, unreachable
 
 T = TypeVar("T")
 logger = logging.getLogger("distbreaker")
@@ -34,6 +32,8 @@ logger = logging.getLogger("distbreaker")
 class Policy(PolicyCore):
     """The asyncio twin of `distbreaker.Policy` (awaited `call`, coroutine decorator)."""
 
+    _kinds = (CircuitBreaker, Bulkhead, Retry, RetryBudget)
+
     def __init__(self, name: str, redis: Any = None, *, breaker: Any = True,
                  bulkhead: Any = None, retry: Any = None, budget: Any = None,
                  fallback: Fallback | None = None, fallback_on_client_error: bool = False,
@@ -41,12 +41,8 @@ class Policy(PolicyCore):
                  prefix: str = DEFAULT_PREFIX,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                  redis_timeout: float = 0.25) -> None:
-        client = async_client(redis, redis_timeout)
-        self.breaker = build_component(breaker, CircuitBreaker, name, client, prefix)
-        self.bulkhead = build_component(bulkhead, Bulkhead, name, client, prefix)
-        retry_obj = build_retry(retry, Retry)
-        budget_obj = build_component(budget, RetryBudget, name, client, prefix)
-        self._setup(name, retry_obj, budget_obj, fallback, fallback_on_client_error,
+        self._setup(name, async_client(redis, redis_timeout), prefix,
+                    (breaker, bulkhead, retry, budget), fallback, fallback_on_client_error,
                     http_classifier)
         self._sleep = sleep
         self._background: set[asyncio.Future[None]] = set()
@@ -73,19 +69,18 @@ class Policy(PolicyCore):
             try:
                 results = await run_scripts_each_async(client, [call.spec for call in ready])
             except UNAVAILABLE_ERRORS as error:
-                for call in ready:
-                    call.on_unavailable(error)
-                continue
-            settle(ready, results)
+                unreachable(ready, error)
+            else:
+                settle(ready, results)
 
-    async def _trip(self, error: BaseException) -> None:
+    async def _trip(self, reason: str) -> None:
         try:
-            await self.breaker.trip(f"hard stop: HTTP {status_of(error)} without Retry-After")
+            await self.breaker.trip(reason)
         except UNAVAILABLE_ERRORS as failure:
             logger.warning("policy %s: could not trip the breaker: %s", self.name, failure)
 
     async def _attempt(self, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any,
-                       deposit: bool) -> T:
+                       attempt: int) -> T:
         breaker, bulkhead = self.breaker, self.bulkhead
         permit = await breaker.acquire() if breaker is not None else None
         try:
@@ -94,51 +89,23 @@ class Policy(PolicyCore):
             if breaker is not None:
                 await breaker.record(permit, refused, 0.0, Outcome.IGNORED)
             raise
-        started = time.monotonic()
-        error: BaseException | None
+        ran = Ran()
         try:
-            result = await fn(*args, **kwargs)
-        except BaseException as raised:
-            error, result = raised, None
-        else:
-            error = self.response_error(result)
-        duration = time.monotonic() - started
-        owed: list[Owed | None] = []
-        if deposit and self.budget is not None:  # once per logical request that ran
-            owed.append(self.budget.owed_deposit())
-        if slot is not None:
-            owed.append(await bulkhead.owed_release(slot))
-        if breaker is not None:
-            owed.append(breaker.owed_record(permit, error, duration,
-                                            self.breaker_outcome(error, result)))
-        await self._flush(owed)
-        if error is not None:
-            if breaker is not None and self.is_hard_stop(error):
-                await self._trip(error)
-            raise error
-        return result  # type: ignore[return-value]
-
-    async def _with_retry(self, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any) -> T:
-        budget = self.budget
-        started = time.monotonic()
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return await self._attempt(fn, args, kwargs, deposit=attempt == 1)
-            except Exception as error:
-                decision = self.decide(error, attempt, started)
-                if not decision.retry:
-                    raise
-                if budget is not None and not await budget.try_withdraw():
-                    RetryCore.mark_exhausted(error, budget.name)
-                    raise
-                await self._sleep(decision.delay)
+            ran.ended(await fn(*args, **kwargs), None)
+        except BaseException as error:
+            ran.ended(None, error)
+        release = await bulkhead.owed_release(slot) if slot is not None else None
+        await self._flush(self.owed_after(ran, attempt, permit, release))
+        reason = self.trip_reason(ran)
+        if reason is not None:
+            await self._trip(reason)
+        return ran.unwrap()  # type: ignore[no-any-return]
 
     async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Await `fn(*args, **kwargs)` under the whole policy."""
         try:
-            return await self._with_retry(fn, args, kwargs)
+            return await run_flow(self._flow(), functools.partial(self._attempt, fn, args, kwargs),
+                                  self.budget, self._sleep)
         except Exception as error:
             if self.uses_fallback(error):
                 result = self.fallback(error)  # type: ignore[misc]

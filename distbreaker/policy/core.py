@@ -1,11 +1,13 @@
 """What a policy decides, shared by the sync and asyncio policies (no I/O).
 
-How the breaker counts an attempt, which responses are errors, retry and
-fallback decisions, and how owed Redis calls are grouped and settled.
+How the breaker counts an attempt, which responses are errors, which Redis
+calls an attempt owes and what it raises, the retry flow and the fallback, and
+how owed Redis calls are grouped and settled.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,7 +25,7 @@ from ..breaker.classify import (
     status_of,
 )
 from ..errors import BulkheadFull
-from ..retry.core import Decision, RetryCore
+from ..retry.core import Decision, RetryCore, RetryFlow, retry_flow
 
 Fallback = Callable[[BaseException], Any]
 
@@ -55,16 +57,47 @@ def build_retry(spec: Any, cls: type) -> Any:
     return cls(spec)
 
 
+class Ran:
+    """One attempt of the protected call, timed from its creation to `ended`."""
+
+    __slots__ = ("duration", "error", "result", "started")
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.duration = 0.0
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def ended(self, result: Any, error: BaseException | None) -> None:
+        self.duration = time.monotonic() - self.started
+        self.result, self.error = result, error
+
+    def unwrap(self) -> Any:
+        """The attempt's result, or raise its error."""
+        if self.error is None:
+            return self.result
+        try:
+            raise self.error
+        finally:
+            self.error = None  # no cycle between the raising frame and the traceback
+
+
 class PolicyCore:
-    """The decisions of a policy: outcome for the breaker, retry, fallback."""
+    """The decisions of a policy: outcome for the breaker, owed calls, retry, fallback."""
 
-    breaker: Any
-    bulkhead: Any
-    retry: Any
-    budget: Any
+    _kinds: tuple[type, type, type, type]  # this flavour's breaker, bulkhead, retry, budget
 
-    def _setup(self, name: str, retry: Any, budget: Any, fallback: Fallback | None,
-               fallback_on_client_error: bool, http_classifier: HttpClassifier | None) -> None:
+    def _setup(self, name: str, client: Any, prefix: str, specs: tuple[Any, Any, Any, Any],
+               fallback: Fallback | None, fallback_on_client_error: bool,
+               http_classifier: HttpClassifier | None) -> None:
+        """Build the components from what the user gave (`specs`: breaker, bulkhead,
+        retry, budget), sharing `client`, then check the other options."""
+        breaker_cls, bulkhead_cls, retry_cls, budget_cls = self._kinds
+        breaker, bulkhead, retry, budget = specs
+        self.breaker = build_component(breaker, breaker_cls, name, client, prefix)
+        self.bulkhead = build_component(bulkhead, bulkhead_cls, name, client, prefix)
+        retry = build_retry(retry, retry_cls)
+        budget = build_component(budget, budget_cls, name, client, prefix)
         self.name = validate_name(name)
         if fallback is not None and not callable(fallback):
             raise TypeError(f"fallback must be callable or None, got {fallback!r}")
@@ -77,6 +110,14 @@ class PolicyCore:
         self.classifier = http_classifier or (
             retry.config.http_classifier if retry is not None else None) or DEFAULT_HTTP_CLASSIFIER
         self._core: RetryCore | None = retry._core if retry is not None else None
+
+    def without_retry(self) -> Any:
+        """A copy sharing this policy's breaker, bulkhead and budget (still deposited
+        to) that never retries (e.g. for a request that must not be sent twice)."""
+        twin = copy.copy(self)
+        twin.retry = None
+        twin._core = None
+        return twin
 
     def verdict(self, error: BaseException | None) -> HttpVerdict | None:
         return None if error is None else self.classifier.classify_error(error)
@@ -117,10 +158,41 @@ class PolicyCore:
     def is_hard_stop(self, error: BaseException) -> bool:
         return self.verdict(error) is HttpVerdict.HARD_STOP
 
+    def owed_after(self, ran: Ran, attempt: int, permit: Any,
+                   release: Owed | None) -> list[Owed | None]:
+        """The Redis calls attempt number `attempt` owes now that it ran, in pipeline
+        order: the retry budget deposit (first attempt only: once per logical request
+        that reached an attempt), the bulkhead `release`, the breaker record.
+
+        A returned response that is an error becomes the attempt's error here."""
+        if ran.error is None:
+            ran.error = self.response_error(ran.result)
+        owed: list[Owed | None] = []
+        if attempt == 1 and self.budget is not None:
+            owed.append(self.budget.owed_deposit())
+        owed.append(release)
+        if self.breaker is not None:
+            owed.append(self.breaker.owed_record(permit, ran.error, ran.duration,
+                                                 self.breaker_outcome(ran.error, ran.result)))
+        return owed
+
+    def trip_reason(self, ran: Ran) -> str | None:
+        """Why the breaker must be tripped after this attempt (a hard stop), or None."""
+        error = ran.error
+        if error is None or self.breaker is None or not self.is_hard_stop(error):
+            return None
+        return f"hard stop: HTTP {status_of(error)} without Retry-After"
+
     def decide(self, error: BaseException, attempt: int, started: float) -> Decision:
         if self._core is None:
             return Decision(False, 0.0, "no retry")
         return self._core.decide(error, attempt, started, time.monotonic())
+
+    def _flow(self) -> RetryFlow:
+        """The retry flow of one logical call. No Deposit step: the first attempt's
+        pipeline carries the deposit, and only when that attempt ran."""
+        budget = None if self.budget is None else self.budget.name
+        return retry_flow(self.decide, time.monotonic, budget, deposit=False)
 
     def uses_fallback(self, error: BaseException) -> bool:
         if self.fallback is None or not isinstance(error, Exception):
@@ -144,6 +216,12 @@ def settle(ready: Sequence[PendingCall], results: Sequence[Any]) -> None:
             call.on_reply(result)
     if first_error is not None:
         raise first_error
+
+
+def unreachable(ready: Sequence[PendingCall], error: BaseException) -> None:
+    """A pipeline that got no answer: every call in it takes its outage path."""
+    for call in ready:
+        call.on_unavailable(error)
 
 
 def group_ready(owed: Sequence[Owed | None]) -> list[tuple[Any, list[PendingCall]]]:

@@ -1,6 +1,6 @@
 """The composed policy: Retry( CircuitBreaker( Bulkhead( call ) ) ), fallback outermost.
 
-Defaults that matter (DESIGN.md): the retry never retries CallNotPermitted or
+Defaults that matter: the retry never retries CallNotPermitted or
 BulkheadFull; the breaker ignores BulkheadFull (the bulkhead rejecting is not
 the dependency failing) and HTTP client errors (4xx but 429); a 429 without
 Retry-After trips the breaker at once; the fallback is not applied to client
@@ -29,31 +29,16 @@ from .._runtime.connection import sync_client
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import Owed, run_scripts_each
-from ..breaker.classify import (
-    HttpClassifier,
-    Outcome,
-    status_of,
-)
+from ..breaker.classify import HttpClassifier, Outcome
 from ..breaker.sync import CircuitBreaker
 from ..budget.sync import RetryBudget
 from ..bulkhead.sync import Bulkhead
 from ..errors import CallNotPermitted
-from ..retry.core import RetryCore
-from ..retry.sync import Retry
-from .core import Fallback, PolicyCore, build_component, build_retry, group_ready, settle
+from ..retry.sync import Retry, run_flow
+from .core import Fallback, PolicyCore, Ran, group_ready, settle, unreachable
 
 T = TypeVar("T")
 logger = logging.getLogger("distbreaker")
-
-
-
-
-
-
-
-
-
-
 
 
 class Policy(PolicyCore):
@@ -64,6 +49,8 @@ class Policy(PolicyCore):
     client (`redis`, a URL or a client) so their calls can share a pipeline.
     """
 
+    _kinds = (CircuitBreaker, Bulkhead, Retry, RetryBudget)
+
     def __init__(self, name: str, redis: Any = None, *, breaker: Any = True,
                  bulkhead: Any = None, retry: Any = None, budget: Any = None,
                  fallback: Fallback | None = None, fallback_on_client_error: bool = False,
@@ -71,12 +58,8 @@ class Policy(PolicyCore):
                  prefix: str = DEFAULT_PREFIX, sleep: Callable[[float], Any] = time.sleep,
                  redis_timeout: float = 0.25) -> None:
         self._client = sync_client(redis, redis_timeout)
-        self.breaker = build_component(breaker, CircuitBreaker, name, self._client, prefix)
-        self.bulkhead = build_component(bulkhead, Bulkhead, name, self._client, prefix)
-        retry_obj = build_retry(retry, Retry)
-        budget_obj = build_component(budget, RetryBudget, name, self._client, prefix)
-        self._setup(name, retry_obj, budget_obj, fallback, fallback_on_client_error,
-                    http_classifier)
+        self._setup(name, self._client, prefix, (breaker, bulkhead, retry, budget), fallback,
+                    fallback_on_client_error, http_classifier)
         self._sleep = sleep
 
     # -- Redis -------------------------------------------------------------------------
@@ -86,20 +69,18 @@ class Policy(PolicyCore):
             try:
                 results = run_scripts_each(client, [call.spec for call in ready])
             except UNAVAILABLE_ERRORS as error:
-                for call in ready:
-                    call.on_unavailable(error)
-                continue
-            settle(ready, results)
+                unreachable(ready, error)
+            else:
+                settle(ready, results)
 
-    def _trip(self, error: BaseException) -> None:
+    def _trip(self, reason: str) -> None:
         try:
-            self.breaker.trip(f"hard stop: HTTP {status_of(error)} without Retry-After")
+            self.breaker.trip(reason)
         except UNAVAILABLE_ERRORS as failure:
             logger.warning("policy %s: could not trip the breaker: %s", self.name, failure)
 
-    # -- one attempt ---------------------------------------------------------------------
-    def _attempt(self, fn: Callable[..., T], args: Any, kwargs: Any,
-                 deposit: bool) -> T:
+    # -- one attempt, then the protected call -------------------------------------------
+    def _attempt(self, fn: Callable[..., T], args: Any, kwargs: Any, attempt: int) -> T:
         breaker, bulkhead = self.breaker, self.bulkhead
         permit = breaker.acquire() if breaker is not None else None
         try:
@@ -108,52 +89,23 @@ class Policy(PolicyCore):
             if breaker is not None:
                 breaker.record(permit, refused, 0.0, Outcome.IGNORED)
             raise
-        started = time.monotonic()
-        error: BaseException | None
+        ran = Ran()
         try:
-            result = fn(*args, **kwargs)
-        except BaseException as raised:
-            error, result = raised, None
-        else:
-            error = self.response_error(result)
-        duration = time.monotonic() - started
-        owed: list[Owed | None] = []
-        if deposit and self.budget is not None:  # once per logical request that ran
-            owed.append(self.budget.owed_deposit())
-        if slot is not None:
-            owed.append(bulkhead.owed_release(slot))
-        if breaker is not None:
-            owed.append(breaker.owed_record(permit, error, duration,
-                                            self.breaker_outcome(error, result)))
-        self._flush(owed)
-        if error is not None:
-            if breaker is not None and self.is_hard_stop(error):
-                self._trip(error)
-            raise error
-        return result  # type: ignore[return-value]
-
-    # -- the protected call -----------------------------------------------------------------
-    def _with_retry(self, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
-        budget = self.budget
-        started = time.monotonic()
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return self._attempt(fn, args, kwargs, deposit=attempt == 1)
-            except Exception as error:
-                decision = self.decide(error, attempt, started)
-                if not decision.retry:
-                    raise
-                if budget is not None and not budget.try_withdraw():
-                    RetryCore.mark_exhausted(error, budget.name)
-                    raise
-                self._sleep(decision.delay)
+            ran.ended(fn(*args, **kwargs), None)
+        except BaseException as error:
+            ran.ended(None, error)
+        release = bulkhead.owed_release(slot) if slot is not None else None
+        self._flush(self.owed_after(ran, attempt, permit, release))
+        reason = self.trip_reason(ran)
+        if reason is not None:
+            self._trip(reason)
+        return ran.unwrap()  # type: ignore[no-any-return]
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(*args, **kwargs)` under the whole policy."""
         try:
-            return self._with_retry(fn, args, kwargs)
+            return run_flow(self._flow(), functools.partial(self._attempt, fn, args, kwargs),
+                            self.budget, self._sleep)
         except Exception as error:
             if self.uses_fallback(error):
                 return self.fallback(error)  # type: ignore[misc]

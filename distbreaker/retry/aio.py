@@ -1,4 +1,4 @@
-"""Retry for asyncio: the decisions of `distbreaker.retry.RetryCore`, with awaited waits."""
+"""The asyncio Retry: runs the retry flow of `retry.core`, awaiting calls, budget and sleeps."""
 
 from __future__ import annotations
 
@@ -10,9 +10,31 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from .config import RetryConfig
-from .core import RetryBase
+from .core import Deposit, RetryBase, RetryFlow, Run, Sleep, Withdraw, advance
 
 T = TypeVar("T")
+
+
+async def run_flow(flow: RetryFlow, attempt: Callable[[int], Awaitable[T]], budget: Any,
+                   sleep: Callable[[float], Awaitable[Any]]) -> T:
+    """The asyncio twin of `retry.sync.run_flow`: the same steps, awaited."""
+    step = advance(flow, None)
+    while isinstance(step, Deposit):
+        await budget.deposit()
+        step = advance(flow, None)
+    while True:
+        try:
+            return await attempt(step.attempt)  # type: ignore[union-attr]
+        except BaseException as error:  # CancelledError too: the flow never retries it
+            step = advance(flow, error)
+            while isinstance(step, (Withdraw, Sleep)):
+                if isinstance(step, Withdraw):
+                    step = advance(flow, await budget.try_withdraw())
+                else:
+                    await sleep(step.seconds)
+                    step = advance(flow, None)
+            if not isinstance(step, Run):
+                raise
 
 
 class Retry(RetryBase):
@@ -32,22 +54,8 @@ class Retry(RetryBase):
 
     async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Await `fn(*args, **kwargs)`, retrying transient failures."""
-        started = self._clock()
-        if self.budget is not None:
-            await self.budget.deposit()
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return await fn(*args, **kwargs)
-            except Exception as error:
-                decision = self._decide(error, attempt, started)
-                if not decision.retry:
-                    raise
-                if self.budget is not None and not await self.budget.try_withdraw():
-                    self._core.mark_exhausted(error, self.budget.name)
-                    raise
-                await self._sleep(decision.delay)
+        return await run_flow(self._flow(), lambda attempt: fn(*args, **kwargs), self.budget,
+                              self._sleep)
 
     def __call__(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         if not inspect.iscoroutinefunction(fn):

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
-from .. import errors
 from .._runtime.options import Seconds, check_int, exception_types, merge_options, to_seconds
 from ..breaker.classify import HttpClassifier
+from ..errors import BulkheadFull, CallNotPermitted
 
 
 class Jitter(str, Enum):
@@ -23,11 +23,7 @@ class Jitter(str, Enum):
 
 def default_ignore() -> tuple[type[BaseException], ...]:
     """Rejections by the breaker or the bulkhead: retrying them only adds load."""
-    found = [errors.CallNotPermitted]
-    bulkhead_full = getattr(errors, "BulkheadFull", None)
-    if isinstance(bulkhead_full, type):
-        found.append(bulkhead_full)
-    return tuple(found)
+    return (CallNotPermitted, BulkheadFull)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Retry with capped exponential backoff, full jitter, Retry-After, a deadline and a budget.
 
-`RetryConfig` and `RetryCore` are pure (no sleeping, no I/O) and shared by the
-sync `Retry` here and the asyncio `distbreaker.aio.Retry`; the two shells only
-sleep (or await) and talk to the budget.
+Pure (no sleeping, no I/O): `RetryCore` decides after each failure, and
+`retry_flow` is the one retry loop, as steps (Run, Deposit, Withdraw, Sleep)
+that the sync and asyncio drivers (`retry.sync.run_flow`, `retry.aio.run_flow`)
+execute for `Retry` and for `Policy` alike.
 
 What is retried: an `Exception` (never KeyboardInterrupt or CancelledError)
 that is an instance of `retry_on`, not of `ignore` (default: CallNotPermitted
@@ -11,8 +12,8 @@ status, when it carries one, is TRANSIENT for `http_classifier` (so 4xx and a
 429 without Retry-After are final), and for which `retry_predicate`, if given,
 returns true.
 
-When the retry budget is exhausted the failure is final: `Retry` re-raises the
-ORIGINAL error (so ``except`` clauses, the breaker and the fallback see what the
+When the retry budget is exhausted the failure is final: the ORIGINAL error is
+re-raised (so ``except`` clauses, the breaker and the fallback see what the
 dependency said), with the attribute ``retry_budget_exhausted = True`` and, on
 Python 3.11+, a note saying so. `RetryBudgetExhausted` is raised only by
 `RetryBudget.withdraw()` for callers that drive the budget themselves.
@@ -20,23 +21,14 @@ Python 3.11+, a note saying so. `RetryBudgetExhausted` is raised only by
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
-from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar
+from collections.abc import Callable, Generator
+from typing import Any, NamedTuple
 
 from ..breaker.classify import DEFAULT_HTTP_CLASSIFIER, HttpVerdict, retry_after_of
 from .config import Jitter, RetryConfig, build_retry_config
-
-T = TypeVar("T")
-
-
-
-
-
-
-
-
 
 
 class Decision(NamedTuple):
@@ -109,6 +101,84 @@ class RetryCore:
             add_note(f"distbreaker: not retried, retry budget {budget_name!r} is exhausted")
 
 
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """Make attempt number `attempt` (1-based). Send back the exception it raised;
+    an attempt that returns ends the call (the driver returns its result)."""
+
+    attempt: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Deposit:
+    """Deposit once in the retry budget (once per logical call, before the first Run)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Withdraw:
+    """Ask the retry budget for one retry; send back whether it granted it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Sleep:
+    """Wait `seconds` before the next attempt."""
+
+    seconds: float
+
+
+Step = Run | Deposit | Withdraw | Sleep
+
+
+class GiveUp(NamedTuple):
+    """How a flow ends: the error the driver re-raises, and why it is final."""
+
+    error: BaseException
+    reason: str
+
+
+RetryFlow = Generator[Step, Any, GiveUp]
+
+
+def retry_flow(decide: Callable[[BaseException, int, float], Decision],
+               clock: Callable[[], float], budget: str | None, deposit: bool) -> RetryFlow:
+    """The one retry loop, as steps a driver executes (see `advance` for the protocol).
+
+    `decide(error, attempt, started)` judges a failure of the call begun at
+    `clock()` = `started`; `budget` is the retry budget's name (None: no budget,
+    so no Deposit and no Withdraw); `deposit`: yield a Deposit before the first Run.
+    """
+    started = clock()
+    if deposit and budget is not None:
+        yield Deposit()
+    attempt = 1
+    while True:
+        error = yield Run(attempt)
+        if not isinstance(error, Exception):  # KeyboardInterrupt, CancelledError, ...
+            return GiveUp(error, "not an Exception")
+        decision = decide(error, attempt, started)
+        if not decision.retry:
+            return GiveUp(error, decision.reason)
+        if budget is not None and not (yield Withdraw()):
+            RetryCore.mark_exhausted(error, budget)
+            return GiveUp(error, "budget exhausted")
+        del error  # its traceback holds the driver's frame, which holds this flow
+        yield Sleep(decision.delay)
+        attempt += 1
+
+
+def advance(flow: RetryFlow, reply: Any) -> Step | None:
+    """Send `reply` to `flow` and return its next step; None once the flow has given up.
+
+    The replies: None to start and after Deposit or Sleep, the exception after a
+    failed Run, the budget's answer (bool) after Withdraw. On None the driver
+    re-raises the failed attempt's error.
+    """
+    try:
+        return flow.send(reply)
+    except StopIteration:
+        return None
+
+
 class RetryBase:
     """What the sync and asyncio Retry share: config, core, budget, clock."""
 
@@ -124,7 +194,10 @@ class RetryBase:
     def _decide(self, error: BaseException, attempt: int, started: float) -> Decision:
         return self._core.decide(error, attempt, started, self._clock())
 
+    def _flow(self) -> RetryFlow:
+        """One logical call: deposit once first, withdraw once per retry."""
+        budget = None if self.budget is None else self.budget.name
+        return retry_flow(self._decide, self._clock, budget, deposit=True)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(max_attempts={self.config.max_attempts})"
-
-

@@ -10,9 +10,35 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .config import RetryConfig
-from .core import RetryBase
+from .core import Deposit, RetryBase, RetryFlow, Run, Sleep, Withdraw, advance
 
 T = TypeVar("T")
+
+
+def run_flow(flow: RetryFlow, attempt: Callable[[int], T], budget: Any,
+             sleep: Callable[[float], Any]) -> T:
+    """Execute the steps of a retry flow (`retry.core.retry_flow`); it decides everything.
+
+    Withdraw and Sleep run while the failed attempt's error is being handled, so
+    a bare ``raise`` re-raises it, traceback and all, when the flow gives up.
+    """
+    step = advance(flow, None)
+    while isinstance(step, Deposit):
+        budget.deposit()
+        step = advance(flow, None)
+    while True:
+        try:
+            return attempt(step.attempt)  # type: ignore[union-attr]
+        except BaseException as error:
+            step = advance(flow, error)
+            while isinstance(step, (Withdraw, Sleep)):
+                if isinstance(step, Withdraw):
+                    step = advance(flow, budget.try_withdraw())
+                else:
+                    sleep(step.seconds)
+                    step = advance(flow, None)
+            if not isinstance(step, Run):
+                raise
 
 
 class Retry(RetryBase):
@@ -32,22 +58,8 @@ class Retry(RetryBase):
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(*args, **kwargs)`, retrying transient failures."""
-        started = self._clock()
-        if self.budget is not None:
-            self.budget.deposit()
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return fn(*args, **kwargs)
-            except Exception as error:
-                decision = self._decide(error, attempt, started)
-                if not decision.retry:
-                    raise
-                if self.budget is not None and not self.budget.try_withdraw():
-                    self._core.mark_exhausted(error, self.budget.name)
-                    raise
-                self._sleep(decision.delay)
+        return run_flow(self._flow(), lambda attempt: fn(*args, **kwargs), self.budget,
+                        self._sleep)
 
     def __call__(self, fn: Callable[..., T]) -> Callable[..., T]:
         if inspect.iscoroutinefunction(fn):

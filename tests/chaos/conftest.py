@@ -1,7 +1,7 @@
 """The chaos run shared by every test in tests/chaos/: one fleet, one fault at a time.
 
 `chaos` (session scope) starts a private `redis-server`, spawns PROCESSES x
-THREADS workers (tests/chaos/chaos_worker.py) driving one `Policy` (breaker +
+THREADS workers (tests/helpers/chaos_worker.py) driving one `Policy` (breaker +
 bulkhead + retry with a budget) against a fake dependency, and injects the
 faults of `FAULTS` one after the other, waiting after each until the fleet
 works from Redis again and then for a steady period. The tests then check the
@@ -23,13 +23,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import chaos_worker as cw
 import pytest
 import redis
 
 from distbreaker import CircuitBreaker
 from distbreaker._runtime.keys import BreakerKeys, BudgetKeys, BulkheadKeys
 from distbreaker.demo.embedded import RedisServer
+from tests.helpers import chaos_worker as cw
 
 SOAK = os.environ.get("DISTBREAKER_SOAK") == "1"
 SOAK_SCALE = 6.0

@@ -24,9 +24,10 @@ import json
 import math
 from typing import Any
 
-import chaos_worker as cw
 import pytest
-from conftest import PROCESSES, SOAK, ChaosResult, Fault
+
+from tests.chaos.conftest import PROCESSES, SOAK, ChaosResult, Fault
+from tests.helpers import chaos_worker as cw
 
 pytestmark = pytest.mark.timeout(1200 if SOAK else 240)
 

@@ -24,41 +24,13 @@ from distbreaker.demo.embedded import EmbeddedCluster
 from distbreaker.errors import CallNotPermitted
 from distbreaker.policy.sync import Policy
 from distbreaker.readside import decode_event_message, read_history
-
-SEED = {"sliding_window_type": "COUNT_BASED", "sliding_window_size": 10,
-        "minimum_number_of_calls": 5, "failure_rate_threshold": 50,
-        "wait_duration_in_open_state": 1.0, "permitted_calls_in_half_open": 2}
-
-
-class Dependency:
-    def __init__(self) -> None:
-        self.healthy = False
-        self.calls = 0
-
-    def __call__(self) -> str:
-        self.calls += 1
-        if not self.healthy:
-            raise ConnectionError("gateway down")
-        return "ok"
-
-
-def run_seed_requests(call: Any, count: int) -> list[str]:
-    outcomes = []
-    for _ in range(count):
-        try:
-            call()
-            outcomes.append("ok")
-        except CallNotPermitted:
-            outcomes.append("rejected")
-        except ConnectionError:
-            outcomes.append("failed")
-    return outcomes
+from tests.helpers.dependency import SEED, Dependency, outcome_async, run_requests
 
 
 def test_seed_scenario_on_the_cluster(cluster_client: RedisCluster, name: str) -> None:
     breaker = CircuitBreaker(name, redis=cluster_client, **SEED)
-    dep = Dependency()
-    assert run_seed_requests(lambda: breaker.call(dep), 8) == ["failed"] * 5 + ["rejected"] * 3
+    dep = Dependency(healthy=False)
+    assert run_requests(lambda: breaker.call(dep), 8) == ["failed"] * 5 + ["rejected"] * 3
     assert dep.calls == 5 and breaker.state is State.OPEN
     assert breaker.metrics().failure_rate == 100.0
     time.sleep(1.05)
@@ -264,20 +236,12 @@ def test_asyncio_breaker_and_policy_on_an_async_cluster_client(cluster: Embedded
         client = cluster.async_client(socket_timeout=1.0, socket_connect_timeout=1.0)
         try:
             breaker = aio.CircuitBreaker(name, redis=client, **SEED)
-            dep = Dependency()
+            dep = Dependency(healthy=False)
 
             async def call() -> str:
                 return dep()
 
-            outcomes = []
-            for _ in range(7):
-                try:
-                    await breaker.call(call)
-                    outcomes.append("ok")
-                except CallNotPermitted:
-                    outcomes.append("rejected")
-                except ConnectionError:
-                    outcomes.append("failed")
+            outcomes = [await outcome_async(lambda: breaker.call(call)) for _ in range(7)]
             assert outcomes == ["failed"] * 5 + ["rejected"] * 2
             assert await breaker.get_state() is State.OPEN
             assert not breaker._health.down

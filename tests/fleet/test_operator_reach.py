@@ -17,13 +17,13 @@ import redis
 
 from distbreaker import CircuitBreaker, State
 
-WORKER = Path(__file__).with_name("reach_worker.py")
+WORKER = Path(__file__).resolve().parents[1] / "helpers" / "reach_worker.py"
 PROCESSES, THREADS = 8, 4
 
 
 def percentile(values: list[float], pct: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(pct / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
 
 
 @pytest.mark.parametrize("flavour", ["sync", "asyncio"])

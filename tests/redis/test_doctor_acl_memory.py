@@ -57,7 +57,7 @@ def test_an_evicting_policy_and_a_nearly_full_redis_are_warned(server: RedisServ
     admin = redis.Redis(port=server.port)
     admin.config_set("maxmemory-policy", "volatile-lru")
     admin.config_set("maxmemory", str(int(admin.info("memory")["used_memory"] * 1.1)))
-    code, out, _ = doctor(server.url)
+    _, out, _ = doctor(server.url)
     assert "warn  memory-policy: maxmemory-policy volatile-lru can evict" in out
     assert "warn  memory-use: used memory" in out
     admin.config_set("maxmemory-policy", "noeviction")

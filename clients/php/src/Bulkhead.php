@@ -46,7 +46,7 @@ final class Bulkhead
     private int $ttlMs;
 
     /** @param array<string, mixed> $config */
-    public function __construct(private readonly \Redis|\RedisCluster $redis, public readonly string $name, array $config = [])
+    public function __construct(private readonly \Redis|\RedisCluster|Connection $redis, public readonly string $name, array $config = [])
     {
         $prefix = $config['prefix'] ?? Keys::DEFAULT_PREFIX;
         $luaDir = $config['lua_dir'] ?? null;
@@ -204,10 +204,11 @@ final class Bulkhead
     {
         $notify = $this->keys['notify'];
         $timeout = sprintf('%.3f', $seconds);
-        if ($this->redis instanceof \RedisCluster) {
-            $this->redis->rawCommand($notify, 'BLPOP', $notify, $timeout);
+        $redis = Scripts::client($this->redis);
+        if ($redis instanceof \RedisCluster) {
+            $redis->rawCommand($notify, 'BLPOP', $notify, $timeout);
         } else {
-            $this->redis->rawCommand('BLPOP', $notify, $timeout);
+            $redis->rawCommand('BLPOP', $notify, $timeout);
         }
     }
 

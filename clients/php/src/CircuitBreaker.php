@@ -41,10 +41,10 @@ final class CircuitBreaker
 
     /**
      * @param array<string, mixed> $config Python BreakerConfig option names, plus
-     *        'prefix' (default 'distbreaker') and 'lua_dir' (default ../../lua)
+     *        'prefix' (default 'distbreaker') and 'lua_dir' (default: the package's lua/)
      */
     public function __construct(
-        private readonly \Redis|\RedisCluster $redis,
+        private readonly \Redis|\RedisCluster|Connection $redis,
         public readonly string $name,
         array $config = [],
     ) {

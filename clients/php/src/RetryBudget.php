@@ -34,7 +34,7 @@ final class RetryBudget
     private array $args;
 
     /** @param array<string, mixed> $config */
-    public function __construct(private readonly \Redis|\RedisCluster $redis, public readonly string $name, array $config = [])
+    public function __construct(private readonly \Redis|\RedisCluster|Connection $redis, public readonly string $name, array $config = [])
     {
         $prefix = $config['prefix'] ?? Keys::DEFAULT_PREFIX;
         $luaDir = $config['lua_dir'] ?? null;
@@ -114,7 +114,7 @@ final class RetryBudget
     /** Forget the window (the next writer's ttl/slices become the stored ones). */
     public function reset(): void
     {
-        $this->redis->del($this->key);
+        Scripts::client($this->redis)->del($this->key);
     }
 
     /** @return array{ok: bool, balance: int, deposits: int, withdrawals: int, now_ms: int, drift: bool} */

@@ -5,23 +5,37 @@ declare(strict_types=1);
 namespace Distbreaker;
 
 /**
- * Loads the shared Lua scripts (the repository's lua/ folder, byte for byte)
- * and runs them with EVALSHA, falling back to EVAL on NOSCRIPT (Redis
- * restarted or SCRIPT FLUSH), which caches the script again.
+ * Loads the shared Lua scripts (the package's lua/ folder: the repository's
+ * lua/ copied byte for byte by scripts/sync_php_lua) and runs them with
+ * EVALSHA, falling back to EVAL on NOSCRIPT (Redis restarted or SCRIPT FLUSH),
+ * which caches the script again.
  */
 final class Scripts
 {
     /** @var array<string, array{source: string, sha: string}> per process, per file */
     private static array $cache = [];
 
-    /** The default lua/ folder: ../../lua relative to this client (clients/php/src). */
+    /**
+     * The default lua/ folder: the one shipped in this package (clients/php/lua,
+     * next to src/), wherever composer put it; DISTBREAKER_LUA_DIR overrides it.
+     */
     public static function defaultDir(): string
     {
         $env = getenv('DISTBREAKER_LUA_DIR');
         if (is_string($env) && $env !== '') {
             return $env;
         }
-        return dirname(__DIR__, 3) . '/lua';
+        return dirname(__DIR__) . '/lua';
+    }
+
+    /**
+     * The phpredis client behind what a component was given: a Connection is
+     * connected now (throwing \RedisException when Redis is unreachable, which
+     * the components' Redis-unavailable policy handles like any outage).
+     */
+    public static function client(\Redis|\RedisCluster|Connection $redis): \Redis|\RedisCluster
+    {
+        return $redis instanceof Connection ? $redis->client() : $redis;
     }
 
     /** @return array{source: string, sha: string} */
@@ -39,8 +53,11 @@ final class Scripts
     }
 
     /** Refuse connection options that would change keys or arguments on the wire. */
-    public static function checkConnection(\Redis|\RedisCluster $redis): void
+    public static function checkConnection(\Redis|\RedisCluster|Connection $redis): void
     {
+        if ($redis instanceof Connection) {
+            return; // it builds its client itself: never a prefix or a serializer
+        }
         try {
             $prefix = $redis->getOption(\Redis::OPT_PREFIX);
             $serializer = $redis->getOption(\Redis::OPT_SERIALIZER);
@@ -66,9 +83,10 @@ final class Scripts
      * @param list<string> $keys
      * @param list<string|int> $args
      */
-    public static function run(\Redis|\RedisCluster $redis, array $script, array $keys, array $args): mixed
+    public static function run(\Redis|\RedisCluster|Connection $redis, array $script, array $keys, array $args): mixed
     {
         $argv = array_merge($keys, array_map('strval', $args));
+        $redis = self::client($redis); // may throw \RedisException: Redis unreachable
         try {
             $redis->clearLastError();
             $reply = $redis->evalSha($script['sha'], $argv, count($keys));

@@ -2,7 +2,7 @@
 
 declare(strict_types=1);
 
-// A PHP worker driven by tests/test_interop_php.py: one JSON job in argv[1],
+// A PHP worker driven by tests/interop/test_php.py: one JSON job in argv[1],
 // one JSON result on stdout. Each action is what a PHP-FPM request would do.
 
 require dirname(__DIR__) . '/src/autoload.php';
@@ -142,6 +142,47 @@ switch ($job['action']) {
             } catch (CallNotPermitted $e) {
                 $out[$policy] = rejection($e);
             }
+        }
+        break;
+
+    case 'lazy': // components on a Connection that may not reach Redis (yet)
+        $connection = new Distbreaker\Connection($job['connection']);
+        $breaker = new CircuitBreaker($connection, $job['name'], $config);
+        $bulkhead = new Distbreaker\Bulkhead($connection, $job['name'], ['max_concurrent_calls' => 2]);
+        $budget = new Distbreaker\RetryBudget($connection, $job['name']);
+        $out = ['attempts_after_construct' => $connection->attempts, 'calls' => []];
+        for ($i = 0; $i < $job['n']; $i++) {
+            if ($i === 1) {
+                if (isset($job['ready'])) {
+                    $redis->rPush($job['ready'], (string) $connection->attempts);
+                }
+                gate($redis, $job); // the test may start Redis here
+                usleep((int) (($job['pause'] ?? 0) * 1e6));
+            }
+            try {
+                $out['calls'][] = $breaker->call(static fn () => 'ran');
+            } catch (CallNotPermitted $e) {
+                $out['calls'][] = rejection($e);
+            }
+        }
+        $out['bulkhead'] = $bulkhead->call(static fn () => 'ran');
+        $out['deposit'] = $budget->deposit();
+        $out['withdraw'] = $budget->tryWithdraw();
+        $out['attempts'] = $connection->attempts;
+        $out['connected'] = $connection->isConnected();
+        break;
+
+    case 'registry': // options a Registry builds from a config, or the error naming what is wrong
+        $registry = new Distbreaker\Registry(new Distbreaker\Connection(['port' => (int) $job['port']]), $job['registry']);
+        try {
+            $component = $registry->{$job['kind']}($job['name']);
+            $out = ['options' => $registry->options($job['kind'], $job['name']), 'class' => get_class($component),
+                    'same' => $registry->{$job['kind']}($job['name']) === $component];
+            if ($component instanceof CircuitBreaker) {
+                $out['wire'] = $component->wire;
+            }
+        } catch (InvalidArgumentException $e) {
+            $out = ['error' => $e->getMessage()];
         }
         break;
 

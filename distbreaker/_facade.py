@@ -1,0 +1,67 @@
+"""The public names that are the same objects in `distbreaker` and `distbreaker.aio`:
+configs, errors, states, events, metrics, classification helpers, fork safety.
+Each facade adds its own flavour of the components (CircuitBreaker, Bulkhead, ...).
+"""
+
+from ._runtime.forking import after_fork
+from ._runtime.keys import SCHEMA_VERSION
+from .breaker.classify import (
+    HttpClassifier,
+    HttpStatusError,
+    HttpVerdict,
+    Outcome,
+    classify_exception,
+    classify_http,
+    parse_retry_after,
+)
+from .breaker.config import BreakerConfig, RecordMode, RedisErrorPolicy, WindowType
+from .breaker.core import BreakerMetrics, Metrics
+from .breaker.events import Transition
+from .breaker.state import State
+from .budget.config import BudgetConfig
+from .bulkhead.config import BulkheadConfig
+from .bulkhead.core import BulkheadMetrics, BulkheadPermit
+from .errors import (
+    BulkheadFull,
+    CallNotPermitted,
+    ConfigDriftWarning,
+    DistbreakerError,
+    RetryBudgetExhausted,
+    SchemaError,
+)
+from .ganesha.config import GaneshaConfig, GaneshaEvent
+from .retry.config import Jitter, RetryConfig
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "BreakerConfig",
+    "BreakerMetrics",
+    "BudgetConfig",
+    "BulkheadConfig",
+    "BulkheadFull",
+    "BulkheadMetrics",
+    "BulkheadPermit",
+    "CallNotPermitted",
+    "ConfigDriftWarning",
+    "DistbreakerError",
+    "GaneshaConfig",
+    "GaneshaEvent",
+    "HttpClassifier",
+    "HttpStatusError",
+    "HttpVerdict",
+    "Jitter",
+    "Metrics",
+    "Outcome",
+    "RecordMode",
+    "RedisErrorPolicy",
+    "RetryBudgetExhausted",
+    "RetryConfig",
+    "SchemaError",
+    "State",
+    "Transition",
+    "WindowType",
+    "after_fork",
+    "classify_exception",
+    "classify_http",
+    "parse_retry_after",
+]

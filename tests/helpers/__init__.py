@@ -1,0 +1,1 @@
+"""Shared drivers and the worker bodies that tests start in real processes."""

@@ -1,0 +1,478 @@
+"""Cross-language interop: PHP workers (clients/php) and Python workers share one breaker.
+
+Every PHP step runs in a real `php` process (clients/php/tests/worker.php, one
+JSON job in, one JSON result out), against the same real redis-server as the
+Python side. php-cli and php-redis are required: scripts/test installs them,
+so a missing PHP fails these tests instead of skipping them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from distbreaker import CircuitBreaker
+from distbreaker._runtime.keys import BreakerKeys, BulkheadKeys, events_channel
+from distbreaker._runtime.scripts import load_script
+from distbreaker.breaker.config import BreakerConfig
+from distbreaker.breaker.state import State
+from distbreaker.demo.embedded import RedisServer
+from distbreaker.errors import CallNotPermitted, SchemaError
+from distbreaker.readside import decode_event_message, read_history
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = ROOT / "clients" / "php" / "tests" / "worker.php"
+
+SMALL = {"sliding_window_type": "COUNT_BASED", "sliding_window_size": 10,
+         "minimum_number_of_calls": 5, "failure_rate_threshold": 50,
+         "wait_duration_in_open_state": 30.0, "permitted_calls_in_half_open": 2}
+
+
+class Php:
+    """Runs worker.php jobs against the test's redis-server."""
+
+    def __init__(self, binary: str, server: RedisServer) -> None:
+        self.binary = binary
+        self.port = server.port
+
+    def _argv(self, job: dict[str, Any]) -> list[str]:
+        return [self.binary, str(WORKER), json.dumps({"port": self.port, **job})]
+
+    def run(self, **job: Any) -> Any:
+        done = subprocess.run(self._argv(job), capture_output=True, text=True, timeout=20)
+        assert done.returncode == 0, f"php failed ({done.returncode}): {done.stderr}{done.stdout}"
+        return json.loads(done.stdout)
+
+    def start(self, **job: Any) -> subprocess.Popen[str]:
+        return subprocess.Popen(self._argv(job), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+
+
+@pytest.fixture
+def php_worker(php: str, redis_server: RedisServer, redis_url: str) -> Php:
+    return Php(php, redis_server)
+
+
+def finish(proc: subprocess.Popen[str]) -> Any:
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, f"worker failed ({proc.returncode}): {err}{out}"
+    return json.loads(out)
+
+
+def python_breaker(name: str, redis_url: str, **overrides: Any) -> CircuitBreaker:
+    return CircuitBreaker(name, redis=redis_url, **{**SMALL, **overrides})
+
+
+def failing(client: redis.Redis, counter: str) -> Any:
+    def dependency() -> None:
+        client.incr(counter)
+        raise ConnectionError("dependency down")
+    return dependency
+
+
+# -- config: no drift between languages ---------------------------------------------
+
+WIRE_CASES: list[dict[str, Any]] = [
+    {},
+    SMALL,
+    {"failure_rate_threshold": 33.5, "slow_call_rate_threshold": 12.345678901234567,
+     "slow_call_duration": 1.2345, "wait_duration_in_open_state": 0.0025},
+    {"sliding_window_type": "time", "sliding_window_size": 60, "minimum_number_of_calls": 500,
+     "key_ttl": 7200, "max_wait_in_half_open": 12.5, "half_open_lease": 0.0015},
+    {"sliding_window_type": "count", "sliding_window_size": 20, "minimum_number_of_calls": 50,
+     "failure_rate_threshold": 1e-05, "slow_call_rate_threshold": 99.99999999999999,
+     "slow_call_duration": 0.0005, "permitted_calls_in_half_open": 3},
+    {"failure_rate_threshold": 100, "slow_call_rate_threshold": 0.1,
+     "wait_duration_in_open_state": 0.001, "key_ttl": 60.0},
+]
+
+
+def test_php_computes_the_same_config_wire_string_as_python(php_worker: Php) -> None:
+    php_wires = php_worker.run(action="wire", configs=WIRE_CASES)
+    python_wires = [BreakerConfig(**case).to_wire() for case in WIRE_CASES]
+    assert php_wires == python_wires
+    assert python_wires[0] == "1;C;100;100;50;100;60000;10;0;60000;3600000;60000"
+
+
+def test_php_and_python_agree_on_the_stored_config(php_worker: Php, redis_client: redis.Redis,
+                                                  name: str, redis_url: str) -> None:
+    php_worker.run(action="calls", name=name, config=SMALL, counter="dep", n=1, fail=False)
+    stored = redis_client.hget(BreakerKeys.build(name).state, "cfg")
+    assert stored is not None and stored.decode() == BreakerConfig(**SMALL).to_wire()
+    breaker = python_breaker(name, redis_url)
+    breaker.call(lambda: "ok")
+    assert breaker.config_drift is None
+
+
+# -- a breaker tripped by one language rejects the other ---------------------------
+
+def test_failures_recorded_by_php_open_the_breaker_for_python(
+        php_worker: Php, redis_client: redis.Redis, name: str, redis_url: str) -> None:
+    pubsub = redis_client.pubsub()
+    pubsub.subscribe(events_channel())
+    pubsub.get_message(timeout=1.0)  # subscribe confirmation
+
+    outcomes = php_worker.run(action="calls", name=name, config=SMALL, counter="dep", n=7,
+                              fail=True)
+    assert [o["outcome"] for o in outcomes] == ["failed"] * 5 + ["rejected"] * 2
+    assert outcomes[5]["class"] == "Distbreaker\\CallNotPermitted"
+    assert int(redis_client.get("dep") or 0) == 5
+
+    breaker = python_breaker(name, redis_url)
+    assert breaker.state is State.OPEN
+    with pytest.raises(CallNotPermitted) as info:
+        breaker.call(failing(redis_client, "dep"))
+    assert info.value.state is State.OPEN and 25 < info.value.retry_after <= 30
+    assert int(redis_client.get("dep") or 0) == 5
+    metrics = breaker.metrics()
+    assert (metrics.calls, metrics.failed, metrics.failure_rate) == (5, 5, 100.0)
+
+    # the transition PHP made is in the history Python reads, and on pub/sub, once
+    history = read_history(redis_client, "distbreaker", name, 10)
+    assert [(e["from"], e["to"]) for e in history] == [("CLOSED", "OPEN")]
+    assert history[0]["reason"] == "failure rate 100% >= 50%"
+    assert history[0]["failure_rate"] == 100.0
+    message = pubsub.get_message(timeout=2.0)
+    assert message is not None and message["type"] == "message"
+    event = decode_event_message(message["data"])
+    assert event is not None
+    assert (event["name"], event["from"], event["to"]) == (name, "CLOSED", "OPEN")
+    assert event["at_ms"] == history[0]["at_ms"]
+    assert pubsub.get_message(timeout=0.2) is None
+    pubsub.close()
+
+
+def test_failures_recorded_by_python_reject_php(
+        php_worker: Php, redis_client: redis.Redis, name: str, redis_url: str) -> None:
+    breaker = python_breaker(name, redis_url)
+    for _ in range(5):
+        with pytest.raises(ConnectionError):
+            breaker.call(failing(redis_client, "dep"))
+    assert breaker.state is State.OPEN
+
+    outcomes = php_worker.run(action="calls", name=name, config=SMALL, counter="dep", n=3,
+                              fail=True)
+    assert [o["outcome"] for o in outcomes] == ["rejected"] * 3
+    assert {o["state"] for o in outcomes} == {"OPEN"}
+    assert all(25 < o["retry_after"] <= 30 for o in outcomes)
+    assert int(redis_client.get("dep") or 0) == 5
+    # only the first PHP call asked Redis; the others were rejected from the local view
+    assert breaker.metrics().rejected_fleet_wide == 1
+
+    fallback = php_worker.run(action="fallback", name=name, config=SMALL)
+    assert fallback == {"status": "queued", "because": "Distbreaker\\CallNotPermitted"}
+
+
+def test_php_operator_trip_reaches_python_history_pubsub_and_php_listener(
+        php_worker: Php, redis_client: redis.Redis, name: str, redis_url: str) -> None:
+    pubsub = redis_client.pubsub()
+    pubsub.subscribe(events_channel())
+    pubsub.get_message(timeout=1.0)
+    result = php_worker.run(action="trip", name=name, config=SMALL, reason="deploy \"x\"\n")
+    assert result["state"] == "OPEN"
+    assert [(e["from"], e["to"], e["reason"]) for e in result["seen"]] == [
+        ("CLOSED", "OPEN", "deploy \"x\"\n")]
+
+    history = read_history(redis_client, "distbreaker", name, 10)
+    assert [(e["to"], e["reason"], e["actor"]) for e in history] == [
+        ("OPEN", "deploy \"x\"\n", "php")]
+    message = pubsub.get_message(timeout=2.0)
+    assert message is not None
+    event = decode_event_message(message["data"])
+    assert event is not None and (event["to"], event["reason"], event["actor"]) == (
+        "OPEN", "deploy \"x\"\n", "php")
+    pubsub.close()
+    with pytest.raises(CallNotPermitted):
+        python_breaker(name, redis_url).call(lambda: "never")
+
+
+# -- half-open probes are limited fleet-wide, across both languages --------------
+
+PY_PROBE = textwrap.dedent("""
+    import json, sys, time
+    import redis
+    from distbreaker import CallNotPermitted, CircuitBreaker
+    job = json.loads(sys.argv[1])
+    client = redis.Redis(port=job["port"])
+    breaker = CircuitBreaker(job["name"], redis=client, **job["config"])
+    client.blpop([job["gate"]], 10)
+    def dependency():
+        client.incr(job["counter"])
+        time.sleep(job["hold"])
+        return "ok"
+    try:
+        out = {"outcome": breaker.call(dependency)}
+    except CallNotPermitted as e:
+        out = {"outcome": "rejected", "state": str(e.state)}
+    print(json.dumps(out))
+""")
+
+
+def test_half_open_probes_are_limited_fleet_wide_across_php_and_python(
+        php_worker: Php, redis_server: RedisServer, redis_client: redis.Redis, name: str,
+        redis_url: str) -> None:
+    config = {**SMALL, "wait_duration_in_open_state": 0.3}
+    breaker = python_breaker(name, redis_url, **config)
+    assert breaker.trip("test") is State.OPEN
+    tripped = time.monotonic()
+
+    job = {"name": name, "config": config, "counter": "probes", "gate": "gate",
+           "hold": 1.0}  # long enough that every worker asks before a probe reports
+    procs = [php_worker.start(action="probe", **job) for _ in range(3)]
+    procs += [subprocess.Popen([sys.executable, "-c", PY_PROBE,
+                                json.dumps({"port": redis_server.port, **job})],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for _ in range(3)]
+    # PHP workers count themselves ready by waiting at the gate: poll the gate's clients
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        blocked = int(redis_client.info("clients")["blocked_clients"])
+        if blocked >= 6:
+            break
+        time.sleep(0.02)
+    assert int(redis_client.info("clients")["blocked_clients"]) == 6, "workers not at the gate"
+    time.sleep(max(0.0, 0.35 - (time.monotonic() - tripped)))
+    redis_client.rpush("gate", *["go"] * 6)
+
+    results = [finish(p) for p in procs]
+    outcomes = sorted(r["outcome"] for r in results)
+    assert int(redis_client.get("probes") or 0) == 2
+    assert outcomes == ["ok", "ok"] + ["rejected"] * 4
+    assert {r["state"] for r in results if r["outcome"] == "rejected"} == {"HALF_OPEN"}
+    assert breaker.state is State.CLOSED
+    history = read_history(redis_client, "distbreaker", name, 10)
+    assert [e["to"] for e in history] == ["OPEN", "HALF_OPEN", "CLOSED"]
+
+
+# -- the schema-version guard, in both languages --------------------------------------
+
+def test_a_different_schema_version_raises_schema_error_in_python_and_php(
+        php_worker: Php, redis_client: redis.Redis, name: str, redis_url: str) -> None:
+    python_breaker(name, redis_url).call(lambda: "ok")
+    key = BreakerKeys.build(name).state
+    assert php_worker.run(action="schema", name=name, config=SMALL) == {"outcome": "permitted"}
+    redis_client.hset(key, "v", "2")
+
+    with pytest.raises(SchemaError, match="schema version 2") as info:
+        python_breaker(name, redis_url).call(lambda: "never")
+    assert info.value.key == key
+    result = php_worker.run(action="schema", name=name, config=SMALL)
+    assert result["outcome"] == "schema_error"
+    assert result["class"] == "Distbreaker\\SchemaError"
+    assert result["key"] == key
+    assert "schema version 2" in result["message"]
+    assert redis_client.hget(key, "v") == b"2"  # nothing was rewritten
+
+
+def test_php_reloads_the_shared_script_after_noscript(
+        php_worker: Php, redis_client: redis.Redis, name: str) -> None:
+    sha = load_script("breaker").sha  # PHP hashes the same file: same EVALSHA handle
+    redis_client.script_flush()
+    assert redis_client.script_exists(sha) == [False]
+    php_worker.run(action="calls", name=name, config=SMALL, counter="dep", n=1, fail=False)
+    assert redis_client.script_exists(sha) == [True]
+
+
+# -- retry budget shared by both languages -----------------------------------------
+
+def test_retry_budget_deposits_from_php_fund_python_retries(
+        php_worker: Php, redis_client: redis.Redis, name: str, redis_url: str) -> None:
+    from distbreaker.budget.sync import RetryBudget
+
+    options = {"percent_can_retry": 0.2, "min_retries_per_sec": 0.1, "ttl": 10.0, "slices": 10}
+    # floor(0.1 * 10 + 0.2 * 10 deposits) = 3 retries for the whole fleet
+    assert php_worker.run(action="budget", name=name, config=options, deposits=10) == {
+        "taken": 0, "balance": 3}
+    budget = RetryBudget(name, redis=redis_url, **options)
+    assert [budget.try_withdraw() for _ in range(2)] == [True, True]
+    assert php_worker.run(action="budget", name=name, config=options, withdrawals=2) == {
+        "taken": 1, "balance": 0}
+    assert budget.try_withdraw() is False
+
+
+# -- one bulkhead limit across both languages -------------------------------------
+
+PY_BULKHEAD = textwrap.dedent("""
+    import json, sys, time
+    import redis
+    from distbreaker.bulkhead import Bulkhead
+    from distbreaker.errors import BulkheadFull
+    job = json.loads(sys.argv[1])
+    client = redis.Redis(port=job["port"])
+    bulkhead = Bulkhead(job["name"], redis=client, **job["config"])
+    peak = client.register_script(
+        "local m = tonumber(redis.call('GET', KEYS[2]) or '0') "
+        "if ARGV[1] + 0 > m then redis.call('SET', KEYS[2], ARGV[1]) end return 1")
+    client.blpop([job["gate"]], 10)
+    def dependency():
+        now = client.incr(job["counter"])
+        peak(keys=[job["counter"], job["peak"]], args=[now])
+        time.sleep(job["hold"])
+        client.decr(job["counter"])
+        return "ok"
+    try:
+        out = {"outcome": bulkhead.call(dependency)}
+    except BulkheadFull as e:
+        out = {"outcome": "full", "in_use": e.in_use, "limit": e.limit}
+    print(json.dumps(out))
+""")
+
+
+def run_bulkhead_fleet(php_worker: Php, redis_server: RedisServer, redis_client: redis.Redis,
+                       name: str, config: dict[str, Any],
+                       hold: float = 0.3) -> tuple[list[Any], float]:
+    """Three PHP and three Python processes each make one bulkhead call at the same moment."""
+    job = {"name": name, "config": config, "counter": "inside", "peak": "peak",
+           "gate": "gate", "hold": hold}
+    procs = [php_worker.start(action="bulkhead", **job) for _ in range(3)]
+    procs += [subprocess.Popen([sys.executable, "-c", PY_BULKHEAD,
+                                json.dumps({"port": redis_server.port, **job})],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for _ in range(3)]
+    deadline = time.monotonic() + 15
+    while (int(redis_client.info("clients")["blocked_clients"]) < 6
+           and time.monotonic() < deadline):
+        time.sleep(0.02)
+    assert int(redis_client.info("clients")["blocked_clients"]) == 6, "workers not at the gate"
+    released = time.monotonic()
+    redis_client.rpush("gate", *["go"] * 6)
+    results = [finish(p) for p in procs]
+    return results, time.monotonic() - released
+
+
+def test_bulkhead_fail_fast_limit_holds_across_php_and_python(
+        php_worker: Php, redis_server: RedisServer, redis_client: redis.Redis,
+        name: str) -> None:
+    config = {"max_concurrent_calls": 2, "max_wait_duration": 0, "lease": 10.0}
+    results, _ = run_bulkhead_fleet(php_worker, redis_server, redis_client, name, config, 1.0)
+    assert sorted(r["outcome"] for r in results) == ["full"] * 4 + ["ok"] * 2
+    assert {(r["in_use"], r["limit"]) for r in results if r["outcome"] == "full"} == {(2, 2)}
+    assert int(redis_client.get("peak") or 0) == 2
+
+
+def test_bulkhead_waiters_of_both_languages_are_woken_by_either(
+        php_worker: Php, redis_server: RedisServer, redis_client: redis.Redis,
+        name: str) -> None:
+    config = {"max_concurrent_calls": 2, "max_wait_duration": 5.0, "lease": 10.0}
+    results, elapsed = run_bulkhead_fleet(php_worker, redis_server, redis_client, name, config)
+    assert [r["outcome"] for r in results] == ["ok"] * 6
+    assert int(redis_client.get("peak") or 0) == 2
+    # three rounds of 0.3 s: waiters were woken by releases, not by their wait running out
+    assert elapsed < 4.0
+    assert redis_client.zcard(BulkheadKeys.build(name).leases) == 0
+
+
+def test_php_applies_the_redis_outage_policy(php_worker: Php, name: str) -> None:
+    from distbreaker.demo.embedded import free_port
+
+    result = php_worker.run(action="outage", name=name, dead_port=free_port())
+    assert result["fail_open"] == "ran"
+    assert result["fail_closed"]["outcome"] == "rejected"
+    assert result["fail_closed"]["state"] == "UNKNOWN"
+
+
+# -- a Connection that cannot connect: fail_open applies, Redis is not hammered ----------
+
+def test_a_failed_connect_is_a_redis_outage_for_every_component(php_worker: Php,
+                                                                 name: str) -> None:
+    from distbreaker.demo.embedded import free_port
+
+    dead = {"port": free_port(), "timeout": 0.2, "retry_interval": 60}
+    result = php_worker.run(action="lazy", name=name, connection=dead, n=5, config=SMALL)
+    assert result["attempts_after_construct"] == 0, "building components must not connect"
+    assert result["calls"] == ["ran"] * 5          # fail_open: the call runs, unrecorded
+    assert result["bulkhead"] == "ran"             # the per-process fallback limit
+    assert (result["deposit"], result["withdraw"]) == (0, False)  # no retries while down
+    assert result["attempts"] == 1, "one connect attempt per retry_interval, not one per call"
+    assert result["connected"] is False
+
+    closed = php_worker.run(action="lazy", name=name, connection=dead, n=1,
+                            config={**SMALL, "on_redis_error": "fail_closed"})
+    (rejection,) = closed["calls"]
+    assert rejection["outcome"] == "rejected" and rejection["state"] == "UNKNOWN"
+
+
+def test_a_connection_reconnects_once_redis_is_up(php_worker: Php, redis_client: redis.Redis,
+                                                   name: str) -> None:
+    from distbreaker.demo.embedded import free_port
+
+    port = free_port()
+    late = RedisServer(port=port)
+    worker = php_worker.start(action="lazy", name=name, n=2, ready="ready", gate="go",
+                              pause=0.3, config=SMALL,
+                              connection={"url": f"redis://127.0.0.1:{port}/2",
+                                          "retry_interval": 0.2})
+    try:
+        first = redis_client.blpop(["ready"], timeout=20)   # the first call failed open
+        assert first is not None and first[1] == b"1"
+        late.start()
+        redis_client.rpush("go", "1")
+        result = finish(worker)
+        assert result["calls"] == ["ran", "ran"]
+        assert result["attempts"] == 2 and result["connected"] is True
+        # the second call was recorded on the server that came up, in the URL's database 2
+        late_client = redis.Redis(port=port, db=2)
+        window = late_client.hgetall(BreakerKeys.build(name).window)
+        assert window, "the call made after Redis came up was not recorded"
+        assert late_client.exists(BulkheadKeys.build(name).meta) == 1
+        assert int(redis.Redis(port=port, db=0).dbsize()) == 0
+    finally:
+        late.stop()
+
+
+# -- the Registry: named components from one config --------------------------------
+
+REGISTRY = {
+    "prefix": "distbreaker",
+    "breakers": {
+        "configs": {"default": {"failure_rate_threshold": 50, "wait_duration_in_open_state": "30s"},
+                    "fast": {"sliding_window_size": 10, "minimum_number_of_calls": "5",
+                             "slow_call_duration": "500ms"}},
+        "instances": {"payments": {"base_config": "fast", "permitted_calls_in_half_open": 2}},
+    },
+    "bulkheads": {"instances": {"payments": {"max_concurrent_calls": 3}}},
+}
+
+
+def test_registry_builds_one_instance_per_name_from_its_config(php_worker: Php,
+                                                              redis_server: RedisServer) -> None:
+    port = redis_server.port
+    payments = php_worker.run(action="registry", port=port, registry=REGISTRY, kind="breaker",
+                              name="payments")
+    assert payments["same"] is True and payments["class"] == "Distbreaker\\CircuitBreaker"
+    assert payments["wire"] == BreakerConfig(sliding_window_size=10, minimum_number_of_calls=5,
+                                             slow_call_duration=0.5,
+                                             permitted_calls_in_half_open=2).to_wire()
+    # a name the config does not list gets configs.default
+    other = php_worker.run(action="registry", port=port, registry=REGISTRY, kind="breaker",
+                           name="search")
+    assert other["wire"] == BreakerConfig(wait_duration_in_open_state=30).to_wire()
+    bulkhead = php_worker.run(action="registry", port=port, registry=REGISTRY, kind="bulkhead",
+                              name="payments")
+    assert bulkhead["options"]["max_concurrent_calls"] == 3
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"breakers": {"instances": {"payments": {"base_config": "nope"}}}},
+     "breakers.instances.payments.base_config: no config named 'nope'"),
+    ({"breakers": {"instances": {"payments": {"wait_duration_in_open_state": "30x"}}}},
+     "breakers.instances.payments.wait_duration_in_open_state: '30x' is not a duration"),
+    ({"breakers": {"instances": {"payments": {"failure_rate_threshold": 150}}}},
+     "breakers.instances.payments: failure_rate_threshold"),
+    ({"bulkheads": {"instances": {"payments": {"max_concurent_calls": 3}}}},
+     "bulkheads.instances.payments: unknown bulkhead option(s): max_concurent_calls"),
+])
+def test_registry_errors_name_the_instance_and_the_option(
+        php_worker: Php, redis_server: RedisServer, change: dict[str, Any], expected: str) -> None:
+    kind = "bulkhead" if "bulkheads" in change else "breaker"
+    result = php_worker.run(action="registry", port=redis_server.port, registry=change,
+                            kind=kind, name="payments")
+    assert expected in result["error"]

@@ -1,0 +1,594 @@
+"""Resilience4j's breaker semantics, fleet-wide, against a real redis-server.
+
+Each test names one rule of issue 2 and checks it through the public API (and,
+where the rule is about Redis itself, through the keys and the server's
+command statistics). Tests built with `make` run with the sync and the asyncio
+breaker (the `flavour` fixture); what only asyncio has is in test_breaker_aio.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from distbreaker import CircuitBreaker
+from distbreaker._runtime.keys import BreakerKeys
+from distbreaker._runtime.scripts import load_script, run_script
+from distbreaker.breaker.config import BreakerConfig
+from distbreaker.breaker.core import SCRIPT_NAME, decode_reply
+from distbreaker.breaker.events import Transition
+from distbreaker.breaker.state import State
+from distbreaker.errors import CallNotPermitted, ConfigDriftWarning, SchemaError
+from tests.helpers.flavours import Flavour
+from tests.helpers.redis_stats import commands, round_trips
+
+
+def fail(exc: BaseException) -> Callable[[], None]:
+    def dependency() -> None:
+        raise exc
+    return dependency
+
+
+def ok() -> str:
+    return "ok"
+
+
+def failures(breaker: CircuitBreaker, n: int, exc: type[Exception] = ConnectionError) -> None:
+    for _ in range(n):
+        with pytest.raises(exc):
+            breaker.call(fail(exc("down")))
+
+
+def wait_for_server_second(client: redis.Redis, margin: float = 0.02) -> int:
+    """Sleep until just after the server's next second boundary; return that second."""
+    sec, usec = client.time()
+    time.sleep(1 - usec / 1e6 + margin)
+    return int(sec) + 1
+
+
+@pytest.fixture
+def make(name: str, redis_url: str, flavour: Flavour) -> Callable[..., CircuitBreaker]:
+    """Build breakers of the test's flavour (sync, asyncio) on the test's name (several
+    objects = several fleet members)."""
+    def build(**options: Any) -> CircuitBreaker:
+        return flavour.breaker(options.pop("name", name), redis=redis_url, **options)
+    return build
+
+
+# -- rates, windows, minimum --------------------------------------------------------------
+
+
+def test_slow_call_rate_opens_the_breaker_with_zero_failures(
+        make: Callable[..., CircuitBreaker]) -> None:
+    breaker = make(sliding_window_size=4, minimum_number_of_calls=3, slow_call_duration=0.05,
+                   slow_call_rate_threshold=60, failure_rate_threshold=50)
+    calls = 0
+
+    def slow_dependency() -> str:
+        nonlocal calls
+        calls += 1
+        time.sleep(0.06)
+        return "ok"
+
+    assert breaker.call(ok) == "ok"                   # fast
+    assert breaker.call(slow_dependency) == "ok"      # slow 1/2
+    assert breaker.state is State.CLOSED
+    assert breaker.call(slow_dependency) == "ok"      # slow 2/3 = 66.67% >= 60%
+    assert breaker.state is State.OPEN
+    metrics = breaker.metrics()
+    assert (metrics.calls, metrics.failed, metrics.slow) == (3, 0, 2)
+    assert metrics.failure_rate == 0 and metrics.slow_call_rate == 66.67
+    with pytest.raises(CallNotPermitted):
+        breaker.call(slow_dependency)
+    assert calls == 2
+
+
+def test_time_window_forgets_buckets_older_than_the_window(
+        make: Callable[..., CircuitBreaker], redis_client: redis.Redis) -> None:
+    breaker = make(sliding_window_type="TIME_BASED", sliding_window_size=2,
+                   minimum_number_of_calls=3, failure_rate_threshold=50)
+    wait_for_server_second(redis_client)           # second S
+    failures(breaker, 2)
+    time.sleep(1.0)                                # second S+1: still inside the 2 s window
+    assert breaker.metrics().calls == 2 and breaker.metrics().failed == 2
+    time.sleep(1.0)                                # second S+2: S has left the window
+    metrics = breaker.metrics()
+    assert (metrics.calls, metrics.failed) == (0, 0)
+    # 2 successes + 1 failure: 33% with the old failures forgotten (60% if they counted)
+    breaker.call(ok)
+    breaker.call(ok)
+    failures(breaker, 1)
+    metrics = breaker.metrics()
+    assert (metrics.calls, metrics.failed, metrics.failure_rate) == (3, 1, 33.33)
+    assert breaker.state is State.CLOSED
+
+
+def test_minimum_number_of_calls_is_respected(make: Callable[..., CircuitBreaker]) -> None:
+    breaker = make(sliding_window_size=10, minimum_number_of_calls=5)
+    failures(breaker, 4)
+    metrics = breaker.metrics()
+    assert breaker.state is State.CLOSED and metrics.failed == 4
+    assert metrics.failure_rate == -1 and metrics.slow_call_rate == -1
+    failures(breaker, 1)
+    assert breaker.state is State.OPEN
+
+
+def test_minimum_is_capped_at_the_count_window_size(make: Callable[..., CircuitBreaker]) -> None:
+    """Resilience4j: with a count window of 3, three calls are enough whatever the minimum."""
+    breaker = make(sliding_window_size=3, minimum_number_of_calls=100)
+    failures(breaker, 3)
+    assert breaker.state is State.OPEN
+
+
+# -- classification ----------------------------------------------------------------------------
+
+
+class Boom(Exception):
+    pass
+
+
+def test_ignored_exceptions_count_nowhere(make: Callable[..., CircuitBreaker]) -> None:
+    breaker = make(sliding_window_size=4, minimum_number_of_calls=1,
+                   record_exceptions=(Boom, KeyError),
+                   ignore_exceptions=(KeyError,),   # both recorded and ignored: ignore wins
+                   ignore_predicate=lambda e: "harmless" in str(e))
+    failures(breaker, 3, KeyError)
+    with pytest.raises(Boom):
+        breaker.call(fail(Boom("harmless")))
+    metrics = breaker.metrics()
+    assert (metrics.calls, metrics.failed) == (0, 0) and breaker.state is State.CLOSED
+    failures(breaker, 1, Boom)
+    assert breaker.state is State.OPEN
+
+
+def test_not_recorded_exceptions_count_as_successes(make: Callable[..., CircuitBreaker]) -> None:
+    breaker = make(sliding_window_size=4, minimum_number_of_calls=2,
+                   record_exceptions=(ConnectionError,),
+                   record_predicate=lambda e: isinstance(e, ValueError) and "5xx" in str(e))
+    failures(breaker, 2, LookupError)               # neither recorded: successes
+    with pytest.raises(ValueError):
+        breaker.call(fail(ValueError("4xx")))
+    metrics = breaker.metrics()
+    assert (metrics.calls, metrics.failed, metrics.failure_rate) == (3, 0, 0)
+    with pytest.raises(ValueError):
+        breaker.call(fail(ValueError("5xx")))       # the predicate records it
+    failures(breaker, 1, ConnectionError)
+    assert breaker.metrics().failed == 2
+    assert breaker.state is State.OPEN              # 2 of the last 4 = 50%
+
+
+def test_ignored_probe_hands_its_half_open_slot_back(make: Callable[..., CircuitBreaker]) -> None:
+    breaker = make(sliding_window_size=2, minimum_number_of_calls=1,
+                   wait_duration_in_open_state=0.03, permitted_calls_in_half_open=1,
+                   ignore_exceptions=(KeyError,))
+    breaker.trip()
+    time.sleep(0.04)
+    failures(breaker, 1, KeyError)                  # the only probe, ignored
+    assert breaker.state is State.HALF_OPEN
+    assert breaker.call(ok) == "ok"                 # so another probe may run
+    assert breaker.state is State.CLOSED
+
+
+def test_a_failing_probe_hand_back_never_replaces_a_keyboard_interrupt(
+        make: Callable[..., CircuitBreaker], redis_client: redis.Redis) -> None:
+    """Ctrl-C mid-probe hands the probe back; if that record fails (here: foreign data
+    written meanwhile) the KeyboardInterrupt still propagates, not the SchemaError."""
+    breaker = make(wait_duration_in_open_state=0.03, permitted_calls_in_half_open=1)
+    breaker.trip()
+    time.sleep(0.04)
+
+    def interrupted() -> None:
+        redis_client.hset(breaker.keys.state, "state", "banana")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        breaker.call(interrupted)
+    with pytest.raises(SchemaError):  # an ordinary failure still reports it
+        breaker.call(fail(ConnectionError("down")))
+
+
+# -- special states, trip, reset --------------------------------------------------------------
+
+
+def test_forced_open_rejects_every_call_until_reset(make: Callable[..., CircuitBreaker]) -> None:
+    breaker = make(wait_duration_in_open_state=0.01)
+    other = make(wait_duration_in_open_state=0.01)  # another fleet member
+    other.call(ok)
+    assert breaker.transition_to_forced_open() is State.FORCED_OPEN
+    time.sleep(0.03)                                # longer than the open wait: still held
+    with pytest.raises(CallNotPermitted) as caught:
+        breaker.call(ok)
+    # FORCED_OPEN has no wait of its own: retry_after is the re-check interval (never 0,
+    # so `queue_for_later(delay=rejected.retry_after)` cannot spin), with the reason.
+    assert caught.value.state is State.FORCED_OPEN
+    assert caught.value.retry_after == breaker.config.revalidate_interval == 1.0
+    assert caught.value.reason == "forced open"
+    # `other` last saw CLOSED, where a call costs no round trip before it runs: at
+    # most one call slips through before the reply of its record refreshes the view.
+    reached = 0
+    for _ in range(5):
+        try:
+            other.call(ok)
+            reached += 1
+        except CallNotPermitted as rejected:
+            assert rejected.state is State.FORCED_OPEN
+    assert reached <= 1
+    assert other.state is State.FORCED_OPEN
+    assert breaker.trip() is State.FORCED_OPEN      # trip does not weaken it
+    assert other.reset() is State.CLOSED
+    assert breaker.call(ok) == "ok"
+
+
+def test_disabled_always_permits_and_records_nothing(make: Callable[..., CircuitBreaker]) -> None:
+    breaker = make(sliding_window_size=2, minimum_number_of_calls=1)
+    breaker.transition_to_disabled()
+    failures(breaker, 5)
+    assert breaker.call(ok) == "ok"
+    metrics = breaker.metrics()
+    assert metrics.state is State.DISABLED and (metrics.calls, metrics.failed) == (0, 0)
+    assert breaker.trip() is State.DISABLED
+    assert breaker.transition_to_closed() is State.CLOSED
+    failures(breaker, 1)
+    assert breaker.state is State.OPEN
+
+
+def test_metrics_only_records_but_never_transitions(make: Callable[..., CircuitBreaker]) -> None:
+    breaker = make(sliding_window_size=4, minimum_number_of_calls=2)
+    breaker.transition_to_metrics_only()
+    failures(breaker, 6)
+    metrics = breaker.metrics()
+    assert metrics.state is State.METRICS_ONLY
+    assert (metrics.calls, metrics.failed, metrics.failure_rate) == (4, 4, 100)
+    assert breaker.transition_to_closed() is State.CLOSED
+    assert breaker.metrics().calls == 0             # a new state starts a new window
+
+
+def test_trip_opens_now_and_probes_after_the_wait(make: Callable[..., CircuitBreaker]) -> None:
+    breaker = make(wait_duration_in_open_state=0.05, permitted_calls_in_half_open=1)
+    assert breaker.trip("maintenance") is State.OPEN
+    with pytest.raises(CallNotPermitted) as caught:
+        breaker.call(ok)
+    assert caught.value.state is State.OPEN and 0 < caught.value.retry_after <= 0.05
+    time.sleep(0.06)
+    assert breaker.call(ok) == "ok"
+    assert breaker.state is State.CLOSED
+
+
+def test_reset_clears_the_window(make: Callable[..., CircuitBreaker]) -> None:
+    breaker = make(sliding_window_size=10, minimum_number_of_calls=5)
+    failures(breaker, 4)
+    assert breaker.reset() is State.CLOSED
+    assert breaker.metrics().calls == 0
+    failures(breaker, 4)                            # 8 in total, but only 4 since the reset
+    assert breaker.state is State.CLOSED
+
+
+# -- half-open: timeout and leases -------------------------------------------------------------
+
+
+def test_max_wait_in_half_open_moves_back_to_open(make: Callable[..., CircuitBreaker]) -> None:
+    breaker = make(wait_duration_in_open_state=0.03, max_wait_in_half_open=0.3,
+                   permitted_calls_in_half_open=2)
+    seen: list[Transition] = []
+    breaker.add_listener(seen.append)
+    breaker.trip()
+    time.sleep(0.04)
+    breaker.acquire()                               # a probe that never reports
+    assert breaker.state is State.HALF_OPEN
+    time.sleep(0.31)
+    assert breaker.state is State.OPEN
+    assert [(t.from_state, t.to_state) for t in seen] == [
+        (State.CLOSED, State.OPEN), (State.OPEN, State.HALF_OPEN),
+        (State.HALF_OPEN, State.OPEN)]
+    assert seen[-1].reason == "max wait in half-open elapsed"
+
+
+def test_an_expired_probe_lease_frees_the_slot(make: Callable[..., CircuitBreaker]) -> None:
+    breaker = make(wait_duration_in_open_state=0.03, permitted_calls_in_half_open=1,
+                   half_open_lease=0.3)
+    breaker.trip()
+    time.sleep(0.04)
+    lost = breaker.acquire()                        # the worker holding it "dies"
+    assert lost.token
+    with pytest.raises(CallNotPermitted) as caught:
+        breaker.call(ok)
+    assert caught.value.state is State.HALF_OPEN and 0 < caught.value.retry_after <= 0.3
+    assert breaker.metrics().probes_in_flight == 1
+    time.sleep(0.31)
+    assert breaker.metrics().probes_in_flight == 0
+    permit = breaker.acquire()                      # the slot went to another probe
+    breaker.record(lost, ConnectionError("late"), 0.2)   # a late report is not counted
+    assert breaker.state is State.HALF_OPEN
+    breaker.record(permit, None, 0.001)
+    assert breaker.state is State.CLOSED
+
+
+# -- events ------------------------------------------------------------------------------------
+
+
+def test_each_transition_is_in_the_history_and_on_the_channel_once(
+        make: Callable[..., CircuitBreaker], redis_client: redis.Redis) -> None:
+    breaker = make(wait_duration_in_open_state=0.03, permitted_calls_in_half_open=1)
+    watcher = make(wait_duration_in_open_state=0.03, permitted_calls_in_half_open=1)
+    pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(breaker.keys.channel)
+    pubsub.get_message(timeout=1.0)                 # consume the subscribe confirmation
+    breaker.trip("drill", actor="ops")
+    time.sleep(0.04)
+    assert watcher.state is State.HALF_OPEN         # the reader made OPEN -> HALF_OPEN
+    assert watcher.state is State.HALF_OPEN         # ... once
+    breaker.call(ok)
+    breaker.metrics()
+
+    entries = redis_client.xrange(breaker.keys.history)
+    steps = [(e[b"from"], e[b"to"]) for _, e in entries]
+    assert steps == [(b"CLOSED", b"OPEN"), (b"OPEN", b"HALF_OPEN"), (b"HALF_OPEN", b"CLOSED")]
+    assert entries[0][1][b"reason"] == b"drill" and entries[0][1][b"actor"] == b"ops"
+
+    messages = []
+    deadline = time.monotonic() + 2
+    while len(messages) < 3 and time.monotonic() < deadline:
+        message = pubsub.get_message(timeout=0.1)
+        if message and message["type"] == "message":
+            messages.append(json.loads(message["data"]))
+    time.sleep(0.05)
+    assert pubsub.get_message(timeout=0.05) is None  # nothing more
+    pubsub.close()
+    assert [(m["name"], m["from"], m["to"]) for m in messages] == [
+        (breaker.name, "CLOSED", "OPEN"), (breaker.name, "OPEN", "HALF_OPEN"),
+        (breaker.name, "HALF_OPEN", "CLOSED")]
+    assert messages[0]["reason"] == "drill" and messages[0]["actor"] == "ops"
+    assert [m["gen"] for m in messages] == [1, 2, 3]
+
+
+# -- keys: TTL and foreign data -------------------------------------------------------------------
+
+
+def test_every_key_has_a_ttl_after_a_call(make: Callable[..., CircuitBreaker],
+                                          redis_client: redis.Redis) -> None:
+    breaker = make(key_ttl=120, wait_duration_in_open_state=0.02,
+                   permitted_calls_in_half_open=2)
+    keys = breaker.keys.script_keys
+    breaker.call(ok)
+    breaker.trip()
+    time.sleep(0.03)
+    breaker.acquire()                               # a live probe lease: the zset exists
+    present = [k for k in keys if redis_client.exists(k)]
+    assert present == keys                          # all four exist now
+    for key in keys:
+        assert 0 < redis_client.pttl(key) <= 120_000, key
+
+
+def _corrupt_cases(keys: BreakerKeys) -> list[tuple[str, Callable[[redis.Redis], Any], str]]:
+    return [
+        ("state field banana", lambda r: r.hset(keys.state, mapping={"state": "banana",
+                                                                      "v": "1"}),
+         "unknown state banana"),
+        ("string at the state key", lambda r: r.set(keys.state, "x"), "holds a string"),
+        ("hash at the probes key", lambda r: r.hset(keys.probes, "a", "b"), "holds a hash"),
+        ("list at the history key", lambda r: r.rpush(keys.history, "a"), "holds a list"),
+        ("counter not a number", lambda r: r.hset(keys.state, mapping={
+            "state": "CLOSED", "v": "1", "calls": "many"}), "field calls is not a number"),
+        ("other schema version", lambda r: r.hset(keys.state, mapping={
+            "state": "CLOSED", "v": "9"}), "schema version 9"),
+        ("hash without a state", lambda r: r.hset(keys.state, "foo", "bar"),
+         "without a state field"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_foreign_data_is_a_schema_error_naming_the_key(
+        case: int, make: Callable[..., CircuitBreaker], redis_client: redis.Redis) -> None:
+    breaker = make(sliding_window_size=3, minimum_number_of_calls=3)
+    label, corrupt, detail = _corrupt_cases(breaker.keys)[case]
+    corrupt(redis_client)
+    with pytest.raises(SchemaError) as caught:
+        breaker.metrics()
+    assert caught.value.key in breaker.keys.script_keys, label
+    assert caught.value.key in str(caught.value) and detail in str(caught.value), label
+    with pytest.raises(SchemaError):
+        breaker.reset()
+
+
+@pytest.mark.parametrize("window,bucket", [("COUNT_BASED", "x,y"), ("TIME_BASED", "garbage")])
+def test_a_corrupt_window_bucket_is_a_schema_error(
+        window: str, bucket: str, make: Callable[..., CircuitBreaker],
+        redis_client: redis.Redis) -> None:
+    breaker = make(sliding_window_type=window, sliding_window_size=1,
+                   minimum_number_of_calls=1, failure_rate_threshold=100)
+    breaker.call(ok)
+    # the only bucket (count: slot 0; time: the second sec % 1 == 0) is overwritten
+    redis_client.hset(breaker.keys.window, "0", bucket)
+    with pytest.raises(SchemaError) as caught:
+        breaker.call(ok)
+        breaker.call(ok)                            # (a time window reads it next second)
+        time.sleep(1.0)
+        breaker.call(ok)
+    assert caught.value.key == breaker.keys.window
+    assert "corrupt bucket" in str(caught.value)
+
+
+# -- config drift -------------------------------------------------------------------------------
+
+
+def test_config_drift_is_detected_warned_once_and_the_stored_config_governs(
+        make: Callable[..., CircuitBreaker]) -> None:
+    first = make(sliding_window_size=4, minimum_number_of_calls=4)
+    second = make(sliding_window_size=4, minimum_number_of_calls=2)
+    first.call(ok)
+    assert first.config_drift is None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        failures(second, 2)                         # 2 of 3 failed; second's own min is 2
+        second.metrics()
+    drift = [w for w in caught if issubclass(w.category, ConfigDriftWarning)]
+    assert len(drift) == 1 and first.config.to_wire() in str(drift[0].message)
+    assert second.config_drift == first.config.to_wire()
+    assert second.state is State.CLOSED             # the stored minimum (4) governs
+
+    assert second.reset() is State.CLOSED           # reset adopts second's config
+    assert second.config_drift is None
+    failures(second, 2)
+    assert second.state is State.OPEN               # now 2 calls are enough
+    with pytest.warns(ConfigDriftWarning):
+        first.metrics()
+    assert first.config_drift == second.config.to_wire()
+
+
+def test_metrics_under_drift_use_the_governing_minimum(
+        make: Callable[..., CircuitBreaker]) -> None:
+    """The stored config decides (minimum 4), so the rates a drifting worker reports are
+    -1 below that minimum, as the fleet's decision sees them, not below its own (2)."""
+    first = make(sliding_window_size=4, minimum_number_of_calls=4)
+    second = make(sliding_window_size=4, minimum_number_of_calls=2)
+    first.call(ok)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigDriftWarning)
+        failures(second, 2)
+        metrics = second.metrics()
+    assert (metrics.calls, metrics.failed, metrics.failure_rate) == (3, 2, -1)
+    assert second.state is State.CLOSED
+    assert first.metrics().failure_rate == -1
+
+
+# -- scripts, names --------------------------------------------------------------------------------
+
+
+def test_noscript_after_script_flush_is_recovered(make: Callable[..., CircuitBreaker],
+                                                  redis_client: redis.Redis) -> None:
+    sha = load_script(SCRIPT_NAME).sha
+    breaker = make(sliding_window_size=4, minimum_number_of_calls=2)
+    failures(breaker, 1)
+    redis_client.script_flush()
+    assert redis_client.script_exists(sha) == [False]
+    failures(breaker, 1)                            # EVALSHA -> NOSCRIPT -> EVAL
+    assert redis_client.script_exists(sha) == [True]
+    assert breaker.state is State.OPEN
+    redis_client.script_flush()
+    metrics = breaker.metrics()                     # both recorded in Redis, not locally
+    assert (metrics.calls, metrics.failed) == (2, 2)
+
+
+@pytest.mark.parametrize("bad", ["", "x" * 201, "a b", "tab\there", "nl\nhere", "nul\x00",
+                                 "bell\x07", "nbsp\u00a0x"])
+def test_invalid_names_are_rejected_and_write_nothing(bad: str, redis_url: str,
+                                                      redis_client: redis.Redis) -> None:
+    with pytest.raises(ValueError, match="name"):
+        CircuitBreaker(bad, redis=redis_url)
+    assert redis_client.dbsize() == 0
+
+
+def test_a_200_character_name_is_accepted(redis_url: str, redis_client: redis.Redis) -> None:
+    breaker = CircuitBreaker("n" * 200, redis=redis_url)
+    assert breaker.call(ok) == "ok"
+    assert redis_client.exists(breaker.keys.state)
+
+
+# -- round trips ---------------------------------------------------------------------------------
+
+
+def test_round_trips_per_protected_call(make: Callable[..., CircuitBreaker],
+                                        redis_client: redis.Redis) -> None:
+    breaker = make(sliding_window_size=10, minimum_number_of_calls=10,
+                   wait_duration_in_open_state=0.5, permitted_calls_in_half_open=3)
+    breaker.call(ok)                                # loads the script, learns CLOSED
+
+    redis_client.config_resetstat()
+    for _ in range(20):
+        breaker.call(ok)
+    assert round_trips(redis_client) == 20                   # CLOSED: exactly 1 per call
+    assert commands(redis_client)["evalsha"] == 20
+
+    breaker.trip()
+    redis_client.config_resetstat()
+    for _ in range(20):
+        with pytest.raises(CallNotPermitted):
+            breaker.call(ok)
+    assert commands(redis_client) == {}                      # known OPEN wait: nothing at all
+
+    time.sleep(0.5)
+    redis_client.config_resetstat()
+    for _ in range(2):
+        breaker.call(ok)                                      # two probes of three
+    assert round_trips(redis_client) == 4                    # HALF_OPEN: 2 per call
+    assert breaker.state is State.HALF_OPEN
+
+
+# -- the script's argument contract -------------------------------------------------------------
+
+
+def _script(client: redis.Redis, name: str, config: BreakerConfig, op: str, *extra: Any) -> Any:
+    keys = BreakerKeys.build(name)
+    args = (op, name, config.to_wire(), keys.channel, *extra)
+    return decode_reply(run_script(client, load_script("breaker"), keys.script_keys, args))
+
+
+@pytest.mark.parametrize("counts", [(-1, 0, 0, 0), (1, 0, 0, -5), (1.5, 0, 0, 0),
+                                    ("x", 0, 0, 0), (1, 1, 3, 0)])
+def test_record_rejects_impossible_counts(counts: tuple[Any, ...], name: str,
+                                          redis_client: redis.Redis) -> None:
+    config = BreakerConfig(sliding_window_size=4, minimum_number_of_calls=1)
+    _script(redis_client, name, config, "record", "", 1, 0, 0, 3)
+    with pytest.raises(ValueError, match="record"):
+        _script(redis_client, name, config, "record", "", *counts)
+    reply = _script(redis_client, name, config, "state")
+    assert (reply.calls, reply.failures, reply.slow, reply.total_ms) == (1, 0, 0, 3)
+
+
+def test_a_retried_acquire_with_the_same_token_takes_one_slot(
+        name: str, redis_client: redis.Redis) -> None:
+    config = BreakerConfig(wait_duration_in_open_state=0.01, permitted_calls_in_half_open=2)
+    _script(redis_client, name, config, "set", "TRIP", "t", "")
+    time.sleep(0.02)
+    with pytest.raises(ValueError, match="token"):
+        _script(redis_client, name, config, "acquire", "")
+    for _ in range(3):
+        assert _script(redis_client, name, config, "acquire", "tok-a").permitted
+    reply = _script(redis_client, name, config, "acquire", "tok-b")
+    assert reply.permitted and reply.probes_in_flight == 2
+    assert not _script(redis_client, name, config, "acquire", "tok-c").permitted
+
+
+def test_keys_created_between_ttl_refreshes_get_a_ttl_at_once(name: str, redis_url: str,
+                                                              redis_client: redis.Redis) -> None:
+    """TTLs are refreshed every ttl/2 only, so a key a call creates must get one itself."""
+    breaker = CircuitBreaker(name, redis=redis_url, key_ttl=3600,
+                             sliding_window_size=4, minimum_number_of_calls=4,
+                             wait_duration_in_open_state=0.2, permitted_calls_in_half_open=1)
+    for _ in range(4):                            # state, window, then history appear
+        with pytest.raises(ZeroDivisionError):
+            breaker.call(lambda: 1 / 0)
+    time.sleep(0.25)
+    permit = breaker.acquire()                    # HALF_OPEN: the probes zset appears
+    assert permit.token
+    assert 0 < redis_client.pttl(breaker.keys.probes) <= 3_600_000
+    breaker.record(permit, None, 0.001)           # CLOSED: the window is deleted
+    assert not redis_client.exists(breaker.keys.window)
+    assert breaker.call(lambda: "ok") == "ok"     # and created again by a record
+    for key in breaker.keys.script_keys:
+        if redis_client.exists(key):
+            ttl = redis_client.pttl(key)
+            assert 0 < ttl <= 3_600_000, (key, ttl)
+    assert redis_client.exists(breaker.keys.window, breaker.keys.history,
+                               breaker.keys.state) == 3
+
+
+def test_a_bad_record_leaves_no_half_done_transition(name: str, redis_url: str,
+                                                     redis_client: redis.Redis) -> None:
+    """Bad arguments are refused before time-driven transitions run, so nothing is published."""
+    breaker = CircuitBreaker(name, redis=redis_url, wait_duration_in_open_state=0.05)
+    breaker.trip("test")
+    time.sleep(0.08)                                   # OPEN -> HALF_OPEN is now due
+    before = redis_client.xlen(breaker.keys.history)
+    call = breaker._codec._call("record", "", 1, 0, 5, 0)   # more slow calls than calls
+    with pytest.raises(ValueError, match="slow"):
+        run_script(redis_client, load_script("breaker"), call.keys, call.args)
+    assert redis_client.xlen(breaker.keys.history) == before
+    assert breaker.state is State.HALF_OPEN            # the transition happens once, here
+    assert redis_client.xlen(breaker.keys.history) == before + 1

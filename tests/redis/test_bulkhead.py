@@ -1,0 +1,299 @@
+"""The fleet-wide bulkhead against a real redis-server: the script, concurrent callers,
+waiters, leases, Redis down. Tests taking `flavour` run with the sync and the asyncio
+bulkhead; what only one has is in this file (sync) or test_bulkhead_aio.py."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from distbreaker._runtime.scripts import run_script
+from distbreaker.bulkhead.config import BulkheadConfig
+from distbreaker.bulkhead.core import BulkheadCodec
+from distbreaker.bulkhead.sync import Bulkhead
+from distbreaker.demo.embedded import RedisServer, free_port
+from distbreaker.errors import BulkheadFull, SchemaError
+from tests.helpers.flavours import Flavour
+from tests.helpers.redis_stats import round_trips, script_commands
+
+FORK = multiprocessing.get_context("fork")
+
+
+# -- the script ---------------------------------------------------------------------------
+def test_script_owes_one_wakeup_per_free_permit_with_a_waiter(
+        name: str, redis_client: redis.Redis) -> None:
+    codec = BulkheadCodec(name, BulkheadConfig(max_concurrent_calls=2, lease=10))
+    keys = codec.keys
+
+    def run(call: Any) -> list[int]:
+        return [int(x) for x in run_script(redis_client, codec.script, call.keys, call.args)]
+
+    assert run(codec.acquire_call("a", 0))[0] == 1
+    assert run(codec.acquire_call("b", 0))[0] == 1
+    reply = run(codec.acquire_call("c", 5.0))          # full: c registers as a waiter
+    assert reply[:4] == [0, 2, 2, 1]
+    assert 9_000 < reply[5] <= 10_000                    # next lease deadline, in ms
+    assert redis_client.llen(keys.notify) == 0
+    run(codec.release_call("a"))                         # a release owes c one wake-up
+    assert redis_client.llen(keys.notify) == 1
+    assert run(codec.acquire_call("d", 0))[0] == 1       # a newcomer took the permit...
+    assert redis_client.llen(keys.notify) == 0           # ...so the wake-up is withdrawn
+    assert run(codec.acquire_call("c", 0))[:5] == [0, 2, 2, 0, 1]  # c gives up: rejected
+    assert run(codec.release_call("a"))[0] == 0          # a's lease is gone: counted lost
+    metrics = run(codec.metrics_call())
+    assert metrics[7] == 1 and metrics[8] == 3           # lost, acquired
+    for key in (keys.leases, keys.meta):
+        assert 0 < redis_client.pttl(key) <= 3_600_000
+
+
+def test_foreign_data_raises_schema_error(name: str, redis_url: str, redis_client: redis.Redis,
+                                          flavour: Flavour) -> None:
+    bulkhead = flavour.bulkhead(name, redis=redis_url)
+    redis_client.set(bulkhead.keys.leases, "not a zset")
+    with pytest.raises(SchemaError, match="expected a zset"):
+        bulkhead.acquire()
+    redis_client.delete(bulkhead.keys.leases)
+    redis_client.hset(bulkhead.keys.meta, "rejected", "many")
+    with pytest.raises(SchemaError, match="not a number"):
+        bulkhead.acquire()
+
+
+@pytest.mark.parametrize("bad", ["meta", "notify", "leases"])
+def test_foreign_type_is_reported_before_anything_is_written(
+        bad: str, name: str, redis_url: str, redis_client: redis.Redis,
+        flavour: Flavour) -> None:
+    """Each key's foreign type is named, and the call wrote nothing (no reaping either)."""
+    bulkhead = flavour.bulkhead(name, redis=redis_url)
+    keys = bulkhead.keys
+    good = {"leases": lambda: redis_client.zadd(keys.leases, {"expired": 1}),
+            "meta": lambda: redis_client.hset(keys.meta, mapping={"w:gone": 1, "acquired": 4}),
+            "notify": lambda: redis_client.rpush(keys.notify, "1", "1")}
+    for key, fill in good.items():
+        if key != bad:
+            fill()
+    redis_client.set(getattr(keys, bad), "foreign")
+    before = {key: redis_client.dump(getattr(keys, key)) for key in good}
+    expected = {"leases": "zset", "meta": "hash", "notify": "list"}[bad]
+    with pytest.raises(SchemaError, match=f"holds a string, expected a {expected}"):
+        bulkhead.acquire()
+    assert {key: redis_client.dump(getattr(keys, key)) for key in good} == before
+    assert all(redis_client.pttl(getattr(keys, key)) == -1 for key in good)
+
+
+def test_bad_meta_field_is_reported_before_reaping(name: str, redis_url: str,
+                                                  redis_client: redis.Redis,
+                                                  flavour: Flavour) -> None:
+    bulkhead = flavour.bulkhead(name, redis=redis_url)
+    redis_client.zadd(bulkhead.keys.leases, {"expired": 1})
+    redis_client.hset(bulkhead.keys.meta, "lost", "many")
+    with pytest.raises(SchemaError, match="not a number"):
+        bulkhead.acquire()
+    assert redis_client.zrange(bulkhead.keys.leases, 0, -1) == [b"expired"]
+
+
+def test_script_spends_few_commands_per_acquire_and_release(name: str) -> None:
+    """No TYPE checks on the happy path; no ZSCORE while a permit is free."""
+    with RedisServer() as server:  # private: nothing else runs commands on it
+        client = redis.Redis.from_url(server.url)
+        codec = BulkheadCodec(name, BulkheadConfig(max_concurrent_calls=2))
+
+        def counted(call: Any) -> tuple[list[int], int]:
+            client.config_resetstat()
+            reply = run_script(client, codec.script, call.keys, call.args)
+            return reply, script_commands(client)
+
+        counted(codec.metrics_call())  # loads the script
+        reply, acquire = counted(codec.acquire_call("a", 0))
+        assert reply[0] == 1
+        reply, release = counted(codec.release_call("a"))
+        assert reply[0] == 1
+        reply, idle = counted(codec.metrics_call())
+        # acquire: TIME HGETALL LLEN ZREMRANGEBYSCORE ZCARD ZADD HINCRBY HSET(limit, first
+        # call only) PEXPIRE x2 ZRANGE; release: TIME HGETALL LLEN ZREMRANGEBYSCORE ZCARD
+        # ZREM PEXPIRE; metrics on an idle bulkhead: the five reads.
+        assert (acquire, release, idle) == (11, 7, 5)
+        client.close()
+
+
+# -- threads and tasks -----------------------------------------------------------------
+def test_ten_callers_max_three_no_wait(name: str, redis_url: str, flavour: Flavour) -> None:
+    """Ten threads (sync) or ten tasks (asyncio) at once: three get in, seven are full."""
+    bulkhead = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=3)
+    dep = flavour.dependency(delay=0.3)
+    results = flavour.call_at_once(10, bulkhead, dep)
+    full = [r for r in results if isinstance(r, BulkheadFull)]
+    assert results.count("ok") == 3 and len(full) == 7
+    assert all(e.limit == 3 and e.in_use == 3 and not e.local for e in full)
+    assert dep.calls == 3 and dep.peak == 3
+    metrics = bulkhead.metrics()
+    assert (metrics.in_use, metrics.available, metrics.rejected, metrics.acquired) == (0, 3, 7, 3)
+    assert metrics.rejected_here == 7
+
+
+def test_decorator_and_context_manager(name: str, redis_url: str) -> None:
+    bulkhead = Bulkhead(name, redis=redis_url, max_concurrent_calls=1)
+
+    @bulkhead
+    def double(x: int) -> int:
+        return 2 * x
+
+    assert double(21) == 42
+    with bulkhead as permit:
+        assert permit.token and bulkhead.metrics().in_use == 1
+        with pytest.raises(BulkheadFull):
+            double(1)
+    assert bulkhead.metrics().in_use == 0 and permit.released and not permit.lost
+
+
+def test_waiters_get_in_as_permits_free_up(name: str, redis_url: str,
+                                           redis_client: redis.Redis) -> None:
+    holders = Bulkhead(name, redis=redis_url, max_concurrent_calls=2)
+    waiters = Bulkhead(name, redis=redis_url, max_concurrent_calls=2, max_wait_duration=2.0)
+    held = [holders.acquire(), holders.acquire()]
+    waited: list[float] = []
+
+    def wait_for_permit() -> None:
+        started = time.monotonic()
+        permit = waiters.acquire()
+        waited.append(time.monotonic() - started)
+        waiters.release(permit)
+
+    threads = [threading.Thread(target=wait_for_permit) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)
+    assert holders.metrics().waiting == 2
+    before = round_trips(redis_client)
+    time.sleep(0.2)
+    assert round_trips(redis_client) - before <= 1   # blocked on BLPOP, not polling
+    for permit in held:
+        holders.release(permit)
+    for thread in threads:
+        thread.join(5)
+    assert len(waited) == 2 and all(0.35 <= w < 0.6 for w in waited)
+    metrics = holders.metrics()
+    assert (metrics.in_use, metrics.waiting, metrics.rejected, metrics.acquired) == (0, 0, 0, 4)
+
+
+def test_waiter_gives_up_after_max_wait(name: str, redis_url: str, redis_client: redis.Redis,
+                                        flavour: Flavour) -> None:
+    holder = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=1)
+    waiter = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=1,
+                              max_wait_duration=0.4)
+    permit = holder.acquire()
+    before = round_trips(redis_client)
+    started = time.monotonic()
+    with pytest.raises(BulkheadFull) as caught:
+        waiter.acquire()
+    elapsed = time.monotonic() - started
+    # Redis checks blocking timeouts on its timer (1/hz = 100 ms by default).
+    assert 0.4 <= elapsed < 0.4 + 0.15
+    assert caught.value.waited == pytest.approx(elapsed, abs=0.01)
+    assert round_trips(redis_client) - before <= 3   # register, (wake), final try
+    metrics = holder.metrics()
+    assert (metrics.in_use, metrics.waiting, metrics.rejected) == (1, 0, 1)
+    holder.release(permit)
+
+
+# -- leases -----------------------------------------------------------------------------------
+def test_renewal_keeps_a_long_call_alive_past_the_lease(name: str, redis_url: str,
+                                                        flavour: Flavour) -> None:
+    bulkhead = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=0.3)
+    other = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=0.3)
+    with bulkhead as permit:
+        for _ in range(4):                     # 1 s, more than three leases
+            flavour.sleep(0.25)
+            with pytest.raises(BulkheadFull):
+                other.acquire()
+    assert not permit.lost
+    metrics = bulkhead.metrics()
+    assert (metrics.in_use, metrics.lost, metrics.rejected) == (0, 0, 4)
+
+
+def test_a_lost_lease_is_reported(name: str, redis_url: str, redis_client: redis.Redis,
+                                  caplog: pytest.LogCaptureFixture, flavour: Flavour) -> None:
+    bulkhead = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=0.3)
+    with caplog.at_level(logging.WARNING, logger="distbreaker"), bulkhead as permit:
+        redis_client.delete(bulkhead.keys.leases)
+        flavour.sleep(0.25)                       # past one renewal (every lease / 3)
+        assert permit.lost
+    assert "was lost" in caplog.text
+    metrics = bulkhead.metrics()
+    assert metrics.lost == 1 and metrics.lost_here == 1 and metrics.in_use == 0
+
+
+# -- Redis down --------------------------------------------------------------------------------
+def test_redis_down_enforces_the_local_fallback_limit(name: str, flavour: Flavour) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"      # nothing listens there
+    bulkhead = flavour.bulkhead(name, redis=url, max_concurrent_calls=6, expected_workers=3)
+    dep = flavour.dependency(delay=0.2)
+    results = flavour.call_at_once(5, bulkhead, dep)
+    full = [r for r in results if isinstance(r, BulkheadFull)]
+    assert results.count("ok") == 2 and len(full) == 3
+    assert all(e.local and e.limit == 2 for e in full)
+    assert dep.peak == 2
+    waiting = flavour.bulkhead(name, redis=url, max_concurrent_calls=6, expected_workers=6,
+                               max_wait_duration=0.5)
+    results = flavour.call_at_once(2, waiting, dep)
+    assert results == ["ok", "ok"]          # the second waited for the first (limit 1)
+    closed = flavour.bulkhead(name, redis=url, max_concurrent_calls=6, fallback_limit=0)
+    with pytest.raises(BulkheadFull):
+        closed.call(dep)
+
+
+def test_local_fallback_then_back_to_the_fleet_limit(name: str, flavour: Flavour) -> None:
+    server = RedisServer().start()
+    try:
+        bulkhead = flavour.bulkhead(name, redis=server.url, max_concurrent_calls=2,
+                                    expected_workers=2, redis_retry_max_backoff=0.05)
+        first = bulkhead.acquire()
+        assert not first.local
+        server.kill()
+        local = bulkhead.acquire()                  # Redis gone: the local limit is 1
+        assert local.local
+        with pytest.raises(BulkheadFull, match="local fallback"):
+            bulkhead.acquire()
+        bulkhead.release(local)
+        bulkhead.release(first)                     # its lease would have expired anyway
+        server.start()
+        time.sleep(0.1)                             # past the backoff
+        permits = [bulkhead.acquire(), bulkhead.acquire()]
+        assert not any(p.local for p in permits)
+        assert bulkhead.metrics().in_use == 2
+    finally:
+        server.stop()
+
+
+def test_a_lease_granted_before_a_lost_reply_is_cancelled_on_the_next_acquire(
+        name: str, redis_url: str) -> None:
+    """Redis granted the permit but the reply timed out: the lease must not stay taken."""
+
+    class LosesOneReply(redis.Redis):
+        lose = 1
+
+        def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+            reply = super().execute_command(*args, **kwargs)
+            if LosesOneReply.lose and args[0] in ("EVALSHA", "EVAL") \
+                    and args[3 + int(args[2])] == "acquire":
+                LosesOneReply.lose = 0
+                raise redis.exceptions.TimeoutError("reply lost")
+            return reply
+
+    client = LosesOneReply.from_url(redis_url)
+    bulkhead = Bulkhead(name, redis=client, max_concurrent_calls=1, lease=30)
+    first = bulkhead.acquire()
+    assert first.local                       # fell back while Redis looked unavailable
+    bulkhead.release(first)
+    assert bulkhead.metrics().in_use == 1    # the orphaned lease, granted in Redis
+    time.sleep(0.15)                         # past the first backoff
+    second = bulkhead.acquire()              # cancels the orphan, then gets the permit
+    assert not second.local
+    assert bulkhead.metrics().in_use == 1
+    bulkhead.release(second)
+    assert bulkhead.metrics().in_use == 0

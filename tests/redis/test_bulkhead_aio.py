@@ -1,0 +1,130 @@
+"""What only the asyncio bulkhead has, against a real redis-server: the async decorator and
+context manager, waiting tasks, cancellation. The shared behaviour is in test_bulkhead.py,
+run with each flavour."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from distbreaker.bulkhead.aio import Bulkhead
+from distbreaker.errors import BulkheadFull
+
+
+async def at_once(count: int, fn: Callable[[], Awaitable[Any]]) -> list[Any]:
+    return list(await asyncio.gather(*(fn() for _ in range(count)), return_exceptions=True))
+
+
+def test_decorator_and_async_with(name: str, redis_url: str) -> None:
+    async def main() -> None:
+        bulkhead = Bulkhead(name, redis=redis_url, max_concurrent_calls=1)
+
+        @bulkhead
+        async def double(x: int) -> int:
+            return 2 * x
+
+        assert await double(21) == 42
+        async with bulkhead as permit:
+            assert (await bulkhead.metrics()).in_use == 1
+            with pytest.raises(BulkheadFull):
+                await double(1)
+        assert (await bulkhead.metrics()).in_use == 0 and permit.released
+        with pytest.raises(TypeError):
+            bulkhead(lambda: None)  # type: ignore[arg-type]
+        await bulkhead.aclose()
+
+    asyncio.run(main())
+
+
+def test_waiters_get_in_as_permits_free_up_and_give_up_after_max_wait(
+        name: str, redis_url: str) -> None:
+    async def main() -> None:
+        holder = Bulkhead(name, redis=redis_url, max_concurrent_calls=2)
+        waiter = Bulkhead(name, redis=redis_url, max_concurrent_calls=2, max_wait_duration=0.6)
+        held = [await holder.acquire(), await holder.acquire()]
+
+        async def timed() -> float:
+            started = time.monotonic()
+            permit = await waiter.acquire()
+            await asyncio.sleep(0.5)            # hold it past the third waiter's patience
+            await waiter.release(permit)
+            return time.monotonic() - started - 0.5
+
+        async def release_one_later() -> None:
+            await asyncio.sleep(0.3)
+            await holder.release(held[0])
+
+        started = time.monotonic()
+        results = await asyncio.gather(timed(), timed(), release_one_later(),
+                                       return_exceptions=True)
+        # One waiter got in when the permit freed up (~0.3 s); the other gave up at 0.6 s.
+        got_in = [r for r in results[:2] if isinstance(r, float)]
+        gave_up = [r for r in results[:2] if isinstance(r, BulkheadFull)]
+        assert len(got_in) == 1 and 0.25 <= got_in[0] < 0.45
+        assert len(gave_up) == 1 and 0.6 <= gave_up[0].waited < 0.6 + 0.15
+        assert time.monotonic() - started < 1.0
+        metrics = await holder.metrics()
+        assert (metrics.in_use, metrics.waiting, metrics.rejected) == (1, 0, 1)
+        await holder.release(held[1])
+        await holder.aclose()
+        await waiter.aclose()
+
+    asyncio.run(main())
+
+
+def test_cancelled_waiter_leaves_no_trace(name: str, redis_url: str) -> None:
+    async def main() -> None:
+        holder = Bulkhead(name, redis=redis_url, max_concurrent_calls=1)
+        waiter = Bulkhead(name, redis=redis_url, max_concurrent_calls=1, max_wait_duration=5)
+        permit = await holder.acquire()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(waiter.acquire(), 0.2)
+        await asyncio.sleep(0.05)               # the shielded cancel runs
+        metrics = await holder.metrics()
+        assert (metrics.in_use, metrics.waiting) == (1, 0)
+        await holder.release(permit)
+        await holder.aclose()
+        await waiter.aclose()
+
+    asyncio.run(main())
+
+
+def test_release_cancelled_while_a_renewal_finishes_is_not_swallowed(
+        name: str, redis_url: str) -> None:
+    """A release waits for a renewal already in flight; a cancellation arriving then
+    propagates (it used to be swallowed) and the permit is still given back."""
+    async def scenario() -> tuple[bool, int]:
+        bulkhead = Bulkhead(name, redis=redis_url, max_concurrent_calls=1)
+        permit = await bulkhead.acquire()
+        bulkhead._renewals.pop(permit).cancel()
+
+        async def renewal_in_flight() -> None:  # finishes its round trip when cancelled
+            try:
+                await asyncio.sleep(5)
+            except asyncio.CancelledError:
+                await asyncio.sleep(0.2)
+                raise
+
+        bulkhead._renewals[permit] = asyncio.create_task(renewal_in_flight())
+        await asyncio.sleep(0)
+        releasing = asyncio.create_task(bulkhead.release(permit))
+        await asyncio.sleep(0.05)  # the release now waits for the renewal
+        releasing.cancel()
+        try:
+            await releasing
+            cancelled = False
+        except asyncio.CancelledError:
+            cancelled = True
+        for _ in range(50):
+            if (await bulkhead.metrics()).in_use == 0:
+                break
+            await asyncio.sleep(0.02)
+        return cancelled, (await bulkhead.metrics()).in_use
+
+    cancelled, in_use = asyncio.run(scenario())
+    assert cancelled
+    assert in_use == 0
