@@ -157,12 +157,13 @@ def test_compose_commands_run_one_fleet_sharing_the_breaker(
             result = tasks.charge_task.delay(99)
             wait_for(lambda: result.state == "RETRY", 20, "the task re-queued", logs)
             assert f"circuit breaker '{name}' is OPEN" in str(result.info)
-            # Load on the failing upstream: about the breaker's minimum calls, not
+            # Load on the failing upstream: about what tripping takes (at least half of
+            # the 10 minimum calls failed, the window's earlier successes count too), not
             # every request the load generator made (plus its Celery tasks).
             stats = get(upstream_url + "/stats")[1]
             failing = sum(stats["by_mode"]["failing"].values())
             sent = 4 * 20
-            assert 10 <= failing <= sent // 2, (failing, stats)
+            assert 5 <= failing <= sent // 2, (failing, stats)
             ls = subprocess.run([str(BIN / "distbreaker"), "--url", redis_url, "ls", "--json"],
                                 capture_output=True, text=True, timeout=30)
             listed = json.loads(ls.stdout)

@@ -14,8 +14,16 @@
 --
 -- Reply: {state, wait_ms, permitted, transitions, calls, failures, slow,
 --         total_ms, rejected, drift, stored_config, now_ms, since_ms,
---         probes_in_flight}; transitions is a list of {from, to, reason,
---         failure_rate, slow_rate} (rates as strings, as in the history stream).
+--         probes_in_flight, reason, actor, event_errors}; transitions is a list
+--         of {from, to, reason, failure_rate, slow_rate} (rates as strings, as in
+--         the history stream); reason/actor: of the transition into the current
+--         state; event_errors: '' or why the history XADD / PUBLISH failed.
+--
+-- Writes: every check runs before the first write, and every write is deferred
+-- to the end, where the state hash is written FIRST: if Redis refuses it (OOM,
+-- ACL), nothing was written, and a rejection is still answered (a rejection
+-- never needs a successful write). The history XADD and the PUBLISH come last,
+-- through pcall: their failure can neither abort nor undo the transition.
 --
 -- Performance: this runs on every protected call, so the hot path (a record
 -- in CLOSED) allocates almost nothing: the state lives in plain locals with
@@ -72,7 +80,7 @@ end
 -- Load the state hash ---------------------------------------------------------
 local raw = redis.call('HMGET', K_STATE, 'v', 'cfg', 'state', 'since', 'open_until', 'calls',
                  'failures', 'slow', 'total_ms', 'head', 'wsec', 'hp_issued', 'hp_done',
-                 'hp_fail', 'hp_slow', 'rejected', 'gen', 'ttl_at')
+                 'hp_fail', 'hp_slow', 'rejected', 'gen', 'ttl_at', 'reason', 'actor')
 local s_state = raw[3]
 local exists = s_state ~= false
 if not exists and redis.call('EXISTS', K_STATE) == 1 then
@@ -108,6 +116,7 @@ end
 local since, open_until, calls, failures, slow = raw[4], raw[5], raw[6], raw[7], raw[8]
 local total_ms, head, wsec, hp_issued, hp_done = raw[9], raw[10], raw[11], raw[12], raw[13]
 local hp_fail, hp_slow, rejected, gen, ttl_at = raw[14], raw[15], raw[16], raw[17], raw[18]
+local s_reason, s_actor = raw[19] or '', raw[20] or ''
 
 -- Dirty flags: which fields the final HSET writes.
 local d_v, d_cfg, d_state, d_trans, d_totals, d_head, d_wsec = false, false, false, false,
@@ -117,6 +126,10 @@ local d_probes_issued, d_probe_results, d_rej, d_drift, d_ttl = false, false, fa
                                                                  false
 -- Keys this call may have created: they get a TTL now.
 local fresh_win, fresh_probes, fresh_hist = false, false, false
+-- Deferred writes (applied after the state hash, see the header).
+local del_win, del_probes, clear_drift = false, false, false
+local win_sets, win_dels = {}, {}      -- window slot -> new bucket / true
+local probe_add, probe_rem = nil, nil  -- a lease to add {token, deadline}; a token to drop
 
 local wtype, wsize, min_calls, f_thr, s_thr, open_wait, probes_max, max_half_open,
       lease_ms, ttl_ms = parse_config(cfg_wire)
@@ -146,11 +159,12 @@ if adopt then d_cfg = true end
 if drift == 1 then
   if redis.call('HGET', K_STATE, 'drift_cfg') ~= cfg_wire then d_drift = true end
 elseif adopt and redis.call('HEXISTS', K_STATE, 'drift_cfg') == 1 then
-  redis.call('HDEL', K_STATE, 'drift_cfg', 'drift_at')
+  clear_drift = true
 end
 
 -- Events ----------------------------------------------------------------------
 local transitions = {}
+local events = {}  -- {from, to, reason, frate, srate, gen, actor}: history + pub/sub, at the end
 
 local function json_str(s)
   s = tostring(s)
@@ -164,9 +178,19 @@ local function rate(part, whole)
 end
 
 local function clear_window()
-  redis.call('DEL', K_WIN)
+  del_win, win_sets, win_dels = true, {}, {}
   calls, failures, slow, total_ms, head, wsec = 0, 0, 0, 0, 0, 0
   d_totals, d_head, d_wsec = true, true, true
+end
+
+-- A window bucket as this call sees it (its own deferred writes included).
+local function win_get(slot)
+  local pending = win_sets[slot]
+  if pending then return pending end
+  if del_win or win_dels[slot] then return nil end
+  local value = redis.call('HGET', K_WIN, slot)
+  if value then return value end
+  return nil
 end
 
 local function transition(to, reason, actor)
@@ -177,7 +201,8 @@ local function transition(to, reason, actor)
   else
     frate, srate = rate(failures, calls), rate(slow, calls)
   end
-  s_state, since, gen = to, now, gen + 1
+  actor = actor or ''
+  s_state, since, gen, s_reason, s_actor = to, now, gen + 1, reason, actor
   d_state, d_trans = true, true
   if to == 'OPEN' then
     open_until = now + open_wait
@@ -187,21 +212,14 @@ local function transition(to, reason, actor)
   if to == 'HALF_OPEN' then
     hp_issued, hp_done, hp_fail, hp_slow = 0, 0, 0, 0
     d_probes_issued, d_probe_results = true, true
-    redis.call('DEL', K_PROBES)
+    del_probes, probe_add, probe_rem = true, nil, nil
   elseif to ~= 'OPEN' then
     clear_window()
-    redis.call('DEL', K_PROBES)
+    del_probes, probe_add, probe_rem = true, nil, nil
   end
   transitions[#transitions + 1] = {from, to, reason, tostring(frate), tostring(srate)}
+  events[#events + 1] = {from, to, reason, frate, srate, gen, actor}
   fresh_hist = true
-  actor = actor or ''
-  redis.call('XADD', K_HIST, 'MAXLEN', '1000', '*', 'from', from, 'to', to,
-       'reason', reason, 'at_ms', now, 'failure_rate', tostring(frate),
-       'slow_rate', tostring(srate), 'gen', gen, 'actor', actor)
-  redis.call('PUBLISH', channel, '{"name":' .. json_str(name) .. ',"from":"' .. from ..
-    '","to":"' .. to .. '","reason":' .. json_str(reason) .. ',"at_ms":' .. now ..
-    ',"failure_rate":' .. frate .. ',"slow_rate":' .. srate .. ',"gen":' .. gen ..
-    ',"actor":' .. json_str(actor) .. '}')
 end
 
 -- Sliding window (pre-aggregated, O(1) per recorded outcome) -----------------
@@ -230,12 +248,12 @@ local function evict_time_buckets()
   else
     for s = wsec + 1, sec do
       local slot = s % wsize
-      local old = redis.call('HGET', K_WIN, slot)
+      local old = win_get(slot)
       if old then
         local c, f, sl, m = time_bucket(old)
         calls, failures, slow, total_ms = calls - c, failures - f, slow - sl, total_ms - m
         d_totals = true
-        redis.call('HDEL', K_WIN, slot)
+        win_sets[slot], win_dels[slot] = nil, true
       end
     end
   end
@@ -249,11 +267,11 @@ local function record_window(ok, fails, slows, ms)
   if wtype == 'T' then
     local sec = floor(now / 1000)
     local slot = sec % wsize
-    local old = redis.call('HGET', K_WIN, slot)
+    local old = win_get(slot)
     local c, f, s, m = 0, 0, 0, 0
     if old then c, f, s, m = time_bucket(old) end
-    redis.call('HSET', K_WIN, slot, sec .. ',' .. (c + n) .. ',' .. (f + fails) .. ',' ..
-         (s + slows) .. ',' .. (m + ms))
+    win_sets[slot] = sec .. ',' .. (c + n) .. ',' .. (f + fails) .. ',' .. (s + slows) ..
+                     ',' .. (m + ms)
     calls, failures, slow, total_ms = calls + n, failures + fails, slow + slows, total_ms + ms
     d_totals = true
     return
@@ -267,14 +285,14 @@ local function record_window(ok, fails, slows, ms)
     local f = floor(i * fails / n) - floor((i - 1) * fails / n)
     local s = floor(i * slows / n) - floor((i - 1) * slows / n)
     local m = per_ms + ((i == 1) and (ms - per_ms * n) or 0)
-    local old = redis.call('HGET', K_WIN, head)
+    local old = win_get(head)
     if old then
       local a, b, c = match(old, '^([^,]*),([^,]*),([^,]*)$')
       a, b, c = tonumber(a), tonumber(b), tonumber(c)
       if not (a and b and c) then corrupt_bucket(old) end
       calls, failures, slow, total_ms = calls - 1, failures - a, slow - b, total_ms - c
     end
-    redis.call('HSET', K_WIN, head, f .. ',' .. s .. ',' .. m)
+    win_sets[head] = f .. ',' .. s .. ',' .. m
     calls, failures, slow, total_ms = calls + 1, failures + f, slow + s, total_ms + m
     head = (head + 1) % wsize
     d_totals, d_head = true, true
@@ -303,9 +321,23 @@ local function advance()
       transition('OPEN', 'max wait in half-open elapsed')
       return
     end
-    local reaped = redis.call('ZREMRANGEBYSCORE', K_PROBES, '-inf', now)
-    if reaped > 0 then hp_issued, d_probes_issued = math.max(0, hp_issued - reaped), true end
   end
+end
+
+-- Live half-open leases (deadline after now). Admission is derived from these and
+-- the stored verdict count (hp_done), so a missing probes key (evicted) can never
+-- wedge HALF_OPEN: its leases are simply gone. Expired ones are reaped at the end.
+local function live_probes()
+  if del_probes then return 0 end
+  return redis.call('ZCOUNT', K_PROBES, '(' .. now, '+inf')
+end
+
+-- Whether `token` holds a live lease (this call's own deferred lease included).
+local function holds_lease(token)
+  if probe_add and probe_add[1] == token then return true end
+  if del_probes then return false end
+  local deadline = redis.call('ZSCORE', K_PROBES, token)
+  return deadline ~= false and deadline ~= nil and tonumber(deadline) > now
 end
 
 -- Operations ------------------------------------------------------------------
@@ -332,7 +364,8 @@ if op == 'record' then
         and rate_exceeded(calls, failures, slow) then
       transition('OPEN', describe(calls, failures, slow))
     end
-  elseif st == 'HALF_OPEN' and token ~= '' and redis.call('ZREM', K_PROBES, token) == 1 then
+  elseif st == 'HALF_OPEN' and token ~= '' and holds_lease(token) then
+    probe_rem = token
     if ok + fails == 0 then
       -- an ignored probe hands its slot back (Resilience4j releasePermission)
       hp_issued, d_probes_issued = math.max(0, hp_issued - 1), true
@@ -359,10 +392,10 @@ elseif op == 'acquire' then
   if st == 'OPEN' or st == 'FORCED_OPEN' then
     permitted = 0
   elseif st == 'HALF_OPEN' then
-    if redis.call('ZSCORE', K_PROBES, token) then
+    if holds_lease(token) then
       -- the token already holds a live lease: a retried acquire takes no second slot
-    elseif hp_issued < probes_max then
-      redis.call('ZADD', K_PROBES, now + lease_ms, token)
+    elseif live_probes() + hp_done < probes_max then
+      probe_add = {token, now + lease_ms}
       fresh_probes = true
       hp_issued, d_probes_issued = hp_issued + 1, true
     else
@@ -378,7 +411,7 @@ elseif op == 'set' then
       transition('CLOSED', reason, actor)
     else
       clear_window()
-      redis.call('DEL', K_PROBES)
+      del_probes = true
     end
   elseif target == 'TRIP' then
     if s_state ~= 'FORCED_OPEN' and s_state ~= 'DISABLED' then
@@ -417,7 +450,9 @@ if d_state then
 end
 if d_trans then
   flat[n + 1] = 'gen'; flat[n + 2] = gen
-  flat[n + 3] = 'open_until'; flat[n + 4] = open_until; n = n + 4
+  flat[n + 3] = 'open_until'; flat[n + 4] = open_until
+  flat[n + 5] = 'reason'; flat[n + 6] = s_reason
+  flat[n + 7] = 'actor'; flat[n + 8] = s_actor; n = n + 8
 end
 if d_wsec then flat[n + 1] = 'wsec'; flat[n + 2] = wsec; n = n + 2 end
 if d_probes_issued then flat[n + 1] = 'hp_issued'; flat[n + 2] = hp_issued; n = n + 2 end
@@ -430,9 +465,65 @@ if d_drift then
   flat[n + 1] = 'drift_cfg'; flat[n + 2] = cfg_wire
   flat[n + 3] = 'drift_at'; flat[n + 4] = now; n = n + 4
 end
-if n > 0 then
-  redis.call('HSET', K_STATE, unpack(flat, 1, n))
+local wait_ms = 0
+if s_state == 'OPEN' then
+  wait_ms = math.max(0, open_until - now)
+elseif s_state == 'HALF_OPEN' and permitted == 0 and not del_probes then
+  local first = redis.call('ZRANGEBYSCORE', K_PROBES, '(' .. now, '+inf', 'WITHSCORES',
+                           'LIMIT', 0, 1)
+  if first[2] then wait_ms = math.min(open_wait, math.max(0, tonumber(first[2]) - now)) end
 end
+local stored = ''
+if drift == 1 then stored = s_cfg end
+
+local in_flight = 0  -- live leases once this call's deferred writes are applied
+if s_state == 'HALF_OPEN' then
+  in_flight = live_probes()
+  if probe_add then in_flight = in_flight + 1 end
+  if probe_rem then in_flight = math.max(0, in_flight - 1) end
+end
+
+local function reply(event_errors)
+  if s_state == 'HALF_OPEN' then
+    return {s_state, wait_ms, permitted, transitions, hp_done, hp_fail, hp_slow, 0,
+            rejected, drift, stored, now, since, in_flight, s_reason, s_actor, event_errors}
+  end
+  return {s_state, wait_ms, permitted, transitions, calls, failures, slow, total_ms,
+          rejected, drift, stored, now, since, 0, s_reason, s_actor, event_errors}
+end
+
+-- The state hash first: if Redis refuses it (OOM, ACL), nothing was written.
+if n > 0 then
+  local written = redis.pcall('HSET', K_STATE, unpack(flat, 1, n))
+  if type(written) == 'table' and written.err then
+    if op == 'acquire' and permitted == 0 then
+      -- A rejection stands without its counter (and without a time-driven
+      -- transition it computed: the next call computes it again).
+      if d_rej then rejected = rejected - 1 end
+      return reply('state not saved: ' .. written.err)
+    end
+    return redis.error_reply(written.err)
+  end
+end
+if clear_drift then redis.call('HDEL', K_STATE, 'drift_cfg', 'drift_at') end
+if del_win then redis.call('DEL', K_WIN) end
+local dels, n_dels = {}, 0
+for slot in pairs(win_dels) do n_dels = n_dels + 1; dels[n_dels] = slot end
+if n_dels > 0 then redis.call('HDEL', K_WIN, unpack(dels, 1, n_dels)) end
+local sets, n_sets = {}, 0
+for slot, value in pairs(win_sets) do
+  sets[n_sets + 1], sets[n_sets + 2] = slot, value
+  n_sets = n_sets + 2
+end
+if n_sets > 0 then redis.call('HSET', K_WIN, unpack(sets, 1, n_sets)) end
+if del_probes then
+  redis.call('DEL', K_PROBES)
+elseif s_state == 'HALF_OPEN' and (probe_add or probe_rem or op ~= 'state') then
+  redis.call('ZREMRANGEBYSCORE', K_PROBES, '-inf', now)
+end
+if probe_rem then redis.call('ZREM', K_PROBES, probe_rem) end
+if probe_add then redis.call('ZADD', K_PROBES, probe_add[2], probe_add[1]) end
+
 if refresh_all then
   redis.call('PEXPIRE', K_STATE, ttl_ms)
   redis.call('PEXPIRE', K_WIN, ttl_ms)
@@ -444,18 +535,22 @@ else
   if fresh_hist then redis.call('PEXPIRE', K_HIST, ttl_ms) end
 end
 
-local wait_ms = 0
-if s_state == 'OPEN' then
-  wait_ms = math.max(0, open_until - now)
-elseif s_state == 'HALF_OPEN' and permitted == 0 then
-  local first = redis.call('ZRANGE', K_PROBES, 0, 0, 'WITHSCORES')
-  if first[2] then wait_ms = math.min(open_wait, math.max(0, tonumber(first[2]) - now)) end
+-- History and pub/sub last, through pcall: a failure (e.g. an ACL without channel
+-- permission) can neither abort nor undo the transition; the reply reports it.
+local event_errors = ''
+for _, e in ipairs(events) do
+  local added = redis.pcall('XADD', K_HIST, 'MAXLEN', '1000', '*', 'from', e[1], 'to', e[2],
+       'reason', e[3], 'at_ms', now, 'failure_rate', tostring(e[4]),
+       'slow_rate', tostring(e[5]), 'gen', e[6], 'actor', e[7])
+  if type(added) == 'table' and added.err then
+    event_errors = event_errors .. 'history: ' .. added.err .. '; '
+  end
+  local published = redis.pcall('PUBLISH', channel, '{"name":' .. json_str(name) ..
+    ',"from":"' .. e[1] .. '","to":"' .. e[2] .. '","reason":' .. json_str(e[3]) ..
+    ',"at_ms":' .. now .. ',"failure_rate":' .. e[4] .. ',"slow_rate":' .. e[5] ..
+    ',"gen":' .. e[6] .. ',"actor":' .. json_str(e[7]) .. '}')
+  if type(published) == 'table' and published.err then
+    event_errors = event_errors .. 'publish: ' .. published.err .. '; '
+  end
 end
-local stored = ''
-if drift == 1 then stored = s_cfg end
-if s_state == 'HALF_OPEN' then
-  return {s_state, wait_ms, permitted, transitions, hp_done, hp_fail, hp_slow, 0,
-          rejected, drift, stored, now, since, redis.call('ZCARD', K_PROBES)}
-end
-return {s_state, wait_ms, permitted, transitions, calls, failures, slow, total_ms,
-        rejected, drift, stored, now, since, 0}
+return reply(event_errors)
