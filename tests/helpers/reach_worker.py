@@ -1,8 +1,9 @@
-"""A worker process for tests/fleet/test_operator_reach.py: THREADS threads calling one exact-mode
-breaker until each has been rejected (OPEN) and then permitted again; prints, as JSON,
-the wall-clock time of each thread's first permitted call after its rejections.
+"""A worker process for tests/fleet/test_operator_reach.py: THREADS threads (or asyncio
+tasks) calling one exact-mode breaker, ROUNDS times until each has been rejected (OPEN)
+and then permitted again; prints, as JSON, the wall-clock time at which each thread's
+first permitted call after its rejections started running (after its acquire), per round.
 
-Usage: python reach_worker.py URL NAME THREADS ASYNC(0|1)
+Usage: python reach_worker.py URL NAME THREADS ASYNC(0|1) ROUNDS
 """
 
 from __future__ import annotations
@@ -19,52 +20,62 @@ from distbreaker import CallNotPermitted, CircuitBreaker
 from distbreaker import aio as dbaio
 
 URL, NAME, THREADS, ASYNC = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+ROUNDS = int(sys.argv[5])
 CONFIG = {"wait_duration_in_open_state": 60, "sliding_window_size": 10,
           "minimum_number_of_calls": 10}
 PAUSE = 0.005  # between calls: 32 threads must not starve the machine's two cores
 GIVE_UP = 30.0
 
 
-def sync_thread(breaker: CircuitBreaker, ready: redis.Redis, out: list[float]) -> None:
-    rejected = False
-    deadline = time.monotonic() + GIVE_UP
-    while time.monotonic() < deadline:
-        try:
-            breaker.call(lambda: None)
-        except CallNotPermitted:
-            if not rejected:
-                rejected = True
-                ready.incr(f"test:{NAME}:rejecting")
-        else:
-            if rejected:
-                out.append(time.time())
-                return
-        time.sleep(PAUSE)
+def sync_thread(breaker: CircuitBreaker, ready: redis.Redis,
+                out: list[tuple[int, float]]) -> None:
+    started: list[float] = []
+    for round_ in range(ROUNDS):
+        rejected = False
+        deadline = time.monotonic() + GIVE_UP
+        while time.monotonic() < deadline:
+            started.clear()
+            try:
+                breaker.call(lambda: started.append(time.time()))
+            except CallNotPermitted:
+                if not rejected:
+                    rejected = True
+                    ready.incr(f"test:{NAME}:rejecting:{round_}")
+            else:
+                if rejected:
+                    out.append((round_, started[0]))
+                    break
+            time.sleep(PAUSE)
 
 
-async def async_task(breaker: dbaio.CircuitBreaker, ready: redis.Redis, out: list[float]) -> None:
-    async def nothing() -> None:
-        return None
+async def async_task(breaker: dbaio.CircuitBreaker, ready: redis.Redis,
+                     out: list[tuple[int, float]]) -> None:
+    started: list[float] = []
 
-    rejected = False
-    deadline = time.monotonic() + GIVE_UP
-    while time.monotonic() < deadline:
-        try:
-            await breaker.call(nothing)
-        except CallNotPermitted:
-            if not rejected:
-                rejected = True
-                ready.incr(f"test:{NAME}:rejecting")
-        else:
-            if rejected:
-                out.append(time.time())
-                return
-        await asyncio.sleep(PAUSE)
+    async def note() -> None:
+        started.append(time.time())
+
+    for round_ in range(ROUNDS):
+        rejected = False
+        deadline = time.monotonic() + GIVE_UP
+        while time.monotonic() < deadline:
+            started.clear()
+            try:
+                await breaker.call(note)
+            except CallNotPermitted:
+                if not rejected:
+                    rejected = True
+                    ready.incr(f"test:{NAME}:rejecting:{round_}")
+            else:
+                if rejected:
+                    out.append((round_, started[0]))
+                    break
+            await asyncio.sleep(PAUSE)
 
 
 def main() -> None:
     ready = redis.Redis.from_url(URL)
-    out: list[float] = []
+    out: list[tuple[int, float]] = []
     if ASYNC:
         async def run() -> None:
             breaker = dbaio.CircuitBreaker(NAME, redis=URL, **CONFIG)
