@@ -271,7 +271,8 @@ class ChaosRun:
         for key in filler:
             pipe.set(key, "x" * 100_000)
         pipe.execute()
-        self.admin.config_set("maxmemory", str(self.admin.info("memory")["used_memory"]))
+        used = int(self.admin.info("memory")["used_memory"])
+        self.admin.config_set("maxmemory", str(used - 1_000_000))  # the filler holds 10 MB
         try:
             try:
                 self.admin.set("chaos:probe", "x" * 1000)
