@@ -58,9 +58,23 @@ class Subscriber:
         with self._lock:
             self._watched.setdefault(core.name, weakref.WeakSet()).add(core)
             if self._thread is None:
+                self._stop = threading.Event()
                 self._thread = threading.Thread(target=self._run, daemon=True,
                                                 name=f"distbreaker-subscriber {self.channel}")
                 self._thread.start()
+
+    def unwatch(self, core: BreakerCore) -> None:
+        """Stop watching `core`; with nothing left to watch the thread ends (within the
+        1 s it waits for a message) and closes its connection."""
+        with self._lock:
+            watched = self._watched.get(core.name)
+            if watched is not None:
+                watched.discard(core)
+                if not watched:
+                    del self._watched[core.name]
+            if not self._watched and self._thread is not None:
+                self._stop.set()
+                self._thread = None
 
     def siblings_of(self, core: BreakerCore) -> list[BreakerCore]:
         """The other watched breakers of the same name (same server) in this process."""
@@ -79,15 +93,16 @@ class Subscriber:
                 self.invalidations += 1
 
     def _run(self) -> None:
+        stop = self._stop  # this thread's own: a later restart makes a new one
         backoff = 0.05
-        while not self._stop.is_set():
+        while not stop.is_set():
             pubsub = None
             try:
                 pubsub = self._make_client().pubsub(ignore_subscribe_messages=True)
                 pubsub.subscribe(self.channel)
                 self.ready.set()
                 backoff = 0.05
-                while not self._stop.is_set():
+                while not stop.is_set():
                     message = pubsub.get_message(timeout=1.0)
                     if message is not None and message.get("type") == "message":
                         self.handle(message["data"])
@@ -137,6 +152,12 @@ class Subscribers:
             self._of_core[id(core)] = subscriber
         subscriber.watch(core)
         return subscriber
+
+    def unwatch(self, core: BreakerCore) -> None:
+        """`core` is closed: its subscriber stops when it watches nothing else."""
+        subscriber = self._of_core.pop(id(core), None)
+        if subscriber is not None:
+            subscriber.unwatch(core)
 
     def made_transition(self, core: BreakerCore, at_ms: int) -> None:
         """`core`'s own reply reported a transition: breakers of the same name in this

@@ -84,6 +84,7 @@ class CircuitBreaker(BreakerCore):
         """Send the running loop's batched outcomes, then close its client if this breaker
         built it (a client given to it is yours)."""
         await self.flush()
+        self._stop_watching()
         if self._given is None:
             client = self._per_loop.pop(asyncio.get_running_loop(), None)
             if client is not None:

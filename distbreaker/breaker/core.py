@@ -500,6 +500,11 @@ class BreakerCore:
         return self._codec.invalidate(at_ms)
 
     # -- the steps around each Redis call (the front ends only send them) -------------
+    def _stop_watching(self) -> None:
+        """Closing: leave the transitions subscription (it ends when nobody watches)."""
+        SUBSCRIBERS.unwatch(self)
+        self._watching = False
+
     def _watch_transitions(self) -> None:
         """Subscribe (once per process) to the transitions channel, so transitions made
         elsewhere (other workers, operators) drop this breaker's local view at once."""

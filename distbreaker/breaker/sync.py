@@ -47,6 +47,7 @@ class CircuitBreaker(BreakerCore):
         """Send this process's batched outcomes, then close the client this breaker built
         from a URL (a client given to it is yours)."""
         self.flush()
+        self._stop_watching()
         if self._owns_client:
             self._client.close()
 
