@@ -63,8 +63,10 @@ def test_registered_breaker_is_closed_before_its_first_call(
 
 def test_fleet_state_rates_and_process_counters(redis_url: str, name: str,
                                                 registry: CollectorRegistry) -> None:
-    here = CircuitBreaker(name, redis=redis_url, **CFG)
-    elsewhere = CircuitBreaker(name, redis=redis_url, **CFG)   # another worker, not registered
+    # (subscribe=False: `here` keeps a stale view of the trip `elsewhere` makes, as a worker
+    # without pub/sub would, so every kind of rejection below is counted once)
+    here = CircuitBreaker(name, redis=redis_url, subscribe=False, **CFG)
+    elsewhere = CircuitBreaker(name, redis=redis_url, subscribe=False, **CFG)  # not registered
     collector = DistbreakerCollector(redis_url)
     collector.register(here)
     registry.register(collector)
