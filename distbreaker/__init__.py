@@ -29,6 +29,7 @@ from .errors import (
     SchemaError,
 )
 from .policy.sync import Policy
+from .registry import ComponentHealth, Registry, RegistryConfigError, RegistryHealth, health
 from .retry.config import Jitter, RetryConfig
 from .retry.sync import Retry
 
@@ -44,6 +45,7 @@ __all__ = [
     "BulkheadPermit",
     "CallNotPermitted",
     "CircuitBreaker",
+    "ComponentHealth",
     "ConfigDriftWarning",
     "DistbreakerError",
     "HttpClassifier",
@@ -54,6 +56,9 @@ __all__ = [
     "Outcome",
     "Policy",
     "RedisErrorPolicy",
+    "Registry",
+    "RegistryConfigError",
+    "RegistryHealth",
     "Retry",
     "RetryBudget",
     "RetryBudgetExhausted",
@@ -64,6 +69,7 @@ __all__ = [
     "WindowType",
     "classify_exception",
     "classify_http",
+    "health",
     "parse_retry_after",
 ]
 __version__ = "0.1.0"

@@ -11,6 +11,8 @@ from ..bulkhead.config import BulkheadConfig
 from ..bulkhead.core import BulkheadMetrics, BulkheadPermit
 from ..errors import BulkheadFull, CallNotPermitted
 from ..policy.aio import Policy
+from ..registry.aio import Registry
+from ..registry.health import ahealth as health
 from ..retry.aio import Retry
 
 __all__ = [
@@ -26,9 +28,11 @@ __all__ = [
     "Metrics",
     "Policy",
     "RedisErrorPolicy",
+    "Registry",
     "Retry",
     "RetryBudget",
     "State",
     "Transition",
     "WindowType",
+    "health",
 ]

@@ -356,6 +356,12 @@ class BreakerCore:
     def fail_closed(self) -> bool:
         return self.config.on_redis_error is RedisErrorPolicy.FAIL_CLOSED
 
+    @property
+    def local_fallback_active(self) -> bool:
+        """True while Redis is marked unreachable and this process's fallback breaker
+        answers (fail_open; under fail_closed there is no fallback: calls are rejected)."""
+        return self._health.down and not self.fail_closed
+
     def add_listener(self, listener: Listener) -> None:
         """Call `listener(Transition)` for every transition this process's calls make."""
         self._listeners.add(listener)

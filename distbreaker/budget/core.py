@@ -131,6 +131,11 @@ class BudgetCore:
     def _local_raw(self, args: Sequence[str]) -> Any:
         return self._local.run(self._script, [self.keys.slices], args)
 
+    @property
+    def local_fallback_active(self) -> bool:
+        """True while Redis is marked unreachable and this process's own budget answers."""
+        return self._health.down
+
     def _redis_failed(self, error: BaseException) -> None:
         self._health.failed(error)
 

@@ -87,6 +87,11 @@ class Bulkhead:
     def keys(self) -> BulkheadKeys:
         return self._codec.keys
 
+    @property
+    def local_fallback_active(self) -> bool:
+        """True while Redis is marked unreachable and the local limit governs this process."""
+        return self._codec.health.down
+
     def _loop(self) -> _PerLoop:
         """Clients are bound to the loop that opened them: keep one set per running loop."""
         loop = asyncio.get_running_loop()

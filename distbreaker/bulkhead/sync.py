@@ -166,6 +166,11 @@ class Bulkhead:
         """The Redis keys of this bulkhead (see lua/bulkhead.lua)."""
         return self._codec.keys
 
+    @property
+    def local_fallback_active(self) -> bool:
+        """True while Redis is marked unreachable and the local limit governs this process."""
+        return self._codec.health.down
+
     # -- I/O ------------------------------------------------------------------------
     def _run(self, call: ScriptCall) -> BulkheadReply:
         return decode_reply(run_script(self._client, self._codec.script, call.keys, call.args))
