@@ -152,11 +152,10 @@ def _target(core: BreakerCore) -> tuple[Any, Callable[[], Any]] | None:
     """What to subscribe with: the sync client itself, or a sync client from the URL."""
     url = url_of(core)
     if url is not None:
-        import redis
+        from .connection import waiting_client
 
         timeout = core.config.redis_timeout
-        return ("url", url), lambda: redis.Redis.from_url(
-            url, socket_timeout=None, socket_connect_timeout=timeout)
+        return ("url", url), lambda: waiting_client(url, timeout, None)
     if hasattr(core, "_per_loop"):  # an asyncio breaker given an asyncio client
         return None
     client = core._client  # type: ignore[attr-defined]
