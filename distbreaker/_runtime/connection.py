@@ -3,11 +3,18 @@
 A URL builds a client with the config's short `redis_timeout` that never retries on
 its own (distbreaker's backoff decides); a given client is used as it is, timeouts and
 all. redis-py's pools open fresh connections in a forked child by themselves.
+
+``memory://[name]`` is an in-process Redis for tests: a fakeredis server per
+name (shared by every client of this process that names it, sync and asyncio
+alike) running the very same Lua scripts. It lives as long as a client of it
+does; it is not shared with other processes (a forked child has a copy).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
+import weakref
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -26,6 +33,10 @@ ASYNC_MAX_CONNECTIONS = 32
 ASYNC_POOL_WAIT = 1.0  # seconds a call may queue for a free asyncio connection
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 DEFAULT_SENTINEL_PORT = 26379
+
+MEMORY_SCHEME = "memory://"
+_memory_servers: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+_memory_lock = threading.Lock()
 
 _SYNC_TYPES: tuple[type, ...] = (redis.Redis, redis.cluster.RedisCluster)
 _ASYNC_TYPES: tuple[type, ...] = (redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster)
@@ -148,6 +159,26 @@ def owns_client(target: Any) -> bool:
     return target is None or isinstance(target, str)
 
 
+def is_memory_url(target: Any) -> bool:
+    """True for a ``memory://`` URL (the in-process fakeredis)."""
+    return isinstance(target, str) and target.startswith(MEMORY_SCHEME)
+
+
+def memory_client(url: str, asyncio: bool = False) -> Any:
+    """A fakeredis client of the in-process server that ``memory://<name>`` names."""
+    import fakeredis
+
+    name = url[len(MEMORY_SCHEME):]
+    with _memory_lock:
+        server = _memory_servers.get(name)
+        if server is None:
+            server = _memory_servers[name] = fakeredis.FakeServer()
+    # One host per server, so that clients of one server share what is keyed by host
+    # (a batched breaker's subscriber) and clients of two servers do not.
+    cls = fakeredis.FakeAsyncRedis if asyncio else fakeredis.FakeRedis
+    return cls(server=server, host=f"distbreaker-memory-{name}")
+
+
 def sync_client(target: Any, timeout: float) -> Any:
     """A sync redis-py client from a URL, or the given client (None: localhost).
 
@@ -160,6 +191,8 @@ def sync_client(target: Any, timeout: float) -> Any:
     """
     if target is None:
         target = DEFAULT_URL
+    if is_memory_url(target):
+        return memory_client(target)
     if isinstance(target, str):
         spec = parse_sentinel_url(target)
         if spec is not None:
@@ -177,6 +210,8 @@ def async_client(target: Any, timeout: float) -> Any:
     """
     if target is None:
         target = DEFAULT_URL
+    if is_memory_url(target):
+        return memory_client(target, asyncio=True)
     if isinstance(target, str):
         # redis.asyncio's default pool raises MaxConnectionsError (a ConnectionError) at once
         # beyond 100 calls in flight, which would pass for a Redis outage. Queue for one of a
@@ -196,8 +231,10 @@ def async_client(target: Any, timeout: float) -> Any:
                          "for a sync client")
 
 
-def waiting_client(url: str, timeout: float, read_timeout: float) -> Any:
+def waiting_client(url: str, timeout: float, read_timeout: float | None) -> Any:
     """A sync client from a URL for blocking commands (BLPOP) of up to `read_timeout` s."""
+    if is_memory_url(url):
+        return memory_client(url)
     spec = parse_sentinel_url(url)
     if spec is not None:
         return _sentinel_master(spec, timeout, asyncio=False,
@@ -207,6 +244,8 @@ def waiting_client(url: str, timeout: float, read_timeout: float) -> Any:
 
 def async_waiting_client(url: str, timeout: float, read_timeout: float) -> Any:
     """The asyncio twin of `waiting_client`."""
+    if is_memory_url(url):
+        return memory_client(url, asyncio=True)
     spec = parse_sentinel_url(url)
     if spec is not None:
         return _sentinel_master(spec, timeout, asyncio=True,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -95,3 +96,24 @@ def merge_options(cls: type[C], config: C | None, overrides: dict[str, Any], wha
     if unknown:
         raise TypeError(f"unknown {what} option(s): {', '.join(unknown)}")
     return dataclasses.replace(base, **overrides) if overrides else base  # type: ignore[type-var]
+
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*")
+
+
+def parse_duration(value: Any, field: str) -> float:
+    """A duration written in a config file or the environment, as float seconds.
+
+    Numbers (and timedeltas) are seconds, as everywhere in distbreaker; strings
+    are a number with an optional unit: ``"500ms"``, ``"30s"``, ``"5m"``,
+    ``"1h"``, ``"2.5"`` (seconds). Raises a ValueError naming `field`.
+    """
+    if isinstance(value, str):
+        match = _DURATION.fullmatch(value)
+        if match is None:
+            raise ValueError(f"{field} must be a duration such as 30, '500ms', '30s', '5m' "
+                             f"or '1h', got {value!r}")
+        number, unit = match.groups()
+        value = float(number) * _DURATION_UNITS[unit or "s"]
+    return to_seconds(value, field)

@@ -178,17 +178,16 @@ def _source(core: BreakerCore) -> tuple[Any, Callable[[], Any]] | None:
     asyncio breaker's URL (None: an asyncio breaker given an asyncio client)."""
     url = core.client_url
     if url is not None:
-        import redis
+        from .connection import waiting_client
 
         timeout = core.config.redis_timeout
-        return ("url", url), lambda: redis.Redis.from_url(
-            url, socket_timeout=None, socket_connect_timeout=timeout)
+        return ("url", url), lambda: waiting_client(url, timeout, None)
     client = core.blocking_client
     given_async = client is None
     if given_async:
         client = core.given_async_client
-        if client is None:
-            return None
+        if client is None or type(client).__module__.startswith("fakeredis"):
+            return None  # nothing to mirror with a sync client (memory:// given as a client)
     pool = getattr(client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)
     if not isinstance(kwargs, dict):

@@ -7,7 +7,12 @@ from ..budget.aio import RetryBudget
 from ..bulkhead.aio import Bulkhead
 from ..ganesha.aio import GaneshaBreaker
 from ..policy.aio import Policy
+from ..registry.aio import Registry
+from ..registry.config import RegistryConfigError
+from ..registry.health import ComponentHealth, RegistryHealth
+from ..registry.health import ahealth as health
 from ..retry.aio import Retry
 
-__all__ = [*_shared, "Bulkhead", "CircuitBreaker", "GaneshaBreaker", "Policy", "Retry",
-           "RetryBudget"]
+__all__ = [*_shared, "Bulkhead", "CircuitBreaker", "ComponentHealth", "GaneshaBreaker",
+           "Policy", "Registry", "RegistryConfigError", "RegistryHealth", "Retry", "RetryBudget",
+           "health"]

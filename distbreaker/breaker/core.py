@@ -483,6 +483,12 @@ class BreakerCore:
         """The asyncio client an asyncio breaker was given (None otherwise)."""
         return None
 
+    @property
+    def local_fallback_active(self) -> bool:
+        """True while Redis is marked unreachable and this process's fallback breaker
+        answers (fail_open; under fail_closed there is no fallback: calls are rejected)."""
+        return self._health.down and not self.fail_closed
+
     def add_listener(self, listener: Listener) -> None:
         """Call `listener(Transition)` for every transition this process's calls make."""
         self._listeners.add(listener)

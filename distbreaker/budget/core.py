@@ -127,6 +127,11 @@ class BudgetCore:
             amount, self._pending_deposits = self._pending_deposits, 0
         return self.script_args("deposit", amount) if amount else None
 
+    @property
+    def local_fallback_active(self) -> bool:
+        """True while Redis is marked unreachable and this process's own budget answers."""
+        return self._health.down
+
     def _redis_ok(self) -> None:
         if self._health.last_error is not None:
             self._local.reset()

@@ -379,6 +379,11 @@ class BulkheadCore:
         """The Redis keys of this bulkhead (see lua/bulkhead.lua)."""
         return self._codec.keys
 
+    @property
+    def local_fallback_active(self) -> bool:
+        """True while Redis is marked unreachable and the local limit governs this process."""
+        return self._codec.health.down
+
     def local_counts(self) -> LocalCounts:
         """Calls this process rejected and leases it found lost (for exporters)."""
         return self._codec.local_counts()

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 import re
 import threading
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 from .._runtime.keys import DEFAULT_PREFIX, MAX_NAME_LENGTH, validate_name
 from ..breaker.classify import HttpClassifier, HttpStatusError
@@ -23,6 +23,7 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 REJECTIONS = (CallNotPermitted, BulkheadFull)
 REJECTED_HEADER = "X-Distbreaker-Rejected"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:\[\]-]")
+R = TypeVar("R")
 
 
 def host_name(host: str, port: int | None, scheme: str) -> str:
@@ -136,6 +137,51 @@ class Exchange:
         if self.last is not None and isinstance(error, REJECTIONS):
             return self.last, None
         return None, self.last
+
+
+def exchange_sync(policy: Any, attempt: Callable[[], R], close: Callable[[R], Any]) -> R:
+    """Send one logical request under `policy`: each attempt's superseded response is
+    closed; a final HTTP error returns its last response (as without distbreaker);
+    anything else is raised."""
+    exchange = Exchange()
+
+    def send() -> R:
+        stale = exchange.superseded()
+        if stale is not None:
+            close(stale)
+        return exchange.received(attempt())  # type: ignore[no-any-return]
+
+    try:
+        return policy.call(send)  # type: ignore[no-any-return]
+    except Exception as error:
+        response, stale = exchange.settle(error)
+        if stale is not None:
+            close(stale)
+        if response is None:
+            raise
+        return response  # type: ignore[no-any-return]
+
+
+async def exchange_async(policy: Any, attempt: Callable[[], Awaitable[R]],
+                         close: Callable[[R], Awaitable[Any]]) -> R:
+    """The asyncio twin of `exchange_sync`."""
+    exchange = Exchange()
+
+    async def send() -> R:
+        stale = exchange.superseded()
+        if stale is not None:
+            await close(stale)
+        return exchange.received(await attempt())  # type: ignore[no-any-return]
+
+    try:
+        return await policy.call(send)  # type: ignore[no-any-return]
+    except Exception as error:
+        response, stale = exchange.settle(error)
+        if stale is not None:
+            await close(stale)
+        if response is None:
+            raise
+        return response  # type: ignore[no-any-return]
 
 
 def rejection_headers(error: BaseException) -> dict[str, str]:

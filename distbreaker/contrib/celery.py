@@ -33,6 +33,15 @@ def charge(self, order_id):
   multiply. Each task deposits once, on its first delivery (``deposit=False``
   when the task's own `Policy` deposits in the same budget).
 
+- **Eager mode** (``task_always_eager=True``, ``task.apply()``, common in
+  tests): a rejection is raised as is (``CallNotPermitted`` / ``BulkheadFull``;
+  with ``task_eager_propagates=False`` it is the EagerResult's error). Celery
+  runs an eager retry at once, in the same stack, ignoring its countdown, so a
+  re-queue would meet the same OPEN breaker again and again until
+  RecursionError. Errors in `retry_on` still go through Celery's eager retry:
+  with ``task_eager_propagates=True`` Celery raises its ``Retry``, otherwise it
+  runs the task again at once, bounded by the budget and ``max_retries``.
+
 `breaker` may be anything with ``.call(fn, *args, **kwargs)``: a
 `CircuitBreaker`, a `Policy` or None (budgeted retries only). The decorated
 function's first argument is the bound task (``bind=True``).
@@ -100,6 +109,8 @@ def protect(breaker: Any = None, *, budget: Any = None,
                     return fn(task, *args, **kwargs)
                 return breaker.call(fn, task, *args, **kwargs)
             except (CallNotPermitted, BulkheadFull) as rejection:
+                if getattr(task.request, "is_eager", False):
+                    raise  # eager: a re-queue would re-run at once against the same state
                 countdown = rejection_countdown(
                     rejection, min_countdown=min_countdown, jitter=jitter,
                     unknown_countdown=unknown_countdown)

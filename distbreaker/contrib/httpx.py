@@ -40,9 +40,10 @@ from ..policy.sync import Policy
 from ._http import (
     IDEMPOTENT_METHODS,
     REJECTIONS,
-    Exchange,
     NameOption,
     Protection,
+    exchange_async,
+    exchange_sync,
     rejection_headers,
 )
 
@@ -87,11 +88,9 @@ class _Protected:
         return self._protection.policy(name, request.method,
                                        isinstance(request.stream, httpx.ByteStream))
 
-    def _answer(self, request: httpx.Request, error: Exception,
-                response: httpx.Response | None) -> httpx.Response:
-        """What the caller gets for a call the policy ended with `error`: a response or a raise."""
-        if response is not None:
-            return response
+    def _answer(self, request: httpx.Request, error: Exception) -> httpx.Response:
+        """What the caller gets for a call the policy ended with `error`: a synthetic 503
+        for a rejection (``reject_as_response``), else the error raised."""
         if self._protection.reject_as_response and isinstance(error, REJECTIONS):
             return httpx.Response(503, headers=rejection_headers(error),
                                   content=f"{error}\n".encode(), request=request,
@@ -109,22 +108,12 @@ class BreakerTransport(_Protected, httpx.BaseTransport):
         return httpx.HTTPTransport()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        policy = self._policy_for(request)
-        exchange = Exchange()
-
-        def send() -> httpx.Response:
-            stale = exchange.superseded()
-            if stale is not None:
-                stale.close()
-            return exchange.received(self._inner.handle_request(request))
-
         try:
-            return policy.call(send)
+            return exchange_sync(self._policy_for(request),
+                                 lambda: self._inner.handle_request(request),
+                                 httpx.Response.close)
         except Exception as error:
-            response, stale = exchange.settle(error)
-            if stale is not None:
-                stale.close()
-            return self._answer(request, error, response)
+            return self._answer(request, error)
 
     def close(self) -> None:
         self._inner.close()
@@ -142,22 +131,12 @@ class AsyncBreakerTransport(_Protected, httpx.AsyncBaseTransport):
         return httpx.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        policy = self._policy_for(request)
-        exchange = Exchange()
-
-        async def send() -> httpx.Response:
-            stale = exchange.superseded()
-            if stale is not None:
-                await stale.aclose()
-            return exchange.received(await self._inner.handle_async_request(request))
-
         try:
-            return await policy.call(send)
+            return await exchange_async(self._policy_for(request),
+                                        lambda: self._inner.handle_async_request(request),
+                                        httpx.Response.aclose)
         except Exception as error:
-            response, stale = exchange.settle(error)
-            if stale is not None:
-                await stale.aclose()
-            return self._answer(request, error, response)
+            return self._answer(request, error)
 
     async def aclose(self) -> None:
         await self._inner.aclose()

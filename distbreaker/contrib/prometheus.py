@@ -6,29 +6,16 @@ the metrics are listed on `DistbreakerCollector` and in the README.
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .._runtime.connection import sync_client
 from .._runtime.keys import DEFAULT_PREFIX
-from ..breaker.core import BreakerCore
-from ..breaker.events import Transition
-from ..breaker.state import State
-from ..budget.config import MILLIONTHS
-from ..budget.core import BudgetCore
-from ..bulkhead.core import BulkheadCore
-from ..readside import read_summaries, scan_names
+from ._metrics import Family, MetricsSource
 
 __all__ = ["DistbreakerCollector"]
-
-_REJECTION_REASONS = {"OPEN": "open", "HALF_OPEN": "half_open_full",
-                      "FORCED_OPEN": "forced_open", "UNKNOWN": "redis_unavailable"}
-_STATES = [s.value for s in State]
 
 
 class DistbreakerCollector(Collector):
@@ -62,207 +49,40 @@ class DistbreakerCollector(Collector):
     def __init__(self, redis: Any = None, *, prefix: str = DEFAULT_PREFIX,
                  discover: bool = False, timeout: float = 1.0,
                  components: Iterable[Any] = ()) -> None:
-        self._client = sync_client(redis, timeout)
-        self.prefix = prefix
-        self.discover = discover
-        self._lock = threading.Lock()
-        self._names: dict[str, set[str]] = {}
-        self._breakers: list[BreakerCore] = []
-        self._bulkheads: list[BulkheadCore] = []
-        self._budgets: dict[str, BudgetCore] = {}
-        self._transitions: Counter[tuple[str, str, str]] = Counter()
-        self.register(*components)
+        self.source = MetricsSource(redis, prefix=prefix, discover=discover, timeout=timeout,
+                                    components=components)
 
-    # -- registration ------------------------------------------------------------------
+    @property
+    def prefix(self) -> str:
+        return self.source.prefix
+
+    @property
+    def discover(self) -> bool:
+        """Whether every name found under the prefix is exported too."""
+        return self.source.discover
+
+    @discover.setter
+    def discover(self, value: bool) -> None:
+        self.source.discover = value
+
     def register(self, *components: Any) -> None:
         """Export these breakers, bulkheads, retry budgets, policies (their parts) or
         names (str: all three components) from now on, whether or not used yet."""
-        for item in components:
-            if isinstance(item, str):
-                self._add_name(item, "breaker", "bulkhead", "budget")
-            elif isinstance(item, BreakerCore):
-                self._add_breaker(item)
-            elif isinstance(item, BudgetCore):
-                self._add_name(item.name, "budget")
-                with self._lock:
-                    self._budgets.setdefault(item.name, item)
-            elif isinstance(item, BulkheadCore):
-                self._add_name(item.name, "bulkhead")
-                with self._lock:
-                    self._bulkheads.append(item)
-            elif any(hasattr(item, part) for part in ("breaker", "bulkhead", "budget")):
-                parts = [getattr(item, p, None) for p in ("breaker", "bulkhead", "budget")]
-                self.register(*(p for p in parts if p is not None))
-            else:
-                raise TypeError(f"cannot export {item!r}: expected a breaker, bulkhead, "
-                                "retry budget, policy or name")
+        self.source.register(*components)
 
-    def _add_name(self, name: str, *parts: str) -> None:
-        with self._lock:
-            self._names.setdefault(name, set()).update(parts)
-
-    def _add_breaker(self, breaker: BreakerCore) -> None:
-        self._add_name(breaker.name, "breaker")
-        with self._lock:
-            if any(b is breaker for b in self._breakers):
-                return
-            self._breakers.append(breaker)
-        breaker.add_listener(self._on_transition)
-
-    def _on_transition(self, event: Transition) -> None:
-        with self._lock:
-            self._transitions[(event.name, event.from_state.value, event.to_state.value)] += 1
-
-    # -- the scrape -------------------------------------------------------------------------
     def describe(self) -> list[Metric]:
         """Nothing: describing would make registration scrape Redis (prometheus_client
         calls collect() when describe() is missing)."""
         return []
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._fleet()
-        yield from self._local()
-
-    def _fleet(self) -> Iterator[Metric]:
-        up = GaugeMetricFamily("distbreaker_up", "1 when Redis answered this scrape, else 0")
-        try:
-            rows = self._read()
-        except Exception:  # a scrape must never fail because Redis did
-            up.add_metric([], 0)
-            yield up
-            return
-        up.add_metric([], 1)
-        yield up
-        yield from _FleetMetrics(rows, self._budget_configs()).families()
-
-    def _read(self) -> list[dict[str, Any]]:
-        with self._lock:
-            names = {n: set(parts) for n, parts in self._names.items()}
-        if self.discover:
-            for name, parts in scan_names(self._client, self.prefix).items():
-                names.setdefault(name, set()).update(parts)
-        if not names:
-            self._client.ping()  # so distbreaker_up still tells whether Redis answers
-        rows = list(read_summaries(self._client, self.prefix, names))
-        for row in rows:
-            if "breaker" in names[row["name"]] and row["breaker"] is None and not row["error"]:
-                row["state"] = State.CLOSED.value  # registered, never called: CLOSED
-                row["never_called"] = True
-        return rows
-
-    def _budget_configs(self) -> dict[str, BudgetCore]:
-        with self._lock:
-            return dict(self._budgets)
-
-    def _local(self) -> Iterator[Metric]:
-        calls = CounterMetricFamily("distbreaker_calls", "Calls this process ran through a "
-                                    "breaker, by outcome", labels=["name", "outcome"])
-        rejections = CounterMetricFamily("distbreaker_rejections", "Calls this process did not "
-                                         "run, by reason", labels=["name", "reason"])
-        transitions = CounterMetricFamily(
-            "distbreaker_transitions", "Transitions made by this process's calls",
-            labels=["name", "from_state", "to_state"])
-        with self._lock:
-            breakers, bulkheads = list(self._breakers), list(self._bulkheads)
-            moves = dict(self._transitions)
-        outcome_sums: Counter[tuple[str, str]] = Counter()
-        rejection_sums: Counter[tuple[str, str]] = Counter()
-        for breaker in breakers:
-            counts = breaker.local_counts()
-            for outcome in ("success", "failure", "ignored"):
-                outcome_sums[(breaker.name, outcome)] += counts.outcomes.get(outcome, 0)
-            for state, reason in _REJECTION_REASONS.items():
-                rejection_sums[(breaker.name, reason)] += counts.rejections.get(state, 0)
-        for bulkhead in bulkheads:
-            rejection_sums[(bulkhead.name, "bulkhead_full")] += bulkhead.local_counts().rejected
-        for (name, outcome), value in sorted(outcome_sums.items()):
-            calls.add_metric([name, outcome], value)
-        for (name, reason), value in sorted(rejection_sums.items()):
-            rejections.add_metric([name, reason], value)
-        for (name, src, dst), value in sorted(moves.items()):
-            transitions.add_metric([name, src, dst], value)
-        yield calls
-        yield rejections
-        yield transitions
+        for family in (*self.source.fleet(), *self.source.local()):
+            yield _prometheus(family)
 
 
-class _FleetMetrics:
-    """The gauge families of one scrape's rows (pure: no I/O)."""
-
-    def __init__(self, rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) -> None:
-        self.rows = rows
-        self.budgets = budgets
-
-    def families(self) -> Iterator[Metric]:
-        g = GaugeMetricFamily
-        state = g("distbreaker_breaker_state", "Fleet-wide breaker state (1 for the current "
-                  "state)", labels=["name", "state"])
-        fields = {
-            "failure_rate": g("distbreaker_breaker_failure_rate_percent", "Failure rate of "
-                              "the window (-1 below the minimum number of calls)",
-                              labels=["name"]),
-            "slow_rate": g("distbreaker_breaker_slow_call_rate_percent", "Slow-call rate of "
-                           "the window (-1 below the minimum number of calls)", labels=["name"]),
-            "calls": g("distbreaker_breaker_window_calls", "Calls in the window (probes "
-                       "reported, in HALF_OPEN)", labels=["name"]),
-            "failures": g("distbreaker_breaker_window_failures", "Failed calls in the window",
-                          labels=["name"]),
-            "slow": g("distbreaker_breaker_window_slow_calls", "Slow calls in the window",
-                      labels=["name"]),
-            "retry_in_s": g("distbreaker_breaker_retry_in_seconds", "Seconds until a call may "
-                            "be tried (-1: held FORCED_OPEN)", labels=["name"]),
-        }
-        fleet_rejected = CounterMetricFamily("distbreaker_breaker_fleet_rejections", "Calls "
-                                             "rejected fleet-wide by Redis (since the key was "
-                                             "created)", labels=["name"])
-        in_use = g("distbreaker_bulkhead_in_use", "Bulkhead permits held fleet-wide",
-                   labels=["name"])
-        limit = g("distbreaker_bulkhead_limit", "Fleet-wide bulkhead limit", labels=["name"])
-        deposits = g("distbreaker_budget_deposits", "Requests counted by the retry budget "
-                     "in its window", labels=["name"])
-        withdrawals = g("distbreaker_budget_withdrawals", "Retries taken from the retry "
-                        "budget in its window", labels=["name"])
-        balance = g("distbreaker_budget_balance", "Retries the fleet may still make now",
-                    labels=["name"])
-        unreadable = g("distbreaker_unreadable", "1 when a name's keys hold foreign data",
-                       labels=["name"])
-        for row in self.rows:
-            name = row["name"]
-            if row["error"]:
-                unreadable.add_metric([name], 1)
-                continue
-            if row["state"] is not None:
-                for value in _STATES:
-                    state.add_metric([name, value], 1 if value == row["state"] else 0)
-            breaker = row["breaker"]
-            if breaker is not None:
-                for field, family in fields.items():
-                    value = breaker[field]
-                    family.add_metric([name], -1 if value is None else value)
-                fleet_rejected.add_metric([name], breaker["rejected"])
-            elif row.get("never_called"):
-                for field, family in fields.items():
-                    family.add_metric([name], -1 if field.endswith("rate") else 0)
-            bulkhead = row["bulkhead"]
-            if bulkhead is not None:
-                in_use.add_metric([name], bulkhead["in_use"])
-                if bulkhead["limit"] is not None:
-                    limit.add_metric([name], bulkhead["limit"])
-            self._budget(row, deposits, withdrawals, balance)
-        yield state
-        yield from fields.values()
-        yield from (fleet_rejected, in_use, limit, deposits, withdrawals, balance, unreadable)
-
-    def _budget(self, row: dict[str, Any], deposits: GaugeMetricFamily,
-                withdrawals: GaugeMetricFamily, balance: GaugeMetricFamily) -> None:
-        name = row["name"]
-        budget = row["budget"] or {}
-        d, w = budget.get("deposits") or 0, budget.get("withdrawals") or 0
-        if row["budget"] is not None or name in self.budgets:
-            deposits.add_metric([name], d)
-            withdrawals.add_metric([name], w)
-        core = self.budgets.get(name)
-        if core is not None:  # budget.lua's formula, with this process's settings
-            cfg = core.config
-            allowed = (cfg.reserve_millionths + cfg.percent_millionths * d) // MILLIONTHS
-            balance.add_metric([name], allowed - w)
+def _prometheus(family: Family) -> Metric:
+    cls = GaugeMetricFamily if family.kind == "gauge" else CounterMetricFamily
+    metric = cls(family.name, family.help, labels=list(family.labels))
+    for labels, value in family.samples:
+        metric.add_metric(list(labels), value)
+    return metric

@@ -1,0 +1,267 @@
+"""The metrics distbreaker exports, without an exporter: Prometheus and OpenTelemetry
+build their own instruments from these `Family` values, so both carry the same names.
+
+`MetricsSource` holds what to export (registered breakers, bulkheads, budgets,
+policies or names, and optionally every name under the prefix) and reads it:
+`fleet()` reads Redis once (pipelined, read-only, see `distbreaker.readside`)
+for the fleet-wide figures, `local()` reads this process's own counts (no
+Redis). A read never raises because of Redis: `distbreaker_up` is 0 instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from .._runtime.connection import sync_client
+from .._runtime.keys import DEFAULT_PREFIX
+from ..breaker.core import BreakerCore
+from ..breaker.events import Transition
+from ..breaker.state import State
+from ..budget.config import MILLIONTHS
+from ..budget.core import BudgetCore
+from ..bulkhead.core import BulkheadCore
+from ..readside import read_summaries, scan_names
+
+__all__ = ["Family", "MetricsSource", "catalog"]
+
+_REJECTION_REASONS = {"OPEN": "open", "HALF_OPEN": "half_open_full",
+                      "FORCED_OPEN": "forced_open", "UNKNOWN": "redis_unavailable"}
+_STATES = [s.value for s in State]
+
+
+@dataclasses.dataclass
+class Family:
+    """One metric: its name (Prometheus counters get ``_total`` on exposition), kind
+    ("gauge" or "counter"), help text, label names and samples."""
+
+    name: str
+    kind: str
+    help: str
+    labels: tuple[str, ...] = ()
+    samples: list[tuple[tuple[str, ...], float]] = dataclasses.field(default_factory=list)
+
+    def add(self, labels: Iterable[str], value: float) -> None:
+        self.samples.append((tuple(labels), value))
+
+
+def _gauge(name: str, help: str, *labels: str) -> Family:
+    return Family(name, "gauge", help, labels)
+
+
+def _counter(name: str, help: str, *labels: str) -> Family:
+    return Family(name, "counter", help, labels)
+
+
+def is_bulkhead(item: Any) -> bool:
+    return isinstance(item, BulkheadCore)
+
+
+class MetricsSource:
+    """What to export and how to read it (see the module docstring)."""
+
+    def __init__(self, redis: Any = None, *, prefix: str = DEFAULT_PREFIX,
+                 discover: bool = False, timeout: float = 1.0,
+                 components: Iterable[Any] = ()) -> None:
+        self.client = sync_client(redis, timeout)
+        self.prefix = prefix
+        self.discover = discover
+        self._lock = threading.Lock()
+        self._names: dict[str, set[str]] = {}
+        self._breakers: list[BreakerCore] = []
+        self._bulkheads: list[Any] = []
+        self._budgets: dict[str, BudgetCore] = {}
+        self._transitions: Counter[tuple[str, str, str]] = Counter()
+        self._listeners: list[Any] = []
+        self.register(*components)
+
+    # -- registration ------------------------------------------------------------------
+    def on_transition(self, listener: Any) -> None:
+        """Also call `listener(Transition)` for the registered breakers' transitions."""
+        self._listeners.append(listener)
+
+    def register(self, *components: Any) -> None:
+        """Export these breakers, bulkheads, retry budgets, policies (their parts) or
+        names (str: all three components) from now on, whether or not used yet."""
+        for item in components:
+            if isinstance(item, str):
+                self._add_name(item, "breaker", "bulkhead", "budget")
+            elif isinstance(item, BreakerCore):
+                self._add_breaker(item)
+            elif isinstance(item, BudgetCore):
+                self._add_name(item.name, "budget")
+                with self._lock:
+                    self._budgets.setdefault(item.name, item)
+            elif is_bulkhead(item):
+                self._add_name(item.name, "bulkhead")
+                with self._lock:
+                    if not any(b is item for b in self._bulkheads):
+                        self._bulkheads.append(item)
+            elif any(hasattr(item, part) for part in ("breaker", "bulkhead", "budget")):
+                parts = [getattr(item, p, None) for p in ("breaker", "bulkhead", "budget")]
+                self.register(*(p for p in parts if p is not None))
+            else:
+                raise TypeError(f"cannot export {item!r}: expected a breaker, bulkhead, "
+                                "retry budget, policy or name")
+
+    def _add_name(self, name: str, *parts: str) -> None:
+        with self._lock:
+            self._names.setdefault(name, set()).update(parts)
+
+    def _add_breaker(self, breaker: BreakerCore) -> None:
+        self._add_name(breaker.name, "breaker")
+        with self._lock:
+            if any(b is breaker for b in self._breakers):
+                return
+            self._breakers.append(breaker)
+        breaker.add_listener(self._on_transition)
+
+    def _on_transition(self, event: Any) -> None:
+        if not isinstance(event, Transition):
+            return
+        with self._lock:
+            self._transitions[(event.name, event.from_state.value, event.to_state.value)] += 1
+        for listener in self._listeners:
+            listener(event)
+
+    # -- reading ---------------------------------------------------------------------------
+    def fleet(self) -> list[Family]:
+        """``distbreaker_up`` and, when Redis answered, the fleet-wide families."""
+        up = _up()
+        try:
+            rows = self._read()
+        except Exception:  # a scrape must never fail because Redis did
+            up.add((), 0)
+            return [up]
+        up.add((), 1)
+        with self._lock:
+            budgets = dict(self._budgets)
+        return [up, *_fleet_families(rows, budgets)]
+
+    def _read(self) -> list[dict[str, Any]]:
+        with self._lock:
+            names = {n: set(parts) for n, parts in self._names.items()}
+        if self.discover:
+            for name, parts in scan_names(self.client, self.prefix).items():
+                names.setdefault(name, set()).update(parts)
+        if not names:
+            self.client.ping()  # so distbreaker_up still tells whether Redis answers
+        rows = list(read_summaries(self.client, self.prefix, names))
+        for row in rows:
+            if "breaker" in names[row["name"]] and row["breaker"] is None and not row["error"]:
+                row["state"] = State.CLOSED.value  # registered, never called: CLOSED
+                row["never_called"] = True
+        return rows
+
+    def local(self) -> list[Family]:
+        """This process's calls, rejections and transitions (no Redis)."""
+        calls, rejections, transitions = _local_families()
+        with self._lock:
+            breakers, bulkheads = list(self._breakers), list(self._bulkheads)
+            moves = dict(self._transitions)
+        outcome_sums: Counter[tuple[str, str]] = Counter()
+        rejection_sums: Counter[tuple[str, str]] = Counter()
+        for breaker in breakers:
+            counts = breaker.local_counts()
+            for outcome in ("success", "failure", "ignored"):
+                outcome_sums[(breaker.name, outcome)] += counts.outcomes.get(outcome, 0)
+            for state, reason in _REJECTION_REASONS.items():
+                rejection_sums[(breaker.name, reason)] += counts.rejections.get(state, 0)
+        for bulkhead in bulkheads:
+            rejection_sums[(bulkhead.name, "bulkhead_full")] += bulkhead.local_counts().rejected
+        for (name, outcome), value in sorted(outcome_sums.items()):
+            calls.add((name, outcome), value)
+        for (name, reason), value in sorted(rejection_sums.items()):
+            rejections.add((name, reason), value)
+        for (name, src, dst), value in sorted(moves.items()):
+            transitions.add((name, src, dst), value)
+        return [calls, rejections, transitions]
+
+
+def _up() -> Family:
+    return _gauge("distbreaker_up", "1 when Redis answered this scrape, else 0")
+
+
+def _local_families() -> list[Family]:
+    return [_counter("distbreaker_calls", "Calls this process ran through a breaker, by "
+                     "outcome", "name", "outcome"),
+            _counter("distbreaker_rejections", "Calls this process did not run, by reason",
+                     "name", "reason"),
+            _counter("distbreaker_transitions", "Transitions made by this process's calls",
+                     "name", "from_state", "to_state")]
+
+
+def catalog() -> list[Family]:
+    """Every family distbreaker exports (no samples), in export order."""
+    return [_up(), *_fleet_families([], {}), *_local_families()]
+
+
+#: The fleet-wide families (name, kind, help, labels), in export order.
+_BREAKER_FIELDS = {
+    "failure_rate": ("distbreaker_breaker_failure_rate_percent", "Failure rate of the window "
+                     "(-1 below the minimum number of calls)"),
+    "slow_rate": ("distbreaker_breaker_slow_call_rate_percent", "Slow-call rate of the window "
+                  "(-1 below the minimum number of calls)"),
+    "calls": ("distbreaker_breaker_window_calls", "Calls in the window (probes reported, in "
+              "HALF_OPEN)"),
+    "failures": ("distbreaker_breaker_window_failures", "Failed calls in the window"),
+    "slow": ("distbreaker_breaker_window_slow_calls", "Slow calls in the window"),
+    "retry_in_s": ("distbreaker_breaker_retry_in_seconds", "Seconds until a call may be tried "
+                   "(-1: held FORCED_OPEN)"),
+}
+
+
+def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) -> list[Family]:
+    """The gauge families of one read's rows (pure: no I/O)."""
+    state = _gauge("distbreaker_breaker_state", "Fleet-wide breaker state (1 for the current "
+                   "state)", "name", "state")
+    fields = {key: _gauge(name, text, "name") for key, (name, text) in _BREAKER_FIELDS.items()}
+    fleet_rejected = _counter("distbreaker_breaker_fleet_rejections", "Calls rejected "
+                              "fleet-wide by Redis (since the key was created)", "name")
+    in_use = _gauge("distbreaker_bulkhead_in_use", "Bulkhead permits held fleet-wide", "name")
+    limit = _gauge("distbreaker_bulkhead_limit", "Fleet-wide bulkhead limit", "name")
+    deposits = _gauge("distbreaker_budget_deposits", "Requests counted by the retry budget "
+                      "in its window", "name")
+    withdrawals = _gauge("distbreaker_budget_withdrawals", "Retries taken from the retry "
+                         "budget in its window", "name")
+    balance = _gauge("distbreaker_budget_balance", "Retries the fleet may still make now",
+                     "name")
+    unreadable = _gauge("distbreaker_unreadable", "1 when a name's keys hold foreign data",
+                        "name")
+    for row in rows:
+        name = row["name"]
+        if row["error"]:
+            unreadable.add((name,), 1)
+            continue
+        if row["state"] is not None:
+            for value in _STATES:
+                state.add((name, value), 1 if value == row["state"] else 0)
+        breaker = row["breaker"]
+        if breaker is not None:
+            for field, family in fields.items():
+                value = breaker[field]
+                family.add((name,), -1 if value is None else value)
+            fleet_rejected.add((name,), breaker["rejected"])
+        elif row.get("never_called"):
+            for field, family in fields.items():
+                family.add((name,), -1 if field.endswith("rate") else 0)
+        bulkhead = row["bulkhead"]
+        if bulkhead is not None:
+            in_use.add((name,), bulkhead["in_use"])
+            if bulkhead["limit"] is not None:
+                limit.add((name,), bulkhead["limit"])
+        budget = row["budget"] or {}
+        d, w = budget.get("deposits") or 0, budget.get("withdrawals") or 0
+        if row["budget"] is not None or name in budgets:
+            deposits.add((name,), d)
+            withdrawals.add((name,), w)
+        core = budgets.get(name)
+        if core is not None:  # budget.lua's formula, with this process's settings
+            cfg = core.config
+            balance.add((name,), (cfg.reserve_millionths + cfg.percent_millionths * d)
+                        // MILLIONTHS - w)
+    return [state, *fields.values(), fleet_rejected, in_use, limit, deposits, withdrawals,
+            balance, unreadable]

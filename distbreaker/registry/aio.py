@@ -1,0 +1,130 @@
+"""The asyncio registry: `distbreaker.Registry` with the asyncio components.
+
+asyncio connections belong to the event loop that opened them, and a registry
+is typically built at import time and may serve several loops (one
+``asyncio.run`` or one pytest-asyncio loop per test). Its one client is a
+`LoopBoundClient`: one redis.asyncio client per running loop behind a single
+object, so every component still shares one client (and one pipeline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+from .._runtime.connection import async_client
+from ..breaker.aio import CircuitBreaker
+from ..budget.aio import RetryBudget
+from ..bulkhead.aio import Bulkhead
+from ..policy.aio import Policy
+from ..retry.aio import Retry
+from .config import RegistrySpec, load_file
+from .core import Classes, RegistryCore
+from .health import RegistryHealth, run_async
+from .sync import client_for
+
+CLASSES = Classes(breaker=CircuitBreaker, bulkhead=Bulkhead, budget=RetryBudget, retry=Retry,
+                  policy=Policy)
+
+
+class LoopBoundClient:
+    """A redis.asyncio client per running event loop, used as one client.
+
+    Built from a URL (or None: localhost). Attribute access goes to the running
+    loop's client, built on first use; nothing connects before a command.
+    """
+
+    def __init__(self, target: Any, timeout: float) -> None:
+        async_client(target, timeout)  # validates the URL now
+        self._target = target
+        self._timeout = timeout
+        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary())
+
+    def current(self) -> Any:
+        """The running loop's client."""
+        loop = asyncio.get_running_loop()
+        client = self._per_loop.get(loop)
+        if client is None:
+            client = self._per_loop[loop] = async_client(self._target, self._timeout)
+        return client
+
+    # The methods the components call, defined so a component checking for them
+    # (outside a running loop) finds them; the rest goes through __getattr__.
+    def evalsha(self, *args: Any) -> Any:
+        return self.current().evalsha(*args)
+
+    def eval(self, *args: Any) -> Any:
+        return self.current().eval(*args)
+
+    def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        return self.current().pipeline(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.current(), name)
+
+    async def aclose(self) -> None:
+        """Close the running loop's client."""
+        client = self._per_loop.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+
+    def __repr__(self) -> str:
+        return f"LoopBoundClient({self._target!r})"
+
+
+def _loop_bound(target: Any, timeout: float) -> Any:
+    if target is None or isinstance(target, str):
+        return LoopBoundClient(target, timeout)
+    return async_client(target, timeout)  # a given client: used as is (checked)
+
+
+class Registry(RegistryCore):
+    """The asyncio twin of `distbreaker.Registry` (same configuration, asyncio components).
+
+    A given `redis` client is used as is (its loop binding is yours); a URL gets
+    one client per event loop (`LoopBoundClient`).
+    """
+
+    def __init__(self, config: Mapping[str, Any] | RegistrySpec | None = None, *,
+                 redis: Any = None, environ: Mapping[str, str] | None = None,
+                 source: str = "<dict>") -> None:
+        spec = config if isinstance(config, RegistrySpec) else RegistrySpec(
+            config or {}, source=source, environ=environ)
+        self.redis = redis if redis is not None else spec.redis
+        self._owns_client = redis is None or isinstance(redis, str)
+        super().__init__(spec, client_for(spec, redis, _loop_bound), CLASSES)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, redis: Any = None,
+                  environ: Mapping[str, str] | None = None) -> Registry:
+        return cls(data, redis=redis, environ=environ)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], *, redis: Any = None,
+                  environ: Mapping[str, str] | None = None) -> Registry:
+        return cls(load_file(path), redis=redis, environ=environ, source=str(path))
+
+    async def health(self) -> RegistryHealth:
+        """Every unkeyed component's health (one awaited read each)."""
+        try:
+            await self._client.ping()
+            reachable = True
+        except Exception:
+            reachable = False
+        seen: dict[int, Any] = {}
+        reports = [await run_async(probe, seen, key) for key, probe in self.health_plans()]
+        return RegistryHealth(reachable, tuple(reports))
+
+    async def aclose(self) -> None:
+        """Close the running loop's client if the registry built it."""
+        if self._owns_client:
+            await self._client.aclose()
+
+    def __repr__(self) -> str:
+        return f"aio.Registry({self.source!r})"

@@ -1,0 +1,119 @@
+"""Health reports: readiness fails only for critical components; Redis and fallback status."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+import distbreaker.aio
+from distbreaker import CallNotPermitted, CircuitBreaker, Registry, health
+
+CONFIG = {
+    "breakers": {"instances": {
+        "payments": {"critical": True},
+        "recommendations": {},
+        "ledger": {"critical": True, "on_redis_error": "fail_closed"},
+    }},
+    "bulkheads": {"instances": {"payments": {"max_concurrent_calls": 3, "critical": True},
+                                "exports": {"fallback_limit": 0, "critical": True}}},
+    "budgets": {"instances": {"payments": {}}},
+    "policies": {"instances": {"checkout": {"breaker": "payments", "bulkhead": "payments",
+                                            "budget": "payments", "critical": True}}},
+}
+
+
+def _dead_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def test_an_optional_dependency_open_keeps_the_service_ready(redis_url: str) -> None:
+    registry = Registry.from_dict(CONFIG, redis=redis_url, environ={})
+    registry.breaker("recommendations").trip("upstream down")
+    report = registry.health()
+    assert report.redis_reachable
+    assert report.ready and report.live
+    by_name = {f"{c.kind}:{c.name}": c for c in report.components}
+    optional = by_name["breaker:recommendations"]
+    assert (optional.ok, optional.state, optional.critical) == (False, "OPEN", False)
+    assert by_name["breaker:payments"].ok and by_name["breaker:payments"].critical
+    assert by_name["policy:checkout"].ok
+    assert report.to_dict()["status"] == "UP"
+
+
+def test_a_critical_dependency_open_fails_readiness_not_liveness(redis_url: str) -> None:
+    registry = Registry.from_dict(CONFIG, redis=redis_url, environ={})
+    registry.breaker("payments").trip("upstream down")
+    report = registry.health()
+    assert not report.ready
+    assert report.live
+    assert {f"{c.kind}:{c.name}" for c in report.failing} == {"breaker:payments",
+                                                              "policy:checkout"}
+    checkout = next(c for c in report.components if c.name == "checkout")
+    assert checkout.state == "OPEN"
+    assert [p.kind for p in checkout.parts] == ["breaker", "bulkhead", "budget"]
+    payload = report.to_dict()
+    assert payload["status"] == "DOWN"
+    assert payload["failing"] == ["breaker:payments", "policy:checkout"]
+
+
+def test_overrides_are_reported(redis_url: str) -> None:
+    registry = Registry.from_dict(CONFIG, redis=redis_url, environ={})
+    registry.breaker("payments").transition_to_disabled("incident 42")
+    registry.breaker("recommendations").transition_to_forced_open("maintenance")
+    report = {c.name: c for c in registry.health().components if c.kind == "breaker"}
+    assert (report["payments"].ok, report["payments"].override) == (True, "DISABLED")
+    assert (report["recommendations"].ok, report["recommendations"].override) == (
+        False, "FORCED_OPEN")
+    assert report["ledger"].override is None
+
+
+def test_redis_unreachable_fail_open_is_ready_fail_closed_is_not() -> None:
+    registry = Registry.from_dict(CONFIG, redis=_dead_url(), environ={})
+    assert registry.breaker("payments").call(lambda: "served locally") == "served locally"
+    with pytest.raises(CallNotPermitted):
+        registry.breaker("ledger").call(lambda: "never")
+    registry.budget("payments").balance()
+    report = registry.health()
+    assert not report.redis_reachable
+    by_name = {f"{c.kind}:{c.name}": c for c in report.components}
+    payments = by_name["breaker:payments"]
+    assert (payments.ok, payments.redis_reachable, payments.local_fallback_active) == (
+        True, False, True)
+    ledger = by_name["breaker:ledger"]
+    assert (ledger.ok, ledger.redis_reachable, ledger.local_fallback_active) == (
+        False, False, False)
+    assert "ConnectionError" in (ledger.error or "")
+    budget = by_name["budget:payments"]
+    assert (budget.ok, budget.redis_reachable, budget.local_fallback_active) == (
+        True, False, True)
+    assert by_name["bulkhead:payments"].ok            # the local limit serves
+    assert not by_name["bulkhead:exports"].ok         # fallback_limit 0 rejects everything
+    assert {f"{c.kind}:{c.name}" for c in report.failing} == {"breaker:ledger",
+                                                              "bulkhead:exports"}
+
+
+def test_health_of_one_component(redis_url: str, name: str) -> None:
+    breaker = CircuitBreaker(name, redis=redis_url)
+    report = health(breaker)
+    assert (report.kind, report.name, report.ok, report.state) == ("breaker", name, True,
+                                                                   "CLOSED")
+    breaker.trip()
+    assert health(breaker, critical=True).to_dict()["status"] == "DOWN"
+
+
+def test_asyncio_health(redis_url: str, name: str) -> None:
+    registry = distbreaker.aio.Registry.from_dict(CONFIG, redis=redis_url, environ={})
+
+    async def main() -> tuple[bool, bool, str | None]:
+        await registry.breaker("payments").trip()
+        report = await registry.health()
+        single = await distbreaker.aio.health(registry.breaker("recommendations"))
+        await registry.aclose()
+        return report.ready, single.ok, single.state
+
+    assert asyncio.run(main()) == (False, True, "CLOSED")
