@@ -255,7 +255,13 @@ def async_waiting_client(url: str, timeout: float, read_timeout: float) -> Any:
 
 
 def db_of(client: Any) -> int:
-    """The database index a client talks to (0 for a cluster or an unknown client)."""
+    """The database index a client talks to (0 for a cluster or an unknown client).
+
+    A client wrapper that builds its clients later (one per event loop) says so
+    with a `database_index()` method."""
+    index = getattr(client, "database_index", None)
+    if callable(index):
+        return int(index())
     pool = getattr(client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)
     if isinstance(kwargs, dict):

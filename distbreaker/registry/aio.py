@@ -44,6 +44,17 @@ class LoopBoundClient:
         self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary())
 
+    def database_index(self) -> int:
+        """The database the URL names (without building a client: no loop needed)."""
+        if not isinstance(self._target, str) or "://" not in self._target:
+            return 0
+        from redis.connection import parse_url
+
+        try:
+            return int(parse_url(self._target).get("db", 0) or 0)
+        except (ValueError, TypeError):
+            return 0
+
     def current(self) -> Any:
         """The running loop's client."""
         loop = asyncio.get_running_loop()

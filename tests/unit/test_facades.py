@@ -18,6 +18,9 @@ COMPONENTS = {"Bulkhead": "call", "CircuitBreaker": "call", "GaneshaBreaker": "c
               "Policy": "call", "Retry": "call", "RetryBudget": "try_withdraw"}
 #: Components holding Redis clients or batched state: close() (sync), aclose() (asyncio).
 CLOSABLE = {"Bulkhead", "CircuitBreaker", "GaneshaBreaker", "RetryBudget"}
+#: Not components, but with a flavour of their own: the registry builds the flavour's
+#: components, health() reads them (awaited in asyncio).
+FLAVOURED = {"Registry", "health"}
 
 
 def test_both_facades_export_the_same_names() -> None:
@@ -35,12 +38,18 @@ def test_every_exported_name_exists() -> None:
 
 
 def test_flavour_independent_names_are_the_same_objects() -> None:
-    shared = set(distbreaker.__all__) & set(aio.__all__) - set(COMPONENTS)
+    shared = set(distbreaker.__all__) & set(aio.__all__) - set(COMPONENTS) - FLAVOURED
     assert {"BudgetConfig", "RetryConfig", "Jitter", "RetryBudgetExhausted", "SchemaError",
             "GaneshaConfig", "BreakerMetrics", "BulkheadMetrics", "State", "Transition",
             "classify_http", "after_fork"} <= shared
     different = [name for name in shared if getattr(distbreaker, name) is not getattr(aio, name)]
     assert different == []
+
+
+def test_the_registry_and_health_have_a_flavour_each() -> None:
+    assert distbreaker.Registry is not aio.Registry
+    assert not inspect.iscoroutinefunction(distbreaker.health)
+    assert inspect.iscoroutinefunction(aio.health)
 
 
 def test_each_component_has_a_sync_and_an_asyncio_flavour() -> None:
