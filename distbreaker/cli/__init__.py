@@ -6,7 +6,7 @@ CliRunner and for embedding). Importing the submodules registers the commands.
 
 from __future__ import annotations
 
-from . import actions, demo_cmd, doctor, ganesha_cmd, views  # noqa: F401  (register the commands)
+from . import actions, demo_cmd, doctor, ganesha_cmd, views, watch  # noqa: F401  (register)
 from .app import cli, main
 
 __all__ = ["cli", "main"]
