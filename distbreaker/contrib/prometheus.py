@@ -16,13 +16,21 @@ found under the prefix):
 - ``distbreaker_breaker_state{name,state}``: 1 for the current fleet-wide
   state, 0 for the others; a registered breaker that was never called is
   exported as CLOSED;
+- ``distbreaker_breaker_state_seconds{name}``: seconds since the last
+  transition (server clock), for "open longer than 5 minutes" alerts;
+- ``distbreaker_breaker_transitions_total{name,from_state,to_state}``:
+  transitions of the whole fleet, counted from each breaker's history stream
+  (each scrape reads only the entries after the last one it counted, so the
+  counter is monotonic even when the stream is trimmed or expires; it starts
+  from the history kept when the collector first sees the name);
 - ``distbreaker_breaker_failure_rate_percent`` / ``_slow_call_rate_percent``
   (-1 below the minimum number of calls), ``distbreaker_breaker_window_calls``
   / ``_window_failures`` / ``_window_slow_calls``, ``_retry_in_seconds``, and
   ``distbreaker_breaker_fleet_rejections_total``;
 - ``distbreaker_bulkhead_in_use`` / ``_limit``;
 - ``distbreaker_budget_deposits`` / ``_withdrawals`` over the window and
-  ``distbreaker_budget_balance`` (for registered budgets, whose formula is known);
+  ``distbreaker_budget_balance`` (with a registered budget's settings, else with
+  the settings the last writer stored in the hash);
 - ``distbreaker_up``: 1 when Redis answered this scrape, else 0 (the fleet
   metrics are then left out; a scrape never fails because of Redis).
 
@@ -53,7 +61,7 @@ from ..breaker.events import Transition
 from ..breaker.state import State
 from ..budget.config import MILLIONTHS
 from ..budget.core import BudgetCore
-from ..readside import read_summaries, scan_names
+from ..readside import read_history_after, read_summaries, scan_names
 
 __all__ = ["DistbreakerCollector"]
 
@@ -81,6 +89,9 @@ class DistbreakerCollector(Collector):
         self._bulkheads: list[Any] = []
         self._budgets: dict[str, BudgetCore] = {}
         self._transitions: Counter[tuple[str, str, str]] = Counter()
+        #: Fleet transitions counted from the history streams, and the last id counted.
+        self._fleet_moves: Counter[tuple[str, str, str]] = Counter()
+        self._history_ids: dict[str, str] = {}
         self.register(*components)
 
     # -- registration ------------------------------------------------------------------
@@ -144,6 +155,7 @@ class DistbreakerCollector(Collector):
         up.add_metric([], 1)
         yield up
         yield from _FleetMetrics(rows, self._budget_configs()).families()
+        yield self._fleet_transitions()
 
     def _read(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -158,7 +170,32 @@ class DistbreakerCollector(Collector):
             if "breaker" in names[row["name"]] and row["breaker"] is None and not row["error"]:
                 row["state"] = State.CLOSED.value  # registered, never called: CLOSED
                 row["never_called"] = True
+        self._count_history([r["name"] for r in rows if r["breaker"] is not None])
         return rows
+
+    def _count_history(self, names: list[str]) -> None:
+        """Add the history entries written since the last scrape to the fleet counter."""
+        with self._lock:
+            after = {n: self._history_ids.get(n, "0") for n in names}
+        found = read_history_after(self._client, self.prefix, after)
+        with self._lock:
+            for name, events in found.items():
+                for event in events:
+                    seen = self._history_ids.get(name, "0")
+                    if event["id"] is None or _stream_id(event["id"]) <= _stream_id(seen):
+                        continue  # counted by a concurrent scrape
+                    self._fleet_moves[(name, event["from"], event["to"])] += 1
+                    self._history_ids[name] = event["id"]
+
+    def _fleet_transitions(self) -> Metric:
+        family = CounterMetricFamily(
+            "distbreaker_breaker_transitions", "Transitions of the whole fleet, counted from "
+            "the breakers' history streams", labels=["name", "from_state", "to_state"])
+        with self._lock:
+            moves = sorted(self._fleet_moves.items())
+        for (name, src, dst), value in moves:
+            family.add_metric([name, src, dst], value)
+        return family
 
     def _budget_configs(self) -> dict[str, BudgetCore]:
         with self._lock:
@@ -196,6 +233,12 @@ class DistbreakerCollector(Collector):
         yield transitions
 
 
+def _stream_id(entry_id: str) -> tuple[int, int]:
+    """A stream entry id ("<ms>-<seq>") as numbers, so ids compare in stream order."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms or 0), int(seq or 0)
+
+
 def _is_bulkhead(item: Any) -> bool:
     codec = getattr(item, "_codec", None)
     return codec is not None and hasattr(codec, "rejected_here") and hasattr(item, "name")
@@ -212,6 +255,8 @@ class _FleetMetrics:
         g = GaugeMetricFamily
         state = g("distbreaker_breaker_state", "Fleet-wide breaker state (1 for the current "
                   "state)", labels=["name", "state"])
+        state_seconds = g("distbreaker_breaker_state_seconds", "Seconds since the breaker's "
+                          "last transition (server clock)", labels=["name"])
         fields = {
             "failure_rate": g("distbreaker_breaker_failure_rate_percent", "Failure rate of "
                               "the window (-1 below the minimum number of calls)",
@@ -251,6 +296,7 @@ class _FleetMetrics:
                     state.add_metric([name, value], 1 if value == row["state"] else 0)
             breaker = row["breaker"]
             if breaker is not None:
+                state_seconds.add_metric([name], breaker["in_state_s"])
                 for field, family in fields.items():
                     value = breaker[field]
                     family.add_metric([name], -1 if value is None else value)
@@ -265,6 +311,7 @@ class _FleetMetrics:
                     limit.add_metric([name], bulkhead["limit"])
             self._budget(row, deposits, withdrawals, balance)
         yield state
+        yield state_seconds
         yield from fields.values()
         yield from (fleet_rejected, in_use, limit, deposits, withdrawals, balance, unreadable)
 
@@ -281,3 +328,5 @@ class _FleetMetrics:
             cfg = core.config
             allowed = (cfg.reserve_millionths + cfg.percent_millionths * d) // MILLIONTHS
             balance.add_metric([name], allowed - w)
+        elif budget.get("balance") is not None:  # with the settings stored in the hash
+            balance.add_metric([name], budget["balance"])
