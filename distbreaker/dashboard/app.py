@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import redis
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -45,6 +46,11 @@ STATIC = Path(__file__).parent / "static"
 HISTORY = 200
 KEEPALIVE_S = 15.0
 MAX_TEXT = 500  # characters of a reason or actor
+
+
+def unavailable(exc: BaseException) -> Response:
+    """Redis failed or refused: 503 with one line, never a traceback page."""
+    return JSONResponse({"error": f"Redis error: {exc}"[:500]}, status_code=503)
 
 
 def sse(kind: str, data: dict[str, Any]) -> str:
@@ -126,6 +132,8 @@ class Dashboard:
             found["history"] = view.read_history(self.client, self.prefix, name, HISTORY)
         except (SchemaError, ValueError) as exc:
             return JSONResponse({"error": str(exc)}, status_code=422)
+        except redis.RedisError as exc:
+            return unavailable(exc)
         return JSONResponse(found)
 
     async def action(self, request: Request) -> Response:
@@ -167,6 +175,8 @@ class Dashboard:
                                 status_code=404)
         except (SchemaError, ValueError) as exc:
             return JSONResponse({"error": str(exc)}, status_code=422)
+        except redis.RedisError as exc:
+            return unavailable(exc)
         return JSONResponse(result)
 
 
