@@ -388,7 +388,7 @@ def follow(app: App, name: str | None, count: int, as_json: bool, max_events: in
 @cli.command("events")
 @click.argument("name", required=False, callback=check_name)
 @click.option("-n", "--count", default=20, show_default=True, type=click.IntRange(0, 10_000),
-              help="How many past transitions to show.")
+              help="How many past transitions to show (0 with --follow: none).")
 @click.option("-f", "--follow", "live", is_flag=True,
               help="After the history, print live transitions from every worker.")
 @click.option("--max-events", type=click.IntRange(1), help="With --follow: stop after N "
@@ -406,6 +406,9 @@ def events_command(app: App, name: str | None, count: int, live: bool,
         return
     if max_events is not None or timeout is not None:
         raise click.UsageError("--max-events and --timeout only apply with --follow")
+    if count == 0:
+        raise click.BadParameter("0 only applies with --follow (to skip the history)",
+                                 param_hint="'-n' / '--count'")
     events = recent_events(app, name, count)
     if not events and not as_json:
         click.echo("no transitions recorded" + (f" for {name!r}" if name else
