@@ -452,6 +452,31 @@ def read_detail(client: Any, prefix: str, name: str) -> dict[str, Any]:
     return detail
 
 
+def read_history_after(client: Any, prefix: str, after: Mapping[str, str],
+                       batch: int = 500) -> dict[str, list[dict[str, Any]]]:
+    """For each name, its history entries after stream id ``after[name]`` (``"0"``: all),
+    oldest first, read in pipelined batches. A stream holds at most 1000 entries
+    (MAXLEN), so one XRANGE per name reads all that is new. A name whose history key
+    holds another type is left out (its row in `read_summaries` carries the error)."""
+    names = list(after)
+    found: dict[str, list[dict[str, Any]]] = {}
+    for i in range(0, len(names), batch):
+        chunk = names[i:i + batch]
+        pipe = client.pipeline(transaction=False)
+        for name in chunk:
+            last = after[name]
+            pipe.xrange(BreakerKeys.build(name, prefix).history,
+                        min="-" if last in ("", "0", "0-0") else f"({last}", max="+",
+                        count=1000)
+        for name, reply in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(reply, Exception):
+                if not str(reply).startswith("WRONGTYPE"):
+                    raise reply
+                continue
+            found[name] = [decode_history(entry_id, fields, name) for entry_id, fields in reply]
+    return found
+
+
 def read_history(client: Any, prefix: str, name: str, count: int) -> list[dict[str, Any]]:
     """The last `count` transitions of one breaker, oldest first."""
     key = BreakerKeys.build(name, prefix).history

@@ -250,6 +250,27 @@ def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
+#: The fields the wire form carries, in wire order (the ones a fleet must agree on).
+WIRE_FIELDS = ("sliding_window_type", "sliding_window_size", "minimum_number_of_calls",
+               "failure_rate_threshold", "slow_call_rate_threshold",
+               "wait_duration_in_open_state", "permitted_calls_in_half_open",
+               "max_wait_in_half_open", "half_open_lease", "key_ttl", "slow_call_duration")
+
+
+def config_differences(ours: BreakerConfig,
+                       other: BreakerConfig) -> list[tuple[str, Any, Any]]:
+    """``(field, ours, other)`` for each wire-carried field where two configs differ,
+    so a drift message can name them (the minimum is compared as the script sees it)."""
+    def value(config: BreakerConfig, field: str) -> Any:
+        if field == "minimum_number_of_calls":
+            return config.effective_minimum_calls
+        found = getattr(config, field)
+        return found.value if isinstance(found, Enum) else found
+
+    return [(f, value(ours, f), value(other, f)) for f in WIRE_FIELDS
+            if value(ours, f) != value(other, f)]
+
+
 
 
 

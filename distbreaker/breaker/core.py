@@ -31,7 +31,7 @@ from .._runtime.scripts import Owed, PendingCall, load_script, text
 from .._runtime.subscriber import SUBSCRIBERS
 from ..errors import CallNotPermitted, ConfigDriftWarning
 from .classify import Outcome, classify_exception
-from .config import BreakerConfig, RedisErrorPolicy, build_config
+from .config import BreakerConfig, RedisErrorPolicy, build_config, config_differences
 from .events import Listener, Transition, log_transition
 from .state import State
 
@@ -383,14 +383,29 @@ class BreakerCodec:
                          self.name, errors.strip("; "))
 
     def _note_drift(self, stored: str) -> None:
+        """Remember the stored config and warn once per process per (name, configs) pair,
+        naming each field that differs (one warning: `logging.captureWarnings` routes it
+        to the log)."""
         self.config_drift = stored
-        if not self._drift_warned:
-            self._drift_warned = True
-            message = (f"circuit breaker {self.name!r}: this process's config {self.wire!r} "
-                       f"differs from the fleet's stored config {stored!r}; the stored config "
-                       f"governs until reset()")
-            logger.warning(message)
-            warnings.warn(message, ConfigDriftWarning, stacklevel=4)
+        key = (self.keys.state, self.wire, stored)
+        if self._drift_warned or key in _DRIFT_WARNED:
+            return
+        self._drift_warned = True
+        _DRIFT_WARNED.add(key)
+        try:
+            fields = config_differences(self.config, BreakerConfig.from_wire(stored))
+        except ValueError:
+            fields = []
+        differs = "; ".join(f"{f}: here {a!r}, stored {b!r}" for f, a, b in fields) or \
+            f"wire {self.wire!r} vs stored {stored!r}"
+        warnings.warn(f"circuit breaker {self.name!r}: this process's config differs from "
+                      f"the fleet's stored config ({differs}); the stored config governs "
+                      f"until reset() (stored wire {stored})", ConfigDriftWarning,
+                      stacklevel=4)
+
+
+#: Drift already warned about in this process: (state key, our wire, stored wire).
+_DRIFT_WARNED: set[tuple[str, str, str]] = set()
 
 
 def must_propagate(error: BaseException | None) -> bool:

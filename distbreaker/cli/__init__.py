@@ -6,7 +6,15 @@ CliRunner and for embedding). Importing the submodules registers the commands.
 
 from __future__ import annotations
 
-from . import actions, demo_cmd, doctor, ganesha_cmd, views  # noqa: F401  (register the commands)
+from . import (  # noqa: F401  (register the commands)
+    actions,
+    dashboard_cmd,
+    demo_cmd,
+    doctor,
+    ganesha_cmd,
+    views,
+    watch,
+)
 from .app import cli, main
 
 __all__ = ["cli", "main"]

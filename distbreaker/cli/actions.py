@@ -1,108 +1,127 @@
-"""Operator actions. Each is ONE Lua script call, so it takes effect fleet-wide at once,
-and the breaker script records it in the history with who (--actor) and why (--reason).
+"""Operator action commands: open, trip, disable, metrics-only, close, reset, release-stale.
 
-The `set` op carries a config wire string; the breaker's stored `cfg` is sent
-back unchanged, so an operator action never looks like config drift and never
-replaces the fleet's config with the CLI's defaults.
+The actions themselves are in `operate` (one script call each, shared with the
+dashboard); this module parses options and prints results.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import click
 
 from .. import readside as view
-from .._runtime.keys import BreakerKeys, BulkheadKeys
+from .._runtime.keys import BulkheadKeys
 from .._runtime.scripts import load_script, run_script
-from ..breaker.config import BreakerConfig
-from ..breaker.sync import CircuitBreaker
 from ..errors import SchemaError
-from .app import App, NotFound, check_name, cli, default_actor, emit_json
+from . import operate
+from .app import App, NotFound, check_name, cli, default_actor, default_reason, emit_json
+from .fmt import clock, coloured
 
 
-def stored_breaker(app: App, name: str) -> CircuitBreaker:
-    """A CircuitBreaker for `name` carrying the fleet's stored config; NotFound if none."""
-    client = app.client
-    key = BreakerKeys.build(name, app.prefix).state
-    kind = view.text(client.type(key))
-    if kind == "none":
-        raise NotFound(f"unknown breaker {name!r} under prefix {app.prefix!r}")
-    if kind != "hash":
-        raise SchemaError(f"key {key} holds a {kind}, expected a hash", key=key)
-    wire = client.hget(key, "cfg")
+def run_action(app: App, name: str, action: operate.Action, reason: str | None, actor: str,
+               as_json: bool, create: bool = False, adopt_drift: bool = False) -> None:
+    """Run one action and print its result line; unknown names become NotFound."""
+    why = reason or default_reason(action.command)
     try:
-        config = BreakerConfig.from_wire(view.text(wire)) if wire is not None else None
-    except ValueError as exc:
-        raise SchemaError(f"breaker {name!r}: {exc}", key=key) from None
-    return CircuitBreaker(name, redis=client, config=config, prefix=app.prefix)
-
-
-def _act(app: App, name: str, reason: str, actor: str, as_json: bool,
-         action: Callable[[CircuitBreaker, str, str], Any], verb: str) -> None:
-    breaker = stored_breaker(app, name)
-    state = action(breaker, reason, actor)
-    result = {"name": name, "action": verb, "state": str(state), "reason": reason,
-              "actor": actor}
+        result = operate.act(app.client, app.prefix, name, action, why, actor,
+                             create=create, adopt_drift=adopt_drift)
+    except operate.UnknownBreaker as exc:
+        raise NotFound(f"unknown breaker {name!r} under prefix {app.prefix!r}"
+                       + did_you_mean(exc.suggestions)
+                       + (" (or give --create to store a new breaker under this name)"
+                          if action.creates else "")) from None
+    except operate.NoDrift as exc:
+        raise NotFound(str(exc)) from None
     if as_json:
         emit_json(result, lines=True)
+        return
+    click.echo(result_text(result))
+    if result["created"]:
+        click.echo(f"note: {name!r} had no keys: stored a new breaker with the default config; "
+                   "a worker running another config reports drift until it calls reset()",
+                   err=True)
+
+
+def did_you_mean(names: list[str]) -> str:
+    return "" if not names else "; did you mean " + " or ".join(repr(n) for n in names) + "?"
+
+
+def result_text(r: dict[str, Any]) -> str:
+    """'payments: OPEN -> CLOSED  (closed by dana@box at 14:03:05 CET: deploy fixed it)'."""
+    by = f"by {r['actor']}" if r["actor"] else "by an unnamed operator"
+    when = f" at {clock(r['at_ms'], date=False)}" if r["at_ms"] else ""
+    if r["changed"]:
+        head = f"{coloured(r['previous'])} -> {coloured(r['state'])}"
+    elif r["action"] == "reset":
+        head = f"{coloured(r['state'])}, window emptied"
     else:
-        click.echo(f"{name}: {verb} -> {state}  (by {actor}: {reason})")
+        head = f"already {coloured(r['state'])}, nothing changed"
+    lines = [f"{r['name']}: {head}  ({r['action']} {by}{when}: {r['reason']})"]
+    if r["adopted"]:
+        lines.append("  stored config now the drifting worker's: " + ", ".join(
+            f"{a['field']} {a['was']} -> {a['now']}" for a in r["adopted"]))
+    elif r["drift_cleared"]:
+        lines.append("  config drift record cleared; the stored config still governs "
+                     "(--adopt-drift stores the drifting worker's instead)")
+    return "\n".join(lines)
 
 
-def _action_command(command: str, verb: str,
-                    action: Callable[[CircuitBreaker, str, str], Any], doc: str) -> None:
-    @cli.command(command, help=doc)
-    @click.argument("name", callback=check_name)
-    @click.option("--reason", required=True, help="Why (recorded in the history).")
-    @click.option("--actor", default=default_actor, show_default="user@host",
-                  help="Who (recorded in the history).")
-    @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-    @click.pass_obj
-    def run(app: App, name: str, reason: str, actor: str, as_json: bool) -> None:
-        _act(app, name, reason, actor, as_json, action, verb)
+_REASON = click.option("--reason", help="Why (recorded in the history; default: which "
+                       "command, from the CLI).")
+_ACTOR = click.option("--actor", default=default_actor, show_default="user@host",
+                      help="Who (recorded in the history).")
+_JSON = click.option("--json", "as_json", is_flag=True, help="Machine-readable output "
+                     "(docs/CLI_JSON.md).")
 
 
-_action_command("open", "forced open", lambda b, r, a: b.transition_to_forced_open(r, a),
-                "Hold NAME FORCED_OPEN: every call is rejected until `close` or `reset`.")
-_action_command("trip", "tripped", lambda b, r, a: b.trip(r, a),
-                "Trip NAME to a normal OPEN: probes start after the open wait.")
-_action_command("disable", "disabled", lambda b, r, a: b.transition_to_disabled(r, a),
-                "Set NAME DISABLED: every call passes, nothing is recorded.")
-_action_command("metrics-only", "metrics only",
-                lambda b, r, a: b.transition_to_metrics_only(r, a),
-                "Set NAME METRICS_ONLY: every call passes, outcomes are still recorded.")
-_action_command("close", "closed", lambda b, r, a: b.transition_to_closed(r, a),
-                "Move NAME to CLOSED (leaves FORCED_OPEN, DISABLED, METRICS_ONLY, OPEN).")
+def _action_command(action: operate.Action) -> None:
+    def run(app: App, name: str, reason: str | None, actor: str, as_json: bool,
+            create: bool = False) -> None:
+        run_action(app, name, action, reason, actor, as_json, create=create)
+
+    run = click.pass_obj(_JSON(_ACTOR(_REASON(run))))
+    if action.creates:
+        run = click.option("--create", is_flag=True, help="Store a new breaker even when "
+                           "an existing name is close to NAME (a typo guard).")(run)
+    click.argument("name", callback=check_name)(run)
+    cli.command(action.command, help=action.help)(run)
+
+
+for _action in operate.ACTIONS.values():
+    if _action.id != "reset":
+        _action_command(_action)
 
 
 @cli.command("reset")
 @click.argument("name", required=False, callback=check_name)
 @click.option("--all", "every", is_flag=True, help="Reset every breaker under the prefix.")
 @click.option("--yes", is_flag=True, help="Confirm --all.")
-@click.option("--reason", required=True, help="Why (recorded in the history).")
-@click.option("--actor", default=default_actor, show_default="user@host",
-              help="Who (recorded in the history).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--adopt-drift", is_flag=True, help="Store the config a drifting worker "
+              "reported (see `show`) instead of keeping the stored one.")
+@_REASON
+@_ACTOR
+@_JSON
 @click.pass_obj
-def reset_command(app: App, name: str | None, every: bool, yes: bool, reason: str,
-                  actor: str, as_json: bool) -> None:
-    """Back to CLOSED with an empty window (NAME, or every breaker with --all --yes)."""
+def reset_command(app: App, name: str | None, every: bool, yes: bool, adopt_drift: bool,
+                  reason: str | None, actor: str, as_json: bool) -> None:
+    """Back to CLOSED with an empty window and no recorded config drift (NAME, or every
+    breaker with --all --yes)."""
+    action = operate.ACTIONS["reset"]
     if every == (name is not None):
         raise click.UsageError("give either NAME or --all")
     if not every:
-        _act(app, name or "", reason, actor, as_json, lambda b, r, a: b.reset(r, a), "reset")
+        run_action(app, name or "", action, reason, actor, as_json, adopt_drift=adopt_drift)
         return
+    if adopt_drift:
+        raise click.UsageError("--adopt-drift applies to one NAME, not --all")
     if not yes:
         raise click.UsageError("reset --all resets every breaker under the prefix "
                                f"{app.prefix!r}; add --yes to confirm")
-    found = view.scan_names(app.client, app.prefix)
-    names = sorted(n for n, parts in found.items() if "breaker" in parts)
     done = 0
-    for n in names:
+    for n in operate.breaker_names(app.client, app.prefix):
         try:
-            _act(app, n, reason, actor, as_json, lambda b, r, a: b.reset(r, a), "reset")
+            run_action(app, n, action, reason, actor, as_json)
         except NotFound:  # only history left, or expired between the scan and the reset
             continue
         done += 1
@@ -136,7 +155,10 @@ def release_stale_command(app: App, name: str, as_json: bool) -> None:
     except ValueError:
         raise SchemaError(f"key {keys.meta} field limit is not a number", key=keys.meta) from None
     if limit < 1:
-        raise NotFound(f"unknown bulkhead {name!r} under prefix {app.prefix!r}")
+        known = [n for n, parts in view.scan_names(client, app.prefix).items()
+                 if "bulkhead" in parts]
+        raise NotFound(f"unknown bulkhead {name!r} under prefix {app.prefix!r}"
+                       + did_you_mean(operate.close_names(name, known)))
     before = int(client.zcard(keys.leases))
     ttl_ms = max(int(client.pttl(keys.meta)), int(client.pttl(keys.leases)))
     # The metrics op reaps expired leases; it must carry the stored limit (it

@@ -8,20 +8,25 @@ usage errors exit 2. Nothing else is caught: a traceback means a bug.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import getpass
 import json
 import os
+import platform
 import re
 import socket
+from collections.abc import Iterable
 from typing import Any
 
 import click
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from redis.sentinel import MasterNotFoundError
 
-from .._runtime.connection import DEFAULT_URL
-from .._runtime.keys import DEFAULT_PREFIX, validate_name, validate_prefix
+from .. import __version__
+from .._runtime.connection import DEFAULT_URL, parse_sentinel_url, sync_client
+from .._runtime.keys import DEFAULT_PREFIX, SCHEMA_VERSION, validate_name, validate_prefix
 from ..errors import SchemaError
 
 SOCKET_TIMEOUT = 5.0
@@ -35,6 +40,14 @@ class Failure(click.ClickException):
 
 class NotFound(Failure):
     """The name has no keys under the prefix."""
+
+
+def suggest(wanted: str, known: Iterable[str]) -> str:
+    """" Did you mean 'x'?" for the closest known names (empty when none is close)."""
+    close = difflib.get_close_matches(wanted, sorted(set(known)), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return " Did you mean " + " or ".join(repr(c) for c in close) + "?"
 
 
 def redact(url: str) -> str:
@@ -55,6 +68,11 @@ def default_actor() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
+def default_reason(command: str) -> str:
+    """The reason recorded when an operator gives none: which command, from where."""
+    return f"{command} from the distbreaker CLI (no --reason given)"
+
+
 @dataclasses.dataclass
 class App:
     """Per-invocation settings and the lazily opened client."""
@@ -70,8 +88,10 @@ class App:
         return self._client
 
     def close(self) -> None:
+        """Close the client; the next use of `client` connects again."""
         if self._client is not None:
-            self._client.close()
+            client, self._client = self._client, None
+            client.close()
 
 
 def _options() -> dict[str, Any]:
@@ -80,8 +100,16 @@ def _options() -> dict[str, Any]:
 
 
 def connect(url: str) -> Any:
-    """A client for `url`: a RedisCluster client when the server runs in cluster mode."""
+    """A client for `url`, built as the library builds one from the same URL.
+
+    ``redis+sentinel://`` (and ``rediss+sentinel://``) URLs go through Sentinel
+    (the primary is looked up on the first command); any other URL names one
+    server, and a server in cluster mode is used through a RedisCluster client.
+    """
     try:
+        if parse_sentinel_url(url) is not None:
+            client = sync_client(url, SOCKET_TIMEOUT)
+            return client
         client = redis.Redis.from_url(url, **_options())
     except ValueError as exc:
         raise click.UsageError(f"bad --url {redact(url)!r}: {exc}") from None
@@ -104,6 +132,11 @@ def explain(exc: BaseException, url: str) -> str | None:
     msg = str(exc).strip().rstrip(".")
     if isinstance(exc, redis.AuthenticationError) or re.match(r"(WRONGPASS|NOAUTH)", msg):
         return f"authentication failed at {where}: {msg}"
+    if isinstance(exc, MasterNotFoundError):
+        spec = parse_sentinel_url(url)
+        service = spec.service if spec is not None else "?"
+        return (f"no sentinel at {where} named a reachable primary for service {service!r} "
+                "(the sentinels are down, or do not monitor that service)")
     if isinstance(exc, redis.TimeoutError):
         return f"Redis at {where} did not answer within {SOCKET_TIMEOUT:g}s: {msg}"
     if isinstance(exc, redis.ConnectionError):
@@ -120,7 +153,17 @@ def explain(exc: BaseException, url: str) -> str | None:
 
 
 class Group(click.Group):
-    """Translates expected failures of any subcommand into one line and exit 1."""
+    """Translates expected failures of any subcommand into one line and exit 1, and
+    suggests the closest command for a mistyped one (on every click version)."""
+
+    def resolve_command(self, ctx: click.Context,
+                        args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        name = args[0] if args else ""
+        if (name and not name.startswith("-") and not ctx.resilient_parsing
+                and self.get_command(ctx, name) is None):
+            raise click.UsageError(f"No such command {name!r}.{suggest(name, self.commands)}",
+                                   ctx)
+        return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -156,10 +199,25 @@ def check_prefix(ctx: click.Context, param: click.Parameter, value: str) -> str:
         raise click.BadParameter(str(exc)) from None
 
 
+def version_text() -> str:
+    return (f"distbreaker {__version__} (key schema v{SCHEMA_VERSION}, redis-py "
+            f"{redis.__version__}, Python {platform.python_version()})")
+
+
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(version_text())
+        ctx.exit(0)
+
+
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=_print_version, help="Show the version and exit.")
 @click.option("--url", default=default_url, show_default="$DISTBREAKER_REDIS_URL, "
               "$REDIS_URL, redis://localhost:6379/0",
-              help="Redis URL; TLS (rediss://), ACL user and password go here.")
+              help="Redis URL, as the library takes it: redis://, rediss:// (TLS), unix://, "
+              "redis+sentinel://host[:port][,host...]/service[/db]; a cluster node's URL "
+              "is used as a cluster. ACL user and password go here.")
 @click.option("--prefix", default=DEFAULT_PREFIX, show_default=True, callback=check_prefix,
               help="Key prefix the breakers were created with.")
 @click.pass_context

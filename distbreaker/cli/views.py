@@ -1,9 +1,11 @@
-"""Read-only commands: ls, show, events, watch. All reads go through distbreaker.readside."""
+"""Read-only commands: ls, show, events (watch is in `watch`). All reads go through
+distbreaker.readside; times are shown in the local time zone, with the zone."""
 
 from __future__ import annotations
 
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -12,35 +14,21 @@ import click
 from .. import readside as view
 from .._runtime.keys import BreakerKeys, events_channel
 from ..breaker.state import State
+from . import operate
+from .actions import did_you_mean
 from .app import App, NotFound, check_name, cli, emit_json
+from .fmt import (
+    STATE_WIDTH,
+    clock,
+    coloured,
+    describe_counts,
+    duration,
+    percent,
+    plural,
+    seconds_setting,
+)
 
-STATE_COLOURS = {"CLOSED": "green", "OPEN": "red", "HALF_OPEN": "yellow",
-                 "FORCED_OPEN": "magenta", "DISABLED": "blue", "METRICS_ONLY": "cyan"}
 STATE_CHOICES = [s.value.lower() for s in State]
-
-
-def duration(seconds: float | None) -> str:
-    """Compact human duration: 850ms, 42s, 3m04s, 2h05m, 3d04h."""
-    if seconds is None:
-        return "-"
-    if seconds < 1:
-        return f"{round(seconds * 1000)}ms"
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
-def percent(value: float | None) -> str:
-    return "-" if value is None or value < 0 else f"{value:g}%"
-
-
-def coloured(state: str | None) -> str:
-    return click.style(state or "-", fg=STATE_COLOURS.get(state or ""))
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]],
@@ -52,53 +40,97 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]],
     for r in rows:
         cells = [c.ljust(w) for c, w in zip(r, widths, strict=True)]
         if colour_col is not None:
-            cells[colour_col] = cells[colour_col].replace(
-                r[colour_col], coloured(r[colour_col]), 1)
+            state = r[colour_col].split(" ")[0]
+            cells[colour_col] = cells[colour_col].replace(state, coloured(state), 1)
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
 
 
 # -- ls ------------------------------------------------------------------------------
 def collect(app: App, states: Sequence[str] = ()) -> dict[str, Any]:
-    """The `ls` document: every name under the prefix, optionally filtered by state."""
+    """The `ls` document: every name under the prefix, optionally filtered by state.
+
+    `unfiltered` (not part of the JSON) counts the states of every row, so an
+    empty filtered listing can say what there is instead.
+    """
     client = app.client
     names = view.scan_names(client, app.prefix)
     rows = list(view.read_summaries(client, app.prefix, {n: names[n] for n in sorted(names)}))
     wanted = {s.upper() for s in states}
+    counts = Counter(r["state"] or ("ERROR" if r["error"] else "no breaker") for r in rows)
     if wanted:
         rows = [r for r in rows if r["state"] in wanted]
     return {"schema": view.JSON_SCHEMA_VERSION, "prefix": app.prefix,
-            "server_time_ms": view.server_now_ms(client), "breakers": rows}
+            "server_time_ms": view.server_now_ms(client), "breakers": rows,
+            "_counts": dict(counts)}
+
+
+def public(doc: dict[str, Any]) -> dict[str, Any]:
+    """The documented JSON document (without the helper fields)."""
+    return {k: v for k, v in doc.items() if not k.startswith("_")}
+
+
+def probe_due(b: dict[str, Any]) -> bool:
+    """An OPEN whose wait is over: the next call makes it HALF_OPEN and probes."""
+    return b.get("state") == "OPEN" and b.get("retry_in_s") == 0
+
+
+def state_cell(row: dict[str, Any]) -> str:
+    b = row["breaker"] or {}
+    if probe_due(b):
+        return "OPEN (due)"
+    return row["state"] or "-"
 
 
 def retry_in(breaker: dict[str, Any]) -> str:
-    """When a call may next be tried: now, after a wait, or never (FORCED_OPEN)."""
+    """When a call may next be tried; blank where calls pass (CLOSED, DISABLED, ...)."""
+    state = breaker.get("state")
     seconds = breaker.get("retry_in_s")
-    if seconds is None:
+    if state == "FORCED_OPEN":
         return "held open"
-    return "now" if seconds <= 0 else duration(seconds)
+    if state == "OPEN":
+        return "next call" if not seconds else duration(seconds)
+    if state == "HALF_OPEN":
+        return "probe free" if not seconds else duration(seconds)
+    return "-"
+
+
+def budget_cell(rb: dict[str, Any] | None) -> str:
+    """+requests -retries =retries left (the legend of `watch` says so)."""
+    if rb is None or rb["deposits"] is None:
+        return "-"
+    left = "" if rb.get("balance") is None else f" ={rb['balance']}"
+    return f"+{rb['deposits']} -{rb['withdrawals']}{left}"
+
+
+def row_cells(r: dict[str, Any]) -> list[str]:
+    b, bh = r["breaker"] or {}, r["bulkhead"]
+    bulk = "-" if bh is None else f"{bh['in_use']}/{bh['limit'] or '?'}"
+    if r["error"]:
+        return [r["name"], "ERROR", r["error"], "", "", "", "", "", ""]
+    return [r["name"], state_cell(r), duration(b.get("in_state_s")),
+            percent(b.get("failure_rate")), percent(b.get("slow_rate")),
+            str(b.get("calls", "-")), retry_in(b) if b else "-", bulk,
+            budget_cell(r["budget"])]
 
 
 def ls_rows(doc: dict[str, Any]) -> list[list[str]]:
-    out = []
-    for r in doc["breakers"]:
-        b, bh, rb = r["breaker"] or {}, r["bulkhead"], r["budget"]
-        bulk = "-" if bh is None else f"{bh['in_use']}/{bh['limit'] or '?'}"
-        budget = ("-" if rb is None or rb["deposits"] is None
-                  else f"+{rb['deposits']}/-{rb['withdrawals']}" + (
-                      "" if rb.get("balance") is None else f" ={rb['balance']}"))
-        if r["error"]:
-            out.append([r["name"], "ERROR", r["error"], "", "", "", "", "", ""])
-            continue
-        out.append([r["name"], r["state"] or "-", duration(b.get("in_state_s")),
-                    percent(b.get("failure_rate")), percent(b.get("slow_rate")),
-                    str(b.get("calls", "-")),
-                    retry_in(b) if b else "-", bulk, budget])
-    return out
+    return [row_cells(r) for r in doc["breakers"]]
 
 
 LS_HEADERS = ["NAME", "STATE", "IN STATE", "FAIL", "SLOW", "CALLS", "RETRY IN", "BULKHEAD",
               "BUDGET"]
+BUDGET_LEGEND = ("BUDGET +requests -retries =retries left in the window; "
+                 "BULKHEAD in use/limit; FAIL/SLOW '-' below the minimum calls")
+
+
+def empty_message(app: App, doc: dict[str, Any], states: Sequence[str]) -> str:
+    counts = doc["_counts"]
+    if not states or not counts:
+        return f"no breakers, bulkheads or budgets under prefix {app.prefix!r}"
+    wanted = " or ".join(s.upper() for s in states)
+    return (f"no breaker is {wanted} under prefix {app.prefix!r} "
+            f"({plural(sum(counts.values()), 'name')}: {describe_counts(counts)})")
 
 
 @cli.command("ls")
@@ -108,12 +140,16 @@ LS_HEADERS = ["NAME", "STATE", "IN STATE", "FAIL", "SLOW", "CALLS", "RETRY IN", 
               "(docs/CLI_JSON.md).")
 @click.pass_obj
 def ls_command(app: App, states: tuple[str, ...], as_json: bool) -> None:
-    """List every breaker, bulkhead and retry budget under the prefix (SCAN, never KEYS)."""
+    """List every breaker, bulkhead and retry budget under the prefix (SCAN, never KEYS).
+
+    BUDGET is +requests -retries =retries left; OPEN (due) is an OPEN whose wait
+    is over (the next call probes).
+    """
     doc = collect(app, states)
     if as_json:
-        emit_json(doc)
+        emit_json(public(doc))
     elif not doc["breakers"]:
-        click.echo(f"no breakers under prefix {app.prefix!r}", err=True)
+        click.echo(empty_message(app, doc, states), err=True)
     else:
         click.echo(table(LS_HEADERS, ls_rows(doc), colour_col=1))
 
@@ -123,50 +159,96 @@ def _outcomes(buckets: list[dict[str, Any]]) -> str:
     return "".join("F" if b["failed"] else "S" if b["slow"] else "." for b in buckets)
 
 
-def show_text(d: dict[str, Any]) -> str:
-    lines = [f"{d['name']}  (prefix {d['prefix']})"]
-    b = d["breaker"]
-    if b is None:
-        lines.append("breaker: none stored")
-    else:
-        c = b["config"]
-        retry = ("not until an operator closes it" if b["retry_in_s"] is None
-                 else retry_in(b))
-        lines += [
-            f"state:     {coloured(b['state'])} for {duration(b['in_state_s'])} "
-            f"(since {b['since_ms']} ms, generation {b['generation']})",
-            f"probe in:  {retry}",
-            f"window:    {b['window']['calls']} calls, {b['window']['failures']} failed, "
-            f"{b['window']['slow']} slow; failure rate {percent(b['failure_rate'])}, "
-            f"slow rate {percent(b['slow_rate'])}; {b['rejected']} rejected fleet-wide",
-            f"config:    {c['sliding_window_type']} window of {c['sliding_window_size']}, "
+def _next_call(b: dict[str, Any], now_ms: int) -> str:
+    state, seconds = b["state"], b["retry_in_s"]
+    if state == "FORCED_OPEN":
+        return "rejected until an operator closes or resets it"
+    if state == "OPEN":
+        if seconds:
+            return (f"rejected; probes start in {duration(seconds)} "
+                    f"(at {clock(b['open_until_ms'])})")
+        over = (now_ms - (b["open_until_ms"] or now_ms)) / 1000
+        return (f"the open wait ended {duration(over)} ago: the next call becomes a "
+                "half-open probe")
+    if state == "HALF_OPEN":
+        if seconds:
+            return f"every probe slot is leased; one frees in {duration(seconds)}"
+        return "a probe slot is free: the next call probes"
+    return "every call passes" + (", nothing recorded" if state == "DISABLED" else "")
+
+
+def _config_line(c: dict[str, Any]) -> str:
+    half_open = ("no limit (until every probe reports)" if not c["max_wait_in_half_open_s"]
+                 else seconds_setting(c["max_wait_in_half_open_s"]))
+    return (f"config:    {c['sliding_window_type']} window of {c['sliding_window_size']}, "
             f"min {c['minimum_number_of_calls']} calls, failure >= "
             f"{c['failure_rate_threshold']:g}%, slow >= {c['slow_call_rate_threshold']:g}% "
-            f"(> {c['slow_call_duration_s']:g}s), open wait "
-            f"{c['wait_duration_in_open_state_s']:g}s, {c['permitted_calls_in_half_open']} "
-            f"probes (lease {c['half_open_lease_s']:g}s, max half-open "
-            f"{c['max_wait_in_half_open_s']:g}s), key TTL {c['key_ttl_s']:g}s",
+            f"(> {seconds_setting(c['slow_call_duration_s'])}), open wait "
+            f"{seconds_setting(c['wait_duration_in_open_state_s'])}, "
+            f"{c['permitted_calls_in_half_open']} probes (lease "
+            f"{seconds_setting(c['half_open_lease_s'])}, max half-open {half_open}), "
+            f"key TTL {seconds_setting(c['key_ttl_s'])}")
+
+
+def drift_lines(name: str, b: dict[str, Any]) -> list[str]:
+    drift = b.get("config_drift")
+    if not drift:
+        return []
+    from ..breaker.config import BreakerConfig, config_differences
+
+    seen = clock(drift["seen_at_ms"])
+    try:
+        fields = config_differences(BreakerConfig.from_wire(drift["config"]["wire"]),
+                                    BreakerConfig.from_wire(b["config"]["wire"]))
+        differs = "; ".join(f"{f} {a!r} (stored {s!r})" for f, a, s in fields)
+    except (KeyError, ValueError):
+        differs = f"wire {drift['config'].get('wire')!r}"
+    return [f"drift:     a worker runs another config (last seen {seen}): {differs}",
+            f"           the stored config governs until `distbreaker reset {name}` "
+            "(--adopt-drift stores the worker's)"]
+
+
+def show_text(d: dict[str, Any]) -> str:
+    now = d["server_time_ms"]
+    lines = [f"{d['name']}  (prefix {d['prefix']}, server time {clock(now)})"]
+    b = d["breaker"]
+    if b is None:
+        lines.append("breaker:   none stored")
+    else:
+        c, w = b["config"], b["window"]
+        lines += [
+            f"state:     {coloured(b['state'])} for {duration(b['in_state_s'])} "
+            f"(since {clock(b['since_ms'])}, generation {b['generation']})",
+            f"next call: {_next_call(b, now)}",
+            f"window:    {w['calls']} calls, {w['failures']} failed, {w['slow']} slow; "
+            f"failure rate {percent(b['failure_rate'])}, slow rate {percent(b['slow_rate'])}"
+            + ("" if b["failure_rate"] is None or b["failure_rate"] >= 0 else
+               f" (below the minimum of {c['minimum_number_of_calls']} calls)"),
+            f"rejected:  {b['rejected']} calls refused by Redis since the keys were created "
+            "(workers that already know it is OPEN reject without asking Redis: their "
+            "count is distbreaker_rejections_total)",
+            _config_line(c),
             f"wire:      {c['wire']}",
         ]
-        if b.get("config_drift"):
-            lines.append(f"drift:     a worker runs {b['config_drift']['config'].get('wire')} "
-                         f"(seen at {b['config_drift']['seen_at_ms']} ms); the stored "
-                         f"config governs until reset")
-        buckets = b["window"]["buckets"]
+        lines += drift_lines(d["name"], b)
+        buckets = w["buckets"]
         if c["sliding_window_type"] == "COUNT_BASED":
             lines.append(f"outcomes:  {_outcomes(buckets) or '(empty)'}  "
                          "(oldest first; . ok, F failed, S slow)")
         else:
             lines.append("buckets:   " + (", ".join(
                 f"-{x['age_s']}s {x['calls']}c/{x['failures']}f/{x['slow']}s"
-                for x in buckets) or "(empty)"))
+                for x in buckets) or "(empty)") + "  (age, calls/failed/slow)")
         if b["state"] == "HALF_OPEN":
             h = b["half_open"]
-            lines.append(f"half-open: {h['issued']} probes issued, {h['done']} reported, "
-                         f"{h['failed']} failed, {h['slow']} slow")
+            lines.append(f"half-open: {h['issued']} of {c['permitted_calls_in_half_open']} "
+                         f"probes issued, {h['done']} reported, {h['failed']} failed, "
+                         f"{h['slow']} slow")
         for p in b["probes"]:
-            lines.append(f"probe:     {p['token']} lease ends in {duration(p['expires_in_s'])}")
-        lines.append(f"history:   {b['history_length']} transitions "
+            ends = ("expired (reaped by the next call)" if p["expires_in_s"] <= 0
+                    else f"ends in {duration(p['expires_in_s'])}")
+            lines.append(f"probe:     {p['token']} lease {ends}")
+        lines.append(f"history:   {plural(b['history_length'], 'transition')} "
                      f"(distbreaker events {d['name']})")
     bh = d["bulkhead"]
     if bh is not None:
@@ -180,10 +262,18 @@ def show_text(d: dict[str, Any]) -> str:
     if rb is not None:
         lines.append(f"budget:    {rb['deposits']} deposits, {rb['withdrawals']} retries in "
                      f"the window ({rb['slices']} slices of {rb['slice_ms']} ms), "
-                     f"balance {'?' if rb.get('balance') is None else rb['balance']}")
+                     f"balance {'?' if rb.get('balance') is None else rb['balance']} "
+                     "retries left")
     for key, ttl in d["ttls"].items():
         lines.append(f"ttl:       {key}  {'no expiry' if ttl is None else duration(ttl)}")
     return "\n".join(lines)
+
+
+def unknown(app: App, name: str, what: str = "name") -> NotFound:
+    """NotFound for a name without keys, with the closest existing names."""
+    known = list(view.scan_names(app.client, app.prefix))
+    return NotFound(f"unknown {what} {name!r}: no keys under prefix {app.prefix!r}"
+                    + did_you_mean(operate.close_names(name, known)))
 
 
 @cli.command("show")
@@ -194,7 +284,7 @@ def show_command(app: App, name: str, as_json: bool) -> None:
     """Everything stored about one name: state, config, window, probes, bulkhead, budget."""
     detail = view.read_detail(app.client, app.prefix, name)
     if not detail["exists"]:
-        raise NotFound(f"unknown name {name!r}: no keys under prefix {app.prefix!r}")
+        raise unknown(app, name)
     if as_json:
         emit_json(detail)
     else:
@@ -202,39 +292,81 @@ def show_command(app: App, name: str, as_json: bool) -> None:
 
 
 # -- events --------------------------------------------------------------------------
-def event_line(e: dict[str, Any]) -> str:
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime((e["at_ms"] or 0) / 1000))
+def event_line(e: dict[str, Any], name_width: int = 0) -> str:
+    """One aligned, coloured line: time with zone, name, from -> to, reason, actor."""
     who = f" by {e['actor']}" if e["actor"] else ""
-    return (f"{when}.{(e['at_ms'] or 0) % 1000:03d}  {e['name']}  {coloured(e['from'])} -> "
-            f"{coloured(e['to'])}  {e['reason']}{who}")
+    return (f"{clock(e['at_ms'], millis=True)}  {e['name'].ljust(name_width)}  "
+            f"{coloured(e['from'], STATE_WIDTH)} -> {coloured(e['to'], STATE_WIDTH)}  "
+            f"{e['reason']}{who}")
+
+
+MAX_NAME_COLUMN = 40
+
+
+def name_width(names: Iterable[str]) -> int:
+    return min(MAX_NAME_COLUMN, max((len(n) for n in names), default=0))
 
 
 def recent_events(app: App, name: str | None, count: int) -> list[dict[str, Any]]:
     client = app.client
+    if count == 0:
+        return []
     if name is not None:
         if not client.exists(BreakerKeys.build(name, app.prefix).state,
                              BreakerKeys.build(name, app.prefix).history):
-            raise NotFound(f"unknown breaker {name!r} under prefix {app.prefix!r}")
+            raise unknown(app, name, "breaker")
         return view.read_history(client, app.prefix, name, count)
-    found = view.scan_names(client, app.prefix)
     merged: list[dict[str, Any]] = []
-    for n in sorted(k for k, parts in found.items() if "breaker" in parts):
+    for n in operate.breaker_names(client, app.prefix):
         merged.extend(view.read_history(client, app.prefix, n, count))
     merged.sort(key=lambda e: (e["at_ms"] or 0, e["id"] or ""))
     return merged[-count:]
 
 
-def follow(app: App, name: str | None, as_json: bool, max_events: int | None,
+class EventPrinter:
+    """Prints events as JSON lines or aligned text, each at most once (by name, generation)."""
+
+    def __init__(self, as_json: bool, width: int) -> None:
+        self.as_json, self.width = as_json, width
+        self.seen: set[tuple[str, int | None]] = set()
+
+    def __call__(self, event: dict[str, Any]) -> bool:
+        key = (event["name"], event["generation"])
+        if event["generation"] is not None and key in self.seen:
+            return False
+        self.seen.add(key)
+        if self.as_json:
+            emit_json(event, lines=True)
+        else:
+            click.echo(event_line(event, self.width))
+        sys.stdout.flush()
+        return True
+
+
+def follow(app: App, name: str | None, count: int, as_json: bool, max_events: int | None,
            timeout: float | None) -> None:
-    """Print live transitions from the channel until interrupted or a bound is reached."""
+    """Print the last `count` transitions, then live ones from the channel, until
+    interrupted or a bound is reached. Subscribed before reading the history, so no
+    transition falls in between; one seen in both is printed once."""
     pubsub = app.client.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(events_channel(app.prefix))
-    if not as_json:
-        click.echo(f"following transitions on {events_channel(app.prefix)} "
-                   "(Ctrl-C to stop)", err=True)
-    seen = 0
-    deadline = None if timeout is None else time.monotonic() + timeout
     try:
+        try:
+            history = recent_events(app, name, count)
+        except NotFound as exc:  # no keys yet: follow it all the same (planned maintenance)
+            history = []
+            if not as_json:
+                click.echo(f"{exc.message}; following it anyway", err=True)
+        width = name_width([name] if name else [e["name"] for e in history]
+                           or operate.breaker_names(app.client, app.prefix))
+        show = EventPrinter(as_json, width)
+        for event in history:
+            show(event)
+        if not as_json:
+            click.echo(f"-- live transitions on {events_channel(app.prefix)} "
+                       "(Ctrl-C to stop)", err=True)
+        seen = 0
+        deadline = None if timeout is None else time.monotonic() + timeout
         while max_events is None or seen < max_events:
             wait = 1.0 if deadline is None else deadline - time.monotonic()
             if wait <= 0:
@@ -245,12 +377,8 @@ def follow(app: App, name: str | None, as_json: bool, max_events: int | None,
             event = view.decode_event_message(message["data"])
             if event is None or (name is not None and event["name"] != name):
                 continue
-            seen += 1
-            if as_json:
-                emit_json(event, lines=True)
-            else:
-                click.echo(event_line(event))
-            sys.stdout.flush()
+            if show(event):
+                seen += 1
     except KeyboardInterrupt:
         pass
     finally:
@@ -259,56 +387,32 @@ def follow(app: App, name: str | None, as_json: bool, max_events: int | None,
 
 @cli.command("events")
 @click.argument("name", required=False, callback=check_name)
-@click.option("-n", "--count", default=20, show_default=True, type=click.IntRange(1, 10_000),
-              help="How many past transitions to show.")
+@click.option("-n", "--count", default=20, show_default=True, type=click.IntRange(0, 10_000),
+              help="How many past transitions to show (0 with --follow: none).")
 @click.option("-f", "--follow", "live", is_flag=True,
-              help="Tail live transitions from every worker instead.")
-@click.option("--max-events", type=click.IntRange(1), help="With --follow: stop after N.")
+              help="After the history, print live transitions from every worker.")
+@click.option("--max-events", type=click.IntRange(1), help="With --follow: stop after N "
+              "live events.")
 @click.option("--timeout", type=click.FloatRange(0, min_open=True),
               help="With --follow: stop after S seconds.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_obj
 def events_command(app: App, name: str | None, count: int, live: bool,
                    max_events: int | None, timeout: float | None, as_json: bool) -> None:
-    """Transition history (oldest first), or live transitions with --follow."""
+    """Transition history (oldest first, local time with its zone), then live ones with
+    --follow."""
     if live:
-        follow(app, name, as_json, max_events, timeout)
+        follow(app, name, count, as_json, max_events, timeout)
         return
     if max_events is not None or timeout is not None:
         raise click.UsageError("--max-events and --timeout only apply with --follow")
-    for event in recent_events(app, name, count):
-        if as_json:
-            emit_json(event, lines=True)
-        else:
-            click.echo(event_line(event))
-
-
-# -- watch ---------------------------------------------------------------------------
-@cli.command("watch")
-@click.option("--interval", default=2.0, show_default=True,
-              type=click.FloatRange(0.05), help="Seconds between refreshes.")
-@click.option("--state", "states", multiple=True, type=click.Choice(STATE_CHOICES,
-              case_sensitive=False), help="Only breakers in this state (repeatable).")
-@click.option("--iterations", type=click.IntRange(1), help="Stop after N refreshes.")
-@click.pass_obj
-def watch_command(app: App, interval: float, states: tuple[str, ...],
-                  iterations: int | None) -> None:
-    """A live table of every breaker, coloured by state (Ctrl-C to stop)."""
-    done = 0
-    tty = sys.stdout.isatty()
-    try:
-        while iterations is None or done < iterations:
-            doc = collect(app, states)
-            if tty:
-                click.clear()
-            stamp = time.strftime("%H:%M:%S", time.localtime(doc["server_time_ms"] / 1000))
-            click.echo(f"distbreaker watch  prefix {app.prefix}  {len(doc['breakers'])} "
-                       f"names  server time {stamp}  every {interval:g}s")
-            click.echo(table(LS_HEADERS, ls_rows(doc), colour_col=1))
-            done += 1
-            if iterations is None or done < iterations:
-                if not tty:
-                    click.echo("")
-                time.sleep(interval)
-    except KeyboardInterrupt:
-        pass
+    if count == 0:
+        raise click.BadParameter("0 only applies with --follow (to skip the history)",
+                                 param_hint="'-n' / '--count'")
+    events = recent_events(app, name, count)
+    if not events and not as_json:
+        click.echo("no transitions recorded" + (f" for {name!r}" if name else
+                   f" under prefix {app.prefix!r}"), err=True)
+    show = EventPrinter(as_json, name_width(e["name"] for e in events))
+    for event in events:
+        show(event)

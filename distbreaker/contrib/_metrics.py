@@ -24,7 +24,7 @@ from ..breaker.state import State
 from ..budget.config import MILLIONTHS
 from ..budget.core import BudgetCore
 from ..bulkhead.core import BulkheadCore
-from ..readside import read_summaries, scan_names
+from ..readside import read_history_after, read_summaries, scan_names
 
 __all__ = ["Family", "MetricsSource", "catalog"]
 
@@ -75,6 +75,9 @@ class MetricsSource:
         self._bulkheads: list[Any] = []
         self._budgets: dict[str, BudgetCore] = {}
         self._transitions: Counter[tuple[str, str, str]] = Counter()
+        #: Fleet transitions counted from the history streams, and the last id counted.
+        self._fleet_moves: Counter[tuple[str, str, str]] = Counter()
+        self._history_ids: dict[str, str] = {}
         self._listeners: list[Any] = []
         self.register(*components)
 
@@ -137,9 +140,26 @@ class MetricsSource:
             up.add((), 0)
             return [up]
         up.add((), 1)
+        self._count_history([r["name"] for r in rows if r["breaker"] is not None])
         with self._lock:
             budgets = dict(self._budgets)
-        return [up, *_fleet_families(rows, budgets)]
+            moves = dict(self._fleet_moves)
+        return [up, *_fleet_families(rows, budgets), _fleet_transitions(moves)]
+
+    def _count_history(self, names: list[str]) -> None:
+        """Add the history entries written since the last read to the fleet counter (the
+        counter stays monotonic when the stream is trimmed or expires)."""
+        with self._lock:
+            after = {n: self._history_ids.get(n, "0") for n in names}
+        found = read_history_after(self.client, self.prefix, after)
+        with self._lock:
+            for name, events in found.items():
+                for event in events:
+                    seen = self._history_ids.get(name, "0")
+                    if event["id"] is None or _stream_id(event["id"]) <= _stream_id(seen):
+                        continue  # counted by a concurrent read
+                    self._fleet_moves[(name, event["from"], event["to"])] += 1
+                    self._history_ids[name] = event["id"]
 
     def _read(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -196,7 +216,22 @@ def _local_families() -> list[Family]:
 
 def catalog() -> list[Family]:
     """Every family distbreaker exports (no samples), in export order."""
-    return [_up(), *_fleet_families([], {}), *_local_families()]
+    return [_up(), *_fleet_families([], {}), _fleet_transitions({}), *_local_families()]
+
+
+def _fleet_transitions(moves: dict[tuple[str, str, str], int]) -> Family:
+    family = _counter("distbreaker_breaker_transitions", "Transitions of the whole fleet, "
+                      "counted from the breakers' history streams", "name", "from_state",
+                      "to_state")
+    for labels, value in sorted(moves.items()):
+        family.add(labels, value)
+    return family
+
+
+def _stream_id(entry_id: str) -> tuple[int, int]:
+    """A stream entry id ("<ms>-<seq>") as numbers, so ids compare in stream order."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms or 0), int(seq or 0)
 
 
 #: The fleet-wide families (name, kind, help, labels), in export order.
@@ -218,6 +253,8 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
     """The gauge families of one read's rows (pure: no I/O)."""
     state = _gauge("distbreaker_breaker_state", "Fleet-wide breaker state (1 for the current "
                    "state)", "name", "state")
+    state_seconds = _gauge("distbreaker_breaker_state_seconds", "Seconds since the breaker's "
+                           "last transition (server clock)", "name")
     fields = {key: _gauge(name, text, "name") for key, (name, text) in _BREAKER_FIELDS.items()}
     fleet_rejected = _counter("distbreaker_breaker_fleet_rejections", "Calls rejected "
                               "fleet-wide by Redis (since the key was created)", "name")
@@ -245,6 +282,7 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
                 value = breaker[field]
                 family.add((name,), -1 if value is None else value)
             fleet_rejected.add((name,), breaker["rejected"])
+            state_seconds.add((name,), breaker["in_state_s"])
         elif row.get("never_called"):
             for field, family in fields.items():
                 family.add((name,), -1 if field.endswith("rate") else 0)
@@ -263,5 +301,7 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
             cfg = core.config
             balance.add((name,), (cfg.reserve_millionths + cfg.percent_millionths * d)
                         // MILLIONTHS - w)
-    return [state, *fields.values(), fleet_rejected, in_use, limit, deposits, withdrawals,
+        elif budget.get("balance") is not None:  # with the settings stored in the hash
+            balance.add((name,), budget["balance"])
+    return [state, state_seconds, *fields.values(), fleet_rejected, in_use, limit, deposits, withdrawals,
             balance, unreadable]

@@ -28,6 +28,12 @@ class DistbreakerCollector(Collector):
 
     - ``distbreaker_breaker_state{name,state}``: 1 for the current fleet-wide
       state, 0 for the others; a registered breaker never called is CLOSED;
+    - ``distbreaker_breaker_state_seconds{name}``: seconds since the last
+      transition (server clock), for "open longer than 5 minutes" alerts;
+    - ``distbreaker_breaker_transitions_total{name,from_state,to_state}``:
+      transitions of the whole fleet, counted from each breaker's history stream
+      (each scrape reads only the entries after the last one it counted, so the
+      counter is monotonic even when the stream is trimmed or expires);
     - ``distbreaker_breaker_failure_rate_percent`` / ``_slow_call_rate_percent``
       (-1 below the minimum number of calls), ``distbreaker_breaker_window_calls``
       / ``_window_failures`` / ``_window_slow_calls``, ``_retry_in_seconds``, and

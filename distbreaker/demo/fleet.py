@@ -620,6 +620,10 @@ def table_lines(result: dict[str, Any]) -> Iterator[str]:
                    f"{n['rejected'] + n['bulkhead']:9}{n['errors']:7}{n['upstream_calls']:10}"
                    f"{n['calls_per_request']:8.2f}{n['latency_ms']['p50']:9.0f}"
                    f"{n['latency_ms']['p95']:9.0f}")
+    yield ""
+    yield "what each phase shows (WITH distbreaker vs WITHOUT, the same requests):"
+    for mode, fleets in result["phases"].items():
+        yield "  " + phase_tradeoff(mode, fleets["with"], fleets["without"])
     failing = result["phases"].get("failing")
     if failing:
         w, wo = failing["with"], failing["without"]
@@ -639,6 +643,31 @@ def table_lines(result: dict[str, Any]) -> Iterator[str]:
                                  for k, v in result["checks"].items())
 
 
+def phase_tradeoff(mode: str, w: dict[str, Any], wo: dict[str, Any]) -> str:
+    """One line: what the breaker bought and what it cost in this phase."""
+    rejected = w["rejected"] + w["bulkhead"]
+    p50, naive_p50 = w["latency_ms"]["p50"], wo["latency_ms"]["p50"]
+    if mode == "ok":
+        return (f"ok:         both served all ({w['ok']}/{w['requests']}, {wo['ok']}/"
+                f"{wo['requests']}; p50 {p50:.0f} vs {naive_p50:.0f} ms): a healthy upstream "
+                "costs one Redis round trip per call.")
+    if mode == "failing":
+        return (f"failing:    WITH rejected {rejected} of {w['requests']} at once and sent "
+                f"{w['upstream_calls']} calls; WITHOUT got {wo['errors']} errors for "
+                f"{wo['upstream_calls']:,} calls (p50 {naive_p50:.0f} ms): fail fast, spare "
+                "the upstream.")
+    if mode == "slow":
+        return (f"slow:       WITH rejected {rejected} of {w['requests']} in {p50:.0f} ms; "
+                f"WITHOUT served {wo['ok']} of {wo['requests']}, slowly (p50 "
+                f"{naive_p50:.0f} ms): fast refusals instead of slow answers.")
+    if mode == "recovering":
+        return (f"recovering: WITH served {w['ok']} of {w['requests']} once its probes "
+                f"closed it, WITHOUT {wo['ok']} of {wo['requests']}: a few probes test the "
+                "upstream first, at the price of some rejections.")
+    return (f"{mode}: WITH served {w['ok']} of {w['requests']} ({rejected} rejected); "
+            f"WITHOUT served {wo['ok']} of {wo['requests']} ({wo['errors']} errors).")
+
+
 # -- the plot ----------------------------------------------------------------------------
 
 STATE_COLOURS = {"CLOSED": "#2ca02c", "HALF_OPEN": "#ff7f0e", "OPEN": "#d62728"}
@@ -646,19 +675,31 @@ PHASE_COLOURS = {"ok": "#e8f5e9", "failing": "#ffebee", "slow": "#fff8e1",
                  "recovering": "#e3f2fd"}
 
 
-def plot(result: dict[str, Any], requests: list[Request], path: str) -> None:
-    """Draw upstream load, the state each worker saw and user latency over time."""
+def check_plot_path(path: str) -> None:
+    """Fail before the demo runs (not after ~25 s) when the plot cannot be drawn."""
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401
     except ImportError:
         raise SystemExit("--plot needs matplotlib: pip install matplotlib "
                          "(or, in a distbreaker checkout: pip install '.[plot]')") from None
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise SystemExit(f"--plot {path}: cannot write into {folder}")
+
+
+def plot(result: dict[str, Any], requests: list[Request], path: str) -> None:
+    """Draw upstream load, the state each worker saw and user latency over time
+    (successes, errors and rejections apart); legends sit outside the data."""
+    check_plot_path(path)
+    import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     workers = result["workers"]
     fig, (load, states, latency) = plt.subplots(
-        3, 1, figsize=(11, 8.5), sharex=True, gridspec_kw={"height_ratios": [3, 2, 3]})
+        3, 1, figsize=(13, 8.5), sharex=True, gridspec_kw={"height_ratios": [3, 2, 3]})
+    outside = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0}
     for axis in (load, states, latency):
         for mode, start, end in result["timeline"]:
             axis.axvspan(start, end, color=PHASE_COLOURS.get(mode, "#eeeeee"), zorder=0)
@@ -677,8 +718,8 @@ def plot(result: dict[str, Any], requests: list[Request], path: str) -> None:
     load.set_yscale("symlog", linthresh=10)
     peak = max((s[f]["upstream_calls"] for s in result["seconds"] for f in ("with", "without")),
                default=10)
-    load.set_ylim(0, max(peak, 10) * 15)  # headroom for the legend above the lines
-    load.legend(loc="upper left", fontsize=9)
+    load.set_ylim(0, max(peak, 10) * 2)
+    load.legend(fontsize=8, **outside)
     load.set_title(f"distbreaker demo: {workers} worker processes per fleet, "
                    f"one request per worker every {int(INTERVAL * 1000)} ms", pad=18)
 
@@ -692,20 +733,30 @@ def plot(result: dict[str, Any], requests: list[Request], path: str) -> None:
     states.set_yticks(range(1, workers + 1))
     states.set_ylim(0.4, workers + 0.6)
     states.set_ylabel("state seen by\neach WITH worker")
-    states.legend(loc="upper left", fontsize=8, ncol=3)
+    states.legend(fontsize=8, title="state", title_fontsize=8, **outside)
 
+    marks = {"ok": ("o", "served"), "error": ("^", "error"), "rejected": ("x", "rejected"),
+             "bulkhead": ("x", "rejected")}
     for fleet, colour, label in (("without", "#d62728", "WITHOUT"),
-                                 ("with", "#1f77b4", "WITH distbreaker")):
-        rows = [r for r in requests if r.fleet == fleet]
-        latency.scatter([r.start for r in rows], [max(r.latency * 1000, 0.1) for r in rows],
-                        s=6, color=colour, alpha=0.6, label=label, zorder=2)
+                                 ("with", "#1f77b4", "WITH")):
+        for outcome in ("ok", "error", "rejected"):
+            rows = [r for r in requests if r.fleet == fleet
+                    and marks.get(r.outcome, ("o", ""))[1] == marks[outcome][1]]
+            if not rows:
+                continue
+            marker = marks[outcome][0]
+            latency.scatter([r.start for r in rows],
+                            [max(r.latency * 1000, 0.1) for r in rows], s=14 if marker == "x"
+                            else 7, marker=marker, color=colour,
+                            alpha=0.8 if marker == "x" else 0.5, linewidths=0.8,
+                            label=f"{label}: {marks[outcome][1]} ({len(rows)})", zorder=2)
     if requests:
         latency.set_yscale("log")
     latency.set_ylabel("user-visible\nlatency (ms)")
     latency.set_xlabel("seconds since start")
-    latency.legend(loc="upper left", fontsize=8)
+    latency.legend(fontsize=8, title="requests", title_fontsize=8, **outside)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -717,6 +768,8 @@ def run(workers: int = WORKERS, duration: float = DURATION, name: str = NAME,
     """Run the demo and print its result; exit code 0 when every check held."""
     if workers < 1 or duration < 4:
         raise ValueError("need --workers >= 1 and --duration >= 4")
+    if plot_path:
+        check_plot_path(plot_path)
     stream = sys.stderr if as_json else sys.stdout
     given = bool(url or os.environ.get("REDIS_URL"))
     with embedded_redis(url) as redis_url:

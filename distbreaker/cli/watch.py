@@ -1,0 +1,161 @@
+"""`distbreaker watch`: a live table of the fleet, worst first, that survives Redis outages.
+
+Drawn with rich, which fits the table to the terminal's width (long names end
+in an ellipsis instead of wrapping every row), refreshes in place and colours
+states. Without a terminal (a pipe, a test) each refresh is printed as plain
+text. When Redis stops answering, the last table stays on screen under a
+"Redis unreachable since ..." line and watch keeps retrying.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import click
+import redis
+
+from .app import App, cli, explain
+from .fmt import STATE_COLOURS, clock, describe_counts
+from .views import STATE_CHOICES, collect, row_cells
+
+#: Severity rank of a row (smaller is worse); rows sort by it, then by failure rate.
+SEVERITY = {"FORCED_OPEN": 0, "OPEN": 1, "HALF_OPEN": 2, "ERROR": 3, "METRICS_ONLY": 4,
+            "CLOSED": 5, "DISABLED": 6}
+HEADERS = ["NAME", "STATE", "FOR", "FAIL", "SLOW", "CALLS", "RETRY", "BULK", "BUDGET"]
+LEGEND = ("BUDGET +requests -retries =retries left   BULK in use/limit   "
+          "OPEN (due): the wait is over, the next call probes   FAIL/SLOW -: too few calls")
+NAME_MIN, NAME_MAX = 12, 60
+OTHER_COLUMNS = 62  # what the columns after NAME need at most, with their gaps
+
+
+def severity_key(row: dict[str, Any]) -> tuple[int, float, str]:
+    """FORCED_OPEN, OPEN, HALF_OPEN first, then by failure rate (highest first), then name."""
+    state = "ERROR" if row["error"] else (row["state"] or "")
+    rate = (row["breaker"] or {}).get("failure_rate")
+    return SEVERITY.get(state, 7), -(rate if rate is not None and rate >= 0 else -1), row["name"]
+
+
+def sorted_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(rows, key=severity_key)
+
+
+def render(doc: dict[str, Any] | None, prefix: str, interval: float, width: int,
+           outage: Outage | None) -> Any:
+    """One frame: header, table, legend, and the outage line when Redis is unreachable."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    parts: list[Any] = []
+    if doc is not None:
+        counts = Counter(r["state"] or ("ERROR" if r["error"] else "no breaker")
+                         for r in doc["breakers"])
+        parts.append(Text(f"distbreaker watch  prefix {prefix}  server time "
+                          f"{clock(doc['server_time_ms'], date=False)}  every {interval:g}s",
+                          style="bold"))
+        parts.append(Text(f"{len(doc['breakers'])} names: {describe_counts(counts) or 'none'}"))
+    if outage is not None:
+        parts.append(Text(outage.line(), style="bold red"))
+    if doc is None:
+        return Group(*parts)
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold",
+                  padding=(0, 1, 0, 0))
+    for header in HEADERS:
+        if header == "NAME":
+            table.add_column(header, no_wrap=True, overflow="ellipsis", min_width=NAME_MIN,
+                             max_width=max(NAME_MIN, min(NAME_MAX, width - OTHER_COLUMNS)))
+        else:
+            table.add_column(header, no_wrap=True, overflow="ellipsis")
+    for row in sorted_rows(doc["breakers"]):
+        cells = row_cells(row)
+        state = cells[1].split(" ")[0]
+        style = "bold red" if row["error"] else STATE_COLOURS.get(state, "")
+        table.add_row(*(Text(c, style=style) if i == 1 else Text(c)
+                        for i, c in enumerate(cells)))
+    if not doc["breakers"]:
+        parts.append(Text(f"no breakers under prefix {prefix!r}" if not doc["_filtered"]
+                          else "no breaker in the chosen states", style="dim"))
+    else:
+        parts.append(table)
+    parts.append(Text(LEGEND, style="dim"))
+    return Group(*parts)
+
+
+class Outage:
+    """Since when Redis has not answered (local clock: the server's is out of reach)."""
+
+    def __init__(self, error: BaseException, url: str) -> None:
+        self.since_ms = int(time.time() * 1000)
+        self.attempts = 1
+        self.url = url
+        self.error = error
+
+    def line(self) -> str:
+        why = explain(self.error, self.url) or str(self.error)
+        return (f"Redis unreachable since {clock(self.since_ms, date=False)} "
+                f"({self.attempts} attempt{'s' if self.attempts != 1 else ''}; {why}); "
+                "retrying, the table below is the last one read")
+
+
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+def read(app: App, states: Sequence[str]) -> dict[str, Any]:
+    doc = collect(app, states)
+    doc["_filtered"] = bool(states)
+    return doc
+
+
+@cli.command("watch")
+@click.option("--interval", default=2.0, show_default=True,
+              type=click.FloatRange(0.05), help="Seconds between refreshes.")
+@click.option("--state", "states", multiple=True, type=click.Choice(STATE_CHOICES,
+              case_sensitive=False), help="Only breakers in this state (repeatable).")
+@click.option("--iterations", type=click.IntRange(1), help="Stop after N refreshes.")
+@click.pass_obj
+def watch_command(app: App, interval: float, states: tuple[str, ...],
+                  iterations: int | None) -> None:
+    """A live table of every breaker, worst first: FORCED_OPEN, OPEN, HALF_OPEN, then by
+    failure rate (Ctrl-C to stop). Keeps retrying while Redis is unreachable."""
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console(highlight=False)
+    live: Live | None = None
+    if console.is_terminal:
+        live = Live(console=console, auto_refresh=False, screen=True,
+                    vertical_overflow="ellipsis")
+        live.start()
+    doc: dict[str, Any] | None = None
+    outage: Outage | None = None
+    done = 0
+    try:
+        while iterations is None or done < iterations:
+            try:
+                doc = read(app, states)
+                outage = None
+            except UNREACHABLE as exc:
+                app.close()  # reconnect on the next refresh
+                if outage is None:
+                    outage = Outage(exc, app.url)
+                else:
+                    outage.attempts += 1
+                    outage.error = exc
+            frame = render(doc, app.prefix, interval, console.width, outage)
+            if live is not None:
+                live.update(frame, refresh=True)
+            else:
+                console.print(frame)
+            done += 1
+            if iterations is None or done < iterations:
+                if live is None:
+                    console.print()
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if live is not None:
+            live.stop()
