@@ -303,5 +303,5 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
                         // MILLIONTHS - w)
         elif budget.get("balance") is not None:  # with the settings stored in the hash
             balance.add((name,), budget["balance"])
-    return [state, state_seconds, *fields.values(), fleet_rejected, in_use, limit, deposits, withdrawals,
-            balance, unreadable]
+    return [state, state_seconds, *fields.values(), fleet_rejected, in_use, limit, deposits,
+            withdrawals, balance, unreadable]
