@@ -10,9 +10,7 @@ object, so every component still shares one client (and one pipeline).
 from __future__ import annotations
 
 import asyncio
-import os
 import weakref
-from collections.abc import Mapping
 from typing import Any
 
 from .._runtime.connection import async_client
@@ -21,10 +19,8 @@ from ..budget.aio import RetryBudget
 from ..bulkhead.aio import Bulkhead
 from ..policy.aio import Policy
 from ..retry.aio import Retry
-from .config import RegistrySpec, load_file
 from .core import Classes, RegistryCore
 from .health import RegistryHealth, run_async
-from .sync import client_for
 
 CLASSES = Classes(breaker=CircuitBreaker, bulkhead=Bulkhead, budget=RetryBudget, retry=Retry,
                   policy=Policy)
@@ -102,24 +98,8 @@ class Registry(RegistryCore):
     one client per event loop (`LoopBoundClient`).
     """
 
-    def __init__(self, config: Mapping[str, Any] | RegistrySpec | None = None, *,
-                 redis: Any = None, environ: Mapping[str, str] | None = None,
-                 source: str = "<dict>") -> None:
-        spec = config if isinstance(config, RegistrySpec) else RegistrySpec(
-            config or {}, source=source, environ=environ)
-        self.redis = redis if redis is not None else spec.redis
-        self._owns_client = redis is None or isinstance(redis, str)
-        super().__init__(spec, client_for(spec, redis, _loop_bound), CLASSES)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, redis: Any = None,
-                  environ: Mapping[str, str] | None = None) -> Registry:
-        return cls(data, redis=redis, environ=environ)
-
-    @classmethod
-    def from_file(cls, path: str | os.PathLike[str], *, redis: Any = None,
-                  environ: Mapping[str, str] | None = None) -> Registry:
-        return cls(load_file(path), redis=redis, environ=environ, source=str(path))
+    CLASSES = CLASSES
+    make_client = staticmethod(_loop_bound)
 
     async def health(self) -> RegistryHealth:
         """Every unkeyed component's health (one awaited read each)."""

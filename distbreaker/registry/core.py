@@ -11,14 +11,18 @@ dropped only pays one round trip to learn it again). No I/O here.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._runtime.keys import validate_name
-from .config import KINDS, InstanceSpec, RegistryConfigError, RegistrySpec
+from .config import KINDS, InstanceSpec, RegistryConfigError, RegistrySpec, load_file
 from .health import plan
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 ComponentHook = Callable[[str, Any], None]
 
@@ -44,17 +48,55 @@ def keyed_name(name: str, key: Any) -> str:
     return validate_name(f"{name}:{text}")
 
 
-class RegistryCore:
-    """Named components, each built once; `client` is shared by all of them."""
+def client_for(spec: RegistrySpec, redis: Any, make: Any) -> Any:
+    """The registry's one client: `redis` if given, else from the config's `redis` URL."""
+    target = redis if redis is not None else spec.redis
+    if target is not None and not isinstance(target, str) and redis is None:
+        raise RegistryConfigError(spec.source, "redis", None,
+                                  f"must be a URL string, got {target!r}")
+    try:
+        return make(target, spec.redis_timeout)
+    except (TypeError, ValueError) as error:
+        raise RegistryConfigError(spec.source, "redis", None, str(error)) from None
 
-    def __init__(self, spec: RegistrySpec, client: Any, classes: Classes) -> None:
+
+class RegistryCore:
+    """Named components, each built once; `client` is shared by all of them.
+
+    Each flavour sets `CLASSES` (its components) and `make_client(target, timeout)`.
+    """
+
+    CLASSES: Classes
+    make_client: Callable[[Any, float], Any]
+
+    def __init__(self, config: Mapping[str, Any] | RegistrySpec | None = None, *,
+                 redis: Any = None, environ: Mapping[str, str] | None = None,
+                 source: str = "<dict>") -> None:
+        spec = config if isinstance(config, RegistrySpec) else RegistrySpec(
+            config or {}, source=source, environ=environ)
+        #: What the client was built from (a URL, or the client given).
+        self.redis = redis if redis is not None else spec.redis
+        self._owns_client = redis is None or isinstance(redis, str)
         self.spec = spec
-        self._client = client
-        self._classes = classes
+        self._client = client_for(spec, redis, type(self).make_client)
+        self._classes = self.CLASSES
         self._lock = threading.RLock()
         self._named: dict[tuple[str, str], Any] = {}
         self._keyed: dict[str, OrderedDict[str, Any]] = {kind: OrderedDict() for kind in KINDS}
         self._hooks: list[ComponentHook] = []
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, redis: Any = None,
+                  environ: Mapping[str, str] | None = None) -> Self:
+        """A registry from a mapping (environment overrides from `environ`, default
+        ``os.environ``)."""
+        return cls(data, redis=redis, environ=environ)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], *, redis: Any = None,
+                  environ: Mapping[str, str] | None = None) -> Self:
+        """A registry from a ``.yaml`` / ``.yml`` (needs PyYAML), ``.toml`` or ``.json`` file."""
+        return cls(load_file(path), redis=redis, environ=environ, source=str(path))
 
     @property
     def client(self) -> Any:

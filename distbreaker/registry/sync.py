@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from typing import Any
 
 from .._runtime.connection import sync_client
@@ -12,24 +10,11 @@ from ..budget.sync import RetryBudget
 from ..bulkhead.sync import Bulkhead
 from ..policy.sync import Policy
 from ..retry.sync import Retry
-from .config import RegistryConfigError, RegistrySpec, load_file
 from .core import Classes, RegistryCore
 from .health import RegistryHealth, run_sync
 
 CLASSES = Classes(breaker=CircuitBreaker, bulkhead=Bulkhead, budget=RetryBudget, retry=Retry,
                   policy=Policy)
-
-
-def client_for(spec: RegistrySpec, redis: Any, make: Any) -> Any:
-    """The registry's one client: `redis` if given, else from the config's `redis` URL."""
-    target = redis if redis is not None else spec.redis
-    if target is not None and not isinstance(target, str) and redis is None:
-        raise RegistryConfigError(spec.source, "redis", None,
-                                  f"must be a URL string, got {target!r}")
-    try:
-        return make(target, spec.redis_timeout)
-    except (TypeError, ValueError) as error:
-        raise RegistryConfigError(spec.source, "redis", None, str(error)) from None
 
 
 class Registry(RegistryCore):
@@ -43,28 +28,8 @@ class Registry(RegistryCore):
     (named ``llm:<tenant>``) with the config of ``llm``.
     """
 
-    def __init__(self, config: Mapping[str, Any] | RegistrySpec | None = None, *,
-                 redis: Any = None, environ: Mapping[str, str] | None = None,
-                 source: str = "<dict>") -> None:
-        spec = config if isinstance(config, RegistrySpec) else RegistrySpec(
-            config or {}, source=source, environ=environ)
-        #: What the client was built from (a URL, or the client given).
-        self.redis = redis if redis is not None else spec.redis
-        self._owns_client = redis is None or isinstance(redis, str)
-        super().__init__(spec, client_for(spec, redis, sync_client), CLASSES)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, redis: Any = None,
-                  environ: Mapping[str, str] | None = None) -> Registry:
-        """A registry from a mapping (environment overrides from `environ`, default
-        ``os.environ``)."""
-        return cls(data, redis=redis, environ=environ)
-
-    @classmethod
-    def from_file(cls, path: str | os.PathLike[str], *, redis: Any = None,
-                  environ: Mapping[str, str] | None = None) -> Registry:
-        """A registry from a ``.yaml`` / ``.yml`` (needs PyYAML), ``.toml`` or ``.json`` file."""
-        return cls(load_file(path), redis=redis, environ=environ, source=str(path))
+    CLASSES = CLASSES
+    make_client = staticmethod(sync_client)
 
     def health(self) -> RegistryHealth:
         """Every unkeyed component's health (one read each) and whether Redis answers."""
