@@ -86,7 +86,7 @@ def rejection_countdown(rejection: BaseException, *, min_countdown: float = 1.0,
 def backoff_countdown(retries: int, *, base: float = 1.0, cap: float = 60.0,
                       rand: Callable[[], float] = random.random) -> float:
     """Exponential backoff for the `retries`-th retry, jittered over its upper half."""
-    ceiling = min(cap, base * 2 ** min(retries, 32))
+    ceiling = min(cap, base * 2.0 ** min(retries, 32))
     return ceiling / 2 + rand() * ceiling / 2
 
 

@@ -111,7 +111,7 @@ class Policy(PolicyCore):
         except Exception as error:
             if self.uses_fallback(error):
                 result = self.fallback(error)  # type: ignore[misc]
-                return await result if asyncio.iscoroutine(result) else result
+                return await result if asyncio.iscoroutine(result) else result  # type: ignore[no-any-return]
             raise
 
     def __call__(self, fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:

@@ -109,7 +109,7 @@ class Policy(PolicyCore):
                             self.budget, self._sleep)
         except Exception as error:
             if self.uses_fallback(error):
-                return self.fallback(error)  # type: ignore[misc]
+                return self.fallback(error)  # type: ignore[misc,no-any-return]
             raise
 
     def __call__(self, fn: Callable[P, T]) -> Callable[P, T]:

@@ -32,7 +32,7 @@ def client_for(spec: RegistrySpec, redis: Any, make: Any) -> Any:
         raise RegistryConfigError(spec.source, "redis", None, str(error)) from None
 
 
-class Registry(RegistryCore):
+class Registry(RegistryCore[CircuitBreaker, Bulkhead, RetryBudget, Retry, Policy]):
     """One breaker, bulkhead, retry budget, Retry and Policy per name, for this process.
 
     Built from a mapping (`from_dict`) or a YAML / TOML / JSON file (`from_file`),

@@ -1,4 +1,5 @@
-"""A user module as `mypy --strict` sees it: every public decorator, sync and asyncio.
+"""A user module as `mypy --strict` sees it: every public decorator, sync and asyncio,
+and the Registry lookups used as decorators.
 
 tests/unit/test_typing.py type-checks it (and imports it: decorating connects to
 nothing). Each decorated function must keep its parameters and return type, so the
@@ -34,6 +35,9 @@ abulkhead = distbreaker.aio.Bulkhead("dep", redis=URL)
 aretry = distbreaker.aio.Retry()
 apolicy = distbreaker.aio.Policy("dep", redis=URL)
 aganesha = distbreaker.aio.GaneshaBreaker("svc", redis=URL)
+
+registry = distbreaker.Registry.from_dict({"redis": URL})
+aregistry = distbreaker.aio.Registry.from_dict({"redis": URL})
 
 
 @breaker
@@ -92,6 +96,21 @@ async def aganesha_fn(x: int) -> str:
     return str(x)
 
 
+@registry.breaker("reg")
+def registry_breaker_fn(x: int) -> str:
+    return str(x)
+
+
+@registry.policy("reg")
+def registry_policy_fn(x: int) -> str:
+    return str(x)
+
+
+@aregistry.policy("reg")
+async def aregistry_policy_fn(x: int) -> str:
+    return str(x)
+
+
 @protect(breaker)
 def celery_task(task: Any, order_id: int) -> str:
     return str(order_id)
@@ -122,6 +141,13 @@ def sync_types_kept() -> None:
     assert_type(ganesha_fn(1), str)
     assert_type(stacked_fn(1), list[int])
     assert_type(celery_task(None, 1), str)
+    assert_type(registry_breaker_fn(1), str)
+    assert_type(registry_policy_fn(1), str)
+    assert_type(registry.breaker("reg"), distbreaker.CircuitBreaker)
+    assert_type(registry.bulkhead("reg"), distbreaker.Bulkhead)
+    assert_type(registry.budget("reg"), distbreaker.RetryBudget)
+    assert_type(registry.retry("reg"), distbreaker.Retry)
+    assert_type(aregistry.breaker("reg"), distbreaker.aio.CircuitBreaker)
     # `call` checks its arguments against the function's parameters, too.
     assert_type(breaker.call(plain, 1), str)
     assert_type(bulkhead.call(plain, 1), str)
@@ -133,7 +159,7 @@ def sync_types_kept() -> None:
 async def asyncio_types_kept() -> None:
     """Never run: a decorated coroutine function still returns a coroutine of its result."""
     coroutines = [abreaker_fn(1, label="a"), abulkhead_fn(1), aretry_fn(1), apolicy_fn(1),
-                  aganesha_fn(1)]
+                  aganesha_fn(1), aregistry_policy_fn(1)]
     assert_type(coroutines, list[Coroutine[Any, Any, str]])
     results = [await abreaker.call(coroutine, 1), await abulkhead.call(coroutine, 1),
                await aretry.call(coroutine, 1), await apolicy.call(coroutine, 1),

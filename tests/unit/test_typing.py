@@ -48,6 +48,9 @@ WRONG_CALLS = [
     'breaker.call(plain, "not an int")',
     "retry.call(plain)",
     "bad: int = bulkhead_fn(1)",
+    'registry_breaker_fn("not an int")',
+    'registry_policy_fn("not an int")',
+    '_ = aregistry_policy_fn("not an int")',
 ]
 
 
