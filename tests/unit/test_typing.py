@@ -21,6 +21,10 @@ import distbreaker
 
 SAMPLE = Path(__file__).parent.parent / "helpers" / "typed_user_module.py"
 PACKAGE_ROOT = Path(distbreaker.__file__).resolve().parent.parent
+# A checkout (or the worktree PYTHONPATH points at) goes on MYPYPATH; an installed
+# package is found by mypy in site-packages, which MYPYPATH must not name.
+SEARCH = ({"MYPYPATH": str(PACKAGE_ROOT)} if (PACKAGE_ROOT / "pyproject.toml").exists()
+          else {})
 
 # The package is checked as a user's mypy would see an installed, typed dependency:
 # its types are used, its own strictness findings are not the user's.
@@ -62,7 +66,7 @@ def run_mypy(workdir: Path, *files: Path) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "mypy", "--strict", "--config-file", str(config),
          "--cache-dir", str(workdir / "cache"), "--no-error-summary",
          "--show-error-codes", *map(str, files)],
-        cwd=workdir, env={**os.environ, "MYPYPATH": str(PACKAGE_ROOT)},
+        cwd=workdir, env={**os.environ, **SEARCH},
         capture_output=True, text=True, timeout=300)
 
 
