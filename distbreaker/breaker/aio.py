@@ -7,15 +7,14 @@ no network) runs inline.
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 from .._runtime.connection import DEFAULT_URL, async_client, db_of, owns_client
+from .._runtime.decorate import decorate_async
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import run_script_async, send_async
 from .batching import LOOP_FLUSHERS
@@ -24,6 +23,7 @@ from .config import BreakerConfig
 from .core import BreakerCore, BreakerMetrics, Permit, Reply, ScriptCall
 from .state import State
 
+P = ParamSpec("P")
 T = TypeVar("T")
 
 # Permits of the `async with breaker:` blocks open in the current task, innermost last.
@@ -119,7 +119,8 @@ class CircuitBreaker(BreakerCore):
             with self._recording(error):
                 await send_async(self._client, pending)
 
-    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+    async def call(self, fn: Callable[P, Awaitable[T]], /, *args: P.args,
+                   **kwargs: P.kwargs) -> T:
         """Await `fn(*args, **kwargs)` under the breaker.
 
         A cancelled call (CancelledError) counts nowhere; its half-open probe,
@@ -135,16 +136,8 @@ class CircuitBreaker(BreakerCore):
         await self.record(permit, None, time.monotonic() - started)
         return result
 
-    def __call__(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-        if not inspect.iscoroutinefunction(fn):
-            raise TypeError("distbreaker.aio.CircuitBreaker decorates coroutine functions; "
-                            "use distbreaker.CircuitBreaker for a plain function")
-
-        @functools.wraps(fn)
-        async def wrapper(*args: Any, **kwargs: Any) -> T:
-            return await self.call(fn, *args, **kwargs)
-
-        return wrapper
+    def __call__(self, fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+        return decorate_async(self.call, fn, "CircuitBreaker")
 
     async def __aenter__(self) -> CircuitBreaker:
         permit = await self.acquire()

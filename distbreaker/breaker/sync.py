@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from .._runtime.connection import db_of, owns_client, sync_client
+from .._runtime.decorate import decorate_sync
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import run_script, send
 from .batching import THREAD_FLUSHER
@@ -18,6 +17,7 @@ from .config import BreakerConfig
 from .core import BreakerCore, BreakerMetrics, Permit, Reply, ScriptCall
 from .state import State
 
+P = ParamSpec("P")
 T = TypeVar("T")
 
 
@@ -74,7 +74,7 @@ class CircuitBreaker(BreakerCore):
             with self._recording(error):
                 send(self._client, pending)
 
-    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run `fn(*args, **kwargs)` under the breaker."""
         permit = self.acquire()
         started = time.monotonic()
@@ -86,15 +86,8 @@ class CircuitBreaker(BreakerCore):
         self.record(permit, None, time.monotonic() - started)
         return result
 
-    def __call__(self, fn: Callable[..., T]) -> Callable[..., T]:
-        if inspect.iscoroutinefunction(fn):
-            raise TypeError("use distbreaker.aio.CircuitBreaker to decorate a coroutine function")
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> T:
-            return self.call(fn, *args, **kwargs)
-
-        return wrapper
+    def __call__(self, fn: Callable[P, T]) -> Callable[P, T]:
+        return decorate_sync(self.call, fn, "CircuitBreaker")
 
     def __enter__(self) -> CircuitBreaker:
         stack = self._tls.__dict__.setdefault("stack", [])

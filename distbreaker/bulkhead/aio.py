@@ -5,15 +5,14 @@ semaphore per event loop; every decision in `bulkhead.core`.
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
 import logging
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from .._runtime.connection import async_client, async_waiting_client
+from .._runtime.decorate import decorate_async
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import Owed, PendingCall, run_script_async, send_async
@@ -23,6 +22,7 @@ from .core import Acquisition, BulkheadCore, BulkheadMetrics, BulkheadPermit, bl
 
 __all__ = ["Bulkhead"]
 
+P = ParamSpec("P")
 T = TypeVar("T")
 logger = logging.getLogger("distbreaker")
 
@@ -210,7 +210,8 @@ class Bulkhead(BulkheadCore):
             raise
 
     # -- the protected call ---------------------------------------------------------------
-    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+    async def call(self, fn: Callable[P, Awaitable[T]], /, *args: P.args,
+                   **kwargs: P.kwargs) -> T:
         """Await `fn(*args, **kwargs)` holding a permit."""
         permit = await self.acquire()
         try:
@@ -218,16 +219,8 @@ class Bulkhead(BulkheadCore):
         finally:
             await self.release(permit)
 
-    def __call__(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-        if not inspect.iscoroutinefunction(fn):
-            raise TypeError("distbreaker.aio.Bulkhead decorates coroutine functions; "
-                            "use distbreaker.Bulkhead for plain functions")
-
-        @functools.wraps(fn)
-        async def wrapper(*args: Any, **kwargs: Any) -> T:
-            return await self.call(fn, *args, **kwargs)
-
-        return wrapper
+    def __call__(self, fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+        return decorate_async(self.call, fn, "Bulkhead")
 
     async def __aenter__(self) -> BulkheadPermit:
         permit = await self.acquire()

@@ -4,17 +4,16 @@ per-process fallback semaphore; every decision in `bulkhead.core`.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from .._runtime import forking
 from .._runtime.connection import sync_client, waiting_client
+from .._runtime.decorate import decorate_sync
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import Owed, PendingCall, run_script, send
@@ -24,6 +23,7 @@ from .core import Acquisition, BulkheadCore, BulkheadMetrics, BulkheadPermit, bl
 
 __all__ = ["Bulkhead", "BulkheadConfig", "BulkheadMetrics", "BulkheadPermit"]
 
+P = ParamSpec("P")
 T = TypeVar("T")
 logger = logging.getLogger("distbreaker")
 
@@ -250,7 +250,7 @@ class Bulkhead(BulkheadCore):
             send(self._client, pending)
 
     # -- the protected call ---------------------------------------------------------------
-    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run `fn(*args, **kwargs)` holding a permit."""
         permit = self.acquire()
         try:
@@ -258,15 +258,8 @@ class Bulkhead(BulkheadCore):
         finally:
             self.release(permit)
 
-    def __call__(self, fn: Callable[..., T]) -> Callable[..., T]:
-        if inspect.iscoroutinefunction(fn):
-            raise TypeError("use distbreaker.aio.Bulkhead to decorate a coroutine function")
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> T:
-            return self.call(fn, *args, **kwargs)
-
-        return wrapper
+    def __call__(self, fn: Callable[P, T]) -> Callable[P, T]:
+        return decorate_sync(self.call, fn, "Bulkhead")
 
     def __enter__(self) -> BulkheadPermit:
         permit = self.acquire()

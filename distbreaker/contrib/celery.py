@@ -52,13 +52,14 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ..breaker.state import State
 from ..errors import BulkheadFull, CallNotPermitted
 
 __all__ = ["backoff_countdown", "protect", "rejection_countdown"]
 
+P = ParamSpec("P")
 T = TypeVar("T")
 
 
@@ -85,7 +86,7 @@ def rejection_countdown(rejection: BaseException, *, min_countdown: float = 1.0,
 def backoff_countdown(retries: int, *, base: float = 1.0, cap: float = 60.0,
                       rand: Callable[[], float] = random.random) -> float:
     """Exponential backoff for the `retries`-th retry, jittered over its upper half."""
-    ceiling = min(cap, base * 2 ** min(retries, 32))
+    ceiling = min(cap, base * 2.0 ** min(retries, 32))
     return ceiling / 2 + rand() * ceiling / 2
 
 
@@ -94,20 +95,25 @@ def protect(breaker: Any = None, *, budget: Any = None,
             backoff: float = 1.0, backoff_max: float = 60.0,
             min_countdown: float = 1.0, jitter: float = 0.1,
             unknown_countdown: float = 60.0, max_deferrals: int | None = None,
-            deposit: bool = True) -> Callable[[Callable[..., T]], Callable[..., T]]:
-    """Decorate a bound task's function (see the module docstring)."""
+            deposit: bool = True,
+            ) -> Callable[[Callable[Concatenate[Any, P], T]], Callable[Concatenate[Any, P], T]]:
+    """Decorate a bound task's function (see the module docstring).
+
+    The decorated function keeps its signature (`task` first) for type checkers.
+    """
     if min_countdown <= 0 or jitter < 0 or backoff <= 0:
         raise ValueError("min_countdown and backoff must be > 0, jitter >= 0")
 
-    def decorate(fn: Callable[..., T]) -> Callable[..., T]:
+    def decorate(fn: Callable[Concatenate[Any, P], T]) -> Callable[Concatenate[Any, P], T]:
         @functools.wraps(fn)
-        def run(task: Any, *args: Any, **kwargs: Any) -> T:
+        def run(task: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
             if budget is not None and deposit and not task.request.retries:
                 budget.deposit()   # once per logical task: its first delivery
             try:
                 if breaker is None:
                     return fn(task, *args, **kwargs)
-                return breaker.call(fn, task, *args, **kwargs)
+                result: T = breaker.call(fn, task, *args, **kwargs)  # breaker: Any
+                return result
             except (CallNotPermitted, BulkheadFull) as rejection:
                 if getattr(task.request, "is_eager", False):
                     raise  # eager: a re-queue would re-run at once against the same state

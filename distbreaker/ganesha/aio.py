@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
 
 from .._runtime.connection import async_client, owns_client
+from .._runtime.decorate import decorate_async
 from .._runtime.scripts import send_async
 from .config import GaneshaConfig
 from .core import GaneshaCore, GaneshaReply
 
+P = ParamSpec("P")
 T = TypeVar("T")
 
 
@@ -41,7 +41,8 @@ class GaneshaBreaker(GaneshaCore):
         """Trimmed counts and availability, without recording anything."""
         return await self._run("counts")
 
-    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+    async def call(self, fn: Callable[P, Awaitable[T]], /, *args: P.args,
+                   **kwargs: P.kwargs) -> T:
         """Await `fn` if available (else raise CallNotPermitted); record success or failure."""
         if not await self.is_available():
             raise self._rejection()
@@ -53,16 +54,8 @@ class GaneshaBreaker(GaneshaCore):
         await self.success()
         return result
 
-    def __call__(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-        if not inspect.iscoroutinefunction(fn):
-            raise TypeError("distbreaker.aio.GaneshaBreaker decorates coroutine functions; "
-                            "use distbreaker.GaneshaBreaker for a plain function")
-
-        @functools.wraps(fn)
-        async def wrapper(*args: Any, **kwargs: Any) -> T:
-            return await self.call(fn, *args, **kwargs)
-
-        return wrapper
+    def __call__(self, fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+        return decorate_async(self.call, fn, "GaneshaBreaker")
 
     async def aclose(self) -> None:
         """Close the client this breaker built from a URL (a client given to it is yours)."""

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from .._runtime.connection import owns_client, sync_client
+from .._runtime.decorate import decorate_sync
 from .._runtime.scripts import send
 from .config import GaneshaConfig
 from .core import GaneshaCore, GaneshaReply
 
+P = ParamSpec("P")
 T = TypeVar("T")
 
 
@@ -48,7 +48,7 @@ class GaneshaBreaker(GaneshaCore):
         """Trimmed counts and availability, without recording anything."""
         return self._run("counts")
 
-    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run `fn` if available (else raise CallNotPermitted); record success or failure."""
         if not self.is_available():
             raise self._rejection()
@@ -60,15 +60,8 @@ class GaneshaBreaker(GaneshaCore):
         self.success()
         return result
 
-    def __call__(self, fn: Callable[..., T]) -> Callable[..., T]:
-        if inspect.iscoroutinefunction(fn):
-            raise TypeError("use distbreaker.aio.GaneshaBreaker for coroutine functions")
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> T:
-            return self.call(fn, *args, **kwargs)
-
-        return wrapper
+    def __call__(self, fn: Callable[P, T]) -> Callable[P, T]:
+        return decorate_sync(self.call, fn, "GaneshaBreaker")
 
     def close(self) -> None:
         """Close the client this breaker built from a URL (a client given to it is yours)."""

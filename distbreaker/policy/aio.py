@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 from .._runtime.connection import async_client
+from .._runtime.decorate import decorate_async
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import Owed, PendingCall, run_scripts_each_async
@@ -25,6 +25,7 @@ from ..bulkhead.aio import Bulkhead
 from ..retry.aio import Retry, run_flow
 from .core import Fallback, PolicyCore, Ran, group_ready, settle, unreachable
 
+P = ParamSpec("P")
 T = TypeVar("T")
 logger = logging.getLogger("distbreaker")
 
@@ -101,7 +102,8 @@ class Policy(PolicyCore):
             await self._trip(reason)
         return ran.unwrap()  # type: ignore[no-any-return]
 
-    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+    async def call(self, fn: Callable[P, Awaitable[T]], /, *args: P.args,
+                   **kwargs: P.kwargs) -> T:
         """Await `fn(*args, **kwargs)` under the whole policy."""
         try:
             return await run_flow(self._flow(), functools.partial(self._attempt, fn, args, kwargs),
@@ -109,19 +111,11 @@ class Policy(PolicyCore):
         except Exception as error:
             if self.uses_fallback(error):
                 result = self.fallback(error)  # type: ignore[misc]
-                return await result if asyncio.iscoroutine(result) else result
+                return await result if asyncio.iscoroutine(result) else result  # type: ignore[no-any-return]
             raise
 
-    def __call__(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-        if not inspect.iscoroutinefunction(fn):
-            raise TypeError("distbreaker.aio.Policy decorates coroutine functions; "
-                            "use distbreaker.Policy for plain functions")
-
-        @functools.wraps(fn)
-        async def wrapper(*args: Any, **kwargs: Any) -> T:
-            return await self.call(fn, *args, **kwargs)
-
-        return wrapper
+    def __call__(self, fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+        return decorate_async(self.call, fn, "Policy")
 
     def __repr__(self) -> str:
         return f"Policy({self.name!r})"

@@ -19,13 +19,13 @@ dependency is not met with a budget swollen by rejected requests).
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from .._runtime.connection import sync_client
+from .._runtime.decorate import decorate_sync
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import Owed, run_scripts_each
@@ -37,6 +37,7 @@ from ..errors import CallNotPermitted
 from ..retry.sync import Retry, run_flow
 from .core import Fallback, PolicyCore, Ran, group_ready, settle, unreachable
 
+P = ParamSpec("P")
 T = TypeVar("T")
 logger = logging.getLogger("distbreaker")
 
@@ -101,25 +102,18 @@ class Policy(PolicyCore):
             self._trip(reason)
         return ran.unwrap()  # type: ignore[no-any-return]
 
-    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run `fn(*args, **kwargs)` under the whole policy."""
         try:
             return run_flow(self._flow(), functools.partial(self._attempt, fn, args, kwargs),
                             self.budget, self._sleep)
         except Exception as error:
             if self.uses_fallback(error):
-                return self.fallback(error)  # type: ignore[misc]
+                return self.fallback(error)  # type: ignore[misc,no-any-return]
             raise
 
-    def __call__(self, fn: Callable[..., T]) -> Callable[..., T]:
-        if inspect.iscoroutinefunction(fn):
-            raise TypeError("use distbreaker.aio.Policy to decorate a coroutine function")
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> T:
-            return self.call(fn, *args, **kwargs)
-
-        return wrapper
+    def __call__(self, fn: Callable[P, T]) -> Callable[P, T]:
+        return decorate_sync(self.call, fn, "Policy")
 
     def __repr__(self) -> str:
         return f"Policy({self.name!r})"

@@ -91,7 +91,7 @@ def _loop_bound(target: Any, timeout: float) -> Any:
     return async_client(target, timeout)  # a given client: used as is (checked)
 
 
-class Registry(RegistryCore):
+class Registry(RegistryCore[CircuitBreaker, Bulkhead, RetryBudget, Retry, Policy]):
     """The asyncio twin of `distbreaker.Registry` (same configuration, asyncio components).
 
     A given `redis` client is used as is (its loop binding is yours); a URL gets

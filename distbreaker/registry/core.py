@@ -15,7 +15,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from .._runtime.keys import validate_name
 from .config import KINDS, InstanceSpec, RegistryConfigError, RegistrySpec, load_file
@@ -25,6 +25,14 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 ComponentHook = Callable[[str, Any], None]
+
+# The component classes of a flavour, so a lookup is typed as what it returns
+# (`@registry.breaker("payments")` keeps the decorated function's signature).
+BreakerT = TypeVar("BreakerT")
+BulkheadT = TypeVar("BulkheadT")
+BudgetT = TypeVar("BudgetT")
+RetryT = TypeVar("RetryT")
+PolicyT = TypeVar("PolicyT")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +68,7 @@ def client_for(spec: RegistrySpec, redis: Any, make: Any) -> Any:
         raise RegistryConfigError(spec.source, "redis", None, str(error)) from None
 
 
-class RegistryCore:
+class RegistryCore(Generic[BreakerT, BulkheadT, BudgetT, RetryT, PolicyT]):
     """Named components, each built once; `client` is shared by all of them.
 
     Each flavour sets `CLASSES` (its components) and `make_client(target, timeout)`.
@@ -109,23 +117,23 @@ class RegistryCore:
         return self.spec.source
 
     # -- lookups ------------------------------------------------------------------------------
-    def breaker(self, name: str, *, key: Any = None) -> Any:
+    def breaker(self, name: str, *, key: Any = None) -> BreakerT:
         """The breaker `name` (for `key`: its own breaker with `name`'s config)."""
-        return self._get("breaker", name, key)
+        return cast(BreakerT, self._get("breaker", name, key))
 
-    def bulkhead(self, name: str, *, key: Any = None) -> Any:
-        return self._get("bulkhead", name, key)
+    def bulkhead(self, name: str, *, key: Any = None) -> BulkheadT:
+        return cast(BulkheadT, self._get("bulkhead", name, key))
 
-    def budget(self, name: str, *, key: Any = None) -> Any:
-        return self._get("budget", name, key)
+    def budget(self, name: str, *, key: Any = None) -> BudgetT:
+        return cast(BudgetT, self._get("budget", name, key))
 
-    def retry(self, name: str) -> Any:
+    def retry(self, name: str) -> RetryT:
         """The Retry `name` (no key: a Retry keeps no state of its own)."""
-        return self._get("retry", name, None)
+        return cast(RetryT, self._get("retry", name, None))
 
-    def policy(self, name: str, *, key: Any = None) -> Any:
+    def policy(self, name: str, *, key: Any = None) -> PolicyT:
         """The policy `name`; with `key`, each of its components is `key`'s instance."""
-        return self._get("policy", name, key)
+        return cast(PolicyT, self._get("policy", name, key))
 
     def spec_of(self, kind: str, name: str) -> InstanceSpec:
         """The resolved settings of an instance (declared or not)."""

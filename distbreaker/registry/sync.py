@@ -17,7 +17,7 @@ CLASSES = Classes(breaker=CircuitBreaker, bulkhead=Bulkhead, budget=RetryBudget,
                   policy=Policy)
 
 
-class Registry(RegistryCore):
+class Registry(RegistryCore[CircuitBreaker, Bulkhead, RetryBudget, Retry, Policy]):
     """One breaker, bulkhead, retry budget, Retry and Policy per name, for this process.
 
     Built from a mapping (`from_dict`) or a YAML / TOML / JSON file (`from_file`),

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import random
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
 
+from .._runtime.decorate import decorate_async
 from .config import RetryConfig
 from .core import Deposit, RetryBase, RetryFlow, Run, Sleep, Withdraw, advance
 
+P = ParamSpec("P")
 T = TypeVar("T")
 
 
@@ -52,18 +53,11 @@ class Retry(RetryBase):
             raise TypeError("use distbreaker.aio.RetryBudget with distbreaker.aio.Retry")
         super().__init__(config, budget, sleep, clock, rng, overrides)
 
-    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+    async def call(self, fn: Callable[P, Awaitable[T]], /, *args: P.args,
+                   **kwargs: P.kwargs) -> T:
         """Await `fn(*args, **kwargs)`, retrying transient failures."""
         return await run_flow(self._flow(), lambda attempt: fn(*args, **kwargs), self.budget,
                               self._sleep)
 
-    def __call__(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-        if not inspect.iscoroutinefunction(fn):
-            raise TypeError("distbreaker.aio.Retry decorates coroutine functions; "
-                            "use distbreaker.Retry for plain functions")
-
-        @functools.wraps(fn)
-        async def wrapper(*args: Any, **kwargs: Any) -> T:
-            return await self.call(fn, *args, **kwargs)
-
-        return wrapper
+    def __call__(self, fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+        return decorate_async(self.call, fn, "Retry")

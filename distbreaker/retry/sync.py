@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
 import random
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
+from .._runtime.decorate import decorate_sync
 from .config import RetryConfig
 from .core import Deposit, RetryBase, RetryFlow, Run, Sleep, Withdraw, advance
 
+P = ParamSpec("P")
 T = TypeVar("T")
 
 
@@ -56,17 +56,10 @@ class Retry(RetryBase):
                  **overrides: Any) -> None:
         super().__init__(config, budget, sleep, clock, rng, overrides)
 
-    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run `fn(*args, **kwargs)`, retrying transient failures."""
         return run_flow(self._flow(), lambda attempt: fn(*args, **kwargs), self.budget,
                         self._sleep)
 
-    def __call__(self, fn: Callable[..., T]) -> Callable[..., T]:
-        if inspect.iscoroutinefunction(fn):
-            raise TypeError("use distbreaker.aio.Retry to decorate a coroutine function")
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> T:
-            return self.call(fn, *args, **kwargs)
-
-        return wrapper
+    def __call__(self, fn: Callable[P, T]) -> Callable[P, T]:
+        return decorate_sync(self.call, fn, "Retry")
