@@ -132,6 +132,8 @@ class PolicyCore:
             if status is not None and self.classifier.classify(
                     status, headers_of(result)) is HttpVerdict.CLIENT_ERROR:
                 return Outcome.IGNORED
+            if self.breaker is not None:
+                return self.breaker._result_outcome(result) or Outcome.SUCCESS
             return Outcome.SUCCESS
         if isinstance(error, BulkheadFull):
             return Outcome.IGNORED
