@@ -194,7 +194,9 @@ class PolicyCore:
         """The retry flow of one logical call. No Deposit step: the first attempt's
         pipeline carries the deposit, and only when that attempt ran."""
         budget = None if self.budget is None else self.budget.name
-        return retry_flow(self.decide, time.monotonic, budget, deposit=False)
+        events = self.retry.listeners if self.retry is not None else None
+        return retry_flow(self.decide, time.monotonic, budget, deposit=False, events=events,
+                          name=self.name)
 
     def uses_fallback(self, error: BaseException) -> bool:
         if self.fallback is None or not isinstance(error, Exception):
