@@ -132,7 +132,7 @@ class CircuitBreaker(BreakerCore):
         except BaseException as error:
             await self.record(permit, error, time.monotonic() - started)
             raise
-        await self.record(permit, None, time.monotonic() - started, self._result_outcome(result))
+        await self.record(permit, None, time.monotonic() - started, self.result_outcome(result))
         return result
 
     def __call__(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:

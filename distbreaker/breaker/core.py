@@ -617,7 +617,7 @@ class BreakerCore:
             return None
         return codec.record_call(permit, outcome, duration)
 
-    def _result_outcome(self, result: Any) -> Outcome | None:
+    def result_outcome(self, result: Any) -> Outcome | None:
         """How a returned value counts (None: no record_result, the default success)."""
         if self.config.record_result is None:
             return None

@@ -84,7 +84,7 @@ class CircuitBreaker(BreakerCore):
         except BaseException as error:
             self.record(permit, error, time.monotonic() - started)
             raise
-        self.record(permit, None, time.monotonic() - started, self._result_outcome(result))
+        self.record(permit, None, time.monotonic() - started, self.result_outcome(result))
         return result
 
     def __call__(self, fn: Callable[..., T]) -> Callable[..., T]:

@@ -133,7 +133,7 @@ class PolicyCore:
                     status, headers_of(result)) is HttpVerdict.CLIENT_ERROR:
                 return Outcome.IGNORED
             if self.breaker is not None:
-                return self.breaker._result_outcome(result) or Outcome.SUCCESS
+                return self.breaker.result_outcome(result) or Outcome.SUCCESS
             return Outcome.SUCCESS
         if isinstance(error, BulkheadFull):
             return Outcome.IGNORED
