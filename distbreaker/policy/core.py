@@ -14,6 +14,7 @@ from typing import Any
 
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import validate_name
+from .._runtime.options import to_seconds
 from .._runtime.scripts import Owed, PendingCall
 from ..breaker.classify import (
     DEFAULT_HTTP_CLASSIFIER,
@@ -28,6 +29,25 @@ from ..errors import BulkheadFull
 from ..retry.core import Decision, RetryCore, RetryFlow, retry_flow
 
 Fallback = Callable[[BaseException], Any]
+
+
+class AttemptTimeout(TimeoutError):
+    """An attempt the asyncio Policy cancelled after its `timeout` (a `TimeoutError`).
+
+    The breaker counts it as a failure (whatever its exception rules say: the
+    dependency did not answer in time); the retry retries it like any transient error.
+    """
+
+    def __init__(self, name: str, timeout: float, attempt: int) -> None:
+        self.name, self.timeout, self.attempt = name, timeout, attempt
+        super().__init__(f"policy {name!r}: attempt {attempt} timed out after {timeout:g} s")
+
+
+def check_timeout(timeout: Any) -> float | None:
+    """None, or a positive number of seconds (a timedelta works too)."""
+    if timeout is None:
+        return None
+    return to_seconds(timeout, "timeout", positive=True)
 
 
 def build_component(spec: Any, cls: type, name: str, client: Any, prefix: str) -> Any:
@@ -137,6 +157,8 @@ class PolicyCore:
             return Outcome.SUCCESS
         if isinstance(error, BulkheadFull):
             return Outcome.IGNORED
+        if isinstance(error, AttemptTimeout):
+            return Outcome.FAILURE
         verdict = self.verdict(error)
         if verdict in (HttpVerdict.CLIENT_ERROR, HttpVerdict.HARD_STOP):
             return Outcome.IGNORED  # a hard stop trips the breaker explicitly instead
