@@ -3,6 +3,7 @@ configs, errors, states, events, metrics, classification helpers, fork safety.
 Each facade adds its own flavour of the components (CircuitBreaker, Bulkhead, ...).
 """
 
+from ._runtime.events import Event
 from ._runtime.forking import after_fork
 from ._runtime.keys import SCHEMA_VERSION
 from .breaker.classify import (
@@ -10,8 +11,10 @@ from .breaker.classify import (
     HttpStatusError,
     HttpVerdict,
     Outcome,
+    ResultRecordedAsFailure,
     classify_exception,
     classify_http,
+    classify_result,
     parse_retry_after,
 )
 from .breaker.config import BreakerConfig, RecordMode, RedisErrorPolicy, WindowType
@@ -30,10 +33,12 @@ from .errors import (
     SchemaError,
 )
 from .ganesha.config import GaneshaConfig, GaneshaEvent
+from .policy.core import AttemptTimeout
 from .retry.config import Jitter, RetryConfig
 
 __all__ = [
     "SCHEMA_VERSION",
+    "AttemptTimeout",
     "BreakerConfig",
     "BreakerMetrics",
     "BudgetConfig",
@@ -44,6 +49,7 @@ __all__ = [
     "CallNotPermitted",
     "ConfigDriftWarning",
     "DistbreakerError",
+    "Event",
     "GaneshaConfig",
     "GaneshaEvent",
     "HttpClassifier",
@@ -54,6 +60,7 @@ __all__ = [
     "Outcome",
     "RecordMode",
     "RedisErrorPolicy",
+    "ResultRecordedAsFailure",
     "RetryBudgetExhausted",
     "RetryConfig",
     "SchemaError",
@@ -63,5 +70,6 @@ __all__ = [
     "after_fork",
     "classify_exception",
     "classify_http",
+    "classify_result",
     "parse_retry_after",
 ]

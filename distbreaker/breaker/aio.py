@@ -93,7 +93,7 @@ class CircuitBreaker(BreakerCore):
     async def _admin(self, call: ScriptCall) -> Reply:
         """Operator actions and reads go to Redis only: their errors are raised."""
         raw = await run_script_async(self._client, self._script, call.keys, call.args)
-        return self._admin_reply(raw)
+        return self._admin_reply(raw, call)
 
     # -- the protected call -------------------------------------------------------
     async def acquire(self) -> Permit:
@@ -133,7 +133,7 @@ class CircuitBreaker(BreakerCore):
         except BaseException as error:
             await self.record(permit, error, time.monotonic() - started)
             raise
-        await self.record(permit, None, time.monotonic() - started)
+        await self.record(permit, None, time.monotonic() - started, self.result_outcome(result))
         return result
 
     def __call__(self, fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:

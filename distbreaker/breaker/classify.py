@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email.utils
+import logging
 import math
 import time
 from collections.abc import Mapping
@@ -13,6 +14,8 @@ from typing import Any
 
 from .config import BreakerConfig
 
+logger = logging.getLogger("distbreaker")
+
 
 class Outcome(str, Enum):
     """How one finished call counts in the window."""
@@ -20,6 +23,16 @@ class Outcome(str, Enum):
     SUCCESS = "success"
     FAILURE = "failure"
     IGNORED = "ignored"
+
+
+class ResultRecordedAsFailure(Exception):
+    """The `error` of the event of a call whose returned value `record_result` counted
+    as a failure (Resilience4j's ResultRecordedAsFailureException); never raised."""
+
+    def __init__(self, name: str, result: Any = None) -> None:
+        self.name = name
+        self.result = result
+        super().__init__(f"circuit breaker {name!r}: result recorded as a failure")
 
 
 def classify_exception(config: BreakerConfig, exc: BaseException) -> Outcome:
@@ -210,3 +223,20 @@ class HttpClassifier:
 
 
 DEFAULT_HTTP_CLASSIFIER = HttpClassifier()
+
+
+def classify_result(config: BreakerConfig, result: Any) -> Outcome:
+    """How a returned value counts: FAILURE when `record_result` says so, else SUCCESS.
+
+    As in Resilience4j, None is never tested. A predicate that raises is a bug in
+    the predicate, not news about the dependency: logged, and the call is a success.
+    """
+    predicate = config.record_result
+    if predicate is None or result is None:
+        return Outcome.SUCCESS
+    try:
+        recorded = bool(predicate(result))
+    except Exception:
+        logger.exception("record_result predicate %r failed on %r", predicate, result)
+        return Outcome.SUCCESS
+    return Outcome.FAILURE if recorded else Outcome.SUCCESS

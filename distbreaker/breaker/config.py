@@ -83,6 +83,10 @@ class BreakerConfig:
     win; then an exception is a failure if it is one of `record_exceptions` or
     `record_predicate` says so (with neither given, every `Exception` is a
     failure); anything else counts as a success.
+    `record_result` (Resilience4j's recordResult) is asked about every value a
+    call returns except None (as Resilience4j never tests a null result): True
+    counts that call as a failure, the value is still returned to the caller.
+    Exceptions never reach it, and results never reach the exception rules.
     """
 
     failure_rate_threshold: float = 50.0
@@ -100,6 +104,7 @@ class BreakerConfig:
     ignore_exceptions: tuple[type[BaseException], ...] = ()
     record_predicate: Callable[[BaseException], bool] | None = None
     ignore_predicate: Callable[[BaseException], bool] | None = None
+    record_result: Callable[[Any], bool] | None = None
     on_redis_error: RedisErrorPolicy | str = RedisErrorPolicy.FAIL_OPEN
     redis_timeout: Seconds = 0.25
     redis_retry_max_backoff: Seconds = 5.0
@@ -151,7 +156,7 @@ class BreakerConfig:
             exception_types(self.record_exceptions, "record_exceptions"))
         put(self, "ignore_exceptions",
             exception_types(self.ignore_exceptions, "ignore_exceptions"))
-        for field in ("record_predicate", "ignore_predicate"):
+        for field in ("record_predicate", "ignore_predicate", "record_result"):
             value = getattr(self, field)
             if value is not None and not callable(value):
                 raise ValueError(f"{field} must be callable or None, got {value!r}")

@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Any
 
 from .._runtime import forking
-from .._runtime.events import Listeners
+from .._runtime.events import Event, Listeners
 from .._runtime.health import RedisHealth
 from .._runtime.keys import DEFAULT_PREFIX, BreakerKeys
 from .._runtime.local import LocalScriptRunner
@@ -30,13 +30,17 @@ from .._runtime.options import to_ms
 from .._runtime.scripts import Owed, PendingCall, load_script, text
 from .._runtime.subscriber import SUBSCRIBERS
 from ..errors import CallNotPermitted, ConfigDriftWarning
-from .classify import Outcome, classify_exception
+from .classify import Outcome, ResultRecordedAsFailure, classify_exception, classify_result
 from .config import BreakerConfig, RedisErrorPolicy, build_config, config_differences
 from .events import Listener, Transition, log_transition
 from .state import State
 
 logger = logging.getLogger("distbreaker")
 SCRIPT_NAME = "breaker"
+
+#: The event kinds a breaker's listeners can ask for (see `BreakerCore.add_listener`).
+EVENT_KINDS = ("success", "error", "ignored_error", "slow", "not_permitted", "reset",
+               "failure_rate_exceeded", "slow_call_rate_exceeded", "transition")
 
 
 class Step(str, Enum):
@@ -448,7 +452,7 @@ class BreakerCore:
         self.config = build_config(config, overrides)
         self._codec = BreakerCodec(name, self.config, prefix)
         self._script = load_script(SCRIPT_NAME)
-        self._listeners = Listeners()
+        self._listeners = Listeners(EVENT_KINDS)
         self._health = RedisHealth(self.config.redis_retry_max_backoff)
         self._local = LocalScriptRunner()
         #: The flusher batched outcomes go to (record_mode "batched"; set by the front end).
@@ -504,9 +508,19 @@ class BreakerCore:
         answers (fail_open; under fail_closed there is no fallback: calls are rejected)."""
         return self._health.down and not self.fail_closed
 
-    def add_listener(self, listener: Listener) -> None:
-        """Call `listener(Transition)` for every transition this process's calls make."""
-        self._listeners.add(listener)
+    def add_listener(self, listener: Listener | Any, kinds: Any = None) -> None:
+        """Call `listener(event)` for the events of `kinds` this process sees.
+
+        Without `kinds`: `Transition`s only (made by this process's calls; each
+        transition is reported by exactly one process fleet-wide). Other kinds
+        (`EVENT_KINDS`, or "*" for all) are per process and get an `Event`:
+        success / error / ignored_error (with `duration`, and `error`), slow (a
+        finished call slower than slow_call_duration, besides its success or error),
+        not_permitted (`reason`, `state`), reset, failure_rate_exceeded and
+        slow_call_rate_exceeded (`rate`; in the process whose call tripped it).
+        A coroutine function is scheduled on the running loop, not awaited.
+        """
+        self._listeners.add(listener, kinds)
 
     def remove_listener(self, listener: Listener) -> None:
         self._listeners.remove(listener)
@@ -543,7 +557,7 @@ class BreakerCore:
         if step is Step.PERMIT:
             return _PERMITTED
         if step is Step.REJECT:
-            raise codec.local_rejection(now)
+            raise self._rejected(codec.local_rejection(now))
         call, token = codec.acquire_call()
         return AcquireStep(Step.ACQUIRE, self._pending(call, acquiring=True, token=token),
                            token)
@@ -574,7 +588,11 @@ class BreakerCore:
         """
         if reply is None:
             return Permit()
-        return self._codec.admission(reply, token)
+        try:
+            return self._codec.admission(reply, token)
+        except CallNotPermitted as rejection:
+            self._rejected(rejection)
+            raise
 
     def _record_call(self, permit: Permit, error: BaseException | None, duration: float,
                      outcome: Outcome | None = None) -> ScriptCall | None:
@@ -586,6 +604,8 @@ class BreakerCore:
         codec = self._codec
         if outcome is None:
             outcome = codec.outcome(error)
+        if self._listeners.wanted:
+            self._call_events(outcome, error, duration)
         if self._flusher is not None and not permit.token and not (
                 self._health.down and not self.fail_closed):
             # Batched mode, not a half-open probe: counted locally, flushed later.
@@ -596,6 +616,51 @@ class BreakerCore:
                 self._flusher.add(self, counts)
             return None
         return codec.record_call(permit, outcome, duration)
+
+    def result_outcome(self, result: Any) -> Outcome | None:
+        """How a returned value counts (None: no record_result, the default success)."""
+        if self.config.record_result is None:
+            return None
+        return classify_result(self.config, result)
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        """Emit one `Event` of `kind` if somebody listens (checked before building it)."""
+        if kind in self._listeners.wanted:
+            self._listeners.emit(Event(kind, "breaker", self.name, **fields))
+
+    def _call_events(self, outcome: Outcome, error: BaseException | None,
+                     duration: float) -> None:
+        """The events of one finished call: its outcome, and slow (not when ignored)."""
+        if outcome is Outcome.IGNORED:
+            self._event("ignored_error", duration=duration, error=error)
+            return
+        if outcome is Outcome.FAILURE:
+            self._event("error", duration=duration,
+                        error=error if error is not None else ResultRecordedAsFailure(self.name))
+        else:
+            self._event("success", duration=duration)
+        if duration * 1000 > to_ms(self.config.slow_call_duration):
+            self._event("slow", duration=duration, error=error)
+
+    def _rejected(self, rejection: CallNotPermitted) -> CallNotPermitted:
+        """Emit not_permitted for `rejection` (returned, for the caller to raise)."""
+        if "not_permitted" in self._listeners.wanted:
+            state = rejection.state
+            why = rejection.reason or getattr(state, "value", str(state))
+            self._event("not_permitted", reason=why, error=rejection, state=state)
+        return rejection
+
+    def _transition_events(self, event: Transition) -> None:
+        """failure_rate_exceeded / slow_call_rate_exceeded before a threshold trip."""
+        if not event.reason.startswith(("failure rate", "slow call rate")):
+            return
+        config = self.config
+        if event.failure_rate >= config.failure_rate_threshold:
+            self._event("failure_rate_exceeded", rate=event.failure_rate,
+                        reason=event.reason, state=event.from_state)
+        if event.slow_rate >= config.slow_call_rate_threshold:
+            self._event("slow_call_rate_exceeded", rate=event.slow_rate,
+                        reason=event.reason, state=event.from_state)
 
     def _record_pending(self, permit: Permit, error: BaseException | None, duration: float,
                         outcome: Outcome | None = None) -> PendingCall | None:
@@ -645,9 +710,13 @@ class BreakerCore:
         self._redis_ok()
         return self._publish(decode_reply(raw), "redis")
 
-    def _admin_reply(self, raw: Any) -> Reply:
+    def _admin_reply(self, raw: Any, call: ScriptCall | None = None) -> Reply:
         """An operator action's or read's reply (these never use the fallback)."""
-        return self._publish(decode_reply(raw), "redis")
+        reply = self._publish(decode_reply(raw), "redis")
+        if call is not None and call.args[0] == "set" and call.args[4] == "RESET" \
+                and "reset" in self._listeners.wanted:
+            self._event("reset", reason=str(call.args[5]), state=reply.state)
+        return reply
 
     def _local_reply(self, call: ScriptCall) -> Reply | None:
         """The local fallback breaker's reply; None while its runtime is still loading."""
@@ -659,7 +728,9 @@ class BreakerCore:
             SUBSCRIBERS.made_transition(self, reply.now_ms)
         for event in self._codec.apply(reply, time.monotonic(), source):
             log_transition(event)
-            self._listeners.emit(event)
+            if self._listeners.wanted:
+                self._transition_events(event)
+                self._listeners.emit(event, "transition")
         return reply
 
     def _redis_failed(self, error: BaseException) -> None:
@@ -676,7 +747,7 @@ class BreakerCore:
         if self.fail_closed:
             if acquiring:
                 error = self._health.last_error or ConnectionError("redis unavailable")
-                raise self._codec.redis_unavailable(error, self._health.retry_in())
+                raise self._rejected(self._codec.redis_unavailable(error, self._health.retry_in()))
             return None
         reply = self._local_reply(call)
         return None if reply is None else self._publish(reply, "local")

@@ -53,7 +53,8 @@ class CircuitBreaker(BreakerCore):
 
     def _admin(self, call: ScriptCall) -> Reply:
         """Operator actions and reads go to Redis only: their errors are raised."""
-        return self._admin_reply(run_script(self._client, self._script, call.keys, call.args))
+        return self._admin_reply(run_script(self._client, self._script, call.keys, call.args),
+                                 call)
 
     # -- the protected call -------------------------------------------------------
     def acquire(self) -> Permit:
@@ -83,7 +84,7 @@ class CircuitBreaker(BreakerCore):
         except BaseException as error:
             self.record(permit, error, time.monotonic() - started)
             raise
-        self.record(permit, None, time.monotonic() - started)
+        self.record(permit, None, time.monotonic() - started, self.result_outcome(result))
         return result
 
     def __call__(self, fn: Callable[P, T]) -> Callable[P, T]:

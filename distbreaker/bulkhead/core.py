@@ -17,6 +17,7 @@ from typing import Any
 
 from .._runtime import forking
 from .._runtime.connection import DEFAULT_URL, owns_client
+from .._runtime.events import Event, Listeners
 from .._runtime.health import RedisHealth
 from .._runtime.keys import DEFAULT_PREFIX, BulkheadKeys, validate_name
 from .._runtime.options import to_ms
@@ -35,6 +36,12 @@ WAITER_GRACE_MS = 1000
 MIN_BLOCK = 0.002
 #: Extra time after the next lease deadline before trying again (clock granularity).
 DEADLINE_SLACK = 0.005
+
+
+#: The event kinds a bulkhead's listeners get (per process): permitted (`duration`:
+#: the wait), rejected (`error`: the BulkheadFull, `reason`), finished (`duration`:
+#: how long the permit was held).
+EVENT_KINDS = ("permitted", "rejected", "finished")
 
 
 @dataclasses.dataclass(eq=False)
@@ -135,7 +142,13 @@ class BulkheadCodec:
         self.lost_here = 0
         self._orphans_lock = threading.Lock()
         self._orphans: list[str] = []
+        self.listeners = Listeners(EVENT_KINDS, default=EVENT_KINDS)
         forking.register(self)
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """Emit one `Event` of `kind` if somebody listens (checked before building it)."""
+        if kind in self.listeners.wanted:
+            self.listeners.emit(Event(kind, "bulkhead", self.name, **fields))
 
     def _after_fork(self) -> None:
         """In a forked child: a fresh lock and this process's own (zero) counts."""
@@ -231,13 +244,15 @@ class BulkheadCodec:
         return PendingCall(self.script, call.keys, call.args, self.health.usable, renewed,
                            unavailable)
 
-    @staticmethod
-    def take_release(permit: BulkheadPermit) -> bool:
+    def take_release(self, permit: BulkheadPermit) -> bool:
         """Mark `permit` released (releasing is idempotent); True when something must be
         given back: a local permit's semaphore slot, a Redis permit's lease (unless lost)."""
         if permit.released:
             return False
         permit.released = True
+        if "finished" in self.listeners.wanted:
+            self.event("finished", duration=time.monotonic() - permit.acquired_at,
+                       reason="lost" if permit.lost else "")
         return permit.local or not permit.lost
 
     def release_pending(self, permit: BulkheadPermit) -> PendingCall | None:
@@ -262,7 +277,12 @@ class BulkheadCodec:
         with self._lock:
             self.rejected_here += 1
         limit = self.config.effective_fallback_limit if local else self.config.max_concurrent_calls
-        return BulkheadFull(self.name, limit, in_use, waited, local)
+        full = BulkheadFull(self.name, limit, in_use, waited, local)
+        if "rejected" in self.listeners.wanted:
+            self.event("rejected", duration=waited, error=full,
+                       reason=f"{in_use} of {limit} permits in use"
+                              + (" (local fallback)" if local else ""))
+        return full
 
     def mark_lost(self, permit: BulkheadPermit, when: str) -> None:
         """A lease was found gone: say so loudly, once per permit."""
@@ -323,7 +343,7 @@ class Acquisition:
         codec.health.succeeded()
         reply = decode_reply(raw)
         if reply.ok:
-            return BulkheadPermit(self.token, acquired_at=time.monotonic())
+            return self._permitted(BulkheadPermit(self.token, acquired_at=time.monotonic()))
         if self._remaining <= 0:
             raise codec.full(reply.in_use, self._waited())
         self._refusal = reply
@@ -351,9 +371,14 @@ class Acquisition:
         """The local fallback semaphore stayed full for the whole wait."""
         return self._codec.full(in_use, self._waited(), local=True)
 
-    @staticmethod
-    def local_permit() -> BulkheadPermit:
-        return BulkheadPermit("", local=True, acquired_at=time.monotonic())
+    def local_permit(self) -> BulkheadPermit:
+        return self._permitted(BulkheadPermit("", local=True, acquired_at=time.monotonic()))
+
+    def _permitted(self, permit: BulkheadPermit) -> BulkheadPermit:
+        if "permitted" in self._codec.listeners.wanted:
+            self._codec.event("permitted", duration=permit.acquired_at - self.started,
+                              reason="local fallback" if permit.local else "")
+        return permit
 
     def _waited(self) -> float:
         return time.monotonic() - self.started if self._codec.config.max_wait_duration else 0.0
@@ -387,6 +412,14 @@ class BulkheadCore:
     def local_counts(self) -> LocalCounts:
         """Calls this process rejected and leases it found lost (for exporters)."""
         return self._codec.local_counts()
+
+    def add_listener(self, listener: Any, kinds: Any = None) -> None:
+        """Call `listener(Event)` for this process's bulkhead events of `kinds`
+        (default all of `EVENT_KINDS`: permitted, rejected, finished)."""
+        self._codec.listeners.add(listener, kinds)
+
+    def remove_listener(self, listener: Any) -> None:
+        self._codec.listeners.remove(listener)
 
     def __repr__(self) -> str:
         return f"Bulkhead({self.name!r}, max_concurrent_calls={self.config.max_concurrent_calls})"

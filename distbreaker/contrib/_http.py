@@ -211,7 +211,8 @@ class Protection:
                  http_classifier: HttpClassifier | None, prefix: str, redis_timeout: float,
                  retry_methods: Iterable[str] | None, reject_as_response: bool,
                  transient: tuple[type[BaseException], ...],
-                 local: tuple[type[BaseException], ...]) -> None:
+                 local: tuple[type[BaseException], ...],
+                 policy_timeout: float | None = None) -> None:
         if name is not None and not callable(name):
             validate_name(name)
         if not isinstance(reject_as_response, bool):
@@ -227,6 +228,7 @@ class Protection:
                 ("redis", redis, None), ("breaker", breaker, True), ("bulkhead", bulkhead, None),
                 ("retry", retry, None), ("budget", budget, None),
                 ("http_classifier", http_classifier, None), ("prefix", prefix, DEFAULT_PREFIX),
+                ("timeout", policy_timeout, None),
             ) if value is not default]
             if given:
                 raise TypeError(f"give either factory or policy options, not both "
@@ -236,6 +238,8 @@ class Protection:
             options = {"breaker": breaker_spec(breaker, local), "bulkhead": bulkhead,
                        "retry": retry_spec(retry, transient, local), "budget": budget,
                        "http_classifier": http_classifier, "prefix": prefix}
+            if policy_timeout is not None:  # asyncio policies only: the attempt is cancelled
+                options["timeout"] = policy_timeout
 
             def factory(policy_name: str) -> Any:
                 return policy_cls(policy_name, redis=client, **options)

@@ -23,6 +23,11 @@ bytes, str, JSON) are retried. A rejection raises `CallNotPermitted` or
 `BulkheadFull`. Keep aiohttp's own retry middlewares off, or the retry layers
 multiply. The shared Redis client binds to the event loop that first uses it:
 one middleware per loop (as for an `aiohttp.ClientSession`).
+
+`timeout` (seconds) bounds each attempt (request sent, status line and headers
+received): the policy cancels it (`distbreaker.aio.Policy(timeout=...)`), the
+breaker counts it as a failure, and it is retried when retries are on. It adds to
+the session's own ``ClientTimeout``, which keeps bounding the body's read.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from .._runtime.connection import async_client
 from .._runtime.keys import DEFAULT_PREFIX
 from ..breaker.classify import HttpClassifier
 from ..policy.aio import Policy
+from ..policy.core import check_timeout
 from ._http import IDEMPOTENT_METHODS, REJECTIONS, NameOption, Protection, exchange_async
 from ._web import note_rejection
 
@@ -62,12 +68,14 @@ class BreakerMiddleware:
                  bulkhead: Any = None, retry: Any = None, budget: Any = None,
                  http_classifier: HttpClassifier | None = None, prefix: str = DEFAULT_PREFIX,
                  redis_timeout: float = 0.25,
-                 retry_methods: Iterable[str] | None = IDEMPOTENT_METHODS) -> None:
+                 retry_methods: Iterable[str] | None = IDEMPOTENT_METHODS,
+                 timeout: float | None = None) -> None:
         self._protection = Protection(
             Policy, async_client, redis, name=name, factory=factory, breaker=breaker,
             bulkhead=bulkhead, retry=retry, budget=budget, http_classifier=http_classifier,
             prefix=prefix, redis_timeout=redis_timeout, retry_methods=retry_methods,
-            reject_as_response=False, transient=TRANSIENT_ERRORS, local=LOCAL_ERRORS)
+            reject_as_response=False, transient=TRANSIENT_ERRORS, local=LOCAL_ERRORS,
+            policy_timeout=check_timeout(timeout))
 
     def policy(self, name: str) -> Any:
         """The policy protecting `name` (built now if no request used it yet)."""

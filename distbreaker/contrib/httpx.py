@@ -21,6 +21,13 @@ with Retry-After (seconds until a probe may be tried) and
 ``response.extensions["distbreaker_rejection"]``). Bodies are never read: a
 streamed response is classified by its status line and headers.
 
+`timeout` (seconds, or an ``httpx.Timeout``) is the HTTP timeout of a request
+that carries none (a client built with ``timeout=None``): httpx enforces it
+per phase (connect, read, write, pool), and its ``httpx.TimeoutException`` is
+a failure. A sync call cannot be interrupted any other way. The asyncio
+transport also takes `attempt_timeout`: the policy cancels the whole attempt
+(`distbreaker.aio.Policy(timeout=...)`), whatever the phase.
+
 The asyncio transport's shared Redis client binds to the event loop that first
 uses it (as an `httpx.AsyncClient` does); build one transport per loop.
 """
@@ -36,6 +43,7 @@ from .._runtime.connection import async_client, sync_client
 from .._runtime.keys import DEFAULT_PREFIX
 from ..breaker.classify import HttpClassifier
 from ..policy.aio import Policy as AsyncPolicy
+from ..policy.core import check_timeout
 from ..policy.sync import Policy
 from ._http import (
     IDEMPOTENT_METHODS,
@@ -65,14 +73,16 @@ class _Protected:
                  http_classifier: HttpClassifier | None = None, prefix: str = DEFAULT_PREFIX,
                  redis_timeout: float = 0.25,
                  retry_methods: Iterable[str] | None = IDEMPOTENT_METHODS,
-                 reject_as_response: bool = False) -> None:
+                 reject_as_response: bool = False, timeout: Any = None,
+                 _policy_timeout: float | None = None) -> None:
         self._inner = transport if transport is not None else self._default_inner()
+        self._timeout = None if timeout is None else httpx.Timeout(timeout).as_dict()
         self._protection = Protection(
             self._policy_cls, type(self)._make_client, redis, name=name, factory=factory,
             breaker=breaker, bulkhead=bulkhead, retry=retry, budget=budget,
             http_classifier=http_classifier, prefix=prefix, redis_timeout=redis_timeout,
             retry_methods=retry_methods, reject_as_response=reject_as_response,
-            transient=TRANSIENT_ERRORS, local=LOCAL_ERRORS)
+            transient=TRANSIENT_ERRORS, local=LOCAL_ERRORS, policy_timeout=_policy_timeout)
 
     def _default_inner(self) -> Any:
         raise NotImplementedError
@@ -82,6 +92,9 @@ class _Protected:
         return self._protection.registry.get(name)
 
     def _policy_for(self, request: httpx.Request) -> Any:
+        if self._timeout is not None and not any(
+                (request.extensions.get("timeout") or {}).values()):
+            request.extensions["timeout"] = self._timeout
         url = request.url
         name = self._protection.name_of(request, url.raw_host.decode("ascii"), url.port,
                                         url.scheme)
@@ -126,6 +139,11 @@ class AsyncBreakerTransport(_Protected, httpx.AsyncBaseTransport):
 
     _policy_cls = AsyncPolicy
     _make_client = staticmethod(async_client)
+
+    def __init__(self, transport: Any = None, redis: Any = None, *,
+                 attempt_timeout: float | None = None, **options: Any) -> None:
+        super().__init__(transport, redis, _policy_timeout=check_timeout(attempt_timeout),
+                         **options)
 
     def _default_inner(self) -> httpx.AsyncBaseTransport:
         return httpx.AsyncHTTPTransport()

@@ -61,8 +61,13 @@ class BreakerAdapter(requests.adapters.HTTPAdapter):
                  http_classifier: HttpClassifier | None = None, prefix: str = DEFAULT_PREFIX,
                  redis_timeout: float = 0.25,
                  retry_methods: Iterable[str] | None = IDEMPOTENT_METHODS,
-                 reject_as_response: bool = False, **adapter_options: Any) -> None:
+                 reject_as_response: bool = False, timeout: Any = None,
+                 **adapter_options: Any) -> None:
         super().__init__(**adapter_options)
+        #: The HTTP timeout of a request that gives none (requests' default is to wait
+        #: forever, and a sync call cannot be interrupted otherwise): seconds, or
+        #: requests' ``(connect, read)`` pair.
+        self.timeout = _check_http_timeout(timeout)
         self._protection = Protection(
             Policy, sync_client, redis, name=name, factory=factory, breaker=breaker,
             bulkhead=bulkhead, retry=retry, budget=budget, http_classifier=http_classifier,
@@ -86,6 +91,8 @@ class BreakerAdapter(requests.adapters.HTTPAdapter):
              proxies: Any = None) -> requests.Response:
         policy = self._policy_for(request)
         exchange = Exchange()
+        if timeout is None:
+            timeout = self.timeout
 
         def attempt() -> requests.Response:
             stale = exchange.superseded()
@@ -139,3 +146,15 @@ def protect(session: requests.Session, redis: Any = None, **options: Any) -> Bre
 
 
 __all__ = ["LOCAL_ERRORS", "TRANSIENT_ERRORS", "BreakerAdapter", "protect"]
+
+
+def _check_http_timeout(timeout: Any) -> Any:
+    """None, positive seconds, or a ``(connect, read)`` pair of them (None: no bound)."""
+    parts = timeout if isinstance(timeout, tuple) else (timeout,)
+    if len(parts) not in (1, 2) or not all(
+            p is None or (isinstance(p, (int, float)) and not isinstance(p, bool) and p > 0)
+            for p in parts):
+        raise ValueError(f"timeout must be positive seconds or a (connect, read) pair, "
+                         f"got {timeout!r}")
+    return timeout
+

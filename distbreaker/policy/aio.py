@@ -1,5 +1,12 @@
 """The composed policy for asyncio (see distbreaker.policy for the semantics).
 
+`timeout` (seconds) bounds each attempt: the call is cancelled when it runs out
+(its own cleanup runs), recorded by the breaker as a failure (slow too when the
+timeout exceeds slow_call_duration: the recorded duration is the time it ran),
+then raised as `AttemptTimeout`, a `TimeoutError`, which the retry retries like
+any transient error. The timeout covers the protected call only, not the
+bulkhead's wait for a permit (max_wait_duration bounds that) nor the Redis calls.
+
 Built from a URL, the components share one ``redis.asyncio`` client, which
 binds to the event loop that first uses it: give your own components to a
 policy that must serve several loops.
@@ -23,7 +30,16 @@ from ..breaker.classify import HttpClassifier, Outcome
 from ..budget.aio import RetryBudget
 from ..bulkhead.aio import Bulkhead
 from ..retry.aio import Retry, run_flow
-from .core import Fallback, PolicyCore, Ran, group_ready, settle, unreachable
+from .core import (
+    AttemptTimeout,
+    Fallback,
+    PolicyCore,
+    Ran,
+    check_timeout,
+    group_ready,
+    settle,
+    unreachable,
+)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -41,11 +57,12 @@ class Policy(PolicyCore):
                  http_classifier: HttpClassifier | None = None,
                  prefix: str = DEFAULT_PREFIX,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-                 redis_timeout: float = 0.25) -> None:
+                 redis_timeout: float = 0.25, timeout: Any = None) -> None:
         self._setup(name, async_client(redis, redis_timeout), prefix,
                     (breaker, bulkhead, retry, budget), fallback, fallback_on_client_error,
                     http_classifier)
         self._sleep = sleep
+        self.timeout = check_timeout(timeout)
         self._background: set[asyncio.Future[None]] = set()
 
     async def _flush(self, owed: Sequence[Owed | None]) -> None:
@@ -92,7 +109,7 @@ class Policy(PolicyCore):
             raise
         ran = Ran()
         try:
-            ran.ended(await fn(*args, **kwargs), None)
+            ran.ended(await self._within(fn(*args, **kwargs), attempt), None)
         except BaseException as error:
             ran.ended(None, error)
         release = await bulkhead.owed_release(slot) if slot is not None else None
@@ -101,6 +118,25 @@ class Policy(PolicyCore):
         if reason is not None:
             await self._trip(reason)
         return ran.unwrap()  # type: ignore[no-any-return]
+
+    async def _within(self, awaitable: Awaitable[T], attempt: int) -> T:
+        """Await `awaitable`, cancelled after `timeout` seconds (AttemptTimeout)."""
+        timeout = self.timeout
+        if timeout is None:
+            return await awaitable
+        scope_factory = getattr(asyncio, "timeout", None)
+        if scope_factory is None:  # Python 3.10: its asyncio.TimeoutError is its own class
+            try:
+                return await asyncio.wait_for(awaitable, timeout)
+            except asyncio.TimeoutError as expired:
+                raise AttemptTimeout(self.name, timeout, attempt) from expired
+        try:
+            async with scope_factory(timeout) as scope:
+                return await awaitable
+        except TimeoutError as expired:
+            if scope.expired():  # ours, not a TimeoutError the call raised itself
+                raise AttemptTimeout(self.name, timeout, attempt) from expired
+            raise
 
     async def call(self, fn: Callable[P, Awaitable[T]], /, *args: P.args,
                    **kwargs: P.kwargs) -> T:

@@ -14,6 +14,7 @@ from typing import Any
 
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import validate_name
+from .._runtime.options import to_seconds
 from .._runtime.scripts import Owed, PendingCall
 from ..breaker.classify import (
     DEFAULT_HTTP_CLASSIFIER,
@@ -28,6 +29,25 @@ from ..errors import BulkheadFull
 from ..retry.core import Decision, RetryCore, RetryFlow, retry_flow
 
 Fallback = Callable[[BaseException], Any]
+
+
+class AttemptTimeout(TimeoutError):
+    """An attempt the asyncio Policy cancelled after its `timeout` (a `TimeoutError`).
+
+    The breaker counts it as a failure (whatever its exception rules say: the
+    dependency did not answer in time); the retry retries it like any transient error.
+    """
+
+    def __init__(self, name: str, timeout: float, attempt: int) -> None:
+        self.name, self.timeout, self.attempt = name, timeout, attempt
+        super().__init__(f"policy {name!r}: attempt {attempt} timed out after {timeout:g} s")
+
+
+def check_timeout(timeout: Any) -> float | None:
+    """None, or a positive number of seconds (a timedelta works too)."""
+    if timeout is None:
+        return None
+    return to_seconds(timeout, "timeout", positive=True)
 
 
 def build_component(spec: Any, cls: type, name: str, client: Any, prefix: str) -> Any:
@@ -132,9 +152,13 @@ class PolicyCore:
             if status is not None and self.classifier.classify(
                     status, headers_of(result)) is HttpVerdict.CLIENT_ERROR:
                 return Outcome.IGNORED
+            if self.breaker is not None:
+                return self.breaker.result_outcome(result) or Outcome.SUCCESS
             return Outcome.SUCCESS
         if isinstance(error, BulkheadFull):
             return Outcome.IGNORED
+        if isinstance(error, AttemptTimeout):
+            return Outcome.FAILURE
         verdict = self.verdict(error)
         if verdict in (HttpVerdict.CLIENT_ERROR, HttpVerdict.HARD_STOP):
             return Outcome.IGNORED  # a hard stop trips the breaker explicitly instead
@@ -192,7 +216,9 @@ class PolicyCore:
         """The retry flow of one logical call. No Deposit step: the first attempt's
         pipeline carries the deposit, and only when that attempt ran."""
         budget = None if self.budget is None else self.budget.name
-        return retry_flow(self.decide, time.monotonic, budget, deposit=False)
+        events = self.retry.listeners if self.retry is not None else None
+        return retry_flow(self.decide, time.monotonic, budget, deposit=False, events=events,
+                          name=self.name)
 
     def uses_fallback(self, error: BaseException) -> bool:
         if self.fallback is None or not isinstance(error, Exception):

@@ -14,6 +14,16 @@ the logical requests that reached an attempt (the safe side, so a recovering
 dependency is not met with a budget swollen by rejected requests).
 
 `PolicyCore` is everything but I/O, shared with `distbreaker.aio.Policy`.
+
+Timeouts: the sync Policy has none of its own. Python cannot interrupt a
+thread that is blocked in a call, so a sync "timeout" could only notice, after
+the call finally returned, that it was late; it could not free the thread, the
+socket or the bulkhead permit in time. Bound the call where it blocks: give the
+HTTP client its timeout (the integrations take `timeout=` and pass it on:
+`distbreaker.contrib.requests.BreakerAdapter(timeout=...)`,
+`distbreaker.contrib.httpx.BreakerTransport(timeout=...)`), and the breaker
+records the client's timeout error as a failure like any other. The asyncio
+Policy takes `timeout=` and cancels the attempt (`distbreaker.aio.Policy`).
 """
 
 from __future__ import annotations

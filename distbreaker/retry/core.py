@@ -27,8 +27,18 @@ import time
 from collections.abc import Callable, Generator
 from typing import Any, NamedTuple
 
+from .._runtime.events import Event, Listeners
 from ..breaker.classify import DEFAULT_HTTP_CLASSIFIER, HttpVerdict, retry_after_of
 from .config import Jitter, RetryConfig, build_retry_config
+
+#: The event kinds a Retry's listeners get (per process): retry (`attempt` that
+#: failed, `delay` before the next, `error`), exhausted (the last `error`, `attempt`,
+#: `reason`: max attempts, deadline, budget exhausted, retry-after too long).
+EVENT_KINDS = ("retry", "exhausted")
+
+#: Why a transient failure was not retried: the retries ran out ("not transient" and
+#: cancellations are plain failures, not exhaustion).
+_EXHAUSTED = ("max attempts", "deadline", "budget exhausted", "retry-after too long")
 
 
 class Decision(NamedTuple):
@@ -140,12 +150,14 @@ RetryFlow = Generator[Step, Any, GiveUp]
 
 
 def retry_flow(decide: Callable[[BaseException, int, float], Decision],
-               clock: Callable[[], float], budget: str | None, deposit: bool) -> RetryFlow:
+               clock: Callable[[], float], budget: str | None, deposit: bool,
+               events: Listeners | None = None, name: str = "") -> RetryFlow:
     """The one retry loop, as steps a driver executes (see `advance` for the protocol).
 
     `decide(error, attempt, started)` judges a failure of the call begun at
     `clock()` = `started`; `budget` is the retry budget's name (None: no budget,
     so no Deposit and no Withdraw); `deposit`: yield a Deposit before the first Run.
+    `events` (with `name`) get the retry / exhausted events, when somebody listens.
     """
     started = clock()
     if deposit and budget is not None:
@@ -157,13 +169,24 @@ def retry_flow(decide: Callable[[BaseException, int, float], Decision],
             return GiveUp(error, "not an Exception")
         decision = decide(error, attempt, started)
         if not decision.retry:
-            return GiveUp(error, decision.reason)
+            return _gave_up(events, name, error, attempt, decision.reason)
         if budget is not None and not (yield Withdraw()):
             RetryCore.mark_exhausted(error, budget)
-            return GiveUp(error, "budget exhausted")
+            return _gave_up(events, name, error, attempt, "budget exhausted")
+        if events is not None and "retry" in events.wanted:
+            events.emit(Event("retry", "retry", name, error=error, attempt=attempt,
+                              delay=decision.delay, reason=decision.reason))
         del error  # its traceback holds the driver's frame, which holds this flow
         yield Sleep(decision.delay)
         attempt += 1
+
+
+def _gave_up(events: Listeners | None, name: str, error: BaseException, attempt: int,
+             reason: str) -> GiveUp:
+    if events is not None and reason in _EXHAUSTED and "exhausted" in events.wanted:
+        events.emit(Event("exhausted", "retry", name, error=error, attempt=attempt,
+                          reason=reason))
+    return GiveUp(error, reason)
 
 
 def advance(flow: RetryFlow, reply: Any) -> Step | None:
@@ -190,6 +213,15 @@ class RetryBase:
         self.budget = budget
         self._sleep = sleep
         self._clock = clock or time.monotonic
+        self.listeners = Listeners(EVENT_KINDS, default=EVENT_KINDS)
+
+    def add_listener(self, listener: Callable[[Event], Any], kinds: Any = None) -> None:
+        """Call `listener(Event)` for this process's retry events of `kinds` (default
+        both of `EVENT_KINDS`: retry, exhausted); a Policy's retry emits them too."""
+        self.listeners.add(listener, kinds)
+
+    def remove_listener(self, listener: Callable[[Event], Any]) -> None:
+        self.listeners.remove(listener)
 
     def _decide(self, error: BaseException, attempt: int, started: float) -> Decision:
         return self._core.decide(error, attempt, started, self._clock())
@@ -197,7 +229,8 @@ class RetryBase:
     def _flow(self) -> RetryFlow:
         """One logical call: deposit once first, withdraw once per retry."""
         budget = None if self.budget is None else self.budget.name
-        return retry_flow(self._decide, self._clock, budget, deposit=True)
+        return retry_flow(self._decide, self._clock, budget, deposit=True,
+                          events=self.listeners)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(max_attempts={self.config.max_attempts})"

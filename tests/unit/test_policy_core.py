@@ -18,6 +18,9 @@ class FakeBreaker:
                     outcome: Outcome | None) -> tuple[Any, ...]:
         return ("record", permit, error, outcome)
 
+    def result_outcome(self, result: Any) -> Outcome | None:
+        return None  # no record_result
+
 
 class FakeBulkhead:
     pass
