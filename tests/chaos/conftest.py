@@ -266,23 +266,16 @@ class ChaosRun:
 
     def redis_full(self, fault: Fault) -> None:
         self.admin.config_set("maxmemory-policy", "noeviction")
-        filler = [f"chaos:filler:{i}" for i in range(100)]
-        pipe = self.admin.pipeline()
-        for key in filler:
-            pipe.set(key, "x" * 100_000)
-        pipe.execute()
-        used = int(self.admin.info("memory")["used_memory"])
-        self.admin.config_set("maxmemory", str(used - 1_000_000))  # the filler holds 10 MB
+        self.admin.config_set("maxmemory", "1")  # every write that needs memory is refused
         try:
             try:
-                self.admin.set("chaos:probe", "x" * 1000)
+                self.admin.set("chaos:probe", "x")
                 fault.notes["oom_seen"] = False
             except redis.exceptions.OutOfMemoryError:
                 fault.notes["oom_seen"] = True
             time.sleep(1.5 * SCALE)
         finally:
             self.admin.config_set("maxmemory", "0")
-            self.admin.delete(*filler)
 
     def worker_killed(self, fault: Fault) -> None:
         self.victim = self.spawn(PROCESSES, victim=True)
