@@ -194,7 +194,10 @@ def decode_state_hash(name: str, raw: Mapping[Any, Any], now_ms: int,
         n = {f: int(h.get(f, "0") or 0) for f in _STATE_INTS}
     except ValueError:
         raise SchemaError(f"breaker {name!r}: a counter field is not a number") from None
-    config, minimum = _config(h.get("cfg", ""))
+    try:
+        config, minimum = _config(h.get("cfg", ""))
+    except SchemaError as exc:
+        raise SchemaError(f"breaker {name!r}: {exc}") from None
     config = dict(config)
     calls, failures, slow = n["calls"], n["failures"], n["slow"]
     if (config["sliding_window_type"] == WindowType.TIME_BASED.value and n["wsec"]
