@@ -151,9 +151,13 @@ def foreign_breakers(app: App) -> dict[str, str]:
     refused = {r["name"]: r["error"]
                for r in view.read_summaries(app.client, app.prefix, breakers) if r["error"]}
     refused.update((n, view.invalid_row(n, keys)["error"]) for n, keys in found.invalid.items()
-                   if any(view.name_from_key(k, app.prefix)[1] == "breaker"  # type: ignore[index]
-                          for k in keys))
+                   if any(_component(k, app.prefix) == "breaker" for k in keys))
     return refused
+
+
+def _component(key: str, prefix: str) -> str | None:
+    parsed = view.name_from_key(key, prefix)
+    return None if parsed is None else parsed[1]
 
 
 @cli.command("release-stale")
