@@ -315,22 +315,27 @@ def name_width(names: Iterable[str]) -> int:
 
 
 def recent_events(app: App, name: str | None, count: int) -> list[dict[str, Any]]:
+    """The last `count` transitions of NAME (or of every breaker, merged by time), after
+    one error line per breaker whose keys are foreign (and, without NAME, per name part
+    that is not a valid name): a foreign key never stops the history of the others."""
     client = app.client
     if count == 0:
         return []
+    invalid: dict[str, list[str]] = {}
     if name is not None:
         if not client.exists(BreakerKeys.build(name, app.prefix).state,
                              BreakerKeys.build(name, app.prefix).history):
             raise unknown(app, name, "breaker")
-        return view.read_history(client, app.prefix, name, count)
-    found = view.scan(client, app.prefix)
-    breakers = {n: parts for n, parts in found.names.items() if "breaker" in parts}
-    errors = {r["name"]: r["error"] for r in view.read_summaries(client, app.prefix, breakers)
-              if r["error"]}
-    errors.update((r["name"], r["error"]) for r in
-                  (view.invalid_row(n, keys) for n, keys in found.invalid.items()))
+        names = [name]
+    else:
+        found = view.scan(client, app.prefix)
+        names = sorted(n for n, parts in found.names.items() if "breaker" in parts)
+        invalid = found.invalid
+    errors = {r["name"]: r["error"] for r in view.read_summaries(
+        client, app.prefix, {n: {"breaker"} for n in names}) if r["error"]}
+    errors.update((n, view.invalid_row(n, keys)["error"]) for n, keys in invalid.items())
     merged: list[dict[str, Any]] = []
-    for n in sorted(breakers):
+    for n in names:
         try:
             merged.extend(view.read_history(client, app.prefix, n, count))
         except SchemaError as exc:  # the history stream holds another type

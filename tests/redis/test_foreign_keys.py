@@ -183,6 +183,10 @@ def test_events_prints_error_lines_then_the_5_trips(
     assert sum(" ERROR " in line for line in text.stdout.splitlines()) == len(wanted)
     assert sum("CLOSED" in line and "OPEN" in line for line in text.stdout.splitlines()) == 5
     assert "\x01" not in text.stdout
+    one = [json.loads(line) for line in run(redis_url, "events", "x", "--json").stdout.splitlines()]
+    assert one == [by_name["x"]]  # NAME alone: its error line, and no history
+    one = run(redis_url, "events", "dep-9")
+    assert one.exit_code == 0 and "ERROR  key " in one.stdout
     followed = run(redis_url, "events", "--follow", "--json", "--timeout", "0.2")
     assert followed.exit_code == 0, followed.output
     assert len(followed.stdout.splitlines()) == len(events)
