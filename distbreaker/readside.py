@@ -65,12 +65,17 @@ def scan_keys(client: Any, prefix: str, count: int = SCAN_COUNT) -> Iterator[str
 
     On a RedisCluster client every primary is scanned.
     """
+    for key in _scan_raw(client, prefix, count):
+        yield text(key)
+
+
+def _scan_raw(client: Any, prefix: str, count: int) -> Iterator[Any]:
+    """The keys as the client returns them (bytes, unless it decodes responses)."""
     pattern = _glob_escape(namespace(prefix)) + ":{*"
     kwargs: dict[str, Any] = {"match": pattern, "count": count}
     if is_cluster(client):
         kwargs["target_nodes"] = client.PRIMARIES
-    for key in client.scan_iter(**kwargs):
-        yield text(key)
+    yield from client.scan_iter(**kwargs)
 
 
 @dataclasses.dataclass
@@ -87,12 +92,14 @@ class Scan:
 def scan(client: Any, prefix: str, count: int = SCAN_COUNT) -> Scan:
     """Every key under the prefix, sorted into valid names and foreign name parts."""
     found = Scan()
-    for key in scan_keys(client, prefix, count):
+    for raw in _scan_raw(client, prefix, count):
+        key = text(raw)
         parsed = name_from_key(key, prefix)
         if parsed is None:
             continue
         name, component = parsed
-        if name in found.invalid or _invalid_name(name) is not None:
+        if (name in found.invalid or _invalid_name(name) is not None
+                or not _utf8(raw)):  # its name part was decoded with replacement characters
             found.invalid.setdefault(name, []).append(key)
         else:
             found.names.setdefault(name, set()).add(component)
@@ -108,6 +115,15 @@ def scan_names(client: Any, prefix: str,
     return scan(client, prefix, count).names
 
 
+def _utf8(raw: Any) -> bool:
+    """Whether a raw key is UTF-8 (the only keys distbreaker writes are)."""
+    try:
+        raw.decode("utf-8") if isinstance(raw, bytes) else None
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _invalid_name(name: str) -> str | None:
     """Why `name` cannot be a protected name, or None when it can."""
     try:
@@ -119,7 +135,8 @@ def _invalid_name(name: str) -> str | None:
 
 def invalid_row(name: str, keys: Sequence[str]) -> dict[str, Any]:
     """The summary row of a name part that is not a valid name: only `error` is set."""
-    error = f"not a distbreaker name ({_invalid_name(name)})"
+    why = _invalid_name(name) or "its key is not UTF-8; shown with replacement characters"
+    error = f"not a distbreaker name ({why})"
     if keys:
         shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
         error += f": {len(keys)} foreign key{'s' if len(keys) != 1 else ''} {shown}"

@@ -37,7 +37,8 @@ LONG = "n" * 201
 INVALID = {"bad name": "not a distbreaker name (name must not contain whitespace",
            "ctl\x01x": "not a distbreaker name (name must not contain whitespace or control",
            "}brace": "not a distbreaker name (name must not start with '}'",
-           LONG: "not a distbreaker name (name must be 1-200 characters"}
+           LONG: "not a distbreaker name (name must be 1-200 characters",
+           "\ufffd": "not a distbreaker name (its key is not UTF-8"}
 #: Valid names whose keys hold a foreign type or content, with their row's error.
 FOREIGN = {"x": f"key {NS}:{{x}}:cb holds a string, expected a hash",
            "garb": "breaker 'garb' has unknown state 'WHAT'",
@@ -69,6 +70,7 @@ def fleet(redis_url: str, redis_client: redis.Redis) -> dict[str, Any]:
     r.hset(f"{NS}:{{ctl\x01x}}:cb", "state", "CLOSED")
     r.set(f"{NS}:{{}}brace}}:cb", "1")
     r.zadd(f"{NS}:{{{LONG}}}:bh", {"holder": 1})
+    r.hset(f"{NS}:{{".encode() + b"\xff}:cb", "state", "OPEN")  # not UTF-8
     r.set(BreakerKeys.build("x").state, "a string")
     r.hset(BreakerKeys.build("garb").state, mapping={"state": "WHAT", "v": "1"})
     r.hset(BreakerKeys.build("badcfg").state, mapping={"state": "OPEN", "cfg": "nonsense"})
@@ -114,7 +116,7 @@ def test_ls_text_shows_error_rows_with_control_characters_escaped(
     assert "\x01" not in result.stdout
     for name in GOOD:
         assert any(line.split()[:2] == [name, "OPEN"] for line in lines), result.stdout
-    for shown in ("bad name  ", "ctl\\x01x", "}brace", "x ", "garb", "badcfg", "bh "):
+    for shown in ("bad name  ", "ctl\\x01x", "}brace", "\ufffd ", "x ", "garb", "badcfg", "bh "):
         line = next(line for line in lines if line.startswith(shown))
         assert " ERROR " in line
     assert f"key {NS}:{{x}}:cb holds a string, expected a hash" in result.stdout
@@ -204,7 +206,7 @@ def test_reset_all_resets_the_5_and_reports_the_rest(
     # every name with breaker keys that could not be reset (bh and LONG have none)
     assert len(refused) == len(ERRORS) - 2
     assert f"x: not reset: {FOREIGN['x']}" in result.stderr
-    assert "reset 5 breaker(s); 6 name(s)" in result.stderr
+    assert "reset 5 breaker(s); 7 name(s)" in result.stderr
     for key, dump in fleet.items():  # nothing foreign was touched
         assert redis_client.dump(key) == dump, key
 
@@ -218,7 +220,7 @@ def test_reset_all_json_has_one_line_per_breaker_and_per_refusal(
     assert sorted(x["name"] for x in done) == GOOD
     assert all(x["state"] == "CLOSED" and x["previous"] == "OPEN" for x in done)
     refused = {x["name"]: x for x in lines if "error" in x}
-    assert set(refused) == {"bad name", "ctl\x01x", "}brace", "x", "garb", "badcfg"}
+    assert set(refused) == {"bad name", "ctl\x01x", "}brace", "\ufffd", "x", "garb", "badcfg"}
     assert refused["garb"] == {"name": "garb", "action": "reset", "error": FOREIGN["garb"]}
 
 
@@ -240,7 +242,7 @@ def _scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str
 
 
 #: Keys of invalid name parts (bad name has 2) plus one per foreign valid name.
-FOREIGN_KEY_COUNT = 5 + len(FOREIGN)
+FOREIGN_KEY_COUNT = 6 + len(FOREIGN)
 
 
 def test_prometheus_discover_exports_the_5_and_counts_the_foreign_keys(
