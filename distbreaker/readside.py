@@ -7,12 +7,13 @@ transition: a stored OPEN whose wait has elapsed is OPEN with ``retry_in_s == 0`
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ._runtime.keys import BreakerKeys, BudgetKeys, BulkheadKeys, namespace
+from ._runtime.keys import BreakerKeys, BudgetKeys, BulkheadKeys, namespace, validate_name
 from ._runtime.scripts import text
 from .breaker.config import BreakerConfig, WindowType
 from .breaker.core import rate
@@ -64,23 +65,102 @@ def scan_keys(client: Any, prefix: str, count: int = SCAN_COUNT) -> Iterator[str
 
     On a RedisCluster client every primary is scanned.
     """
+    for key in _scan_raw(client, prefix, count):
+        yield text(key)
+
+
+def _scan_raw(client: Any, prefix: str, count: int) -> Iterator[Any]:
+    """The keys as the client returns them (bytes, unless it decodes responses)."""
     pattern = _glob_escape(namespace(prefix)) + ":{*"
     kwargs: dict[str, Any] = {"match": pattern, "count": count}
     if is_cluster(client):
         kwargs["target_nodes"] = client.PRIMARIES
-    for key in client.scan_iter(**kwargs):
-        yield text(key)
+    yield from client.scan_iter(**kwargs)
+
+
+@dataclasses.dataclass
+class Scan:
+    """What a SCAN of the prefix found: valid protected names with the components that
+    have keys, and the keys whose name part is not a valid name (written by another
+    client), by that name part. Keys with an unknown suffix are not distbreaker's and
+    are left out of both."""
+
+    names: dict[str, set[str]] = dataclasses.field(default_factory=dict)
+    invalid: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+
+
+def scan(client: Any, prefix: str, count: int = SCAN_COUNT) -> Scan:
+    """Every key under the prefix, sorted into valid names and foreign name parts."""
+    found = Scan()
+    for raw in _scan_raw(client, prefix, count):
+        key = text(raw)
+        parsed = name_from_key(key, prefix)
+        if parsed is None:
+            continue
+        name, component = parsed
+        if (name in found.invalid or _invalid_name(name) is not None
+                or not _utf8(raw)):  # its name part was decoded with replacement characters
+            found.invalid.setdefault(name, []).append(key)
+        else:
+            found.names.setdefault(name, set()).add(component)
+    for keys in found.invalid.values():
+        keys.sort()
+    return found
 
 
 def scan_names(client: Any, prefix: str,
                count: int = SCAN_COUNT) -> dict[str, set[str]]:
-    """Protected names under the prefix, each with the components that have keys."""
-    found: dict[str, set[str]] = {}
-    for key in scan_keys(client, prefix, count):
-        parsed = name_from_key(key, prefix)
-        if parsed is not None:
-            found.setdefault(parsed[0], set()).add(parsed[1])
-    return found
+    """Valid protected names under the prefix, each with the components that have keys
+    (name parts that are not valid names are in `scan(...).invalid`)."""
+    return scan(client, prefix, count).names
+
+
+def _utf8(raw: Any) -> bool:
+    """Whether a raw key is UTF-8 (the only keys distbreaker writes are)."""
+    try:
+        raw.decode("utf-8") if isinstance(raw, bytes) else None
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _invalid_name(name: str) -> str | None:
+    """Why `name` cannot be a protected name, or None when it can."""
+    try:
+        validate_name(name)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def invalid_row(name: str, keys: Sequence[str]) -> dict[str, Any]:
+    """The summary row of a name part that is not a valid name: only `error` is set."""
+    why = _invalid_name(name) or "its key is not UTF-8; shown with replacement characters"
+    error = f"not a distbreaker name ({why})"
+    if keys:
+        shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+        error += f": {len(keys)} foreign key{'s' if len(keys) != 1 else ''} {shown}"
+    return {**_empty_row(name), "error": error}
+
+
+def _empty_row(name: str) -> dict[str, Any]:
+    return {"name": name, "state": None, "breaker": None, "bulkhead": None, "budget": None,
+            "error": None}
+
+
+def read_rows(client: Any, prefix: str, found: Scan) -> list[dict[str, Any]]:
+    """One summary row per valid name and per invalid name part, sorted by name: the
+    `ls` listing. A foreign key never stops the listing, it becomes a row's `error`."""
+    rows = list(read_summaries(client, prefix, found.names))
+    rows += [invalid_row(name, keys) for name, keys in found.invalid.items()]
+    return sorted(rows, key=lambda r: r["name"])
+
+
+def foreign_key_count(found: Scan, rows: Iterable[Mapping[str, Any]]) -> int:
+    """Keys distbreaker cannot read: every key of an invalid name part, plus one per
+    valid name whose keys hold a foreign type or content (its row's `error`)."""
+    return (sum(len(keys) for keys in found.invalid.values())
+            + sum(1 for r in rows if r["error"] and r["name"] not in found.invalid))
 
 
 # -- decoding ---------------------------------------------------------------------
@@ -131,7 +211,10 @@ def decode_state_hash(name: str, raw: Mapping[Any, Any], now_ms: int,
         n = {f: int(h.get(f, "0") or 0) for f in _STATE_INTS}
     except ValueError:
         raise SchemaError(f"breaker {name!r}: a counter field is not a number") from None
-    config, minimum = _config(h.get("cfg", ""))
+    try:
+        config, minimum = _config(h.get("cfg", ""))
+    except SchemaError as exc:
+        raise SchemaError(f"breaker {name!r}: {exc}") from None
     config = dict(config)
     calls, failures, slow = n["calls"], n["failures"], n["slow"]
     if (config["sliding_window_type"] == WindowType.TIME_BASED.value and n["wsec"]
@@ -251,7 +334,14 @@ def _event(name: str, entry_id: str | None, f: Mapping[str, Any]) -> dict[str, A
             "from": str(f.get("from", "")), "to": str(f.get("to", "")),
             "reason": str(f.get("reason", "")), "actor": str(f.get("actor", "")),
             "failure_rate": num("failure_rate"), "slow_rate": num("slow_rate"),
-            "generation": int(gen) if gen is not None else None}
+            "generation": int(gen) if gen is not None else None, "error": None}
+
+
+def error_event(name: str, error: str) -> dict[str, Any]:
+    """An events line for a name whose keys could not be read: only `error` says why."""
+    return {"name": name, "id": None, "at_ms": None, "from": "", "to": "", "reason": "",
+            "actor": "", "failure_rate": None, "slow_rate": None, "generation": None,
+            "error": error}
 
 
 def decode_bulkhead(leases: Sequence[tuple[Any, Any]], meta: Mapping[Any, Any],
@@ -334,7 +424,11 @@ def read_summaries(client: Any, prefix: str,
     else:
         items = [(n, _ALL) for n in names]
     for i in range(0, len(items), batch):
-        yield from _summaries(client, prefix, items[i:i + batch])
+        chunk = items[i:i + batch]
+        rows = {n: invalid_row(n, []) for n, _ in chunk if _invalid_name(n) is not None}
+        rows.update((r["name"], r) for r in _summaries(
+            client, prefix, [item for item in chunk if item[0] not in rows]))
+        yield from (rows[n] for n, _ in chunk)
 
 
 _ALL = frozenset({"breaker", "bulkhead", "budget"})
@@ -372,8 +466,7 @@ def _summaries(client: Any, prefix: str,
 
 def _summary(client: Any, prefix: str, name: str, got: dict[str, Any],
              now_ms: int) -> dict[str, Any]:
-    row: dict[str, Any] = {"name": name, "state": None, "breaker": None, "bulkhead": None,
-                           "budget": None, "error": None}
+    row = _empty_row(name)
     if any(isinstance(v, Exception) for v in got.values()):
         row["error"] = _explain_types(client, prefix, name) or next(
             str(v) for v in got.values() if isinstance(v, Exception))
@@ -389,9 +482,19 @@ def _summary(client: Any, prefix: str, name: str, got: dict[str, Any],
                                "limit": _int_or(text(limit), 0) or None if limit else None}
         if got.get("budget"):
             row["budget"] = decode_budget(got["budget"], now_ms)
-    except SchemaError as exc:
-        row["error"] = str(exc)
+    except _FOREIGN_CONTENT as exc:
+        row.update(_empty_row(name), error=_content_error(name, exc))
     return row
+
+
+#: What decoding foreign content can raise (a SchemaError, or a value of the wrong shape).
+_FOREIGN_CONTENT = (SchemaError, ValueError, TypeError, KeyError, IndexError)
+
+
+def _content_error(name: str, exc: Exception) -> str:
+    if isinstance(exc, SchemaError):
+        return str(exc)
+    return f"keys of {name!r} hold foreign content ({type(exc).__name__}: {exc})"
 
 
 def _explain_types(client: Any, prefix: str, name: str) -> str | None:
@@ -411,45 +514,69 @@ def _expected_types(name: str, prefix: str) -> dict[str, str]:
 
 
 def read_detail(client: Any, prefix: str, name: str) -> dict[str, Any]:
-    """Everything stored about one name (the `show` view). Raises SchemaError on a
-    key of the wrong type."""
+    """Everything stored about one name (the `show` view). A key of a foreign type is
+    left unread and named in ``error``, as is foreign content (the component whose
+    keys hold it is then None); the rest is read as usual."""
     bk, hk, rk = (BreakerKeys.build(name, prefix), BulkheadKeys.build(name, prefix),
                   BudgetKeys.build(name, prefix))
     expected = _expected_types(name, prefix)
-    for key, kind in expected.items():
-        _check_type(client, key, kind)
+    pipe = client.pipeline(transaction=False)
+    for key in expected:
+        pipe.type(key)
+    found = dict(zip(expected, (text(t) for t in pipe.execute()), strict=True))
+    errors = [f"key {key} holds a {found[key]}, expected a {kind}"
+              for key, kind in expected.items() if found[key] not in ("none", kind)]
+    usable = {key for key, kind in expected.items() if found[key] == kind}
     now_ms = server_now_ms(client)
     pipe = client.pipeline(transaction=False)
-    pipe.hgetall(bk.state)
-    pipe.hgetall(bk.window)
-    pipe.zrange(bk.probes, 0, -1, withscores=True)
-    pipe.zrange(hk.leases, 0, -1, withscores=True)
-    pipe.hgetall(hk.meta)
-    pipe.hgetall(rk.slices)
-    pipe.xlen(bk.history)
+    reads = {bk.state: pipe.hgetall, bk.window: pipe.hgetall, hk.meta: pipe.hgetall,
+             rk.slices: pipe.hgetall,
+             bk.probes: lambda k: pipe.zrange(k, 0, -1, withscores=True),
+             hk.leases: lambda k: pipe.zrange(k, 0, -1, withscores=True),
+             bk.history: pipe.xlen}
+    order = [key for key in reads if key in usable]
+    for key in order:
+        reads[key](key)
     for key in expected:
         pipe.pttl(key)
-    state, window, probes, leases, meta, budget, history_len, *ttls = pipe.execute()
+    replies = pipe.execute()
+    got: dict[str, Any] = dict(zip(order, replies, strict=False))
+    ttls = replies[len(order):]
+    state, window = got.get(bk.state, {}), got.get(bk.window, {})
+    probes, history_len = got.get(bk.probes, []), got.get(bk.history, 0)
+    leases, meta, budget = got.get(hk.leases, []), got.get(hk.meta, {}), got.get(rk.slices, {})
     detail: dict[str, Any] = {"name": name, "prefix": prefix, "server_time_ms": now_ms,
-                              "exists": bool(state or leases or meta or budget or history_len),
+                              "exists": bool(state or leases or meta or budget or history_len
+                                             or errors),
                               "breaker": None, "bulkhead": None, "budget": None}
-    if state:
-        deadlines = [int(score) for _, score in probes]
-        breaker = decode_state_hash(name, state, now_ms, deadlines)
-        breaker["window"]["buckets"] = decode_window(
-            breaker["config"], window, breaker["window"]["head"], now_ms)
-        breaker["probes"] = [{"token": text(tok), "deadline_ms": int(score),
-                              "expires_in_s": (int(score) - now_ms) / 1000}
-                             for tok, score in probes]
-        breaker["history_length"] = int(history_len)
-        detail["breaker"] = breaker
-    if leases or meta:
-        detail["bulkhead"] = decode_bulkhead(leases, meta, now_ms)
-    if budget:
-        detail["budget"] = decode_budget(budget, now_ms)
+    parts = {"breaker": lambda: _breaker_detail(name, state, window, probes, history_len,
+                                                now_ms) if state else None,
+             "bulkhead": lambda: decode_bulkhead(leases, meta, now_ms)
+             if leases or meta else None,
+             "budget": lambda: decode_budget(budget, now_ms) if budget else None}
+    for part, read in parts.items():
+        try:
+            detail[part] = read()
+        except _FOREIGN_CONTENT as exc:
+            errors.append(_content_error(name, exc))
     detail["ttls"] = {key: (int(ttl) / 1000 if int(ttl) >= 0 else None)
                       for key, ttl in zip(expected, ttls, strict=True) if int(ttl) != -2}
+    detail["error"] = "; ".join(errors) or None
     return detail
+
+
+def _breaker_detail(name: str, state: Mapping[Any, Any], window: Mapping[Any, Any],
+                    probes: Sequence[tuple[Any, Any]], history_len: int,
+                    now_ms: int) -> dict[str, Any]:
+    deadlines = [int(score) for _, score in probes]
+    breaker = decode_state_hash(name, state, now_ms, deadlines)
+    breaker["window"]["buckets"] = decode_window(
+        breaker["config"], window, breaker["window"]["head"], now_ms)
+    breaker["probes"] = [{"token": text(tok), "deadline_ms": int(score),
+                          "expires_in_s": (int(score) - now_ms) / 1000}
+                         for tok, score in probes]
+    breaker["history_length"] = int(history_len)
+    return breaker
 
 
 def read_history_after(client: Any, prefix: str, after: Mapping[str, str],

@@ -16,7 +16,7 @@ from .._runtime.scripts import load_script, run_script
 from ..errors import SchemaError
 from . import operate
 from .app import App, NotFound, check_name, cli, default_actor, default_reason, emit_json
-from .fmt import clock, coloured
+from .fmt import clock, coloured, printable
 
 
 def run_action(app: App, name: str, action: operate.Action, reason: str | None, actor: str,
@@ -119,14 +119,45 @@ def reset_command(app: App, name: str | None, every: bool, yes: bool, adopt_drif
         raise click.UsageError("reset --all resets every breaker under the prefix "
                                f"{app.prefix!r}; add --yes to confirm")
     done = 0
+    refused = foreign_breakers(app)
     for n in operate.breaker_names(app.client, app.prefix):
+        if n in refused:
+            continue
         try:
             run_action(app, n, action, reason, actor, as_json)
         except NotFound:  # only history left, or expired between the scan and the reset
             continue
+        except SchemaError as exc:  # became foreign since it was read
+            refused[n] = str(exc)
+            continue
         done += 1
+    for n, error in sorted(refused.items()):
+        if as_json:
+            emit_json({"name": n, "action": action.id, "error": error}, lines=True)
+        else:
+            click.echo(f"{printable(n)}: not reset: {printable(error)}", err=True)
     if not as_json:
-        click.echo(f"reset {done} breaker(s)", err=True)
+        click.echo(f"reset {done} breaker(s)" + (f"; {len(refused)} name(s) under the prefix "
+                   "hold foreign keys and were left as they are" if refused else ""), err=True)
+    if refused:
+        raise click.exceptions.Exit(1)
+
+
+def foreign_breakers(app: App) -> dict[str, str]:
+    """Names under the prefix whose breaker keys `reset --all` must not touch, with why:
+    name parts that are not valid names, and breakers whose keys hold foreign data."""
+    found = view.scan(app.client, app.prefix)
+    breakers = {n: {"breaker"} for n, parts in found.names.items() if "breaker" in parts}
+    refused = {r["name"]: r["error"]
+               for r in view.read_summaries(app.client, app.prefix, breakers) if r["error"]}
+    refused.update((n, view.invalid_row(n, keys)["error"]) for n, keys in found.invalid.items()
+                   if any(_component(k, app.prefix) == "breaker" for k in keys))
+    return refused
+
+
+def _component(key: str, prefix: str) -> str | None:
+    parsed = view.name_from_key(key, prefix)
+    return None if parsed is None else parsed[1]
 
 
 @cli.command("release-stale")

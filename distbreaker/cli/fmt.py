@@ -14,6 +14,14 @@ STATE_COLOURS = {"CLOSED": "green", "OPEN": "red", "HALF_OPEN": "yellow",
 STATE_WIDTH = max(len(s) for s in STATE_COLOURS)
 
 
+def printable(value: str) -> str:
+    """`value` with control characters escaped, so a foreign key's name cannot drive the
+    terminal (JSON output keeps it as it is)."""
+    if value.isprintable():
+        return value
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in value)
+
+
 def zone_name(moment: datetime.datetime) -> str:
     """The zone's abbreviation (CET, UTC), or its offset when it has none (UTC+03:00)."""
     name = moment.tzname() or ""

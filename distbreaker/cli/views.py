@@ -14,6 +14,7 @@ import click
 from .. import readside as view
 from .._runtime.keys import BreakerKeys, events_channel
 from ..breaker.state import State
+from ..errors import SchemaError
 from . import operate
 from .actions import did_you_mean
 from .app import App, NotFound, check_name, cli, emit_json
@@ -25,6 +26,7 @@ from .fmt import (
     duration,
     percent,
     plural,
+    printable,
     seconds_setting,
 )
 
@@ -54,8 +56,7 @@ def collect(app: App, states: Sequence[str] = ()) -> dict[str, Any]:
     empty filtered listing can say what there is instead.
     """
     client = app.client
-    names = view.scan_names(client, app.prefix)
-    rows = list(view.read_summaries(client, app.prefix, {n: names[n] for n in sorted(names)}))
+    rows = view.read_rows(client, app.prefix, view.scan(client, app.prefix))
     wanted = {s.upper() for s in states}
     counts = Counter(r["state"] or ("ERROR" if r["error"] else "no breaker") for r in rows)
     if wanted:
@@ -107,8 +108,9 @@ def row_cells(r: dict[str, Any]) -> list[str]:
     b, bh = r["breaker"] or {}, r["bulkhead"]
     bulk = "-" if bh is None else f"{bh['in_use']}/{bh['limit'] or '?'}"
     if r["error"]:
-        return [r["name"], "ERROR", r["error"], "", "", "", "", "", ""]
-    return [r["name"], state_cell(r), duration(b.get("in_state_s")),
+        # the error goes last, so its length widens no other column
+        return [printable(r["name"]), "ERROR", "", "", "", "", "", "", printable(r["error"])]
+    return [printable(r["name"]), state_cell(r), duration(b.get("in_state_s")),
             percent(b.get("failure_rate")), percent(b.get("slow_rate")),
             str(b.get("calls", "-")), retry_in(b) if b else "-", bulk,
             budget_cell(r["budget"])]
@@ -211,6 +213,8 @@ def drift_lines(name: str, b: dict[str, Any]) -> list[str]:
 def show_text(d: dict[str, Any]) -> str:
     now = d["server_time_ms"]
     lines = [f"{d['name']}  (prefix {d['prefix']}, server time {clock(now)})"]
+    if d.get("error"):
+        lines.append(f"error:     {printable(d['error'])} (left unread)")
     b = d["breaker"]
     if b is None:
         lines.append("breaker:   none stored")
@@ -294,6 +298,9 @@ def show_command(app: App, name: str, as_json: bool) -> None:
 # -- events --------------------------------------------------------------------------
 def event_line(e: dict[str, Any], name_width: int = 0) -> str:
     """One aligned, coloured line: time with zone, name, from -> to, reason, actor."""
+    if e.get("error"):
+        return (f"{'-':<27}  {printable(e['name']).ljust(name_width)}  ERROR  "
+                f"{printable(e['error'])}")
     who = f" by {e['actor']}" if e["actor"] else ""
     return (f"{clock(e['at_ms'], millis=True)}  {e['name'].ljust(name_width)}  "
             f"{coloured(e['from'], STATE_WIDTH)} -> {coloured(e['to'], STATE_WIDTH)}  "
@@ -308,19 +315,33 @@ def name_width(names: Iterable[str]) -> int:
 
 
 def recent_events(app: App, name: str | None, count: int) -> list[dict[str, Any]]:
+    """The last `count` transitions of NAME (or of every breaker, merged by time), after
+    one error line per breaker whose keys are foreign (and, without NAME, per name part
+    that is not a valid name): a foreign key never stops the history of the others."""
     client = app.client
     if count == 0:
         return []
+    invalid: dict[str, list[str]] = {}
     if name is not None:
         if not client.exists(BreakerKeys.build(name, app.prefix).state,
                              BreakerKeys.build(name, app.prefix).history):
             raise unknown(app, name, "breaker")
-        return view.read_history(client, app.prefix, name, count)
+        names = [name]
+    else:
+        found = view.scan(client, app.prefix)
+        names = sorted(n for n, parts in found.names.items() if "breaker" in parts)
+        invalid = found.invalid
+    errors = {r["name"]: r["error"] for r in view.read_summaries(
+        client, app.prefix, {n: {"breaker"} for n in names}) if r["error"]}
+    errors.update((n, view.invalid_row(n, keys)["error"]) for n, keys in invalid.items())
     merged: list[dict[str, Any]] = []
-    for n in operate.breaker_names(client, app.prefix):
-        merged.extend(view.read_history(client, app.prefix, n, count))
+    for n in names:
+        try:
+            merged.extend(view.read_history(client, app.prefix, n, count))
+        except SchemaError as exc:  # the history stream holds another type
+            errors[n] = "; ".join(e for e in (errors.get(n), str(exc)) if e)
     merged.sort(key=lambda e: (e["at_ms"] or 0, e["id"] or ""))
-    return merged[-count:]
+    return [view.error_event(n, errors[n]) for n in sorted(errors)] + merged[-count:]
 
 
 class EventPrinter:

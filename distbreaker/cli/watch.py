@@ -28,6 +28,7 @@ HEADERS = ["NAME", "STATE", "FOR", "FAIL", "SLOW", "CALLS", "RETRY", "BULK", "BU
 LEGEND = ("BUDGET +requests -retries =retries left   BULK in use/limit   "
           "OPEN (due): the wait is over, the next call probes   FAIL/SLOW -: too few calls")
 NAME_MIN, NAME_MAX = 12, 60
+MAX_ERROR_LINES = 10  # reasons of error rows shown under the table (foreign keys)
 OTHER_COLUMNS = 62  # what the columns after NAME need at most, with their gaps
 
 
@@ -69,8 +70,12 @@ def render(doc: dict[str, Any] | None, prefix: str, interval: float, width: int,
                              max_width=max(NAME_MIN, min(NAME_MAX, width - OTHER_COLUMNS)))
         else:
             table.add_column(header, no_wrap=True, overflow="ellipsis")
+    errors: list[str] = []
     for row in sorted_rows(doc["breakers"]):
         cells = row_cells(row)
+        if row["error"]:  # the reason goes under the table, so the columns keep their width
+            errors.append(f"{cells[0]}: {cells[-1]}")
+            cells[-1] = "see below"
         state = cells[1].split(" ")[0]
         style = "bold red" if row["error"] else STATE_COLOURS.get(state, "")
         table.add_row(*(Text(c, style=style) if i == 1 else Text(c)
@@ -80,6 +85,11 @@ def render(doc: dict[str, Any] | None, prefix: str, interval: float, width: int,
                           else "no breaker in the chosen states", style="dim"))
     else:
         parts.append(table)
+    for line in errors[:MAX_ERROR_LINES]:
+        parts.append(Text(f"ERROR {line}", style="red"))
+    if len(errors) > MAX_ERROR_LINES:
+        parts.append(Text(f"ERROR and {len(errors) - MAX_ERROR_LINES} more (distbreaker ls)",
+                          style="red"))
     parts.append(Text(LEGEND, style="dim"))
     return Group(*parts)
 

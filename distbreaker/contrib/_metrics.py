@@ -24,7 +24,7 @@ from ..breaker.state import State
 from ..budget.config import MILLIONTHS
 from ..budget.core import BudgetCore
 from ..bulkhead.core import BulkheadCore
-from ..readside import read_history_after, read_summaries, scan_names
+from ..readside import Scan, foreign_key_count, read_history_after, read_summaries, scan
 
 __all__ = ["Family", "MetricsSource", "catalog"]
 
@@ -133,18 +133,19 @@ class MetricsSource:
     # -- reading ---------------------------------------------------------------------------
     def fleet(self) -> list[Family]:
         """``distbreaker_up`` and, when Redis answered, the fleet-wide families."""
-        up = _up()
+        up, foreign = _up(), _foreign()
         try:
-            rows = self._read()
+            rows, found = self._read()
+            self._count_history([r["name"] for r in rows if r["breaker"] is not None])
         except Exception:  # a scrape must never fail because Redis did
             up.add((), 0)
             return [up]
         up.add((), 1)
-        self._count_history([r["name"] for r in rows if r["breaker"] is not None])
+        foreign.add((), foreign_key_count(found, rows))
         with self._lock:
             budgets = dict(self._budgets)
             moves = dict(self._fleet_moves)
-        return [up, *_fleet_families(rows, budgets), _fleet_transitions(moves)]
+        return [up, *_fleet_families(rows, budgets), _fleet_transitions(moves), foreign]
 
     def _count_history(self, names: list[str]) -> None:
         """Add the history entries written since the last read to the fleet counter (the
@@ -161,11 +162,15 @@ class MetricsSource:
                     self._fleet_moves[(name, event["from"], event["to"])] += 1
                     self._history_ids[name] = event["id"]
 
-    def _read(self) -> list[dict[str, Any]]:
+    def _read(self) -> tuple[list[dict[str, Any]], Scan]:
+        """The rows of the registered (and discovered) names, and what the scan found:
+        its invalid name parts are counted, never exported as labels."""
         with self._lock:
             names = {n: set(parts) for n, parts in self._names.items()}
+        found = Scan()
         if self.discover:
-            for name, parts in scan_names(self.client, self.prefix).items():
+            found = scan(self.client, self.prefix)
+            for name, parts in found.names.items():
                 names.setdefault(name, set()).update(parts)
         if not names:
             self.client.ping()  # so distbreaker_up still tells whether Redis answers
@@ -174,7 +179,7 @@ class MetricsSource:
             if "breaker" in names[row["name"]] and row["breaker"] is None and not row["error"]:
                 row["state"] = State.CLOSED.value  # registered, never called: CLOSED
                 row["never_called"] = True
-        return rows
+        return rows, found
 
     def local(self) -> list[Family]:
         """This process's calls, rejections and transitions (no Redis)."""
@@ -205,6 +210,12 @@ def _up() -> Family:
     return _gauge("distbreaker_up", "1 when Redis answered this scrape, else 0")
 
 
+def _foreign() -> Family:
+    return _gauge("distbreaker_foreign_keys", "Keys under the prefix this read could not "
+                  "use: every key whose name part is not a valid name (with discover), plus "
+                  "one per name whose keys hold a foreign type or content")
+
+
 def _local_families() -> list[Family]:
     return [_counter("distbreaker_calls", "Calls this process ran through a breaker, by "
                      "outcome", "name", "outcome"),
@@ -216,7 +227,8 @@ def _local_families() -> list[Family]:
 
 def catalog() -> list[Family]:
     """Every family distbreaker exports (no samples), in export order."""
-    return [_up(), *_fleet_families([], {}), _fleet_transitions({}), *_local_families()]
+    return [_up(), *_fleet_families([], {}), _fleet_transitions({}), _foreign(),
+            *_local_families()]
 
 
 def _fleet_transitions(moves: dict[tuple[str, str, str], int]) -> Family:

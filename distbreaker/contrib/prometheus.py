@@ -42,7 +42,12 @@ class DistbreakerCollector(Collector):
     - ``distbreaker_budget_deposits`` / ``_withdrawals`` over the window and
       ``distbreaker_budget_balance`` (for registered budgets, whose formula is known);
     - ``distbreaker_up``: 1 when Redis answered this scrape, else 0 (the fleet
-      metrics are then left out; a scrape never fails because of Redis).
+      metrics are then left out; a scrape never fails because of Redis);
+    - ``distbreaker_foreign_keys``: keys under the prefix the scrape could not use,
+      written by another client: every key whose name part is not a valid name
+      (``discover=True``), plus one per name whose keys hold a foreign type or
+      content (that name also gets ``distbreaker_unreadable{name} 1``). The rest
+      is exported as usual and ``distbreaker_up`` stays 1.
 
     Per process, from the registered objects (no Redis): ``distbreaker_calls_total
     {name,outcome}``, ``distbreaker_rejections_total{name,reason}`` (open,

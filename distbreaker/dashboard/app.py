@@ -129,7 +129,10 @@ class Dashboard:
                     name, list(view.scan_names(self.client, self.prefix)))
                 return JSONResponse({"error": f"unknown name {name!r}",
                                      "suggestions": suggestions}, status_code=404)
-            found["history"] = view.read_history(self.client, self.prefix, name, HISTORY)
+            try:
+                found["history"] = view.read_history(self.client, self.prefix, name, HISTORY)
+            except SchemaError:  # the stream key holds another type: found["error"] says so
+                found["history"] = []
         except (SchemaError, ValueError) as exc:
             return JSONResponse({"error": str(exc)}, status_code=422)
         except redis.RedisError as exc:

@@ -37,9 +37,9 @@ UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError)
 
 def fleet_snapshot(client: Any, prefix: str) -> dict[str, Any]:
     """Every name under the prefix with its breaker, bulkhead and budget (docs/CLI_JSON.md
-    `ls` rows); a name whose keys hold foreign data is a row with an ``error``."""
-    names = view.scan_names(client, prefix)
-    rows = list(view.read_summaries(client, prefix, {n: names[n] for n in sorted(names)}))
+    `ls` rows); a name whose keys hold foreign data, or a key whose name part is not a
+    valid name, is a row with an ``error``."""
+    rows = view.read_rows(client, prefix, view.scan(client, prefix))
     return {"prefix": prefix, "server_time_ms": view.server_now_ms(client), "rows": rows}
 
 

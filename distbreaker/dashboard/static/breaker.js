@@ -85,7 +85,12 @@ async function load() {
       error.classList.add("shown");
       return;
     }
-    error.classList.remove("shown");
+    if (body.error) {  // foreign keys of this name, left unread; the rest is shown
+      error.textContent = "foreign data, left unread: " + body.error;
+      error.classList.add("shown");
+    } else {
+      error.classList.remove("shown");
+    }
     detail = body;
     render();
   })().finally(() => { loading = null; });
