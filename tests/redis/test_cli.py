@@ -15,39 +15,18 @@ from pathlib import Path
 
 import pytest
 import redis
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 from distbreaker import CircuitBreaker
 from distbreaker._runtime.keys import BreakerKeys, BudgetKeys
 from distbreaker.breaker.state import State
-from distbreaker.cli.app import cli
 from distbreaker.demo.embedded import free_port
 from distbreaker.errors import CallNotPermitted
+from tests.helpers.cli import fail, make, run
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = {"sliding_window_size": 10, "minimum_number_of_calls": 4,
-        "failure_rate_threshold": 50, "wait_duration_in_open_state": 30.0,
-        "permitted_calls_in_half_open": 2, "key_ttl": 600.0}
 
 
-def run(url: str, *args: str) -> Result:
-    return CliRunner().invoke(cli, ["--url", url, *args])
-
-
-def make(name: str, url: object, **overrides: object) -> CircuitBreaker:
-    return CircuitBreaker(name, redis=url, **{**FAST, **overrides})
-
-
-def fail(breaker: CircuitBreaker, times: int) -> None:
-    for _ in range(times):
-        try:
-            breaker.call(_boom)
-        except (ConnectionError, CallNotPermitted):
-            pass
-
-
-def _boom() -> None:
-    raise ConnectionError("down")
 
 
 def one_line(result: Result) -> str:

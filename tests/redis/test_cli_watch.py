@@ -20,7 +20,7 @@ from click.testing import CliRunner, Result
 from distbreaker import CircuitBreaker
 from distbreaker.cli.app import cli
 from distbreaker.demo.embedded import RedisServer
-from distbreaker.errors import CallNotPermitted
+from tests.helpers.cli import outcomes
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = {"sliding_window_size": 10, "minimum_number_of_calls": 4,
@@ -34,18 +34,6 @@ def make(name: str, url: object, **overrides: object) -> CircuitBreaker:
     return CircuitBreaker(name, redis=url, **{**FAST, **overrides})
 
 
-def outcomes(breaker: CircuitBreaker, failed: int, ok: int = 0) -> None:
-    for _ in range(ok):
-        breaker.call(lambda: None)
-    for _ in range(failed):
-        try:
-            breaker.call(_boom)
-        except (ConnectionError, CallNotPermitted):
-            pass
-
-
-def _boom() -> None:
-    raise ConnectionError("down")
 
 
 def watch(url: str, *args: str, columns: int = 80) -> Result:
