@@ -26,6 +26,7 @@ from .errors import (
     CallNotPermitted,
     ConfigDriftWarning,
     DistbreakerError,
+    RedisUnavailable,
     RetryBudgetExhausted,
     SchemaError,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "Outcome",
     "RecordMode",
     "RedisErrorPolicy",
+    "RedisUnavailable",
     "RetryBudgetExhausted",
     "RetryConfig",
     "SchemaError",

@@ -15,9 +15,17 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, NoReturn, TypeVar
 
-from .._runtime.connection import DEFAULT_URL, async_client, db_of, owns_client
+from .._runtime.connection import (
+    DEFAULT_URL,
+    async_client,
+    db_of,
+    owns_client,
+    release_async_client,
+    shared_async_client,
+)
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import run_script_async, send_async
+from ..errors import redis_unavailable_as
 from .batching import LOOP_FLUSHERS
 from .classify import Outcome
 from .config import BreakerConfig
@@ -77,7 +85,8 @@ class CircuitBreaker(BreakerCore):
         loop = asyncio.get_running_loop()
         client = self._per_loop.get(loop)
         if client is None:
-            client = self._per_loop[loop] = async_client(self._url, self.config.redis_timeout)
+            client = self._per_loop[loop] = shared_async_client(
+                self._url, self.config.redis_timeout)
         return client
 
     async def aclose(self) -> None:
@@ -88,11 +97,12 @@ class CircuitBreaker(BreakerCore):
         if self._given is None:
             client = self._per_loop.pop(asyncio.get_running_loop(), None)
             if client is not None:
-                await client.aclose()
+                await release_async_client(client)
 
     async def _admin(self, call: ScriptCall) -> Reply:
         """Operator actions and reads go to Redis only: their errors are raised."""
-        raw = await run_script_async(self._client, self._script, call.keys, call.args)
+        with redis_unavailable_as(f"circuit breaker {self.name!r}"):
+            raw = await run_script_async(self._client, self._script, call.keys, call.args)
         return self._admin_reply(raw)
 
     # -- the protected call -------------------------------------------------------

@@ -9,9 +9,10 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .._runtime.connection import db_of, owns_client, sync_client
+from .._runtime.connection import db_of, owns_client, release_sync_client, shared_sync_client
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import run_script, send
+from ..errors import redis_unavailable_as
 from .batching import THREAD_FLUSHER
 from .classify import Outcome
 from .config import BreakerConfig
@@ -31,7 +32,8 @@ class CircuitBreaker(BreakerCore):
     def __init__(self, name: str, redis: Any = None, config: BreakerConfig | None = None, *,
                  prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
         super().__init__(name, config, prefix, overrides)
-        self._client = sync_client(redis, self.config.redis_timeout)
+        # Built from a URL: the process's client of that URL, shared with its other users.
+        self._client = shared_sync_client(redis, self.config.redis_timeout)
         self._codec.use_db(db_of(self._client))
         self._owns_client = owns_client(redis)
         self._tls = threading.local()
@@ -49,11 +51,14 @@ class CircuitBreaker(BreakerCore):
         self.flush()
         self._stop_watching()
         if self._owns_client:
-            self._client.close()
+            self._owns_client = False  # let go once: the client may be shared
+            release_sync_client(self._client)
 
     def _admin(self, call: ScriptCall) -> Reply:
         """Operator actions and reads go to Redis only: their errors are raised."""
-        return self._admin_reply(run_script(self._client, self._script, call.keys, call.args))
+        with redis_unavailable_as(f"circuit breaker {self.name!r}"):
+            raw = run_script(self._client, self._script, call.keys, call.args)
+        return self._admin_reply(raw)
 
     # -- the protected call -------------------------------------------------------
     def acquire(self) -> Permit:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from .._runtime.connection import sync_client
+from .._runtime.connection import shared_sync_client
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import Owed, run_scripts_each
@@ -57,7 +57,7 @@ class Policy(PolicyCore):
                  http_classifier: HttpClassifier | None = None,
                  prefix: str = DEFAULT_PREFIX, sleep: Callable[[float], Any] = time.sleep,
                  redis_timeout: float = 0.25) -> None:
-        self._client = sync_client(redis, redis_timeout)
+        self._client = shared_sync_client(redis, redis_timeout)  # never closed: shared
         self._setup(name, self._client, prefix, (breaker, bulkhead, retry, budget), fallback,
                     fallback_on_client_error, http_classifier)
         self._sleep = sleep
