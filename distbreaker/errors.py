@@ -86,18 +86,24 @@ class BulkheadFull(DistbreakerError):
     """The bulkhead had no free permit (within `max_wait_duration`); the call did not run.
 
     `in_use` is the number of permits held fleet-wide when the call was refused
-    (the local count while Redis is unreachable and the local limit applies).
+    (the local count while Redis is unreachable and the local limit applies; -1 when
+    unknown). `reason` is set when the refusal is not a full bulkhead: a permit whose
+    lease ended before its call started (the holder was paused).
     """
 
-    _fields = ("name", "limit", "in_use", "waited", "local")
+    _fields = ("name", "limit", "in_use", "waited", "local", "reason")
 
     def __init__(self, name: str, limit: int, in_use: int, waited: float = 0.0,
-                 local: bool = False) -> None:
+                 local: bool = False, reason: str = "") -> None:
         self.name = name
         self.limit = limit
         self.in_use = in_use
         self.waited = waited
         self.local = local
+        self.reason = reason
+        if reason:
+            super().__init__(f"bulkhead {name!r} refused the call: {reason}")
+            return
         scope = "local fallback limit" if local else "fleet-wide limit"
         detail = f" after waiting {waited:.3f}s" if waited > 0 else ""
         super().__init__(f"bulkhead {name!r} is full ({in_use}/{limit} permits in use, "

@@ -129,6 +129,15 @@ class CircuitBreaker(BreakerCore):
             with self._recording(error):
                 await send_async(self._client, pending)
 
+    async def check_lease(self, permit: Permit) -> None:
+        """Await immediately before invoking the protected function: a probe whose lease
+        already ended (this process was paused since `acquire`) is handed back, counted
+        nowhere, and CallNotPermitted is raised instead of calling without a lease."""
+        rejection = self.lease_rejection(permit)
+        if rejection is not None:
+            await self.record(permit, rejection, 0.0, Outcome.IGNORED)
+            raise rejection
+
     async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Await `fn(*args, **kwargs)` under the breaker.
 
@@ -136,6 +145,7 @@ class CircuitBreaker(BreakerCore):
         if it held one, is handed back.
         """
         permit = await self.acquire()
+        await self.check_lease(permit)
         started = time.monotonic()
         try:
             result = await fn(*args, **kwargs)
@@ -158,6 +168,7 @@ class CircuitBreaker(BreakerCore):
 
     async def __aenter__(self) -> CircuitBreaker:
         permit = await self.acquire()
+        await self.check_lease(permit)
         _open_blocks.set((*_open_blocks.get(), (self, permit, time.monotonic())))
         return self
 

@@ -79,9 +79,19 @@ class CircuitBreaker(BreakerCore):
             with self._recording(error):
                 send(self._client, pending)
 
+    def check_lease(self, permit: Permit) -> None:
+        """Call immediately before invoking the protected function: a probe whose lease
+        already ended (this process was paused since `acquire`) is handed back, counted
+        nowhere, and CallNotPermitted is raised instead of calling without a lease."""
+        rejection = self.lease_rejection(permit)
+        if rejection is not None:
+            self.record(permit, rejection, 0.0, Outcome.IGNORED)
+            raise rejection
+
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(*args, **kwargs)` under the breaker."""
         permit = self.acquire()
+        self.check_lease(permit)
         started = time.monotonic()
         try:
             result = fn(*args, **kwargs)
@@ -103,7 +113,9 @@ class CircuitBreaker(BreakerCore):
 
     def __enter__(self) -> CircuitBreaker:
         stack = self._tls.__dict__.setdefault("stack", [])
-        stack.append((self.acquire(), time.monotonic()))
+        permit = self.acquire()
+        self.check_lease(permit)
+        stack.append((permit, time.monotonic()))
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:

@@ -211,9 +211,19 @@ class Bulkhead(BulkheadCore):
             raise
 
     # -- the protected call ---------------------------------------------------------------
+    async def check_lease(self, permit: BulkheadPermit) -> None:
+        """Await immediately before invoking the protected function: a permit whose lease
+        already ended (this process was paused since `acquire`) is released and
+        BulkheadFull (with a `reason`) raised instead of calling without a permit."""
+        refusal = self.lease_rejection(permit)
+        if refusal is not None:
+            await self.release(permit)
+            raise refusal
+
     async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Await `fn(*args, **kwargs)` holding a permit."""
         permit = await self.acquire()
+        await self.check_lease(permit)
         try:
             return await fn(*args, **kwargs)
         finally:
@@ -232,6 +242,7 @@ class Bulkhead(BulkheadCore):
 
     async def __aenter__(self) -> BulkheadPermit:
         permit = await self.acquire()
+        await self.check_lease(permit)
         _open_blocks.set((*_open_blocks.get(), (self, permit)))
         return permit
 

@@ -252,9 +252,19 @@ class Bulkhead(BulkheadCore):
             send(self._client, pending)
 
     # -- the protected call ---------------------------------------------------------------
+    def check_lease(self, permit: BulkheadPermit) -> None:
+        """Call immediately before invoking the protected function: a permit whose lease
+        already ended (this process was paused since `acquire`) is released and
+        BulkheadFull (with a `reason`) raised instead of calling without a permit."""
+        refusal = self.lease_rejection(permit)
+        if refusal is not None:
+            self.release(permit)
+            raise refusal
+
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(*args, **kwargs)` holding a permit."""
         permit = self.acquire()
+        self.check_lease(permit)
         try:
             return fn(*args, **kwargs)
         finally:
@@ -272,6 +282,7 @@ class Bulkhead(BulkheadCore):
 
     def __enter__(self) -> BulkheadPermit:
         permit = self.acquire()
+        self.check_lease(permit)
         self._tls.__dict__.setdefault("stack", []).append(permit)
         return permit
 
