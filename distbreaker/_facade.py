@@ -29,6 +29,7 @@ from .errors import (
     CallNotPermitted,
     ConfigDriftWarning,
     DistbreakerError,
+    RedisUnavailable,
     RetryBudgetExhausted,
     SchemaError,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "Outcome",
     "RecordMode",
     "RedisErrorPolicy",
+    "RedisUnavailable",
     "ResultRecordedAsFailure",
     "RetryBudgetExhausted",
     "RetryConfig",

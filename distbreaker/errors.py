@@ -6,12 +6,23 @@ under fail_closed) and `BulkheadFull` (the bulkhead). `RetryBudgetExhausted` is
 raised only by `RetryBudget.withdraw()`, for callers driving the budget themselves
 (`Retry` and `Policy` re-raise the original error instead). `SchemaError` means
 foreign data in Redis; misuse raises ValueError or TypeError.
+
+Reads and operator actions, which go to Redis only (`breaker.state`, `get_state()`,
+`metrics()`, `reset()`, `trip()`, the `transition_to_*` methods, `Bulkhead.metrics()`,
+`RetryBudget.reset()`), raise `RedisUnavailable` while Redis cannot serve them. It is
+also a ``redis.exceptions.ConnectionError``, so ``except redis.ConnectionError`` code
+keeps working; the Redis error is its ``__cause__``.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from ._runtime.health import UNAVAILABLE_ERRORS
 from .breaker.state import State
 
 
@@ -75,22 +86,56 @@ class BulkheadFull(DistbreakerError):
     """The bulkhead had no free permit (within `max_wait_duration`); the call did not run.
 
     `in_use` is the number of permits held fleet-wide when the call was refused
-    (the local count while Redis is unreachable and the local limit applies).
+    (the local count while Redis is unreachable and the local limit applies; -1 when
+    unknown). `reason` is set when the refusal is not a full bulkhead: a permit whose
+    lease ended before its call started (the holder was paused).
     """
 
-    _fields = ("name", "limit", "in_use", "waited", "local")
+    _fields = ("name", "limit", "in_use", "waited", "local", "reason")
 
     def __init__(self, name: str, limit: int, in_use: int, waited: float = 0.0,
-                 local: bool = False) -> None:
+                 local: bool = False, reason: str = "") -> None:
         self.name = name
         self.limit = limit
         self.in_use = in_use
         self.waited = waited
         self.local = local
+        self.reason = reason
+        if reason:
+            super().__init__(f"bulkhead {name!r} refused the call: {reason}")
+            return
         scope = "local fallback limit" if local else "fleet-wide limit"
         detail = f" after waiting {waited:.3f}s" if waited > 0 else ""
         super().__init__(f"bulkhead {name!r} is full ({in_use}/{limit} permits in use, "
                          f"{scope}){detail}")
+
+
+class RedisUnavailable(DistbreakerError, RedisConnectionError):
+    """Redis could not serve a read or an operator action of `component` (e.g.
+    "circuit breaker 'payments'"); the Redis error is the ``__cause__``.
+
+    Protected calls never raise it (they follow ``on_redis_error``). A subclass of
+    ``redis.exceptions.ConnectionError`` too, whatever the Redis error was (a timeout,
+    READONLY, NOPERM...), so existing ``except redis.ConnectionError`` code keeps working.
+    """
+
+    _fields = ("component", "detail")
+
+    def __init__(self, component: str, detail: str = "") -> None:
+        self.component = component
+        self.detail = detail
+        super().__init__(f"Redis is unavailable to {component}" + (f": {detail}" if detail else ""))
+
+
+@contextlib.contextmanager
+def redis_unavailable_as(component: str) -> Iterator[None]:
+    """Raise every "Redis cannot serve us" error inside as `RedisUnavailable`."""
+    try:
+        yield
+    except RedisUnavailable:
+        raise
+    except UNAVAILABLE_ERRORS as error:
+        raise RedisUnavailable(component, f"{type(error).__name__}: {error}") from error
 
 
 class RetryBudgetExhausted(DistbreakerError):

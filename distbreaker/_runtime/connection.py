@@ -4,17 +4,27 @@ A URL builds a client with the config's short `redis_timeout` that never retries
 its own (distbreaker's backoff decides); a given client is used as it is, timeouts and
 all. redis-py's pools open fresh connections in a forked child by themselves.
 
+Components built from the same URL and timeouts in one process share one client (one
+connection pool): `shared_sync_client` / `shared_async_client` hand out a
+reference-counted client and `release_sync_client` / `release_async_client` close it
+when its last user lets go. asyncio clients are shared per event loop (their
+connections belong to the loop that opened them).
+
 ``memory://[name]`` is an in-process Redis for tests: a fakeredis server per
 name (shared by every client of this process that names it, sync and asyncio
-alike) running the very same Lua scripts. It lives as long as a client of it
-does; it is not shared with other processes (a forked child has a copy).
+alike) running the very same Lua scripts. It lives as long as the process (use a
+name per test for a fresh one); it is not shared with other processes (a forked
+child has a copy).
 """
 
 from __future__ import annotations
 
+import asyncio as _asyncio
 import dataclasses
+import os
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -35,7 +45,9 @@ SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 DEFAULT_SENTINEL_PORT = 26379
 
 MEMORY_SCHEME = "memory://"
-_memory_servers: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+#: Every memory:// server of this process, by name; kept for the process's lifetime, so a
+#: breaker dropped and built again (or a Registry rebuilt) finds the same state.
+_memory_servers: dict[str, Any] = {}
 _memory_lock = threading.Lock()
 
 _SYNC_TYPES: tuple[type, ...] = (redis.Redis, redis.cluster.RedisCluster)
@@ -252,6 +264,149 @@ def async_waiting_client(url: str, timeout: float, read_timeout: float) -> Any:
                                 pool_options={"socket_timeout": read_timeout})
     return redis.asyncio.Redis.from_url(
         url, **{**_url_options(timeout), "socket_timeout": read_timeout})
+
+
+# -- shared clients ---------------------------------------------------------------------
+_SharedKey = tuple[str, str, float, "float | None"]
+
+
+class _Shared:
+    """Reference-counted clients by key (one table for sync clients, one per event loop)."""
+
+    __slots__ = ("clients", "counts")
+
+    def __init__(self) -> None:
+        self.clients: dict[_SharedKey, Any] = {}
+        self.counts: dict[int, tuple[_SharedKey, int]] = {}  # id(client) -> (key, users)
+
+    def take(self, key: _SharedKey, build: Callable[[], Any]) -> Any:
+        client = self.clients.get(key)
+        if client is None:
+            client = self.clients[key] = build()
+            self.counts[id(client)] = (key, 0)
+        _, users = self.counts[id(client)]
+        self.counts[id(client)] = (key, users + 1)
+        return client
+
+    def give_back(self, client: Any) -> bool:
+        """True when `client` must be closed now: its last user let go (or it was never
+        shared, e.g. a ``memory://`` client)."""
+        entry = self.counts.get(id(client))
+        if entry is None or self.clients.get(entry[0]) is not client:
+            return True
+        key, users = entry
+        if users > 1:
+            self.counts[id(client)] = (key, users - 1)
+            return False
+        del self.counts[id(client)], self.clients[key]
+        return True
+
+
+_shared_lock = threading.Lock()
+_sync_shared = _Shared()
+_async_shared: weakref.WeakKeyDictionary[_asyncio.AbstractEventLoop, _Shared] = (
+    weakref.WeakKeyDictionary())
+
+
+def _reset_lock_in_child() -> None:
+    global _shared_lock
+    _shared_lock = threading.Lock()  # the parent's may have been held by another thread
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_lock_in_child)
+
+
+def _shareable(target: Any) -> bool:
+    return owns_client(target) and not is_memory_url(target)
+
+
+def shared_sync_client(target: Any, timeout: float, *,
+                       read_timeout: float | bool | None = False) -> Any:
+    """`sync_client`, except that a URL's client is shared by every caller naming the same
+    URL and timeouts; give it back with `release_sync_client`. `read_timeout` (not
+    False) asks for a client for blocking commands (`waiting_client`)."""
+    if not _shareable(target):
+        if read_timeout is not False and isinstance(target, str):
+            return waiting_client(target, timeout, read_timeout)  # type: ignore[arg-type]
+        return sync_client(target, timeout)
+    url = target or DEFAULT_URL
+    if read_timeout is False:
+        key: _SharedKey = ("sync", url, timeout, None)
+        build: Callable[[], Any] = lambda: sync_client(url, timeout)  # noqa: E731
+    else:
+        key = ("sync-wait", url, timeout, read_timeout)  # type: ignore[assignment]
+        build = lambda: waiting_client(url, timeout, read_timeout)  # type: ignore[arg-type]  # noqa: E731
+    with _shared_lock:
+        return _sync_shared.take(key, build)
+
+
+def release_sync_client(client: Any) -> None:
+    """Let go of a client from `shared_sync_client`; the last user closes it."""
+    with _shared_lock:
+        close = _sync_shared.give_back(client)
+    if close:
+        client.close()
+
+
+def shared_async_client(target: Any, timeout: float, *,
+                        read_timeout: float | bool = False) -> Any:
+    """The asyncio twin of `shared_sync_client`, shared within the running event loop."""
+    if not _shareable(target):
+        if read_timeout is not False and isinstance(target, str):
+            return async_waiting_client(target, timeout, read_timeout)
+        return async_client(target, timeout)
+    url = target or DEFAULT_URL
+    loop = _asyncio.get_running_loop()
+    if read_timeout is False:
+        key: _SharedKey = ("async", url, timeout, None)
+        build: Callable[[], Any] = lambda: async_client(url, timeout)  # noqa: E731
+    else:
+        key = ("async-wait", url, timeout, read_timeout)
+        build = lambda: async_waiting_client(url, timeout, read_timeout)  # noqa: E731
+    with _shared_lock:
+        table = _async_shared.get(loop)
+        if table is None:
+            table = _async_shared[loop] = _Shared()
+        return table.take(key, build)
+
+
+async def release_async_client(client: Any) -> None:
+    """Let go of a client from `shared_async_client` (in the loop it was taken in)."""
+    with _shared_lock:
+        table = _async_shared.get(_asyncio.get_running_loop())
+        close = table is None or table.give_back(client)
+    if close:
+        await client.aclose()
+
+
+class LoopClients:
+    """An asyncio component's client: the one given, or the running loop's shared client
+    of the URL (taken on first use in each loop, let go by `release`)."""
+
+    def __init__(self, target: Any, timeout: float) -> None:
+        client = async_client(target, timeout)  # validates `target` now
+        self.given = None if owns_client(target) else client
+        self._target = DEFAULT_URL if target is None else target
+        self._timeout = timeout
+        self._per_loop: weakref.WeakKeyDictionary[_asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary())
+
+    def get(self) -> Any:
+        if self.given is not None:
+            return self.given
+        loop = _asyncio.get_running_loop()
+        client = self._per_loop.get(loop)
+        if client is None:
+            client = self._per_loop[loop] = shared_async_client(self._target, self._timeout)
+        return client
+
+    async def release(self) -> None:
+        """Let go of the running loop's client (a given client is the caller's)."""
+        if self.given is None:
+            client = self._per_loop.pop(_asyncio.get_running_loop(), None)
+            if client is not None:
+                await release_async_client(client)
 
 
 def db_of(client: Any) -> int:

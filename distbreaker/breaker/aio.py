@@ -13,10 +13,18 @@ from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
-from .._runtime.connection import DEFAULT_URL, async_client, db_of, owns_client
+from .._runtime.connection import (
+    DEFAULT_URL,
+    async_client,
+    db_of,
+    owns_client,
+    release_async_client,
+    shared_async_client,
+)
 from .._runtime.decorate import decorate_async
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import run_script_async, send_async
+from ..errors import redis_unavailable_as
 from .batching import LOOP_FLUSHERS
 from .classify import Outcome
 from .config import BreakerConfig
@@ -77,7 +85,8 @@ class CircuitBreaker(BreakerCore):
         loop = asyncio.get_running_loop()
         client = self._per_loop.get(loop)
         if client is None:
-            client = self._per_loop[loop] = async_client(self._url, self.config.redis_timeout)
+            client = self._per_loop[loop] = shared_async_client(
+                self._url, self.config.redis_timeout)
         return client
 
     async def aclose(self) -> None:
@@ -88,11 +97,12 @@ class CircuitBreaker(BreakerCore):
         if self._given is None:
             client = self._per_loop.pop(asyncio.get_running_loop(), None)
             if client is not None:
-                await client.aclose()
+                await release_async_client(client)
 
     async def _admin(self, call: ScriptCall) -> Reply:
         """Operator actions and reads go to Redis only: their errors are raised."""
-        raw = await run_script_async(self._client, self._script, call.keys, call.args)
+        with redis_unavailable_as(f"circuit breaker {self.name!r}"):
+            raw = await run_script_async(self._client, self._script, call.keys, call.args)
         return self._admin_reply(raw, call)
 
     # -- the protected call -------------------------------------------------------
@@ -119,6 +129,15 @@ class CircuitBreaker(BreakerCore):
             with self._recording(error):
                 await send_async(self._client, pending)
 
+    async def check_lease(self, permit: Permit) -> None:
+        """Await immediately before invoking the protected function: a probe whose lease
+        already ended (this process was paused since `acquire`) is handed back, counted
+        nowhere, and CallNotPermitted is raised instead of calling without a lease."""
+        rejection = self.lease_rejection(permit)
+        if rejection is not None:
+            await self.record(permit, rejection, 0.0, Outcome.IGNORED)
+            raise rejection
+
     async def call(self, fn: Callable[P, Awaitable[T]], /, *args: P.args,
                    **kwargs: P.kwargs) -> T:
         """Await `fn(*args, **kwargs)` under the breaker.
@@ -127,6 +146,7 @@ class CircuitBreaker(BreakerCore):
         if it held one, is handed back.
         """
         permit = await self.acquire()
+        await self.check_lease(permit)
         started = time.monotonic()
         try:
             result = await fn(*args, **kwargs)
@@ -141,6 +161,7 @@ class CircuitBreaker(BreakerCore):
 
     async def __aenter__(self) -> CircuitBreaker:
         permit = await self.acquire()
+        await self.check_lease(permit)
         _open_blocks.set((*_open_blocks.get(), (self, permit, time.monotonic())))
         return self
 

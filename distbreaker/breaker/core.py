@@ -92,9 +92,14 @@ class Reply:
 
 @dataclasses.dataclass(frozen=True)
 class Permit:
-    """Permission to run one call; `token` is the half-open probe lease, if any."""
+    """Permission to run one call; `token` is the half-open probe lease, if any.
+
+    `lease_deadline` (monotonic seconds, 0: none) is when a probe's lease ends: the
+    time its acquire was sent plus the governing `half_open_lease`.
+    """
 
     token: str = ""
+    lease_deadline: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,13 +338,34 @@ class BreakerCodec:
         return [Transition(self.name, a, b, why, reply.now_ms, source, *rate_pair)
                 for (a, b, why), rate_pair in zip(reply.transitions, rates, strict=True)]
 
-    def admission(self, reply: Reply, token: str) -> Permit:
-        """Turn an acquire reply into a permit, or raise CallNotPermitted."""
+    def admission(self, reply: Reply, token: str, sent_at: float = 0.0) -> Permit:
+        """Turn an acquire reply into a permit, or raise CallNotPermitted. A probe's
+        lease runs from `sent_at` (when the acquire was sent; monotonic)."""
         if reply.permitted:
-            uses_probe = reply.state is State.HALF_OPEN
-            return Permit(token if uses_probe else "")
+            if reply.state is not State.HALF_OPEN:
+                return Permit()
+            return Permit(token, sent_at + self.probe_lease(reply) if sent_at else 0.0)
         self._count_rejection(reply.state.value)
         raise self._rejection(reply.state, reply.wait_ms / 1000.0, reply.reason, reply.actor)
+
+    def probe_lease(self, reply: Reply) -> float:
+        """The lease of a probe granted by `reply`: the stored config's when it drifts
+        from this process's (the script applied the stored one)."""
+        if reply.drift:
+            try:
+                return BreakerConfig.from_wire(reply.stored_config).half_open_lease
+            except ValueError:
+                pass
+        return self.config.half_open_lease
+
+    def expired_lease(self, permit: Permit, now: float) -> CallNotPermitted | None:
+        """The rejection of a probe whose lease ended before its call starts (the holder
+        was paused: another worker may hold the slot now), or None."""
+        if not permit.token or not permit.lease_deadline or now < permit.lease_deadline:
+            return None
+        self._count_rejection(State.HALF_OPEN.value)
+        return CallNotPermitted(self.name, State.HALF_OPEN, 0.0,
+                                reason="probe lease expired before the call")
 
     def redis_unavailable(self, error: BaseException, retry_after: float) -> CallNotPermitted:
         """The fail_closed rejection (the Redis error becomes its cause)."""
@@ -559,28 +585,28 @@ class BreakerCore:
         if step is Step.REJECT:
             raise self._rejected(codec.local_rejection(now))
         call, token = codec.acquire_call()
-        return AcquireStep(Step.ACQUIRE, self._pending(call, acquiring=True, token=token),
-                           token)
+        return AcquireStep(Step.ACQUIRE, self._pending(call, acquiring=True, token=token,
+                                                       sent_at=now), token)
 
     def _pending(self, call: ScriptCall, acquiring: bool = False,
-                 token: str = "") -> PendingCall:
+                 token: str = "", sent_at: float = 0.0) -> PendingCall:
         """`call` with its reply and outage handling. Its result: for an acquire the
         Permit (CallNotPermitted is raised), else the Reply (None: nobody answered)."""
 
         def answered(raw: Any) -> Any:
             reply = self._redis_reply(raw)
-            return self._admit(reply, token) if acquiring else reply
+            return self._admit(reply, token, sent_at) if acquiring else reply
 
         def unavailable(error: BaseException | None) -> Any:
             if error is not None:
                 self._redis_failed(error)
             reply = self._fallback(call, acquiring)
-            return self._admit(reply, token) if acquiring else reply
+            return self._admit(reply, token, sent_at) if acquiring else reply
 
         return PendingCall(self._script, call.keys, call.args, self._health.usable,
                            answered, unavailable)
 
-    def _admit(self, reply: Reply | None, token: str) -> Permit:
+    def _admit(self, reply: Reply | None, token: str, sent_at: float = 0.0) -> Permit:
         """Turn the acquire reply into a permit, or raise CallNotPermitted.
 
         No reply while acquiring means the local fallback is still loading
@@ -589,10 +615,16 @@ class BreakerCore:
         if reply is None:
             return Permit()
         try:
-            return self._codec.admission(reply, token)
+            return self._codec.admission(reply, token, sent_at)
         except CallNotPermitted as rejection:
             self._rejected(rejection)
             raise
+
+    def lease_rejection(self, permit: Permit) -> CallNotPermitted | None:
+        """Checked immediately before the protected function is invoked: the rejection to
+        raise (after handing the probe back, as ignored) when the permit's probe lease has
+        already ended, else None."""
+        return self._codec.expired_lease(permit, time.monotonic())
 
     def _record_call(self, permit: Permit, error: BaseException | None, duration: float,
                      outcome: Outcome | None = None) -> ScriptCall | None:

@@ -7,10 +7,11 @@ import time
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
-from .._runtime.connection import db_of, owns_client, sync_client
+from .._runtime.connection import db_of, owns_client, release_sync_client, shared_sync_client
 from .._runtime.decorate import decorate_sync
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import run_script, send
+from ..errors import redis_unavailable_as
 from .batching import THREAD_FLUSHER
 from .classify import Outcome
 from .config import BreakerConfig
@@ -31,7 +32,8 @@ class CircuitBreaker(BreakerCore):
     def __init__(self, name: str, redis: Any = None, config: BreakerConfig | None = None, *,
                  prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
         super().__init__(name, config, prefix, overrides)
-        self._client = sync_client(redis, self.config.redis_timeout)
+        # Built from a URL: the process's client of that URL, shared with its other users.
+        self._client = shared_sync_client(redis, self.config.redis_timeout)
         self._codec.use_db(db_of(self._client))
         self._owns_client = owns_client(redis)
         self._tls = threading.local()
@@ -49,12 +51,14 @@ class CircuitBreaker(BreakerCore):
         self.flush()
         self._stop_watching()
         if self._owns_client:
-            self._client.close()
+            self._owns_client = False  # let go once: the client may be shared
+            release_sync_client(self._client)
 
     def _admin(self, call: ScriptCall) -> Reply:
         """Operator actions and reads go to Redis only: their errors are raised."""
-        return self._admin_reply(run_script(self._client, self._script, call.keys, call.args),
-                                 call)
+        with redis_unavailable_as(f"circuit breaker {self.name!r}"):
+            raw = run_script(self._client, self._script, call.keys, call.args)
+        return self._admin_reply(raw, call)
 
     # -- the protected call -------------------------------------------------------
     def acquire(self) -> Permit:
@@ -75,9 +79,19 @@ class CircuitBreaker(BreakerCore):
             with self._recording(error):
                 send(self._client, pending)
 
+    def check_lease(self, permit: Permit) -> None:
+        """Call immediately before invoking the protected function: a probe whose lease
+        already ended (this process was paused since `acquire`) is handed back, counted
+        nowhere, and CallNotPermitted is raised instead of calling without a lease."""
+        rejection = self.lease_rejection(permit)
+        if rejection is not None:
+            self.record(permit, rejection, 0.0, Outcome.IGNORED)
+            raise rejection
+
     def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run `fn(*args, **kwargs)` under the breaker."""
         permit = self.acquire()
+        self.check_lease(permit)
         started = time.monotonic()
         try:
             result = fn(*args, **kwargs)
@@ -92,7 +106,9 @@ class CircuitBreaker(BreakerCore):
 
     def __enter__(self) -> CircuitBreaker:
         stack = self._tls.__dict__.setdefault("stack", [])
-        stack.append((self.acquire(), time.monotonic()))
+        permit = self.acquire()
+        self.check_lease(permit)
+        stack.append((permit, time.monotonic()))
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:

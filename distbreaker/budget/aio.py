@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._runtime.connection import async_client, owns_client
+from .._runtime.connection import LoopClients
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import send_async
+from ..errors import redis_unavailable_as
 from .config import BudgetConfig
 from .core import BudgetCore, BudgetReply
 
@@ -17,8 +18,12 @@ class RetryBudget(BudgetCore):
     def __init__(self, name: str, redis: Any = None, config: BudgetConfig | None = None, *,
                  prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
         super().__init__(name, config, prefix, overrides)
-        self._client = async_client(redis, self.config.redis_timeout)
-        self._owns_client = owns_client(redis)
+        self._clients = LoopClients(redis, self.config.redis_timeout)
+
+    @property
+    def _client(self) -> Any:
+        """The client for the running event loop (a URL's is shared per loop)."""
+        return self._clients.get()
 
     async def _run(self, args: list[str]) -> BudgetReply:
         # (The local fallback is an in-memory fakeredis: it runs inline, nothing to await.)
@@ -49,11 +54,11 @@ class RetryBudget(BudgetCore):
 
     async def reset(self) -> None:
         """Forget the window in Redis (the next writer's ttl/slices become the stored ones)."""
-        await self._client.delete(self.keys.slices)
+        with redis_unavailable_as(f"retry budget {self.name!r}"):
+            await self._client.delete(self.keys.slices)
 
     async def aclose(self) -> None:
         """Send the batched deposits, then close the client this budget built from a URL
         (a client given to it is yours)."""
         await self.flush()
-        if self._owns_client:
-            await self._client.aclose()
+        await self._clients.release()

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._runtime.connection import owns_client, sync_client
+from .._runtime.connection import owns_client, release_sync_client, shared_sync_client
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import send
+from ..errors import redis_unavailable_as
 from .config import BudgetConfig
 from .core import BudgetCore, BudgetReply
 
@@ -28,7 +29,7 @@ class RetryBudget(BudgetCore):
     def __init__(self, name: str, redis: Any = None, config: BudgetConfig | None = None, *,
                  prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
         super().__init__(name, config, prefix, overrides)
-        self._client = sync_client(redis, self.config.redis_timeout)
+        self._client = shared_sync_client(redis, self.config.redis_timeout)
         self._owns_client = owns_client(redis)
 
     def _run(self, args: list[str]) -> BudgetReply:
@@ -59,11 +60,13 @@ class RetryBudget(BudgetCore):
 
     def reset(self) -> None:
         """Forget the window in Redis (the next writer's ttl/slices become the stored ones)."""
-        self._client.delete(self.keys.slices)
+        with redis_unavailable_as(f"retry budget {self.name!r}"):
+            self._client.delete(self.keys.slices)
 
     def close(self) -> None:
         """Send the batched deposits, then close the client this budget built from a URL
         (a client given to it is yours)."""
         self.flush()
         if self._owns_client:
-            self._client.close()
+            self._owns_client = False  # let go once: the client may be shared
+            release_sync_client(self._client)

@@ -11,12 +11,13 @@ from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
 
-from .._runtime.connection import async_client, async_waiting_client
+from .._runtime.connection import async_client, release_async_client, shared_async_client
 from .._runtime.decorate import decorate_async
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import Owed, PendingCall, run_script_async, send_async
 from ..breaker.core import ScriptCall
+from ..errors import redis_unavailable_as
 from .config import BulkheadConfig
 from .core import Acquisition, BulkheadCore, BulkheadMetrics, BulkheadPermit, blocking_cap
 
@@ -70,7 +71,7 @@ class Bulkhead(BulkheadCore):
         loop = asyncio.get_running_loop()
         state = self._loops.get(loop)
         if state is None:
-            client = self._given or async_client(self._target, self.config.redis_timeout)
+            client = self._given or shared_async_client(self._target, self.config.redis_timeout)
             state = self._loops[loop] = _PerLoop(client, self.config.effective_fallback_limit)
         return state
 
@@ -78,9 +79,9 @@ class Bulkhead(BulkheadCore):
         """The client BLPOP runs on (see `distbreaker.Bulkhead._waiter`) and its bound."""
         if state.blocking is None:
             if self._owns_clients:
-                state.blocking = async_waiting_client(
+                state.blocking = shared_async_client(
                     self._target, self.config.redis_timeout,
-                    self.config.waiting_socket_timeout)
+                    read_timeout=self.config.waiting_socket_timeout)
             else:
                 state.blocking = state.client
             state.blocking_cap = blocking_cap(state.blocking)
@@ -210,10 +211,20 @@ class Bulkhead(BulkheadCore):
             raise
 
     # -- the protected call ---------------------------------------------------------------
+    async def check_lease(self, permit: BulkheadPermit) -> None:
+        """Await immediately before invoking the protected function: a permit whose lease
+        already ended (this process was paused since `acquire`) is released and
+        BulkheadFull (with a `reason`) raised instead of calling without a permit."""
+        refusal = self.lease_rejection(permit)
+        if refusal is not None:
+            await self.release(permit)
+            raise refusal
+
     async def call(self, fn: Callable[P, Awaitable[T]], /, *args: P.args,
                    **kwargs: P.kwargs) -> T:
         """Await `fn(*args, **kwargs)` holding a permit."""
         permit = await self.acquire()
+        await self.check_lease(permit)
         try:
             return await fn(*args, **kwargs)
         finally:
@@ -224,6 +235,7 @@ class Bulkhead(BulkheadCore):
 
     async def __aenter__(self) -> BulkheadPermit:
         permit = await self.acquire()
+        await self.check_lease(permit)
         _open_blocks.set((*_open_blocks.get(), (self, permit)))
         return permit
 
@@ -238,8 +250,9 @@ class Bulkhead(BulkheadCore):
 
     # -- metrics -------------------------------------------------------------------------
     async def metrics(self) -> BulkheadMetrics:
-        """Fleet-wide figures read from Redis (Redis errors are raised)."""
-        raw = await self._run(self._codec.metrics_call())
+        """Fleet-wide figures read from Redis (RedisUnavailable while it cannot answer)."""
+        with redis_unavailable_as(f"bulkhead {self.name!r}"):
+            raw = await self._run(self._codec.metrics_call())
         return self._codec.metrics(raw, self._loop().fallback_in_use)
 
     async def aclose(self) -> None:
@@ -248,6 +261,6 @@ class Bulkhead(BulkheadCore):
         state = self._loops.pop(asyncio.get_running_loop(), None)
         if state is None or self._given is not None:
             return
-        await state.client.aclose()
+        await release_async_client(state.client)
         if state.blocking is not None:
-            await state.blocking.aclose()
+            await release_async_client(state.blocking)

@@ -50,11 +50,17 @@ class BulkheadPermit:
 
     `lost` turns True when a renewal or the release found the lease gone (it
     expired or was deleted): the call ran without a fleet-wide permit for a while.
+    `acquired_at` is when the granting acquire was sent and `renewed_at` when the last
+    successful renewal was (monotonic): the lease ends one `lease` after the later.
+    `expired` turns True when the call was refused because that time had passed
+    before it started.
     """
 
     token: str
     local: bool = False
     acquired_at: float = 0.0
+    renewed_at: float = 0.0
+    expired: bool = False
     lost: bool = False
     released: bool = False
 
@@ -231,10 +237,14 @@ class BulkheadCodec:
         if permit.released:
             return None
         call = self.renew_call(permit.token)
+        sent_at = time.monotonic()
 
         def renewed(raw: Any) -> bool:
             self.health.succeeded()
-            return self.after_renew(permit, decode_reply(raw))
+            keep = self.after_renew(permit, decode_reply(raw))
+            if keep:
+                permit.renewed_at = max(permit.renewed_at, sent_at)
+            return keep
 
         def unavailable(error: BaseException | None) -> bool:
             if error is not None:
@@ -273,6 +283,20 @@ class BulkheadCodec:
         return PendingCall(self.script, call.keys, call.args, self.health.usable, released,
                            unavailable)
 
+    def expired_lease(self, permit: BulkheadPermit, now: float) -> BulkheadFull | None:
+        """The refusal of a Redis permit whose lease ended before its call starts (the
+        holder was paused, renewals too: another worker may hold the permit now), or None.
+        """
+        if permit.local or not permit.token or permit.released:
+            return None
+        if now < max(permit.acquired_at, permit.renewed_at) + self.config.lease:
+            return None
+        permit.expired = True
+        with self._lock:
+            self.rejected_here += 1
+        return BulkheadFull(self.name, self.config.max_concurrent_calls, -1,
+                            reason="permit lease expired before the call")
+
     def full(self, in_use: int, waited: float, local: bool = False) -> BulkheadFull:
         with self._lock:
             self.rejected_here += 1
@@ -289,6 +313,8 @@ class BulkheadCodec:
         if permit.lost:
             return
         permit.lost = True
+        if permit.expired:  # its call never ran: nothing ran without a permit
+            return
         with self._lock:
             self.lost_here += 1
         logger.warning("bulkhead %r: the lease of permit %s was lost (found gone at %s); "
@@ -325,6 +351,7 @@ class Acquisition:
         self.orphans = codec.take_orphans() if self.via_redis else []
         self.token = codec.new_token()
         self._remaining = 0.0
+        self._sent_at = self.started
         self._refusal: BulkheadReply | None = None
 
     def remaining(self) -> float:
@@ -334,6 +361,7 @@ class Acquisition:
     def request(self) -> ScriptCall:
         """The next acquire call; with time left, a refusal registers us as a waiter."""
         self._remaining = self.remaining()
+        self._sent_at = time.monotonic()
         return self._codec.acquire_call(self.token, self._remaining)
 
     def answer(self, raw: Sequence[Any]) -> BulkheadPermit | None:
@@ -343,7 +371,7 @@ class Acquisition:
         codec.health.succeeded()
         reply = decode_reply(raw)
         if reply.ok:
-            return self._permitted(BulkheadPermit(self.token, acquired_at=time.monotonic()))
+            return self._permitted(BulkheadPermit(self.token, acquired_at=self._sent_at))
         if self._remaining <= 0:
             raise codec.full(reply.in_use, self._waited())
         self._refusal = reply
@@ -403,6 +431,11 @@ class BulkheadCore:
     def keys(self) -> BulkheadKeys:
         """The Redis keys of this bulkhead (see lua/bulkhead.lua)."""
         return self._codec.keys
+
+    def lease_rejection(self, permit: BulkheadPermit) -> BulkheadFull | None:
+        """Checked immediately before the protected function is invoked: the refusal to
+        raise (after releasing the permit) when its lease has already ended, else None."""
+        return self._codec.expired_lease(permit, time.monotonic())
 
     @property
     def local_fallback_active(self) -> bool:

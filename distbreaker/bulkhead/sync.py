@@ -12,12 +12,13 @@ from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
 from .._runtime import forking
-from .._runtime.connection import sync_client, waiting_client
+from .._runtime.connection import release_sync_client, shared_sync_client
 from .._runtime.decorate import decorate_sync
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import Owed, PendingCall, run_script, send
 from ..breaker.core import ScriptCall
+from ..errors import redis_unavailable_as
 from .config import BulkheadConfig
 from .core import Acquisition, BulkheadCore, BulkheadMetrics, BulkheadPermit, blocking_cap
 
@@ -128,9 +129,10 @@ class Bulkhead(BulkheadCore):
     def __init__(self, name: str, redis: Any = None, config: BulkheadConfig | None = None, *,
                  prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
         super().__init__(name, redis, config, prefix, overrides)
-        self._client = sync_client(self._target, self.config.redis_timeout)
+        self._client = shared_sync_client(self._target, self.config.redis_timeout)
         self._blocking: Any = None
         self._blocking_cap = 0.0
+        self._let_go = False
         self._lock = threading.Lock()
         self._renewer = _Renewer(self._renew, self.config.renew_interval)
         self._tls = threading.local()
@@ -158,9 +160,9 @@ class Bulkhead(BulkheadCore):
         with self._lock:
             if self._blocking is None:
                 if self._owns_clients:
-                    self._blocking = waiting_client(
+                    self._blocking = shared_sync_client(
                         self._target, self.config.redis_timeout,
-                        self.config.waiting_socket_timeout)
+                        read_timeout=self.config.waiting_socket_timeout)
                 else:
                     self._blocking = self._client
                 self._blocking_cap = blocking_cap(self._blocking)
@@ -250,9 +252,19 @@ class Bulkhead(BulkheadCore):
             send(self._client, pending)
 
     # -- the protected call ---------------------------------------------------------------
+    def check_lease(self, permit: BulkheadPermit) -> None:
+        """Call immediately before invoking the protected function: a permit whose lease
+        already ended (this process was paused since `acquire`) is released and
+        BulkheadFull (with a `reason`) raised instead of calling without a permit."""
+        refusal = self.lease_rejection(permit)
+        if refusal is not None:
+            self.release(permit)
+            raise refusal
+
     def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run `fn(*args, **kwargs)` holding a permit."""
         permit = self.acquire()
+        self.check_lease(permit)
         try:
             return fn(*args, **kwargs)
         finally:
@@ -263,6 +275,7 @@ class Bulkhead(BulkheadCore):
 
     def __enter__(self) -> BulkheadPermit:
         permit = self.acquire()
+        self.check_lease(permit)
         self._tls.__dict__.setdefault("stack", []).append(permit)
         return permit
 
@@ -271,12 +284,15 @@ class Bulkhead(BulkheadCore):
 
     # -- metrics -------------------------------------------------------------------------
     def metrics(self) -> BulkheadMetrics:
-        """Fleet-wide figures read from Redis (Redis errors are raised)."""
-        return self._codec.metrics(self._run(self._codec.metrics_call()), self._fallback_in_use)
+        """Fleet-wide figures read from Redis (RedisUnavailable while it cannot answer)."""
+        with redis_unavailable_as(f"bulkhead {self.name!r}"):
+            raw = self._run(self._codec.metrics_call())
+        return self._codec.metrics(raw, self._fallback_in_use)
 
     def close(self) -> None:
         """Close the clients this bulkhead built from a URL (a client given to it is yours)."""
-        if self._owns_clients:
-            self._client.close()
+        if self._owns_clients and not self._let_go:
+            self._let_go = True  # once: the clients may be shared with other components
+            release_sync_client(self._client)
             if self._blocking is not None:
-                self._blocking.close()
+                release_sync_client(self._blocking)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
-from .._runtime.connection import async_client, owns_client
+from .._runtime.connection import LoopClients
 from .._runtime.decorate import decorate_async
 from .._runtime.scripts import send_async
 from .config import GaneshaConfig
@@ -21,8 +21,12 @@ class GaneshaBreaker(GaneshaCore):
     def __init__(self, service: str, redis: Any = None, config: GaneshaConfig | None = None,
                  **overrides: Any) -> None:
         super().__init__(service, config, overrides)
-        self._client = async_client(redis, self.config.redis_timeout)
-        self._owns_client = owns_client(redis)
+        self._clients = LoopClients(redis, self.config.redis_timeout)
+
+    @property
+    def _client(self) -> Any:
+        """The client for the running event loop (a URL's is shared per loop)."""
+        return self._clients.get()
 
     async def _run(self, op: str) -> GaneshaReply | None:
         return await send_async(self._client, self._pending(op))
@@ -59,5 +63,4 @@ class GaneshaBreaker(GaneshaCore):
 
     async def aclose(self) -> None:
         """Close the client this breaker built from a URL (a client given to it is yours)."""
-        if self._owns_client:
-            await self._client.aclose()
+        await self._clients.release()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
-from .._runtime.connection import owns_client, sync_client
+from .._runtime.connection import owns_client, release_sync_client, shared_sync_client
 from .._runtime.decorate import decorate_sync
 from .._runtime.scripts import send
 from .config import GaneshaConfig
@@ -28,7 +28,7 @@ class GaneshaBreaker(GaneshaCore):
     def __init__(self, service: str, redis: Any = None, config: GaneshaConfig | None = None,
                  **overrides: Any) -> None:
         super().__init__(service, config, overrides)
-        self._client = sync_client(redis, self.config.redis_timeout)
+        self._client = shared_sync_client(redis, self.config.redis_timeout)
         self._owns_client = owns_client(redis)
 
     def _run(self, op: str) -> GaneshaReply | None:
@@ -66,4 +66,5 @@ class GaneshaBreaker(GaneshaCore):
     def close(self) -> None:
         """Close the client this breaker built from a URL (a client given to it is yours)."""
         if self._owns_client:
-            self._client.close()
+            self._owns_client = False  # let go once: the client may be shared
+            release_sync_client(self._client)

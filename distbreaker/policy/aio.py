@@ -107,6 +107,13 @@ class Policy(PolicyCore):
             if breaker is not None:
                 await breaker.record(permit, refused, 0.0, Outcome.IGNORED)
             raise
+        refusal = self.lease_refusal(permit, slot)
+        if refusal is not None:  # paused since acquiring: hand both back, do not call
+            release = await bulkhead.owed_release(slot) if slot is not None else None
+            record = None if breaker is None else breaker.owed_record(
+                permit, refusal, 0.0, Outcome.IGNORED)
+            await self._flush([release, record])
+            raise refusal
         ran = Ran()
         try:
             ran.ended(await self._within(fn(*args, **kwargs), attempt), None)

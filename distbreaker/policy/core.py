@@ -200,6 +200,19 @@ class PolicyCore:
                                                  self.breaker_outcome(ran.error, ran.result)))
         return owed
 
+    def lease_refusal(self, permit: Any, slot: Any) -> BaseException | None:
+        """Checked immediately before an attempt invokes the protected function: the
+        rejection to raise when the breaker probe's or the bulkhead permit's lease has
+        already ended (the process was paused since acquiring), else None. The caller
+        hands both back first."""
+        if self.breaker is not None and permit is not None:
+            rejection = self.breaker.lease_rejection(permit)
+            if rejection is not None:
+                return rejection
+        if self.bulkhead is not None and slot is not None:
+            return self.bulkhead.lease_rejection(slot)  # type: ignore[no-any-return]
+        return None
+
     def trip_reason(self, ran: Ran) -> str | None:
         """Why the breaker must be tripped after this attempt (a hard stop), or None."""
         error = ran.error

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec, TypeVar
 
-from .._runtime.connection import sync_client
+from .._runtime.connection import shared_sync_client
 from .._runtime.decorate import decorate_sync
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
@@ -68,7 +68,7 @@ class Policy(PolicyCore):
                  http_classifier: HttpClassifier | None = None,
                  prefix: str = DEFAULT_PREFIX, sleep: Callable[[float], Any] = time.sleep,
                  redis_timeout: float = 0.25) -> None:
-        self._client = sync_client(redis, redis_timeout)
+        self._client = shared_sync_client(redis, redis_timeout)  # never closed: shared
         self._setup(name, self._client, prefix, (breaker, bulkhead, retry, budget), fallback,
                     fallback_on_client_error, http_classifier)
         self._sleep = sleep
@@ -100,6 +100,13 @@ class Policy(PolicyCore):
             if breaker is not None:
                 breaker.record(permit, refused, 0.0, Outcome.IGNORED)
             raise
+        refusal = self.lease_refusal(permit, slot)
+        if refusal is not None:  # paused since acquiring: hand both back, do not call
+            release = bulkhead.owed_release(slot) if slot is not None else None
+            record = None if breaker is None else breaker.owed_record(
+                permit, refusal, 0.0, Outcome.IGNORED)
+            self._flush([release, record])
+            raise refusal
         ran = Ran()
         try:
             ran.ended(fn(*args, **kwargs), None)

@@ -92,8 +92,8 @@ class ProbeAwareBreaker(CircuitBreaker):
         self.chaos.source = f"local-{os.getpid()}"
         return super()._local_reply(call)
 
-    def _admit(self, reply: Any, token: str) -> Any:
-        permit = super()._admit(reply, token)
+    def _admit(self, reply: Any, token: str, *rest: Any) -> Any:
+        permit = super()._admit(reply, token, *rest)
         if permit.token:
             self.chaos.probe = f"{self.chaos.source}:{reply.since_ms}"
         return permit

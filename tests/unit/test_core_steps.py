@@ -4,6 +4,7 @@ hand in the scripts' reply layout (docs/KEY_SCHEMA.md, lua/bulkhead.lua)."""
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -55,7 +56,11 @@ def test_a_half_open_grant_holds_the_probe_token() -> None:
     breaker = core()
     step = breaker._acquire_step()
     assert step.call is not None
-    assert step.call.on_reply(breaker_reply("HALF_OPEN", True)) == Permit(step.token)
+    before = time.monotonic()
+    permit = step.call.on_reply(breaker_reply("HALF_OPEN", True))
+    assert permit.token == step.token
+    # its lease: from when the acquire was sent, for this process's half_open_lease
+    assert permit.lease_deadline <= before + breaker.config.half_open_lease
 
 
 def test_a_known_open_wait_rejects_locally() -> None:

@@ -20,6 +20,7 @@ from distbreaker.errors import (
 @pytest.mark.parametrize("error", [
     CallNotPermitted("payments", State.OPEN, 12.5, reason="tripped"),
     BulkheadFull("payments", 3, 3, waited=0.5, local=True),
+    BulkheadFull("payments", 3, -1, reason="permit lease expired before the call"),
     RetryBudgetExhausted("payments", balance=0, deposits=10, withdrawals=2),
     SchemaError("foreign data", key="distbreaker:v1:{payments}:cb"),
 ])
