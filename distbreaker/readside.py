@@ -28,7 +28,10 @@ _SUFFIXES = {":cb": "breaker", ":cb:win": "breaker", ":cb:probes": "breaker",
              ":cb:events": "breaker", ":bh": "bulkhead", ":bh:meta": "bulkhead",
              ":bh:notify": "bulkhead", ":rb": "budget"}
 _STATE_INTS = ("since", "open_until", "calls", "failures", "slow", "total_ms", "head",
-               "wsec", "hp_issued", "hp_done", "hp_fail", "hp_slow", "rejected", "gen")
+               "wsec", "hp_issued", "hp_done", "hp_fail", "hp_slow", "rejected", "gen",
+               "ov_until")
+#: The stored `cfg` of a breaker only an operator has touched: the first worker stores its own.
+UNSET_CONFIG = "unset"
 
 
 def _glob_escape(value: str) -> str:
@@ -131,8 +134,10 @@ def decode_state_hash(name: str, raw: Mapping[Any, Any], now_ms: int,
         n = {f: int(h.get(f, "0") or 0) for f in _STATE_INTS}
     except ValueError:
         raise SchemaError(f"breaker {name!r}: a counter field is not a number") from None
-    config, minimum = _config(h.get("cfg", ""))
+    wire = h.get("cfg") or UNSET_CONFIG
+    config, minimum = _config(BreakerConfig().to_wire() if wire == UNSET_CONFIG else wire)
     config = dict(config)
+    config["unset"] = wire == UNSET_CONFIG  # shown with defaults until a worker stores its own
     calls, failures, slow = n["calls"], n["failures"], n["slow"]
     if (config["sliding_window_type"] == WindowType.TIME_BASED.value and n["wsec"]
             and now_ms // 1000 - n["wsec"] >= config["sliding_window_size"]):
@@ -149,6 +154,8 @@ def decode_state_hash(name: str, raw: Mapping[Any, Any], now_ms: int,
         "in_state_s": max(0, now_ms - n["since"]) / 1000,
         "retry_in_s": _retry_in(state, n, config, now_ms, probe_deadlines),
         "open_until_ms": n["open_until"] or None,
+        "override_until_ms": n["ov_until"] or None,
+        "override_left_s": max(0, n["ov_until"] - now_ms) / 1000 if n["ov_until"] else None,
         "calls": shown[0],
         "failures": shown[1],
         "slow": shown[2],
@@ -179,9 +186,10 @@ def _drift(h: Mapping[str, str]) -> dict[str, Any] | None:
 
 def _retry_in(state: State, n: Mapping[str, int], config: Mapping[str, Any], now_ms: int,
               deadlines: Sequence[int]) -> float | None:
-    """Seconds until a call may be tried; None while an operator holds it FORCED_OPEN."""
+    """Seconds until a call may be tried; None while an operator holds it FORCED_OPEN
+    without an end."""
     if state is State.FORCED_OPEN:
-        return None
+        return max(0, n["ov_until"] - now_ms) / 1000 if n["ov_until"] else None
     if state is State.OPEN:
         return max(0, n["open_until"] - now_ms) / 1000
     if state is State.HALF_OPEN and n["hp_issued"] >= config["permitted_calls_in_half_open"]:

@@ -213,7 +213,10 @@ class Model:
                 self.clear_window()
                 self.probes.clear()
         elif target == "TRIP":
-            if self.state not in ("FORCED_OPEN", "DISABLED"):
+            if self.state == "OPEN":  # a restart of the wait: history, not a transition
+                self.open_until = self.now + self.cfg.wait
+                self.history += 1
+            elif self.state not in ("FORCED_OPEN", "DISABLED"):
                 self.transition("OPEN")
         elif self.state != target:
             self.transition(target)
@@ -337,7 +340,7 @@ class Driver:
             self.check("state", got, self.model.read(got.now_ms))
 
     def check_history(self) -> None:
-        """Exactly one history entry per transition the model made."""
+        """Exactly one history entry per transition the model made (and per restart)."""
         assert self.client.xlen(self.keys.history) == self.model.history
 
 
