@@ -259,7 +259,10 @@ def _event(name: str, entry_id: str | None, f: Mapping[str, Any]) -> dict[str, A
             "from": str(f.get("from", "")), "to": str(f.get("to", "")),
             "reason": str(f.get("reason", "")), "actor": str(f.get("actor", "")),
             "failure_rate": num("failure_rate"), "slow_rate": num("slow_rate"),
-            "generation": int(gen) if gen is not None else None}
+            "generation": int(gen) if gen is not None else None,
+            # '' for a transition; restart / override / override_end: history only
+            "kind": str(f.get("kind", "")),
+            "until_ms": int(num("until_ms") or 0) or None}
 
 
 def decode_bulkhead(leases: Sequence[tuple[Any, Any]], meta: Mapping[Any, Any],
