@@ -194,6 +194,27 @@ def test_php_operator_trip_reaches_python_history_pubsub_and_php_listener(
         python_breaker(name, redis_url).call(lambda: "never")
 
 
+def test_php_override_that_ends_rejects_python_with_the_remaining_time(
+        php_worker: Php, redis_client: redis.Redis, name: str, redis_url: str) -> None:
+    # set on a name without keys: the config stays 'unset'; PHP's call then stores its own
+    result = php_worker.run(action="hold", name=name, config=SMALL, state="FORCED_OPEN",
+                            reason="maintenance", **{"for": 0.6})
+    assert result["state"] == "FORCED_OPEN"
+    assert result["call"]["outcome"] == "rejected"
+    assert 0 < result["call"]["retry_after"] <= 0.6
+    breaker = python_breaker(name, redis_url)
+    assert redis_client.hget(breaker.keys.state, "cfg").decode() == breaker.config.to_wire()
+    with pytest.raises(CallNotPermitted) as rejected:
+        breaker.call(lambda: "never")
+    assert 0 < rejected.value.retry_after <= 0.6 and breaker.config_drift is None
+    time.sleep(0.65)
+    assert breaker.state is State.HALF_OPEN
+    history = read_history(redis_client, "distbreaker", name, 10)
+    assert [(e["to"], e["actor"]) for e in history] == [("FORCED_OPEN", "php"),
+                                                         ("HALF_OPEN", "")]
+    assert history[0]["until_ms"] == history[1]["until_ms"]
+
+
 # -- half-open probes are limited fleet-wide, across both languages --------------
 
 PY_PROBE = textwrap.dedent("""
