@@ -142,7 +142,8 @@ def decode_state_hash(name: str, raw: Mapping[Any, Any], now_ms: int,
     if (config["sliding_window_type"] == WindowType.TIME_BASED.value and n["wsec"]
             and now_ms // 1000 - n["wsec"] >= config["sliding_window_size"]):
         calls = failures = slow = 0  # every bucket is stale; the next call clears them
-    if state is State.HALF_OPEN:
+    if state is State.HALF_OPEN or (state is State.OPEN and n["hp_done"] > 0):
+        # an OPEN a half-open verdict made shows the probes' figures (as the script does)
         minimum = config["permitted_calls_in_half_open"]
         shown = (n["hp_done"], n["hp_fail"], n["hp_slow"])
     else:

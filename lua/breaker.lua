@@ -16,12 +16,14 @@
 --
 -- Reply: {state, wait_ms, permitted, transitions, calls, failures, slow,
 --         total_ms, rejected, drift, stored_config, now_ms, since_ms,
---         probes_in_flight, reason, actor, event_errors, override_until};
+--         probes_in_flight, reason, actor, event_errors, override_until,
+--         probe_figures};
 --         transitions is a list
 --         of {from, to, reason, failure_rate, slow_rate} (rates as strings, as in
 --         the history stream); reason/actor: of the transition into the current
 --         state; event_errors: '' or why the history XADD / PUBLISH failed;
---         override_until: server ms when the operator's override ends (0: none).
+--         override_until: server ms when the operator's override ends (0: none);
+--         probe_figures: 1 when calls..total_ms are the half-open probes' figures.
 --
 -- Writes: every check runs before the first write, and every write is deferred
 -- to the end, where the state hash is written FIRST: if Redis refuses it (OOM,
@@ -232,6 +234,10 @@ local function transition(to, reason, actor)
     open_until = now + open_wait
   else
     open_until = 0
+  end
+  if to == 'OPEN' and from ~= 'HALF_OPEN' and hp_done ~= 0 then
+    -- an OPEN reports the half-open figures only when it follows a half-open verdict
+    hp_done, hp_fail, hp_slow, d_probe_results = 0, 0, 0, true
   end
   if to == 'HALF_OPEN' then
     hp_issued, hp_done, hp_fail, hp_slow = 0, 0, 0, 0
@@ -566,13 +572,15 @@ if s_state == 'HALF_OPEN' then
 end
 
 local function reply(event_errors)
-  if s_state == 'HALF_OPEN' then
+  -- HALF_OPEN, and an OPEN that a half-open verdict made (Resilience4j keeps the
+  -- probes' figures there), report the probes' figures; element 19 says so.
+  if s_state == 'HALF_OPEN' or (s_state == 'OPEN' and hp_done > 0) then
     return {s_state, wait_ms, permitted, transitions, hp_done, hp_fail, hp_slow, 0,
             rejected, drift, stored, now, since, in_flight, s_reason, s_actor, event_errors,
-            ov_until}
+            ov_until, 1}
   end
   return {s_state, wait_ms, permitted, transitions, calls, failures, slow, total_ms,
-          rejected, drift, stored, now, since, 0, s_reason, s_actor, event_errors, ov_until}
+          rejected, drift, stored, now, since, 0, s_reason, s_actor, event_errors, ov_until, 0}
 end
 
 -- The state hash first: if Redis refuses it (OOM, ACL), nothing was written.

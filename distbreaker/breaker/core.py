@@ -87,6 +87,9 @@ class Reply:
     event_errors: str = ""
     #: Server ms when the operator's override of the current state ends (0: none).
     override_until_ms: int = 0
+    #: calls..total_ms are the half-open probes' figures (HALF_OPEN, and an OPEN that
+    #: a half-open verdict made).
+    probe_figures: bool = False
 
     @property
     def override_left(self) -> float | None:
@@ -166,6 +169,8 @@ def decode_reply(raw: Sequence[Any]) -> Reply:
         actor=text(raw[15]) if len(raw) > 16 else "",
         event_errors=text(raw[16]) if len(raw) > 16 else "",
         override_until_ms=int(raw[17]) if len(raw) > 17 else 0,
+        probe_figures=bool(int(raw[18])) if len(raw) > 18 else (
+            State(text(raw[0])) is State.HALF_OPEN),
     )
 
 
@@ -235,6 +240,7 @@ class BreakerCodec:
         self._drift_warned = False
         self.config_drift: str | None = None     # stored config when it differs from ours
         self.not_permitted = 0
+        self._counted_since = -1                 # since_ms of the state not_permitted counts in
         #: This process's finished calls by outcome value, and rejections by the
         #: state that rejected them ("UNKNOWN": Redis unavailable, fail_closed).
         self.outcomes: Counter[str] = Counter()
@@ -268,6 +274,8 @@ class BreakerCodec:
     def set_call(self, target: str, reason: str, actor: str = "",
                  hold: tuple[str, ...] = ()) -> ScriptCall:
         """An operator action; `hold` from `hold_args` makes it end by server time."""
+        if target == "RESET":
+            self.restart_counts()
         return self._call("set", target, reason, actor, *hold)
 
     def record_call(self, permit: Permit, outcome: Outcome, duration: float) -> ScriptCall | None:
@@ -363,6 +371,9 @@ class BreakerCodec:
                     if left is not None:  # ask Redis once the override has ended
                         self._view_until = min(self._view_until, now + left)
                     self._view_reason, self._view_actor = reply.reason, reply.actor
+                    if reply.since_ms != self._counted_since:
+                        # Resilience4j restarts the not-permitted count in every state
+                        self._counted_since, self.not_permitted = reply.since_ms, 0
                 if reply.transitions:
                     self._own_transition_ms = reply.now_ms
             if reply.event_errors:
@@ -397,6 +408,11 @@ class BreakerCodec:
             self.not_permitted += 1
             self.rejections[state] += 1
 
+    def restart_counts(self) -> None:
+        """reset(): the not-permitted count starts again (Resilience4j)."""
+        with self._lock:
+            self.not_permitted = 0
+
     def local_counts(self) -> LocalCounts:
         with self._lock:
             return LocalCounts(dict(self.outcomes), dict(self.rejections))
@@ -408,7 +424,7 @@ class BreakerCodec:
                 governing = BreakerConfig.from_wire(reply.stored_config)
             except ValueError:
                 pass
-        minimum = (governing.permitted_calls_in_half_open if reply.state is State.HALF_OPEN
+        minimum = (governing.permitted_calls_in_half_open if reply.probe_figures
                    else governing.effective_minimum_calls)
         return BreakerMetrics(
             state=reply.state,

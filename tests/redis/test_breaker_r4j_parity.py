@@ -1,0 +1,99 @@
+"""Issue 15's disagreements with Resilience4j 2.3's own circuit-breaker tests, with its
+numbers, against a real redis-server, with the sync and the asyncio breaker."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from distbreaker import CircuitBreaker
+from distbreaker.breaker.state import State
+from distbreaker.errors import CallNotPermitted
+from tests.helpers.flavours import Flavour
+
+WAIT = 0.2
+
+
+@pytest.fixture
+def make(name: str, redis_url: str, flavour: Flavour) -> Callable[..., CircuitBreaker]:
+    def build(**options: Any) -> CircuitBreaker:
+        settings = {"failure_rate_threshold": 50, "slow_call_rate_threshold": 50,
+                    "sliding_window_size": 10, "minimum_number_of_calls": 10,
+                    "permitted_calls_in_half_open": 4, "wait_duration_in_open_state": WAIT}
+        return flavour.breaker(name, redis=redis_url, **{**settings, **options})
+    return build
+
+
+def boom() -> None:
+    raise ConnectionError("down")
+
+
+def calls(breaker: CircuitBreaker, good: int, bad: int) -> None:
+    for _ in range(good):
+        breaker.call(lambda: "ok")
+    for _ in range(bad):
+        with pytest.raises(ConnectionError):
+            breaker.call(boom)
+
+
+def test_back_to_open_keeps_the_half_open_failure_figures(
+        make: Callable[..., CircuitBreaker]) -> None:
+    """shouldTransitionBackToOpenStateWhenFailureRateIsAboveThreshold."""
+    breaker = make()
+    calls(breaker, 4, 6)  # 60 % of 10 calls: OPEN
+    assert breaker.state is State.OPEN
+    time.sleep(WAIT + 0.05)
+    calls(breaker, 1, 3)  # 3 of 4 probes fail: back to OPEN
+    metrics = breaker.metrics()
+    assert metrics.state is State.OPEN
+    assert (metrics.failure_rate, metrics.calls, metrics.failed) == (75.0, 4, 3)
+    assert metrics.calls - metrics.failed == 1  # 1 successful
+
+
+def test_back_to_open_keeps_the_half_open_slow_call_figures(
+        make: Callable[..., CircuitBreaker]) -> None:
+    """shouldTransitionBackToOpenStateWhenSlowCallRateIsAboveThreshold."""
+    breaker = make(slow_call_duration=0.02)
+    breaker.trip("start open")
+    time.sleep(WAIT + 0.05)
+    breaker.call(lambda: "fast")
+    for _ in range(3):
+        breaker.call(lambda: time.sleep(0.04))
+    metrics = breaker.metrics()
+    assert metrics.state is State.OPEN
+    assert (metrics.slow_call_rate, metrics.slow, metrics.calls) == (75.0, 3, 4)
+
+
+def test_an_open_made_by_the_window_does_not_show_old_probe_figures(
+        make: Callable[..., CircuitBreaker]) -> None:
+    breaker = make()
+    calls(breaker, 4, 6)
+    time.sleep(WAIT + 0.05)
+    calls(breaker, 4, 0)  # the probes close it
+    calls(breaker, 0, 10)  # the window opens it again
+    metrics = breaker.metrics()
+    assert (metrics.state, metrics.calls, metrics.failed, metrics.failure_rate) == (
+        State.OPEN, 10, 10, 100.0)
+
+
+def test_the_not_permitted_count_restarts_in_every_state_and_on_reset(
+        make: Callable[..., CircuitBreaker]) -> None:
+    """shouldTransitionToHalfOpenAfterWaitDuration: 2 rejected in OPEN, 0 in HALF_OPEN."""
+    breaker = make()
+    breaker.trip()
+    for _ in range(2):
+        with pytest.raises(CallNotPermitted):
+            breaker.call(lambda: "never")
+    assert breaker.metrics().not_permitted == 2
+    time.sleep(WAIT + 0.05)
+    metrics = breaker.metrics()
+    assert (metrics.state, metrics.not_permitted) == (State.HALF_OPEN, 0)
+    breaker.transition_to_forced_open()
+    with pytest.raises(CallNotPermitted):
+        breaker.call(lambda: "never")
+    assert breaker.metrics().not_permitted == 1
+    breaker.reset()
+    assert breaker.metrics().not_permitted == 0
