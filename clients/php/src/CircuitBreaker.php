@@ -207,7 +207,7 @@ final class CircuitBreaker
     public function metrics(): array
     {
         $r = $this->execute('state');
-        $minimum = $r['state'] === 'HALF_OPEN' ? $this->config->permittedCallsInHalfOpen : $this->config->effectiveMinimumCalls();
+        $minimum = $r['probe_figures'] ? $this->config->permittedCallsInHalfOpen : $this->config->effectiveMinimumCalls();
         $rate = static fn (int $part): float => ($r['calls'] <= 0 || $r['calls'] < $minimum) ? -1.0 : round($part * 100.0 / $r['calls'], 2);
         return [
             'state' => $r['state'],
@@ -276,7 +276,7 @@ final class CircuitBreaker
      * @return array{state: string, wait_ms: int, permitted: bool, transitions: list<array{0: string, 1: string, 2: string}>,
      *               calls: int, failures: int, slow: int, total_ms: int, rejected: int, drift: bool,
      *               stored_config: string, now_ms: int, since_ms: int, probes_in_flight: int,
-     *               override_until_ms: int}
+     *               override_until_ms: int, probe_figures: bool}
      */
     public function execute(string $op, string|int ...$extra): array
     {
@@ -319,6 +319,8 @@ final class CircuitBreaker
             'since_ms' => (int) $raw[12],
             'probes_in_flight' => (int) $raw[13],
             'override_until_ms' => count($raw) > 17 ? (int) $raw[17] : 0,
+            // calls..total_ms are the half-open probes' (HALF_OPEN, or OPEN after a failed verdict)
+            'probe_figures' => count($raw) > 18 ? (int) $raw[18] === 1 : (string) $raw[0] === 'HALF_OPEN',
         ];
     }
 
