@@ -97,3 +97,51 @@ def test_the_not_permitted_count_restarts_in_every_state_and_on_reset(
     assert breaker.metrics().not_permitted == 1
     breaker.reset()
     assert breaker.metrics().not_permitted == 0
+
+
+# -- initial state, and where a HALF_OPEN that outlived its max wait goes ------------
+def test_a_new_breaker_starts_in_its_initial_state(
+        make: Callable[..., CircuitBreaker]) -> None:
+    breaker = make(initial_state="FORCED_OPEN")
+    with pytest.raises(CallNotPermitted) as rejected:
+        breaker.call(lambda: "never")
+    assert (rejected.value.state, rejected.value.reason) == (State.FORCED_OPEN, "initial state")
+    assert breaker.state is State.FORCED_OPEN
+    assert breaker.reset() is State.CLOSED  # reset() goes to CLOSED, as in Resilience4j
+
+
+def test_metrics_only_initial_state_records_but_never_trips(
+        make: Callable[..., CircuitBreaker]) -> None:
+    breaker = make(initial_state="metrics_only")
+    calls(breaker, 0, 10)
+    metrics = breaker.metrics()
+    assert (metrics.state, metrics.calls, metrics.failed) == (State.METRICS_ONLY, 10, 10)
+
+
+def test_max_wait_in_half_open_can_close_the_breaker(
+        make: Callable[..., CircuitBreaker]) -> None:
+    """Resilience4j 2.x transitionToStateAfterWaitDuration = CLOSED."""
+    breaker = make(max_wait_in_half_open=0.2, transition_after_max_wait_in_half_open="CLOSED")
+    breaker.trip()
+    time.sleep(WAIT + 0.05)
+    assert breaker.state is State.HALF_OPEN
+    time.sleep(0.25)  # no probe reported within the max wait
+    assert breaker.state is State.CLOSED
+
+
+def test_the_default_wire_string_is_unchanged_and_new_fields_round_trip() -> None:
+    from distbreaker.breaker.config import BreakerConfig
+
+    assert BreakerConfig().to_wire() == "1;C;100;100;50;100;60000;10;0;60000;3600000;60000"
+    for options, tail in (({"initial_state": "FORCED_OPEN"}, ";F"),
+                          ({"transition_after_max_wait_in_half_open": "CLOSED"}, ";C;C"),
+                          ({"initial_state": "DISABLED",
+                            "transition_after_max_wait_in_half_open": "CLOSED"}, ";D;C")):
+        config = BreakerConfig(**options)
+        wire = config.to_wire()
+        assert wire.endswith("60000" + tail)
+        assert BreakerConfig.from_wire(wire).to_wire() == wire
+    with pytest.raises(ValueError, match="initial_state"):
+        BreakerConfig(initial_state="HALF_OPEN")
+    with pytest.raises(ValueError, match="transition_after"):
+        BreakerConfig(transition_after_max_wait_in_half_open="FORCED_OPEN")

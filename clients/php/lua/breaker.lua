@@ -62,16 +62,30 @@ local err = foreign_type(K_STATE, 'hash') or foreign_type(K_WIN, 'hash')
          or foreign_type(K_PROBES, 'zset') or foreign_type(K_HIST, 'stream')
 if err then return err end
 
--- Config wire string: version 1, then 11 fields; fields past the 12th are
--- ignored. Returns window type, size, min calls, failure and slow thresholds,
--- open wait, permitted probes, max half-open, lease, ttl (or nil when bad);
--- field 12 (slow call duration) is only checked to be a number.
+-- Config wire string: version 1, then 11 fields, then optional ones (a client
+-- writes them only up to the last one that differs from its default, so a
+-- default config has the same string as before they existed): 13 initial state
+-- (C, F, M, D), 14 state after max wait in half-open (O, C); fields past the 14th
+-- are ignored. Returns window type, size, min calls, failure and slow thresholds,
+-- open wait, permitted probes, max half-open, lease, ttl, initial state, state
+-- after max half-open (or nil when bad); field 12 (slow call duration) is only
+-- checked to be a number.
 local CFG_PATTERN = '^1;([CT]);([^;]*);([^;]*);([^;]*);([^;]*);([^;]*);([^;]*);' ..
-                    '([^;]*);([^;]*);([^;]*);([^;]*)'
+                    '([^;]*);([^;]*);([^;]*);([^;]*)(.*)'
+local INITIAL = {C = 'CLOSED', F = 'FORCED_OPEN', M = 'METRICS_ONLY', D = 'DISABLED'}
+local AFTER_HALF_OPEN = {O = 'OPEN', C = 'CLOSED'}
 local function parse_config(wire)
   local window_type, size, min_calls, failure_thr, slow_thr, open_wait, probes, max_half_open,
-        lease, ttl, slow_duration = match(wire, CFG_PATTERN)
+        lease, ttl, slow_duration, tail = match(wire, CFG_PATTERN)
   if not window_type then return nil end
+  local initial, after_half_open = 'CLOSED', 'OPEN'
+  if tail ~= '' then
+    local f13, f14 = match(tail, '^;([^;]*);?([^;]*)')
+    if not f13 then return nil end
+    initial = INITIAL[f13]
+    after_half_open = AFTER_HALF_OPEN[f14 == '' and 'O' or f14]
+    if not (initial and after_half_open) then return nil end
+  end
   size, min_calls, failure_thr = tonumber(size), tonumber(min_calls), tonumber(failure_thr)
   slow_thr, open_wait, probes = tonumber(slow_thr), tonumber(open_wait), tonumber(probes)
   max_half_open, lease, ttl = tonumber(max_half_open), tonumber(lease), tonumber(ttl)
@@ -80,7 +94,7 @@ local function parse_config(wire)
     return nil
   end
   return window_type, size, min_calls, failure_thr, slow_thr, open_wait, probes,
-         max_half_open, lease, ttl
+         max_half_open, lease, ttl, initial, after_half_open
 end
 
 -- Load the state hash ---------------------------------------------------------
@@ -144,19 +158,24 @@ local win_sets, win_dels = {}, {}      -- window slot -> new bucket / true
 local probe_add, probe_rem = nil, nil  -- a lease to add {token, deadline}; a token to drop
 
 local wtype, wsize, min_calls, f_thr, s_thr, open_wait, probes_max, max_half_open,
-      lease_ms, ttl_ms = parse_config(cfg_wire)
+      lease_ms, ttl_ms, initial_state, after_half_open = parse_config(cfg_wire)
 if not wtype then return redis.error_reply('DISTBREAKER_ARGS bad config ' .. cfg_wire) end
 
 local adopt = (op == 'set' and ARGV[5] == 'RESET')
 local drift = 0
 if not exists then
   if op == 'state' then
-    return {'CLOSED', 0, 1, {}, 0, 0, 0, 0, 0, 0, '', now, now, 0}
+    return {initial_state, 0, 1, {}, 0, 0, 0, 0, 0, 0, '', now, now, 0}
   end
   s_state, since, s_v, s_cfg = 'CLOSED', now, '1', cfg_wire
   -- An operator action on a name without keys stores no config ('unset'): the
-  -- first worker's call stores its own (no drift warning for it).
-  if op == 'set' then s_cfg = 'unset' end
+  -- first worker's call stores its own (no drift warning for it), and the
+  -- breaker starts in the config's initial state.
+  if op == 'set' then
+    s_cfg = 'unset'
+  elseif initial_state ~= 'CLOSED' then
+    s_state, s_reason, d_trans = initial_state, 'initial state', true
+  end
   d_v, d_cfg, d_state = true, true, true
 elseif s_cfg == 'unset' then
   -- the caller's config governs this call; only a protected call stores it
@@ -168,7 +187,7 @@ elseif adopt or not s_cfg then
 elseif s_cfg ~= cfg_wire then
   drift = 1
   wtype, wsize, min_calls, f_thr, s_thr, open_wait, probes_max, max_half_open,
-    lease_ms, ttl_ms = parse_config(s_cfg)
+    lease_ms, ttl_ms, initial_state, after_half_open = parse_config(s_cfg)
   if not wtype then return schema_error(K_STATE, 'field cfg is not a v1 config') end
 end
 
@@ -373,7 +392,7 @@ local function advance()
   end
   if s_state == 'HALF_OPEN' then
     if max_half_open > 0 and now >= since + max_half_open then
-      transition('OPEN', 'max wait in half-open elapsed')
+      transition(after_half_open, 'max wait in half-open elapsed')
       return
     end
   end
