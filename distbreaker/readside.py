@@ -112,6 +112,8 @@ def _config(wire: str) -> tuple[dict[str, Any], int]:
         "max_wait_in_half_open_s": cfg.max_wait_in_half_open,
         "half_open_lease_s": cfg.half_open_lease,
         "key_ttl_s": cfg.key_ttl,
+        "initial_state": str(cfg.initial_state),
+        "transition_after_max_wait_in_half_open": str(cfg.transition_after_max_wait_in_half_open),
     }, cfg.effective_minimum_calls
 
 

@@ -92,6 +92,9 @@ WIRE_CASES: list[dict[str, Any]] = [
      "slow_call_duration": 0.0005, "permitted_calls_in_half_open": 3},
     {"failure_rate_threshold": 100, "slow_call_rate_threshold": 0.1,
      "wait_duration_in_open_state": 0.001, "key_ttl": 60.0},
+    {"initial_state": "FORCED_OPEN"},
+    {"transition_after_max_wait_in_half_open": "CLOSED"},
+    {"initial_state": "METRICS_ONLY", "transition_after_max_wait_in_half_open": "CLOSED"},
 ]
 
 

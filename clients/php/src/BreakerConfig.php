@@ -29,7 +29,13 @@ final class BreakerConfig
         'max_wait_in_half_open' => 0.0,
         'half_open_lease' => 60.0,
         'key_ttl' => 3600.0,
+        'initial_state' => 'CLOSED',
+        'transition_after_max_wait_in_half_open' => 'OPEN',
     ];
+
+    /** Wire codes of the optional fields 13 and 14 (docs/KEY_SCHEMA.md). */
+    private const INITIAL_CODES = ['CLOSED' => 'C', 'FORCED_OPEN' => 'F', 'METRICS_ONLY' => 'M', 'DISABLED' => 'D'];
+    private const AFTER_HALF_OPEN_CODES = ['OPEN' => 'O', 'CLOSED' => 'C'];
 
     /** Client-side options (classification and Redis error policy), PHP names = Python names. */
     public const CLIENT_DEFAULTS = [
@@ -51,6 +57,8 @@ final class BreakerConfig
     public readonly float $maxWaitInHalfOpen;
     public readonly float $halfOpenLease;
     public readonly float $keyTtl;
+    public readonly string $initialState;
+    public readonly string $transitionAfterMaxWaitInHalfOpen;
     /** @var list<class-string<\Throwable>> */
     public readonly array $recordExceptions;
     /** @var list<class-string<\Throwable>> */
@@ -105,6 +113,15 @@ final class BreakerConfig
         if ($this->keyTtl < $floor) {
             throw new \InvalidArgumentException("key_ttl must be >= {$floor} seconds (the longest wait, lease or time window), got " . self::show($this->keyTtl));
         }
+        foreach (['initial_state' => self::INITIAL_CODES, 'transition_after_max_wait_in_half_open' => self::AFTER_HALF_OPEN_CODES] as $field => $codes) {
+            $value = is_string($o[$field]) ? strtoupper($o[$field]) : '';
+            if (!isset($codes[$value])) {
+                throw new \InvalidArgumentException("{$field} must be one of " . implode(', ', array_keys($codes)) . ', got ' . self::show($o[$field]));
+            }
+            $o[$field] = $value;
+        }
+        $this->initialState = $o['initial_state'];
+        $this->transitionAfterMaxWaitInHalfOpen = $o['transition_after_max_wait_in_half_open'];
         $this->recordExceptions = self::classes($o['record_exceptions'], 'record_exceptions');
         $this->ignoreExceptions = self::classes($o['ignore_exceptions'], 'ignore_exceptions');
         foreach (['record_predicate', 'ignore_predicate'] as $field) {
@@ -132,6 +149,12 @@ final class BreakerConfig
     /** The semicolon-separated form the scripts parse; byte-equal to Python's to_wire(). */
     public function toWire(): string
     {
+        // optional fields up to the last non-default one, as Python writes them
+        $extra = [self::INITIAL_CODES[$this->initialState], self::AFTER_HALF_OPEN_CODES[$this->transitionAfterMaxWaitInHalfOpen]];
+        $defaults = ['C', 'O'];
+        while ($extra !== [] && end($extra) === $defaults[count($extra) - 1]) {
+            array_pop($extra);
+        }
         return implode(';', [
             self::WIRE_VERSION,
             $this->slidingWindowType === 'COUNT_BASED' ? 'C' : 'T',
@@ -145,6 +168,7 @@ final class BreakerConfig
             (string) self::toMs($this->halfOpenLease),
             (string) self::toMs($this->keyTtl),
             (string) self::toMs($this->slowCallDuration),
+            ...$extra,
         ]);
     }
 
