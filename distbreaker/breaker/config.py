@@ -78,6 +78,11 @@ class BreakerConfig:
     METRICS_ONLY, DISABLED; again whenever its keys have expired);
     `transition_after_max_wait_in_half_open` where a HALF_OPEN that outlived
     `max_wait_in_half_open` goes: OPEN (default) or CLOSED (Resilience4j 2.x).
+    `wait_interval_multiplier`, `max_wait_duration_in_open_state` and
+    `wait_randomization_factor` make the open wait Resilience4j's
+    waitIntervalFunctionInOpenState as data: the wait times multiplier^(opens in a row
+    - 1), capped (0: at `key_ttl`), spread by +-factor; decided in the script by server
+    time, the count reset by a close.
     `record_mode` "batched" accumulates CLOSED outcomes in the process and
     flushes them as counts at most every `flush_interval` seconds, or as soon
     as `max_batch` outcomes of one breaker are pending; while Redis is
@@ -120,6 +125,9 @@ class BreakerConfig:
     revalidate_interval: Seconds = 1.0
     initial_state: State | str = State.CLOSED
     transition_after_max_wait_in_half_open: State | str = State.OPEN
+    wait_interval_multiplier: float = 1.0
+    max_wait_duration_in_open_state: Seconds = 0.0
+    wait_randomization_factor: float = 0.0
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -179,6 +187,25 @@ class BreakerConfig:
                 raise ValueError(f"{field} must be one of "
                                  f"{', '.join(s.value for s in allowed)}, got {value!r}")
             put(self, field, state)
+        self._check_wait_interval()
+
+    def _check_wait_interval(self) -> None:
+        put = object.__setattr__
+        for field, low, high in (("wait_interval_multiplier", 1.0, 1000.0),
+                                 ("wait_randomization_factor", 0.0, 1.0)):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not low <= value <= high:
+                raise ValueError(f"{field} must be a number in [{low:g}, {high:g}], "
+                                 f"got {value!r}")
+            put(self, field, float(value))
+        cap = to_seconds(self.max_wait_duration_in_open_state,
+                         "max_wait_duration_in_open_state")
+        if cap and not self.wait_duration_in_open_state <= cap <= self.key_ttl:
+            raise ValueError("max_wait_duration_in_open_state must be 0 (the key TTL) or "
+                             "between wait_duration_in_open_state and key_ttl, "
+                             f"got {self.max_wait_duration_in_open_state!r}")
+        put(self, "max_wait_duration_in_open_state", cap)
         try:
             put(self, "on_redis_error", RedisErrorPolicy(self.on_redis_error))
         except ValueError:
@@ -241,8 +268,11 @@ class BreakerConfig:
         # optional fields, written up to the last non-default one (a default config's
         # string is the same as before they existed: no drift with older clients)
         extra = [_INITIAL_CODES[State(self.initial_state)],
-                 _AFTER_HALF_OPEN_CODES[State(self.transition_after_max_wait_in_half_open)]]
-        defaults = ["C", "O"]
+                 _AFTER_HALF_OPEN_CODES[State(self.transition_after_max_wait_in_half_open)],
+                 _num(self.wait_interval_multiplier),
+                 str(to_ms(self.max_wait_duration_in_open_state)),
+                 _num(self.wait_randomization_factor)]
+        defaults = ["C", "O", "1", "0", "0"]
         while extra and extra[-1] == defaults[len(extra) - 1]:
             extra.pop()
         return ";".join(parts + extra)
@@ -266,6 +296,9 @@ class BreakerConfig:
                 parts[12] if len(parts) > 12 else "C"]
             after = {c: st for st, c in _AFTER_HALF_OPEN_CODES.items()}[
                 parts[13] if len(parts) > 13 else "O"]
+            mult = float(parts[14]) if len(parts) > 14 else 1.0
+            cap = int(parts[15]) / 1000 if len(parts) > 15 else 0.0
+            spread = float(parts[16]) if len(parts) > 16 else 0.0
         except (ValueError, KeyError):
             raise ValueError(f"not a v{WIRE_VERSION} breaker config wire string: "
                              f"{wire!r}") from None
@@ -277,7 +310,8 @@ class BreakerConfig:
             wait_duration_in_open_state=wait / 1000, permitted_calls_in_half_open=permitted,
             max_wait_in_half_open=half_open / 1000, half_open_lease=lease / 1000,
             key_ttl=ttl / 1000, initial_state=initial,
-            transition_after_max_wait_in_half_open=after,
+            transition_after_max_wait_in_half_open=after, wait_interval_multiplier=mult,
+            max_wait_duration_in_open_state=cap, wait_randomization_factor=spread,
         )
 
 
@@ -290,7 +324,9 @@ WIRE_FIELDS = ("sliding_window_type", "sliding_window_size", "minimum_number_of_
                "failure_rate_threshold", "slow_call_rate_threshold",
                "wait_duration_in_open_state", "permitted_calls_in_half_open",
                "max_wait_in_half_open", "half_open_lease", "key_ttl", "slow_call_duration",
-               "initial_state", "transition_after_max_wait_in_half_open")
+               "initial_state", "transition_after_max_wait_in_half_open",
+               "wait_interval_multiplier", "max_wait_duration_in_open_state",
+               "wait_randomization_factor")
 
 
 def config_differences(ours: BreakerConfig,

@@ -95,6 +95,10 @@ WIRE_CASES: list[dict[str, Any]] = [
     {"initial_state": "FORCED_OPEN"},
     {"transition_after_max_wait_in_half_open": "CLOSED"},
     {"initial_state": "METRICS_ONLY", "transition_after_max_wait_in_half_open": "CLOSED"},
+    {"wait_interval_multiplier": 2},
+    {"wait_interval_multiplier": 1.5, "max_wait_duration_in_open_state": 600.0005,
+     "wait_randomization_factor": 0.125},
+    {"wait_randomization_factor": 1e-05},
 ]
 
 

@@ -145,3 +145,53 @@ def test_the_default_wire_string_is_unchanged_and_new_fields_round_trip() -> Non
         BreakerConfig(initial_state="HALF_OPEN")
     with pytest.raises(ValueError, match="transition_after"):
         BreakerConfig(transition_after_max_wait_in_half_open="FORCED_OPEN")
+
+
+# -- waitIntervalFunctionInOpenState, as data, decided in the script ------------------
+def open_wait_ms(client: Any, breaker: Any) -> int:
+    since, until = client.hmget(breaker.keys.state, ["since", "open_until"])
+    return int(until) - int(since)
+
+
+def test_exponential_open_wait_with_a_cap_reset_by_a_close(
+        make: Callable[..., CircuitBreaker], redis_client: Any) -> None:
+    """IntervalFunction.ofExponentialBackoff(100 ms, 2.0), capped at 300 ms."""
+    breaker = make(wait_duration_in_open_state=0.1, wait_interval_multiplier=2,
+                   max_wait_duration_in_open_state=0.3, permitted_calls_in_half_open=1)
+    breaker.trip()
+    waits = [open_wait_ms(redis_client, breaker)]
+    for _ in range(3):  # each failed probe opens it again, for longer
+        time.sleep(waits[-1] / 1000 + 0.03)
+        calls(breaker, 0, 1)
+        assert breaker.state is State.OPEN
+        waits.append(open_wait_ms(redis_client, breaker))
+    assert waits == [100, 200, 300, 300]
+    time.sleep(0.33)
+    calls(breaker, 1, 0)  # a successful probe closes it: the count starts again
+    assert breaker.state is State.CLOSED
+    breaker.trip()
+    assert open_wait_ms(redis_client, breaker) == 100
+
+
+def test_randomized_open_wait_stays_within_its_spread(
+        make: Callable[..., CircuitBreaker], redis_client: Any) -> None:
+    breaker = make(wait_duration_in_open_state=1, wait_randomization_factor=0.5)
+    seen = set()
+    for _ in range(8):
+        breaker.trip()
+        seen.add(open_wait_ms(redis_client, breaker))
+        breaker.reset()
+    assert all(500 <= w <= 1500 for w in seen) and len(seen) > 1
+
+
+def test_wait_interval_fields_round_trip_on_the_wire() -> None:
+    from distbreaker.breaker.config import BreakerConfig
+
+    config = BreakerConfig(wait_interval_multiplier=1.5, max_wait_duration_in_open_state=600,
+                           wait_randomization_factor=0.25)
+    assert config.to_wire().endswith(";60000;C;O;1.5;600000;0.25")
+    assert BreakerConfig.from_wire(config.to_wire()).to_wire() == config.to_wire()
+    with pytest.raises(ValueError, match="max_wait_duration_in_open_state"):
+        BreakerConfig(max_wait_duration_in_open_state=1)  # below the open wait
+    with pytest.raises(ValueError, match="wait_randomization_factor"):
+        BreakerConfig(wait_randomization_factor=2)

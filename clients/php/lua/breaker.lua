@@ -65,11 +65,13 @@ if err then return err end
 -- Config wire string: version 1, then 11 fields, then optional ones (a client
 -- writes them only up to the last one that differs from its default, so a
 -- default config has the same string as before they existed): 13 initial state
--- (C, F, M, D), 14 state after max wait in half-open (O, C); fields past the 14th
--- are ignored. Returns window type, size, min calls, failure and slow thresholds,
--- open wait, permitted probes, max half-open, lease, ttl, initial state, state
--- after max half-open (or nil when bad); field 12 (slow call duration) is only
--- checked to be a number.
+-- (C, F, M, D), 14 state after max wait in half-open (O, C), 15 open wait
+-- multiplier per consecutive open, 16 max open wait ms (0: key TTL), 17 wait
+-- randomization factor; fields past the 17th are ignored. Returns window type,
+-- size, min calls, failure and slow thresholds, open wait, permitted probes, max
+-- half-open, lease, ttl, initial state, state after max half-open, multiplier,
+-- max wait, randomization (or nil when bad); field 12 (slow call duration) is
+-- only checked to be a number.
 local CFG_PATTERN = '^1;([CT]);([^;]*);([^;]*);([^;]*);([^;]*);([^;]*);([^;]*);' ..
                     '([^;]*);([^;]*);([^;]*);([^;]*)(.*)'
 local INITIAL = {C = 'CLOSED', F = 'FORCED_OPEN', M = 'METRICS_ONLY', D = 'DISABLED'}
@@ -78,13 +80,15 @@ local function parse_config(wire)
   local window_type, size, min_calls, failure_thr, slow_thr, open_wait, probes, max_half_open,
         lease, ttl, slow_duration, tail = match(wire, CFG_PATTERN)
   if not window_type then return nil end
-  local initial, after_half_open = 'CLOSED', 'OPEN'
+  local initial, after_half_open, mult, max_open, rnd = 'CLOSED', 'OPEN', 1, 0, 0
   if tail ~= '' then
-    local f13, f14 = match(tail, '^;([^;]*);?([^;]*)')
+    local f13, f14, f15, f16, f17 = match(tail, '^;([^;]*);?([^;]*);?([^;]*);?([^;]*);?([^;]*)')
     if not f13 then return nil end
     initial = INITIAL[f13]
     after_half_open = AFTER_HALF_OPEN[f14 == '' and 'O' or f14]
-    if not (initial and after_half_open) then return nil end
+    mult, max_open, rnd = tonumber(f15 == '' and '1' or f15), tonumber(f16 == '' and '0' or f16),
+                          tonumber(f17 == '' and '0' or f17)
+    if not (initial and after_half_open and mult and max_open and rnd) then return nil end
   end
   size, min_calls, failure_thr = tonumber(size), tonumber(min_calls), tonumber(failure_thr)
   slow_thr, open_wait, probes = tonumber(slow_thr), tonumber(open_wait), tonumber(probes)
@@ -94,14 +98,14 @@ local function parse_config(wire)
     return nil
   end
   return window_type, size, min_calls, failure_thr, slow_thr, open_wait, probes,
-         max_half_open, lease, ttl, initial, after_half_open
+         max_half_open, lease, ttl, initial, after_half_open, mult, max_open, rnd
 end
 
 -- Load the state hash ---------------------------------------------------------
 local raw = redis.call('HMGET', K_STATE, 'v', 'cfg', 'state', 'since', 'open_until', 'calls',
                  'failures', 'slow', 'total_ms', 'head', 'wsec', 'hp_issued', 'hp_done',
                  'hp_fail', 'hp_slow', 'rejected', 'gen', 'ttl_at', 'reason', 'actor',
-                 'ov_until')
+                 'ov_until', 'opens')
 local s_state = raw[3]
 local exists = s_state ~= false
 if not exists and redis.call('EXISTS', K_STATE) == 1 then
@@ -138,6 +142,9 @@ local since, open_until, calls, failures, slow = raw[4], raw[5], raw[6], raw[7],
 local total_ms, head, wsec, hp_issued, hp_done = raw[9], raw[10], raw[11], raw[12], raw[13]
 local hp_fail, hp_slow, rejected, gen, ttl_at = raw[14], raw[15], raw[16], raw[17], raw[18]
 local s_reason, s_actor = raw[19] or '', raw[20] or ''
+local opens = tonumber(raw[22] or '0')  -- consecutive opens since the last close
+if not opens then return schema_error(K_STATE, 'field opens is not a number') end
+local d_opens = false
 local ov_until = 0  -- when an operator's override ends (server ms; 0: none)
 if raw[21] then
   ov_until = tonumber(raw[21])
@@ -158,7 +165,8 @@ local win_sets, win_dels = {}, {}      -- window slot -> new bucket / true
 local probe_add, probe_rem = nil, nil  -- a lease to add {token, deadline}; a token to drop
 
 local wtype, wsize, min_calls, f_thr, s_thr, open_wait, probes_max, max_half_open,
-      lease_ms, ttl_ms, initial_state, after_half_open = parse_config(cfg_wire)
+      lease_ms, ttl_ms, initial_state, after_half_open, wait_mult, max_open_wait,
+      wait_rnd = parse_config(cfg_wire)
 if not wtype then return redis.error_reply('DISTBREAKER_ARGS bad config ' .. cfg_wire) end
 
 local adopt = (op == 'set' and ARGV[5] == 'RESET')
@@ -187,7 +195,8 @@ elseif adopt or not s_cfg then
 elseif s_cfg ~= cfg_wire then
   drift = 1
   wtype, wsize, min_calls, f_thr, s_thr, open_wait, probes_max, max_half_open,
-    lease_ms, ttl_ms, initial_state, after_half_open = parse_config(s_cfg)
+    lease_ms, ttl_ms, initial_state, after_half_open, wait_mult, max_open_wait,
+    wait_rnd = parse_config(s_cfg)
   if not wtype then return schema_error(K_STATE, 'field cfg is not a v1 config') end
 end
 
@@ -237,6 +246,22 @@ local function win_get(slot)
   return nil
 end
 
+-- The open wait (Resilience4j's waitIntervalFunctionInOpenState): the configured
+-- wait times multiplier^(consecutive opens - 1), capped (at the key TTL when no
+-- cap is configured), spread by +-randomization with the server clock's
+-- microseconds as the random draw; a close resets the count.
+local function wait_in_open()
+  if wait_mult == 1 and wait_rnd == 0 then return open_wait end
+  local cap = max_open_wait > 0 and max_open_wait or ttl_ms
+  local w = open_wait
+  if opens > 1 then w = open_wait * wait_mult ^ math.min(opens - 1, 200) end
+  if w > cap then w = cap end
+  if wait_rnd > 0 then
+    w = w * (1 + wait_rnd * (2 * (tonumber(t[2]) % 1000) / 999 - 1))
+  end
+  return math.max(1, floor(w))
+end
+
 local function transition(to, reason, actor)
   local from = s_state
   local frate, srate
@@ -250,9 +275,11 @@ local function transition(to, reason, actor)
   d_state, d_trans = true, true
   ov_until = 0
   if to == 'OPEN' then
-    open_until = now + open_wait
+    opens, d_opens = opens + 1, true
+    open_until = now + wait_in_open()
   else
     open_until = 0
+    if to == 'CLOSED' and opens ~= 0 then opens, d_opens = 0, true end
   end
   if to == 'OPEN' and from ~= 'HALF_OPEN' and hp_done ~= 0 then
     -- an OPEN reports the half-open figures only when it follows a half-open verdict
@@ -508,7 +535,7 @@ elseif op == 'set' then
     if s_state == 'OPEN' then
       -- a same-state move: the wait restarts, recorded as a restart, not a transition
       s_reason, s_actor, d_trans = reason, actor, true
-      open_until = now + open_wait
+      open_until = now + wait_in_open()
       if hold > 0 then open_until = hold end
       note('restart', reason, actor, hold)
     elseif s_state ~= 'FORCED_OPEN' and s_state ~= 'DISABLED' then
@@ -568,6 +595,7 @@ if d_probe_results then
   flat[n + 4] = hp_fail; flat[n + 5] = 'hp_slow'; flat[n + 6] = hp_slow; n = n + 6
 end
 if d_rej then flat[n + 1] = 'rejected'; flat[n + 2] = rejected; n = n + 2 end
+if d_opens then flat[n + 1] = 'opens'; flat[n + 2] = opens; n = n + 2 end
 if d_drift then
   flat[n + 1] = 'drift_cfg'; flat[n + 2] = cfg_wire
   flat[n + 3] = 'drift_at'; flat[n + 4] = now; n = n + 4

@@ -31,6 +31,9 @@ final class BreakerConfig
         'key_ttl' => 3600.0,
         'initial_state' => 'CLOSED',
         'transition_after_max_wait_in_half_open' => 'OPEN',
+        'wait_interval_multiplier' => 1.0,
+        'max_wait_duration_in_open_state' => 0.0,
+        'wait_randomization_factor' => 0.0,
     ];
 
     /** Wire codes of the optional fields 13 and 14 (docs/KEY_SCHEMA.md). */
@@ -59,6 +62,9 @@ final class BreakerConfig
     public readonly float $keyTtl;
     public readonly string $initialState;
     public readonly string $transitionAfterMaxWaitInHalfOpen;
+    public readonly float $waitIntervalMultiplier;
+    public readonly float $maxWaitDurationInOpenState;
+    public readonly float $waitRandomizationFactor;
     /** @var list<class-string<\Throwable>> */
     public readonly array $recordExceptions;
     /** @var list<class-string<\Throwable>> */
@@ -122,6 +128,18 @@ final class BreakerConfig
         }
         $this->initialState = $o['initial_state'];
         $this->transitionAfterMaxWaitInHalfOpen = $o['transition_after_max_wait_in_half_open'];
+        foreach (['wait_interval_multiplier' => [1.0, 1000.0], 'wait_randomization_factor' => [0.0, 1.0]] as $field => [$low, $high]) {
+            if (!is_int($o[$field]) && !is_float($o[$field]) || $o[$field] < $low || $o[$field] > $high) {
+                throw new \InvalidArgumentException("{$field} must be a number in [{$low}, {$high}], got " . self::show($o[$field]));
+            }
+        }
+        $this->waitIntervalMultiplier = (float) $o['wait_interval_multiplier'];
+        $this->waitRandomizationFactor = (float) $o['wait_randomization_factor'];
+        $cap = self::seconds($o['max_wait_duration_in_open_state'], 'max_wait_duration_in_open_state');
+        if ($cap > 0 && ($cap < $this->waitDurationInOpenState || $cap > $this->keyTtl)) {
+            throw new \InvalidArgumentException('max_wait_duration_in_open_state must be 0 (the key TTL) or between wait_duration_in_open_state and key_ttl, got ' . self::show($cap));
+        }
+        $this->maxWaitDurationInOpenState = $cap;
         $this->recordExceptions = self::classes($o['record_exceptions'], 'record_exceptions');
         $this->ignoreExceptions = self::classes($o['ignore_exceptions'], 'ignore_exceptions');
         foreach (['record_predicate', 'ignore_predicate'] as $field) {
@@ -150,8 +168,14 @@ final class BreakerConfig
     public function toWire(): string
     {
         // optional fields up to the last non-default one, as Python writes them
-        $extra = [self::INITIAL_CODES[$this->initialState], self::AFTER_HALF_OPEN_CODES[$this->transitionAfterMaxWaitInHalfOpen]];
-        $defaults = ['C', 'O'];
+        $extra = [
+            self::INITIAL_CODES[$this->initialState],
+            self::AFTER_HALF_OPEN_CODES[$this->transitionAfterMaxWaitInHalfOpen],
+            self::num($this->waitIntervalMultiplier),
+            (string) self::toMs($this->maxWaitDurationInOpenState),
+            self::num($this->waitRandomizationFactor),
+        ];
+        $defaults = ['C', 'O', '1', '0', '0'];
         while ($extra !== [] && end($extra) === $defaults[count($extra) - 1]) {
             array_pop($extra);
         }
