@@ -34,6 +34,8 @@ def run_action(app: App, name: str, action: operate.Action, reason: str | None, 
                           if action.creates else "")) from None
     except operate.NoDrift as exc:
         raise NotFound(str(exc)) from None
+    except ValueError as exc:  # e.g. an override that would end in the past
+        raise click.UsageError(str(exc)) from None
     if as_json:
         emit_json(result, lines=True)
         return
