@@ -212,3 +212,13 @@ def test_cli_open_for_shows_the_remaining_time(name: str, redis_url: str) -> Non
     assert bad.exit_code == 2 and "not a duration" in bad.output
     back = run("close", name, "--until", "2000-01-01T00:00+00:00")
     assert back.exit_code == 2 and "in the past" in back.output
+
+
+def test_reset_lifts_a_held_closed(make: Callable[..., CircuitBreaker]) -> None:
+    breaker = make()
+    breaker.transition_to_closed("hold", for_=60)
+    breaker.reset()
+    for _ in range(2):
+        with pytest.raises(ConnectionError):
+            breaker.call(boom)
+    assert breaker.state is State.OPEN

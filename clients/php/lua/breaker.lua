@@ -530,6 +530,10 @@ elseif op == 'set' then
     else
       clear_window()
       del_probes = true
+      if ov_until > 0 then  -- RESET lifts a held CLOSED too
+        ov_until, d_ov = 0, true
+        note('override', reason, actor, 0)
+      end
     end
   elseif target == 'TRIP' then
     if s_state == 'OPEN' then
