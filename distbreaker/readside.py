@@ -29,7 +29,10 @@ _SUFFIXES = {":cb": "breaker", ":cb:win": "breaker", ":cb:probes": "breaker",
              ":cb:events": "breaker", ":bh": "bulkhead", ":bh:meta": "bulkhead",
              ":bh:notify": "bulkhead", ":rb": "budget"}
 _STATE_INTS = ("since", "open_until", "calls", "failures", "slow", "total_ms", "head",
-               "wsec", "hp_issued", "hp_done", "hp_fail", "hp_slow", "rejected", "gen")
+               "wsec", "hp_issued", "hp_done", "hp_fail", "hp_slow", "rejected", "gen",
+               "ov_until")
+#: The stored `cfg` of a breaker only an operator has touched: the first worker stores its own.
+UNSET_CONFIG = "unset"
 
 
 def _glob_escape(value: str) -> str:
@@ -189,6 +192,8 @@ def _config(wire: str) -> tuple[dict[str, Any], int]:
         "max_wait_in_half_open_s": cfg.max_wait_in_half_open,
         "half_open_lease_s": cfg.half_open_lease,
         "key_ttl_s": cfg.key_ttl,
+        "initial_state": str(cfg.initial_state),
+        "transition_after_max_wait_in_half_open": str(cfg.transition_after_max_wait_in_half_open),
     }, cfg.effective_minimum_calls
 
 
@@ -211,16 +216,19 @@ def decode_state_hash(name: str, raw: Mapping[Any, Any], now_ms: int,
         n = {f: int(h.get(f, "0") or 0) for f in _STATE_INTS}
     except ValueError:
         raise SchemaError(f"breaker {name!r}: a counter field is not a number") from None
+    wire = h.get("cfg") or UNSET_CONFIG
     try:
-        config, minimum = _config(h.get("cfg", ""))
+        config, minimum = _config(BreakerConfig().to_wire() if wire == UNSET_CONFIG else wire)
     except SchemaError as exc:
         raise SchemaError(f"breaker {name!r}: {exc}") from None
     config = dict(config)
+    config["unset"] = wire == UNSET_CONFIG  # shown with defaults until a worker stores its own
     calls, failures, slow = n["calls"], n["failures"], n["slow"]
     if (config["sliding_window_type"] == WindowType.TIME_BASED.value and n["wsec"]
             and now_ms // 1000 - n["wsec"] >= config["sliding_window_size"]):
         calls = failures = slow = 0  # every bucket is stale; the next call clears them
-    if state is State.HALF_OPEN:
+    if state is State.HALF_OPEN or (state is State.OPEN and n["hp_done"] > 0):
+        # an OPEN a half-open verdict made shows the probes' figures (as the script does)
         minimum = config["permitted_calls_in_half_open"]
         shown = (n["hp_done"], n["hp_fail"], n["hp_slow"])
     else:
@@ -232,6 +240,8 @@ def decode_state_hash(name: str, raw: Mapping[Any, Any], now_ms: int,
         "in_state_s": max(0, now_ms - n["since"]) / 1000,
         "retry_in_s": _retry_in(state, n, config, now_ms, probe_deadlines),
         "open_until_ms": n["open_until"] or None,
+        "override_until_ms": n["ov_until"] or None,
+        "override_left_s": max(0, n["ov_until"] - now_ms) / 1000 if n["ov_until"] else None,
         "calls": shown[0],
         "failures": shown[1],
         "slow": shown[2],
@@ -262,9 +272,10 @@ def _drift(h: Mapping[str, str]) -> dict[str, Any] | None:
 
 def _retry_in(state: State, n: Mapping[str, int], config: Mapping[str, Any], now_ms: int,
               deadlines: Sequence[int]) -> float | None:
-    """Seconds until a call may be tried; None while an operator holds it FORCED_OPEN."""
+    """Seconds until a call may be tried; None while an operator holds it FORCED_OPEN
+    without an end."""
     if state is State.FORCED_OPEN:
-        return None
+        return max(0, n["ov_until"] - now_ms) / 1000 if n["ov_until"] else None
     if state is State.OPEN:
         return max(0, n["open_until"] - now_ms) / 1000
     if state is State.HALF_OPEN and n["hp_issued"] >= config["permitted_calls_in_half_open"]:
@@ -334,14 +345,17 @@ def _event(name: str, entry_id: str | None, f: Mapping[str, Any]) -> dict[str, A
             "from": str(f.get("from", "")), "to": str(f.get("to", "")),
             "reason": str(f.get("reason", "")), "actor": str(f.get("actor", "")),
             "failure_rate": num("failure_rate"), "slow_rate": num("slow_rate"),
-            "generation": int(gen) if gen is not None else None, "error": None}
+            "generation": int(gen) if gen is not None else None,
+            # '' for a transition; restart / override / override_end: history only
+            "kind": str(f.get("kind", "")),
+            "until_ms": int(num("until_ms") or 0) or None, "error": None}
 
 
 def error_event(name: str, error: str) -> dict[str, Any]:
     """An events line for a name whose keys could not be read: only `error` says why."""
     return {"name": name, "id": None, "at_ms": None, "from": "", "to": "", "reason": "",
             "actor": "", "failure_rate": None, "slow_rate": None, "generation": None,
-            "error": error}
+            "kind": "", "until_ms": None, "error": error}
 
 
 def decode_bulkhead(leases: Sequence[tuple[Any, Any]], meta: Mapping[Any, Any],

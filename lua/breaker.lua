@@ -10,14 +10,20 @@
 -- record:  ARGV[5] probe token or "", ARGV[6] successes, ARGV[7] failures,
 --          ARGV[8] slow calls, ARGV[9] total duration ms (all zero with a
 --          token: an ignored probe, whose slot is handed back)
--- set:     ARGV[5] target state or RESET or TRIP, ARGV[6] reason, ARGV[7] actor
+-- set:     ARGV[5] target state or RESET or TRIP, ARGV[6] reason, ARGV[7] actor,
+--          ARGV[8] hold for ms or "", ARGV[9] hold until epoch ms or "" (an override
+--          that expires by server time; TRIP: the OPEN wait ends then)
 --
 -- Reply: {state, wait_ms, permitted, transitions, calls, failures, slow,
 --         total_ms, rejected, drift, stored_config, now_ms, since_ms,
---         probes_in_flight, reason, actor, event_errors}; transitions is a list
+--         probes_in_flight, reason, actor, event_errors, override_until,
+--         probe_figures};
+--         transitions is a list
 --         of {from, to, reason, failure_rate, slow_rate} (rates as strings, as in
 --         the history stream); reason/actor: of the transition into the current
---         state; event_errors: '' or why the history XADD / PUBLISH failed.
+--         state; event_errors: '' or why the history XADD / PUBLISH failed;
+--         override_until: server ms when the operator's override ends (0: none);
+--         probe_figures: 1 when calls..total_ms are the half-open probes' figures.
 --
 -- Writes: every check runs before the first write, and every write is deferred
 -- to the end, where the state hash is written FIRST: if Redis refuses it (OOM,
@@ -56,16 +62,34 @@ local err = foreign_type(K_STATE, 'hash') or foreign_type(K_WIN, 'hash')
          or foreign_type(K_PROBES, 'zset') or foreign_type(K_HIST, 'stream')
 if err then return err end
 
--- Config wire string: version 1, then 11 fields; fields past the 12th are
--- ignored. Returns window type, size, min calls, failure and slow thresholds,
--- open wait, permitted probes, max half-open, lease, ttl (or nil when bad);
--- field 12 (slow call duration) is only checked to be a number.
+-- Config wire string: version 1, then 11 fields, then optional ones (a client
+-- writes them only up to the last one that differs from its default, so a
+-- default config has the same string as before they existed): 13 initial state
+-- (C, F, M, D), 14 state after max wait in half-open (O, C), 15 open wait
+-- multiplier per consecutive open, 16 max open wait ms (0: key TTL), 17 wait
+-- randomization factor; fields past the 17th are ignored. Returns window type,
+-- size, min calls, failure and slow thresholds, open wait, permitted probes, max
+-- half-open, lease, ttl, initial state, state after max half-open, multiplier,
+-- max wait, randomization (or nil when bad); field 12 (slow call duration) is
+-- only checked to be a number.
 local CFG_PATTERN = '^1;([CT]);([^;]*);([^;]*);([^;]*);([^;]*);([^;]*);([^;]*);' ..
-                    '([^;]*);([^;]*);([^;]*);([^;]*)'
+                    '([^;]*);([^;]*);([^;]*);([^;]*)(.*)'
+local INITIAL = {C = 'CLOSED', F = 'FORCED_OPEN', M = 'METRICS_ONLY', D = 'DISABLED'}
+local AFTER_HALF_OPEN = {O = 'OPEN', C = 'CLOSED'}
 local function parse_config(wire)
   local window_type, size, min_calls, failure_thr, slow_thr, open_wait, probes, max_half_open,
-        lease, ttl, slow_duration = match(wire, CFG_PATTERN)
+        lease, ttl, slow_duration, tail = match(wire, CFG_PATTERN)
   if not window_type then return nil end
+  local initial, after_half_open, mult, max_open, rnd = 'CLOSED', 'OPEN', 1, 0, 0
+  if tail ~= '' then
+    local f13, f14, f15, f16, f17 = match(tail, '^;([^;]*);?([^;]*);?([^;]*);?([^;]*);?([^;]*)')
+    if not f13 then return nil end
+    initial = INITIAL[f13]
+    after_half_open = AFTER_HALF_OPEN[f14 == '' and 'O' or f14]
+    mult, max_open, rnd = tonumber(f15 == '' and '1' or f15), tonumber(f16 == '' and '0' or f16),
+                          tonumber(f17 == '' and '0' or f17)
+    if not (initial and after_half_open and mult and max_open and rnd) then return nil end
+  end
   size, min_calls, failure_thr = tonumber(size), tonumber(min_calls), tonumber(failure_thr)
   slow_thr, open_wait, probes = tonumber(slow_thr), tonumber(open_wait), tonumber(probes)
   max_half_open, lease, ttl = tonumber(max_half_open), tonumber(lease), tonumber(ttl)
@@ -74,13 +98,14 @@ local function parse_config(wire)
     return nil
   end
   return window_type, size, min_calls, failure_thr, slow_thr, open_wait, probes,
-         max_half_open, lease, ttl
+         max_half_open, lease, ttl, initial, after_half_open, mult, max_open, rnd
 end
 
 -- Load the state hash ---------------------------------------------------------
 local raw = redis.call('HMGET', K_STATE, 'v', 'cfg', 'state', 'since', 'open_until', 'calls',
                  'failures', 'slow', 'total_ms', 'head', 'wsec', 'hp_issued', 'hp_done',
-                 'hp_fail', 'hp_slow', 'rejected', 'gen', 'ttl_at', 'reason', 'actor')
+                 'hp_fail', 'hp_slow', 'rejected', 'gen', 'ttl_at', 'reason', 'actor',
+                 'ov_until', 'opens')
 local s_state = raw[3]
 local exists = s_state ~= false
 if not exists and redis.call('EXISTS', K_STATE) == 1 then
@@ -117,6 +142,14 @@ local since, open_until, calls, failures, slow = raw[4], raw[5], raw[6], raw[7],
 local total_ms, head, wsec, hp_issued, hp_done = raw[9], raw[10], raw[11], raw[12], raw[13]
 local hp_fail, hp_slow, rejected, gen, ttl_at = raw[14], raw[15], raw[16], raw[17], raw[18]
 local s_reason, s_actor = raw[19] or '', raw[20] or ''
+local opens = tonumber(raw[22] or '0')  -- consecutive opens since the last close
+if not opens then return schema_error(K_STATE, 'field opens is not a number') end
+local d_opens = false
+local ov_until = 0  -- when an operator's override ends (server ms; 0: none)
+if raw[21] then
+  ov_until = tonumber(raw[21])
+  if not ov_until then return schema_error(K_STATE, 'field ov_until is not a number') end
+end
 
 -- Dirty flags: which fields the final HSET writes.
 local d_v, d_cfg, d_state, d_trans, d_totals, d_head, d_wsec = false, false, false, false,
@@ -132,24 +165,38 @@ local win_sets, win_dels = {}, {}      -- window slot -> new bucket / true
 local probe_add, probe_rem = nil, nil  -- a lease to add {token, deadline}; a token to drop
 
 local wtype, wsize, min_calls, f_thr, s_thr, open_wait, probes_max, max_half_open,
-      lease_ms, ttl_ms = parse_config(cfg_wire)
+      lease_ms, ttl_ms, initial_state, after_half_open, wait_mult, max_open_wait,
+      wait_rnd = parse_config(cfg_wire)
 if not wtype then return redis.error_reply('DISTBREAKER_ARGS bad config ' .. cfg_wire) end
 
 local adopt = (op == 'set' and ARGV[5] == 'RESET')
 local drift = 0
 if not exists then
   if op == 'state' then
-    return {'CLOSED', 0, 1, {}, 0, 0, 0, 0, 0, 0, '', now, now, 0}
+    return {initial_state, 0, 1, {}, 0, 0, 0, 0, 0, 0, '', now, now, 0}
   end
   s_state, since, s_v, s_cfg = 'CLOSED', now, '1', cfg_wire
+  -- An operator action on a name without keys stores no config ('unset'): the
+  -- first worker's call stores its own (no drift warning for it), and the
+  -- breaker starts in the config's initial state.
+  if op == 'set' then
+    s_cfg = 'unset'
+  elseif initial_state ~= 'CLOSED' then
+    s_state, s_reason, d_trans = initial_state, 'initial state', true
+  end
   d_v, d_cfg, d_state = true, true, true
+elseif s_cfg == 'unset' then
+  -- the caller's config governs this call; only a protected call stores it
+  adopt = op == 'acquire' or op == 'record'
+  if adopt then s_cfg = cfg_wire end
 elseif adopt or not s_cfg then
   s_cfg = cfg_wire
   adopt = true  -- persist it
 elseif s_cfg ~= cfg_wire then
   drift = 1
   wtype, wsize, min_calls, f_thr, s_thr, open_wait, probes_max, max_half_open,
-    lease_ms, ttl_ms = parse_config(s_cfg)
+    lease_ms, ttl_ms, initial_state, after_half_open, wait_mult, max_open_wait,
+    wait_rnd = parse_config(s_cfg)
   if not wtype then return schema_error(K_STATE, 'field cfg is not a v1 config') end
 end
 
@@ -164,7 +211,13 @@ end
 
 -- Events ----------------------------------------------------------------------
 local transitions = {}
-local events = {}  -- {from, to, reason, frate, srate, gen, actor}: history + pub/sub, at the end
+-- {from, to, reason, frate, srate, gen, actor, kind, until}: history (+ pub/sub for a
+-- transition, kind ''), at the end. Other kinds (history only, never reported as a
+-- transition): 'restart' (TRIP on OPEN restarted the wait), 'override' (an override
+-- on the current state was set, changed or lifted), 'override_end' (a held CLOSED
+-- was released; the other overrides end with a transition).
+local events = {}
+local d_ov = false
 
 local function json_str(s)
   s = tostring(s)
@@ -193,6 +246,22 @@ local function win_get(slot)
   return nil
 end
 
+-- The open wait (Resilience4j's waitIntervalFunctionInOpenState): the configured
+-- wait times multiplier^(consecutive opens - 1), capped (at the key TTL when no
+-- cap is configured), spread by +-randomization with the server clock's
+-- microseconds as the random draw; a close resets the count.
+local function wait_in_open()
+  if wait_mult == 1 and wait_rnd == 0 then return open_wait end
+  local cap = max_open_wait > 0 and max_open_wait or ttl_ms
+  local w = open_wait
+  if opens > 1 then w = open_wait * wait_mult ^ math.min(opens - 1, 200) end
+  if w > cap then w = cap end
+  if wait_rnd > 0 then
+    w = w * (1 + wait_rnd * (2 * (tonumber(t[2]) % 1000) / 999 - 1))
+  end
+  return math.max(1, floor(w))
+end
+
 local function transition(to, reason, actor)
   local from = s_state
   local frate, srate
@@ -204,10 +273,17 @@ local function transition(to, reason, actor)
   actor = actor or ''
   s_state, since, gen, s_reason, s_actor = to, now, gen + 1, reason, actor
   d_state, d_trans = true, true
+  ov_until = 0
   if to == 'OPEN' then
-    open_until = now + open_wait
+    opens, d_opens = opens + 1, true
+    open_until = now + wait_in_open()
   else
     open_until = 0
+    if to == 'CLOSED' and opens ~= 0 then opens, d_opens = 0, true end
+  end
+  if to == 'OPEN' and from ~= 'HALF_OPEN' and hp_done ~= 0 then
+    -- an OPEN reports the half-open figures only when it follows a half-open verdict
+    hp_done, hp_fail, hp_slow, d_probe_results = 0, 0, 0, true
   end
   if to == 'HALF_OPEN' then
     hp_issued, hp_done, hp_fail, hp_slow = 0, 0, 0, 0
@@ -218,8 +294,32 @@ local function transition(to, reason, actor)
     del_probes, probe_add, probe_rem = true, nil, nil
   end
   transitions[#transitions + 1] = {from, to, reason, tostring(frate), tostring(srate)}
-  events[#events + 1] = {from, to, reason, frate, srate, gen, actor}
+  events[#events + 1] = {from, to, reason, frate, srate, gen, actor, '', 0}
   fresh_hist = true
+end
+
+-- A history entry that is not a transition (see `events`).
+local function note(kind, reason, actor, until_ms)
+  events[#events + 1] = {s_state, s_state, reason, -1, -1, gen, actor or '', kind, until_ms}
+  fresh_hist = true
+end
+
+-- The operator's override ended (by server time): FORCED_OPEN goes on as an OPEN
+-- whose wait is over (HALF_OPEN: probes check the service before traffic returns,
+-- as after Resilience4j's transitionToOpenStateFor); DISABLED and METRICS_ONLY
+-- return to CLOSED; a held CLOSED simply resumes its state machine.
+local function end_override()
+  local ended = ov_until
+  if s_state == 'FORCED_OPEN' then
+    transition('HALF_OPEN', 'override ended')
+  elseif s_state == 'DISABLED' or s_state == 'METRICS_ONLY' then
+    transition('CLOSED', 'override ended')
+  else
+    ov_until, d_ov = 0, true
+    note('override_end', 'override ended', '', ended)
+    return
+  end
+  events[#events][9] = ended
 end
 
 -- Sliding window (pre-aggregated, O(1) per recorded outcome) -----------------
@@ -312,13 +412,14 @@ end
 
 -- Time-driven transitions and lease reaping ---------------------------------
 local function advance()
+  if ov_until > 0 and now >= ov_until then end_override() end
   if wtype == 'T' then evict_time_buckets() end
   if s_state == 'OPEN' and now >= open_until then
     transition('HALF_OPEN', 'wait in open state elapsed')
   end
   if s_state == 'HALF_OPEN' then
     if max_half_open > 0 and now >= since + max_half_open then
-      transition('OPEN', 'max wait in half-open elapsed')
+      transition(after_half_open, 'max wait in half-open elapsed')
       return
     end
   end
@@ -360,7 +461,7 @@ if op == 'record' then
   local st = s_state
   if st == 'CLOSED' or st == 'METRICS_ONLY' then
     record_window(ok, fails, slows, ms)
-    if st == 'CLOSED' and calls >= min_calls and calls > 0
+    if st == 'CLOSED' and ov_until == 0 and calls >= min_calls and calls > 0
         and rate_exceeded(calls, failures, slow) then
       transition('OPEN', describe(calls, failures, slow))
     end
@@ -404,21 +505,55 @@ elseif op == 'acquire' then
   end
   if permitted == 0 then rejected, d_rej = rejected + 1, true end
 elseif op == 'set' then
-  advance()
   local target, reason, actor = ARGV[5], ARGV[6], ARGV[7]
+  local hold_for, hold_until, hold = ARGV[8] or '', ARGV[9] or '', 0
+  if hold_for ~= '' or hold_until ~= '' then
+    local v = tonumber(hold_for ~= '' and hold_for or hold_until)
+    if hold_for ~= '' and hold_until ~= '' then
+      return redis.error_reply('DISTBREAKER_ARGS give a hold duration or an end, not both')
+    end
+    if not v or v ~= floor(v) then
+      return redis.error_reply('DISTBREAKER_ARGS hold ms must be an integer')
+    end
+    if hold_for ~= '' then hold = now + v else hold = v end
+    if hold <= now then
+      return redis.error_reply('DISTBREAKER_ARGS the override would end in the past')
+    end
+    if target == 'RESET' or target == 'HALF_OPEN' or target == 'OPEN' then
+      return redis.error_reply('DISTBREAKER_ARGS ' .. tostring(target) .. ' takes no end')
+    end
+  end
+  advance()
   if target == 'RESET' then
     if s_state ~= 'CLOSED' then
       transition('CLOSED', reason, actor)
     else
       clear_window()
       del_probes = true
+      if ov_until > 0 then  -- RESET lifts a held CLOSED too
+        ov_until, d_ov = 0, true
+        note('override', reason, actor, 0)
+      end
     end
   elseif target == 'TRIP' then
-    if s_state ~= 'FORCED_OPEN' and s_state ~= 'DISABLED' then
+    if s_state == 'OPEN' then
+      -- a same-state move: the wait restarts, recorded as a restart, not a transition
+      s_reason, s_actor, d_trans = reason, actor, true
+      open_until = now + wait_in_open()
+      if hold > 0 then open_until = hold end
+      note('restart', reason, actor, hold)
+    elseif s_state ~= 'FORCED_OPEN' and s_state ~= 'DISABLED' then
       transition('OPEN', reason, actor)
+      if hold > 0 then open_until = hold; events[#events][9] = hold end
     end
   elseif valid_state(target) and target ~= 'OPEN' and target ~= 'HALF_OPEN' then
-    if s_state ~= target then transition(target, reason, actor) end
+    if s_state ~= target then
+      transition(target, reason, actor)
+      if hold > 0 then ov_until = hold; events[#events][9] = hold end
+    elseif hold ~= ov_until then
+      ov_until, d_ov, s_reason, s_actor, d_trans = hold, true, reason, actor, true
+      note('override', reason, actor, hold)
+    end
   else
     return redis.error_reply('DISTBREAKER_ARGS unknown target state ' .. tostring(target))
   end
@@ -431,7 +566,7 @@ end
 -- operator action), so an active breaker never expires and a refresh costs
 -- nothing on most calls; keys this call may have created get theirs at once.
 local writes = op ~= 'state' or d_v or d_cfg or d_state or d_trans or d_totals or d_head
-               or d_wsec or d_probes_issued or d_probe_results or d_rej or d_drift
+               or d_wsec or d_probes_issued or d_probe_results or d_rej or d_drift or d_ov
 local refresh_all = writes and (op == 'set' or now - ttl_at >= ttl_ms / 2 or ttl_at > now)
 if refresh_all then ttl_at, d_ttl = now, true end
 local flat, n = {}, 0
@@ -452,7 +587,10 @@ if d_trans then
   flat[n + 1] = 'gen'; flat[n + 2] = gen
   flat[n + 3] = 'open_until'; flat[n + 4] = open_until
   flat[n + 5] = 'reason'; flat[n + 6] = s_reason
-  flat[n + 7] = 'actor'; flat[n + 8] = s_actor; n = n + 8
+  flat[n + 7] = 'actor'; flat[n + 8] = s_actor
+  flat[n + 9] = 'ov_until'; flat[n + 10] = ov_until; n = n + 10
+elseif d_ov then
+  flat[n + 1] = 'ov_until'; flat[n + 2] = ov_until; n = n + 2
 end
 if d_wsec then flat[n + 1] = 'wsec'; flat[n + 2] = wsec; n = n + 2 end
 if d_probes_issued then flat[n + 1] = 'hp_issued'; flat[n + 2] = hp_issued; n = n + 2 end
@@ -461,6 +599,7 @@ if d_probe_results then
   flat[n + 4] = hp_fail; flat[n + 5] = 'hp_slow'; flat[n + 6] = hp_slow; n = n + 6
 end
 if d_rej then flat[n + 1] = 'rejected'; flat[n + 2] = rejected; n = n + 2 end
+if d_opens then flat[n + 1] = 'opens'; flat[n + 2] = opens; n = n + 2 end
 if d_drift then
   flat[n + 1] = 'drift_cfg'; flat[n + 2] = cfg_wire
   flat[n + 3] = 'drift_at'; flat[n + 4] = now; n = n + 4
@@ -484,12 +623,15 @@ if s_state == 'HALF_OPEN' then
 end
 
 local function reply(event_errors)
-  if s_state == 'HALF_OPEN' then
+  -- HALF_OPEN, and an OPEN that a half-open verdict made (Resilience4j keeps the
+  -- probes' figures there), report the probes' figures; element 19 says so.
+  if s_state == 'HALF_OPEN' or (s_state == 'OPEN' and hp_done > 0) then
     return {s_state, wait_ms, permitted, transitions, hp_done, hp_fail, hp_slow, 0,
-            rejected, drift, stored, now, since, in_flight, s_reason, s_actor, event_errors}
+            rejected, drift, stored, now, since, in_flight, s_reason, s_actor, event_errors,
+            ov_until, 1}
   end
   return {s_state, wait_ms, permitted, transitions, calls, failures, slow, total_ms,
-          rejected, drift, stored, now, since, 0, s_reason, s_actor, event_errors}
+          rejected, drift, stored, now, since, 0, s_reason, s_actor, event_errors, ov_until, 0}
 end
 
 -- The state hash first: if Redis refuses it (OOM, ACL), nothing was written.
@@ -525,10 +667,14 @@ if probe_rem then redis.call('ZREM', K_PROBES, probe_rem) end
 if probe_add then redis.call('ZADD', K_PROBES, probe_add[2], probe_add[1]) end
 
 if refresh_all then
-  redis.call('PEXPIRE', K_STATE, ttl_ms)
-  redis.call('PEXPIRE', K_WIN, ttl_ms)
-  redis.call('PEXPIRE', K_PROBES, ttl_ms)
-  redis.call('PEXPIRE', K_HIST, ttl_ms)
+  -- an override or a long OPEN wait keeps the keys for key_ttl past its end
+  local keep, held = ttl_ms, ov_until
+  if s_state == 'OPEN' and open_until > held then held = open_until end
+  if held > now then keep = math.max(ttl_ms, held - now + ttl_ms) end
+  redis.call('PEXPIRE', K_STATE, keep)
+  redis.call('PEXPIRE', K_WIN, keep)
+  redis.call('PEXPIRE', K_PROBES, keep)
+  redis.call('PEXPIRE', K_HIST, keep)
 else
   if fresh_win then redis.call('PEXPIRE', K_WIN, ttl_ms) end
   if fresh_probes then redis.call('PEXPIRE', K_PROBES, ttl_ms) end
@@ -539,18 +685,24 @@ end
 -- permission) can neither abort nor undo the transition; the reply reports it.
 local event_errors = ''
 for _, e in ipairs(events) do
-  local added = redis.pcall('XADD', K_HIST, 'MAXLEN', '1000', '*', 'from', e[1], 'to', e[2],
+  local entry = {'XADD', K_HIST, 'MAXLEN', '1000', '*', 'from', e[1], 'to', e[2],
        'reason', e[3], 'at_ms', now, 'failure_rate', tostring(e[4]),
-       'slow_rate', tostring(e[5]), 'gen', e[6], 'actor', e[7])
+       'slow_rate', tostring(e[5]), 'gen', e[6], 'actor', e[7]}
+  if e[8] ~= '' then entry[#entry + 1] = 'kind'; entry[#entry + 1] = e[8] end
+  if e[9] and e[9] > 0 then entry[#entry + 1] = 'until_ms'; entry[#entry + 1] = e[9] end
+  local added = redis.pcall(unpack(entry))
   if type(added) == 'table' and added.err then
     event_errors = event_errors .. 'history: ' .. added.err .. '; '
   end
-  local published = redis.pcall('PUBLISH', channel, '{"name":' .. json_str(name) ..
-    ',"from":"' .. e[1] .. '","to":"' .. e[2] .. '","reason":' .. json_str(e[3]) ..
-    ',"at_ms":' .. now .. ',"failure_rate":' .. e[4] .. ',"slow_rate":' .. e[5] ..
-    ',"gen":' .. e[6] .. ',"actor":' .. json_str(e[7]) .. '}')
-  if type(published) == 'table' and published.err then
-    event_errors = event_errors .. 'publish: ' .. published.err .. '; '
+  if e[8] == '' then
+    local published = redis.pcall('PUBLISH', channel, '{"name":' .. json_str(name) ..
+      ',"from":"' .. e[1] .. '","to":"' .. e[2] .. '","reason":' .. json_str(e[3]) ..
+      ',"at_ms":' .. now .. ',"failure_rate":' .. e[4] .. ',"slow_rate":' .. e[5] ..
+      ',"gen":' .. e[6] .. ',"actor":' .. json_str(e[7]) ..
+      ((e[9] > 0) and (',"until_ms":' .. e[9]) or '') .. '}')
+    if type(published) == 'table' and published.err then
+      event_errors = event_errors .. 'publish: ' .. published.err .. '; '
+    end
   end
 end
 return reply(event_errors)

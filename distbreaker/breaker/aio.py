@@ -23,12 +23,13 @@ from .._runtime.connection import (
 )
 from .._runtime.decorate import decorate_async
 from .._runtime.keys import DEFAULT_PREFIX
+from .._runtime.options import Seconds
 from .._runtime.scripts import run_script_async, send_async
 from ..errors import redis_unavailable_as
 from .batching import LOOP_FLUSHERS
 from .classify import Outcome
 from .config import BreakerConfig
-from .core import BreakerCore, BreakerMetrics, Permit, Reply, ScriptCall
+from .core import BreakerCore, BreakerMetrics, Permit, Reply, ScriptCall, Until, hold_args
 from .state import State
 
 P = ParamSpec("P")
@@ -197,31 +198,43 @@ class CircuitBreaker(BreakerCore):
     async def metrics(self) -> BreakerMetrics:
         return self._codec.metrics(await self._read())
 
-    async def _set(self, target: str, reason: str, actor: str) -> State:
-        return (await self._admin(self._codec.set_call(target, reason, actor))).state
+    async def _set(self, target: str, reason: str, actor: str, for_: Seconds | None = None,
+             until: Until | None = None) -> State:
+        call = self._codec.set_call(target, reason, actor, hold_args(for_, until))
+        return (await self._admin(call)).state
 
     async def reset(self, reason: str = "reset", actor: str = "") -> State:
         """Back to CLOSED with an empty window; this process's config becomes the stored one."""
         return await self._set("RESET", reason, actor)
 
-    async def trip(self, reason: str = "tripped", actor: str = "") -> State:
-        """Force OPEN now (a normal OPEN: probes start after the wait)."""
-        return await self._set("TRIP", reason, actor)
+    async def trip(self, reason: str = "tripped", actor: str = "", *, for_: Seconds | None = None,
+             until: Until | None = None) -> State:
+        """Force OPEN now; probes start after the wait, or after ``for_`` seconds / at
+        ``until`` (Resilience4j's transitionToOpenStateFor / Until). On an OPEN breaker
+        the wait restarts (a `restart` history entry, not a transition)."""
+        return await self._set("TRIP", reason, actor, for_, until)
 
-    async def transition_to_closed(self, reason: str = "closed by operator",
-                                   actor: str = "") -> State:
-        return await self._set(State.CLOSED.value, reason, actor)
+    async def transition_to_closed(self, reason: str = "closed by operator", actor: str = "", *,
+                             for_: Seconds | None = None, until: Until | None = None) -> State:
+        """CLOSED; with ``for_`` / ``until`` held CLOSED (it does not trip) until then."""
+        return await self._set(State.CLOSED.value, reason, actor, for_, until)
 
-    async def transition_to_forced_open(self, reason: str = "forced open",
-                                        actor: str = "") -> State:
-        return await self._set(State.FORCED_OPEN.value, reason, actor)
+    async def transition_to_forced_open(self, reason: str = "forced open", actor: str = "", *,
+                                  for_: Seconds | None = None,
+                                  until: Until | None = None) -> State:
+        """FORCED_OPEN; with ``for_`` / ``until`` it ends then, in HALF_OPEN (probes)."""
+        return await self._set(State.FORCED_OPEN.value, reason, actor, for_, until)
 
-    async def transition_to_disabled(self, reason: str = "disabled", actor: str = "") -> State:
-        return await self._set(State.DISABLED.value, reason, actor)
+    async def transition_to_disabled(self, reason: str = "disabled", actor: str = "", *,
+                               for_: Seconds | None = None, until: Until | None = None) -> State:
+        """DISABLED; with ``for_`` / ``until`` back to CLOSED then."""
+        return await self._set(State.DISABLED.value, reason, actor, for_, until)
 
-    async def transition_to_metrics_only(self, reason: str = "metrics only",
-                                         actor: str = "") -> State:
-        return await self._set(State.METRICS_ONLY.value, reason, actor)
+    async def transition_to_metrics_only(self, reason: str = "metrics only", actor: str = "", *,
+                                   for_: Seconds | None = None,
+                                   until: Until | None = None) -> State:
+        """METRICS_ONLY; with ``for_`` / ``until`` back to CLOSED then."""
+        return await self._set(State.METRICS_ONLY.value, reason, actor, for_, until)
 
     def __repr__(self) -> str:
         return f"aio.CircuitBreaker({self.name!r})"

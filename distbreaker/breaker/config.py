@@ -22,6 +22,7 @@ from .._runtime.options import (
     to_ms,
     to_seconds,
 )
+from .state import State
 
 WIRE_VERSION = "1"
 
@@ -48,6 +49,10 @@ class RedisErrorPolicy(str, Enum):
 
 
 _WINDOW_ALIASES = {"COUNT": WindowType.COUNT_BASED, "TIME": WindowType.TIME_BASED}
+#: Wire codes of the optional fields 13 (initial state) and 14 (after max half-open).
+_INITIAL_CODES = {State.CLOSED: "C", State.FORCED_OPEN: "F", State.METRICS_ONLY: "M",
+                  State.DISABLED: "D"}
+_AFTER_HALF_OPEN_CODES = {State.OPEN: "O", State.CLOSED: "C"}
 MAX_COUNT_WINDOW = 100_000
 MAX_TIME_WINDOW = 3_600
 
@@ -69,6 +74,15 @@ class BreakerConfig:
     `half_open_lease` bounds how long a half-open probe may stay unreported
     before its slot is handed to another worker (a SIGKILLed worker's probe).
     `key_ttl` is how long an idle breaker's keys live in Redis.
+    `initial_state` is the state a new breaker starts in (CLOSED, FORCED_OPEN,
+    METRICS_ONLY, DISABLED; again whenever its keys have expired);
+    `transition_after_max_wait_in_half_open` where a HALF_OPEN that outlived
+    `max_wait_in_half_open` goes: OPEN (default) or CLOSED (Resilience4j 2.x).
+    `wait_interval_multiplier`, `max_wait_duration_in_open_state` and
+    `wait_randomization_factor` make the open wait Resilience4j's
+    waitIntervalFunctionInOpenState as data: the wait times multiplier^(opens in a row
+    - 1), capped (0: at `key_ttl`), spread by +-factor; decided in the script by server
+    time, the count reset by a close.
     `record_mode` "batched" accumulates CLOSED outcomes in the process and
     flushes them as counts at most every `flush_interval` seconds, or as soon
     as `max_batch` outcomes of one breaker are pending; while Redis is
@@ -114,6 +128,11 @@ class BreakerConfig:
     max_pending: int = 10_000
     subscribe: bool = True
     revalidate_interval: Seconds = 1.0
+    initial_state: State | str = State.CLOSED
+    transition_after_max_wait_in_half_open: State | str = State.OPEN
+    wait_interval_multiplier: float = 1.0
+    max_wait_duration_in_open_state: Seconds = 0.0
+    wait_randomization_factor: float = 0.0
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -161,6 +180,37 @@ class BreakerConfig:
             if value is not None and not callable(value):
                 raise ValueError(f"{field} must be callable or None, got {value!r}")
         self._check_batching()
+        for field, allowed in (("initial_state", _INITIAL_CODES),
+                               ("transition_after_max_wait_in_half_open",
+                                _AFTER_HALF_OPEN_CODES)):
+            value = getattr(self, field)
+            try:
+                state = State(value.upper() if isinstance(value, str) else value)
+            except ValueError:
+                state = None
+            if state not in allowed:
+                raise ValueError(f"{field} must be one of "
+                                 f"{', '.join(s.value for s in allowed)}, got {value!r}")
+            put(self, field, state)
+        self._check_wait_interval()
+
+    def _check_wait_interval(self) -> None:
+        put = object.__setattr__
+        for field, low, high in (("wait_interval_multiplier", 1.0, 1000.0),
+                                 ("wait_randomization_factor", 0.0, 1.0)):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not low <= value <= high:
+                raise ValueError(f"{field} must be a number in [{low:g}, {high:g}], "
+                                 f"got {value!r}")
+            put(self, field, float(value))
+        cap = to_seconds(self.max_wait_duration_in_open_state,
+                         "max_wait_duration_in_open_state")
+        if cap and not self.wait_duration_in_open_state <= cap <= self.key_ttl:
+            raise ValueError("max_wait_duration_in_open_state must be 0 (the key TTL) or "
+                             "between wait_duration_in_open_state and key_ttl, "
+                             f"got {self.max_wait_duration_in_open_state!r}")
+        put(self, "max_wait_duration_in_open_state", cap)
         try:
             put(self, "on_redis_error", RedisErrorPolicy(self.on_redis_error))
         except ValueError:
@@ -220,7 +270,17 @@ class BreakerConfig:
             str(to_ms(self.key_ttl)),
             str(to_ms(self.slow_call_duration)),
         ]
-        return ";".join(parts)
+        # optional fields, written up to the last non-default one (a default config's
+        # string is the same as before they existed: no drift with older clients)
+        extra = [_INITIAL_CODES[State(self.initial_state)],
+                 _AFTER_HALF_OPEN_CODES[State(self.transition_after_max_wait_in_half_open)],
+                 _num(self.wait_interval_multiplier),
+                 str(to_ms(self.max_wait_duration_in_open_state)),
+                 _num(self.wait_randomization_factor)]
+        defaults = ["C", "O", "1", "0", "0"]
+        while extra and extra[-1] == defaults[len(extra) - 1]:
+            extra.pop()
+        return ";".join(parts + extra)
 
     @classmethod
     def from_wire(cls, wire: str) -> BreakerConfig:
@@ -237,7 +297,14 @@ class BreakerConfig:
             size, minimum, wait, permitted, half_open, lease, ttl, slow = (
                 int(p) for p in (parts[2], parts[3], *parts[6:12]))
             failure, slow_rate = float(parts[4]), float(parts[5])
-        except ValueError:
+            initial = {c: st for st, c in _INITIAL_CODES.items()}[
+                parts[12] if len(parts) > 12 else "C"]
+            after = {c: st for st, c in _AFTER_HALF_OPEN_CODES.items()}[
+                parts[13] if len(parts) > 13 else "O"]
+            mult = float(parts[14]) if len(parts) > 14 else 1.0
+            cap = int(parts[15]) / 1000 if len(parts) > 15 else 0.0
+            spread = float(parts[16]) if len(parts) > 16 else 0.0
+        except (ValueError, KeyError):
             raise ValueError(f"not a v{WIRE_VERSION} breaker config wire string: "
                              f"{wire!r}") from None
         return cls(
@@ -247,7 +314,9 @@ class BreakerConfig:
             sliding_window_size=size, minimum_number_of_calls=minimum,
             wait_duration_in_open_state=wait / 1000, permitted_calls_in_half_open=permitted,
             max_wait_in_half_open=half_open / 1000, half_open_lease=lease / 1000,
-            key_ttl=ttl / 1000,
+            key_ttl=ttl / 1000, initial_state=initial,
+            transition_after_max_wait_in_half_open=after, wait_interval_multiplier=mult,
+            max_wait_duration_in_open_state=cap, wait_randomization_factor=spread,
         )
 
 
@@ -259,7 +328,10 @@ def _num(value: float) -> str:
 WIRE_FIELDS = ("sliding_window_type", "sliding_window_size", "minimum_number_of_calls",
                "failure_rate_threshold", "slow_call_rate_threshold",
                "wait_duration_in_open_state", "permitted_calls_in_half_open",
-               "max_wait_in_half_open", "half_open_lease", "key_ttl", "slow_call_duration")
+               "max_wait_in_half_open", "half_open_lease", "key_ttl", "slow_call_duration",
+               "initial_state", "transition_after_max_wait_in_half_open",
+               "wait_interval_multiplier", "max_wait_duration_in_open_state",
+               "wait_randomization_factor")
 
 
 def config_differences(ours: BreakerConfig,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import logging
 import secrets
 import threading
@@ -26,7 +27,7 @@ from .._runtime.events import Event, Listeners
 from .._runtime.health import RedisHealth
 from .._runtime.keys import DEFAULT_PREFIX, BreakerKeys
 from .._runtime.local import LocalScriptRunner
-from .._runtime.options import to_ms
+from .._runtime.options import Seconds, to_ms, to_seconds
 from .._runtime.scripts import Owed, PendingCall, load_script, text
 from .._runtime.subscriber import SUBSCRIBERS
 from ..errors import CallNotPermitted, ConfigDriftWarning
@@ -88,6 +89,18 @@ class Reply:
     actor: str = ""
     #: Why the history XADD or the PUBLISH of this call's transition failed ('' if not).
     event_errors: str = ""
+    #: Server ms when the operator's override of the current state ends (0: none).
+    override_until_ms: int = 0
+    #: calls..total_ms are the half-open probes' figures (HALF_OPEN, and an OPEN that
+    #: a half-open verdict made).
+    probe_figures: bool = False
+
+    @property
+    def override_left(self) -> float | None:
+        """Seconds until the operator's override ends; None when it does not expire."""
+        if not self.override_until_ms:
+            return None
+        return max(0, self.override_until_ms - self.now_ms) / 1000.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +177,37 @@ def decode_reply(raw: Sequence[Any]) -> Reply:
         reason=text(raw[14]) if len(raw) > 16 else "",
         actor=text(raw[15]) if len(raw) > 16 else "",
         event_errors=text(raw[16]) if len(raw) > 16 else "",
+        override_until_ms=int(raw[17]) if len(raw) > 17 else 0,
+        probe_figures=bool(int(raw[18])) if len(raw) > 18 else (
+            State(text(raw[0])) is State.HALF_OPEN),
     )
+
+
+#: When an override ends: an aware datetime, or epoch seconds.
+Until = datetime.datetime | float
+
+
+def hold_args(for_: Seconds | None, until: Until | None) -> tuple[str, ...]:
+    """The `set` op's ARGV[8..9] for an override that ends `for_` seconds from now (by
+    server time) or at `until` (an aware datetime, or epoch seconds); () for none."""
+    if for_ is None and until is None:
+        return ()
+    if for_ is not None and until is not None:
+        raise ValueError("give for_ or until, not both")
+    if for_ is not None:
+        ms = to_ms(to_seconds(for_, "for_", positive=True))
+        if ms < 1:
+            raise ValueError(f"for_ must be at least 0.001 seconds, got {for_!r}")
+        return (str(ms), "")
+    if isinstance(until, datetime.datetime):
+        if until.tzinfo is None:
+            raise ValueError("until must be an aware datetime (with tzinfo) or epoch seconds")
+        epoch = until.timestamp()
+    elif isinstance(until, (int, float)) and not isinstance(until, bool):
+        epoch = float(until)
+    else:
+        raise ValueError(f"until must be a datetime or epoch seconds, got {until!r}")
+    return ("", str(round(epoch * 1000)))
 
 
 def _rate(entry: Sequence[Any], i: int) -> float:
@@ -197,6 +240,7 @@ class BreakerCodec:
         self._view_until = 0.0                   # a rejecting view is used until then
         self._view_reason = ""
         self._view_actor = ""
+        self._override_deadline = 0.0            # monotonic end of an override (0: none)
         self._revalidate = config.revalidate_interval
         self._event_errors_logged = False
         self._view_now_ms = 0
@@ -205,6 +249,7 @@ class BreakerCodec:
         self._drift_warned = False
         self.config_drift: str | None = None     # stored config when it differs from ours
         self.not_permitted = 0
+        self._counted_since = -1                 # since_ms of the state not_permitted counts in
         #: This process's finished calls by outcome value, and rejections by the
         #: state that rejected them ("UNKNOWN": Redis unavailable, fail_closed).
         self.outcomes: Counter[str] = Counter()
@@ -235,8 +280,12 @@ class BreakerCodec:
     def state_call(self) -> ScriptCall:
         return self._call("state")
 
-    def set_call(self, target: str, reason: str, actor: str = "") -> ScriptCall:
-        return self._call("set", target, reason, actor)
+    def set_call(self, target: str, reason: str, actor: str = "",
+                 hold: tuple[str, ...] = ()) -> ScriptCall:
+        """An operator action; `hold` from `hold_args` makes it end by server time."""
+        if target == "RESET":
+            self.restart_counts()
+        return self._call("set", target, reason, actor, *hold)
 
     def record_call(self, permit: Permit, outcome: Outcome, duration: float) -> ScriptCall | None:
         """The record script call for one finished call, or None when nothing is recorded."""
@@ -286,15 +335,16 @@ class BreakerCodec:
         """The rejection of a call the local view turned down (no round trip)."""
         state = self._view or State.OPEN
         self._count_rejection(state.value)
+        left = self._override_deadline - now if self._override_deadline else None
         return self._rejection(state, self._open_deadline - now, self._view_reason,
-                               self._view_actor)
+                               self._view_actor, left)
 
     def _rejection(self, state: State, wait: float, reason: str,
-                   actor: str) -> CallNotPermitted:
+                   actor: str, override_left: float | None = None) -> CallNotPermitted:
         """CallNotPermitted for `state`; FORCED_OPEN has no wait of its own: its
-        retry_after is the re-check interval."""
+        retry_after is the override's remaining time, or the re-check interval."""
         if state is State.FORCED_OPEN:
-            wait = self._revalidate
+            wait = max(0.0, override_left) if override_left is not None else self._revalidate
         return CallNotPermitted(self.name, state, wait, reason=reason, actor=actor)
 
     def forget_view(self) -> None:
@@ -325,7 +375,14 @@ class BreakerCodec:
                     self._open_deadline = now + reply.wait_ms / 1000.0
                     self._view_until = min(self._open_deadline, now + self._revalidate) \
                         if reply.state is State.OPEN else now + self._revalidate
+                    left = reply.override_left
+                    self._override_deadline = 0.0 if left is None else now + left
+                    if left is not None:  # ask Redis once the override has ended
+                        self._view_until = min(self._view_until, now + left)
                     self._view_reason, self._view_actor = reply.reason, reply.actor
+                    if reply.since_ms != self._counted_since:
+                        # Resilience4j restarts the not-permitted count in every state
+                        self._counted_since, self.not_permitted = reply.since_ms, 0
                 if reply.transitions:
                     self._own_transition_ms = reply.now_ms
             if reply.event_errors:
@@ -346,7 +403,8 @@ class BreakerCodec:
                 return Permit()
             return Permit(token, sent_at + self.probe_lease(reply) if sent_at else 0.0)
         self._count_rejection(reply.state.value)
-        raise self._rejection(reply.state, reply.wait_ms / 1000.0, reply.reason, reply.actor)
+        raise self._rejection(reply.state, reply.wait_ms / 1000.0, reply.reason, reply.actor,
+                              reply.override_left)
 
     def probe_lease(self, reply: Reply) -> float:
         """The lease of a probe granted by `reply`: the stored config's when it drifts
@@ -380,6 +438,11 @@ class BreakerCodec:
             self.not_permitted += 1
             self.rejections[state] += 1
 
+    def restart_counts(self) -> None:
+        """reset(): the not-permitted count starts again (Resilience4j)."""
+        with self._lock:
+            self.not_permitted = 0
+
     def local_counts(self) -> LocalCounts:
         with self._lock:
             return LocalCounts(dict(self.outcomes), dict(self.rejections))
@@ -391,7 +454,7 @@ class BreakerCodec:
                 governing = BreakerConfig.from_wire(reply.stored_config)
             except ValueError:
                 pass
-        minimum = (governing.permitted_calls_in_half_open if reply.state is State.HALF_OPEN
+        minimum = (governing.permitted_calls_in_half_open if reply.probe_figures
                    else governing.effective_minimum_calls)
         return BreakerMetrics(
             state=reply.state,

@@ -10,12 +10,13 @@ from typing import Any, ParamSpec, TypeVar
 from .._runtime.connection import db_of, owns_client, release_sync_client, shared_sync_client
 from .._runtime.decorate import decorate_sync
 from .._runtime.keys import DEFAULT_PREFIX
+from .._runtime.options import Seconds
 from .._runtime.scripts import run_script, send
 from ..errors import redis_unavailable_as
 from .batching import THREAD_FLUSHER
 from .classify import Outcome
 from .config import BreakerConfig
-from .core import BreakerCore, BreakerMetrics, Permit, Reply, ScriptCall
+from .core import BreakerCore, BreakerMetrics, Permit, Reply, ScriptCall, Until, hold_args
 from .state import State
 
 P = ParamSpec("P")
@@ -140,28 +141,43 @@ class CircuitBreaker(BreakerCore):
     def metrics(self) -> BreakerMetrics:
         return self._codec.metrics(self._read())
 
-    def _set(self, target: str, reason: str, actor: str) -> State:
-        return self._admin(self._codec.set_call(target, reason, actor)).state
+    def _set(self, target: str, reason: str, actor: str, for_: Seconds | None = None,
+             until: Until | None = None) -> State:
+        call = self._codec.set_call(target, reason, actor, hold_args(for_, until))
+        return self._admin(call).state
 
     def reset(self, reason: str = "reset", actor: str = "") -> State:
         """Back to CLOSED with an empty window; this process's config becomes the stored one."""
         return self._set("RESET", reason, actor)
 
-    def trip(self, reason: str = "tripped", actor: str = "") -> State:
-        """Force OPEN now (a normal OPEN: probes start after the wait)."""
-        return self._set("TRIP", reason, actor)
+    def trip(self, reason: str = "tripped", actor: str = "", *, for_: Seconds | None = None,
+             until: Until | None = None) -> State:
+        """Force OPEN now; probes start after the wait, or after ``for_`` seconds / at
+        ``until`` (Resilience4j's transitionToOpenStateFor / Until). On an OPEN breaker
+        the wait restarts (a `restart` history entry, not a transition)."""
+        return self._set("TRIP", reason, actor, for_, until)
 
-    def transition_to_closed(self, reason: str = "closed by operator", actor: str = "") -> State:
-        return self._set(State.CLOSED.value, reason, actor)
+    def transition_to_closed(self, reason: str = "closed by operator", actor: str = "", *,
+                             for_: Seconds | None = None, until: Until | None = None) -> State:
+        """CLOSED; with ``for_`` / ``until`` held CLOSED (it does not trip) until then."""
+        return self._set(State.CLOSED.value, reason, actor, for_, until)
 
-    def transition_to_forced_open(self, reason: str = "forced open", actor: str = "") -> State:
-        return self._set(State.FORCED_OPEN.value, reason, actor)
+    def transition_to_forced_open(self, reason: str = "forced open", actor: str = "", *,
+                                  for_: Seconds | None = None,
+                                  until: Until | None = None) -> State:
+        """FORCED_OPEN; with ``for_`` / ``until`` it ends then, in HALF_OPEN (probes)."""
+        return self._set(State.FORCED_OPEN.value, reason, actor, for_, until)
 
-    def transition_to_disabled(self, reason: str = "disabled", actor: str = "") -> State:
-        return self._set(State.DISABLED.value, reason, actor)
+    def transition_to_disabled(self, reason: str = "disabled", actor: str = "", *,
+                               for_: Seconds | None = None, until: Until | None = None) -> State:
+        """DISABLED; with ``for_`` / ``until`` back to CLOSED then."""
+        return self._set(State.DISABLED.value, reason, actor, for_, until)
 
-    def transition_to_metrics_only(self, reason: str = "metrics only", actor: str = "") -> State:
-        return self._set(State.METRICS_ONLY.value, reason, actor)
+    def transition_to_metrics_only(self, reason: str = "metrics only", actor: str = "", *,
+                                   for_: Seconds | None = None,
+                                   until: Until | None = None) -> State:
+        """METRICS_ONLY; with ``for_`` / ``until`` back to CLOSED then."""
+        return self._set(State.METRICS_ONLY.value, reason, actor, for_, until)
 
     def __repr__(self) -> str:
         return f"CircuitBreaker({self.name!r})"

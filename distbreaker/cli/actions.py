@@ -20,12 +20,13 @@ from .fmt import clock, coloured, printable
 
 
 def run_action(app: App, name: str, action: operate.Action, reason: str | None, actor: str,
-               as_json: bool, create: bool = False, adopt_drift: bool = False) -> None:
+               as_json: bool, create: bool = False, adopt_drift: bool = False,
+               for_: float | None = None, until: float | None = None) -> None:
     """Run one action and print its result line; unknown names become NotFound."""
     why = reason or default_reason(action.command)
     try:
         result = operate.act(app.client, app.prefix, name, action, why, actor,
-                             create=create, adopt_drift=adopt_drift)
+                             create=create, adopt_drift=adopt_drift, for_=for_, until=until)
     except operate.UnknownBreaker as exc:
         raise NotFound(f"unknown breaker {name!r} under prefix {app.prefix!r}"
                        + did_you_mean(exc.suggestions)
@@ -33,14 +34,15 @@ def run_action(app: App, name: str, action: operate.Action, reason: str | None, 
                           if action.creates else "")) from None
     except operate.NoDrift as exc:
         raise NotFound(str(exc)) from None
+    except ValueError as exc:  # e.g. an override that would end in the past
+        raise click.UsageError(str(exc)) from None
     if as_json:
         emit_json(result, lines=True)
         return
     click.echo(result_text(result))
     if result["created"]:
-        click.echo(f"note: {name!r} had no keys: stored a new breaker with the default config; "
-                   "a worker running another config reports drift until it calls reset()",
-                   err=True)
+        click.echo(f"note: {name!r} had no keys: stored the new state with no config; the "
+                   "first worker's call stores its own", err=True)
 
 
 def did_you_mean(names: list[str]) -> str:
@@ -58,6 +60,11 @@ def result_text(r: dict[str, Any]) -> str:
     else:
         head = f"already {coloured(r['state'])}, nothing changed"
     lines = [f"{r['name']}: {head}  ({r['action']} {by}{when}: {r['reason']})"]
+    if r.get("until_ms"):
+        lines.append(f"  until {clock(r['until_ms'])}, then "
+                     + ("half-open probes" if r["state"] in ("FORCED_OPEN", "OPEN")
+                        else "the state machine (CLOSED)" if r["state"] != "CLOSED"
+                        else "it may trip again"))
     if r["adopted"]:
         lines.append("  stored config now the drifting worker's: " + ", ".join(
             f"{a['field']} {a['was']} -> {a['now']}" for a in r["adopted"]))
@@ -75,12 +82,66 @@ _JSON = click.option("--json", "as_json", is_flag=True, help="Machine-readable o
                      "(docs/CLI_JSON.md).")
 
 
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """'30m', '1h30m', '90s', '1.5h', '45' (seconds) as seconds; ValueError otherwise."""
+    import re
+
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)?", text.strip().lower())
+    if not parts or "".join(n + u for n, u in parts) != text.strip().lower():
+        raise ValueError(f"not a duration: {text!r} (e.g. 30m, 1h30m, 90s)")
+    total = sum(float(n) * _UNITS[u or "s"] for n, u in parts)
+    if total <= 0:
+        raise ValueError(f"the duration must be > 0, got {text!r}")
+    return total
+
+
+def parse_until(text: str) -> float:
+    """An ISO 8601 time ('2026-12-01T14:00', '14:00' today; local time zone unless given)
+    as epoch seconds."""
+    import datetime as dt
+
+    try:
+        if len(text) <= 8 and ":" in text:
+            when = dt.datetime.combine(dt.date.today(), dt.time.fromisoformat(text))
+        else:
+            when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"not a time: {text!r} (e.g. 2026-12-01T14:00+01:00 or 14:00)") \
+            from None
+    if when.tzinfo is None:
+        when = when.astimezone()
+    return when.timestamp()
+
+
+def _hold_options(run: Any) -> Any:
+    run = click.option("--until", "until_text", metavar="TIME",
+                       help="End the override at TIME (ISO 8601, local zone unless given).")(run)
+    return click.option("--for", "for_text", metavar="DURATION",
+                        help="End the override after DURATION (30m, 1h30m, 90s), by Redis "
+                        "server time.")(run)
+
+
+def _hold(for_text: str | None, until_text: str | None) -> dict[str, float | None]:
+    if for_text and until_text:
+        raise click.UsageError("give --for or --until, not both")
+    try:
+        return {"for_": parse_duration(for_text) if for_text else None,
+                "until": parse_until(until_text) if until_text else None}
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
 def _action_command(action: operate.Action) -> None:
     def run(app: App, name: str, reason: str | None, actor: str, as_json: bool,
-            create: bool = False) -> None:
-        run_action(app, name, action, reason, actor, as_json, create=create)
+            create: bool = False, for_text: str | None = None,
+            until_text: str | None = None) -> None:
+        run_action(app, name, action, reason, actor, as_json, create=create,
+                   **_hold(for_text, until_text))
 
-    run = click.pass_obj(_JSON(_ACTOR(_REASON(run))))
+    run = click.pass_obj(_JSON(_ACTOR(_REASON(_hold_options(run)))))
     if action.creates:
         run = click.option("--create", is_flag=True, help="Store a new breaker even when "
                            "an existing name is close to NAME (a typo guard).")(run)

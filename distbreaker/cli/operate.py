@@ -85,20 +85,23 @@ def read_stored(client: Any, prefix: str, name: str) -> tuple[BreakerConfig | No
         raise SchemaError(f"key {key} holds a {kind}, expected a hash", key=key)
     wire, drift = client.hmget(key, ["cfg", "drift_cfg"])
     try:
-        config = BreakerConfig.from_wire(view.text(wire)) if wire is not None else None
+        stored = view.text(wire) if wire is not None else view.UNSET_CONFIG
+        config = None if stored == view.UNSET_CONFIG else BreakerConfig.from_wire(stored)
     except ValueError as exc:
         raise SchemaError(f"breaker {name!r}: {exc}", key=key) from None
     return config or BreakerConfig(), view.text(drift) if drift else None
 
 
 def act(client: Any, prefix: str, name: str, action: Action, reason: str, actor: str, *,
-        create: bool = False, adopt_drift: bool = False) -> dict[str, Any]:
+        create: bool = False, adopt_drift: bool = False, for_: float | None = None,
+        until: float | None = None) -> dict[str, Any]:
     """Run one operator action; the result is the CLI's `--json` line (docs/CLI_JSON.md).
 
     A name with no keys raises UnknownBreaker, except for actions that may create
-    one (`open`, `disable`, `metrics-only`): they store a new breaker with the
-    default config, unless an existing name is close enough to be a typo and
-    `create` was not given.
+    one (`open`, `disable`, `metrics-only`): they store a new breaker whose config
+    is 'unset' (the first worker stores its own), unless an existing name is close
+    enough to be a typo and `create` was not given. `for_` (seconds) or `until`
+    (epoch seconds) make the action an override that ends by server time.
     """
     config, drift_wire = read_stored(client, prefix, name)
     created = config is None
@@ -125,22 +128,29 @@ def act(client: Any, prefix: str, name: str, action: Action, reason: str, actor:
     breaker = CircuitBreaker(name, redis=client, config=config, prefix=prefix)
     moves: list[Transition] = []
     breaker.add_listener(moves.append)
-    state = _run(breaker, action, reason, actor)
+    if (for_ is not None or until is not None) and action.id == "reset":
+        raise ValueError("reset takes no --for / --until")
+    state = _run(breaker, action, reason, actor, for_, until)
     previous = moves[0].from_state.value if moves else str(state)
+    ends = view.text(client.hget(breaker.keys.state, "ov_until") or "0")
+    if action.id == "trip" and state is State.OPEN:
+        ends = view.text(client.hget(breaker.keys.state, "open_until") or "0")
     return {"name": name, "action": action.id, "previous": previous, "state": str(state),
             "changed": bool(moves), "created": created, "reason": reason, "actor": actor,
             "at_ms": moves[-1].at_ms if moves else None,
+            "until_ms": int(ends) or None,
             "drift_cleared": action.id == "reset" and drift_wire is not None,
             "adopted": [{"field": f, "was": a, "now": b} for f, a, b in adopted]}
 
 
-def _run(breaker: CircuitBreaker, action: Action, reason: str, actor: str) -> State:
+def _run(breaker: CircuitBreaker, action: Action, reason: str, actor: str,
+         for_: float | None, until: float | None) -> State:
     if action.id == "reset":
         return breaker.reset(reason, actor)
     if action.id == "trip":
-        return breaker.trip(reason, actor)
+        return breaker.trip(reason, actor, for_=for_, until=until)
     methods = {"forced_open": breaker.transition_to_forced_open,
                "disabled": breaker.transition_to_disabled,
                "metrics_only": breaker.transition_to_metrics_only,
                "closed": breaker.transition_to_closed}
-    return methods[action.id](reason, actor)
+    return methods[action.id](reason, actor, for_=for_, until=until)

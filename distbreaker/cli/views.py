@@ -87,6 +87,9 @@ def retry_in(breaker: dict[str, Any]) -> str:
     """When a call may next be tried; blank where calls pass (CLOSED, DISABLED, ...)."""
     state = breaker.get("state")
     seconds = breaker.get("retry_in_s")
+    left = breaker.get("override_left_s")
+    if left is not None:  # an operator's override that ends by itself
+        return f"held {duration(left)}"
     if state == "FORCED_OPEN":
         return "held open"
     if state == "OPEN":
@@ -163,6 +166,12 @@ def _outcomes(buckets: list[dict[str, Any]]) -> str:
 
 def _next_call(b: dict[str, Any], now_ms: int) -> str:
     state, seconds = b["state"], b["retry_in_s"]
+    left = b.get("override_left_s")
+    if left is not None:
+        after = "half-open probes" if state == "FORCED_OPEN" else "CLOSED"
+        head = "rejected" if state == "FORCED_OPEN" else "every call passes"
+        return (f"{head}; the override ends in {duration(left)} "
+                f"(at {clock(b['override_until_ms'])}), then {after}")
     if state == "FORCED_OPEN":
         return "rejected until an operator closes or resets it"
     if state == "OPEN":

@@ -159,7 +159,8 @@ class MetricsSource:
                     seen = self._history_ids.get(name, "0")
                     if event["id"] is None or _stream_id(event["id"]) <= _stream_id(seen):
                         continue  # counted by a concurrent read
-                    self._fleet_moves[(name, event["from"], event["to"])] += 1
+                    if not event.get("kind"):  # a restart or override note is no transition
+                        self._fleet_moves[(name, event["from"], event["to"])] += 1
                     self._history_ids[name] = event["id"]
 
     def _read(self) -> tuple[list[dict[str, Any]], Scan]:

@@ -92,6 +92,13 @@ WIRE_CASES: list[dict[str, Any]] = [
      "slow_call_duration": 0.0005, "permitted_calls_in_half_open": 3},
     {"failure_rate_threshold": 100, "slow_call_rate_threshold": 0.1,
      "wait_duration_in_open_state": 0.001, "key_ttl": 60.0},
+    {"initial_state": "FORCED_OPEN"},
+    {"transition_after_max_wait_in_half_open": "CLOSED"},
+    {"initial_state": "METRICS_ONLY", "transition_after_max_wait_in_half_open": "CLOSED"},
+    {"wait_interval_multiplier": 2},
+    {"wait_interval_multiplier": 1.5, "max_wait_duration_in_open_state": 600.0005,
+     "wait_randomization_factor": 0.125},
+    {"wait_randomization_factor": 1e-05},
 ]
 
 
@@ -192,6 +199,27 @@ def test_php_operator_trip_reaches_python_history_pubsub_and_php_listener(
     pubsub.close()
     with pytest.raises(CallNotPermitted):
         python_breaker(name, redis_url).call(lambda: "never")
+
+
+def test_php_override_that_ends_rejects_python_with_the_remaining_time(
+        php_worker: Php, redis_client: redis.Redis, name: str, redis_url: str) -> None:
+    # set on a name without keys: the config stays 'unset'; PHP's call then stores its own
+    result = php_worker.run(action="hold", name=name, config=SMALL, state="FORCED_OPEN",
+                            reason="maintenance", **{"for": 0.6})
+    assert result["state"] == "FORCED_OPEN"
+    assert result["call"]["outcome"] == "rejected"
+    assert 0 < result["call"]["retry_after"] <= 0.6
+    breaker = python_breaker(name, redis_url)
+    assert redis_client.hget(breaker.keys.state, "cfg").decode() == breaker.config.to_wire()
+    with pytest.raises(CallNotPermitted) as rejected:
+        breaker.call(lambda: "never")
+    assert 0 < rejected.value.retry_after <= 0.6 and breaker.config_drift is None
+    time.sleep(0.65)
+    assert breaker.state is State.HALF_OPEN
+    history = read_history(redis_client, "distbreaker", name, 10)
+    assert [(e["to"], e["actor"]) for e in history] == [("FORCED_OPEN", "php"),
+                                                         ("HALF_OPEN", "")]
+    assert history[0]["until_ms"] == history[1]["until_ms"]
 
 
 # -- half-open probes are limited fleet-wide, across both languages --------------

@@ -128,6 +128,8 @@ class Model:
     def transition(self, to: str) -> None:
         self.transitions.append((self.state, to))
         self.history += 1
+        if to == "OPEN" and self.state != "HALF_OPEN":
+            self.hp_done = self.hp_fail = self.hp_slow = 0
         self.state, self.since = to, self.now
         self.open_until = self.now + self.cfg.wait if to == "OPEN" else 0
         if to == "HALF_OPEN":
@@ -213,7 +215,10 @@ class Model:
                 self.clear_window()
                 self.probes.clear()
         elif target == "TRIP":
-            if self.state not in ("FORCED_OPEN", "DISABLED"):
+            if self.state == "OPEN":  # a restart of the wait: history, not a transition
+                self.open_until = self.now + self.cfg.wait
+                self.history += 1
+            elif self.state not in ("FORCED_OPEN", "DISABLED"):
                 self.transition("OPEN")
         elif self.state != target:
             self.transition(target)
@@ -225,9 +230,10 @@ class Model:
             wait = max(0, self.open_until - self.now)
         elif self.state == "HALF_OPEN" and not permitted and self.probes:
             wait = min(self.cfg.wait, max(0, min(self.probes.values()) - self.now))
-        if self.state == "HALF_OPEN":
+        if self.state == "HALF_OPEN" or (self.state == "OPEN" and self.hp_done > 0):
+            # an OPEN made by a half-open verdict keeps the probes' figures (Resilience4j)
             calls, failed, slow, total = self.hp_done, self.hp_fail, self.hp_slow, 0
-            in_flight = len(self.probes)
+            in_flight = len(self.probes) if self.state == "HALF_OPEN" else 0
         else:
             calls, failed, slow, total = self.totals()
             in_flight = 0
@@ -337,7 +343,7 @@ class Driver:
             self.check("state", got, self.model.read(got.now_ms))
 
     def check_history(self) -> None:
-        """Exactly one history entry per transition the model made."""
+        """Exactly one history entry per transition the model made (and per restart)."""
         assert self.client.xlen(self.keys.history) == self.model.history
 
 

@@ -29,7 +29,16 @@ final class BreakerConfig
         'max_wait_in_half_open' => 0.0,
         'half_open_lease' => 60.0,
         'key_ttl' => 3600.0,
+        'initial_state' => 'CLOSED',
+        'transition_after_max_wait_in_half_open' => 'OPEN',
+        'wait_interval_multiplier' => 1.0,
+        'max_wait_duration_in_open_state' => 0.0,
+        'wait_randomization_factor' => 0.0,
     ];
+
+    /** Wire codes of the optional fields 13 and 14 (docs/KEY_SCHEMA.md). */
+    private const INITIAL_CODES = ['CLOSED' => 'C', 'FORCED_OPEN' => 'F', 'METRICS_ONLY' => 'M', 'DISABLED' => 'D'];
+    private const AFTER_HALF_OPEN_CODES = ['OPEN' => 'O', 'CLOSED' => 'C'];
 
     /** Client-side options (classification and Redis error policy), PHP names = Python names. */
     public const CLIENT_DEFAULTS = [
@@ -51,6 +60,11 @@ final class BreakerConfig
     public readonly float $maxWaitInHalfOpen;
     public readonly float $halfOpenLease;
     public readonly float $keyTtl;
+    public readonly string $initialState;
+    public readonly string $transitionAfterMaxWaitInHalfOpen;
+    public readonly float $waitIntervalMultiplier;
+    public readonly float $maxWaitDurationInOpenState;
+    public readonly float $waitRandomizationFactor;
     /** @var list<class-string<\Throwable>> */
     public readonly array $recordExceptions;
     /** @var list<class-string<\Throwable>> */
@@ -105,6 +119,27 @@ final class BreakerConfig
         if ($this->keyTtl < $floor) {
             throw new \InvalidArgumentException("key_ttl must be >= {$floor} seconds (the longest wait, lease or time window), got " . self::show($this->keyTtl));
         }
+        foreach (['initial_state' => self::INITIAL_CODES, 'transition_after_max_wait_in_half_open' => self::AFTER_HALF_OPEN_CODES] as $field => $codes) {
+            $value = is_string($o[$field]) ? strtoupper($o[$field]) : '';
+            if (!isset($codes[$value])) {
+                throw new \InvalidArgumentException("{$field} must be one of " . implode(', ', array_keys($codes)) . ', got ' . self::show($o[$field]));
+            }
+            $o[$field] = $value;
+        }
+        $this->initialState = $o['initial_state'];
+        $this->transitionAfterMaxWaitInHalfOpen = $o['transition_after_max_wait_in_half_open'];
+        foreach (['wait_interval_multiplier' => [1.0, 1000.0], 'wait_randomization_factor' => [0.0, 1.0]] as $field => [$low, $high]) {
+            if (!is_int($o[$field]) && !is_float($o[$field]) || $o[$field] < $low || $o[$field] > $high) {
+                throw new \InvalidArgumentException("{$field} must be a number in [{$low}, {$high}], got " . self::show($o[$field]));
+            }
+        }
+        $this->waitIntervalMultiplier = (float) $o['wait_interval_multiplier'];
+        $this->waitRandomizationFactor = (float) $o['wait_randomization_factor'];
+        $cap = self::seconds($o['max_wait_duration_in_open_state'], 'max_wait_duration_in_open_state');
+        if ($cap > 0 && ($cap < $this->waitDurationInOpenState || $cap > $this->keyTtl)) {
+            throw new \InvalidArgumentException('max_wait_duration_in_open_state must be 0 (the key TTL) or between wait_duration_in_open_state and key_ttl, got ' . self::show($cap));
+        }
+        $this->maxWaitDurationInOpenState = $cap;
         $this->recordExceptions = self::classes($o['record_exceptions'], 'record_exceptions');
         $this->ignoreExceptions = self::classes($o['ignore_exceptions'], 'ignore_exceptions');
         foreach (['record_predicate', 'ignore_predicate'] as $field) {
@@ -132,6 +167,18 @@ final class BreakerConfig
     /** The semicolon-separated form the scripts parse; byte-equal to Python's to_wire(). */
     public function toWire(): string
     {
+        // optional fields up to the last non-default one, as Python writes them
+        $extra = [
+            self::INITIAL_CODES[$this->initialState],
+            self::AFTER_HALF_OPEN_CODES[$this->transitionAfterMaxWaitInHalfOpen],
+            self::num($this->waitIntervalMultiplier),
+            (string) self::toMs($this->maxWaitDurationInOpenState),
+            self::num($this->waitRandomizationFactor),
+        ];
+        $defaults = ['C', 'O', '1', '0', '0'];
+        while ($extra !== [] && end($extra) === $defaults[count($extra) - 1]) {
+            array_pop($extra);
+        }
         return implode(';', [
             self::WIRE_VERSION,
             $this->slidingWindowType === 'COUNT_BASED' ? 'C' : 'T',
@@ -145,6 +192,7 @@ final class BreakerConfig
             (string) self::toMs($this->halfOpenLease),
             (string) self::toMs($this->keyTtl),
             (string) self::toMs($this->slowCallDuration),
+            ...$extra,
         ]);
     }
 

@@ -90,7 +90,11 @@ final class CircuitBreaker
             return new Permit($reply['state'] === 'HALF_OPEN' ? $token : '');
         }
         $this->notPermitted++;
-        throw new CallNotPermitted($this->name, $reply['state'], $reply['wait_ms'] / 1000.0);
+        $wait = $reply['wait_ms'] / 1000.0;
+        if ($reply['state'] === 'FORCED_OPEN' && $reply['override_until_ms'] > 0) {
+            $wait = ($reply['override_until_ms'] - $reply['now_ms']) / 1000.0; // the override's remaining time
+        }
+        throw new CallNotPermitted($this->name, $reply['state'], $wait);
     }
 
     /** Alias of acquire() (Ganesha / Resilience4j wording). */
@@ -203,7 +207,7 @@ final class CircuitBreaker
     public function metrics(): array
     {
         $r = $this->execute('state');
-        $minimum = $r['state'] === 'HALF_OPEN' ? $this->config->permittedCallsInHalfOpen : $this->config->effectiveMinimumCalls();
+        $minimum = $r['probe_figures'] ? $this->config->permittedCallsInHalfOpen : $this->config->effectiveMinimumCalls();
         $rate = static fn (int $part): float => ($r['calls'] <= 0 || $r['calls'] < $minimum) ? -1.0 : round($part * 100.0 / $r['calls'], 2);
         return [
             'state' => $r['state'],
@@ -224,16 +228,44 @@ final class CircuitBreaker
         return $this->execute('set', 'RESET', $reason, $actor)['state'];
     }
 
-    /** Force OPEN now (a normal OPEN: probes start after the wait). */
-    public function trip(string $reason = 'tripped', string $actor = ''): string
+    /**
+     * Force OPEN now; probes start after the wait, or after $forSeconds / at $untilEpoch
+     * (Resilience4j's transitionToOpenStateFor / Until). On an OPEN breaker the wait restarts.
+     */
+    public function trip(string $reason = 'tripped', string $actor = '', ?float $forSeconds = null,
+                         ?float $untilEpoch = null): string
     {
-        return $this->execute('set', 'TRIP', $reason, $actor)['state'];
+        return $this->execute('set', 'TRIP', $reason, $actor, ...self::holdArgs($forSeconds, $untilEpoch))['state'];
     }
 
-    /** Operator transition to CLOSED, FORCED_OPEN, DISABLED or METRICS_ONLY. */
-    public function transitionTo(string $state, string $reason = 'by operator', string $actor = ''): string
+    /**
+     * Operator transition to CLOSED, FORCED_OPEN, DISABLED or METRICS_ONLY; with $forSeconds
+     * or $untilEpoch (epoch seconds) it ends by Redis server time: FORCED_OPEN then probes
+     * (HALF_OPEN), DISABLED and METRICS_ONLY return to CLOSED, a held CLOSED may trip again.
+     */
+    public function transitionTo(string $state, string $reason = 'by operator', string $actor = '',
+                                 ?float $forSeconds = null, ?float $untilEpoch = null): string
     {
-        return $this->execute('set', $state, $reason, $actor)['state'];
+        return $this->execute('set', $state, $reason, $actor, ...self::holdArgs($forSeconds, $untilEpoch))['state'];
+    }
+
+    /** @return list<string> the set op's ARGV[8..9] (docs/KEY_SCHEMA.md) */
+    private static function holdArgs(?float $forSeconds, ?float $untilEpoch): array
+    {
+        if ($forSeconds === null && $untilEpoch === null) {
+            return [];
+        }
+        if ($forSeconds !== null && $untilEpoch !== null) {
+            throw new \InvalidArgumentException('give $forSeconds or $untilEpoch, not both');
+        }
+        if ($forSeconds !== null) {
+            $ms = (int) round($forSeconds * 1000);
+            if ($ms < 1) {
+                throw new \InvalidArgumentException("forSeconds must be at least 0.001, got {$forSeconds}");
+            }
+            return [(string) $ms, ''];
+        }
+        return ['', (string) (int) round($untilEpoch * 1000)];
     }
 
     // -- wire ------------------------------------------------------------------
@@ -243,7 +275,8 @@ final class CircuitBreaker
      *
      * @return array{state: string, wait_ms: int, permitted: bool, transitions: list<array{0: string, 1: string, 2: string}>,
      *               calls: int, failures: int, slow: int, total_ms: int, rejected: int, drift: bool,
-     *               stored_config: string, now_ms: int, since_ms: int, probes_in_flight: int}
+     *               stored_config: string, now_ms: int, since_ms: int, probes_in_flight: int,
+     *               override_until_ms: int, probe_figures: bool}
      */
     public function execute(string $op, string|int ...$extra): array
     {
@@ -285,6 +318,9 @@ final class CircuitBreaker
             'now_ms' => (int) $raw[11],
             'since_ms' => (int) $raw[12],
             'probes_in_flight' => (int) $raw[13],
+            'override_until_ms' => count($raw) > 17 ? (int) $raw[17] : 0,
+            // calls..total_ms are the half-open probes' (HALF_OPEN, or OPEN after a failed verdict)
+            'probe_figures' => count($raw) > 18 ? (int) $raw[18] === 1 : (string) $raw[0] === 'HALF_OPEN',
         ];
     }
 

@@ -86,6 +86,16 @@ switch ($job['action']) {
         $out = ['state' => $breaker->trip($job['reason'], 'php'), 'seen' => $seen];
         break;
 
+    case 'hold': // an operator override that ends by server time, then one call
+        $breaker = new CircuitBreaker($redis, $job['name'], $config);
+        $state = $breaker->transitionTo($job['state'], $job['reason'], 'php', $job['for'] ?? null, $job['until'] ?? null);
+        try {
+            $out = ['state' => $state, 'call' => $breaker->call(static fn () => 'ok')];
+        } catch (CallNotPermitted $e) {
+            $out = ['state' => $state, 'call' => rejection($e)];
+        }
+        break;
+
     case 'state':
         $breaker = new CircuitBreaker($redis, $job['name'], $config);
         $out = ['state' => $breaker->state(), 'metrics' => $breaker->metrics()];
