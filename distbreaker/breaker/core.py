@@ -263,6 +263,11 @@ class BreakerCodec:
         self.outcomes = Counter()
         self.rejections = Counter()
 
+    @property
+    def view(self) -> State | None:
+        """The local view of the fleet state (None: unknown)."""
+        return self._view
+
     def use_db(self, db: int) -> None:
         """The client talks to database `db`: publish on that database's channel."""
         if db:
@@ -565,6 +570,12 @@ class BreakerCore:
     def keys(self) -> Any:
         """The Redis keys of this breaker (see docs/KEY_SCHEMA.md)."""
         return self._codec.keys
+
+    @property
+    def local_view(self) -> State | None:
+        """The state this process last learned from Redis (None: unknown, the next call
+        asks): what decides here whether a call asks Redis, fails fast or goes ahead."""
+        return self._codec.view
 
     @property
     def config_drift(self) -> str | None:

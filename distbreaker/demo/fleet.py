@@ -150,10 +150,10 @@ def _layer(fn: Callable[[], Response], attempts: int, pause: float) -> Callable[
 def local_view(policy: Policy) -> str:
     """The breaker state this process last learned from Redis (its local view).
 
-    Read from the codec for display only: it is what decides, in this process,
-    whether the next call asks Redis, fails fast or goes ahead.
+    It is what decides, in this process, whether the next call asks Redis, fails
+    fast or goes ahead.
     """
-    view = getattr(getattr(policy.breaker, "_codec", None), "_view", None)
+    view = policy.breaker.local_view if policy.breaker is not None else None
     return view.value if isinstance(view, State) else "?"
 
 
