@@ -176,7 +176,8 @@ def test_waiters_get_in_as_permits_free_up(name: str, redis_url: str,
         holders.release(permit)
     for thread in threads:
         thread.join(5)
-    assert len(waited) == 2 and all(0.35 <= w < 0.6 for w in waited)
+    # woken by the releases at ~0.4 s (not by their 2 s patience; slack for a loaded machine)
+    assert len(waited) == 2 and all(0.35 <= w < 1.0 for w in waited)
     metrics = holders.metrics()
     assert (metrics.in_use, metrics.waiting, metrics.rejected, metrics.acquired) == (0, 0, 0, 4)
 
