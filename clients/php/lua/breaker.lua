@@ -241,9 +241,7 @@ local function win_get(slot)
   local pending = win_sets[slot]
   if pending then return pending end
   if del_win or win_dels[slot] then return nil end
-  local value = redis.call('HGET', K_WIN, slot)
-  if value then return value end
-  return nil
+  return redis.call('HGET', K_WIN, slot) or nil
 end
 
 -- The open wait (Resilience4j's waitIntervalFunctionInOpenState): the configured
@@ -428,9 +426,12 @@ end
 -- Live half-open leases (deadline after now). Admission is derived from these and
 -- the stored verdict count (hp_done), so a missing probes key (evicted) can never
 -- wedge HALF_OPEN: its leases are simply gone. Expired ones are reaped at the end.
+-- Counted once per call (admission and the reply's probes in flight share it).
+local live_count = nil
 local function live_probes()
   if del_probes then return 0 end
-  return redis.call('ZCOUNT', K_PROBES, '(' .. now, '+inf')
+  if live_count == nil then live_count = redis.call('ZCOUNT', K_PROBES, '(' .. now, '+inf') end
+  return live_count
 end
 
 -- Whether `token` holds a live lease (this call's own deferred lease included).
