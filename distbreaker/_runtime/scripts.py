@@ -1,8 +1,24 @@
 """Loading the Lua scripts shipped with the package, running them, decoding their text.
 
-Scripts run with EVALSHA; after NOSCRIPT (Redis restarted, SCRIPT FLUSH) by source
-with EVAL, which caches them again. A `PendingCall` is a component's call with its
-reply and outage handling; `send` / `send_async` are its one sync and asyncio driver.
+Every script in ``lua/`` is one source of truth with two generated forms:
+
+* a **function** in the Redis Functions library ``distbreaker_<hash>`` (Redis 7+):
+  called with FCALL, its helpers are compiled and defined once, at FUNCTION LOAD;
+  loaded on first use and again whenever a server answers "Function not found"
+  (a restart without persistence, FUNCTION FLUSH, a failover to a replica that
+  never had it, a new cluster primary). The hash in the library's and the
+  functions' names is that of the library text, so workers of two versions
+  coexist during a rolling deploy, each calling its own functions.
+* an **EVAL script** (EVALSHA, then EVAL after NOSCRIPT) for servers without
+  Functions (Redis < 7, fakeredis: the local fallback and ``memory://``), for
+  clients whose ACL does not allow FCALL / FUNCTION LOAD, and for the PHP client.
+
+A script file is either a *module* (its first line is ``--!module``): a chunk
+that defines its helpers once and returns the entry ``function(KEYS, ARGV)``; or a
+plain script body (it reads ``KEYS`` / ``ARGV`` and returns the reply), which is
+wrapped in a function of those two parameters. A `PendingCall` is a component's
+call with its reply and outage handling; `send` / `send_async` are its one sync
+and asyncio driver.
 """
 
 from __future__ import annotations
@@ -10,18 +26,27 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import logging
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
-from redis.exceptions import AskError, NoScriptError, ResponseError
+from redis.exceptions import AskError, NoPermissionError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ..errors import SchemaError
 from .health import UNAVAILABLE_ERRORS
 
+logger = logging.getLogger("distbreaker")
+
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _CANDIDATES = (_PACKAGE_DIR / "lua", _PACKAGE_DIR.parent / "lua")
+
+#: The scripts of the library, in the order the library defines them.
+SCRIPT_NAMES = ("breaker", "bulkhead", "budget", "ganesha")
+MODULE_MARKER = "--!module"
 
 
 def lua_dir() -> Path:
@@ -33,20 +58,126 @@ def lua_dir() -> Path:
     raise FileNotFoundError("distbreaker's lua/ folder is missing from the installation")
 
 
+def _read(name: str) -> str:
+    return (lua_dir() / f"{name}.lua").read_text(encoding="utf-8")
+
+
+def _is_module(source: str) -> bool:
+    return source.startswith(MODULE_MARKER)
+
+
+def eval_form(source: str) -> str:
+    """The EVAL script of a source file: a plain body as it is; a module called with
+    the script's KEYS and ARGV."""
+    if not _is_module(source):
+        return source
+    return f"local main = (function()\n{source}\nend)()\nreturn main(KEYS, ARGV)\n"
+
+
+def _function_form(name: str, source: str) -> str:
+    """The library's definition of one script: a local function named after it."""
+    if _is_module(source):
+        return f"local {name} = (function()\n{source}\nend)()\n"
+    return f"local function {name}(KEYS, ARGV)\n{source}\nend\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class Library:
+    """The Redis Functions library holding every script: its name and code."""
+
+    name: str
+    code: str
+
+    def function(self, script: str) -> str:
+        """The FCALL name of a script in this library."""
+        return f"{self.name}_{script}"
+
+
+@functools.cache
+def library() -> Library:
+    """The library, built once per process from the script files."""
+    bodies = "".join(_function_form(n, _read(n)) for n in SCRIPT_NAMES)
+    digest = hashlib.sha1(bodies.encode()).hexdigest()[:12]
+    name = f"distbreaker_{digest}"
+    # allow-oom: a script must still answer (a rejection needs no write) when Redis is
+    # full; Redis refuses to start a function without this flag then. Writes that would
+    # need memory fail inside the script, which handles them as with EVAL.
+    registrations = "".join(
+        f"redis.register_function{{function_name='{name}_{n}', callback={n}, "
+        f"flags={{'allow-oom'}}}}\n" for n in SCRIPT_NAMES)
+    return Library(name, f"#!lua name={name}\n{bodies}{registrations}")
+
+
 @dataclasses.dataclass(frozen=True)
 class LuaScript:
-    """One script: its file name, source text and SHA1 (the EVALSHA handle)."""
+    """One script: its name, EVAL source and SHA1 (the EVALSHA handle), and its
+    function's FCALL name in the library."""
 
     name: str
     source: str
     sha: str
+    function: str = ""
 
 
 @functools.cache
 def load_script(name: str) -> LuaScript:
     """Read ``lua/<name>.lua`` once per process."""
-    source = (lua_dir() / f"{name}.lua").read_text(encoding="utf-8")
-    return LuaScript(name, source, hashlib.sha1(source.encode()).hexdigest())
+    source = eval_form(_read(name))
+    function = library().function(name) if name in SCRIPT_NAMES else ""
+    return LuaScript(name, source, hashlib.sha1(source.encode()).hexdigest(), function)
+
+
+class _FunctionSupport:
+    """Which clients call functions (FCALL) and which fell back to EVAL.
+
+    Per client object (weakly held): a server without Functions (Redis < 7,
+    fakeredis) or an ACL without FCALL / FUNCTION LOAD makes that client use the
+    EVAL form from then on, logged once per process.
+    """
+
+    def __init__(self) -> None:
+        self._eval_only: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        self._logged = False
+
+    def usable(self, client: Any) -> bool:
+        try:
+            return client not in self._eval_only
+        except TypeError:  # not weakly referenceable: always try
+            return True
+
+    def give_up(self, client: Any, why: str) -> None:
+        with self._lock:
+            try:
+                self._eval_only[client] = True
+            except TypeError:
+                pass
+            if not self._logged and "unknown command" not in why.lower():
+                self._logged = True
+                logger.warning("distbreaker: Redis Functions unusable (%s); running the "
+                               "EVAL form of the scripts instead", why)
+
+
+FUNCTIONS = _FunctionSupport()
+
+
+def function_error(exc: ResponseError) -> str | None:
+    """What an FCALL / FUNCTION LOAD error says about Functions: "missing" (load the
+    library, then call again), "unusable" (use EVAL), or None (a script's own error)."""
+    text = str(exc)
+    lowered = text.lower()
+    if "function not found" in lowered:
+        return "missing"
+    if isinstance(exc, NoPermissionError) or "unknown command" in lowered \
+            or "unknown subcommand" in lowered:
+        return "unusable"
+    return None
+
+
+def loaded(exc: ResponseError | None) -> bool:
+    """Whether a FUNCTION LOAD that raised `exc` (None: it did not raise) left the
+    library on the server (another worker may have loaded it first)."""
+    return exc is None or "already exists" in str(exc)
 
 
 class RedisBusyError(RedisConnectionError):
@@ -86,10 +217,49 @@ def _raise_translated(exc: ResponseError) -> NoReturn:
     raise translated from exc
 
 
+def _fcall_args(script: LuaScript, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
+    return ("FCALL", script.function, len(keys), *keys, *args)
+
+
+def _load_library_sync(client: Any) -> str | None:
+    """Load the library; None when it is on the server now, else why it cannot be."""
+    try:
+        client.function_load(library().code)
+    except ResponseError as exc:
+        if loaded(exc):
+            return None
+        return str(exc)
+    return None
+
+
+async def _load_library_async(client: Any) -> str | None:
+    try:
+        await client.function_load(library().code)
+    except ResponseError as exc:
+        if loaded(exc):
+            return None
+        return str(exc)
+    return None
+
+
 def run_script(client: Any, script: LuaScript, keys: Sequence[str],
                args: Sequence[Any]) -> Any:
-    """Run a script on a sync redis-py client, reloading it after NOSCRIPT."""
+    """Run a script on a sync redis-py client: its function (loading the library when the
+    server lacks it), else its EVAL form (reloaded after NOSCRIPT)."""
     try:
+        if script.function and FUNCTIONS.usable(client):
+            for attempt in (1, 2):
+                try:
+                    return client.execute_command(*_fcall_args(script, keys, args))
+                except ResponseError as exc:
+                    kind = function_error(exc)
+                    if kind is None:
+                        raise
+                    why = _load_library_sync(client) if kind == "missing" and attempt == 1 \
+                        else str(exc)
+                    if why is not None:
+                        FUNCTIONS.give_up(client, why)
+                        break
         try:
             return client.evalsha(script.sha, len(keys), *keys, *args)
         except NoScriptError:
@@ -100,8 +270,21 @@ def run_script(client: Any, script: LuaScript, keys: Sequence[str],
 
 async def run_script_async(client: Any, script: LuaScript, keys: Sequence[str],
                            args: Sequence[Any]) -> Any:
-    """Run a script on a redis.asyncio client, reloading it after NOSCRIPT."""
+    """The asyncio twin of `run_script`."""
     try:
+        if script.function and FUNCTIONS.usable(client):
+            for attempt in (1, 2):
+                try:
+                    return await client.execute_command(*_fcall_args(script, keys, args))
+                except ResponseError as exc:
+                    kind = function_error(exc)
+                    if kind is None:
+                        raise
+                    why = await _load_library_async(client) \
+                        if kind == "missing" and attempt == 1 else str(exc)
+                    if why is not None:
+                        FUNCTIONS.give_up(client, why)
+                        break
         try:
             return await client.evalsha(script.sha, len(keys), *keys, *args)
         except NoScriptError:
@@ -171,9 +354,13 @@ class Owed(NamedTuple):
     call: PendingCall
 
 
+#: How a pipeline sends a call: by function, by EVALSHA, or by EVAL with the source.
+FCALL, EVALSHA, EVAL = "fcall", "evalsha", "eval"
+
+
 def _queue(client: Any, calls: Sequence[ScriptCallSpec], indices: Sequence[int],
-           by_source: bool) -> Any:
-    """A non-transactional pipeline holding the given calls (EVALSHA, or EVAL by source).
+           how: str) -> Any:
+    """A non-transactional pipeline holding the given calls, sent `how`.
 
     Queued with execute_command: redis-py's cluster pipelines block the
     `evalsha` method (for its NOSCRIPT handling, which is done here), not the command.
@@ -181,22 +368,42 @@ def _queue(client: Any, calls: Sequence[ScriptCallSpec], indices: Sequence[int],
     pipe = client.pipeline(transaction=False)
     for i in indices:
         script, keys, args = calls[i]
-        if by_source:
+        if how == FCALL and script.function:
+            pipe.execute_command(*_fcall_args(script, keys, args))
+        elif how == EVAL:
             pipe.execute_command("EVAL", script.source, len(keys), *keys, *args)
         else:
             pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
     return pipe
 
 
-def _missing(results: list[Any]) -> list[int]:
-    """Indices whose script was not cached (NOSCRIPT: it did not run, so rerunning is safe)."""
-    return [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
+def _first_how(client: Any) -> str:
+    return FCALL if FUNCTIONS.usable(client) else EVALSHA
 
 
-def _each(results: list[Any], missing: list[int], rerun: Sequence[Any]) -> list[Any]:
-    """Every call's reply, or its error (translated) in its place."""
-    for i, result in zip(missing, rerun, strict=True):
+def _rerun(results: list[Any], how: str) -> tuple[list[int], str, str | None]:
+    """Which calls to send again, and how: after FCALL, the calls whose function was
+    missing (FCALL again once the library is loaded: `needs_load`) or unusable (by
+    EVALSHA); after EVALSHA, those that met NOSCRIPT (by EVAL). Such calls did not run,
+    so sending them again is safe. Returns (indices, how, why Functions are unusable)."""
+    if how == FCALL:
+        kinds = [function_error(r) if isinstance(r, ResponseError) else None for r in results]
+        unusable = [i for i, k in enumerate(kinds) if k == "unusable"]
+        if unusable:
+            return ([i for i, k in enumerate(kinds) if k], EVALSHA, str(results[unusable[0]]))
+        return [i for i, k in enumerate(kinds) if k == "missing"], FCALL, None
+    if how == EVALSHA:
+        return [i for i, r in enumerate(results) if isinstance(r, NoScriptError)], EVAL, None
+    return [], EVAL, None
+
+
+def _merge(results: list[Any], indices: Sequence[int], rerun: Sequence[Any]) -> None:
+    for i, result in zip(indices, rerun, strict=True):
         results[i] = result
+
+
+def _each(results: list[Any]) -> list[Any]:
+    """Every call's reply, or its error (translated) in its place."""
     return [_translated(result) if isinstance(result, ResponseError) else result
             for result in results]
 
@@ -219,14 +426,29 @@ def run_scripts_each(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
     """Several script calls in one round trip (a pipeline, not a transaction): each
     call's reply, or the exception it met in its place (the others ran regardless).
 
-    Calls whose script is missing from the server's cache are rerun by source
-    (one more round trip, once after a restart or SCRIPT FLUSH). Raises only
+    Calls whose function or script the server lacks are sent again once it is loaded
+    (one more round trip, after a restart, FUNCTION FLUSH or SCRIPT FLUSH). Raises only
     when the pipeline as a whole fails (connection errors).
     """
-    results = list(_queue(client, calls, range(len(calls)), False).execute(raise_on_error=False))
-    missing = _missing(results)
-    rerun = _queue(client, calls, missing, True).execute(raise_on_error=False) if missing else []
-    return _each(results, missing, rerun)
+    how = _first_how(client)
+    results = list(_queue(client, calls, range(len(calls)), how).execute(raise_on_error=False))
+    todo = list(range(len(calls)))
+    for _ in range(3):
+        indices, next_how, unusable = _rerun([results[i] for i in todo], how)
+        indices = [todo[i] for i in indices]
+        if not indices:
+            break
+        if unusable is not None:
+            FUNCTIONS.give_up(client, unusable)
+        elif next_how == FCALL:
+            why = _load_library_sync(client)
+            if why is not None:
+                FUNCTIONS.give_up(client, why)
+                next_how = EVALSHA
+        _merge(results, indices, _queue(client, calls, indices, next_how)
+               .execute(raise_on_error=False))
+        todo, how = indices, next_how
+    return _each(results)
 
 
 def run_scripts(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
@@ -236,12 +458,26 @@ def run_scripts(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
 
 async def run_scripts_each_async(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
     """The asyncio twin of `run_scripts_each`."""
-    pipe = _queue(client, calls, range(len(calls)), False)
+    how = _first_how(client)
+    pipe = _queue(client, calls, range(len(calls)), how)
     results = list(await pipe.execute(raise_on_error=False))
-    missing = _missing(results)
-    rerun = (await _queue(client, calls, missing, True).execute(raise_on_error=False)
-             if missing else [])
-    return _each(results, missing, rerun)
+    todo = list(range(len(calls)))
+    for _ in range(3):
+        indices, next_how, unusable = _rerun([results[i] for i in todo], how)
+        indices = [todo[i] for i in indices]
+        if not indices:
+            break
+        if unusable is not None:
+            FUNCTIONS.give_up(client, unusable)
+        elif next_how == FCALL:
+            why = await _load_library_async(client)
+            if why is not None:
+                FUNCTIONS.give_up(client, why)
+                next_how = EVALSHA
+        _merge(results, indices, await _queue(client, calls, indices, next_how)
+               .execute(raise_on_error=False))
+        todo, how = indices, next_how
+    return _each(results)
 
 
 async def run_scripts_async(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:

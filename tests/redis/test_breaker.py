@@ -9,6 +9,7 @@ breaker (the `flavour` fixture); what only asyncio has is in test_breaker_aio.py
 from __future__ import annotations
 
 import json
+import secrets
 import time
 import warnings
 from collections.abc import Callable
@@ -19,7 +20,7 @@ import redis
 
 from distbreaker import CircuitBreaker
 from distbreaker._runtime.keys import BreakerKeys
-from distbreaker._runtime.scripts import load_script, run_script
+from distbreaker._runtime.scripts import library, load_script, run_script, text
 from distbreaker.breaker.config import BreakerConfig
 from distbreaker.breaker.core import SCRIPT_NAME, decode_reply
 from distbreaker.breaker.events import Transition
@@ -460,19 +461,41 @@ def test_metrics_under_drift_use_the_governing_minimum(
 # -- scripts, names --------------------------------------------------------------------------------
 
 
-def test_noscript_after_script_flush_is_recovered(make: Callable[..., CircuitBreaker],
-                                                  redis_client: redis.Redis) -> None:
-    sha = load_script(SCRIPT_NAME).sha
+def test_function_flush_is_recovered(make: Callable[..., CircuitBreaker],
+                                     redis_client: redis.Redis) -> None:
+    lib = library()
     breaker = make(sliding_window_size=4, minimum_number_of_calls=2)
     failures(breaker, 1)
-    redis_client.script_flush()
-    assert redis_client.script_exists(sha) == [False]
-    failures(breaker, 1)                            # EVALSHA -> NOSCRIPT -> EVAL
-    assert redis_client.script_exists(sha) == [True]
+    listed = redis_client.function_list(lib.name)
+    assert len(listed) == 1 and lib.name in [text(v) for v in listed[0]]
+    redis_client.function_flush()
+    assert redis_client.function_list(lib.name) == []
+    failures(breaker, 1)                            # FCALL -> not found -> LOAD -> FCALL
+    assert len(redis_client.function_list(lib.name)) == 1
     assert breaker.state is State.OPEN
-    redis_client.script_flush()
+    redis_client.function_flush()
     metrics = breaker.metrics()                     # both recorded in Redis, not locally
     assert (metrics.calls, metrics.failed) == (2, 2)
+
+
+def test_eval_form_after_script_flush_is_recovered(redis_url: str) -> None:
+    """A client that cannot use Functions (here: an ACL without FCALL) runs the EVAL
+    form, and reloads it after SCRIPT FLUSH."""
+    admin = redis.Redis.from_url(redis_url)
+    user = f"evalonly{secrets.token_hex(3)}"
+    admin.acl_setuser(user, enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+                      commands=["+@all", "-fcall", "-function"])
+    client = redis.Redis.from_url(redis_url, username=user, password="pw")
+    sha = load_script(SCRIPT_NAME).sha
+    breaker = CircuitBreaker(f"evalonly-{secrets.token_hex(3)}", redis=client,
+                             sliding_window_size=4, minimum_number_of_calls=2)
+    failures(breaker, 1)
+    assert admin.script_exists(sha) == [True]
+    admin.script_flush()
+    failures(breaker, 1)                            # EVALSHA -> NOSCRIPT -> EVAL
+    assert admin.script_exists(sha) == [True]
+    assert breaker.state is State.OPEN
+    admin.acl_deluser(user)
 
 
 @pytest.mark.parametrize("bad", ["", "x" * 201, "a b", "tab\there", "nl\nhere", "nul\x00",
