@@ -1,4 +1,4 @@
-"""The key schema (v1): every Redis key and channel distbreaker uses.
+"""The key schema (v2): every Redis key and channel distbreaker uses.
 
 All keys of one protected name share the hash tag ``{name}`` so that every
 script touches a single Redis Cluster slot. See docs/KEY_SCHEMA.md.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 DEFAULT_PREFIX = "distbreaker"
 MAX_NAME_LENGTH = 200
 MAX_PREFIX_LENGTH = 100
@@ -60,8 +60,8 @@ def events_channel(prefix: str = DEFAULT_PREFIX, db: int = 0) -> str:
 class BreakerKeys:
     """Keys of one circuit breaker, in the order the breaker script takes them."""
 
-    state: str
-    window: str
+    state: str    # string: the state record (header and window slots)
+    meta: str     # hash: stored config, reason, actor, drift
     probes: str
     history: str
     channel: str
@@ -71,7 +71,7 @@ class BreakerKeys:
         base = _base(name, prefix)
         return cls(
             state=f"{base}:cb",
-            window=f"{base}:cb:win",
+            meta=f"{base}:cb:meta",
             probes=f"{base}:cb:probes",
             history=f"{base}:cb:events",
             channel=events_channel(prefix, db),
@@ -79,7 +79,7 @@ class BreakerKeys:
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.state, self.window, self.probes, self.history]
+        return [self.state, self.meta, self.probes, self.history]
 
 
 def _base(name: str, prefix: str) -> str:

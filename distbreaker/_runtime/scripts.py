@@ -75,9 +75,19 @@ def eval_form(source: str) -> str:
 
 
 def _function_form(name: str, source: str) -> str:
-    """The library's definition of one script: a local function named after it."""
+    """The library's definition of one script: a local function named after it.
+
+    A module's chunk runs at the function's first call, not at FUNCTION LOAD: Redis
+    runs the library's top level in a sandbox without the Lua standard library
+    (``math``, ``string``, ``tonumber``, ``redis.call`` ...), which the module's
+    helpers capture. Its entry is kept in an upvalue for every later call.
+    """
     if _is_module(source):
-        return f"local {name} = (function()\n{source}\nend)()\n"
+        return (f"local {name}_entry\n"
+                f"local function {name}(KEYS, ARGV)\n"
+                f"  if not {name}_entry then {name}_entry = (function()\n{source}\nend)() end\n"
+                f"  return {name}_entry(KEYS, ARGV)\n"
+                f"end\n")
     return f"local function {name}(KEYS, ARGV)\n{source}\nend\n"
 
 

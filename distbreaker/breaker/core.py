@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import hashlib
 import logging
 import secrets
 import threading
@@ -164,8 +165,21 @@ class AcquireStep:
 _PERMITTED = AcquireStep(Step.PERMIT)
 
 
+def config_fingerprint(wire: str) -> int:
+    """ARGV[2] of every breaker call: the first 12 hex digits of the SHA-1 of the config
+    wire string, as an integer (the state record stores the stored config's)."""
+    return int(hashlib.sha1(wire.encode()).hexdigest()[:12], 16)
+
+
 def decode_reply(raw: Sequence[Any]) -> Reply:
-    """Decode the breaker script's reply array (bytes or str, per client settings)."""
+    """Decode the breaker script's reply array (bytes or str, per client settings): the
+    full reply, or the short one {state, now_ms, since_ms} of a record that changed
+    nothing a worker must know."""
+    if len(raw) == 3:
+        return Reply(state=State(text(raw[0])), wait_ms=0, permitted=True, transitions=(),
+                     calls=0, failures=0, slow=0, total_ms=0, rejected=0, drift=False,
+                     stored_config="", now_ms=int(raw[1]), since_ms=int(raw[2]),
+                     probes_in_flight=0)
     transitions = tuple((State(text(t[0])), State(text(t[1])), text(t[2])) for t in raw[3])
     return Reply(
         state=State(text(raw[0])), wait_ms=int(raw[1]), permitted=bool(int(raw[2])),
@@ -233,6 +247,7 @@ class BreakerCodec:
         self.prefix = prefix
         self.keys = BreakerKeys.build(name, prefix)
         self.wire = config.to_wire()
+        self.fingerprint = config_fingerprint(self.wire)
         self._slow_ms = to_ms(config.slow_call_duration)
         self._lock = threading.Lock()
         self._view: State | None = None          # None: unknown, ask Redis
@@ -276,7 +291,8 @@ class BreakerCodec:
     # -- building script calls ------------------------------------------------
     def _call(self, op: str, *extra: Any) -> ScriptCall:
         keys = self.keys
-        return ScriptCall(keys.script_keys, (op, self.name, self.wire, keys.channel, *extra))
+        return ScriptCall(keys.script_keys,
+                          (op, self.fingerprint, self.wire, self.name, keys.channel, *extra))
 
     def acquire_call(self) -> tuple[ScriptCall, str]:
         token = secrets.token_hex(8)
@@ -819,9 +835,9 @@ class BreakerCore:
     def _admin_reply(self, raw: Any, call: ScriptCall | None = None) -> Reply:
         """An operator action's or read's reply (these never use the fallback)."""
         reply = self._publish(decode_reply(raw), "redis")
-        if call is not None and call.args[0] == "set" and call.args[4] == "RESET" \
+        if call is not None and call.args[0] == "set" and call.args[5] == "RESET" \
                 and "reset" in self._listeners.wanted:
-            self._event("reset", reason=str(call.args[5]), state=reply.state)
+            self._event("reset", reason=str(call.args[6]), state=reply.state)
         return reply
 
     def _local_reply(self, call: ScriptCall) -> Reply | None:

@@ -1,0 +1,76 @@
+"""The breaker's v2 state record (a binary string, see docs/KEY_SCHEMA.md) as Python values.
+
+lua/breaker.lua is the only writer; readers (readside, CLI, tests) decode with
+`decode_record`, which names the fields as the v1 state hash did, so every reader
+shares one decoder.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+MAGIC = 1684174386  # "dbv2"
+HEADER_FIELDS = 37
+WINDOW_OFFSET = 320
+STATES = ("CLOSED", "OPEN", "HALF_OPEN", "FORCED_OPEN", "DISABLED", "METRICS_ONLY")
+FIELDS = (
+    "magic", "fp", "state", "since", "ov_until", "ttl_at",
+    "calls", "failures", "slow", "total_ms", "head", "wsec",
+    "window_type", "window_size", "minimum_calls", "failure_threshold_e4",
+    "slow_threshold_e4", "key_ttl_ms",
+    "open_until", "gen", "opens", "rejected", "hp_issued", "hp_done", "hp_fail", "hp_slow",
+    "drift_fp",
+    "open_wait_ms", "permitted_probes", "max_half_open_ms", "lease_ms", "initial_state",
+    "after_half_open", "wait_multiplier_e6", "max_open_wait_ms", "randomization_e6",
+    "slow_call_ms",
+)
+assert len(FIELDS) == HEADER_FIELDS
+_HEADER = struct.Struct(f">{HEADER_FIELDS}q")
+PRESENT, FAILED, SLOW, MS_MASK = 1 << 31, 1 << 30, 1 << 29, (1 << 29) - 1
+
+
+class NotAStateRecord(ValueError):
+    """The bytes are not a v2 state record (foreign data)."""
+
+
+def decode_record(data: bytes) -> dict[str, Any]:
+    """The header fields by name (state names instead of codes); raises NotAStateRecord."""
+    if not isinstance(data, (bytes, bytearray)):
+        raise NotAStateRecord("not a byte string (read it with a client without "
+                              "decode_responses)")
+    padded = bytes(data[:_HEADER.size]).ljust(_HEADER.size, b"\0")
+    values = dict(zip(FIELDS, _HEADER.unpack(padded), strict=True))
+    if values["magic"] != MAGIC:
+        raise NotAStateRecord("is not a distbreaker v2 state record")
+    for field in ("state", "initial_state", "after_half_open"):
+        code = values[field]
+        if not 0 <= code < len(STATES):
+            raise NotAStateRecord(f"has an unknown {field} code {code}")
+        values[field] = STATES[code]
+    return values
+
+
+def count_slots(data: bytes, size: int) -> list[tuple[bool, bool, int] | None]:
+    """A count window's slots in ring order: (failed, slow, ms), None when empty."""
+    out: list[tuple[bool, bool, int] | None] = []
+    raw = bytes(data[WINDOW_OFFSET:WINDOW_OFFSET + 4 * size]).ljust(4 * size, b"\0")
+    for (value,) in struct.iter_unpack(">I", raw):
+        out.append((bool(value & FAILED), bool(value & SLOW), value & MS_MASK)
+                   if value & PRESENT else None)
+    return out
+
+
+def time_slots(data: bytes, size: int) -> list[tuple[int, int, int, int, int]]:
+    """A time window's slots: (second, calls, failures, slow, ms), all zero when unused."""
+    raw = bytes(data[WINDOW_OFFSET:WINDOW_OFFSET + 20 * size]).ljust(20 * size, b"\0")
+    return list(struct.iter_unpack(">5I", raw))
+
+
+def encode_fields(data: bytes, **fields: int) -> bytes:
+    """`data` with some header fields replaced (tests and repair tools: never on a
+    live breaker, the script is the only writer)."""
+    buf = bytearray(bytes(data).ljust(WINDOW_OFFSET, b"\0"))
+    for name, value in fields.items():
+        struct.pack_into(">q", buf, 8 * FIELDS.index(name), value)
+    return bytes(buf)
