@@ -35,6 +35,10 @@ switch ($job['action']) {
         $out = array_map(static fn (array $c) => (new Distbreaker\BreakerConfig($c))->toWire(), $job['configs']);
         break;
 
+    case 'fingerprint': // the config fingerprint each config's calls send (ARGV[2])
+        $out = array_map(static fn (array $c) => CircuitBreaker::configFingerprint((new Distbreaker\BreakerConfig($c))->toWire()), $job['configs']);
+        break;
+
     case 'calls': // n calls that fail (or succeed), through call()
         $breaker = new CircuitBreaker($redis, $job['name'], $config);
         for ($i = 0; $i < $job['n']; $i++) {
