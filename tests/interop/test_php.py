@@ -21,7 +21,7 @@ import redis
 
 from distbreaker import CircuitBreaker
 from distbreaker._runtime.keys import BreakerKeys, BulkheadKeys, events_channel
-from distbreaker._runtime.scripts import load_script
+from distbreaker._runtime.scripts import load_script, lua_dir, run_script
 from distbreaker._runtime.state_record import decode_record, encode_fields
 from distbreaker.breaker.config import BreakerConfig
 from distbreaker.breaker.core import config_fingerprint
@@ -129,6 +129,29 @@ def test_php_and_python_agree_on_the_stored_config(php_worker: Php, redis_client
     breaker = python_breaker(name, redis_url)
     breaker.call(lambda: "ok")
     assert breaker.config_drift is None
+
+
+def test_php_decodes_the_short_reply_of_a_record_that_changed_nothing(
+        php_worker: Php, redis_client: redis.Redis, name: str) -> None:
+    keys = BreakerKeys.build(name)
+    wire = BreakerConfig(**SMALL).to_wire()
+    raw = run_script(redis_client, load_script("breaker"), keys.script_keys,
+                     ["record", config_fingerprint(wire), wire, name, keys.channel, "", 1, 0, 0, 5])
+    assert len(raw) == 3, "a CLOSED success answers the short reply {state, now_ms, since_ms}"
+    result = php_worker.run(action="records", name=name, config=SMALL, n=2)
+    replies = result["replies"]
+    assert [(r["state"], r["permitted"], r["transitions"], r["drift"]) for r in replies] == \
+        [("CLOSED", True, [], False)] * 2
+    assert all(r["since_ms"] == int(raw[2]) and r["now_ms"] >= int(raw[1]) for r in replies)
+    assert (result["metrics"]["state"], result["metrics"]["calls"]) == ("CLOSED", 3)
+    assert decode_record(redis_client.get(keys.state))["calls"] == 3
+
+
+def test_php_refuses_a_lua_dir_holding_module_sources(php_worker: Php, name: str) -> None:
+    assert (lua_dir() / "breaker.lua").read_text().startswith("--!module")
+    result = php_worker.run(action="load_error", name=name, lua_dir=str(lua_dir()))
+    assert result["outcome"] == "refused"
+    assert "is a module source, not its EVAL form" in result["message"]
 
 
 # -- a breaker tripped by one language rejects the other ---------------------------

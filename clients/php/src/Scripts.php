@@ -49,6 +49,12 @@ final class Scripts
             if ($source === false) {
                 throw new \RuntimeException("distbreaker script {$path} not found (set the 'lua_dir' option or DISTBREAKER_LUA_DIR)");
             }
+            if (str_starts_with($source, '--!module')) {
+                // a lua/ source file, not its EVAL form: EVAL would only return its entry function
+                throw new \RuntimeException("distbreaker script {$path} is a module source, not its EVAL form: "
+                    . "point 'lua_dir' / DISTBREAKER_LUA_DIR at the package's lua/ folder, or generate the "
+                    . 'folder with scripts/sync_php_lua');
+            }
             self::$cache[$path] = ['source' => $source, 'sha' => sha1($source)];
         }
         return self::$cache[$path];

@@ -59,6 +59,24 @@ switch ($job['action']) {
         }
         break;
 
+    case 'records': // n successes recorded without a permit, each op's decoded reply
+        $breaker = new CircuitBreaker($redis, $job['name'], $config);
+        $out = ['replies' => []];
+        for ($i = 0; $i < $job['n']; $i++) {
+            $out['replies'][] = $breaker->execute('record', '', 1, 0, 0, 5);
+        }
+        $out['metrics'] = $breaker->metrics();
+        break;
+
+    case 'load_error': // a lua_dir holding something that is not the EVAL form
+        try {
+            new CircuitBreaker($redis, $job['name'], ['lua_dir' => $job['lua_dir']]);
+            $out = ['outcome' => 'loaded'];
+        } catch (RuntimeException $e) {
+            $out = ['outcome' => 'refused', 'message' => $e->getMessage()];
+        }
+        break;
+
     case 'probe': // wait at the gate, then one call that holds the dependency briefly
         $breaker = new CircuitBreaker($redis, $job['name'], $config);
         gate($redis, $job);
