@@ -493,3 +493,35 @@ async def run_scripts_each_async(client: Any, calls: Sequence[ScriptCallSpec]) -
 async def run_scripts_async(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
     """The asyncio twin of `run_scripts`."""
     return _merged(await run_scripts_each_async(client, calls))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m distbreaker._runtime.scripts --eval-form NAME [--lua-dir DIR]``: print
+    the EVAL form of ``lua/NAME.lua`` (what the PHP client ships, via scripts/sync_php_lua,
+    so that the EVAL form is generated from the one source, never kept by hand)."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m distbreaker._runtime.scripts",
+                                     description="Print a generated form of a Lua script.")
+    parser.add_argument("--eval-form", metavar="NAME", required=True,
+                        help="the script's name (lua/NAME.lua)")
+    parser.add_argument("--lua-dir", metavar="DIR", type=Path, default=None,
+                        help="the folder holding the sources (default: the package's lua/)")
+    options = parser.parse_args(argv)
+    name = options.eval_form
+    if options.lua_dir is None:
+        if name not in SCRIPT_NAMES:
+            parser.error(f"unknown script {name!r}; known: {', '.join(SCRIPT_NAMES)}")
+        source = load_script(name).source
+    else:
+        path = options.lua_dir / f"{name}.lua"
+        if not path.is_file():
+            parser.error(f"{path} does not exist")
+        source = eval_form(path.read_text(encoding="utf-8"))
+    sys.stdout.write(source)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

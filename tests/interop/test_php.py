@@ -21,8 +21,10 @@ import redis
 
 from distbreaker import CircuitBreaker
 from distbreaker._runtime.keys import BreakerKeys, BulkheadKeys, events_channel
-from distbreaker._runtime.scripts import load_script
+from distbreaker._runtime.scripts import load_script, lua_dir, run_script
+from distbreaker._runtime.state_record import decode_record, encode_fields
 from distbreaker.breaker.config import BreakerConfig
+from distbreaker.breaker.core import config_fingerprint
 from distbreaker.breaker.state import State
 from distbreaker.demo.embedded import RedisServer
 from distbreaker.errors import CallNotPermitted, SchemaError
@@ -109,14 +111,47 @@ def test_php_computes_the_same_config_wire_string_as_python(php_worker: Php) -> 
     assert python_wires[0] == "1;C;100;100;50;100;60000;10;0;60000;3600000;60000"
 
 
+def test_php_sends_the_same_config_fingerprint_as_python(php_worker: Php) -> None:
+    fingerprints = php_worker.run(action="fingerprint", configs=WIRE_CASES)
+    assert fingerprints == [config_fingerprint(BreakerConfig(**case).to_wire())
+                            for case in WIRE_CASES]
+
+
 def test_php_and_python_agree_on_the_stored_config(php_worker: Php, redis_client: redis.Redis,
                                                   name: str, redis_url: str) -> None:
     php_worker.run(action="calls", name=name, config=SMALL, counter="dep", n=1, fail=False)
-    stored = redis_client.hget(BreakerKeys.build(name).state, "cfg")
-    assert stored is not None and stored.decode() == BreakerConfig(**SMALL).to_wire()
+    keys = BreakerKeys.build(name)
+    stored = redis_client.hget(keys.meta, "cfg")
+    wire = BreakerConfig(**SMALL).to_wire()
+    assert stored is not None and stored.decode() == wire
+    record = decode_record(redis_client.get(keys.state))
+    assert (record["fp"], record["calls"], record["failures"]) == (config_fingerprint(wire), 1, 0)
     breaker = python_breaker(name, redis_url)
     breaker.call(lambda: "ok")
     assert breaker.config_drift is None
+
+
+def test_php_decodes_the_short_reply_of_a_record_that_changed_nothing(
+        php_worker: Php, redis_client: redis.Redis, name: str) -> None:
+    keys = BreakerKeys.build(name)
+    wire = BreakerConfig(**SMALL).to_wire()
+    raw = run_script(redis_client, load_script("breaker"), keys.script_keys,
+                     ["record", config_fingerprint(wire), wire, name, keys.channel, "", 1, 0, 0, 5])
+    assert len(raw) == 3, "a CLOSED success answers the short reply {state, now_ms, since_ms}"
+    result = php_worker.run(action="records", name=name, config=SMALL, n=2)
+    replies = result["replies"]
+    assert [(r["state"], r["permitted"], r["transitions"], r["drift"]) for r in replies] == \
+        [("CLOSED", True, [], False)] * 2
+    assert all(r["since_ms"] == int(raw[2]) and r["now_ms"] >= int(raw[1]) for r in replies)
+    assert (result["metrics"]["state"], result["metrics"]["calls"]) == ("CLOSED", 3)
+    assert decode_record(redis_client.get(keys.state))["calls"] == 3
+
+
+def test_php_refuses_a_lua_dir_holding_module_sources(php_worker: Php, name: str) -> None:
+    assert (lua_dir() / "breaker.lua").read_text().startswith("--!module")
+    result = php_worker.run(action="load_error", name=name, lua_dir=str(lua_dir()))
+    assert result["outcome"] == "refused"
+    assert "is a module source, not its EVAL form" in result["message"]
 
 
 # -- a breaker tripped by one language rejects the other ---------------------------
@@ -210,7 +245,7 @@ def test_php_override_that_ends_rejects_python_with_the_remaining_time(
     assert result["call"]["outcome"] == "rejected"
     assert 0 < result["call"]["retry_after"] <= 0.6
     breaker = python_breaker(name, redis_url)
-    assert redis_client.hget(breaker.keys.state, "cfg").decode() == breaker.config.to_wire()
+    assert redis_client.hget(breaker.keys.meta, "cfg").decode() == breaker.config.to_wire()
     with pytest.raises(CallNotPermitted) as rejected:
         breaker.call(lambda: "never")
     assert 0 < rejected.value.retry_after <= 0.6 and breaker.config_drift is None
@@ -287,17 +322,19 @@ def test_a_different_schema_version_raises_schema_error_in_python_and_php(
     python_breaker(name, redis_url).call(lambda: "ok")
     key = BreakerKeys.build(name).state
     assert php_worker.run(action="schema", name=name, config=SMALL) == {"outcome": "permitted"}
-    redis_client.hset(key, "v", "2")
+    # a record of another layout (another magic number, e.g. a later schema's)
+    foreign = encode_fields(redis_client.get(key), magic=1684174387)
+    redis_client.set(key, foreign)
 
-    with pytest.raises(SchemaError, match="schema version 2") as info:
+    with pytest.raises(SchemaError, match="is not a distbreaker v2 state record") as info:
         python_breaker(name, redis_url).call(lambda: "never")
     assert info.value.key == key
     result = php_worker.run(action="schema", name=name, config=SMALL)
     assert result["outcome"] == "schema_error"
     assert result["class"] == "Distbreaker\\SchemaError"
     assert result["key"] == key
-    assert "schema version 2" in result["message"]
-    assert redis_client.hget(key, "v") == b"2"  # nothing was rewritten
+    assert "is not a distbreaker v2 state record" in result["message"]
+    assert redis_client.get(key) == foreign  # nothing was rewritten
 
 
 def test_php_reloads_the_shared_script_after_noscript(
@@ -448,8 +485,9 @@ def test_a_connection_reconnects_once_redis_is_up(php_worker: Php, redis_client:
         assert result["attempts"] == 2 and result["connected"] is True
         # the second call was recorded on the server that came up, in the URL's database 2
         late_client = redis.Redis(port=port, db=2)
-        window = late_client.hgetall(BreakerKeys.build(name).window)
-        assert window, "the call made after Redis came up was not recorded"
+        record = late_client.get(BreakerKeys.build(name).state)
+        assert record is not None and decode_record(record)["calls"] == 1, \
+            "the call made after Redis came up was not recorded"
         assert late_client.exists(BulkheadKeys.build(name).meta) == 1
         assert int(redis.Redis(port=port, db=0).dbsize()) == 0
     finally:

@@ -1,227 +1,217 @@
--- distbreaker circuit breaker, key schema v1. The single source of truth for
--- the fleet-wide state machine (docs/KEY_SCHEMA.md documents every field).
+local main = (function()
+--!module
+-- distbreaker circuit breaker, key schema v2. The single source of truth for
+-- the fleet-wide state machine (docs/KEY_SCHEMA.md documents every byte).
 --
--- KEYS[1] state hash   KEYS[2] window hash   KEYS[3] probe leases (zset)
+-- A module: the helpers below are defined once (at FUNCTION LOAD, or once per
+-- EVAL), and the chunk returns the entry function(KEYS, ARGV). Per-call state
+-- lives in the chunk's locals, every one of them set by `begin` at the start of
+-- a call (a script never runs concurrently with another).
+--
+-- KEYS[1] state record (string)   KEYS[2] meta hash   KEYS[3] probe leases (zset)
 -- KEYS[4] history stream
 -- ARGV[1] op: acquire | record | state | set
--- ARGV[2] breaker name (for events)   ARGV[3] config wire string
--- ARGV[4] pub/sub channel
--- acquire: ARGV[5] probe token
--- record:  ARGV[5] probe token or "", ARGV[6] successes, ARGV[7] failures,
---          ARGV[8] slow calls, ARGV[9] total duration ms (all zero with a
+-- ARGV[2] config fingerprint (decimal: the first 12 hex digits of the SHA-1 of
+--         ARGV[3], as an integer; a wrong one only costs time)
+-- ARGV[3] config wire string   ARGV[4] breaker name (for events)
+-- ARGV[5] pub/sub channel
+-- acquire: ARGV[6] probe token
+-- record:  ARGV[6] probe token or "", ARGV[7] successes, ARGV[8] failures,
+--          ARGV[9] slow calls, ARGV[10] total duration ms (all zero with a
 --          token: an ignored probe, whose slot is handed back)
--- set:     ARGV[5] target state or RESET or TRIP, ARGV[6] reason, ARGV[7] actor,
---          ARGV[8] hold for ms or "", ARGV[9] hold until epoch ms or "" (an override
---          that expires by server time; TRIP: the OPEN wait ends then)
+-- set:     ARGV[6] target state or RESET or TRIP, ARGV[7] reason, ARGV[8] actor,
+--          ARGV[9] hold for ms or "", ARGV[10] hold until epoch ms or ""
 --
--- Reply: {state, wait_ms, permitted, transitions, calls, failures, slow,
---         total_ms, rejected, drift, stored_config, now_ms, since_ms,
+-- Reply: the full reply {state, wait_ms, permitted, transitions, calls, failures,
+--         slow, total_ms, rejected, drift, stored_config, now_ms, since_ms,
 --         probes_in_flight, reason, actor, event_errors, override_until,
---         probe_figures};
---         transitions is a list
---         of {from, to, reason, failure_rate, slow_rate} (rates as strings, as in
---         the history stream); reason/actor: of the transition into the current
---         state; event_errors: '' or why the history XADD / PUBLISH failed;
---         override_until: server ms when the operator's override ends (0: none);
---         probe_figures: 1 when calls..total_ms are the half-open probes' figures.
+--         probe_figures} (as in v1), or, for a record that changed nothing a
+--         worker must know (no transition, no drift, no override, no event
+--         error, state CLOSED, METRICS_ONLY or DISABLED), the short reply
+--         {state, now_ms, since_ms}.
 --
--- Writes: every check runs before the first write, and every write is deferred
--- to the end, where the state hash is written FIRST: if Redis refuses it (OOM,
--- ACL), nothing was written, and a rejection is still answered (a rejection
--- never needs a successful write). The history XADD and the PUBLISH come last,
--- through pcall: their failure can neither abort nor undo the transition.
---
--- Performance: this runs on every protected call, so the hot path (a record
--- in CLOSED) allocates almost nothing: the state lives in plain locals with
--- dirty flags instead of tables, the config and window buckets are parsed with
--- one string.match each, and no helper tables are built per call.
+-- Writes: every check runs before the first write, and the state record is
+-- written FIRST (through pcall): if Redis refuses it (OOM, ACL), nothing was
+-- written, and a rejection is still answered. The meta hash, the probes, TTLs,
+-- then the history XADD and the PUBLISH (through pcall: their failure can
+-- neither abort nor undo the transition) follow.
 
-local K_STATE, K_WIN, K_PROBES, K_HIST = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local op, name, cfg_wire, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local floor, tonumber, match = math.floor, tonumber, string.match
+local floor, tonumber, tostring, match = math.floor, tonumber, tostring, string.match
+local max, min, unpack, rcall, pcall_ = math.max, math.min, unpack, redis.call, redis.pcall
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
+local MAGIC = 1684174386  -- "dbv2"
+local HEADER_FIELDS, WIN = 37, 320  -- the window starts at byte 320
+local STATES = {'CLOSED', 'OPEN', 'HALF_OPEN', 'FORCED_OPEN', 'DISABLED', 'METRICS_ONLY'}
+local CODE = {CLOSED = 0, OPEN = 1, HALF_OPEN = 2, FORCED_OPEN = 3, DISABLED = 4,
+              METRICS_ONLY = 5}
+local INITIAL = {C = 'CLOSED', F = 'FORCED_OPEN', M = 'METRICS_ONLY', D = 'DISABLED'}
+local AFTER_HALF_OPEN = {O = 'OPEN', C = 'CLOSED'}
+local PRESENT, FAILED, SLOW, MS_MASK = 2147483648, 1073741824, 536870912, 536870911
 
--- Foreign data (the same two helpers in every script) ------------------------
+-- Big-endian integers: 8-byte signed (header fields) and 4-byte unsigned (window
+-- slots), with Redis's struct library where it exists (fakeredis has none: plain
+-- Lua there). Bytes past the end of the string read as zero.
+local byte, char, rep, sub = string.byte, string.char, string.rep, string.sub
+local packer = type(struct) == 'table' and struct or nil
+local formats = {}
+local function format(width, count)
+  local key = width * 100000 + count
+  local f = formats[key]
+  if not f then
+    f = '>' .. rep(width == 8 and 'i8' or 'I4', count)
+    formats[key] = f
+  end
+  return f
+end
+
+local function decode(s, count, width)
+  local need = count * width
+  if #s < need then s = s .. rep('\0', need - #s) end
+  if packer then return {packer.unpack(format(width, count), s)} end
+  local out = {}
+  for i = 0, count - 1 do
+    local v = 0
+    for j = i * width + 1, i * width + width do v = v * 256 + byte(s, j) end
+    if width == 8 and byte(s, i * 8 + 1) >= 128 then v = v - 18446744073709551616 end
+    out[i + 1] = v
+  end
+  return out
+end
+
+local function encode(values, first, last, width)
+  if packer then return packer.pack(format(width, last - first + 1), unpack(values, first, last)) end
+  local parts = {}
+  for i = first, last do
+    local v = values[i]
+    if v < 0 then v = v + 18446744073709551616 end
+    local b = {}
+    for j = width, 1, -1 do b[j] = v % 256; v = floor(v / 256) end
+    parts[#parts + 1] = char(unpack(b))
+  end
+  return table.concat(parts)
+end
+
+-- Per-call state (set by `begin` and `load_*`) --------------------------------
+local K_STATE, K_META, K_PROBES, K_HIST, op, name, cfg_wire, channel, argv
+local now, micros
+local exists, cold, s_state, fp, since, calls, failures, slow, total_ms, head, wsec
+local ttl_at, ov_until, open_until, gen, opens, rejected, hp_issued, hp_done, hp_fail
+local hp_slow, drift_fp, s_reason, s_actor
+local wtype, wsize, min_calls, f_thr, s_thr, ttl_ms, open_wait, probes_max
+local max_half_open, lease_ms, initial_state, after_half_open, wait_mult, max_open_wait
+local wait_rnd, slow_ms
+-- dirty header groups, meta writes, window, probes, events
+local d_win, d_state, d_cold, d_cfg, m_trans, m_cfg, m_drift, clear_drift, cfg_store, drift
+local del_win, n_cslots, cslot_first, t_slot, t_vals, n_evict
+local del_probes, probe_add, probe_rem, live_count
+local transitions, events, permitted
+local cslot_val, evict_slots = {}, {}
+
 local function schema_error(key, msg)
   return redis.error_reply('DISTBREAKER_SCHEMA ' .. key .. ' ' .. msg)
 end
 
 -- The schema error for a key holding a type other than want; nil when it holds
--- a want or does not exist.
+-- a want or does not exist. Run only on error paths and before cold-path writes.
 local function foreign_type(key, want)
-  local found = redis.call('TYPE', key)
+  local found = rcall('TYPE', key)
   if type(found) == 'table' then found = found['ok'] end
   if found ~= 'none' and found ~= want then
     return schema_error(key, 'holds a ' .. found .. ', expected a ' .. want)
   end
 end
 
-local err = foreign_type(K_STATE, 'hash') or foreign_type(K_WIN, 'hash')
-         or foreign_type(K_PROBES, 'zset') or foreign_type(K_HIST, 'stream')
-if err then return err end
+local function foreign_keys()
+  return foreign_type(K_STATE, 'string') or foreign_type(K_META, 'hash')
+      or foreign_type(K_PROBES, 'zset') or foreign_type(K_HIST, 'stream')
+end
 
--- Config wire string: version 1, then 11 fields, then optional ones (a client
--- writes them only up to the last one that differs from its default, so a
--- default config has the same string as before they existed): 13 initial state
--- (C, F, M, D), 14 state after max wait in half-open (O, C), 15 open wait
--- multiplier per consecutive open, 16 max open wait ms (0: key TTL), 17 wait
--- randomization factor; fields past the 17th are ignored. Returns window type,
--- size, min calls, failure and slow thresholds, open wait, permitted probes, max
--- half-open, lease, ttl, initial state, state after max half-open, multiplier,
--- max wait, randomization (or nil when bad); field 12 (slow call duration) is
--- only checked to be a number.
+-- Config ----------------------------------------------------------------------
+-- Wire string: version 1, then 11 fields, then optional ones (see v1): 13 initial
+-- state, 14 state after max wait in half-open, 15 open wait multiplier, 16 max
+-- open wait ms, 17 randomization. Sets the config locals (rates in 1/10000 of a
+-- percent, multiplier and randomization in millionths) or returns false.
 local CFG_PATTERN = '^1;([CT]);([^;]*);([^;]*);([^;]*);([^;]*);([^;]*);([^;]*);' ..
                     '([^;]*);([^;]*);([^;]*);([^;]*)(.*)'
-local INITIAL = {C = 'CLOSED', F = 'FORCED_OPEN', M = 'METRICS_ONLY', D = 'DISABLED'}
-local AFTER_HALF_OPEN = {O = 'OPEN', C = 'CLOSED'}
 local function parse_config(wire)
-  local window_type, size, min_calls, failure_thr, slow_thr, open_wait, probes, max_half_open,
-        lease, ttl, slow_duration, tail = match(wire, CFG_PATTERN)
-  if not window_type then return nil end
-  local initial, after_half_open, mult, max_open, rnd = 'CLOSED', 'OPEN', 1, 0, 0
+  local wt, size, mc, fthr, sthr, ow, pr, mho, lease, ttl, sd, tail = match(wire, CFG_PATTERN)
+  if not wt then return false end
+  local init, after, mult, mo, rnd = 'CLOSED', 'OPEN', 1, 0, 0
   if tail ~= '' then
     local f13, f14, f15, f16, f17 = match(tail, '^;([^;]*);?([^;]*);?([^;]*);?([^;]*);?([^;]*)')
-    if not f13 then return nil end
-    initial = INITIAL[f13]
-    after_half_open = AFTER_HALF_OPEN[f14 == '' and 'O' or f14]
-    mult, max_open, rnd = tonumber(f15 == '' and '1' or f15), tonumber(f16 == '' and '0' or f16),
-                          tonumber(f17 == '' and '0' or f17)
-    if not (initial and after_half_open and mult and max_open and rnd) then return nil end
+    if not f13 then return false end
+    init, after = INITIAL[f13], AFTER_HALF_OPEN[f14 == '' and 'O' or f14]
+    mult, mo = tonumber(f15 == '' and '1' or f15), tonumber(f16 == '' and '0' or f16)
+    rnd = tonumber(f17 == '' and '0' or f17)
+    if not (init and after and mult and mo and rnd) then return false end
   end
-  size, min_calls, failure_thr = tonumber(size), tonumber(min_calls), tonumber(failure_thr)
-  slow_thr, open_wait, probes = tonumber(slow_thr), tonumber(open_wait), tonumber(probes)
-  max_half_open, lease, ttl = tonumber(max_half_open), tonumber(lease), tonumber(ttl)
-  if not (size and min_calls and failure_thr and slow_thr and open_wait and probes
-          and max_half_open and lease and ttl and tonumber(slow_duration)) then
-    return nil
+  size, mc, fthr, sthr = tonumber(size), tonumber(mc), tonumber(fthr), tonumber(sthr)
+  ow, pr, mho, lease, ttl, sd = tonumber(ow), tonumber(pr), tonumber(mho), tonumber(lease),
+                                tonumber(ttl), tonumber(sd)
+  if not (size and mc and fthr and sthr and ow and pr and mho and lease and ttl and sd) then
+    return false
   end
-  return window_type, size, min_calls, failure_thr, slow_thr, open_wait, probes,
-         max_half_open, lease, ttl, initial, after_half_open, mult, max_open, rnd
+  wtype, wsize, min_calls = (wt == 'T') and 1 or 0, size, mc
+  f_thr, s_thr = floor(fthr * 10000 + 0.5), floor(sthr * 10000 + 0.5)
+  open_wait, probes_max, max_half_open, lease_ms, ttl_ms, slow_ms = ow, pr, mho, lease, ttl, sd
+  initial_state, after_half_open = init, after
+  wait_mult, max_open_wait, wait_rnd = floor(mult * 1000000 + 0.5), mo, floor(rnd * 1000000 + 0.5)
+  return true
 end
 
--- Load the state hash ---------------------------------------------------------
-local raw = redis.call('HMGET', K_STATE, 'v', 'cfg', 'state', 'since', 'open_until', 'calls',
-                 'failures', 'slow', 'total_ms', 'head', 'wsec', 'hp_issued', 'hp_done',
-                 'hp_fail', 'hp_slow', 'rejected', 'gen', 'ttl_at', 'reason', 'actor',
-                 'ov_until', 'opens')
-local s_state = raw[3]
-local exists = s_state ~= false
-if not exists and redis.call('EXISTS', K_STATE) == 1 then
-  return schema_error(K_STATE, 'is a hash without a state field')
+-- The fingerprint of a wire string (what ARGV[2] should be).
+local function fingerprint(wire)
+  return tonumber(string.sub(redis.sha1hex(wire), 1, 12), 16)
 end
-local s_v, s_cfg = raw[1], raw[2]
-if s_v and s_v ~= '1' then
-  return schema_error(K_STATE, 'has schema version ' .. tostring(s_v) .. ', this client speaks 1')
+
+-- Loading the state record ----------------------------------------------------
+-- Reason and actor of the current state (meta hash), read when a reply needs them.
+local function load_reason()
+  if s_reason ~= nil then return end
+  local m = rcall('HMGET', K_META, 'reason', 'actor')
+  s_reason, s_actor = m[1] or '', m[2] or ''
 end
-local function valid_state(s)
-  return s == 'CLOSED' or s == 'OPEN' or s == 'HALF_OPEN' or s == 'FORCED_OPEN'
-      or s == 'DISABLED' or s == 'METRICS_ONLY'
-end
-if exists and not valid_state(s_state) then
-  return schema_error(K_STATE, 'has unknown state ' .. tostring(s_state))
-end
--- raw[4..18] are counters: missing reads as 0, anything else must be a number.
-for i = 4, 18 do
-  local s = raw[i]
-  if s then
-    local n = tonumber(s)
-    if n == nil then
-      local names = {'since', 'open_until', 'calls', 'failures', 'slow', 'total_ms', 'head',
-                     'wsec', 'hp_issued', 'hp_done', 'hp_fail', 'hp_slow', 'rejected', 'gen',
-                     'ttl_at'}
-      return schema_error(K_STATE, 'field ' .. names[i - 3] .. ' is not a number')
+
+-- Reads the header; returns an error reply, or nil. Sets `exists`, the fields and
+-- the governing config (stored, or this call's for a new or unset one).
+local function load()
+  local raw = pcall_('GETRANGE', K_STATE, 0, 295)
+  if type(raw) == 'table' and raw.err then
+    return foreign_keys() or redis.error_reply(raw.err)
+  end
+  local h = decode(raw, HEADER_FIELDS, 8)
+  if h[1] ~= MAGIC then
+    if raw ~= '' then
+      return schema_error(K_STATE, 'is not a distbreaker v2 state record')
     end
-    raw[i] = n
+    exists = false
   else
-    raw[i] = 0
+    exists = true
   end
-end
-local since, open_until, calls, failures, slow = raw[4], raw[5], raw[6], raw[7], raw[8]
-local total_ms, head, wsec, hp_issued, hp_done = raw[9], raw[10], raw[11], raw[12], raw[13]
-local hp_fail, hp_slow, rejected, gen, ttl_at = raw[14], raw[15], raw[16], raw[17], raw[18]
-local s_reason, s_actor = raw[19] or '', raw[20] or ''
-local opens = tonumber(raw[22] or '0')  -- consecutive opens since the last close
-if not opens then return schema_error(K_STATE, 'field opens is not a number') end
-local d_opens = false
-local ov_until = 0  -- when an operator's override ends (server ms; 0: none)
-if raw[21] then
-  ov_until = tonumber(raw[21])
-  if not ov_until then return schema_error(K_STATE, 'field ov_until is not a number') end
-end
-
--- Dirty flags: which fields the final HSET writes.
-local d_v, d_cfg, d_state, d_trans, d_totals, d_head, d_wsec = false, false, false, false,
-                                                              false, false, false
--- d_probes_issued: hp_issued; d_probe_results: hp_done, hp_fail, hp_slow.
-local d_probes_issued, d_probe_results, d_rej, d_drift, d_ttl = false, false, false, false,
-                                                                 false
--- Keys this call may have created: they get a TTL now.
-local fresh_win, fresh_probes, fresh_hist = false, false, false
--- Deferred writes (applied after the state hash, see the header).
-local del_win, del_probes, clear_drift = false, false, false
-local win_sets, win_dels = {}, {}      -- window slot -> new bucket / true
-local probe_add, probe_rem = nil, nil  -- a lease to add {token, deadline}; a token to drop
-
-local wtype, wsize, min_calls, f_thr, s_thr, open_wait, probes_max, max_half_open,
-      lease_ms, ttl_ms, initial_state, after_half_open, wait_mult, max_open_wait,
-      wait_rnd = parse_config(cfg_wire)
-if not wtype then return redis.error_reply('DISTBREAKER_ARGS bad config ' .. cfg_wire) end
-
-local adopt = (op == 'set' and ARGV[5] == 'RESET')
-local drift = 0
-if not exists then
-  if op == 'state' then
-    return {initial_state, 0, 1, {}, 0, 0, 0, 0, 0, 0, '', now, now, 0}
+  local code = h[3]
+  fp, s_state, since, ov_until, ttl_at = h[2], STATES[code + 1], h[4], h[5], h[6]
+  calls, failures, slow, total_ms, head, wsec = h[7], h[8], h[9], h[10], h[11], h[12]
+  wtype, wsize, min_calls, f_thr, s_thr, ttl_ms = h[13], h[14], h[15], h[16], h[17], h[18]
+  open_until, gen, opens, rejected, hp_issued = h[19], h[20], h[21], h[22], h[23]
+  hp_done, hp_fail, hp_slow, drift_fp = h[24], h[25], h[26], h[27]
+  open_wait, probes_max, max_half_open, lease_ms = h[28], h[29], h[30], h[31]
+  initial_state, after_half_open = STATES[h[32] + 1], STATES[h[33] + 1]
+  wait_mult, max_open_wait, wait_rnd, slow_ms = h[34], h[35], h[36], h[37]
+  if exists and not (s_state and initial_state and after_half_open and wsize > 0) then
+    return schema_error(K_STATE, 'has an unknown state code or a bad config')
   end
-  s_state, since, s_v, s_cfg = 'CLOSED', now, '1', cfg_wire
-  -- An operator action on a name without keys stores no config ('unset'): the
-  -- first worker's call stores its own (no drift warning for it), and the
-  -- breaker starts in the config's initial state.
-  if op == 'set' then
-    s_cfg = 'unset'
-  elseif initial_state ~= 'CLOSED' then
-    s_state, s_reason, d_trans = initial_state, 'initial state', true
+  if not exists or fp == 0 then
+    if not parse_config(cfg_wire) then
+      return redis.error_reply('DISTBREAKER_ARGS bad config ' .. cfg_wire)
+    end
   end
-  d_v, d_cfg, d_state = true, true, true
-elseif s_cfg == 'unset' then
-  -- the caller's config governs this call; only a protected call stores it
-  adopt = op == 'acquire' or op == 'record'
-  if adopt then s_cfg = cfg_wire end
-elseif adopt or not s_cfg then
-  s_cfg = cfg_wire
-  adopt = true  -- persist it
-elseif s_cfg ~= cfg_wire then
-  drift = 1
-  wtype, wsize, min_calls, f_thr, s_thr, open_wait, probes_max, max_half_open,
-    lease_ms, ttl_ms, initial_state, after_half_open, wait_mult, max_open_wait,
-    wait_rnd = parse_config(s_cfg)
-  if not wtype then return schema_error(K_STATE, 'field cfg is not a v1 config') end
-end
-
-if adopt then d_cfg = true end
--- Remember the newest config that disagreed with the stored one (for operators:
--- `distbreaker show`); written only when it changes, cleared by RESET.
-if drift == 1 then
-  if redis.call('HGET', K_STATE, 'drift_cfg') ~= cfg_wire then d_drift = true end
-elseif adopt and redis.call('HEXISTS', K_STATE, 'drift_cfg') == 1 then
-  clear_drift = true
+  return nil
 end
 
 -- Events ----------------------------------------------------------------------
-local transitions = {}
--- {from, to, reason, frate, srate, gen, actor, kind, until}: history (+ pub/sub for a
--- transition, kind ''), at the end. Other kinds (history only, never reported as a
--- transition): 'restart' (TRIP on OPEN restarted the wait), 'override' (an override
--- on the current state was set, changed or lifted), 'override_end' (a held CLOSED
--- was released; the other overrides end with a transition).
-local events = {}
-local d_ov = false
-
 local function json_str(s)
-  s = tostring(s)
-  s = string.gsub(s, '[%c"\\]', function(c) return string.format('\\u%04x', string.byte(c)) end)
+  s = string.gsub(tostring(s), '[%c"\\]',
+                  function(c) return string.format('\\u%04x', string.byte(c)) end)
   return '"' .. s .. '"'
 end
 
@@ -231,17 +221,9 @@ local function rate(part, whole)
 end
 
 local function clear_window()
-  del_win, win_sets, win_dels = true, {}, {}
+  del_win, n_cslots, t_slot, t_vals, n_evict = true, 0, nil, nil, 0
   calls, failures, slow, total_ms, head, wsec = 0, 0, 0, 0, 0, 0
-  d_totals, d_head, d_wsec = true, true, true
-end
-
--- A window bucket as this call sees it (its own deferred writes included).
-local function win_get(slot)
-  local pending = win_sets[slot]
-  if pending then return pending end
-  if del_win or win_dels[slot] then return nil end
-  return redis.call('HGET', K_WIN, slot) or nil
+  d_win = true
 end
 
 -- The open wait (Resilience4j's waitIntervalFunctionInOpenState): the configured
@@ -249,15 +231,15 @@ end
 -- cap is configured), spread by +-randomization with the server clock's
 -- microseconds as the random draw; a close resets the count.
 local function wait_in_open()
-  if wait_mult == 1 and wait_rnd == 0 then return open_wait end
+  if wait_mult == 1000000 and wait_rnd == 0 then return open_wait end
   local cap = max_open_wait > 0 and max_open_wait or ttl_ms
   local w = open_wait
-  if opens > 1 then w = open_wait * wait_mult ^ math.min(opens - 1, 200) end
+  if opens > 1 then w = open_wait * (wait_mult / 1000000) ^ min(opens - 1, 200) end
   if w > cap then w = cap end
   if wait_rnd > 0 then
-    w = w * (1 + wait_rnd * (2 * (tonumber(t[2]) % 1000) / 999 - 1))
+    w = w * (1 + (wait_rnd / 1000000) * (2 * (micros % 1000) / 999 - 1))
   end
-  return math.max(1, floor(w))
+  return max(1, floor(w))
 end
 
 local function transition(to, reason, actor)
@@ -270,42 +252,42 @@ local function transition(to, reason, actor)
   end
   actor = actor or ''
   s_state, since, gen, s_reason, s_actor = to, now, gen + 1, reason, actor
-  d_state, d_trans = true, true
+  d_state, d_cold, m_trans = true, true, true
   ov_until = 0
   if to == 'OPEN' then
-    opens, d_opens = opens + 1, true
+    opens = opens + 1
     open_until = now + wait_in_open()
   else
     open_until = 0
-    if to == 'CLOSED' and opens ~= 0 then opens, d_opens = 0, true end
+    if to == 'CLOSED' then opens = 0 end
   end
   if to == 'OPEN' and from ~= 'HALF_OPEN' and hp_done ~= 0 then
     -- an OPEN reports the half-open figures only when it follows a half-open verdict
-    hp_done, hp_fail, hp_slow, d_probe_results = 0, 0, 0, true
+    hp_done, hp_fail, hp_slow = 0, 0, 0
   end
   if to == 'HALF_OPEN' then
     hp_issued, hp_done, hp_fail, hp_slow = 0, 0, 0, 0
-    d_probes_issued, d_probe_results = true, true
     del_probes, probe_add, probe_rem = true, nil, nil
   elseif to ~= 'OPEN' then
     clear_window()
     del_probes, probe_add, probe_rem = true, nil, nil
   end
+  if not transitions then transitions, events = {}, {} end
   transitions[#transitions + 1] = {from, to, reason, tostring(frate), tostring(srate)}
   events[#events + 1] = {from, to, reason, frate, srate, gen, actor, '', 0}
-  fresh_hist = true
 end
 
--- A history entry that is not a transition (see `events`).
+-- A history entry that is not a transition: 'restart' (TRIP on OPEN restarted the
+-- wait), 'override' (an override on the current state was set, changed or lifted),
+-- 'override_end' (a held CLOSED was released).
 local function note(kind, reason, actor, until_ms)
+  if not events then transitions, events = {}, {} end
   events[#events + 1] = {s_state, s_state, reason, -1, -1, gen, actor or '', kind, until_ms}
-  fresh_hist = true
 end
 
 -- The operator's override ended (by server time): FORCED_OPEN goes on as an OPEN
--- whose wait is over (HALF_OPEN: probes check the service before traffic returns,
--- as after Resilience4j's transitionToOpenStateFor); DISABLED and METRICS_ONLY
--- return to CLOSED; a held CLOSED simply resumes its state machine.
+-- whose wait is over (HALF_OPEN); DISABLED and METRICS_ONLY return to CLOSED; a
+-- held CLOSED simply resumes its state machine.
 local function end_override()
   local ended = ov_until
   if s_state == 'FORCED_OPEN' then
@@ -313,151 +295,152 @@ local function end_override()
   elseif s_state == 'DISABLED' or s_state == 'METRICS_ONLY' then
     transition('CLOSED', 'override ended')
   else
-    ov_until, d_ov = 0, true
+    ov_until, d_state = 0, true
     note('override_end', 'override ended', '', ended)
     return
   end
   events[#events][9] = ended
 end
 
--- Sliding window (pre-aggregated, O(1) per recorded outcome) -----------------
--- A window bucket is a comma-separated list of integers (3 in a count window,
--- 5 in a time window); anything else was written by someone else. Raised (not
--- returned) because it is found deep in the window code, before the state hash
--- is written.
-local function corrupt_bucket(value)
-  error('DISTBREAKER_SCHEMA ' .. K_WIN .. ' holds a corrupt bucket ' ..
-        string.format('%q', string.sub(value, 1, 40)))
-end
-
--- A time bucket "<sec>,<calls>,<failures>,<slow>,<ms>": returns the last four.
-local function time_bucket(value)
-  local a, b, c, d, e = match(value, '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*)$')
-  a, b, c, d, e = tonumber(a), tonumber(b), tonumber(c), tonumber(d), tonumber(e)
-  if not (a and b and c and d and e) then corrupt_bucket(value) end
-  return b, c, d, e
-end
-
+-- Sliding window ----------------------------------------------------------------
+-- Time window: slot s (epoch second % size) is 5 u32 at byte WIN + 20 * slot:
+-- second, calls, failures, slow, ms. Evicting reads the slots of the seconds that
+-- passed and zeroes them at the end.
 local function evict_time_buckets()
   local sec = floor(now / 1000)
   if wsec == sec then return end
   if wsec == 0 or sec - wsec >= wsize or sec < wsec then
     if calls ~= 0 or wsec ~= 0 then clear_window() end
-  else
+  elseif calls > 0 then
     for s = wsec + 1, sec do
-      local slot = s % wsize
-      local old = win_get(slot)
-      if old then
-        local c, f, sl, m = time_bucket(old)
-        calls, failures, slow, total_ms = calls - c, failures - f, slow - sl, total_ms - m
-        d_totals = true
-        win_sets[slot], win_dels[slot] = nil, true
-      end
+      local off = WIN + 20 * (s % wsize)
+      local old = decode(rcall('GETRANGE', K_STATE, off, off + 19), 5, 4)
+      calls, failures, slow, total_ms = calls - old[2], failures - old[3], slow - old[4],
+                                        total_ms - old[5]
+      n_evict = n_evict + 1
+      evict_slots[n_evict] = off
     end
   end
-  wsec, d_wsec = sec, true
+  wsec, d_win = sec, true
+end
+
+-- Count window: a ring of wsize u32 slots at byte WIN + 4 * slot: bit 31 set for
+-- a recorded outcome, bit 30 failed, bit 29 slow, bits 0-28 its ms (capped). The
+-- old values of the slots a record overwrites are read here (one GETRANGE, two
+-- when the ring wraps); the new ones are written with the header, at the end.
+local function read_ring(first_slot, count)
+  local tail = min(count, wsize - first_slot)
+  local off = WIN + 4 * first_slot
+  local s = rcall('GETRANGE', K_STATE, off, off + 4 * tail - 1)
+  if #s < 4 * tail then s = s .. rep('\0', 4 * tail - #s) end
+  if count > tail then s = s .. rcall('GETRANGE', K_STATE, WIN, WIN + 4 * (count - tail) - 1) end
+  return decode(s, count, 4)
+end
+
+local function record_count(ok, fails, slows, ms)
+  local n = ok + fails
+  local per_ms = floor(ms / n)
+  local first = max(1, n - wsize + 1)  -- only the last wsize outcomes can stay
+  local old = read_ring(head, n - first + 1)
+  n_cslots, cslot_first = 0, head
+  for i = first, n do
+    local f = floor(i * fails / n) - floor((i - 1) * fails / n)
+    local s = floor(i * slows / n) - floor((i - 1) * slows / n)
+    local m = min(per_ms + ((i == 1) and (ms - per_ms * n) or 0), MS_MASK)
+    n_cslots = n_cslots + 1
+    cslot_val[n_cslots] = PRESENT + f * FAILED + s * SLOW + m
+    calls, failures, slow, total_ms = calls + 1, failures + f, slow + s, total_ms + m
+    local o = old[n_cslots]
+    if o >= PRESENT then
+      o = o - PRESENT
+      calls = calls - 1
+      if o >= FAILED then failures, o = failures - 1, o - FAILED end
+      if o >= SLOW then slow, o = slow - 1, o - SLOW end
+      total_ms = total_ms - o
+    end
+    head = (head + 1) % wsize
+  end
+  d_win = true
+end
+
+-- Time window record: this second's slot gets the outcomes (read first unless
+-- evicted by this call, in which case it starts from zero).
+local function record_time(n, fails, slows, ms)
+  local sec = floor(now / 1000)
+  local off = WIN + 20 * (sec % wsize)
+  local cur = nil
+  for i = 1, n_evict do if evict_slots[i] == off then cur = {sec, 0, 0, 0, 0} end end
+  if del_win then cur = {sec, 0, 0, 0, 0} end
+  if not cur then
+    cur = decode(rcall('GETRANGE', K_STATE, off, off + 19), 5, 4)
+    if cur[1] ~= sec then cur = {sec, 0, 0, 0, 0} end
+  end
+  cur[2], cur[3], cur[4], cur[5] = cur[2] + n, cur[3] + fails, cur[4] + slows, cur[5] + ms
+  t_slot, t_vals = off, cur
+  calls, failures, slow, total_ms = calls + n, failures + fails, slow + slows, total_ms + ms
+  d_win = true
 end
 
 local function record_window(ok, fails, slows, ms)
-  local n = ok + fails
-  if n <= 0 then return end
-  if calls == 0 then fresh_win = true end
-  if wtype == 'T' then
-    local sec = floor(now / 1000)
-    local slot = sec % wsize
-    local old = win_get(slot)
-    local c, f, s, m = 0, 0, 0, 0
-    if old then c, f, s, m = time_bucket(old) end
-    win_sets[slot] = sec .. ',' .. (c + n) .. ',' .. (f + fails) .. ',' .. (s + slows) ..
-                     ',' .. (m + ms)
-    calls, failures, slow, total_ms = calls + n, failures + fails, slow + slows, total_ms + ms
-    d_totals = true
-    return
-  end
-  -- Count window: a ring of wsize outcome slots "failed,slow,ms".
-  local per_ms = floor(ms / n)
-  local first = n - wsize  -- outcomes that would be evicted within this batch
-  -- Only the last wsize outcomes of a batch can stay in the ring.
-  for i = math.max(1, first + 1), n do
-    -- spread failures and slow calls evenly over the batch
-    local f = floor(i * fails / n) - floor((i - 1) * fails / n)
-    local s = floor(i * slows / n) - floor((i - 1) * slows / n)
-    local m = per_ms + ((i == 1) and (ms - per_ms * n) or 0)
-    local old = win_get(head)
-    if old then
-      local a, b, c = match(old, '^([^,]*),([^,]*),([^,]*)$')
-      a, b, c = tonumber(a), tonumber(b), tonumber(c)
-      if not (a and b and c) then corrupt_bucket(old) end
-      calls, failures, slow, total_ms = calls - 1, failures - a, slow - b, total_ms - c
-    end
-    win_sets[head] = f .. ',' .. s .. ',' .. m
-    calls, failures, slow, total_ms = calls + 1, failures + f, slow + s, total_ms + m
-    head = (head + 1) % wsize
-    d_totals, d_head = true, true
-  end
+  if ok + fails <= 0 then return end
+  if wtype == 0 then return record_count(ok, fails, slows, ms) end
+  return record_time(ok + fails, fails, slows, ms)
 end
 
+-- fails / n >= f_thr (rates in 1/10000 of a percent): integer arithmetic
 local function rate_exceeded(n, fails, slows)
-  return fails * 100 >= f_thr * n or slows * 100 >= s_thr * n
+  return fails * 1000000 >= f_thr * n or slows * 1000000 >= s_thr * n
 end
 
 local function describe(n, fails, slows)
-  if fails * 100 >= f_thr * n then
-    return 'failure rate ' .. rate(fails, n) .. '% >= ' .. f_thr .. '%'
+  if fails * 1000000 >= f_thr * n then
+    return 'failure rate ' .. rate(fails, n) .. '% >= ' .. (f_thr / 10000) .. '%'
   end
-  return 'slow call rate ' .. rate(slows, n) .. '% >= ' .. s_thr .. '%'
+  return 'slow call rate ' .. rate(slows, n) .. '% >= ' .. (s_thr / 10000) .. '%'
 end
 
--- Time-driven transitions and lease reaping ---------------------------------
+-- Time-driven transitions ---------------------------------------------------------
 local function advance()
   if ov_until > 0 and now >= ov_until then end_override() end
-  if wtype == 'T' then evict_time_buckets() end
-  if s_state == 'OPEN' and now >= open_until then
-    transition('HALF_OPEN', 'wait in open state elapsed')
+  if wtype == 1 then evict_time_buckets() end
+  if s_state == 'OPEN' then
+    if now >= open_until then transition('HALF_OPEN', 'wait in open state elapsed') end
   end
   if s_state == 'HALF_OPEN' then
     if max_half_open > 0 and now >= since + max_half_open then
       transition(after_half_open, 'max wait in half-open elapsed')
-      return
     end
   end
 end
 
--- Live half-open leases (deadline after now). Admission is derived from these and
--- the stored verdict count (hp_done), so a missing probes key (evicted) can never
--- wedge HALF_OPEN: its leases are simply gone. Expired ones are reaped at the end.
--- Counted once per call (admission and the reply's probes in flight share it).
-local live_count = nil
+-- Live half-open leases (deadline after now): admission is these plus the stored
+-- verdicts (hp_done), so an evicted probes key cannot wedge HALF_OPEN.
 local function live_probes()
   if del_probes then return 0 end
-  if live_count == nil then live_count = redis.call('ZCOUNT', K_PROBES, '(' .. now, '+inf') end
+  if live_count == nil then live_count = rcall('ZCOUNT', K_PROBES, '(' .. now, '+inf') end
   return live_count
 end
 
--- Whether `token` holds a live lease (this call's own deferred lease included).
 local function holds_lease(token)
-  if probe_add and probe_add[1] == token then return true end
+  if probe_add and probe_add == token then return true end
   if del_probes then return false end
-  local deadline = redis.call('ZSCORE', K_PROBES, token)
+  local deadline = rcall('ZSCORE', K_PROBES, token)
   return deadline ~= false and deadline ~= nil and tonumber(deadline) > now
 end
 
--- Operations ------------------------------------------------------------------
-local permitted = 1
-if op == 'record' then
-  -- Arguments are checked before advance(): an error must not leave a
-  -- time-driven transition half done (published but not saved).
-  local token = ARGV[5]
-  local ok, fails = tonumber(ARGV[6]), tonumber(ARGV[7])
-  local slows, ms = tonumber(ARGV[8]), tonumber(ARGV[9])
+-- Operations --------------------------------------------------------------------
+local function args_error(msg) return redis.error_reply('DISTBREAKER_ARGS ' .. msg) end
+
+local function op_record()
+  local token = argv[6]
+  local ok, fails = tonumber(argv[7]), tonumber(argv[8])
+  local slows, ms = tonumber(argv[9]), tonumber(argv[10])
   if not (ok and fails and slows and ms) or ok < 0 or fails < 0 or slows < 0 or ms < 0
       or ok ~= floor(ok) or fails ~= floor(fails) or slows ~= floor(slows)
       or ms ~= floor(ms) then
-    return redis.error_reply('DISTBREAKER_ARGS record counts must be integers >= 0')
+    return args_error('record counts must be integers >= 0')
   end
-  if slows > ok + fails then
-    return redis.error_reply('DISTBREAKER_ARGS record: more slow calls than calls')
-  end
+  if slows > ok + fails then return args_error('record: more slow calls than calls') end
   advance()
   local st = s_state
   if st == 'CLOSED' or st == 'METRICS_ONLY' then
@@ -469,11 +452,10 @@ if op == 'record' then
   elseif st == 'HALF_OPEN' and token ~= '' and holds_lease(token) then
     probe_rem = token
     if ok + fails == 0 then
-      -- an ignored probe hands its slot back (Resilience4j releasePermission)
-      hp_issued, d_probes_issued = math.max(0, hp_issued - 1), true
+      hp_issued = max(0, hp_issued - 1)  -- an ignored probe hands its slot back
     end
     hp_done, hp_fail, hp_slow = hp_done + ok + fails, hp_fail + fails, hp_slow + slows
-    d_probe_results = true
+    d_cold = true
     if hp_done >= probes_max then
       if rate_exceeded(hp_done, hp_fail, hp_slow) then
         transition('OPEN', 'half-open probes: ' .. describe(hp_done, hp_fail, hp_slow))
@@ -482,13 +464,12 @@ if op == 'record' then
       end
     end
   end
-elseif op == 'state' then
-  advance()
-elseif op == 'acquire' then
-  local token = ARGV[5]
-  if not token or token == '' then
-    return redis.error_reply('DISTBREAKER_ARGS acquire needs a probe token')
-  end
+  return nil
+end
+
+local function op_acquire()
+  local token = argv[6]
+  if not token or token == '' then return args_error('acquire needs a probe token') end
   advance()
   local st = s_state
   if st == 'OPEN' or st == 'FORCED_OPEN' then
@@ -497,32 +478,40 @@ elseif op == 'acquire' then
     if holds_lease(token) then
       -- the token already holds a live lease: a retried acquire takes no second slot
     elseif live_probes() + hp_done < probes_max then
-      probe_add = {token, now + lease_ms}
-      fresh_probes = true
-      hp_issued, d_probes_issued = hp_issued + 1, true
+      probe_add = token
+      hp_issued, d_cold = hp_issued + 1, true
     else
       permitted = 0
     end
   end
-  if permitted == 0 then rejected, d_rej = rejected + 1, true end
-elseif op == 'set' then
-  local target, reason, actor = ARGV[5], ARGV[6], ARGV[7]
-  local hold_for, hold_until, hold = ARGV[8] or '', ARGV[9] or '', 0
-  if hold_for ~= '' or hold_until ~= '' then
-    local v = tonumber(hold_for ~= '' and hold_for or hold_until)
-    if hold_for ~= '' and hold_until ~= '' then
-      return redis.error_reply('DISTBREAKER_ARGS give a hold duration or an end, not both')
-    end
-    if not v or v ~= floor(v) then
-      return redis.error_reply('DISTBREAKER_ARGS hold ms must be an integer')
-    end
-    if hold_for ~= '' then hold = now + v else hold = v end
-    if hold <= now then
-      return redis.error_reply('DISTBREAKER_ARGS the override would end in the past')
-    end
-    if target == 'RESET' or target == 'HALF_OPEN' or target == 'OPEN' then
-      return redis.error_reply('DISTBREAKER_ARGS ' .. tostring(target) .. ' takes no end')
-    end
+  if permitted == 0 then
+    rejected, d_cold = rejected + 1, true
+  end
+  return nil
+end
+
+local function hold_from(hold_for, hold_until, target)
+  if hold_for == '' and hold_until == '' then return 0 end
+  if hold_for ~= '' and hold_until ~= '' then
+    return nil, args_error('give a hold duration or an end, not both')
+  end
+  local v = tonumber(hold_for ~= '' and hold_for or hold_until)
+  if not v or v ~= floor(v) then return nil, args_error('hold ms must be an integer') end
+  local hold = (hold_for ~= '') and (now + v) or v
+  if hold <= now then return nil, args_error('the override would end in the past') end
+  if target == 'RESET' or target == 'HALF_OPEN' or target == 'OPEN' then
+    return nil, args_error(tostring(target) .. ' takes no end')
+  end
+  return hold
+end
+
+local function op_set()
+  local target, reason, actor = argv[6], argv[7], argv[8]
+  local hold, bad = hold_from(argv[9] or '', argv[10] or '', target)
+  if not hold then return bad end
+  if not (target == 'RESET' or target == 'TRIP' or (CODE[target] and target ~= 'OPEN'
+          and target ~= 'HALF_OPEN')) then
+    return args_error('unknown target state ' .. tostring(target))
   end
   advance()
   if target == 'RESET' then
@@ -532,14 +521,15 @@ elseif op == 'set' then
       clear_window()
       del_probes = true
       if ov_until > 0 then  -- RESET lifts a held CLOSED too
-        ov_until, d_ov = 0, true
+        ov_until, d_state = 0, true
+        s_reason, s_actor, m_trans = reason, actor, true
         note('override', reason, actor, 0)
       end
     end
   elseif target == 'TRIP' then
     if s_state == 'OPEN' then
       -- a same-state move: the wait restarts, recorded as a restart, not a transition
-      s_reason, s_actor, d_trans = reason, actor, true
+      s_reason, s_actor, m_trans, d_cold = reason, actor, true, true
       open_until = now + wait_in_open()
       if hold > 0 then open_until = hold end
       note('restart', reason, actor, hold)
@@ -547,163 +537,259 @@ elseif op == 'set' then
       transition('OPEN', reason, actor)
       if hold > 0 then open_until = hold; events[#events][9] = hold end
     end
-  elseif valid_state(target) and target ~= 'OPEN' and target ~= 'HALF_OPEN' then
-    if s_state ~= target then
-      transition(target, reason, actor)
-      if hold > 0 then ov_until = hold; events[#events][9] = hold end
-    elseif hold ~= ov_until then
-      ov_until, d_ov, s_reason, s_actor, d_trans = hold, true, reason, actor, true
-      note('override', reason, actor, hold)
-    end
-  else
-    return redis.error_reply('DISTBREAKER_ARGS unknown target state ' .. tostring(target))
+  elseif s_state ~= target then
+    transition(target, reason, actor)
+    if hold > 0 then ov_until = hold; events[#events][9] = hold end
+  elseif hold ~= ov_until then
+    ov_until, d_state, s_reason, s_actor, m_trans = hold, true, reason, actor, true
+    note('override', reason, actor, hold)
   end
-else
-  return redis.error_reply('DISTBREAKER_ARGS unknown op ' .. tostring(op))
+  return nil
 end
 
--- Persist what changed and refresh TTLs --------------------------------------
--- Every key's TTL is refreshed when the last refresh is ttl/2 old (or on any
--- operator action), so an active breaker never expires and a refresh costs
--- nothing on most calls; keys this call may have created get theirs at once.
-local writes = op ~= 'state' or d_v or d_cfg or d_state or d_trans or d_totals or d_head
-               or d_wsec or d_probes_issued or d_probe_results or d_rej or d_drift or d_ov
-local refresh_all = writes and (op == 'set' or now - ttl_at >= ttl_ms / 2 or ttl_at > now)
-if refresh_all then ttl_at, d_ttl = now, true end
-local flat, n = {}, 0
-if d_totals then
-  flat[1], flat[2], flat[3], flat[4] = 'calls', calls, 'failures', failures
-  flat[5], flat[6], flat[7], flat[8] = 'slow', slow, 'total_ms', total_ms
-  n = 8
-end
-if d_head then flat[n + 1] = 'head'; flat[n + 2] = head; n = n + 2 end
-if d_ttl then flat[n + 1] = 'ttl_at'; flat[n + 2] = ttl_at; n = n + 2 end
-if d_v then flat[n + 1] = 'v'; flat[n + 2] = s_v; n = n + 2 end
-if d_cfg then flat[n + 1] = 'cfg'; flat[n + 2] = s_cfg; n = n + 2 end
-if d_state then
-  flat[n + 1] = 'state'; flat[n + 2] = s_state
-  flat[n + 3] = 'since'; flat[n + 4] = since; n = n + 4
-end
-if d_trans then
-  flat[n + 1] = 'gen'; flat[n + 2] = gen
-  flat[n + 3] = 'open_until'; flat[n + 4] = open_until
-  flat[n + 5] = 'reason'; flat[n + 6] = s_reason
-  flat[n + 7] = 'actor'; flat[n + 8] = s_actor
-  flat[n + 9] = 'ov_until'; flat[n + 10] = ov_until; n = n + 10
-elseif d_ov then
-  flat[n + 1] = 'ov_until'; flat[n + 2] = ov_until; n = n + 2
-end
-if d_wsec then flat[n + 1] = 'wsec'; flat[n + 2] = wsec; n = n + 2 end
-if d_probes_issued then flat[n + 1] = 'hp_issued'; flat[n + 2] = hp_issued; n = n + 2 end
-if d_probe_results then
-  flat[n + 1] = 'hp_done'; flat[n + 2] = hp_done; flat[n + 3] = 'hp_fail'
-  flat[n + 4] = hp_fail; flat[n + 5] = 'hp_slow'; flat[n + 6] = hp_slow; n = n + 6
-end
-if d_rej then flat[n + 1] = 'rejected'; flat[n + 2] = rejected; n = n + 2 end
-if d_opens then flat[n + 1] = 'opens'; flat[n + 2] = opens; n = n + 2 end
-if d_drift then
-  flat[n + 1] = 'drift_cfg'; flat[n + 2] = cfg_wire
-  flat[n + 3] = 'drift_at'; flat[n + 4] = now; n = n + 4
-end
-local wait_ms = 0
-if s_state == 'OPEN' then
-  wait_ms = math.max(0, open_until - now)
-elseif s_state == 'HALF_OPEN' and permitted == 0 and not del_probes then
-  local first = redis.call('ZRANGEBYSCORE', K_PROBES, '(' .. now, '+inf', 'WITHSCORES',
-                           'LIMIT', 0, 1)
-  if first[2] then wait_ms = math.min(open_wait, math.max(0, tonumber(first[2]) - now)) end
-end
-local stored = ''
-if drift == 1 then stored = s_cfg end
-
-local in_flight = 0  -- live leases once this call's deferred writes are applied
-if s_state == 'HALF_OPEN' then
-  in_flight = live_probes()
-  if probe_add then in_flight = in_flight + 1 end
-  if probe_rem then in_flight = math.max(0, in_flight - 1) end
+-- Persisting -----------------------------------------------------------------------
+local function cleared_window_bytes()
+  if wtype == 0 then return rep('\0', 4 * wsize) end
+  return rep('\0', 20 * wsize)
 end
 
-local function reply(event_errors)
-  -- HALF_OPEN, and an OPEN that a half-open verdict made (Resilience4j keeps the
-  -- probes' figures there), report the probes' figures; element 19 says so.
+-- The header in two ranges: fields 0-11 (state and window totals, written by
+-- every write) and 12-36 (config, OPEN and half-open figures); then the window.
+-- Returns why Redis refused the first write (then nothing was written), or nil.
+local function write_record()
+  local new = not exists
+  local h = {MAGIC, fp, CODE[s_state], since, ov_until, ttl_at, calls, failures, slow, total_ms,
+             head, wsec}
+  local ok = pcall_('SETRANGE', K_STATE, 0, encode(h, 1, 12, 8))
+  if type(ok) == 'table' and ok.err then return ok.err end
+  if d_cfg or d_cold or new then
+    h = {wtype, wsize, min_calls, f_thr, s_thr, ttl_ms, open_until, gen, opens, rejected,
+         hp_issued, hp_done, hp_fail, hp_slow, drift_fp, open_wait, probes_max, max_half_open,
+         lease_ms, CODE[initial_state], CODE[after_half_open], wait_mult, max_open_wait,
+         wait_rnd, slow_ms}
+    rcall('SETRANGE', K_STATE, 96, encode(h, 1, 25, 8))
+  end
+  if del_win then rcall('SETRANGE', K_STATE, WIN, cleared_window_bytes()) end
+  for i = 1, n_evict do rcall('SETRANGE', K_STATE, evict_slots[i], rep('\0', 20)) end
+  if t_slot then rcall('SETRANGE', K_STATE, t_slot, encode(t_vals, 1, 5, 4)) end
+  if n_cslots > 0 then
+    local tail = min(n_cslots, wsize - cslot_first)
+    rcall('SETRANGE', K_STATE, WIN + 4 * cslot_first, encode(cslot_val, 1, tail, 4))
+    if n_cslots > tail then
+      rcall('SETRANGE', K_STATE, WIN, encode(cslot_val, tail + 1, n_cslots, 4))
+    end
+  end
+  return nil
+end
+
+local function reply_full(event_errors, wait_ms, in_flight)
+  load_reason()
+  local stored = ''
+  if drift == 1 then stored = rcall('HGET', K_META, 'cfg') or '' end
+  local tr = transitions or {}
   if s_state == 'HALF_OPEN' or (s_state == 'OPEN' and hp_done > 0) then
-    return {s_state, wait_ms, permitted, transitions, hp_done, hp_fail, hp_slow, 0,
-            rejected, drift, stored, now, since, in_flight, s_reason, s_actor, event_errors,
-            ov_until, 1}
+    return {s_state, wait_ms, permitted, tr, hp_done, hp_fail, hp_slow, 0, rejected, drift,
+            stored, now, since, in_flight, s_reason, s_actor, event_errors, ov_until, 1}
   end
-  return {s_state, wait_ms, permitted, transitions, calls, failures, slow, total_ms,
-          rejected, drift, stored, now, since, 0, s_reason, s_actor, event_errors, ov_until, 0}
+  return {s_state, wait_ms, permitted, tr, calls, failures, slow, total_ms, rejected, drift,
+          stored, now, since, 0, s_reason, s_actor, event_errors, ov_until, 0}
 end
 
--- The state hash first: if Redis refuses it (OOM, ACL), nothing was written.
-if n > 0 then
-  local written = redis.pcall('HSET', K_STATE, unpack(flat, 1, n))
-  if type(written) == 'table' and written.err then
-    if op == 'acquire' and permitted == 0 then
-      -- A rejection stands without its counter (and without a time-driven
-      -- transition it computed: the next call computes it again).
-      if d_rej then rejected = rejected - 1 end
-      return reply('state not saved: ' .. written.err)
+local function publish_events()
+  local event_errors = ''
+  for _, e in ipairs(events) do
+    local entry = {'XADD', K_HIST, 'MAXLEN', '1000', '*', 'from', e[1], 'to', e[2],
+         'reason', e[3], 'at_ms', now, 'failure_rate', tostring(e[4]),
+         'slow_rate', tostring(e[5]), 'gen', e[6], 'actor', e[7]}
+    if e[8] ~= '' then entry[#entry + 1] = 'kind'; entry[#entry + 1] = e[8] end
+    if e[9] and e[9] > 0 then entry[#entry + 1] = 'until_ms'; entry[#entry + 1] = e[9] end
+    local added = pcall_(unpack(entry))
+    if type(added) == 'table' and added.err then
+      event_errors = event_errors .. 'history: ' .. added.err .. '; '
     end
-    return redis.error_reply(written.err)
-  end
-end
-if clear_drift then redis.call('HDEL', K_STATE, 'drift_cfg', 'drift_at') end
-if del_win then redis.call('DEL', K_WIN) end
-local dels, n_dels = {}, 0
-for slot in pairs(win_dels) do n_dels = n_dels + 1; dels[n_dels] = slot end
-if n_dels > 0 then redis.call('HDEL', K_WIN, unpack(dels, 1, n_dels)) end
-local sets, n_sets = {}, 0
-for slot, value in pairs(win_sets) do
-  sets[n_sets + 1], sets[n_sets + 2] = slot, value
-  n_sets = n_sets + 2
-end
-if n_sets > 0 then redis.call('HSET', K_WIN, unpack(sets, 1, n_sets)) end
-if del_probes then
-  redis.call('DEL', K_PROBES)
-elseif s_state == 'HALF_OPEN' and (probe_add or probe_rem or op ~= 'state') then
-  redis.call('ZREMRANGEBYSCORE', K_PROBES, '-inf', now)
-end
-if probe_rem then redis.call('ZREM', K_PROBES, probe_rem) end
-if probe_add then redis.call('ZADD', K_PROBES, probe_add[2], probe_add[1]) end
-
-if refresh_all then
-  -- an override or a long OPEN wait keeps the keys for key_ttl past its end
-  local keep, held = ttl_ms, ov_until
-  if s_state == 'OPEN' and open_until > held then held = open_until end
-  if held > now then keep = math.max(ttl_ms, held - now + ttl_ms) end
-  redis.call('PEXPIRE', K_STATE, keep)
-  redis.call('PEXPIRE', K_WIN, keep)
-  redis.call('PEXPIRE', K_PROBES, keep)
-  redis.call('PEXPIRE', K_HIST, keep)
-else
-  if fresh_win then redis.call('PEXPIRE', K_WIN, ttl_ms) end
-  if fresh_probes then redis.call('PEXPIRE', K_PROBES, ttl_ms) end
-  if fresh_hist then redis.call('PEXPIRE', K_HIST, ttl_ms) end
-end
-
--- History and pub/sub last, through pcall: a failure (e.g. an ACL without channel
--- permission) can neither abort nor undo the transition; the reply reports it.
-local event_errors = ''
-for _, e in ipairs(events) do
-  local entry = {'XADD', K_HIST, 'MAXLEN', '1000', '*', 'from', e[1], 'to', e[2],
-       'reason', e[3], 'at_ms', now, 'failure_rate', tostring(e[4]),
-       'slow_rate', tostring(e[5]), 'gen', e[6], 'actor', e[7]}
-  if e[8] ~= '' then entry[#entry + 1] = 'kind'; entry[#entry + 1] = e[8] end
-  if e[9] and e[9] > 0 then entry[#entry + 1] = 'until_ms'; entry[#entry + 1] = e[9] end
-  local added = redis.pcall(unpack(entry))
-  if type(added) == 'table' and added.err then
-    event_errors = event_errors .. 'history: ' .. added.err .. '; '
-  end
-  if e[8] == '' then
-    local published = redis.pcall('PUBLISH', channel, '{"name":' .. json_str(name) ..
-      ',"from":"' .. e[1] .. '","to":"' .. e[2] .. '","reason":' .. json_str(e[3]) ..
-      ',"at_ms":' .. now .. ',"failure_rate":' .. e[4] .. ',"slow_rate":' .. e[5] ..
-      ',"gen":' .. e[6] .. ',"actor":' .. json_str(e[7]) ..
-      ((e[9] > 0) and (',"until_ms":' .. e[9]) or '') .. '}')
-    if type(published) == 'table' and published.err then
-      event_errors = event_errors .. 'publish: ' .. published.err .. '; '
+    if e[8] == '' then
+      local published = pcall_('PUBLISH', channel, '{"name":' .. json_str(name) ..
+        ',"from":"' .. e[1] .. '","to":"' .. e[2] .. '","reason":' .. json_str(e[3]) ..
+        ',"at_ms":' .. now .. ',"failure_rate":' .. e[4] .. ',"slow_rate":' .. e[5] ..
+        ',"gen":' .. e[6] .. ',"actor":' .. json_str(e[7]) ..
+        ((e[9] > 0) and (',"until_ms":' .. e[9]) or '') .. '}')
+      if type(published) == 'table' and published.err then
+        event_errors = event_errors .. 'publish: ' .. published.err .. '; '
+      end
     end
   end
+  return event_errors
 end
-return reply(event_errors)
+
+-- The full reply's wait_ms and probes_in_flight.
+local function reply_numbers()
+  local wait_ms, in_flight = 0, 0
+  if s_state == 'OPEN' then
+    wait_ms = max(0, open_until - now)
+  elseif s_state == 'HALF_OPEN' then
+    in_flight = live_probes() + (probe_add and 1 or 0) - (probe_rem and 1 or 0)
+    in_flight = max(0, in_flight)
+    if permitted == 0 and not del_probes then
+      local first = rcall('ZRANGEBYSCORE', K_PROBES, '(' .. now, '+inf', 'WITHSCORES',
+                          'LIMIT', 0, 1)
+      if first[2] then wait_ms = min(open_wait, max(0, tonumber(first[2]) - now)) end
+    end
+  end
+  return wait_ms, in_flight
+end
+
+local function finish()
+  -- Every key's TTL is refreshed when the last refresh is ttl/2 old (or on any
+  -- operator action), so an active breaker never expires and most calls spend
+  -- nothing on TTLs; keys this call may have created get theirs at once.
+  local dirty = d_win or d_state or d_cold or d_cfg or not exists
+  local writes = op ~= 'state' or dirty or m_trans or m_drift or clear_drift or del_probes
+  local refresh = writes and (op == 'set' or now - ttl_at >= ttl_ms / 2 or ttl_at > now
+                              or not exists)
+  if refresh then ttl_at = now end
+  if m_trans or m_cfg or m_drift or clear_drift or del_probes or probe_add or probe_rem
+      or events then
+    local err = foreign_keys()  -- before the first write: no partial writes
+    if err then return err end
+  end
+  if dirty or refresh then
+    local refused = write_record()
+    if refused then
+      if op == 'acquire' and permitted == 0 then
+        -- A rejection stands without its counter (and without a time-driven
+        -- transition it computed: the next call computes it again).
+        rejected = rejected - 1
+        local wait_ms, in_flight = reply_numbers()
+        return reply_full('state not saved: ' .. refused, wait_ms, in_flight)
+      end
+      return redis.error_reply(refused)
+    end
+  end
+  if m_trans or m_cfg or m_drift then
+    local m, k = {}, 0
+    if m_trans then m[1], m[2], m[3], m[4], k = 'reason', s_reason, 'actor', s_actor, 4 end
+    if m_cfg then m[k + 1], m[k + 2], k = 'cfg', cfg_store, k + 2 end
+    if m_drift then
+      m[k + 1], m[k + 2], m[k + 3], m[k + 4], k = 'drift_cfg', cfg_wire, 'drift_at', now, k + 4
+    end
+    rcall('HSET', K_META, unpack(m, 1, k))
+  end
+  if clear_drift then rcall('HDEL', K_META, 'drift_cfg', 'drift_at') end
+  local wait_ms, in_flight = 0, 0
+  local short = op == 'record' and not transitions and drift == 0 and ov_until == 0
+      and (s_state == 'CLOSED' or s_state == 'METRICS_ONLY' or s_state == 'DISABLED')
+  if not short then wait_ms, in_flight = reply_numbers() end
+  if del_probes then
+    rcall('DEL', K_PROBES)
+  elseif s_state == 'HALF_OPEN' and (probe_add or probe_rem or op ~= 'state') then
+    rcall('ZREMRANGEBYSCORE', K_PROBES, '-inf', now)
+  end
+  if probe_rem then rcall('ZREM', K_PROBES, probe_rem) end
+  if probe_add then rcall('ZADD', K_PROBES, now + lease_ms, probe_add) end
+  if refresh then
+    -- an override or a long OPEN wait keeps the keys for key_ttl past its end
+    local keep, held = ttl_ms, ov_until
+    if s_state == 'OPEN' and open_until > held then held = open_until end
+    if held > now then keep = max(ttl_ms, held - now + ttl_ms) end
+    rcall('PEXPIRE', K_STATE, keep)
+    rcall('PEXPIRE', K_META, keep)
+    rcall('PEXPIRE', K_PROBES, keep)
+    rcall('PEXPIRE', K_HIST, keep)
+  else
+    if probe_add then rcall('PEXPIRE', K_PROBES, ttl_ms) end
+    if events then rcall('PEXPIRE', K_HIST, ttl_ms) end
+    if m_trans or m_drift then rcall('PEXPIRE', K_META, ttl_ms) end
+  end
+  local event_errors = events and publish_events() or ''
+  if short and event_errors == '' then return {s_state, now, since} end
+  return reply_full(event_errors, wait_ms, in_flight)
+end
+
+-- Adopting or comparing configs --------------------------------------------------
+-- After `load`: decides which config governs and what to store.
+local function settle_config(arg_fp)
+  local adopt = (op == 'set' and argv[6] == 'RESET')
+  if not exists then
+    s_state, since = 'CLOSED', now
+    calls, failures, slow, total_ms, head, wsec, ttl_at, ov_until = 0, 0, 0, 0, 0, 0, 0, 0
+    if op == 'set' then
+      -- An operator action on a name without keys stores no config (fp 0): the
+      -- first worker's call stores its own (no drift warning for it), and the
+      -- breaker starts in the config's initial state.
+      fp, d_cfg = 0, true
+    else
+      fp, d_cfg, m_cfg, cfg_store = fingerprint(cfg_wire), true, true, cfg_wire
+      if initial_state ~= 'CLOSED' then
+        s_state, s_reason, s_actor, m_trans = initial_state, 'initial state', '', true
+      end
+    end
+    return
+  end
+  if fp == 0 then
+    -- unset: the caller's config governs this call; only a protected call stores it
+    if op == 'acquire' or op == 'record' then
+      fp, d_cfg, m_cfg, cfg_store = fingerprint(cfg_wire), true, true, cfg_wire
+    end
+    return
+  end
+  if fp == arg_fp and not adopt then return end  -- the hot path: same config
+  local mine = fingerprint(cfg_wire)
+  if adopt then
+    if mine ~= fp then
+      if not parse_config(cfg_wire) then
+        return redis.error_reply('DISTBREAKER_ARGS bad config ' .. cfg_wire)
+      end
+      fp, d_cfg, m_cfg, cfg_store = mine, true, true, cfg_wire
+      -- the stored config changed: its window geometry may have, so start afresh
+      clear_window()
+      d_cold = true
+    end
+    if drift_fp ~= 0 then drift_fp, d_cold, clear_drift = 0, true, true end
+    return
+  end
+  if mine == fp then return end  -- the caller's fingerprint was wrong, not its config
+  drift = 1
+  if drift_fp ~= mine then drift_fp, d_cold, m_drift = mine, true, true end
+end
+
+local function begin(keys, args)
+  K_STATE, K_META, K_PROBES, K_HIST = keys[1], keys[2], keys[3], keys[4]
+  argv = args
+  op, cfg_wire, name, channel = args[1], args[3], args[4], args[5]
+  local t = rcall('TIME')
+  now, micros = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000), tonumber(t[2])
+  cold, s_reason, s_actor, cfg_store, drift, permitted = false, nil, nil, nil, 0, 1
+  d_win, d_state, d_cold, d_cfg, m_trans, m_cfg = false, false, false, false, false, false
+  m_drift, clear_drift = false, false
+  del_win, n_cslots, t_slot, t_vals, n_evict = false, 0, nil, nil, 0
+  del_probes, probe_add, probe_rem, live_count = false, nil, nil, nil
+  transitions, events = nil, nil
+end
+
+return function(KEYS, ARGV)
+  begin(KEYS, ARGV)
+  if op ~= 'acquire' and op ~= 'record' and op ~= 'state' and op ~= 'set' then
+    return args_error('unknown op ' .. tostring(op))
+  end
+  local err = load()
+  if err then return err end
+  if not exists and op == 'state' then
+    return {initial_state, 0, 1, {}, 0, 0, 0, 0, 0, 0, '', now, now, 0}
+  end
+  err = settle_config(tonumber(ARGV[2]) or -1)
+  if err then return err end
+  if op == 'record' then
+    err = op_record()
+  elseif op == 'acquire' then
+    err = op_acquire()
+  elseif op == 'set' then
+    err = op_set()
+  else
+    advance()
+  end
+  if err then return err end
+  return finish()
+end
+
+end)()
+return main(KEYS, ARGV)

@@ -22,7 +22,9 @@ final class CircuitBreaker
 
     public readonly BreakerConfig $config;
     public readonly string $wire;
-    /** @var array{state: string, window: string, probes: string, history: string, channel: string} */
+    /** The config fingerprint every call sends (ARGV[2]): see configFingerprint(). */
+    public readonly int $fingerprint;
+    /** @var array{state: string, meta: string, probes: string, history: string, channel: string} */
     public readonly array $keys;
     /** The fleet's stored config when it differs from this process's, else null. */
     public ?string $configDrift = null;
@@ -53,6 +55,7 @@ final class CircuitBreaker
         unset($config['prefix'], $config['lua_dir']);
         $this->config = new BreakerConfig($config);
         $this->wire = $this->config->toWire();
+        $this->fingerprint = self::configFingerprint($this->wire);
         // pub/sub ignores databases: each has its own events channel (KEY_SCHEMA.md)
         $db = $redis instanceof \Redis ? (int) $redis->getDbNum() : 0;
         $this->keys = Keys::breaker($name, $prefix, $db);
@@ -249,7 +252,7 @@ final class CircuitBreaker
         return $this->execute('set', $state, $reason, $actor, ...self::holdArgs($forSeconds, $untilEpoch))['state'];
     }
 
-    /** @return list<string> the set op's ARGV[8..9] (docs/KEY_SCHEMA.md) */
+    /** @return list<string> the set op's ARGV[9..10] (docs/KEY_SCHEMA.md) */
     private static function holdArgs(?float $forSeconds, ?float $untilEpoch): array
     {
         if ($forSeconds === null && $untilEpoch === null) {
@@ -271,6 +274,16 @@ final class CircuitBreaker
     // -- wire ------------------------------------------------------------------
 
     /**
+     * ARGV[2] of every breaker call: the first 12 hex digits of the SHA-1 of the config
+     * wire string, as an integer (the state record keeps the stored config's, so the
+     * script compares two integers instead of parsing the wire string on every call).
+     */
+    public static function configFingerprint(string $wire): int
+    {
+        return intval(substr(sha1($wire), 0, 12), 16); // 48 bits: an int on 64-bit PHP
+    }
+
+    /**
      * Run one breaker op and refresh the local view from the reply.
      *
      * @return array{state: string, wait_ms: int, permitted: bool, transitions: list<array{0: string, 1: string, 2: string}>,
@@ -285,8 +298,8 @@ final class CircuitBreaker
             $raw = Scripts::run(
                 $this->redis,
                 $this->script,
-                [$k['state'], $k['window'], $k['probes'], $k['history']],
-                [$op, $this->name, $this->wire, $k['channel'], ...$extra],
+                [$k['state'], $k['meta'], $k['probes'], $k['history']],
+                [$op, $this->fingerprint, $this->wire, $this->name, $k['channel'], ...$extra],
             );
         } catch (\RedisException $e) {
             $this->view = null;
@@ -297,9 +310,33 @@ final class CircuitBreaker
         return $reply;
     }
 
-    /** Decode the script's reply array (docs/KEY_SCHEMA.md, "Reply"). */
+    /**
+     * Decode the script's reply array (docs/KEY_SCHEMA.md, "Reply"): the full reply, or
+     * the short one {state, now_ms, since_ms} of a record that changed nothing a worker
+     * must know (no transition, drift, override or event error; a permitting state).
+     */
     public static function decode(mixed $raw): array
     {
+        if (is_array($raw) && count($raw) === 3) {
+            return [
+                'state' => (string) $raw[0],
+                'wait_ms' => 0,
+                'permitted' => true,
+                'transitions' => [],
+                'calls' => 0,
+                'failures' => 0,
+                'slow' => 0,
+                'total_ms' => 0,
+                'rejected' => 0,
+                'drift' => false,
+                'stored_config' => '',
+                'now_ms' => (int) $raw[1],
+                'since_ms' => (int) $raw[2],
+                'probes_in_flight' => 0,
+                'override_until_ms' => 0,
+                'probe_figures' => false,
+            ];
+        }
         if (!is_array($raw) || count($raw) < 14) {
             throw new SchemaError('unexpected breaker script reply: ' . var_export($raw, true));
         }

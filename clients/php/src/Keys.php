@@ -5,13 +5,13 @@ declare(strict_types=1);
 namespace Distbreaker;
 
 /**
- * The key schema v1 (docs/KEY_SCHEMA.md): every key of one protected name
- * carries the hash tag {name} after the versioned namespace <prefix>:v1, so
- * each script touches one Redis Cluster slot. Mirrors distbreaker/keys.py.
+ * The key schema v2 (docs/KEY_SCHEMA.md): every key of one protected name
+ * carries the hash tag {name} after the versioned namespace <prefix>:v2, so
+ * each script touches one Redis Cluster slot. Mirrors distbreaker/_runtime/keys.py.
  */
 final class Keys
 {
-    public const SCHEMA_VERSION = '1';
+    public const SCHEMA_VERSION = '2';
     public const DEFAULT_PREFIX = 'distbreaker';
     public const MAX_NAME_LENGTH = 200;
     public const MAX_PREFIX_LENGTH = 100;
@@ -50,7 +50,7 @@ final class Keys
         return $prefix;
     }
 
-    /** The versioned namespace every key starts with, e.g. "distbreaker:v1". */
+    /** The versioned namespace every key starts with, e.g. "distbreaker:v2". */
     public static function namespace(string $prefix = self::DEFAULT_PREFIX): string
     {
         return self::validatePrefix($prefix) . ':v' . self::SCHEMA_VERSION;
@@ -73,16 +73,17 @@ final class Keys
     }
 
     /**
-     * Breaker keys in script order: state hash, window hash, probe zset, history stream.
+     * Breaker keys in script order: state record (a string), meta hash, probe zset,
+     * history stream; and the events channel.
      *
-     * @return array{state: string, window: string, probes: string, history: string, channel: string}
+     * @return array{state: string, meta: string, probes: string, history: string, channel: string}
      */
     public static function breaker(string $name, string $prefix = self::DEFAULT_PREFIX, int $db = 0): array
     {
         $base = self::base($name, $prefix);
         return [
             'state' => "{$base}:cb",
-            'window' => "{$base}:cb:win",
+            'meta' => "{$base}:cb:meta",
             'probes' => "{$base}:cb:probes",
             'history' => "{$base}:cb:events",
             'channel' => self::eventsChannel($prefix, $db),

@@ -35,6 +35,10 @@ switch ($job['action']) {
         $out = array_map(static fn (array $c) => (new Distbreaker\BreakerConfig($c))->toWire(), $job['configs']);
         break;
 
+    case 'fingerprint': // the config fingerprint each config's calls send (ARGV[2])
+        $out = array_map(static fn (array $c) => CircuitBreaker::configFingerprint((new Distbreaker\BreakerConfig($c))->toWire()), $job['configs']);
+        break;
+
     case 'calls': // n calls that fail (or succeed), through call()
         $breaker = new CircuitBreaker($redis, $job['name'], $config);
         for ($i = 0; $i < $job['n']; $i++) {
@@ -52,6 +56,24 @@ switch ($job['action']) {
             } catch (RuntimeException $e) {
                 $out[] = ['outcome' => 'failed'];
             }
+        }
+        break;
+
+    case 'records': // n successes recorded without a permit, each op's decoded reply
+        $breaker = new CircuitBreaker($redis, $job['name'], $config);
+        $out = ['replies' => []];
+        for ($i = 0; $i < $job['n']; $i++) {
+            $out['replies'][] = $breaker->execute('record', '', 1, 0, 0, 5);
+        }
+        $out['metrics'] = $breaker->metrics();
+        break;
+
+    case 'load_error': // a lua_dir holding something that is not the EVAL form
+        try {
+            new CircuitBreaker($redis, $job['name'], ['lua_dir' => $job['lua_dir']]);
+            $out = ['outcome' => 'loaded'];
+        } catch (RuntimeException $e) {
+            $out = ['outcome' => 'refused', 'message' => $e->getMessage()];
         }
         break;
 
