@@ -40,7 +40,15 @@ local floor, tonumber, tostring, match = math.floor, tonumber, tostring, string.
 local max, min, unpack, rcall, pcall_ = math.max, math.min, unpack, redis.call, redis.pcall
 
 local MAGIC = 1684174386  -- "dbv2"
-local HEADER_FIELDS, WIN = 37, 320  -- the window starts at byte 320
+-- The header: 38 big-endian int64 fields. Fields 0-18 ("cold": OPEN and half-open
+-- figures, the rest of the config) are read only by calls that need them; fields
+-- 19-37 (magic, fingerprint, the hot config, state, window totals and the write
+-- sequence number) by every call. Fields 0-26 are written when they change, 27-37
+-- by every write (at byte 216). The window starts at byte 320.
+-- The hot read and the write of fields 27-37 both end with `seq`, a byte that
+-- changes on every write: Lua 5.1 hashes only some bytes of a long string, and
+-- strings that differ only elsewhere would all collide in its string table.
+local HOT_FIRST, HOT_LAST, COLD_LAST, A_OFFSET, WIN = '152', '303', '151', '216', 320
 local STATES = {'CLOSED', 'OPEN', 'HALF_OPEN', 'FORCED_OPEN', 'DISABLED', 'METRICS_ONLY'}
 local CODE = {CLOSED = 0, OPEN = 1, HALF_OPEN = 2, FORCED_OPEN = 3, DISABLED = 4,
               METRICS_ONLY = 5}
@@ -64,19 +72,33 @@ local function format(width, count)
   return f
 end
 
-local function decode(s, count, width)
-  local need = count * width
+-- `count` integers of `width` bytes from byte `pos` (1-based) of s.
+local function decode(s, count, width, pos)
+  pos = pos or 1
+  local need = pos - 1 + count * width
   if #s < need then s = s .. rep('\0', need - #s) end
-  if packer then return {packer.unpack(format(width, count), s)} end
+  if packer then return {packer.unpack(format(width, count), s, pos)} end
   local out = {}
   for i = 0, count - 1 do
-    local v = 0
-    for j = i * width + 1, i * width + width do v = v * 256 + byte(s, j) end
-    if width == 8 and byte(s, i * 8 + 1) >= 128 then v = v - 18446744073709551616 end
+    local v, at = 0, pos + i * width
+    for j = at, at + width - 1 do v = v * 256 + byte(s, j) end
+    if width == 8 and byte(s, at) >= 128 then v = v - 18446744073709551616 end
     out[i + 1] = v
   end
   return out
 end
+
+-- `count` header fields as values (no table on the hot path).
+local function decode_fields(s, count)
+  if #s < 8 * count then s = s .. rep('\0', 8 * count - #s) end
+  if packer then return packer.unpack(format(8, count), s) end
+  return unpack(decode(s, count, 8))
+end
+
+-- A number as the decimal string Redis gets for it (Lua's own conversion of a
+-- number argument formats a double with %.14g, several times as costly).
+local sformat = string.format
+local function int(n) return sformat('%d', n) end
 
 local function encode(values, first, last, width)
   if packer then return packer.pack(format(width, last - first + 1), unpack(values, first, last)) end
@@ -92,7 +114,8 @@ local function encode(values, first, last, width)
 end
 
 -- Per-call state (set by `begin` and `load_*`) --------------------------------
-local K_STATE, K_META, K_PROBES, K_HIST, op, name, cfg_wire, channel, argv
+local K_STATE, K_META, K_PROBES, K_HIST, op, name, cfg_wire, channel, argv, seq, cold
+local cfg_parsed
 local now, micros
 local exists, cold, s_state, fp, since, calls, failures, slow, total_ms, head, wsec
 local ttl_at, ov_until, open_until, gen, opens, rejected, hp_issued, hp_done, hp_fail
@@ -103,7 +126,7 @@ local wait_rnd, slow_ms
 -- dirty header groups, meta writes, window, probes, events
 local d_win, d_state, d_cold, d_cfg, m_trans, m_cfg, m_drift, clear_drift, cfg_store, drift
 local del_win, n_cslots, cslot_first, t_slot, t_vals, n_evict
-local del_probes, probe_add, probe_rem, live_count
+local del_probes, probe_add, probe_rem, live_count, undo_bit, undo_value
 local transitions, events, permitted
 local cslot_val, evict_slots = {}, {}
 
@@ -156,6 +179,7 @@ local function parse_config(wire)
   open_wait, probes_max, max_half_open, lease_ms, ttl_ms, slow_ms = ow, pr, mho, lease, ttl, sd
   initial_state, after_half_open = init, after
   wait_mult, max_open_wait, wait_rnd = floor(mult * 1000000 + 0.5), mo, floor(rnd * 1000000 + 0.5)
+  cfg_parsed = true
   return true
 end
 
@@ -172,32 +196,49 @@ local function load_reason()
   s_reason, s_actor = m[1] or '', m[2] or ''
 end
 
--- Reads the header; returns an error reply, or nil. Sets `exists`, the fields and
--- the governing config (stored, or this call's for a new or unset one).
+-- The cold header fields (0-18), read once by a call that needs them. A new
+-- record's are zero; a config this call parsed (new, unset, adopted) is kept.
+local function load_cold()
+  if cold then return end
+  cold = true
+  if not exists then return end
+  local a, b, c, d, e, f, g, h, i, cfg_wait, cfg_probes, cfg_max_ho, cfg_lease, cfg_init,
+        cfg_after, cfg_mult, cfg_max_open, cfg_rnd, cfg_slow =
+    decode_fields(rcall('GETRANGE', K_STATE, '0', COLD_LAST), 19)
+  open_until, gen, opens, rejected, hp_issued, hp_done, hp_fail, hp_slow, drift_fp =
+    a, b, c, d, e, f, g, h, i
+  if not cfg_parsed then
+    open_wait, probes_max, max_half_open, lease_ms = cfg_wait, cfg_probes, cfg_max_ho, cfg_lease
+    initial_state, after_half_open = STATES[cfg_init + 1], STATES[cfg_after + 1]
+    wait_mult, max_open_wait, wait_rnd, slow_ms = cfg_mult, cfg_max_open, cfg_rnd, cfg_slow
+    if not (initial_state and after_half_open) then
+      error('DISTBREAKER_SCHEMA ' .. K_STATE .. ' has an unknown state code')
+    end
+  end
+end
+
+-- Reads the hot header; returns an error reply, or nil. Sets `exists`, the hot
+-- fields and the governing config (stored, or this call's for a new or unset one).
 local function load()
-  local raw = pcall_('GETRANGE', K_STATE, 0, 295)
+  local raw = pcall_('GETRANGE', K_STATE, HOT_FIRST, HOT_LAST)
   if type(raw) == 'table' and raw.err then
     return foreign_keys() or redis.error_reply(raw.err)
   end
-  local h = decode(raw, HEADER_FIELDS, 8)
-  if h[1] ~= MAGIC then
-    if raw ~= '' then
+  local magic, code
+  magic, fp, wtype, wsize, min_calls, f_thr, s_thr, ttl_ms, code, since, ov_until, ttl_at,
+    calls, failures, slow, total_ms, head, wsec, seq = decode_fields(raw, 19)
+  if magic ~= MAGIC then
+    if raw ~= '' or rcall('EXISTS', K_STATE) == 1 then
       return schema_error(K_STATE, 'is not a distbreaker v2 state record')
     end
     exists = false
+    open_until, gen, opens, rejected, hp_issued, hp_done, hp_fail, hp_slow, drift_fp =
+      0, 0, 0, 0, 0, 0, 0, 0, 0
   else
     exists = true
   end
-  local code = h[3]
-  fp, s_state, since, ov_until, ttl_at = h[2], STATES[code + 1], h[4], h[5], h[6]
-  calls, failures, slow, total_ms, head, wsec = h[7], h[8], h[9], h[10], h[11], h[12]
-  wtype, wsize, min_calls, f_thr, s_thr, ttl_ms = h[13], h[14], h[15], h[16], h[17], h[18]
-  open_until, gen, opens, rejected, hp_issued = h[19], h[20], h[21], h[22], h[23]
-  hp_done, hp_fail, hp_slow, drift_fp = h[24], h[25], h[26], h[27]
-  open_wait, probes_max, max_half_open, lease_ms = h[28], h[29], h[30], h[31]
-  initial_state, after_half_open = STATES[h[32] + 1], STATES[h[33] + 1]
-  wait_mult, max_open_wait, wait_rnd, slow_ms = h[34], h[35], h[36], h[37]
-  if exists and not (s_state and initial_state and after_half_open and wsize > 0) then
+  s_state = STATES[code + 1]
+  if exists and not (s_state and wsize > 0) then
     return schema_error(K_STATE, 'has an unknown state code or a bad config')
   end
   if not exists or fp == 0 then
@@ -243,6 +284,7 @@ local function wait_in_open()
 end
 
 local function transition(to, reason, actor)
+  load_cold()
   local from = s_state
   local frate, srate
   if from == 'HALF_OPEN' then
@@ -281,6 +323,7 @@ end
 -- wait), 'override' (an override on the current state was set, changed or lifted),
 -- 'override_end' (a held CLOSED was released).
 local function note(kind, reason, actor, until_ms)
+  load_cold()
   if not events then transitions, events = {}, {} end
   events[#events + 1] = {s_state, s_state, reason, -1, -1, gen, actor or '', kind, until_ms}
 end
@@ -303,6 +346,11 @@ local function end_override()
 end
 
 -- Sliding window ----------------------------------------------------------------
+-- `count` integers of `width` bytes at byte offset `off` of the record.
+local function read_bytes(off, count, width)
+  return decode(rcall('GETRANGE', K_STATE, int(off), int(off + count * width - 1)), count, width)
+end
+
 -- Time window: slot s (epoch second % size) is 5 u32 at byte WIN + 20 * slot:
 -- second, calls, failures, slow, ms. Evicting reads the slots of the seconds that
 -- passed and zeroes them at the end.
@@ -314,7 +362,7 @@ local function evict_time_buckets()
   elseif calls > 0 then
     for s = wsec + 1, sec do
       local off = WIN + 20 * (s % wsize)
-      local old = decode(rcall('GETRANGE', K_STATE, off, off + 19), 5, 4)
+      local old = read_bytes(off, 5, 4)
       calls, failures, slow, total_ms = calls - old[2], failures - old[3], slow - old[4],
                                         total_ms - old[5]
       n_evict = n_evict + 1
@@ -330,15 +378,41 @@ end
 -- when the ring wraps); the new ones are written with the header, at the end.
 local function read_ring(first_slot, count)
   local tail = min(count, wsize - first_slot)
-  local off = WIN + 4 * first_slot
-  local s = rcall('GETRANGE', K_STATE, off, off + 4 * tail - 1)
-  if #s < 4 * tail then s = s .. rep('\0', 4 * tail - #s) end
-  if count > tail then s = s .. rcall('GETRANGE', K_STATE, WIN, WIN + 4 * (count - tail) - 1) end
-  return decode(s, count, 4)
+  local old = read_bytes(WIN + 4 * first_slot, tail, 4)
+  if count > tail then
+    local more = read_bytes(WIN, count - tail, 4)
+    for i = 1, count - tail do old[tail + i] = more[i] end
+  end
+  return old
+end
+
+-- The usual record, one outcome: BITFIELD SET writes its slot and answers the old
+-- value in one command, no tables. It is the call's first write, so it goes
+-- through pcall (a refusal, OOM or ACL, leaves nothing written); `finish` puts the
+-- old value back if a later check refuses the call (foreign data).
+local function record_one(fails, slows, ms)
+  local m = min(ms, MS_MASK)
+  local v = PRESENT + fails * FAILED + slows * SLOW + m
+  local bit = int((WIN + 4 * head) * 8)
+  local r = pcall_('BITFIELD', K_STATE, 'SET', 'u32', bit, int(v))
+  if r.err then return r.err end
+  local o = r[1]
+  undo_bit, undo_value = bit, o
+  calls, failures, slow, total_ms = calls + 1, failures + fails, slow + slows, total_ms + m
+  if o >= PRESENT then
+    o = o - PRESENT
+    calls = calls - 1
+    if o >= FAILED then failures, o = failures - 1, o - FAILED end
+    if o >= SLOW then slow, o = slow - 1, o - SLOW end
+    total_ms = total_ms - o
+  end
+  head = (head + 1) % wsize
+  d_win = true
 end
 
 local function record_count(ok, fails, slows, ms)
   local n = ok + fails
+  if n == 1 then return record_one(fails, slows, ms) end
   local per_ms = floor(ms / n)
   local first = max(1, n - wsize + 1)  -- only the last wsize outcomes can stay
   local old = read_ring(head, n - first + 1)
@@ -372,7 +446,7 @@ local function record_time(n, fails, slows, ms)
   for i = 1, n_evict do if evict_slots[i] == off then cur = {sec, 0, 0, 0, 0} end end
   if del_win then cur = {sec, 0, 0, 0, 0} end
   if not cur then
-    cur = decode(rcall('GETRANGE', K_STATE, off, off + 19), 5, 4)
+    cur = read_bytes(off, 5, 4)
     if cur[1] ~= sec then cur = {sec, 0, 0, 0, 0} end
   end
   cur[2], cur[3], cur[4], cur[5] = cur[2] + n, cur[3] + fails, cur[4] + slows, cur[5] + ms
@@ -381,6 +455,7 @@ local function record_time(n, fails, slows, ms)
   d_win = true
 end
 
+-- Returns why Redis refused the record's first write, or nil.
 local function record_window(ok, fails, slows, ms)
   if ok + fails <= 0 then return end
   if wtype == 0 then return record_count(ok, fails, slows, ms) end
@@ -401,6 +476,7 @@ end
 
 -- Time-driven transitions ---------------------------------------------------------
 local function advance()
+  if s_state ~= 'CLOSED' then load_cold() end
   if ov_until > 0 and now >= ov_until then end_override() end
   if wtype == 1 then evict_time_buckets() end
   if s_state == 'OPEN' then
@@ -444,12 +520,14 @@ local function op_record()
   advance()
   local st = s_state
   if st == 'CLOSED' or st == 'METRICS_ONLY' then
-    record_window(ok, fails, slows, ms)
+    local refused = record_window(ok, fails, slows, ms)
+    if refused then return redis.error_reply(refused) end
     if st == 'CLOSED' and ov_until == 0 and calls >= min_calls and calls > 0
         and rate_exceeded(calls, failures, slow) then
       transition('OPEN', describe(calls, failures, slow))
     end
   elseif st == 'HALF_OPEN' and token ~= '' and holds_lease(token) then
+    load_cold()
     probe_rem = token
     if ok + fails == 0 then
       hp_issued = max(0, hp_issued - 1)  -- an ignored probe hands its slot back
@@ -468,6 +546,7 @@ local function op_record()
 end
 
 local function op_acquire()
+  load_cold()
   local token = argv[6]
   if not token or token == '' then return args_error('acquire needs a probe token') end
   advance()
@@ -506,6 +585,7 @@ local function hold_from(hold_for, hold_until, target)
 end
 
 local function op_set()
+  load_cold()
   local target, reason, actor = argv[6], argv[7], argv[8]
   local hold, bad = hold_from(argv[9] or '', argv[10] or '', target)
   if not hold then return bad end
@@ -553,28 +633,45 @@ local function cleared_window_bytes()
   return rep('\0', 20 * wsize)
 end
 
--- The header in two ranges: fields 0-11 (state and window totals, written by
--- every write) and 12-36 (config, OPEN and half-open figures); then the window.
--- Returns why Redis refused the first write (then nothing was written), or nil.
+local A_FORMAT = '>' .. rep('i8', 11)
+local function header_a()
+  seq = (seq + 1) % 4294967296
+  if packer then
+    return packer.pack(A_FORMAT, CODE[s_state], since, ov_until, ttl_at, calls, failures, slow,
+                       total_ms, head, wsec, seq)
+  end
+  return encode({CODE[s_state], since, ov_until, ttl_at, calls, failures, slow, total_ms, head,
+                 wsec, seq}, 1, 11, 8)
+end
+
+local function header_b()
+  load_cold()
+  return encode({open_until, gen, opens, rejected, hp_issued, hp_done, hp_fail, hp_slow,
+                 drift_fp, open_wait, probes_max, max_half_open, lease_ms, CODE[initial_state],
+                 CODE[after_half_open], wait_mult, max_open_wait, wait_rnd, slow_ms, MAGIC, fp,
+                 wtype, wsize, min_calls, f_thr, s_thr, ttl_ms}, 1, 27, 8)
+end
+
+-- The first write goes through pcall: if Redis refuses it (OOM, ACL), nothing was
+-- written. Returns the refusal, or nil.
 local function write_record()
-  local new = not exists
-  local h = {MAGIC, fp, CODE[s_state], since, ov_until, ttl_at, calls, failures, slow, total_ms,
-             head, wsec}
-  local ok = pcall_('SETRANGE', K_STATE, 0, encode(h, 1, 12, 8))
-  if type(ok) == 'table' and ok.err then return ok.err end
-  if d_cfg or d_cold or new then
-    h = {wtype, wsize, min_calls, f_thr, s_thr, ttl_ms, open_until, gen, opens, rejected,
-         hp_issued, hp_done, hp_fail, hp_slow, drift_fp, open_wait, probes_max, max_half_open,
-         lease_ms, CODE[initial_state], CODE[after_half_open], wait_mult, max_open_wait,
-         wait_rnd, slow_ms}
-    rcall('SETRANGE', K_STATE, 96, encode(h, 1, 25, 8))
+  local ok
+  if d_cfg or d_cold or not exists then
+    ok = pcall_('SETRANGE', K_STATE, '0', header_b())
+    if type(ok) == 'table' and ok.err then return ok.err end
+    rcall('SETRANGE', K_STATE, A_OFFSET, header_a())
+  else
+    ok = pcall_('SETRANGE', K_STATE, A_OFFSET, header_a())
+    if type(ok) == 'table' and ok.err then return ok.err end
   end
   if del_win then rcall('SETRANGE', K_STATE, WIN, cleared_window_bytes()) end
   for i = 1, n_evict do rcall('SETRANGE', K_STATE, evict_slots[i], rep('\0', 20)) end
   if t_slot then rcall('SETRANGE', K_STATE, t_slot, encode(t_vals, 1, 5, 4)) end
   if n_cslots > 0 then
     local tail = min(n_cslots, wsize - cslot_first)
-    rcall('SETRANGE', K_STATE, WIN + 4 * cslot_first, encode(cslot_val, 1, tail, 4))
+    local bytes = (tail == 1 and packer) and packer.pack('>I4', cslot_val[1])
+                  or encode(cslot_val, 1, tail, 4)
+    rcall('SETRANGE', K_STATE, int(WIN + 4 * cslot_first), bytes)
     if n_cslots > tail then
       rcall('SETRANGE', K_STATE, WIN, encode(cslot_val, tail + 1, n_cslots, 4))
     end
@@ -583,6 +680,7 @@ local function write_record()
 end
 
 local function reply_full(event_errors, wait_ms, in_flight)
+  load_cold()
   load_reason()
   local stored = ''
   if drift == 1 then stored = rcall('HGET', K_META, 'cfg') or '' end
@@ -623,6 +721,7 @@ end
 
 -- The full reply's wait_ms and probes_in_flight.
 local function reply_numbers()
+  load_cold()
   local wait_ms, in_flight = 0, 0
   if s_state == 'OPEN' then
     wait_ms = max(0, open_until - now)
@@ -638,6 +737,46 @@ local function reply_numbers()
   return wait_ms, in_flight
 end
 
+-- The meta hash (after the state record).
+local function write_meta()
+  if m_trans or m_cfg or m_drift then
+    local m, k = {}, 0
+    if m_trans then m[1], m[2], m[3], m[4], k = 'reason', s_reason, 'actor', s_actor, 4 end
+    if m_cfg then m[k + 1], m[k + 2], k = 'cfg', cfg_store, k + 2 end
+    if m_drift then
+      m[k + 1], m[k + 2], m[k + 3], m[k + 4], k = 'drift_cfg', cfg_wire, 'drift_at', now, k + 4
+    end
+    rcall('HSET', K_META, unpack(m, 1, k))
+  end
+  if clear_drift then rcall('HDEL', K_META, 'drift_cfg', 'drift_at') end
+end
+
+-- Probes and TTLs (after the state record and the meta hash).
+local function write_others(refresh)
+  if del_probes then
+    rcall('DEL', K_PROBES)
+  elseif s_state == 'HALF_OPEN' and (probe_add or probe_rem or op ~= 'state') then
+    rcall('ZREMRANGEBYSCORE', K_PROBES, '-inf', now)
+  end
+  if probe_rem then rcall('ZREM', K_PROBES, probe_rem) end
+  if probe_add then rcall('ZADD', K_PROBES, now + lease_ms, probe_add) end
+  if refresh then
+    -- an override or a long OPEN wait keeps the keys for key_ttl past its end
+    load_cold()
+    local keep, held = ttl_ms, ov_until
+    if s_state == 'OPEN' and open_until > held then held = open_until end
+    if held > now then keep = max(ttl_ms, held - now + ttl_ms) end
+    rcall('PEXPIRE', K_STATE, keep)
+    rcall('PEXPIRE', K_META, keep)
+    rcall('PEXPIRE', K_PROBES, keep)
+    rcall('PEXPIRE', K_HIST, keep)
+  else
+    if probe_add then rcall('PEXPIRE', K_PROBES, ttl_ms) end
+    if events then rcall('PEXPIRE', K_HIST, ttl_ms) end
+    if m_trans or m_drift then rcall('PEXPIRE', K_META, ttl_ms) end
+  end
+end
+
 local function finish()
   -- Every key's TTL is refreshed when the last refresh is ttl/2 old (or on any
   -- operator action), so an active breaker never expires and most calls spend
@@ -650,7 +789,10 @@ local function finish()
   if m_trans or m_cfg or m_drift or clear_drift or del_probes or probe_add or probe_rem
       or events then
     local err = foreign_keys()  -- before the first write: no partial writes
-    if err then return err end
+    if err then
+      if undo_bit then rcall('BITFIELD', K_STATE, 'SET', 'u32', undo_bit, int(undo_value)) end
+      return err
+    end
   end
   if dirty or refresh then
     local refused = write_record()
@@ -665,41 +807,12 @@ local function finish()
       return redis.error_reply(refused)
     end
   end
-  if m_trans or m_cfg or m_drift then
-    local m, k = {}, 0
-    if m_trans then m[1], m[2], m[3], m[4], k = 'reason', s_reason, 'actor', s_actor, 4 end
-    if m_cfg then m[k + 1], m[k + 2], k = 'cfg', cfg_store, k + 2 end
-    if m_drift then
-      m[k + 1], m[k + 2], m[k + 3], m[k + 4], k = 'drift_cfg', cfg_wire, 'drift_at', now, k + 4
-    end
-    rcall('HSET', K_META, unpack(m, 1, k))
-  end
-  if clear_drift then rcall('HDEL', K_META, 'drift_cfg', 'drift_at') end
+  write_meta()
   local wait_ms, in_flight = 0, 0
   local short = op == 'record' and not transitions and drift == 0 and ov_until == 0
       and (s_state == 'CLOSED' or s_state == 'METRICS_ONLY' or s_state == 'DISABLED')
   if not short then wait_ms, in_flight = reply_numbers() end
-  if del_probes then
-    rcall('DEL', K_PROBES)
-  elseif s_state == 'HALF_OPEN' and (probe_add or probe_rem or op ~= 'state') then
-    rcall('ZREMRANGEBYSCORE', K_PROBES, '-inf', now)
-  end
-  if probe_rem then rcall('ZREM', K_PROBES, probe_rem) end
-  if probe_add then rcall('ZADD', K_PROBES, now + lease_ms, probe_add) end
-  if refresh then
-    -- an override or a long OPEN wait keeps the keys for key_ttl past its end
-    local keep, held = ttl_ms, ov_until
-    if s_state == 'OPEN' and open_until > held then held = open_until end
-    if held > now then keep = max(ttl_ms, held - now + ttl_ms) end
-    rcall('PEXPIRE', K_STATE, keep)
-    rcall('PEXPIRE', K_META, keep)
-    rcall('PEXPIRE', K_PROBES, keep)
-    rcall('PEXPIRE', K_HIST, keep)
-  else
-    if probe_add then rcall('PEXPIRE', K_PROBES, ttl_ms) end
-    if events then rcall('PEXPIRE', K_HIST, ttl_ms) end
-    if m_trans or m_drift then rcall('PEXPIRE', K_META, ttl_ms) end
-  end
+  write_others(refresh)
   local event_errors = events and publish_events() or ''
   if short and event_errors == '' then return {s_state, now, since} end
   return reply_full(event_errors, wait_ms, in_flight)
@@ -734,6 +847,7 @@ local function settle_config(arg_fp)
   end
   if fp == arg_fp and not adopt then return end  -- the hot path: same config
   local mine = fingerprint(cfg_wire)
+  load_cold()
   if adopt then
     if mine ~= fp then
       if not parse_config(cfg_wire) then
@@ -757,12 +871,15 @@ local function begin(keys, args)
   argv = args
   op, cfg_wire, name, channel = args[1], args[3], args[4], args[5]
   local t = rcall('TIME')
-  now, micros = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000), tonumber(t[2])
-  cold, s_reason, s_actor, cfg_store, drift, permitted = false, nil, nil, nil, 0, 1
+  micros = tonumber(t[2])
+  now = tonumber(t[1]) * 1000 + (micros - micros % 1000) / 1000
+  cold, cfg_parsed, s_reason, s_actor, cfg_store, drift, permitted = false, false, nil, nil,
+                                                                     nil, 0, 1
   d_win, d_state, d_cold, d_cfg, m_trans, m_cfg = false, false, false, false, false, false
   m_drift, clear_drift = false, false
   del_win, n_cslots, t_slot, t_vals, n_evict = false, 0, nil, nil, 0
   del_probes, probe_add, probe_rem, live_count = false, nil, nil, nil
+  undo_bit, undo_value = nil, nil
   transitions, events = nil, nil
 end
 
