@@ -70,5 +70,5 @@ def test_every_key_is_documented(label: str, built: str, pattern: str) -> None:
 
 def test_the_doc_names_the_namespace_and_version_rules() -> None:
     text = doc_text()
-    assert "`<prefix>:v1`" in text and "DISTBREAKER_SCHEMA" in text
+    assert "`<prefix>:v2`" in text and "DISTBREAKER_SCHEMA" in text
     assert "Compatibility promise" in text
