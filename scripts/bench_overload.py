@@ -96,13 +96,18 @@ def adaptive_limit(capacity: int) -> Any:
 
 
 def slow_start_options(seconds: float) -> dict[str, Any]:
-    """Breaker options of slow start (issue 18); KeyError while the breaker lacks them."""
-    fields = {field.name for field in dataclasses.fields(BreakerConfig)}
-    wanted = {"ramp_start": RAMP_START, "ramp_duration": seconds}
-    missing = set(wanted) - fields
+    """Breaker options of slow start (issue 18); KeyError while the breaker lacks them.
+
+    `ramp_start` is given as the breaker's default is written: a percent when that
+    default is above 1 (like `failure_rate_threshold`), else a share."""
+    fields = {field.name: field for field in dataclasses.fields(BreakerConfig)}
+    missing = {"ramp_start", "ramp_duration"} - set(fields)
     if missing:
         raise KeyError(f"BreakerConfig has no {', '.join(sorted(missing))}")
-    return wanted
+    default = fields["ramp_start"].default
+    percent = isinstance(default, (int, float)) and default > 1
+    return {"ramp_start": RAMP_START * 100 if percent else RAMP_START,
+            "ramp_duration": seconds}
 
 
 def adaptive_unavailable(capacity: int) -> str | None:
@@ -319,6 +324,11 @@ def command_stats(admin: redis.Redis) -> tuple[int, int]:
     return calls, usec
 
 
+class ScenarioFailed(Exception):
+    """A worker could not build a scenario's protection (e.g. an option the library
+    does not take yet): that scenario reports the error, the others still run."""
+
+
 class Fleet:
     """The worker processes, the upstream and Redis of one bench run."""
 
@@ -339,19 +349,17 @@ class Fleet:
             self.commands[wid], self.out)) for wid in range(options.processes)]
         for process in self.processes:
             process.start()
-        self._expect("up")
+        self._expect(("up",))
 
-    def _expect(self, kind: str) -> list[Any]:
-        """One message of `kind` from every worker (a worker's failure raises)."""
+    def _expect(self, kinds: tuple[str, ...], workers: int | None = None) -> list[Any]:
+        """One message of one of `kinds` from every worker (or `workers` of them)."""
         got: list[Any] = []
-        while len(got) < len(self.processes):
+        while len(got) < (len(self.processes) if workers is None else workers):
             try:
                 message = self.out.get(timeout=60)
             except queue.Empty:
-                raise RuntimeError(f"workers did not report {kind!r} in time") from None
-            if message[0] == "failed":
-                raise RuntimeError(f"worker {message[1]}: {message[2]}")
-            if message[0] == kind:
+                raise RuntimeError(f"workers did not report {kinds} in time") from None
+            if message[0] in kinds:
                 got.append(message)
         return got
 
@@ -375,7 +383,15 @@ class Fleet:
         self.upstream.post("/admin", {"capacity": o.capacity, "fail_for": 0})
         for commands in self.commands:
             commands.put(("run", spec))
-        self._expect("ready")
+        answers = self._expect(("ready", "failed"))
+        failures = [message for message in answers if message[0] == "failed"]
+        if failures:  # the ready ones run for no time, so every worker is idle again
+            now = time.time()
+            for message in answers:
+                if message[0] == "ready":
+                    self.commands[message[1]].put(("go", now, now, now))
+            self._expect(("done",), len(answers) - len(failures))
+            raise ScenarioFailed(f"worker {failures[0][1]}: {failures[0][2]}")
         start = time.time() + 0.2
         end = start + seconds
         for commands in self.commands:
@@ -386,7 +402,7 @@ class Fleet:
         if script is not None:
             script(start)
         time.sleep(max(0.0, end - time.time()))
-        tallies = [message[2] for message in self._expect("done")]
+        tallies = [message[2] for message in self._expect(("done",))]
         redis_after = command_stats(self.admin)
         stats = self.upstream.get("/stats")
         return summarize(spec, tallies, stats, seconds, measure_from,
@@ -475,7 +491,10 @@ def run_bench(url: str, options: Options, only: set[str],
 
     def steady(key: str, limit: int | None, **more: Any) -> dict[str, Any]:
         progress(f"{key} (limit {limit if limit is not None else '-'})")
-        return fleet.run(spec(key, limit, **more), options.seconds, options.warmup)
+        try:
+            return fleet.run(spec(key, limit, **more), options.seconds, options.warmup)
+        except ScenarioFailed as error:
+            return {"error": str(error)}
 
     plan = scenario_plan(options, only)
     adaptive_why = adaptive_unavailable(C)
@@ -497,9 +516,9 @@ def run_bench(url: str, options: Options, only: set[str],
         if "best_fixed" in plan:
             for limit in sweep_limits(C):
                 fixed_at(limit)
-            best = max(fixed, key=lambda limit: fixed[limit]["goodput"])
+            best = max(fixed, key=lambda limit: fixed[limit].get("goodput", -1.0))
             results["best_fixed"] = {**fixed[best], "sweep": {
-                str(limit): fixed[limit]["goodput"] for limit in sorted(fixed)}}
+                str(limit): fixed[limit].get("goodput") for limit in sorted(fixed)}}
         if "adaptive" in plan:
             results["adaptive"] = ({"skipped": adaptive_why} if adaptive_why
                                    else steady("adaptive", None, adaptive=True))
@@ -512,13 +531,20 @@ def run_bench(url: str, options: Options, only: set[str],
                 results[key] = {"skipped": why}
                 continue
             progress(key)
-            results[key] = recovery(fleet, spec(
+            results[key] = recovery_or_error(fleet, spec(
                 key, None if key == "recovery_adaptive" else C, breaker=True,
                 slow_start=key == "recovery_slow_start", adaptive=key == "recovery_adaptive",
                 open_wait=max(0.2, options.seconds / 8)), options)
     finally:
         fleet.close()
     return results
+
+
+def recovery_or_error(fleet: Fleet, spec: Spec, options: Options) -> dict[str, Any]:
+    try:
+        return recovery(fleet, spec, options)
+    except ScenarioFailed as error:
+        return {"error": str(error)}
 
 
 def recovery(fleet: Fleet, spec: Spec, options: Options) -> dict[str, Any]:
@@ -595,8 +621,10 @@ def print_table(document: dict[str, Any]) -> None:
         value = document.get(key)
         if value is None:
             continue
-        if "skipped" in value:
-            table.add_row(key, "", f"[dim]skipped: {value['skipped']}[/dim]")
+        if "skipped" in value or "error" in value:
+            why = (f"[dim]skipped: {value['skipped']}[/dim]" if "skipped" in value
+                   else f"[red]error: {value['error']}[/red]")
+            table.add_row(key, "", why)
             continue
         vs_best = ratio(value["goodput"], best.get("goodput"))
         vs_2x = ratio(value["overload_calls"], two_x)

@@ -10,6 +10,7 @@ fixed limit is the sweep's best, a failing upstream opens the breaker.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -166,3 +167,31 @@ def test_bench_only_runs_the_scenarios_asked_and_rejects_unknown_ones(redis_url:
     bad = subprocess.run([sys.executable, "scripts/bench_overload.py", "--only", "nope"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown scenarios: nope" in bad.stderr
+
+
+def test_a_scenario_the_library_cannot_build_reports_its_error_and_the_rest_runs(
+        redis_url: str, tmp_path: Path) -> None:
+    """An `AdaptiveLimit` the Bulkhead does not take (a stand-in, installed in every
+    process by sitecustomize while the library has none) fails that scenario only."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import distbreaker\n"
+        "class AdaptiveLimit:\n"
+        "    def __init__(self, min_limit=1, max_limit=10):\n"
+        "        self.min_limit, self.max_limit = min_limit, max_limit\n"
+        "if not hasattr(distbreaker, 'AdaptiveLimit'):\n"
+        "    distbreaker.AdaptiveLimit = AdaptiveLimit\n"
+        "    distbreaker.STAND_IN = True\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "scripts/bench_overload.py", "--url", redis_url, "--capacity", "2",
+         "--processes", "2", "--threads", "2", "--seconds", "0.5", "--json",
+         "--only", "fixed_half,adaptive"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    if hasattr(distbreaker, "AdaptiveLimit"):    # the real one: no stand-in, it runs
+        assert doc["adaptive"]["goodput"] > 0
+    else:
+        assert "unknown bulkhead option(s): adaptive" in doc["adaptive"]["error"]
+    assert doc["fixed_half"]["goodput"] > 0 and doc["fixed_half"]["overload_calls"] == 0
