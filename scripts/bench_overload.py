@@ -463,8 +463,14 @@ def after_recovery(result: dict[str, Any], back_at: float, capacity: int) -> dic
     s = result["series"]
     ups = [i for i, t in enumerate(s["upstream_t"]) if t >= back_at - 1e-9]
     goods = [g for t, g in zip(s["t"], s["goodput"], strict=True) if t >= back_at - 1e-9]
+    per_second: Counter[int] = Counter()
+    for i in ups:
+        per_second[int((s["upstream_t"][i] - back_at) + 1e-9)] += s["overload"][i]
     return {"capacity": capacity,
             "overload_calls": sum(s["overload"][i] for i in ups),
+            # when the rush comes: right at the close (plain), later (a ramp), never
+            "overload_per_second": [per_second[i] for i in range(max(per_second, default=-1)
+                                                                  + 1)],
             "max_in_flight": max((s["in_flight"][i] for i in ups), default=0),
             "goodput": round(sum(goods) / len(goods), 1) if goods else 0.0}
 
