@@ -396,8 +396,8 @@ class Fleet:
         end = start + seconds
         for commands in self.commands:
             commands.put(("go", start, start + measure_from, end))
-        time.sleep(max(0.0, start - time.time()))
-        self.upstream.post("/restart")
+        time.sleep(max(0.0, start - 0.02 - time.time()))
+        self.upstream.post("/restart")   # just before the first call
         redis_before = command_stats(self.admin)
         if script is not None:
             script(start)

@@ -92,15 +92,17 @@ class Tally:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.in_flight = 0
+        self.admitted = 0
         self.restart()
 
     def restart(self) -> None:
+        """Counts and clock to zero; the calls in progress stay counted in flight (they
+        still load the server, and they leave later)."""
         with self._lock:
             self._t0 = time.monotonic()
-            self.in_flight = 0
-            self.admitted = 0
-            self.max_in_flight = 0
-            self.max_admitted = 0
+            self.max_in_flight = self.in_flight
+            self.max_admitted = self.admitted
             self.totals: Counter[str] = Counter()
             self.statuses: Counter[int] = Counter()
             self.series: dict[int, Counter[str]] = {}

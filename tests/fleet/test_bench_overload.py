@@ -195,3 +195,22 @@ def test_a_scenario_the_library_cannot_build_reports_its_error_and_the_rest_runs
     else:
         assert "unknown bulkhead option(s): adaptive" in doc["adaptive"]["error"]
     assert doc["fixed_half"]["goodput"] > 0 and doc["fixed_half"]["overload_calls"] == 0
+
+
+def test_a_restart_keeps_the_calls_in_progress_in_flight() -> None:
+    """Counts restart between scenarios while calls may still run: those stay in flight
+    (else they would leave into a negative count and let more than C in)."""
+    with CapacityUpstream(Settings(capacity=1, base_latency=0.4)) as upstream:
+        first = threading.Thread(target=fetch, args=(upstream.url + "/call",))
+        first.start()
+        deadline = time.monotonic() + 5
+        while fetch(upstream.url + "/stats")[1]["in_flight"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert fetch(upstream.url + "/restart", {})[0] == 200
+        stats = fetch(upstream.url + "/stats")[1]
+        assert stats["calls"] == 0 and stats["in_flight"] == 1
+        assert fetch(upstream.url + "/call")[0] == 429      # still full
+        first.join()
+        assert fetch(upstream.url + "/stats")[1]["in_flight"] == 0
+        assert fetch(upstream.url + "/call")[0] == 200
