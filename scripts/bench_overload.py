@@ -379,8 +379,7 @@ class Fleet:
     def run(self, spec: Spec, seconds: float, measure_from: float,
             script: Callable[[float], None] | None = None) -> dict[str, Any]:
         """One scenario: `script(start)` drives the upstream during the run (recovery)."""
-        o = self.options
-        self.upstream.post("/admin", {"capacity": o.capacity, "fail_for": 0})
+        self.upstream.post("/admin", {"capacity": self.options.capacity, "fail_for": 0})
         for commands in self.commands:
             commands.put(("run", spec))
         answers = self._expect(("ready", "failed"))
@@ -426,7 +425,7 @@ def summarize(spec: Spec, tallies: list[dict[str, Any]], stats: dict[str, Any],
         series.update({int(k): v for k, v in tally["series"].items()})
     points = [point for point in stats["series"] if point["t"] + BUCKET <= seconds + 1e-9]
     window = [point for point in stats["series"] if point["t"] >= measure_from - 1e-9]
-    upstream = Counter()
+    upstream: Counter[str] = Counter()
     for point in window:
         upstream.update({k: v for k, v in point.items() if k in ("calls", "ok", "overload",
                                                                  "failed")})
@@ -475,7 +474,8 @@ def after_recovery(result: dict[str, Any], back_at: float, capacity: int) -> dic
             "goodput": round(sum(goods) / len(goods), 1) if goods else 0.0}
 
 
-def scenario_plan(options: Options, only: set[str]) -> list[str]:
+def scenario_plan(only: set[str]) -> list[str]:
+    """The scenarios to run, in the order they are reported."""
     return [key for key in SCENARIOS if not only or key in only]
 
 
@@ -502,7 +502,7 @@ def run_bench(url: str, options: Options, only: set[str],
         except ScenarioFailed as error:
             return {"error": str(error)}
 
-    plan = scenario_plan(options, only)
+    plan = scenario_plan(only)
     adaptive_why = adaptive_unavailable(C)
     slow_why = slow_start_unavailable()
     try:
