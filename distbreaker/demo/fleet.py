@@ -30,7 +30,6 @@ import multiprocessing
 import os
 import queue
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -52,7 +51,8 @@ from ..bulkhead.config import BulkheadConfig
 from ..errors import BulkheadFull, CallNotPermitted
 from ..policy.sync import Policy
 from ..retry.config import RetryConfig
-from .embedded import embedded_redis, free_port, terminate
+from .embedded import embedded_redis
+from .httpserver import ServerProcess
 from .upstream import Timeline
 
 NAME = "payments"
@@ -255,44 +255,16 @@ def listen(url: str, channel: str, name: str, out: Any, stop: threading.Event) -
     client.close()
 
 
-class UpstreamProcess:
+class UpstreamProcess(ServerProcess):
     """``python -m distbreaker.demo.upstream`` in a subprocess (as docker-compose runs it)."""
 
     def __init__(self, timeline: Timeline) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "distbreaker.demo.upstream", "--port", str(self.port),
-             "--timeline", str(timeline), "--latency", str(LATENCY),
-             "--slow-latency", str(SLOW_LATENCY)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-    def wait_ready(self, seconds: float = 15.0) -> None:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                detail = self.process.stderr.read().decode() if self.process.stderr else ""
-                raise RuntimeError(f"the upstream exited: {detail}")
-            try:
-                self.get("/healthz")
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("the upstream did not start in time")
-
-    def get(self, path: str) -> dict[str, Any]:
-        with urllib.request.urlopen(self.url + path, timeout=5) as reply:
-            return dict(json.loads(reply.read()))
+        super().__init__("distbreaker.demo.upstream",
+                         ["--timeline", str(timeline), "--latency", str(LATENCY),
+                          "--slow-latency", str(SLOW_LATENCY)])
 
     def restart(self) -> None:
-        request = urllib.request.Request(self.url + "/restart", data=b"", method="POST")
-        with urllib.request.urlopen(request, timeout=5) as reply:
-            reply.read()
-
-    def stop(self) -> None:
-        terminate(self.process)
-        if self.process.stderr is not None:
-            self.process.stderr.close()
+        self.post("/restart")
 
 
 @dataclasses.dataclass

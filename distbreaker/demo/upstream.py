@@ -1,6 +1,7 @@
 """A flaky HTTP upstream on a timeline, for the demo, docker-compose and tests.
 
-Standard library only (``http.server``, one thread per request). It plays a
+Standard library only (`httpserver.JsonServer`: ``http.server``, one thread per
+connection). It plays a
 payment gateway whose health follows a timeline of phases, e.g.
 ``ok:6,failing:10,slow:6,recovering:8`` (seconds):
 
@@ -23,13 +24,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import threading
 import time
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from .httpserver import Answer, JsonServer
 
 MODES = ("ok", "failing", "slow", "recovering")
 DEFAULT_TIMELINE = "ok:6,failing:10.5,slow:6,recovering:7.5"
@@ -136,7 +137,7 @@ class Counts:
             }
 
 
-class FlakyUpstream:
+class FlakyUpstream(JsonServer):
     """The server: `start()` serves in a background thread, `serve_forever()` in this one."""
 
     def __init__(self, timeline: Timeline, host: str = "127.0.0.1", port: int = 0,
@@ -145,87 +146,32 @@ class FlakyUpstream:
         self.latency = latency
         self.slow_latency = slow_latency
         self.counts = Counts()
-        self.server = ThreadingHTTPServer((host, port), self._handler())
-        self.server.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        return int(self.server.server_address[1])
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        super().__init__(host, port)
 
     def mode(self) -> str:
         return self.timeline.mode_at(self.counts.elapsed())
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        upstream = self
+    def handle(self, method: str, path: str, body: bytes) -> Answer:
+        if method == "GET" and path == "/stats":
+            return 200, self.counts.snapshot(), {}
+        if method == "GET" and path == "/healthz":
+            return 200, {"mode": self.mode()}, {}
+        if method == "POST" and path == "/restart":
+            self.counts.restart()
+            return 200, {"timeline": str(self.timeline)}, {}
+        return self._call()
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def _send(self, status: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                if self.path == "/stats":
-                    self._send(200, upstream.counts.snapshot())
-                elif self.path == "/healthz":
-                    self._send(200, {"mode": upstream.mode()})
-                else:
-                    self._call()
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                if length:
-                    self.rfile.read(length)
-                if self.path == "/restart":
-                    upstream.counts.restart()
-                    self._send(200, {"timeline": str(upstream.timeline)})
-                else:
-                    self._call()
-
-            def _call(self) -> None:
-                counts = upstream.counts
-                elapsed = counts.elapsed()
-                mode = upstream.timeline.mode_at(elapsed)
-                status = STATUS[mode]
-                counts.begin(mode, elapsed)
-                try:
-                    time.sleep(upstream.slow_latency if mode == "slow" else upstream.latency)
-                    self._send(status, {"mode": mode, "t": round(elapsed, 3)})
-                finally:
-                    counts.end(mode, status)
-
-            def log_message(self, format: str, *args: Any) -> None:  # quiet by default
-                pass
-
-        return Handler
-
-    def start(self) -> FlakyUpstream:
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._thread.start()
-        return self
-
-    def serve_forever(self) -> None:
-        self.server.serve_forever()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def __enter__(self) -> FlakyUpstream:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
+    def _call(self) -> Answer:
+        counts = self.counts
+        elapsed = counts.elapsed()
+        mode = self.timeline.mode_at(elapsed)
+        status = STATUS[mode]
+        counts.begin(mode, elapsed)
+        try:
+            time.sleep(self.slow_latency if mode == "slow" else self.latency)
+            return status, {"mode": mode, "t": round(elapsed, 3)}, {}
+        finally:
+            counts.end(mode, status)
 
 
 def main(argv: list[str] | None = None) -> int:
