@@ -14,13 +14,13 @@ MAGIC = 1684174386  # "dbv2"
 HEADER_FIELDS = 38
 WINDOW_OFFSET = 320
 STATES = ("CLOSED", "OPEN", "HALF_OPEN", "FORCED_OPEN", "DISABLED", "METRICS_ONLY")
-#: Header fields in byte order (field k at byte 8k). 0-18 are read only by calls
-#: that need them, 19-37 by every call; 27-37 are written by every write.
+#: Header fields in byte order (field k at byte 8k). 0-12 are read only by calls
+#: that need them, 13-37 by every call; 27-37 are written by every write.
 FIELDS = (
-    "open_until", "gen", "opens", "rejected", "hp_issued", "hp_done", "hp_fail", "hp_slow",
-    "drift_fp", "open_wait_ms", "permitted_probes", "max_half_open_ms", "lease_ms",
+    "open_until", "gen", "opens", "rejected", "reserved_4", "drift_fp", "open_wait_ms",
     "initial_state", "after_half_open", "wait_multiplier_e6", "max_open_wait_ms",
     "randomization_e6", "slow_call_ms",
+    "hp_done", "hp_fail", "hp_slow", "permitted_probes", "lease_ms", "max_half_open_ms",
     "magic", "fp", "window_type", "window_size", "minimum_calls", "failure_threshold_e4",
     "slow_threshold_e4", "key_ttl_ms",
     "state", "since", "ov_until", "ttl_at", "calls", "failures", "slow", "total_ms", "head",

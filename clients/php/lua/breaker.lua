@@ -40,15 +40,16 @@ local floor, tonumber, tostring, match = math.floor, tonumber, tostring, string.
 local max, min, unpack, rcall, pcall_ = math.max, math.min, unpack, redis.call, redis.pcall
 
 local MAGIC = 1684174386  -- "dbv2"
--- The header: 38 big-endian int64 fields. Fields 0-18 ("cold": OPEN and half-open
--- figures, the rest of the config) are read only by calls that need them; fields
--- 19-37 (magic, fingerprint, the hot config, state, window totals and the write
--- sequence number) by every call. Fields 0-26 are written when they change, 27-37
--- by every write (at byte 216). The window starts at byte 320.
+-- The header: 38 big-endian int64 fields. Fields 0-12 ("cold": OPEN figures and
+-- the config only transitions need) are read only by calls that need them; fields
+-- 13-37 (half-open figures, magic, fingerprint, the hot config, state, window
+-- totals and the write sequence number) by every call. Writes go by group: 0-5
+-- counters, 6-26 config (13-15 half-open figures alone when only they changed),
+-- 27-37 state and window (at byte 216). The window starts at byte 320.
 -- The hot read and the write of fields 27-37 both end with `seq`, a byte that
 -- changes on every write: Lua 5.1 hashes only some bytes of a long string, and
 -- strings that differ only elsewhere would all collide in its string table.
-local HOT_FIRST, HOT_LAST, COLD_LAST, A_OFFSET, WIN = '152', '303', '151', '216', 320
+local HOT_FIRST, HOT_LAST, COLD_LAST, A_OFFSET, WIN = '104', '303', '103', '216', 320
 local STATES = {'CLOSED', 'OPEN', 'HALF_OPEN', 'FORCED_OPEN', 'DISABLED', 'METRICS_ONLY'}
 local CODE = {CLOSED = 0, OPEN = 1, HALF_OPEN = 2, FORCED_OPEN = 3, DISABLED = 4,
               METRICS_ONLY = 5}
@@ -124,7 +125,7 @@ local wtype, wsize, min_calls, f_thr, s_thr, ttl_ms, open_wait, probes_max
 local max_half_open, lease_ms, initial_state, after_half_open, wait_mult, max_open_wait
 local wait_rnd, slow_ms
 -- dirty header groups, meta writes, window, probes, events
-local d_win, d_state, d_cold, d_cfg, m_trans, m_cfg, m_drift, clear_drift, cfg_store, drift
+local d_hp, d_win, d_state, d_cold, d_cfg, m_trans, m_cfg, m_drift, clear_drift, cfg_store, drift
 local del_win, n_cslots, cslot_first, t_slot, t_vals, n_evict
 local del_probes, probe_add, probe_rem, live_count, undo_bit, undo_value
 local transitions, events, permitted
@@ -202,14 +203,12 @@ local function load_cold()
   if cold then return end
   cold = true
   if not exists then return end
-  local a, b, c, d, e, f, g, h, i, cfg_wait, cfg_probes, cfg_max_ho, cfg_lease, cfg_init,
-        cfg_after, cfg_mult, cfg_max_open, cfg_rnd, cfg_slow =
-    decode_fields(rcall('GETRANGE', K_STATE, '0', COLD_LAST), 19)
-  open_until, gen, opens, rejected, hp_issued, hp_done, hp_fail, hp_slow, drift_fp =
-    a, b, c, d, e, f, g, h, i
+  local a, b, c, d, e, f, cfg_wait, cfg_init, cfg_after, cfg_mult, cfg_max_open, cfg_rnd,
+        cfg_slow = decode_fields(rcall('GETRANGE', K_STATE, '0', COLD_LAST), 13)
+  open_until, gen, opens, rejected, hp_issued, drift_fp = a, b, c, d, e, f
   if not cfg_parsed then
-    open_wait, probes_max, max_half_open, lease_ms = cfg_wait, cfg_probes, cfg_max_ho, cfg_lease
-    initial_state, after_half_open = STATES[cfg_init + 1], STATES[cfg_after + 1]
+    open_wait, initial_state, after_half_open = cfg_wait, STATES[cfg_init + 1],
+                                                STATES[cfg_after + 1]
     wait_mult, max_open_wait, wait_rnd, slow_ms = cfg_mult, cfg_max_open, cfg_rnd, cfg_slow
     if not (initial_state and after_half_open) then
       error('DISTBREAKER_SCHEMA ' .. K_STATE .. ' has an unknown state code')
@@ -225,15 +224,15 @@ local function load()
     return foreign_keys() or redis.error_reply(raw.err)
   end
   local magic, code
-  magic, fp, wtype, wsize, min_calls, f_thr, s_thr, ttl_ms, code, since, ov_until, ttl_at,
-    calls, failures, slow, total_ms, head, wsec, seq = decode_fields(raw, 19)
+  hp_done, hp_fail, hp_slow, probes_max, lease_ms, max_half_open, magic, fp, wtype, wsize,
+    min_calls, f_thr, s_thr, ttl_ms, code, since, ov_until, ttl_at, calls, failures, slow,
+    total_ms, head, wsec, seq = decode_fields(raw, 25)
   if magic ~= MAGIC then
     if raw ~= '' or rcall('EXISTS', K_STATE) == 1 then
       return schema_error(K_STATE, 'is not a distbreaker v2 state record')
     end
     exists = false
-    open_until, gen, opens, rejected, hp_issued, hp_done, hp_fail, hp_slow, drift_fp =
-      0, 0, 0, 0, 0, 0, 0, 0, 0
+    open_until, gen, opens, rejected, hp_issued, drift_fp = 0, 0, 0, 0, 0, 0
   else
     exists = true
   end
@@ -294,7 +293,7 @@ local function transition(to, reason, actor)
   end
   actor = actor or ''
   s_state, since, gen, s_reason, s_actor = to, now, gen + 1, reason, actor
-  d_state, d_cold, m_trans = true, true, true
+  d_state, d_cold, d_hp, m_trans = true, true, true, true
   ov_until = 0
   if to == 'OPEN' then
     opens = opens + 1
@@ -308,7 +307,7 @@ local function transition(to, reason, actor)
     hp_done, hp_fail, hp_slow = 0, 0, 0
   end
   if to == 'HALF_OPEN' then
-    hp_issued, hp_done, hp_fail, hp_slow = 0, 0, 0, 0
+    hp_done, hp_fail, hp_slow = 0, 0, 0
     del_probes, probe_add, probe_rem = true, nil, nil
   elseif to ~= 'OPEN' then
     clear_window()
@@ -476,7 +475,7 @@ end
 
 -- Time-driven transitions ---------------------------------------------------------
 local function advance()
-  if s_state ~= 'CLOSED' then load_cold() end
+  if s_state == 'OPEN' then load_cold() end
   if ov_until > 0 and now >= ov_until then end_override() end
   if wtype == 1 then evict_time_buckets() end
   if s_state == 'OPEN' then
@@ -484,6 +483,7 @@ local function advance()
   end
   if s_state == 'HALF_OPEN' then
     if max_half_open > 0 and now >= since + max_half_open then
+      load_cold()
       transition(after_half_open, 'max wait in half-open elapsed')
     end
   end
@@ -491,16 +491,28 @@ end
 
 -- Live half-open leases (deadline after now): admission is these plus the stored
 -- verdicts (hp_done), so an evicted probes key cannot wedge HALF_OPEN.
+-- A read of the probes zset: a key of another type is a schema error (raised:
+-- these reads come before any write of the calls that use them).
+local function probes_read(cmd, a, b)
+  local r
+  if b then r = pcall_(cmd, K_PROBES, a, b) else r = pcall_(cmd, K_PROBES, a) end
+  if type(r) == 'table' and r.err then
+    local err = foreign_type(K_PROBES, 'zset')
+    error(err and err.err or r.err)
+  end
+  return r
+end
+
 local function live_probes()
   if del_probes then return 0 end
-  if live_count == nil then live_count = rcall('ZCOUNT', K_PROBES, '(' .. now, '+inf') end
+  if live_count == nil then live_count = probes_read('ZCOUNT', '(' .. int(now), '+inf') end
   return live_count
 end
 
 local function holds_lease(token)
   if probe_add and probe_add == token then return true end
   if del_probes then return false end
-  local deadline = rcall('ZSCORE', K_PROBES, token)
+  local deadline = probes_read('ZSCORE', token)
   return deadline ~= false and deadline ~= nil and tonumber(deadline) > now
 end
 
@@ -527,13 +539,10 @@ local function op_record()
       transition('OPEN', describe(calls, failures, slow))
     end
   elseif st == 'HALF_OPEN' and token ~= '' and holds_lease(token) then
-    load_cold()
+    -- the lease goes; an ignored probe (all zero) thereby hands its slot back
     probe_rem = token
-    if ok + fails == 0 then
-      hp_issued = max(0, hp_issued - 1)  -- an ignored probe hands its slot back
-    end
     hp_done, hp_fail, hp_slow = hp_done + ok + fails, hp_fail + fails, hp_slow + slows
-    d_cold = true
+    d_hp = true
     if hp_done >= probes_max then
       if rate_exceeded(hp_done, hp_fail, hp_slow) then
         transition('OPEN', 'half-open probes: ' .. describe(hp_done, hp_fail, hp_slow))
@@ -546,7 +555,6 @@ local function op_record()
 end
 
 local function op_acquire()
-  load_cold()
   local token = argv[6]
   if not token or token == '' then return args_error('acquire needs a probe token') end
   advance()
@@ -554,16 +562,17 @@ local function op_acquire()
   if st == 'OPEN' or st == 'FORCED_OPEN' then
     permitted = 0
   elseif st == 'HALF_OPEN' then
-    if holds_lease(token) then
-      -- the token already holds a live lease: a retried acquire takes no second slot
-    elseif live_probes() + hp_done < probes_max then
+    -- A token that already holds a live lease (a retried acquire) counts among the
+    -- live ones: with a free slot its lease is renewed (ZADD of the same member, no
+    -- second slot); without one it stands as it is.
+    if live_probes() + hp_done < probes_max then
       probe_add = token
-      hp_issued, d_cold = hp_issued + 1, true
-    else
+    elseif not holds_lease(token) then
       permitted = 0
     end
   end
   if permitted == 0 then
+    load_cold()
     rejected, d_cold = rejected + 1, true
   end
   return nil
@@ -644,25 +653,57 @@ local function header_a()
                  wsec, seq}, 1, 11, 8)
 end
 
-local function header_b()
-  load_cold()
-  return encode({open_until, gen, opens, rejected, hp_issued, hp_done, hp_fail, hp_slow,
-                 drift_fp, open_wait, probes_max, max_half_open, lease_ms, CODE[initial_state],
-                 CODE[after_half_open], wait_mult, max_open_wait, wait_rnd, slow_ms, MAGIC, fp,
-                 wtype, wsize, min_calls, f_thr, s_thr, ttl_ms}, 1, 27, 8)
+-- Fields 0-5 (counters); 6-26 (the config, half-open figures, magic, fingerprint);
+-- 13-15 (half-open figures).
+local function header_counters()
+  return encode({open_until, gen, opens, rejected, hp_issued, drift_fp}, 1, 6, 8)
+end
+
+local function header_config()
+  return encode({open_wait, CODE[initial_state], CODE[after_half_open], wait_mult,
+                 max_open_wait, wait_rnd, slow_ms, hp_done, hp_fail, hp_slow, probes_max,
+                 lease_ms, max_half_open, MAGIC, fp, wtype, wsize, min_calls, f_thr, s_thr,
+                 ttl_ms}, 1, 21, 8)
+end
+
+local function header_half_open()
+  return encode({hp_done, hp_fail, hp_slow}, 1, 3, 8)
 end
 
 -- The first write goes through pcall: if Redis refuses it (OOM, ACL), nothing was
 -- written. Returns the refusal, or nil.
+local first_write = true
+-- One SETRANGE of the record; the first of a call goes through pcall. Returns why
+-- Redis refused it, or nil.
+local function put(offset, bytes)
+  if first_write and not undo_bit then
+    first_write = false
+    local ok = pcall_('SETRANGE', K_STATE, offset, bytes)
+    if type(ok) == 'table' and ok.err then return ok.err end
+    return nil
+  end
+  rcall('SETRANGE', K_STATE, offset, bytes)
+  return nil
+end
+
 local function write_record()
-  local ok
-  if d_cfg or d_cold or not exists then
-    ok = pcall_('SETRANGE', K_STATE, '0', header_b())
-    if type(ok) == 'table' and ok.err then return ok.err end
-    rcall('SETRANGE', K_STATE, A_OFFSET, header_a())
-  else
-    ok = pcall_('SETRANGE', K_STATE, A_OFFSET, header_a())
-    if type(ok) == 'table' and ok.err then return ok.err end
+  first_write = true
+  if not exists or d_cfg then
+    load_cold()
+    local refused = put('48', header_config())
+    if refused then return refused end
+  elseif d_hp then
+    local refused = put('104', header_half_open())
+    if refused then return refused end
+  end
+  if not exists or d_cold then
+    load_cold()
+    local refused = put('0', header_counters())
+    if refused then return refused end
+  end
+  if d_state or d_win or ttl_at == now or not exists then
+    local refused = put(A_OFFSET, header_a())
+    if refused then return refused end
   end
   if del_win then rcall('SETRANGE', K_STATE, WIN, cleared_window_bytes()) end
   for i = 1, n_evict do rcall('SETRANGE', K_STATE, evict_slots[i], rep('\0', 20)) end
@@ -681,6 +722,12 @@ end
 
 local function reply_full(event_errors, wait_ms, in_flight)
   load_cold()
+  -- Reason and actor explain rejections and states; a permitted acquire or record
+  -- without a transition in CLOSED or HALF_OPEN answers them empty (one read less).
+  if permitted == 1 and not transitions and (op == 'acquire' or op == 'record')
+      and (s_state == 'HALF_OPEN' or s_state == 'CLOSED') then
+    s_reason, s_actor = s_reason or '', s_actor or ''
+  end
   load_reason()
   local stored = ''
   if drift == 1 then stored = rcall('HGET', K_META, 'cfg') or '' end
@@ -755,11 +802,11 @@ end
 local function write_others(refresh)
   if del_probes then
     rcall('DEL', K_PROBES)
-  elseif s_state == 'HALF_OPEN' and (probe_add or probe_rem or op ~= 'state') then
-    rcall('ZREMRANGEBYSCORE', K_PROBES, '-inf', now)
+  elseif probe_add then  -- reap expired leases as new ones come
+    rcall('ZREMRANGEBYSCORE', K_PROBES, '-inf', int(now))
   end
   if probe_rem then rcall('ZREM', K_PROBES, probe_rem) end
-  if probe_add then rcall('ZADD', K_PROBES, now + lease_ms, probe_add) end
+  if probe_add then rcall('ZADD', K_PROBES, int(now + lease_ms), probe_add) end
   if refresh then
     -- an override or a long OPEN wait keeps the keys for key_ttl past its end
     load_cold()
@@ -771,7 +818,7 @@ local function write_others(refresh)
     rcall('PEXPIRE', K_PROBES, keep)
     rcall('PEXPIRE', K_HIST, keep)
   else
-    if probe_add then rcall('PEXPIRE', K_PROBES, ttl_ms) end
+    if probe_add and live_count == 0 then rcall('PEXPIRE', K_PROBES, int(ttl_ms)) end
     if events then rcall('PEXPIRE', K_HIST, ttl_ms) end
     if m_trans or m_drift then rcall('PEXPIRE', K_META, ttl_ms) end
   end
@@ -781,14 +828,15 @@ local function finish()
   -- Every key's TTL is refreshed when the last refresh is ttl/2 old (or on any
   -- operator action), so an active breaker never expires and most calls spend
   -- nothing on TTLs; keys this call may have created get theirs at once.
-  local dirty = d_win or d_state or d_cold or d_cfg or not exists
+  local dirty = d_hp or d_win or d_state or d_cold or d_cfg or not exists
   local writes = op ~= 'state' or dirty or m_trans or m_drift or clear_drift or del_probes
   local refresh = writes and (op == 'set' or now - ttl_at >= ttl_ms / 2 or ttl_at > now
                               or not exists)
   if refresh then ttl_at = now end
-  if m_trans or m_cfg or m_drift or clear_drift or del_probes or probe_add or probe_rem
-      or events then
-    local err = foreign_keys()  -- before the first write: no partial writes
+  -- Before the first write (no partial writes): the types of the keys this call
+  -- writes beyond the record. The probes zset is checked by its reads instead.
+  if m_trans or m_cfg or m_drift or clear_drift or events or op == 'set' then
+    local err = foreign_keys()
     if err then
       if undo_bit then rcall('BITFIELD', K_STATE, 'SET', 'u32', undo_bit, int(undo_value)) end
       return err
@@ -809,8 +857,8 @@ local function finish()
   end
   write_meta()
   local wait_ms, in_flight = 0, 0
-  local short = op == 'record' and not transitions and drift == 0 and ov_until == 0
-      and (s_state == 'CLOSED' or s_state == 'METRICS_ONLY' or s_state == 'DISABLED')
+  local short = (op == 'record' or op == 'acquire') and permitted == 1 and not transitions
+      and drift == 0 and ov_until == 0 and s_state ~= 'OPEN' and s_state ~= 'FORCED_OPEN'
   if not short then wait_ms, in_flight = reply_numbers() end
   write_others(refresh)
   local event_errors = events and publish_events() or ''
@@ -875,7 +923,8 @@ local function begin(keys, args)
   now = tonumber(t[1]) * 1000 + (micros - micros % 1000) / 1000
   cold, cfg_parsed, s_reason, s_actor, cfg_store, drift, permitted = false, false, nil, nil,
                                                                      nil, 0, 1
-  d_win, d_state, d_cold, d_cfg, m_trans, m_cfg = false, false, false, false, false, false
+  d_hp, d_win, d_state, d_cold, d_cfg, m_trans, m_cfg = false, false, false, false, false,
+                                                         false, false
   m_drift, clear_drift = false, false
   del_win, n_cslots, t_slot, t_vals, n_evict = false, 0, nil, nil, 0
   del_probes, probe_add, probe_rem, live_count = false, nil, nil, nil
