@@ -312,7 +312,7 @@ final class CircuitBreaker
 
     /**
      * Decode the script's reply array (docs/KEY_SCHEMA.md, "Reply"): the full reply, or
-     * the short one {state, now_ms, since_ms} of a record that changed nothing a worker
+     * the short one {state, now_ms, since_ms} of a permitted acquire or record that changed nothing a worker
      * must know (no transition, drift, override or event error; a permitting state).
      */
     public static function decode(mixed $raw): array
