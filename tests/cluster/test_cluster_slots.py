@@ -87,11 +87,15 @@ class Recorder:
 
     def note(self, args: Sequence[Any]) -> None:
         command = str(args[0]).upper()
-        if command not in ("EVAL", "EVALSHA"):
+        if command not in ("EVAL", "EVALSHA", "FCALL"):
             return
         body, numkeys = args[1], int(args[2])
-        sha = body if command == "EVALSHA" else hashlib.sha1(body.encode()).hexdigest()
+        sha = body if command in ("EVALSHA", "FCALL") else hashlib.sha1(body.encode()).hexdigest()
         self.calls.append((sha, tuple(str(k) for k in args[3:3 + numkeys])))
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.note(args)
+        return self._client.execute_command(*args, **options)
 
     def evalsha(self, sha: str, numkeys: int, *rest: Any) -> Any:
         self.note(("EVALSHA", sha, numkeys, *rest))
@@ -134,6 +138,7 @@ def exercise(name: str, client: Any) -> None:
 def test_every_script_runs_on_the_cluster_with_one_slot_per_call(
         cluster_client: RedisCluster) -> None:
     scripts = {load_script(path.stem).sha: path.stem for path in lua_dir().glob("*.lua")}
+    scripts |= {load_script(stem).function: stem for stem in list(scripts.values())}
     assert set(scripts.values()) == {"breaker", "bulkhead", "budget", "ganesha"}
     seen: set[str] = set()
     for name in NAME_SHAPES:

@@ -61,7 +61,13 @@ local PRESENT, FAILED, SLOW, MS_MASK = 2147483648, 1073741824, 536870912, 536870
 -- slots), with Redis's struct library where it exists (fakeredis has none: plain
 -- Lua there). Bytes past the end of the string read as zero.
 local byte, char, rep, sub = string.byte, string.char, string.rep, string.sub
-local packer = type(struct) == 'table' and struct or nil
+-- (Looked up through pcall: reading a global that does not exist is an error in
+-- Redis's Lua, and a server whose Lua lacks the library must still work.)
+local packer = nil
+do
+  local found, lib = pcall(function() return struct end)
+  if found and type(lib) == 'table' then packer = lib end
+end
 local formats = {}
 local function format(width, count)
   local key = width * 100000 + count
