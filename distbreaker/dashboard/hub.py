@@ -145,7 +145,7 @@ class Hub:
     def _sample(self, rows: list[dict[str, Any]], now: int) -> None:
         for row in rows:
             breaker = row["breaker"]
-            if breaker is None:
+            if breaker is None or row.get("schema") == view.V1:  # v2's sparkline only
                 continue
             points = self._spark.get(row["name"])
             if points is None:
