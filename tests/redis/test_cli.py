@@ -361,7 +361,8 @@ def test_doctor_is_green_on_the_test_server(redis_url: str) -> None:
     assert result.exit_code == 0, result.output
     text = result.stdout
     for needle in ("server: Redis 7", "standalone", "latency: round trip", "breaker.lua: loaded",
-                   "bulkhead.lua: loaded", "acl: ACL user 'default' may run all", "clock:"):
+                   "bulkhead.lua: loaded", "acl: ACL user 'default' may run all", "clock:",
+                   "functions: library distbreaker_", "4 functions (FCALL)"):
         assert needle in text
     doc = json.loads(run(redis_url, "doctor", "--json").stdout)
     assert doc["ok"] is True and {c["status"] for c in doc["checks"]} <= {"ok", "skip"}

@@ -160,3 +160,13 @@ def test_dashboard_lists_v1_rows_and_refuses_actions_on_a_v1_only_name(
         assert refused.status_code == 409 and refused.json()["schema"] == "v1"
     finally:
         dashboard.close()
+
+
+def test_watch_marks_v1_rows_and_explains_the_mark(
+        redis_url: str, deploy: dict[str, Any]) -> None:
+    result = run(redis_url, "watch", "--interval", "0.05", "--iterations", "1")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert [line.split()[:2] for line in lines if " [v1] " in line] == [
+        ["pay", "[v1]"], ["old", "[v1]"]]  # worst first: OPEN before CLOSED
+    assert any(line.startswith("[v1]: key schema v1") for line in lines)
