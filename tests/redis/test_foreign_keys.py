@@ -320,3 +320,18 @@ def test_dashboard_fleet_and_detail_show_the_errors(redis_url: str,
         assert [e["to"] for e in good["history"]] == ["OPEN"]
     finally:
         dashboard.close()
+
+
+def test_a_v2_record_with_an_impossible_window_is_named_by_show(
+        redis_url: str, redis_client: redis.Redis) -> None:
+    """The header reads (ls shows the state) but its window size is no config's, so
+    `show` does not walk a billion slots: it names the record as foreign."""
+    CircuitBreaker("huge", redis=redis_url, **FAST).call(lambda: None)
+    key = BreakerKeys.build("huge").state
+    redis_client.set(key, encode_fields(redis_client.get(key), window_size=10**9))
+    row = json.loads(run(redis_url, "ls", "--json").stdout)["breakers"][0]
+    assert (row["name"], row["state"], row["error"]) == ("huge", "CLOSED", None)
+    detail = json.loads(run(redis_url, "show", "huge", "--json").stdout)
+    assert detail["breaker"] is None
+    assert detail["error"] == ("breaker 'huge': the state record has window type 0 and size "
+                               "1000000000, which no config allows")
