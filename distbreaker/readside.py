@@ -211,15 +211,17 @@ def _invalid_name(name: str) -> str | None:
     return None
 
 
-def invalid_row(name: str, keys: Sequence[str]) -> dict[str, Any]:
-    """The summary row of a name part that is not a valid name: only `error` is set."""
+def invalid_row(name: str, keys: Sequence[str], prefix: str | None = None) -> dict[str, Any]:
+    """The summary row of a name part that is not a valid name: only `error` is set (its
+    `schema` is v1 when every key is a v1 key under `prefix`, else v2)."""
     why = _invalid_name(name) or "its key is not UTF-8; shown with replacement characters"
     error = f"not a distbreaker name ({why})"
     schema = V2
     if keys:
         shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
         error += f": {len(keys)} foreign key{'s' if len(keys) != 1 else ''} {shown}"
-        schema = V1 if all(f":{V1}:{{" in k and f":{V2}:{{" not in k for k in keys) else V2
+        if prefix is not None and all(key_schema(k, prefix) == V1 for k in keys):
+            schema = V1
     return {**_empty_row(name, schema), "error": error}
 
 
@@ -234,7 +236,7 @@ def read_rows(client: Any, prefix: str, found: Scan) -> list[dict[str, Any]]:
     foreign key never stops the listing, it becomes a row's `error`."""
     rows = list(read_summaries(client, prefix, found.names))
     rows += read_summaries(client, prefix, found.legacy, schema=V1)
-    rows += [invalid_row(name, keys) for name, keys in found.invalid.items()]
+    rows += [invalid_row(name, keys, prefix) for name, keys in found.invalid.items()]
     return sorted(rows, key=lambda r: (r["name"], SCHEMAS.index(r["schema"])))
 
 

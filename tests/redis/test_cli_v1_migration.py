@@ -170,3 +170,12 @@ def test_watch_marks_v1_rows_and_explains_the_mark(
     assert [line.split()[:2] for line in lines if " [v1] " in line] == [
         ["pay", "[v1]"], ["old", "[v1]"]]  # worst first: OPEN before CLOSED
     assert any(line.startswith("[v1]: key schema v1") for line in lines)
+
+
+def test_an_invalid_v1_name_part_is_an_error_row_of_schema_v1(
+        redis_url: str, redis_client: redis.Redis) -> None:
+    redis_client.hset(v1_key("bad name"), "state", "OPEN")
+    redis_client.hset("distbreaker:v2:{also bad}:cb", "state", "OPEN")
+    rows = {r["name"]: r for r in json.loads(run(redis_url, "ls", "--json").stdout)["breakers"]}
+    assert rows["bad name"]["schema"] == "v1" and rows["also bad"]["schema"] == "v2"
+    assert rows["bad name"]["error"].endswith(f"1 foreign key {v1_key('bad name')}")
