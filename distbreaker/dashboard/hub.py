@@ -2,7 +2,7 @@
 fleet, and hands each result to every connected browser.
 
 One thread per dashboard process, whatever the number of browsers: it
-subscribes to ``<prefix>:v1:events``; each transition is passed on at once
+subscribes to ``<prefix>:v2:events``; each transition is passed on at once
 (``transition``) and followed by a fresh read of the fleet (``update``); the
 fleet is also re-read every `refresh` seconds, since rates, bulkhead use and
 budgets change without transitions. While Redis is unreachable it sends a
