@@ -1,8 +1,13 @@
 """Read-only views of the shared state for operator tools (the CLI, exporters).
 
-Only reads (SCAN, HGETALL, ZRANGE, XRANGE, PTTL, TIME), decoded into the JSON-friendly
-dicts of the CLI's ``--json`` schema (docs/CLI_JSON.md). Nothing here decides a
-transition: a stored OPEN whose wait has elapsed is OPEN with ``retry_in_s == 0``.
+Only reads (SCAN, GET/GETRANGE, HGETALL, ZRANGE, XRANGE, PTTL, TIME), decoded into the
+JSON-friendly dicts of the CLI's ``--json`` schema (docs/CLI_JSON.md). Nothing here decides
+a transition: a stored OPEN whose wait has elapsed is OPEN with ``retry_in_s == 0``.
+
+Two key schemas are read: v2 (the current one, ``<prefix>:v2``: the breaker's state is a
+binary record, see `distbreaker._runtime.state_record`) and, read-only during a rolling
+deploy, v1 (``<prefix>:v1``: the breaker's state and window are hashes). Every row and
+detail says which one it came from (``schema``: "v2" or "v1").
 """
 
 from __future__ import annotations
@@ -13,10 +18,13 @@ import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from redis.client import NEVER_DECODE
+
+from ._runtime import state_record
 from ._runtime.keys import BreakerKeys, BudgetKeys, BulkheadKeys, namespace, validate_name
 from ._runtime.scripts import text
-from .breaker.config import BreakerConfig, WindowType
-from .breaker.core import rate
+from .breaker.config import MAX_COUNT_WINDOW, MAX_TIME_WINDOW, BreakerConfig, WindowType
+from .breaker.core import config_fingerprint, rate
 from .breaker.state import State
 from .errors import SchemaError
 
@@ -24,15 +32,69 @@ JSON_SCHEMA_VERSION = 1
 SCAN_COUNT = 500
 """Keys asked per SCAN step: bounded, so Redis never blocks on one huge reply."""
 
-# Key suffixes after ``{name}`` and the component each belongs to.
-_SUFFIXES = {":cb": "breaker", ":cb:win": "breaker", ":cb:probes": "breaker",
-             ":cb:events": "breaker", ":bh": "bulkhead", ":bh:meta": "bulkhead",
-             ":bh:notify": "bulkhead", ":rb": "budget"}
+#: The key schema this version writes, and the older one it still reads (read-only).
+V2, V1 = "v2", "v1"
+SCHEMAS = (V2, V1)
+# Key suffixes after ``{name}`` and the component each belongs to, per key schema.
+_COMMON = {":cb": "breaker", ":cb:probes": "breaker", ":cb:events": "breaker",
+           ":bh": "bulkhead", ":bh:meta": "bulkhead", ":bh:notify": "bulkhead",
+           ":rb": "budget"}
+_SUFFIXES = {V2: {**_COMMON, ":cb:meta": "breaker"}, V1: {**_COMMON, ":cb:win": "breaker"}}
 _STATE_INTS = ("since", "open_until", "calls", "failures", "slow", "total_ms", "head",
                "wsec", "hp_issued", "hp_done", "hp_fail", "hp_slow", "rejected", "gen",
                "ov_until")
 #: The stored `cfg` of a breaker only an operator has touched: the first worker stores its own.
 UNSET_CONFIG = "unset"
+#: The v2 meta fields a summary needs (reason and actor are in the history).
+_META_FIELDS = ("cfg", "drift_cfg", "drift_at")
+
+
+def schema_namespace(prefix: str, schema: str = V2) -> str:
+    """The namespace of a key schema: ``<prefix>:v2`` (current) or ``<prefix>:v1``."""
+    if schema not in SCHEMAS:
+        raise ValueError(f"unknown key schema {schema!r}, expected one of {SCHEMAS}")
+    current = namespace(prefix)
+    return current if schema == V2 else f"{prefix}:{schema}"
+
+
+def _in_schema(key: str, prefix: str, schema: str) -> str:
+    """A v2 key of this module's key classes moved to `schema`'s namespace (v1 kept the
+    same key names under ``:v1``, except for the breaker's state and window)."""
+    return schema_namespace(prefix, schema) + key[len(namespace(prefix)):]
+
+
+@dataclasses.dataclass(frozen=True)
+class NameKeys:
+    """Every key of one name in one key schema (v1: `meta` is the window hash)."""
+
+    schema: str
+    state: str
+    meta: str
+    probes: str
+    history: str
+    bh_leases: str
+    bh_meta: str
+    bh_notify: str
+    rb: str
+
+    @classmethod
+    def build(cls, name: str, prefix: str, schema: str = V2) -> NameKeys:
+        bk, hk, rk = (BreakerKeys.build(name, prefix), BulkheadKeys.build(name, prefix),
+                      BudgetKeys.build(name, prefix))
+        v2 = {"state": bk.state, "meta": bk.meta, "probes": bk.probes,
+              "history": bk.history, "bh_leases": hk.leases, "bh_meta": hk.meta,
+              "bh_notify": hk.notify, "rb": rk.slices}
+        keys = {role: _in_schema(key, prefix, schema) for role, key in v2.items()}
+        if schema == V1:
+            keys["meta"] = keys["state"] + ":win"
+        return cls(schema=schema, **keys)
+
+    def expected_types(self) -> dict[str, str]:
+        """Each key and the Redis type this schema stores in it."""
+        state, meta = ("string", "hash") if self.schema == V2 else ("hash", "hash")
+        return {self.state: state, self.meta: meta, self.probes: "zset",
+                self.history: "stream", self.bh_leases: "zset", self.bh_meta: "hash",
+                self.bh_notify: "list", self.rb: "hash"}
 
 
 def _glob_escape(value: str) -> str:
@@ -51,30 +113,38 @@ def server_now_ms(client: Any) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def name_from_key(key: str, prefix: str) -> tuple[str, str] | None:
-    """``(name, component)`` for a distbreaker key under `prefix`, else None."""
-    head = namespace(prefix) + ":{"
+def name_from_key(key: str, prefix: str, schema: str = V2) -> tuple[str, str] | None:
+    """``(name, component)`` for a distbreaker key of `schema` under `prefix`, else None."""
+    head = schema_namespace(prefix, schema) + ":{"
     if not key.startswith(head):
         return None
-    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
+    suffixes = _SUFFIXES[schema]
+    for suffix in sorted(suffixes, key=len, reverse=True):
         tail = "}" + suffix
         if key.endswith(tail) and len(key) > len(head) + len(tail):
-            return key[len(head):-len(tail)], _SUFFIXES[suffix]
+            return key[len(head):-len(tail)], suffixes[suffix]
     return None
 
 
-def scan_keys(client: Any, prefix: str, count: int = SCAN_COUNT) -> Iterator[str]:
-    """Every key under the prefix's namespace, by SCAN MATCH in steps of `count` keys.
+def key_schema(key: str, prefix: str) -> str | None:
+    """Which key schema a distbreaker key under `prefix` belongs to, else None."""
+    return next((s for s in SCHEMAS if name_from_key(key, prefix, s) is not None), None)
+
+
+def scan_keys(client: Any, prefix: str, count: int = SCAN_COUNT,
+              schema: str = V2) -> Iterator[str]:
+    """Every key under the prefix's namespace of `schema`, by SCAN MATCH in steps of
+    `count` keys.
 
     On a RedisCluster client every primary is scanned.
     """
-    for key in _scan_raw(client, prefix, count):
+    for key in _scan_raw(client, prefix, count, schema):
         yield text(key)
 
 
-def _scan_raw(client: Any, prefix: str, count: int) -> Iterator[Any]:
+def _scan_raw(client: Any, prefix: str, count: int, schema: str = V2) -> Iterator[Any]:
     """The keys as the client returns them (bytes, unless it decodes responses)."""
-    pattern = _glob_escape(namespace(prefix)) + ":{*"
+    pattern = _glob_escape(schema_namespace(prefix, schema)) + ":{*"
     kwargs: dict[str, Any] = {"match": pattern, "count": count}
     if is_cluster(client):
         kwargs["target_nodes"] = client.PRIMARIES
@@ -84,28 +154,33 @@ def _scan_raw(client: Any, prefix: str, count: int) -> Iterator[Any]:
 @dataclasses.dataclass
 class Scan:
     """What a SCAN of the prefix found: valid protected names with the components that
-    have keys, and the keys whose name part is not a valid name (written by another
+    have keys (`names`: key schema v2; `legacy`: v1 keys left by workers not yet
+    upgraded), and the keys whose name part is not a valid name (written by another
     client), by that name part. Keys with an unknown suffix are not distbreaker's and
-    are left out of both."""
+    are left out of all three."""
 
     names: dict[str, set[str]] = dataclasses.field(default_factory=dict)
     invalid: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    legacy: dict[str, set[str]] = dataclasses.field(default_factory=dict)
 
 
-def scan(client: Any, prefix: str, count: int = SCAN_COUNT) -> Scan:
-    """Every key under the prefix, sorted into valid names and foreign name parts."""
+def scan(client: Any, prefix: str, count: int = SCAN_COUNT, legacy: bool = True) -> Scan:
+    """Every key under the prefix (v2, and v1 unless `legacy` is False), sorted into
+    valid names and foreign name parts."""
     found = Scan()
-    for raw in _scan_raw(client, prefix, count):
-        key = text(raw)
-        parsed = name_from_key(key, prefix)
-        if parsed is None:
-            continue
-        name, component = parsed
-        if (name in found.invalid or _invalid_name(name) is not None
-                or not _utf8(raw)):  # its name part was decoded with replacement characters
-            found.invalid.setdefault(name, []).append(key)
-        else:
-            found.names.setdefault(name, set()).add(component)
+    for schema in SCHEMAS if legacy else (V2,):
+        names = found.names if schema == V2 else found.legacy
+        for raw in _scan_raw(client, prefix, count, schema):
+            key = text(raw)
+            parsed = name_from_key(key, prefix, schema)
+            if parsed is None:
+                continue
+            name, component = parsed
+            if (name in found.invalid or _invalid_name(name) is not None
+                    or not _utf8(raw)):  # its name part was decoded with replacement chars
+                found.invalid.setdefault(name, []).append(key)
+            else:
+                names.setdefault(name, set()).add(component)
     for keys in found.invalid.values():
         keys.sort()
     return found
@@ -113,9 +188,9 @@ def scan(client: Any, prefix: str, count: int = SCAN_COUNT) -> Scan:
 
 def scan_names(client: Any, prefix: str,
                count: int = SCAN_COUNT) -> dict[str, set[str]]:
-    """Valid protected names under the prefix, each with the components that have keys
-    (name parts that are not valid names are in `scan(...).invalid`)."""
-    return scan(client, prefix, count).names
+    """Valid protected names under the prefix (key schema v2), each with the components
+    that have keys (name parts that are not valid names are in `scan(...).invalid`)."""
+    return scan(client, prefix, count, legacy=False).names
 
 
 def _utf8(raw: Any) -> bool:
@@ -136,27 +211,33 @@ def _invalid_name(name: str) -> str | None:
     return None
 
 
-def invalid_row(name: str, keys: Sequence[str]) -> dict[str, Any]:
-    """The summary row of a name part that is not a valid name: only `error` is set."""
+def invalid_row(name: str, keys: Sequence[str], prefix: str | None = None) -> dict[str, Any]:
+    """The summary row of a name part that is not a valid name: only `error` is set (its
+    `schema` is v1 when every key is a v1 key under `prefix`, else v2)."""
     why = _invalid_name(name) or "its key is not UTF-8; shown with replacement characters"
     error = f"not a distbreaker name ({why})"
+    schema = V2
     if keys:
         shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
         error += f": {len(keys)} foreign key{'s' if len(keys) != 1 else ''} {shown}"
-    return {**_empty_row(name), "error": error}
+        if prefix is not None and all(key_schema(k, prefix) == V1 for k in keys):
+            schema = V1
+    return {**_empty_row(name, schema), "error": error}
 
 
-def _empty_row(name: str) -> dict[str, Any]:
-    return {"name": name, "state": None, "breaker": None, "bulkhead": None, "budget": None,
-            "error": None}
+def _empty_row(name: str, schema: str = V2) -> dict[str, Any]:
+    return {"name": name, "schema": schema, "state": None, "breaker": None,
+            "bulkhead": None, "budget": None, "error": None}
 
 
 def read_rows(client: Any, prefix: str, found: Scan) -> list[dict[str, Any]]:
-    """One summary row per valid name and per invalid name part, sorted by name: the
-    `ls` listing. A foreign key never stops the listing, it becomes a row's `error`."""
+    """One summary row per valid name and key schema, and per invalid name part, sorted
+    by name (a name with keys of both schemas: the v2 row first): the `ls` listing. A
+    foreign key never stops the listing, it becomes a row's `error`."""
     rows = list(read_summaries(client, prefix, found.names))
-    rows += [invalid_row(name, keys) for name, keys in found.invalid.items()]
-    return sorted(rows, key=lambda r: r["name"])
+    rows += read_summaries(client, prefix, found.legacy, schema=V1)
+    rows += [invalid_row(name, keys, prefix) for name, keys in found.invalid.items()]
+    return sorted(rows, key=lambda r: (r["name"], SCHEMAS.index(r["schema"])))
 
 
 def foreign_key_count(found: Scan, rows: Iterable[Mapping[str, Any]]) -> int:
@@ -199,7 +280,8 @@ def _config(wire: str) -> tuple[dict[str, Any], int]:
 
 def decode_state_hash(name: str, raw: Mapping[Any, Any], now_ms: int,
                       probe_deadlines: Sequence[int] = ()) -> dict[str, Any]:
-    """The breaker's state hash as a JSON-friendly dict (see docs/CLI_JSON.md).
+    """A v1 breaker's state hash as a JSON-friendly dict (see docs/CLI_JSON.md); read-only
+    support for workers not yet upgraded to key schema v2.
 
     `probe_deadlines` are the unexpired half-open lease deadlines, when known;
     they tell when a full half-open state frees a probe slot.
@@ -217,6 +299,39 @@ def decode_state_hash(name: str, raw: Mapping[Any, Any], now_ms: int,
     except ValueError:
         raise SchemaError(f"breaker {name!r}: a counter field is not a number") from None
     wire = h.get("cfg") or UNSET_CONFIG
+    return _breaker_view(name, state, n, wire, h, now_ms, probe_deadlines)
+
+
+def decode_state_record(name: str, data: bytes, meta: Mapping[Any, Any], now_ms: int,
+                        probe_deadlines: Sequence[int] = ()) -> dict[str, Any]:
+    """A v2 breaker's state record (bytes) and meta hash as the same dict as
+    `decode_state_hash` makes of a v1 hash.
+
+    The record's config fingerprint must match the stored `cfg` (fingerprint 0: no
+    config stored yet, shown with the defaults); anything else is foreign data.
+    """
+    try:
+        fields = state_record.decode_record(data)
+    except state_record.NotAStateRecord as exc:
+        raise SchemaError(f"breaker {name!r}: its state record {exc}") from None
+    m = {text(k): text(v) for k, v in meta.items()}
+    wire = m.get("cfg") or ""
+    if fields["fp"] == 0:
+        wire = UNSET_CONFIG
+    elif not wire:
+        raise SchemaError(f"breaker {name!r}: the state record names a stored config "
+                          "(fingerprint) but its meta hash has no cfg")
+    elif config_fingerprint(wire) != fields["fp"]:
+        raise SchemaError(f"breaker {name!r}: the stored cfg {wire!r} does not match the "
+                          "state record's config fingerprint")
+    n = {f: int(fields[f]) for f in _STATE_INTS}
+    return _breaker_view(name, State(fields["state"]), n, wire, m, now_ms, probe_deadlines)
+
+
+def _breaker_view(name: str, state: State, n: Mapping[str, int], wire: str,
+                  meta: Mapping[str, str], now_ms: int,
+                  probe_deadlines: Sequence[int]) -> dict[str, Any]:
+    """The breaker dict of docs/CLI_JSON.md from decoded counters (either schema)."""
     try:
         config, minimum = _config(BreakerConfig().to_wire() if wire == UNSET_CONFIG else wire)
     except SchemaError as exc:
@@ -254,7 +369,7 @@ def decode_state_hash(name: str, raw: Mapping[Any, Any], now_ms: int,
         "rejected": n["rejected"],
         "generation": n["gen"],
         "config": config,
-        "config_drift": _drift(h),
+        "config_drift": _drift(meta),
     }
 
 
@@ -267,7 +382,7 @@ def _drift(h: Mapping[str, str]) -> dict[str, Any] | None:
         config = dict(_config(wire)[0])
     except (SchemaError, ValueError):
         config = {"wire": wire}
-    return {"config": config, "seen_at_ms": int(h.get("drift_at") or 0) or None}
+    return {"config": config, "seen_at_ms": _int_or(h.get("drift_at") or "0", 0) or None}
 
 
 def _retry_in(state: State, n: Mapping[str, int], config: Mapping[str, Any], now_ms: int,
@@ -286,32 +401,67 @@ def _retry_in(state: State, n: Mapping[str, int], config: Mapping[str, Any], now
 
 def decode_window(config: Mapping[str, Any], raw: Mapping[Any, Any], head: int,
                   now_ms: int) -> list[dict[str, Any]]:
-    """The window hash as buckets: time windows per live second, count windows per slot.
+    """A v1 window hash as buckets: time windows per live second, count windows per slot.
 
     Count-window slots are listed oldest first (the ring starts at `head`).
     """
-    buckets: list[dict[str, Any]] = []
     fields = {text(k): text(v).split(",") for k, v in raw.items()}
     try:
         if config["sliding_window_type"] == WindowType.TIME_BASED.value:
-            now_sec = now_ms // 1000
-            for parts in fields.values():
-                sec, calls, fails, slow, ms = (int(p) for p in parts[:5])
-                if now_sec - sec < config["sliding_window_size"]:
-                    buckets.append({"second": sec, "age_s": now_sec - sec, "calls": calls,
-                                    "failures": fails, "slow": slow, "total_ms": ms})
-            buckets.sort(key=lambda b: b["second"])
-        else:
-            size = config["sliding_window_size"]
-            for i in range(size):
-                slot = (head + i) % size
-                parts = fields.get(str(slot))
-                if parts is not None:
-                    fails, slow, ms = (int(p) for p in parts[:3])
-                    buckets.append({"slot": slot, "failed": bool(fails), "slow": bool(slow),
-                                    "duration_ms": ms})
+            seconds = [tuple(int(p) for p in parts[:5]) for parts in fields.values()]
+            return _time_buckets(seconds, config["sliding_window_size"], now_ms)
+        size = config["sliding_window_size"]
+        slots: list[tuple[bool, bool, int] | None] = []
+        for slot in range(size):
+            parts = fields.get(str(slot))
+            if parts is None:
+                slots.append(None)
+            else:
+                fails, slow, ms = (int(p) for p in parts[:3])
+                slots.append((bool(fails), bool(slow), ms))
+        return _count_buckets(slots, head)
     except ValueError:
         raise SchemaError("a window bucket is not a list of integers") from None
+
+
+def decode_record_window(data: bytes, head: int, now_ms: int) -> list[dict[str, Any]]:
+    """A v2 state record's window slots as the buckets `decode_window` lists (the
+    record's own window type and size say how its bytes are laid out)."""
+    fields = state_record.decode_record(data)
+    size, kind = fields["window_size"], fields["window_type"]
+    top = {0: MAX_COUNT_WINDOW, 1: MAX_TIME_WINDOW}.get(kind)
+    if top is None or not 1 <= size <= top:
+        raise SchemaError(f"the state record has window type {kind} and size {size}, "
+                          "which no config allows")
+    if kind == 1:
+        used = [slot for slot in state_record.time_slots(data, size) if slot[0]]
+        return _time_buckets(used, size, now_ms)
+    return _count_buckets(state_record.count_slots(data, size), head)
+
+
+def _time_buckets(seconds: Iterable[tuple[int, ...]], size: int,
+                  now_ms: int) -> list[dict[str, Any]]:
+    """Time-window buckets of the live seconds (second, calls, failures, slow, ms),
+    oldest first."""
+    now_sec = now_ms // 1000
+    buckets = [{"second": sec, "age_s": now_sec - sec, "calls": calls, "failures": fails,
+                "slow": slow, "total_ms": ms}
+               for sec, calls, fails, slow, ms in (s[:5] for s in seconds)
+               if now_sec - sec < size]
+    return sorted(buckets, key=lambda b: b["second"])
+
+
+def _count_buckets(slots: Sequence[tuple[bool, bool, int] | None],
+                   head: int) -> list[dict[str, Any]]:
+    """Count-window buckets in ring order from `head` (oldest first), empty slots left out."""
+    size = len(slots)
+    buckets = []
+    for i in range(size):
+        slot = (head + i) % size
+        outcome = slots[slot]
+        if outcome is not None:
+            failed, slow, ms = outcome
+            buckets.append({"slot": slot, "failed": failed, "slow": slow, "duration_ms": ms})
     return buckets
 
 
@@ -423,11 +573,25 @@ def _check_type(client: Any, key: str, expected: str) -> None:
         raise SchemaError(f"key {key} holds a {found}, expected a {expected}", key=key)
 
 
+def queue_raw(pipe: Any, key: str, end: int | None = None) -> Any:
+    """Queue a read of a binary string (a v2 state record: all of it, or its bytes up to
+    `end`) on a pipeline or client, as bytes even on a client that decodes responses."""
+    args: tuple[Any, ...] = ("GET", key) if end is None else ("GETRANGE", key, 0, end)
+    return pipe.execute_command(*args, **{NEVER_DECODE: []})
+
+
+def read_record(client: Any, key: str, end: int | None = None) -> bytes | None:
+    """A v2 state record's bytes (None: no key, or an empty string read by GETRANGE)."""
+    data = queue_raw(client, key, end)
+    return bytes(data) if data else None
+
+
 def read_summaries(client: Any, prefix: str,
                    names: Mapping[str, Iterable[str]] | Iterable[str],
-                   batch: int = 500) -> Iterator[dict[str, Any]]:
-    """One summary row per name (breaker state, bulkhead usage, budget), read in
-    pipelined batches so thousands of names cost a few bounded round trips.
+                   batch: int = 500, schema: str = V2) -> Iterator[dict[str, Any]]:
+    """One summary row per name (breaker state, bulkhead usage, budget) in key schema
+    `schema`, read in pipelined batches so thousands of names cost a few bounded round
+    trips.
 
     `names` may map each name to its components (as `scan_names` returns), so
     only the keys that exist are read. A name whose keys hold foreign data
@@ -439,55 +603,67 @@ def read_summaries(client: Any, prefix: str,
         items = [(n, _ALL) for n in names]
     for i in range(0, len(items), batch):
         chunk = items[i:i + batch]
-        rows = {n: invalid_row(n, []) for n, _ in chunk if _invalid_name(n) is not None}
+        rows = {n: {**invalid_row(n, []), "schema": schema}
+                for n, _ in chunk if _invalid_name(n) is not None}
         rows.update((r["name"], r) for r in _summaries(
-            client, prefix, [item for item in chunk if item[0] not in rows]))
+            client, prefix, [item for item in chunk if item[0] not in rows], schema))
         yield from (rows[n] for n, _ in chunk)
 
 
 _ALL = frozenset({"breaker", "bulkhead", "budget"})
 
 
-def _summaries(client: Any, prefix: str,
-               items: Sequence[tuple[str, frozenset[str]]]) -> list[dict[str, Any]]:
+def _summaries(client: Any, prefix: str, items: Sequence[tuple[str, frozenset[str]]],
+               schema: str = V2) -> list[dict[str, Any]]:
     now_ms = server_now_ms(client)
     pipe = client.pipeline(transaction=False)
     plan: list[list[str]] = []
     for name, parts in items:
+        keys = NameKeys.build(name, prefix, schema)
         steps = []
         if "breaker" in parts:
-            bk = BreakerKeys.build(name, prefix)
-            pipe.hgetall(bk.state)
-            pipe.zrangebyscore(bk.probes, f"({now_ms}", "+inf", start=0, num=1,
+            if schema == V2:
+                queue_raw(pipe, keys.state, state_record.WINDOW_OFFSET - 1)
+                pipe.hmget(keys.meta, list(_META_FIELDS))
+                steps += ["record", "meta"]
+            else:
+                pipe.hgetall(keys.state)
+                steps.append("state")
+            pipe.zrangebyscore(keys.probes, f"({now_ms}", "+inf", start=0, num=1,
                                withscores=True)
-            steps += ["state", "probe"]
+            steps.append("probe")
         if "bulkhead" in parts:
-            hk = BulkheadKeys.build(name, prefix)
-            pipe.zcount(hk.leases, f"({now_ms}", "+inf")
-            pipe.hget(hk.meta, "limit")
+            pipe.zcount(keys.bh_leases, f"({now_ms}", "+inf")
+            pipe.hget(keys.bh_meta, "limit")
             steps += ["in_use", "limit"]
         if "budget" in parts:
-            pipe.hgetall(BudgetKeys.build(name, prefix).slices)
+            pipe.hgetall(keys.rb)
             steps.append("budget")
         plan.append(steps)
     replies = iter(pipe.execute(raise_on_error=False))
     rows = []
     for (name, _), steps in zip(items, plan, strict=True):
         got = {step: next(replies) for step in steps}
-        rows.append(_summary(client, prefix, name, got, now_ms))
+        rows.append(_summary(client, prefix, name, got, now_ms, schema))
     return rows
 
 
 def _summary(client: Any, prefix: str, name: str, got: dict[str, Any],
-             now_ms: int) -> dict[str, Any]:
-    row = _empty_row(name)
+             now_ms: int, schema: str = V2) -> dict[str, Any]:
+    row = _empty_row(name, schema)
     if any(isinstance(v, Exception) for v in got.values()):
-        row["error"] = _explain_types(client, prefix, name) or next(
+        row["error"] = _explain_types(client, prefix, name, schema) or next(
             str(v) for v in got.values() if isinstance(v, Exception))
         return row
     try:
-        if got.get("state"):
-            deadlines = [int(score) for _, score in got["probe"]]
+        deadlines = [int(score) for _, score in got.get("probe") or ()]
+        if got.get("record"):
+            meta = dict(zip(_META_FIELDS, got["meta"], strict=True))
+            row["breaker"] = decode_state_record(
+                name, got["record"], {k: v for k, v in meta.items() if v is not None},
+                now_ms, deadlines)
+            row["state"] = row["breaker"]["state"]
+        elif got.get("state"):
             row["breaker"] = decode_state_hash(name, got["state"], now_ms, deadlines)
             row["state"] = row["breaker"]["state"]
         if "in_use" in got:
@@ -497,7 +673,7 @@ def _summary(client: Any, prefix: str, name: str, got: dict[str, Any],
         if got.get("budget"):
             row["budget"] = decode_budget(got["budget"], now_ms)
     except _FOREIGN_CONTENT as exc:
-        row.update(_empty_row(name), error=_content_error(name, exc))
+        row.update(_empty_row(name, schema), error=_content_error(name, exc))
     return row
 
 
@@ -511,29 +687,25 @@ def _content_error(name: str, exc: Exception) -> str:
     return f"keys of {name!r} hold foreign content ({type(exc).__name__}: {exc})"
 
 
-def _explain_types(client: Any, prefix: str, name: str) -> str | None:
+def _explain_types(client: Any, prefix: str, name: str, schema: str = V2) -> str | None:
     """Which of a name's keys holds a foreign type (only asked after a WRONGTYPE)."""
-    for key, kind in _expected_types(name, prefix).items():
+    for key, kind in _expected_types(name, prefix, schema).items():
         found = text(client.type(key))
         if found not in ("none", kind):
             return f"key {key} holds a {found}, expected a {kind}"
     return None
 
 
-def _expected_types(name: str, prefix: str) -> dict[str, str]:
-    bk, hk, rk = (BreakerKeys.build(name, prefix), BulkheadKeys.build(name, prefix),
-                  BudgetKeys.build(name, prefix))
-    return {bk.state: "hash", bk.window: "hash", bk.probes: "zset", bk.history: "stream",
-            hk.leases: "zset", hk.meta: "hash", hk.notify: "list", rk.slices: "hash"}
+def _expected_types(name: str, prefix: str, schema: str = V2) -> dict[str, str]:
+    return NameKeys.build(name, prefix, schema).expected_types()
 
 
-def read_detail(client: Any, prefix: str, name: str) -> dict[str, Any]:
-    """Everything stored about one name (the `show` view). A key of a foreign type is
-    left unread and named in ``error``, as is foreign content (the component whose
-    keys hold it is then None); the rest is read as usual."""
-    bk, hk, rk = (BreakerKeys.build(name, prefix), BulkheadKeys.build(name, prefix),
-                  BudgetKeys.build(name, prefix))
-    expected = _expected_types(name, prefix)
+def read_detail(client: Any, prefix: str, name: str, schema: str = V2) -> dict[str, Any]:
+    """Everything stored about one name in key schema `schema` (the `show` view). A key
+    of a foreign type is left unread and named in ``error``, as is foreign content (the
+    component whose keys hold it is then None); the rest is read as usual."""
+    keys = NameKeys.build(name, prefix, schema)
+    expected = keys.expected_types()
     pipe = client.pipeline(transaction=False)
     for key in expected:
         pipe.type(key)
@@ -543,11 +715,11 @@ def read_detail(client: Any, prefix: str, name: str) -> dict[str, Any]:
     usable = {key for key, kind in expected.items() if found[key] == kind}
     now_ms = server_now_ms(client)
     pipe = client.pipeline(transaction=False)
-    reads = {bk.state: pipe.hgetall, bk.window: pipe.hgetall, hk.meta: pipe.hgetall,
-             rk.slices: pipe.hgetall,
-             bk.probes: lambda k: pipe.zrange(k, 0, -1, withscores=True),
-             hk.leases: lambda k: pipe.zrange(k, 0, -1, withscores=True),
-             bk.history: pipe.xlen}
+    reads = {keys.state: (lambda k: queue_raw(pipe, k)) if schema == V2 else pipe.hgetall,
+             keys.meta: pipe.hgetall, keys.bh_meta: pipe.hgetall, keys.rb: pipe.hgetall,
+             keys.probes: lambda k: pipe.zrange(k, 0, -1, withscores=True),
+             keys.bh_leases: lambda k: pipe.zrange(k, 0, -1, withscores=True),
+             keys.history: pipe.xlen}
     order = [key for key in reads if key in usable]
     for key in order:
         reads[key](key)
@@ -556,17 +728,19 @@ def read_detail(client: Any, prefix: str, name: str) -> dict[str, Any]:
     replies = pipe.execute()
     got: dict[str, Any] = dict(zip(order, replies, strict=False))
     ttls = replies[len(order):]
-    state, window = got.get(bk.state, {}), got.get(bk.window, {})
-    probes, history_len = got.get(bk.probes, []), got.get(bk.history, 0)
-    leases, meta, budget = got.get(hk.leases, []), got.get(hk.meta, {}), got.get(rk.slices, {})
-    detail: dict[str, Any] = {"name": name, "prefix": prefix, "server_time_ms": now_ms,
-                              "exists": bool(state or leases or meta or budget or history_len
-                                             or errors),
+    state, meta = got.get(keys.state) or {}, got.get(keys.meta, {})
+    probes, history_len = got.get(keys.probes, []), got.get(keys.history, 0)
+    leases, bh_meta = got.get(keys.bh_leases, []), got.get(keys.bh_meta, {})
+    budget = got.get(keys.rb, {})
+    detail: dict[str, Any] = {"name": name, "prefix": prefix, "schema": schema,
+                              "server_time_ms": now_ms,
+                              "exists": bool(state or leases or bh_meta or budget
+                                             or history_len or errors),
                               "breaker": None, "bulkhead": None, "budget": None}
-    parts = {"breaker": lambda: _breaker_detail(name, state, window, probes, history_len,
+    parts = {"breaker": lambda: _breaker_detail(name, state, meta, probes, history_len,
                                                 now_ms) if state else None,
-             "bulkhead": lambda: decode_bulkhead(leases, meta, now_ms)
-             if leases or meta else None,
+             "bulkhead": lambda: decode_bulkhead(leases, bh_meta, now_ms)
+             if leases or bh_meta else None,
              "budget": lambda: decode_budget(budget, now_ms) if budget else None}
     for part, read in parts.items():
         try:
@@ -579,13 +753,22 @@ def read_detail(client: Any, prefix: str, name: str) -> dict[str, Any]:
     return detail
 
 
-def _breaker_detail(name: str, state: Mapping[Any, Any], window: Mapping[Any, Any],
+def _breaker_detail(name: str, state: bytes | Mapping[Any, Any], meta: Mapping[Any, Any],
                     probes: Sequence[tuple[Any, Any]], history_len: int,
                     now_ms: int) -> dict[str, Any]:
+    """`state` is a v2 record (bytes, `meta` its meta hash) or a v1 state hash (`meta`
+    its window hash)."""
     deadlines = [int(score) for _, score in probes]
-    breaker = decode_state_hash(name, state, now_ms, deadlines)
-    breaker["window"]["buckets"] = decode_window(
-        breaker["config"], window, breaker["window"]["head"], now_ms)
+    if isinstance(state, (bytes, bytearray)):
+        breaker = decode_state_record(name, state, meta, now_ms, deadlines)
+        try:
+            buckets = decode_record_window(state, breaker["window"]["head"], now_ms)
+        except SchemaError as exc:
+            raise SchemaError(f"breaker {name!r}: {exc}") from None
+    else:
+        breaker = decode_state_hash(name, state, now_ms, deadlines)
+        buckets = decode_window(breaker["config"], meta, breaker["window"]["head"], now_ms)
+    breaker["window"]["buckets"] = buckets
     breaker["probes"] = [{"token": text(tok), "deadline_ms": int(score),
                           "expires_in_s": (int(score) - now_ms) / 1000}
                          for tok, score in probes]
@@ -594,7 +777,7 @@ def _breaker_detail(name: str, state: Mapping[Any, Any], window: Mapping[Any, An
 
 
 def read_history_after(client: Any, prefix: str, after: Mapping[str, str],
-                       batch: int = 500) -> dict[str, list[dict[str, Any]]]:
+                       batch: int = 500, schema: str = V2) -> dict[str, list[dict[str, Any]]]:
     """For each name, its history entries after stream id ``after[name]`` (``"0"``: all),
     oldest first, read in pipelined batches. A stream holds at most 1000 entries
     (MAXLEN), so one XRANGE per name reads all that is new. A name whose history key
@@ -606,7 +789,7 @@ def read_history_after(client: Any, prefix: str, after: Mapping[str, str],
         pipe = client.pipeline(transaction=False)
         for name in chunk:
             last = after[name]
-            pipe.xrange(BreakerKeys.build(name, prefix).history,
+            pipe.xrange(NameKeys.build(name, prefix, schema).history,
                         min="-" if last in ("", "0", "0-0") else f"({last}", max="+",
                         count=1000)
         for name, reply in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
@@ -618,9 +801,22 @@ def read_history_after(client: Any, prefix: str, after: Mapping[str, str],
     return found
 
 
-def read_history(client: Any, prefix: str, name: str, count: int) -> list[dict[str, Any]]:
+def read_history(client: Any, prefix: str, name: str, count: int,
+                 schema: str = V2) -> list[dict[str, Any]]:
     """The last `count` transitions of one breaker, oldest first."""
-    key = BreakerKeys.build(name, prefix).history
+    key = NameKeys.build(name, prefix, schema).history
     _check_type(client, key, "stream")
     entries = client.xrevrange(key, count=count)
     return [decode_history(entry_id, fields, name) for entry_id, fields in reversed(entries)]
+
+
+def read_detail_any(client: Any, prefix: str, name: str,
+                    schema: str | None = None) -> dict[str, Any]:
+    """`read_detail` of `schema`, or without one of v2 unless only v1 keys exist (a worker
+    not yet upgraded); ``other_schemas`` lists the other key schema when it has keys too."""
+    details = {s: read_detail(client, prefix, name, s) for s in SCHEMAS}
+    if schema is None:
+        schema = V1 if details[V1]["exists"] and not details[V2]["exists"] else V2
+    detail = details[schema]
+    detail["other_schemas"] = [s for s, d in details.items() if s != schema and d["exists"]]
+    return detail

@@ -32,6 +32,9 @@ def run_action(app: App, name: str, action: operate.Action, reason: str | None, 
                        + did_you_mean(exc.suggestions)
                        + (" (or give --create to store a new breaker under this name)"
                           if action.creates else "")) from None
+    except operate.OnlyV1 as exc:
+        raise NotFound(str(exc) + (" (or give --create to store a new v2 breaker, which "
+                                   "only v2 workers obey)" if action.creates else "")) from None
     except operate.NoDrift as exc:
         raise NotFound(str(exc)) from None
     except ValueError as exc:  # e.g. an override that would end in the past
@@ -43,6 +46,10 @@ def run_action(app: App, name: str, action: operate.Action, reason: str | None, 
     if result["created"]:
         click.echo(f"note: {name!r} had no keys: stored the new state with no config; the "
                    "first worker's call stores its own", err=True)
+    if operate.has_v1_breaker(app.client, app.prefix, name):
+        click.echo(f"note: {name!r} also has key schema v1 keys: workers not yet upgraded "
+                   "keep their own state and did not see this action (docs/OPERATIONS.md, "
+                   "Rolling deploy)", err=True)
 
 
 def did_you_mean(names: list[str]) -> str:

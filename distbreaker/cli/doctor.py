@@ -1,7 +1,8 @@
 """`distbreaker doctor`: can this Redis (and this ACL user) run distbreaker?
 
 Checks: Redis version and mode, round-trip latency, that every script in lua/
-loads, that the ACL user may run every command on every key and channel the
+loads (EVAL form: SCRIPT LOAD; Redis 7+: the Functions library, FUNCTION LOAD, with
+every function registered), that the ACL user may run every command on every key and channel the
 library needs (ACL DRYRUN on Redis >= 7, nothing executed; the exact ACL SETUSER
 line that fixes what is missing), and memory (an evicting maxmemory-policy, used
 memory near maxmemory). Works for a user without INFO. Exit 1 on a failed check.
@@ -20,7 +21,7 @@ import click
 from .. import readside as view
 from .._runtime.connection import db_of
 from .._runtime.keys import BreakerKeys, events_channel, namespace
-from .._runtime.scripts import load_script, lua_dir
+from .._runtime.scripts import SCRIPT_NAMES, library, load_script, loaded, lua_dir
 from .app import App, cli, emit_json
 
 MIN_VERSION = (5, 0)
@@ -30,10 +31,18 @@ MEMORY_WARN_SHARE = 0.8
 #: Commands the Python side sends itself (scripts run with EVALSHA, EVAL after NOSCRIPT;
 #: a bulkhead waiter blocks on BLPOP).
 LIBRARY_COMMANDS = ("EVALSHA", "EVAL", "BLPOP", "PING")
+#: Commands the library prefers but can do without: on Redis 7+ scripts run as Redis
+#: Functions (FCALL, the library loaded with FUNCTION LOAD); a user denied them makes
+#: workers fall back to the EVAL form (slower per call), so denial is only a warning.
+FUNCTION_COMMANDS = ("FCALL", "FUNCTION|LOAD")
 #: Commands only the operator tools send (a worker's user does not need them).
-OPERATOR_COMMANDS = ("SCAN", "TYPE", "HGETALL", "HGET", "ZRANGE", "ZCOUNT", "ZCARD", "XREVRANGE",
-                     "XLEN", "PTTL", "EXISTS", "TIME", "SUBSCRIBE", "INFO")
-_CALL = re.compile(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]")
+OPERATOR_COMMANDS = ("SCAN", "TYPE", "GET", "GETRANGE", "HGETALL", "HGET", "HMGET", "ZRANGE",
+                     "ZRANGEBYSCORE", "ZCOUNT", "ZCARD", "XRANGE", "XREVRANGE", "XLEN", "PTTL",
+                     "EXISTS", "TIME", "SUBSCRIBE", "INFO")
+#: Names a script binds `redis.call` / `redis.pcall` to (``local rcall = redis.call``).
+_ALIAS = re.compile(r"^\s*local\s+([\w\s,]+?)\s*=\s*([\w\s.,]+?)\s*$", re.M)
+#: A command built as a table before being unpacked into a call: ``{'XADD', K_HIST, ...}``.
+_TABLE_CALL = re.compile(r"\{\s*'([A-Z]+)'\s*,\s*K_")
 
 
 @dataclasses.dataclass
@@ -43,9 +52,22 @@ class Check:
     detail: str
 
 
+def commands_of(source: str) -> list[str]:
+    """Every Redis command a script calls: through ``redis.call`` / ``redis.pcall``, a local
+    alias of either, or a table unpacked into one."""
+    callers = ["redis.call", "redis.pcall"]
+    for names, values in _ALIAS.findall(source):
+        pairs = zip((n.strip() for n in names.split(",")),
+                    (v.strip() for v in values.split(",")), strict=False)
+        callers += [n for n, v in pairs if v in ("redis.call", "redis.pcall")]
+    call = re.compile(r"(?<![\w.])(?:" + "|".join(re.escape(c) for c in callers)
+                      + r")\(\s*['\"]([A-Za-z]+)['\"]")
+    return sorted({m.upper() for m in call.findall(source) + _TABLE_CALL.findall(source)})
+
+
 def script_commands() -> dict[str, list[str]]:
     """Every Redis command each lua/*.lua script calls, by script name."""
-    return {path.stem: sorted({m.upper() for m in _CALL.findall(path.read_text("utf-8"))})
+    return {path.stem: commands_of(path.read_text("utf-8"))
             for path in sorted(lua_dir().glob("*.lua"))}
 
 
@@ -60,6 +82,10 @@ def _dryrun_args(command: str, arity: int, key: str, channel: str, sha: str) -> 
         return [sha, "1", key]
     if command == "EVAL":
         return ["return 1", "1", key]
+    if command == "FCALL":
+        return [load_script("breaker").function, "1", key]
+    if command == "FUNCTION|LOAD":
+        return ["LOAD", "#!lua name=distbreaker_doctor\nreturn 1"]
     if command == "SCAN":
         return ["0"]
     needed = abs(arity) - 1
@@ -79,30 +105,33 @@ def acl_checks(client: Any, prefix: str, version: tuple[int, ...]) -> list[Check
                       "permissions not checked")]
     scripts = script_commands()
     needed = {c: "library" for c in LIBRARY_COMMANDS}
+    needed.update((c, "functions") for c in FUNCTION_COMMANDS)
     for script, commands in scripts.items():
         for c in commands:
             needed.setdefault(c, f"lua/{script}.lua")
     for c in OPERATOR_COMMANDS:
         needed.setdefault(c, "operator")
-    info = client.execute_command("COMMAND", "INFO", *needed)
+    info = client.execute_command("COMMAND", "INFO", *(c.split("|")[0] for c in needed))
     key = BreakerKeys.build("doctor", prefix).state
     channel = events_channel(prefix, db_of(client))
     sha = load_script("breaker").sha
-    denied_lib, denied_ops = [], []
+    denied_lib, denied_ops, denied_fn = [], [], []
     grants: list[str] = []
     for command, used_by in needed.items():
-        meta = info.get(command.lower()) if isinstance(info, dict) else None
+        meta = info.get(command.split("|")[0].lower()) if isinstance(info, dict) else None
         if not meta:
             denied_lib.append(f"{command} (unknown to this server)")
             continue
         args = _dryrun_args(command, int(meta["arity"]), key, channel, sha)
         try:
-            answer = view.text(client.execute_command("ACL", "DRYRUN", user, command, *args))
+            answer = view.text(client.execute_command("ACL", "DRYRUN", user,
+                                                      command.split("|")[0], *args))
         except Exception as exc:
             answer = str(exc)
         if answer != "OK":
-            (denied_ops if used_by == "operator" else denied_lib).append(
-                f"{command} (needed by {used_by}: {answer})")
+            denied = {"operator": denied_ops, "functions": denied_fn}.get(used_by, denied_lib)
+            shown = command.replace("|", " ")
+            denied.append(f"{shown} (needed by {used_by}: {answer})")
             grant = _grant(answer, command, prefix, channel)
             if grant not in grants:
                 grants.append(grant)
@@ -116,11 +145,62 @@ def acl_checks(client: Any, prefix: str, version: tuple[int, ...]) -> list[Check
     else:
         checks.append(Check("acl", "ok", f"ACL user {user!r} may run all "
                             f"{sum(1 for v in needed.values() if v != 'operator')} commands "
-                            f"the library and lua/ scripts need on keys {prefix}:v1:*"))
+                            f"the library and lua/ scripts need on keys {namespace(prefix)}:*"))
+    if denied_fn:
+        checks.append(Check("acl-functions", "warn", "Redis Functions denied: workers run the "
+                            "EVAL form of the scripts instead (slower per call): "
+                            + "; ".join(denied_fn)))
     if denied_ops:
         checks.append(Check("acl-operator", "warn", "operator commands denied (ls/show/events "
                             "need them, workers do not): " + "; ".join(denied_ops)))
     return checks
+
+
+def function_check(client: Any, version: tuple[int, ...]) -> Check:
+    """Whether this version's Functions library is on the server (loading it when missing,
+    as a worker's first call would) with one function per script. Not a failure when it
+    cannot be: workers then run the EVAL form, which the script checks cover."""
+    lib = library()
+    if version < (7, 0):
+        return Check("functions", "skip", f"Redis Functions need Redis >= 7: workers run the "
+                     f"EVAL form of the scripts on {'.'.join(map(str, version))}")
+    try:
+        client.function_load(lib.code)
+        error = None
+    except Exception as exc:
+        error = exc
+    if not loaded(error):
+        return Check("functions", "warn", f"FUNCTION LOAD of library {lib.name} failed "
+                     f"({error}): workers run the EVAL form of the scripts instead")
+    try:
+        listed = client.execute_command("FUNCTION", "LIST", "LIBRARYNAME", lib.name)
+    except Exception as exc:
+        return Check("functions", "warn", f"library {lib.name} loaded, FUNCTION LIST not "
+                     f"permitted ({exc}): its functions not checked")
+    names = set(_function_names(listed, lib.name))
+    missing = [lib.function(n) for n in SCRIPT_NAMES if lib.function(n) not in names]
+    if missing:
+        return Check("functions", "fail", f"library {lib.name} lacks "
+                     f"{', '.join(missing)}: another library of that name holds other code")
+    return Check("functions", "ok", f"library {lib.name} loaded, "
+                 f"{len(SCRIPT_NAMES)} functions (FCALL)")
+
+
+def _function_names(listed: Any, library_name: str) -> list[str]:
+    """The function names of `library_name` in a FUNCTION LIST reply (RESP2 flat lists or
+    RESP3 maps, bytes or str)."""
+    def as_dict(item: Any) -> dict[str, Any]:
+        if isinstance(item, dict):
+            return {view.text(k): v for k, v in item.items()}
+        return {view.text(k): v for k, v in zip(item[::2], item[1::2], strict=False)}
+
+    names: list[str] = []
+    for lib in listed or ():
+        fields = as_dict(lib)
+        if view.text(fields.get("library_name", "")) != library_name:
+            continue
+        names += [view.text(as_dict(f).get("name", "")) for f in fields.get("functions") or ()]
+    return names
 
 
 def _grant(answer: str, command: str, prefix: str, channel: str) -> str:
@@ -130,7 +210,7 @@ def _grant(answer: str, command: str, prefix: str, channel: str) -> str:
         return f"&{channel}"
     if "key" in text:
         return f"~{namespace(prefix)}:*"
-    return f"+{command.lower()}"
+    return f"+{command.lower()}"  # FUNCTION|LOAD: +function|load, not every subcommand
 
 
 def _info(client: Any, section: str) -> dict[str, Any] | None:
@@ -223,6 +303,7 @@ def run_checks(app: App) -> list[Check]:
                                 f"server SHA1 {sha} != client SHA1 {script.sha}"))
         else:
             checks.append(Check(f"script {path.name}", "ok", f"loaded, sha1 {sha[:12]}"))
+    checks.append(function_check(client, version))
 
     checks.extend(acl_checks(client, app.prefix, version))
     checks.extend(memory_checks(client))

@@ -7,6 +7,10 @@ looks like config drift and never replaces the fleet's config with defaults;
 `reset` with ``adopt_drift`` instead sends the config a drifting worker
 reported, which the script then stores (the operator's way to roll the
 fleet's config forward).
+
+Actions act on key schema v2 only. A name whose breaker has only v1 keys (workers
+not yet upgraded) raises `OnlyV1`: this tool never writes v1 keys, and a new v2
+breaker would not reach the v1 workers (docs/OPERATIONS.md, Rolling deploy).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import dataclasses
 from typing import Any
 
 from .. import readside as view
+from .._runtime import state_record
 from .._runtime.keys import BreakerKeys
 from ..breaker.config import BreakerConfig, config_differences
 from ..breaker.events import Transition
@@ -60,6 +65,25 @@ class UnknownBreaker(LookupError):
         super().__init__(f"unknown breaker {name!r} under prefix {prefix!r}")
 
 
+class OnlyV1(LookupError):
+    """The name's breaker has keys of key schema v1 only: its workers run a distbreaker
+    that predates schema v2, which this tool does not write."""
+
+    def __init__(self, name: str, prefix: str) -> None:
+        self.name, self.prefix = name, prefix
+        super().__init__(
+            f"breaker {name!r} exists only in key schema v1 (under {prefix}:v1): its "
+            "workers run a distbreaker older than schema v2, and this tool acts on v2 keys "
+            "only (v1 and v2 workers never share state). Upgrade those workers, or act "
+            "with a v1 distbreaker CLI")
+
+
+def has_v1_breaker(client: Any, prefix: str, name: str) -> bool:
+    """Whether `name` has breaker keys of key schema v1 (state hash or history)."""
+    keys = view.NameKeys.build(name, prefix, view.V1)
+    return bool(client.exists(keys.state, keys.history))
+
+
 class NoDrift(ValueError):
     """`adopt_drift` was asked but no worker reported another config."""
 
@@ -76,20 +100,35 @@ def close_names(wanted: str, names: list[str]) -> list[str]:
 
 
 def read_stored(client: Any, prefix: str, name: str) -> tuple[BreakerConfig | None, str | None]:
-    """(the stored config, the drifting config's wire) of `name`; (None, None) without keys."""
-    key = BreakerKeys.build(name, prefix).state
-    kind = view.text(client.type(key))
-    if kind == "none":
+    """(the stored config, the drifting config's wire) of `name`; (None, None) without a
+    v2 state record."""
+    keys = BreakerKeys.build(name, prefix)
+    kinds = [view.text(client.type(k)) for k in (keys.state, keys.meta)]
+    for key, kind, wanted in zip((keys.state, keys.meta), kinds, ("string", "hash"),
+                                 strict=True):
+        if kind not in ("none", wanted):
+            raise SchemaError(f"key {key} holds a {kind}, expected a {wanted}", key=key)
+    if kinds[0] == "none":
         return None, None
-    if kind != "hash":
-        raise SchemaError(f"key {key} holds a {kind}, expected a hash", key=key)
-    wire, drift = client.hmget(key, ["cfg", "drift_cfg"])
+    header = record_header(client, keys.state, name)
+    wire, drift = client.hmget(keys.meta, ["cfg", "drift_cfg"])
     try:
-        stored = view.text(wire) if wire is not None else view.UNSET_CONFIG
+        stored = view.text(wire) if wire is not None and header["fp"] else view.UNSET_CONFIG
         config = None if stored == view.UNSET_CONFIG else BreakerConfig.from_wire(stored)
     except ValueError as exc:
-        raise SchemaError(f"breaker {name!r}: {exc}", key=key) from None
+        raise SchemaError(f"breaker {name!r}: {exc}", key=keys.meta) from None
     return config or BreakerConfig(), view.text(drift) if drift else None
+
+
+def record_header(client: Any, key: str, name: str) -> dict[str, Any]:
+    """The header fields of a v2 state record (empty when there is none)."""
+    data = view.read_record(client, key, state_record.WINDOW_OFFSET - 1)
+    if data is None:
+        return {}
+    try:
+        return state_record.decode_record(data)
+    except state_record.NotAStateRecord as exc:
+        raise SchemaError(f"breaker {name!r}: key {key} {exc}", key=key) from None
 
 
 def act(client: Any, prefix: str, name: str, action: Action, reason: str, actor: str, *,
@@ -100,12 +139,16 @@ def act(client: Any, prefix: str, name: str, action: Action, reason: str, actor:
     A name with no keys raises UnknownBreaker, except for actions that may create
     one (`open`, `disable`, `metrics-only`): they store a new breaker whose config
     is 'unset' (the first worker stores its own), unless an existing name is close
-    enough to be a typo and `create` was not given. `for_` (seconds) or `until`
+    enough to be a typo and `create` was not given. A name with v1 breaker keys only
+    raises OnlyV1 (with `create`, a creating action stores a new v2 breaker: only v2
+    workers obey it). `for_` (seconds) or `until`
     (epoch seconds) make the action an override that ends by server time.
     """
     config, drift_wire = read_stored(client, prefix, name)
     created = config is None
     if created:
+        if (not action.creates or not create) and has_v1_breaker(client, prefix, name):
+            raise OnlyV1(name, prefix)
         if not action.creates:
             raise UnknownBreaker(name, prefix, close_names(name, breaker_names(client, prefix)))
         similar = close_names(name, breaker_names(client, prefix))
@@ -132,9 +175,10 @@ def act(client: Any, prefix: str, name: str, action: Action, reason: str, actor:
         raise ValueError("reset takes no --for / --until")
     state = _run(breaker, action, reason, actor, for_, until)
     previous = moves[0].from_state.value if moves else str(state)
-    ends = view.text(client.hget(breaker.keys.state, "ov_until") or "0")
+    header = record_header(client, breaker.keys.state, name)
+    ends = header.get("ov_until", 0)
     if action.id == "trip" and state is State.OPEN:
-        ends = view.text(client.hget(breaker.keys.state, "open_until") or "0")
+        ends = header.get("open_until", 0)
     return {"name": name, "action": action.id, "previous": previous, "state": str(state),
             "changed": bool(moves), "created": created, "reason": reason, "actor": actor,
             "at_ms": moves[-1].at_ms if moves else None,

@@ -107,13 +107,23 @@ def budget_cell(rb: dict[str, Any] | None) -> str:
     return f"+{rb['deposits']} -{rb['withdrawals']}{left}"
 
 
+def name_cell(r: dict[str, Any]) -> str:
+    """The name, marked ``[v1]`` for a row read from key schema v1 (workers not yet
+    upgraded; v2 rows are unmarked)."""
+    return printable(r["name"]) + (" [v1]" if r.get("schema") == view.V1 else "")
+
+
+V1_LEGEND = ("[v1]: key schema v1, kept by workers not yet upgraded; they do not share "
+             "state with v2 workers (docs/OPERATIONS.md, Rolling deploy)")
+
+
 def row_cells(r: dict[str, Any]) -> list[str]:
     b, bh = r["breaker"] or {}, r["bulkhead"]
     bulk = "-" if bh is None else f"{bh['in_use']}/{bh['limit'] or '?'}"
     if r["error"]:
         # the error goes last, so its length widens no other column
-        return [printable(r["name"]), "ERROR", "", "", "", "", "", "", printable(r["error"])]
-    return [printable(r["name"]), state_cell(r), duration(b.get("in_state_s")),
+        return [name_cell(r), "ERROR", "", "", "", "", "", "", printable(r["error"])]
+    return [name_cell(r), state_cell(r), duration(b.get("in_state_s")),
             percent(b.get("failure_rate")), percent(b.get("slow_rate")),
             str(b.get("calls", "-")), retry_in(b) if b else "-", bulk,
             budget_cell(r["budget"])]
@@ -148,7 +158,8 @@ def ls_command(app: App, states: tuple[str, ...], as_json: bool) -> None:
     """List every breaker, bulkhead and retry budget under the prefix (SCAN, never KEYS).
 
     BUDGET is +requests -retries =retries left; OPEN (due) is an OPEN whose wait
-    is over (the next call probes).
+    is over (the next call probes). Names marked [v1] are read from key schema v1
+    (workers not yet upgraded, read-only).
     """
     doc = collect(app, states)
     if as_json:
@@ -157,6 +168,8 @@ def ls_command(app: App, states: tuple[str, ...], as_json: bool) -> None:
         click.echo(empty_message(app, doc, states), err=True)
     else:
         click.echo(table(LS_HEADERS, ls_rows(doc), colour_col=1))
+        if any(r.get("schema") == view.V1 for r in doc["breakers"]):
+            click.echo(V1_LEGEND, err=True)
 
 
 # -- show ----------------------------------------------------------------------------
@@ -221,7 +234,15 @@ def drift_lines(name: str, b: dict[str, Any]) -> list[str]:
 
 def show_text(d: dict[str, Any]) -> str:
     now = d["server_time_ms"]
-    lines = [f"{d['name']}  (prefix {d['prefix']}, server time {clock(now)})"]
+    schema = d.get("schema", view.V2)
+    lines = [f"{d['name']}  (prefix {d['prefix']}, key schema {schema}, "
+             f"server time {clock(now)})"]
+    if schema == view.V1:
+        lines.append("schema:    v1 keys of workers not yet upgraded: read-only here, they do "
+                     "not share state with v2 workers (docs/OPERATIONS.md, Rolling deploy)")
+    for other in d.get("other_schemas") or ():
+        lines.append(f"schema:    {d['name']!r} also has {other} keys "
+                     f"(distbreaker show --schema {other} {d['name']})")
     if d.get("error"):
         lines.append(f"error:     {printable(d['error'])} (left unread)")
     b = d["breaker"]
@@ -291,11 +312,17 @@ def unknown(app: App, name: str, what: str = "name") -> NotFound:
 
 @cli.command("show")
 @click.argument("name", callback=check_name)
+@click.option("--schema", type=click.Choice(list(view.SCHEMAS)), help="Read this key "
+              "schema (default: v2, or v1 when only v1 keys exist).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
-def show_command(app: App, name: str, as_json: bool) -> None:
-    """Everything stored about one name: state, config, window, probes, bulkhead, budget."""
-    detail = view.read_detail(app.client, app.prefix, name)
+def show_command(app: App, name: str, schema: str | None, as_json: bool) -> None:
+    """Everything stored about one name: state, config, window, probes, bulkhead, budget.
+
+    Reads key schema v2; a name with only v1 keys (workers not yet upgraded) is read
+    from v1, and the output says which schema it shows.
+    """
+    detail = view.read_detail_any(app.client, app.prefix, name, schema)
     if not detail["exists"]:
         raise unknown(app, name)
     if as_json:
@@ -331,22 +358,25 @@ def recent_events(app: App, name: str | None, count: int) -> list[dict[str, Any]
     if count == 0:
         return []
     invalid: dict[str, list[str]] = {}
+    schema = view.V2
     if name is not None:
         if not client.exists(BreakerKeys.build(name, app.prefix).state,
                              BreakerKeys.build(name, app.prefix).history):
-            raise unknown(app, name, "breaker")
+            if not operate.has_v1_breaker(client, app.prefix, name):
+                raise unknown(app, name, "breaker")
+            schema = view.V1  # only a worker not yet upgraded wrote it: its v1 history
         names = [name]
     else:
         found = view.scan(client, app.prefix)
         names = sorted(n for n, parts in found.names.items() if "breaker" in parts)
         invalid = found.invalid
     errors = {r["name"]: r["error"] for r in view.read_summaries(
-        client, app.prefix, {n: {"breaker"} for n in names}) if r["error"]}
+        client, app.prefix, {n: {"breaker"} for n in names}, schema=schema) if r["error"]}
     errors.update((n, view.invalid_row(n, keys)["error"]) for n, keys in invalid.items())
     merged: list[dict[str, Any]] = []
     for n in names:
         try:
-            merged.extend(view.read_history(client, app.prefix, n, count))
+            merged.extend(view.read_history(client, app.prefix, n, count, schema))
         except SchemaError as exc:  # the history stream holds another type
             errors[n] = "; ".join(e for e in (errors.get(n), str(exc)) if e)
     merged.sort(key=lambda e: (e["at_ms"] or 0, e["id"] or ""))

@@ -19,7 +19,7 @@ import redis
 
 from .app import App, cli, explain
 from .fmt import STATE_COLOURS, clock, describe_counts
-from .views import STATE_CHOICES, collect, row_cells
+from .views import STATE_CHOICES, V1_LEGEND, collect, row_cells
 
 #: Severity rank of a row (smaller is worse); rows sort by it, then by failure rate.
 SEVERITY = {"FORCED_OPEN": 0, "OPEN": 1, "HALF_OPEN": 2, "ERROR": 3, "METRICS_ONLY": 4,
@@ -91,6 +91,8 @@ def render(doc: dict[str, Any] | None, prefix: str, interval: float, width: int,
         parts.append(Text(f"ERROR and {len(errors) - MAX_ERROR_LINES} more (distbreaker ls)",
                           style="red"))
     parts.append(Text(LEGEND, style="dim"))
+    if any(r.get("schema") == "v1" for r in doc["breakers"]):
+        parts.append(Text(V1_LEGEND, style="dim"))
     return Group(*parts)
 
 

@@ -24,7 +24,14 @@ from ..breaker.state import State
 from ..budget.config import MILLIONTHS
 from ..budget.core import BudgetCore
 from ..bulkhead.core import BulkheadCore
-from ..readside import Scan, foreign_key_count, read_history_after, read_summaries, scan
+from ..readside import (
+    V1,
+    Scan,
+    foreign_key_count,
+    read_history_after,
+    read_summaries,
+    scan,
+)
 
 __all__ = ["Family", "MetricsSource", "catalog"]
 
@@ -135,17 +142,18 @@ class MetricsSource:
         """``distbreaker_up`` and, when Redis answered, the fleet-wide families."""
         up, foreign = _up(), _foreign()
         try:
-            rows, found = self._read()
+            rows, legacy, found = self._read()
             self._count_history([r["name"] for r in rows if r["breaker"] is not None])
         except Exception:  # a scrape must never fail because Redis did
             up.add((), 0)
             return [up]
         up.add((), 1)
-        foreign.add((), foreign_key_count(found, rows))
+        foreign.add((), foreign_key_count(found, rows + legacy))
         with self._lock:
             budgets = dict(self._budgets)
             moves = dict(self._fleet_moves)
-        return [up, *_fleet_families(rows, budgets), _fleet_transitions(moves), foreign]
+        return [up, *_fleet_families(rows, budgets), _fleet_transitions(moves), foreign,
+                _v1_states(legacy)]
 
     def _count_history(self, names: list[str]) -> None:
         """Add the history entries written since the last read to the fleet counter (the
@@ -163,9 +171,10 @@ class MetricsSource:
                         self._fleet_moves[(name, event["from"], event["to"])] += 1
                     self._history_ids[name] = event["id"]
 
-    def _read(self) -> tuple[list[dict[str, Any]], Scan]:
-        """The rows of the registered (and discovered) names, and what the scan found:
-        its invalid name parts are counted, never exported as labels."""
+    def _read(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Scan]:
+        """The rows of the registered (and discovered) names, the rows of the v1 breakers
+        discovered (workers not yet upgraded), and what the scan found: its invalid name
+        parts are counted, never exported as labels."""
         with self._lock:
             names = {n: set(parts) for n, parts in self._names.items()}
         found = Scan()
@@ -180,7 +189,10 @@ class MetricsSource:
             if "breaker" in names[row["name"]] and row["breaker"] is None and not row["error"]:
                 row["state"] = State.CLOSED.value  # registered, never called: CLOSED
                 row["never_called"] = True
-        return rows, found
+        legacy = {n: parts for n, parts in found.legacy.items() if "breaker" in parts}
+        legacy_rows = list(read_summaries(self.client, self.prefix,
+                                          {n: {"breaker"} for n in legacy}, schema=V1))
+        return rows, legacy_rows, found
 
     def local(self) -> list[Family]:
         """This process's calls, rejections and transitions (no Redis)."""
@@ -217,6 +229,19 @@ def _foreign() -> Family:
                   "one per name whose keys hold a foreign type or content")
 
 
+def _v1_states(rows: list[dict[str, Any]]) -> Family:
+    """The state of each breaker found in key schema v1 (with discover): the half of the
+    fleet not yet upgraded during a rolling deploy, which trips on its own."""
+    family = _gauge("distbreaker_breaker_v1_state", "Breaker state kept by workers still on "
+                    "key schema v1 (1 for the current state; discover only; a rolling deploy "
+                    "from v1 to v2)", "name", "state")
+    for row in rows:
+        if row["state"] is not None:
+            for value in _STATES:
+                family.add((row["name"], value), 1 if value == row["state"] else 0)
+    return family
+
+
 def _local_families() -> list[Family]:
     return [_counter("distbreaker_calls", "Calls this process ran through a breaker, by "
                      "outcome", "name", "outcome"),
@@ -229,7 +254,7 @@ def _local_families() -> list[Family]:
 def catalog() -> list[Family]:
     """Every family distbreaker exports (no samples), in export order."""
     return [_up(), *_fleet_families([], {}), _fleet_transitions({}), _foreign(),
-            *_local_families()]
+            _v1_states([]), *_local_families()]
 
 
 def _fleet_transitions(moves: dict[tuple[str, str, str], int]) -> Family:

@@ -48,6 +48,9 @@ class DistbreakerCollector(Collector):
       (``discover=True``), plus one per name whose keys hold a foreign type or
       content (that name also gets ``distbreaker_unreadable{name} 1``). The rest
       is exported as usual and ``distbreaker_up`` stays 1.
+    - ``distbreaker_breaker_v1_state{name,state}`` (``discover=True``): the state of
+      each breaker found in key schema v1, kept by workers not yet upgraded during
+      a rolling deploy (they do not share state with v2 workers).
 
     Per process, from the registered objects (no Redis): ``distbreaker_calls_total
     {name,outcome}``, ``distbreaker_rejections_total{name,reason}`` (open,

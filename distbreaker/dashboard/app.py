@@ -123,14 +123,16 @@ class Dashboard:
         name = request.path_params["name"]
         try:
             validate_name(name)
-            found = view.read_detail(self.client, self.prefix, name)
+            schema = request.query_params.get("schema") or None
+            found = view.read_detail_any(self.client, self.prefix, name, schema)
             if not found["exists"]:
                 suggestions = operate.close_names(
                     name, list(view.scan_names(self.client, self.prefix)))
                 return JSONResponse({"error": f"unknown name {name!r}",
                                      "suggestions": suggestions}, status_code=404)
             try:
-                found["history"] = view.read_history(self.client, self.prefix, name, HISTORY)
+                found["history"] = view.read_history(self.client, self.prefix, name, HISTORY,
+                                                     found["schema"])
             except SchemaError:  # the stream key holds another type: found["error"] says so
                 found["history"] = []
         except (SchemaError, ValueError) as exc:
@@ -176,6 +178,8 @@ class Dashboard:
         except operate.UnknownBreaker as exc:
             return JSONResponse({"error": str(exc), "suggestions": exc.suggestions},
                                 status_code=404)
+        except operate.OnlyV1 as exc:
+            return JSONResponse({"error": str(exc), "schema": "v1"}, status_code=409)
         except (SchemaError, ValueError) as exc:
             return JSONResponse({"error": str(exc)}, status_code=422)
         except redis.RedisError as exc:

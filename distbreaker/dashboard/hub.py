@@ -2,7 +2,7 @@
 fleet, and hands each result to every connected browser.
 
 One thread per dashboard process, whatever the number of browsers: it
-subscribes to ``<prefix>:v1:events``; each transition is passed on at once
+subscribes to ``<prefix>:v2:events``; each transition is passed on at once
 (``transition``) and followed by a fresh read of the fleet (``update``); the
 fleet is also re-read every `refresh` seconds, since rates, bulkhead use and
 budgets change without transitions. While Redis is unreachable it sends a
@@ -145,7 +145,7 @@ class Hub:
     def _sample(self, rows: list[dict[str, Any]], now: int) -> None:
         for row in rows:
             breaker = row["breaker"]
-            if breaker is None:
+            if breaker is None or row.get("schema") == view.V1:  # v2's sparkline only
                 continue
             points = self._spark.get(row["name"])
             if points is None:

@@ -175,7 +175,7 @@ def test_a_trip_by_a_worker_shows_within_1s_and_a_cli_close_shows_closed(
     bulkhead = Bulkhead("payments", redis=redis_url, max_concurrent_calls=4)
     held = bulkhead.acquire()
     RetryBudget("payments", redis=redis_url).deposit(20)
-    redis_client.set("distbreaker:v1:{legacy}:cb", "written by someone else")
+    redis_client.hset("distbreaker:v2:{legacy}:cb", "state", "written by someone else")
 
     browser.get(dashboard.base + "/")
     wait_for(lambda: [row_state(browser, n) for n in ("payments", "search", "legacy")]
@@ -183,7 +183,7 @@ def test_a_trip_by_a_worker_shows_within_1s_and_a_cli_close_shows_closed(
     legacy = browser.execute_script(
         "return [...document.querySelectorAll('#rows tr')]"
         ".find(r => r.dataset.name === 'legacy').textContent")
-    assert "holds a string, expected a hash" in legacy
+    assert "holds a hash, expected a string" in legacy
     browser.execute_script("window.__sameDocument = 'yes'")
 
     assert worker.stdin is not None and worker.stdout is not None

@@ -23,6 +23,7 @@ from distbreaker.breaker.state import State
 from distbreaker.demo.embedded import free_port
 from distbreaker.errors import CallNotPermitted
 from tests.helpers.cli import fail, make, run
+from tests.helpers.schema_keys import write_v2
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -232,8 +233,7 @@ def test_operator_action_is_seen_by_workers_and_recorded(
     assert f"-> {expected.value}" in result.stdout
     assert worker.state is expected  # the worker's next read sees it
     assert worker.config_drift is None
-    assert BreakerKeys.build(name).state and redis_client.hget(
-        BreakerKeys.build(name).state, "cfg").decode() == wire
+    assert redis_client.hget(BreakerKeys.build(name).meta, "cfg").decode() == wire
     last = json.loads(run(redis_url, "events", name, "--json", "-n", "1").stdout)
     assert (last["to"], last["reason"], last["actor"]) == (expected.value, f"why {command}",
                                                           "dana")
@@ -285,7 +285,7 @@ def test_release_stale_reaps_a_dead_holders_lease(redis_url: str, redis_client: 
     assert json.loads(result.stdout) == {"name": name, "action": "release-stale",
                                          "released": 1, "in_use": 1, "limit": 2,
                                          "waiting": 0}
-    assert redis_client.zrange(f"distbreaker:v1:{{{name}}}:bh", 0, -1) == [b"live-worker"]
+    assert redis_client.zrange(f"distbreaker:v2:{{{name}}}:bh", 0, -1) == [b"live-worker"]
     assert run(redis_url, "release-stale", "nobody").exit_code == 1
 
 
@@ -337,12 +337,12 @@ def test_wrong_password_exits_1_without_echoing_it(redis_url: str,
 
 
 def test_wrong_type_key(redis_url: str, redis_client: redis.Redis, name: str) -> None:
-    redis_client.set(BreakerKeys.build(name).state, "not a hash")
+    redis_client.hset(BreakerKeys.build(name).state, "state", "v1's layout")
     result = run(redis_url, "show", name)  # shown with the error, the rest read (issue 13)
     assert result.exit_code == 0, result.output
-    assert "error:     key " in result.stdout and "holds a string, expected a hash" in result.stdout
+    assert "error:     key " in result.stdout and "holds a hash, expected a string" in result.stdout
     row = json.loads(run(redis_url, "ls", "--json").stdout)["breakers"][0]
-    assert row["name"] == name and "string" in row["error"]
+    assert row["name"] == name and "hash" in row["error"] and row["schema"] == "v2"
     assert run(redis_url, "open", name, "--reason", "x").exit_code == 1
 
 
@@ -361,7 +361,8 @@ def test_doctor_is_green_on_the_test_server(redis_url: str) -> None:
     assert result.exit_code == 0, result.output
     text = result.stdout
     for needle in ("server: Redis 7", "standalone", "latency: round trip", "breaker.lua: loaded",
-                   "bulkhead.lua: loaded", "acl: ACL user 'default' may run all", "clock:"):
+                   "bulkhead.lua: loaded", "acl: ACL user 'default' may run all", "clock:",
+                   "functions: library distbreaker_", "4 functions (FCALL)"):
         assert needle in text
     doc = json.loads(run(redis_url, "doctor", "--json").stdout)
     assert doc["ok"] is True and {c["status"] for c in doc["checks"]} <= {"ok", "skip"}
@@ -414,11 +415,9 @@ def test_python_m_distbreaker_sees_a_breaker_tripped_by_another_process(
 def many(redis_client: redis.Redis) -> Iterator[int]:
     count = 10_000
     pipe = redis_client.pipeline(transaction=False)
-    wire = make("x", "redis://unused").config.to_wire()
+    config = make("x", "redis://unused").config
     for i in range(count):
-        key = BreakerKeys.build(f"bulk-{i:05d}").state
-        pipe.hset(key, mapping={"v": "1", "cfg": wire, "state": "CLOSED", "since": "1",
-                                "gen": "0"})
+        write_v2(pipe, f"bulk-{i:05d}", config, since=1)
         if i % 2000 == 1999:
             pipe.execute()
     pipe.execute()

@@ -69,7 +69,7 @@ def test_sentinel_urls_work_as_the_library_takes_them(sentinel: EmbeddedSentinel
 def test_version() -> None:
     result = CliRunner().invoke(cli, ["--version"])
     assert result.exit_code == 0
-    assert result.stdout.startswith(f"distbreaker {__version__} (key schema v1")
+    assert result.stdout.startswith(f"distbreaker {__version__} (key schema v2")
 
 
 def test_did_you_mean_for_commands_and_names(redis_url: str) -> None:

@@ -77,7 +77,9 @@ def test_metrics_have_the_prometheus_names_and_the_fleet_values(redis_url: str) 
     prometheus.register(DistbreakerCollector(redis_url, components=[
         breaker, registry.bulkhead("payments"), registry.budget("payments")]))
     prometheus_names = {family.name for family in prometheus.collect()}
-    assert prometheus_names <= set(points) | {"distbreaker_unreadable"}
+    # families without samples in this run (Prometheus lists them empty, OTel not at all)
+    assert prometheus_names <= set(points) | {"distbreaker_unreadable",
+                                              "distbreaker_breaker_v1_state"}
     assert set(points) <= prometheus_names
 
 

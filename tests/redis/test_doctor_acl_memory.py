@@ -33,10 +33,10 @@ def test_a_user_without_channel_permission_gets_the_line_that_fixes_it(
                           "resetchannels", "+@all")
     code, out, err = doctor(f"redis://worker:pw@127.0.0.1:{server.port}/0")
     assert code == 1
-    assert "ACL SETUSER worker &distbreaker:v1:events" in out
+    assert "ACL SETUSER worker &distbreaker:v2:events" in out
     assert "PUBLISH (needed by lua/breaker.lua" in err
     # applying the printed rule fixes it
-    admin.execute_command("ACL", "SETUSER", "worker", "&distbreaker:v1:events")
+    admin.execute_command("ACL", "SETUSER", "worker", "&distbreaker:v2:events")
     code, out, _ = doctor(f"redis://worker:pw@127.0.0.1:{server.port}/0")
     assert code == 0, out
     assert "acl-fix" not in out
@@ -45,7 +45,7 @@ def test_a_user_without_channel_permission_gets_the_line_that_fixes_it(
 def test_a_user_without_info_is_still_checked(server: RedisServer) -> None:
     admin = redis.Redis(port=server.port)
     admin.execute_command("ACL", "SETUSER", "noinfo", "on", ">pw", "~distbreaker:*",
-                          "&distbreaker:v1:events", "+@all", "-info")
+                          "&distbreaker:v2:events", "+@all", "-info")
     code, out, _ = doctor(f"redis://noinfo:pw@127.0.0.1:{server.port}/0")
     assert "server: Redis 7" in out
     assert "skip  memory: INFO memory not permitted" in out
@@ -64,3 +64,16 @@ def test_an_evicting_policy_and_a_nearly_full_redis_are_warned(server: RedisServ
     admin.config_set("maxmemory", "0")
     _, out, _ = doctor(server.url)
     assert "ok    memory-policy: maxmemory-policy noeviction" in out
+
+
+def test_a_user_without_functions_is_warned_not_failed(server: RedisServer) -> None:
+    """FCALL and FUNCTION LOAD are optional: workers denied them run the EVAL form."""
+    admin = redis.Redis(port=server.port)
+    admin.execute_command("ACL", "SETUSER", "nofn", "on", ">pw", "~distbreaker:*",
+                          "&distbreaker:v2:events", "+@all", "-fcall", "-function")
+    code, out, _ = doctor(f"redis://nofn:pw@127.0.0.1:{server.port}/0")
+    assert code == 0, out
+    assert "warn  acl-functions: Redis Functions denied" in out
+    assert "FCALL (needed by functions" in out and "FUNCTION LOAD (needed by functions" in out
+    assert "warn  functions: FUNCTION LOAD of library distbreaker_" in out
+    assert "+fcall" in out and "+function|load" in out  # the ACL line grants just those

@@ -19,6 +19,8 @@ from starlette.testclient import TestClient
 
 from distbreaker import CircuitBreaker
 from distbreaker._runtime.keys import BreakerKeys, BulkheadKeys
+from distbreaker._runtime.state_record import MAGIC, encode_fields
+from distbreaker.breaker.core import config_fingerprint
 from distbreaker.cli.app import cli
 from distbreaker.cli.watch import HEADERS
 from distbreaker.contrib.otel import DistbreakerInstrumentor
@@ -31,7 +33,7 @@ FAST = {"sliding_window_size": 10, "minimum_number_of_calls": 4,
         "failure_rate_threshold": 50, "wait_duration_in_open_state": 30.0,
         "permitted_calls_in_half_open": 2, "key_ttl": 600.0}
 GOOD = [f"dep-{i}" for i in range(5)]
-NS = "distbreaker:v1"
+NS = "distbreaker:v2"
 LONG = "n" * 201
 #: Name parts that are not valid names, each with the start of its row's error.
 INVALID = {"bad name": "not a distbreaker name (name must not contain whitespace",
@@ -40,9 +42,11 @@ INVALID = {"bad name": "not a distbreaker name (name must not contain whitespace
            LONG: "not a distbreaker name (name must be 1-200 characters",
            "\ufffd": "not a distbreaker name (its key is not UTF-8"}
 #: Valid names whose keys hold a foreign type or content, with their row's error.
-FOREIGN = {"x": f"key {NS}:{{x}}:cb holds a string, expected a hash",
-           "garb": "breaker 'garb' has unknown state 'WHAT'",
-           "badcfg": "breaker 'badcfg'",
+FOREIGN = {"x": "breaker 'x': its state record is not a distbreaker v2 state record",
+           "xh": f"key {NS}:{{xh}}:cb holds a hash, expected a string",
+           "garb": "breaker 'garb': its state record has an unknown state code 9",
+           "badcfg": "breaker 'badcfg': ",
+           "badmeta": f"key {NS}:{{badmeta}}:cb:meta holds a string, expected a hash",
            "bh": f"key {NS}:{{bh}}:bh holds a list, expected a zset"}
 ERRORS = {**INVALID, **FOREIGN}
 
@@ -66,14 +70,20 @@ def fleet(redis_url: str, redis_client: redis.Redis) -> dict[str, Any]:
         breaker.close()
     r = redis_client
     r.hset(f"{NS}:{{bad name}}:cb", mapping={"state": "OPEN", "v": "1"})  # redis-cli
-    r.hset(f"{NS}:{{bad name}}:cb:win", "0", "1,0,5")
+    r.hset(f"{NS}:{{bad name}}:cb:meta", "cfg", "x")
     r.hset(f"{NS}:{{ctl\x01x}}:cb", "state", "CLOSED")
     r.set(f"{NS}:{{}}brace}}:cb", "1")
     r.zadd(f"{NS}:{{{LONG}}}:bh", {"holder": 1})
     r.hset(f"{NS}:{{".encode() + b"\xff}:cb", "state", "OPEN")  # not UTF-8
-    r.set(BreakerKeys.build("x").state, "a string")
-    r.hset(BreakerKeys.build("garb").state, mapping={"state": "WHAT", "v": "1"})
-    r.hset(BreakerKeys.build("badcfg").state, mapping={"state": "OPEN", "cfg": "nonsense"})
+    r.set(BreakerKeys.build("x").state, "a string")  # a string that is not a state record
+    r.hset(BreakerKeys.build("xh").state, mapping={"state": "OPEN", "v": "1"})  # v1's layout
+    r.set(BreakerKeys.build("garb").state, encode_fields(b"", magic=MAGIC, state=9))
+    r.set(BreakerKeys.build("badcfg").state,
+          encode_fields(b"", magic=MAGIC, fp=config_fingerprint("nonsense")))
+    r.hset(BreakerKeys.build("badcfg").meta, "cfg", "nonsense")
+    CircuitBreaker("badmeta", redis=redis_url, **FAST).call(lambda: None)
+    r.delete(BreakerKeys.build("badmeta").meta)
+    r.set(BreakerKeys.build("badmeta").meta, "meta of the wrong type")
     r.rpush(BulkheadKeys.build("bh").leases, "a", "b")
     r.set(f"{NS}:{{other}}:unknown-suffix", "ignored")
     return {key: r.dump(key) for key in r.scan_iter(match=f"{NS}:{{*")
@@ -96,7 +106,7 @@ def assert_error_rows(rows: list[dict[str, Any]]) -> None:
         assert (row["state"], row["breaker"], row["bulkhead"], row["budget"]) == (
             None, None, None, None)
     assert by_name["bad name"]["error"].endswith(
-        f"2 foreign keys {NS}:{{bad name}}:cb, {NS}:{{bad name}}:cb:win")
+        f"2 foreign keys {NS}:{{bad name}}:cb, {NS}:{{bad name}}:cb:meta")
 
 
 def test_ls_json_lists_the_5_breakers_and_one_error_row_per_foreign_name(
@@ -116,10 +126,11 @@ def test_ls_text_shows_error_rows_with_control_characters_escaped(
     assert "\x01" not in result.stdout
     for name in GOOD:
         assert any(line.split()[:2] == [name, "OPEN"] for line in lines), result.stdout
-    for shown in ("bad name  ", "ctl\\x01x", "}brace", "\ufffd ", "x ", "garb", "badcfg", "bh "):
+    for shown in ("bad name  ", "ctl\\x01x", "}brace", "\ufffd ", "x ", "xh ", "garb", "badcfg",
+                  "badmeta", "bh "):
         line = next(line for line in lines if line.startswith(shown))
         assert " ERROR " in line
-    assert f"key {NS}:{{x}}:cb holds a string, expected a hash" in result.stdout
+    assert FOREIGN["x"] in result.stdout and FOREIGN["badmeta"] in result.stdout
     # a --state filter keeps only the breakers in that state
     only_open = run(redis_url, "ls", "--state", "open", "--json")
     assert [r["name"] for r in json.loads(only_open.stdout)["breakers"]] == GOOD
@@ -137,7 +148,7 @@ def test_watch_shows_error_rows_after_the_open_breakers(
     assert len(rows) == len(GOOD) + len(ERRORS)
     for row in rows[:5]:  # every column is still there beside the error rows
         assert len(row.split()) == len(HEADERS) and row.split()[1] == "OPEN", row
-    assert f"ERROR x: key {NS}:{{x}}:cb holds a string, expected a hash" in lines
+    assert f"ERROR x: {FOREIGN['x']}" in lines
     assert f"{len(GOOD) + len(ERRORS)} names" in result.stdout
 
 
@@ -206,7 +217,7 @@ def test_reset_all_resets_the_5_and_reports_the_rest(
     # every name with breaker keys that could not be reset (bh and LONG have none)
     assert len(refused) == len(ERRORS) - 2
     assert f"x: not reset: {FOREIGN['x']}" in result.stderr
-    assert "reset 5 breaker(s); 7 name(s)" in result.stderr
+    assert f"reset 5 breaker(s); {len(ERRORS) - 2} name(s)" in result.stderr
     for key, dump in fleet.items():  # nothing foreign was touched
         assert redis_client.dump(key) == dump, key
 
@@ -220,7 +231,8 @@ def test_reset_all_json_has_one_line_per_breaker_and_per_refusal(
     assert sorted(x["name"] for x in done) == GOOD
     assert all(x["state"] == "CLOSED" and x["previous"] == "OPEN" for x in done)
     refused = {x["name"]: x for x in lines if "error" in x}
-    assert set(refused) == {"bad name", "ctl\x01x", "}brace", "\ufffd", "x", "garb", "badcfg"}
+    assert set(refused) == {"bad name", "ctl\x01x", "}brace", "\ufffd", "x", "xh", "garb",
+                            "badcfg", "badmeta"}
     assert refused["garb"] == {"name": "garb", "action": "reset", "error": FOREIGN["garb"]}
 
 
@@ -308,3 +320,18 @@ def test_dashboard_fleet_and_detail_show_the_errors(redis_url: str,
         assert [e["to"] for e in good["history"]] == ["OPEN"]
     finally:
         dashboard.close()
+
+
+def test_a_v2_record_with_an_impossible_window_is_named_by_show(
+        redis_url: str, redis_client: redis.Redis) -> None:
+    """The header reads (ls shows the state) but its window size is no config's, so
+    `show` does not walk a billion slots: it names the record as foreign."""
+    CircuitBreaker("huge", redis=redis_url, **FAST).call(lambda: None)
+    key = BreakerKeys.build("huge").state
+    redis_client.set(key, encode_fields(redis_client.get(key), window_size=10**9))
+    row = json.loads(run(redis_url, "ls", "--json").stdout)["breakers"][0]
+    assert (row["name"], row["state"], row["error"]) == ("huge", "CLOSED", None)
+    detail = json.loads(run(redis_url, "show", "huge", "--json").stdout)
+    assert detail["breaker"] is None
+    assert detail["error"] == ("breaker 'huge': the state record has window type 0 and size "
+                               "1000000000, which no config allows")

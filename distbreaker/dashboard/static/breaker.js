@@ -76,7 +76,7 @@ function render() {
 async function load() {
   if (loading) return loading;
   loading = (async () => {
-    const response = await fetch("/api/breakers/" + encodeURIComponent(NAME));
+    const response = await fetch("/api/breakers/" + encodeURIComponent(NAME) + location.search);
     const body = await response.json();
     const error = document.getElementById("error");
     if (!response.ok) {

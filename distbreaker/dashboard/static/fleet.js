@@ -25,8 +25,11 @@ function take(snapshot) {
   page.serverMs = snapshot.server_time_ms;
   page.receivedAt = Date.now();
   page.prefix = snapshot.prefix;
-  page.rows = new Map(snapshot.rows.map((row) => [row.name, row]));
+  page.rows = new Map(snapshot.rows.map((row) => [rowKey(row), row]));
 }
+
+// A name with keys of both key schemas has two rows: v1 ones are keyed apart.
+function rowKey(row) { return row.schema === "v1" ? "v1:" + row.name : row.name; }
 
 function probes(b) {
   if (!b || b.state !== "HALF_OPEN") return "-";
@@ -52,9 +55,13 @@ function budgetCell(rb) {
 }
 
 function rowElement(row) {
+  const v1 = row.schema === "v1";
   const tr = el("tr", {"data-name": row.name});
+  if (v1) tr.dataset.schema = "v1";
   const nameCell = el("td", {class: "name", title: row.name},
-                      el("a", {href: breakerLink(row.name), text: row.name}));
+                      el("a", {href: breakerLink(row.name) + (v1 ? "?schema=v1" : ""), text: row.name}),
+                      v1 ? el("span", {class: "dim", text: " v1",
+                                        title: "key schema v1: workers not yet upgraded (read-only)"}) : null);
   if (row.error) {
     tr.className = "error";
     tr.append(nameCell, el("td", {}, stateBadge("ERROR")),
@@ -68,7 +75,7 @@ function rowElement(row) {
   const retry = b ? Object.assign({}, b, {retry_in_s: b.state === "OPEN" && b.open_until_ms
                      ? Math.max(0, b.open_until_ms - now) / 1000 : b.retry_in_s}) : null;
   const failure = el("td", {class: "num"}, percent(b && b.failure_rate),
-                     sparkline(page.spark.get(row.name)));
+                     v1 ? null : sparkline(page.spark.get(row.name)));
   tr.append(nameCell,
             el("td", {}, stateBadge(row.state),
                due ? el("span", {class: "dim", text: " probe due"}) : null,
@@ -121,7 +128,7 @@ connectEvents({
   update: (data) => {
     take(data);
     for (const row of data.rows) {
-      if (!row.breaker) continue;
+      if (!row.breaker || row.schema === "v1") continue;
       const points = page.spark.get(row.name) || [];
       const last = points[points.length - 1];
       if (!last || data.server_time_ms - last[0] >= 4000) {
