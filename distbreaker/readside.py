@@ -324,7 +324,10 @@ def decode_state_record(name: str, data: bytes, meta: Mapping[Any, Any], now_ms:
     elif config_fingerprint(wire) != fields["fp"]:
         raise SchemaError(f"breaker {name!r}: the stored cfg {wire!r} does not match the "
                           "state record's config fingerprint")
-    n = {f: int(fields[f]) for f in _STATE_INTS}
+    n = {f: int(fields[f]) for f in _STATE_INTS if f != "hp_issued"}
+    # v2 keeps no issued-permit counter: the probes issued are the reported ones plus
+    # the live leases (what admission counts)
+    n["hp_issued"] = n["hp_done"] + sum(1 for d in probe_deadlines if d > now_ms)
     return _breaker_view(name, State(fields["state"]), n, wire, m, now_ms, probe_deadlines)
 
 
