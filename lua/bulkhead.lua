@@ -53,6 +53,7 @@
 --       longest a waiter needs to block before a reaped lease may free a permit.
 
 local OPS = {acquire = true, release = true, renew = true, cancel = true, metrics = true}
+local COUNTERS = {'rejected', 'acquired', 'lost', 'limit', 'waiters', 'ttl_until'}
 
 local function schema_error(key, msg)
   return redis.error_reply('DISTBREAKER_SCHEMA ' .. key .. ' ' .. msg)
@@ -80,14 +81,21 @@ local function earliest(k)
   return nil, nil
 end
 
+-- Append field, value to the pending HSET's arguments (a table made on first use).
+local function put(args, n, field, value)
+  if not args then args = {} end
+  args[n + 1], args[n + 2] = field, value
+  return args, n + 2
+end
+
 local function not_a_number(key, field)
   return schema_error(key, 'field ' .. field .. ' is not a number')
 end
 
 return function(KEYS, ARGV)
   local K_LEASES, K_META, K_NOTIFY = KEYS[1], KEYS[2], KEYS[3]
-  local op, token = ARGV[1], ARGV[2]
-  local limit, lease_ms, ttl_ms = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+  local op, token, limit_s, ttl_s = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
+  local limit, lease_ms, ttl_ms = tonumber(limit_s), tonumber(ARGV[4]), tonumber(ttl_s)
   local wait_ms = 0
   if ARGV[6] then wait_ms = tonumber(ARGV[6]) end
   if not limit or limit < 1 or not lease_ms or lease_ms < 1 or not ttl_ms or ttl_ms < 1
@@ -98,34 +106,31 @@ return function(KEYS, ARGV)
   if op == 'acquire' and token == '' then return bad_args('acquire needs a token') end
 
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = t[1] * 1000 + math.floor(t[2] / 1000)
 
   -- Reads, before any write ----------------------------------------------------------
-  local m = redis.pcall('HMGET', K_META, 'rejected', 'acquired', 'lost', 'limit')
+  local m = redis.pcall('HMGET', K_META, 'rejected', 'acquired', 'lost', 'limit', 'waiters',
+                        'ttl_until')
   if m['err'] then return failed_on(K_META, 'hash', m) end
-  local rejected, acquired, lost, stored_limit, present = 0, 0, 0, 0, 0
-  if m[1] then
-    rejected, present = tonumber(m[1]), 1
-    if not rejected then return not_a_number(K_META, 'rejected') end
+  local rejected, acquired, lost, stored_limit, stored_waiters, until_ms = 0, 0, 0, 0, 0, nil
+  for i = 1, 6 do
+    if m[i] then
+      local v = tonumber(m[i])
+      if not v then return not_a_number(K_META, COUNTERS[i]) end
+      m[i] = v
+    else
+      m[i] = 0
+    end
   end
-  if m[2] then
-    acquired, present = tonumber(m[2]), present + 1
-    if not acquired then return not_a_number(K_META, 'acquired') end
-  end
-  if m[3] then
-    lost, present = tonumber(m[3]), present + 1
-    if not lost then return not_a_number(K_META, 'lost') end
-  end
-  if m[4] then
-    stored_limit, present = tonumber(m[4]), present + 1
-    if not stored_limit then return not_a_number(K_META, 'limit') end
-  end
+  rejected, acquired, lost, stored_limit, stored_waiters = m[1], m[2], m[3], m[4], m[5]
+  if m[6] > 0 then until_ms = m[6] end
 
-  -- Waiters (w:<token> fields) exist only when meta holds more than the counters.
+  -- Waiters (w:<token> fields) are read only when the hash counts some.
   local waiters, expired, waiting, have = nil, nil, 0, 0
-  if redis.call('HLEN', K_META) > present then
-    waiters, expired = {}, {}
+  if stored_waiters > 0 then
+    waiters = {}
     local all = redis.call('HGETALL', K_META)
+    expired = {}
     for i = 1, #all, 2 do
       local field, value = all[i], tonumber(all[i + 1])
       if value == nil then return not_a_number(K_META, field) end
@@ -145,15 +150,16 @@ return function(KEYS, ARGV)
   local f = redis.pcall('ZRANGE', K_LEASES, 0, 0, 'WITHSCORES')
   if f['err'] then return failed_on(K_LEASES, 'zset', f) end
   local first, first_tok = nil, nil
-  if f[2] then first, first_tok = tonumber(f[2]), f[1] end
+  if f[2] then first, first_tok = f[2] + 0, f[1] end
 
   -- Reap expired leases and waiters (the first writes) --------------------------------
   if first and first <= now then
     redis.call('ZREMRANGEBYSCORE', K_LEASES, '-inf', now)
     first, first_tok = earliest(K_LEASES)
   end
+  local existed = first ~= nil      -- the leases zset exists (it is never empty)
   local in_use = 0
-  if first then in_use = redis.call('ZCARD', K_LEASES) end
+  if existed then in_use = redis.call('ZCARD', K_LEASES) end
   local meta_written, wrote = false, false
   if expired and #expired > 0 then
     redis.call('HDEL', K_META, unpack(expired))
@@ -161,14 +167,14 @@ return function(KEYS, ARGV)
   end
 
   -- The op ----------------------------------------------------------------------------
-  local ok, leased, reread = 1, false, false
+  local ok, leased, reread, keep_for = 1, false, false, 0
   local counter, count = nil, 0     -- the one counter the op changes, and its new value
   local drop = false                -- drop the token's waiter entry
   if op == 'acquire' then
     -- ZSCORE only when full: a free permit is granted (or the lease refreshed) by ZADD.
     if in_use < limit or redis.call('ZSCORE', K_LEASES, token) then
       local deadline = now + lease_ms
-      if redis.call('ZADD', K_LEASES, deadline, token) == 1 then
+      if redis.call('ZADD', K_LEASES, string.format('%d', deadline), token) == 1 then
         in_use = in_use + 1
         acquired = acquired + 1
         counter, count = 'acquired', acquired
@@ -178,14 +184,14 @@ return function(KEYS, ARGV)
       elseif not first or deadline < first then
         first, first_tok = deadline, token
       end
-      wrote, leased, drop = true, true, true
+      wrote, leased, drop, keep_for = true, true, true, lease_ms
     else
       ok = 0
       if wait_ms > 0 then
         local w = 'w:' .. token
         if not (waiters and waiters[w]) then waiting = waiting + 1 end
-        redis.call('HSET', K_META, w, now + wait_ms)
-        wrote, meta_written = true, true
+        redis.call('HSET', K_META, w, string.format('%d', now + wait_ms))
+        wrote, meta_written, keep_for = true, true, wait_ms
       else
         drop = true
         rejected = rejected + 1
@@ -205,13 +211,13 @@ return function(KEYS, ARGV)
   elseif op == 'renew' then
     if redis.call('ZSCORE', K_LEASES, token) then
       local deadline = now + lease_ms
-      redis.call('ZADD', K_LEASES, 'XX', deadline, token)
+      redis.call('ZADD', K_LEASES, 'XX', string.format('%d', deadline), token)
       if token == first_tok then
         reread = true
       elseif deadline < first then
         first, first_tok = deadline, token
       end
-      wrote, leased = true, true
+      wrote, leased, keep_for = true, true, lease_ms
     else
       ok = 0
       lost = lost + 1
@@ -230,18 +236,25 @@ return function(KEYS, ARGV)
     waiting = waiting - 1
     meta_written = true
   end
-  if counter then wrote = true end
-  -- The counter and, from a writing caller, its limit: one HSET.
-  if wrote and stored_limit ~= limit then
-    if counter then
-      redis.call('HSET', K_META, counter, count, 'limit', limit)
-    else
-      redis.call('HSET', K_META, 'limit', limit)
-    end
-    meta_written = true
-  elseif counter then
-    redis.call('HSET', K_META, counter, count)
-    meta_written = true
+  if counter then wrote, meta_written = true, true end
+
+  -- One HSET of what changed: the counter, the limit (from a writing caller), the
+  -- waiter count, and ttl_until when the TTLs are refreshed.
+  local refresh = false
+  if meta_written or leased then
+    refresh = not until_ms or until_ms - now < keep_for or (until_ms - now) * 2 < ttl_ms
+  end
+  local args, n = nil, 0
+  if counter then args, n = put(args, n, counter, string.format('%d', count)) end
+  if wrote and stored_limit ~= limit then args, n = put(args, n, 'limit', limit_s) end
+  if waiting ~= stored_waiters then
+    args, n = put(args, n, 'waiters', string.format('%d', waiting))
+  end
+  if refresh then args, n = put(args, n, 'ttl_until', string.format('%d', now + ttl_ms)) end
+  if n == 2 then
+    redis.call('HSET', K_META, args[1], args[2])
+  elseif n > 0 then
+    redis.call('HSET', K_META, unpack(args, 1, n))
   end
 
   -- Owe exactly min(free, waiting) wake-ups -------------------------------------------
@@ -251,13 +264,18 @@ return function(KEYS, ARGV)
   if free < want then want = free end
   if have < want then
     for _ = have + 1, want do redis.call('LPUSH', K_NOTIFY, '1') end
-    redis.call('PEXPIRE', K_NOTIFY, ttl_ms)
+    redis.call('PEXPIRE', K_NOTIFY, ttl_s)
   elseif have > want then
     if want == 0 then redis.call('DEL', K_NOTIFY) else redis.call('LTRIM', K_NOTIFY, 0, want - 1) end
   end
 
-  if meta_written then redis.call('PEXPIRE', K_META, ttl_ms) end
-  if leased then redis.call('PEXPIRE', K_LEASES, ttl_ms) end
+  -- TTLs: both keys expire at ttl_until, which outlives every lease and waiter deadline.
+  if refresh then
+    redis.call('PEXPIRE', K_META, ttl_s)
+    if in_use > 0 then redis.call('PEXPIRE', K_LEASES, ttl_s) end
+  elseif leased and not existed then
+    redis.call('PEXPIREAT', K_LEASES, string.format('%d', until_ms))
+  end
 
   local next_in = 0
   if in_use > 0 then

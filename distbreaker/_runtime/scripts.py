@@ -483,3 +483,21 @@ async def run_scripts_each_async(client: Any, calls: Sequence[ScriptCallSpec]) -
 async def run_scripts_async(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
     """The asyncio twin of `run_scripts`."""
     return _merged(await run_scripts_each_async(client, calls))
+
+
+def cli(argv: Sequence[str] | None = None) -> int:
+    """``--eval-form FILE``: print the EVAL form of a script file (what
+    scripts/sync_php_lua ships to the PHP client)."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m distbreaker._runtime.scripts")
+    parser.add_argument("--eval-form", metavar="FILE", required=True, type=Path,
+                        help="a script in lua/; its EVAL form goes to stdout")
+    options = parser.parse_args(argv)
+    sys.stdout.write(eval_form(options.eval_form.read_text(encoding="utf-8")))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli())

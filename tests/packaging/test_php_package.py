@@ -1,9 +1,10 @@
 """clients/php is a composer package that carries the Lua it runs.
 
-`lua/` is the one source of the scripts; `scripts/sync_php_lua` copies the ones
-the PHP client loads into `clients/php/lua/`, so that the package works
-wherever composer installs it. These tests check that the copies are
-byte-identical, that the sync script's check catches a stale copy, that
+`lua/` is the one source of the scripts; `scripts/sync_php_lua` writes the EVAL
+form (`distbreaker._runtime.scripts.eval_form`) of the ones the PHP client loads
+into `clients/php/lua/`, so that the package works wherever composer installs
+it. These tests check that the shipped scripts are exactly those EVAL forms,
+that the sync script's check catches a stale copy, that
 composer accepts the package, and that a project installing it with composer
 runs a breaker from its vendor folder alone.
 """
@@ -15,6 +16,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ import redis
 
 import distbreaker
 from distbreaker._runtime.keys import BreakerKeys
+from distbreaker._runtime.scripts import eval_form
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "clients" / "php"
@@ -35,17 +38,24 @@ def scripts_the_php_client_loads() -> set[str]:
     return names
 
 
-def test_the_package_carries_each_script_byte_identical_to_lua() -> None:
+def sync_env() -> dict[str, str]:
+    """The sync script runs this interpreter (it imports distbreaker)."""
+    return {**os.environ, "PYTHON": sys.executable}
+
+
+def test_the_package_carries_the_eval_form_of_each_script() -> None:
     needed = scripts_the_php_client_loads()
     assert needed == {"breaker", "bulkhead", "budget"}
     shipped = {p.stem for p in (PACKAGE / "lua").glob("*.lua")}
     assert shipped == needed, "clients/php/lua must hold exactly the scripts the client loads"
     for name in needed:
         copy, source = PACKAGE / "lua" / f"{name}.lua", ROOT / "lua" / f"{name}.lua"
-        assert copy.read_bytes() == source.read_bytes(), \
-            f"{copy.relative_to(ROOT)} differs from lua/{name}.lua: run scripts/sync_php_lua"
+        assert copy.read_text(encoding="utf-8") == eval_form(source.read_text(encoding="utf-8")), \
+            f"{copy.relative_to(ROOT)} is not the EVAL form of lua/{name}.lua: " \
+            "run scripts/sync_php_lua"
     assert (PACKAGE / "LICENSE").read_bytes() == (ROOT / "LICENSE").read_bytes()
-    result = subprocess.run([str(SYNC), "--check"], capture_output=True, text=True, timeout=30)
+    result = subprocess.run([str(SYNC), "--check"], capture_output=True, text=True, timeout=30,
+                            env=sync_env())
     assert result.returncode == 0, result.stderr
 
 
@@ -63,7 +73,8 @@ def test_sync_script_check_catches_a_stale_copy_and_sync_fixes_it(tmp_path: Path
     sync = tree / "scripts" / "sync_php_lua"
 
     def check() -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(sync), "--check"], capture_output=True, text=True, timeout=30)
+        return subprocess.run([str(sync), "--check"], capture_output=True, text=True, timeout=30,
+                              env=sync_env())
 
     assert check().returncode == 0
     with (tree / "lua" / "breaker.lua").open("a") as edited:
@@ -74,10 +85,10 @@ def test_sync_script_check_catches_a_stale_copy_and_sync_fixes_it(tmp_path: Path
     assert "clients/php/lua/breaker.lua differs" in stale.stderr
     assert "stray.lua is not a script the PHP client runs" in stale.stderr
 
-    subprocess.run([str(sync)], check=True, capture_output=True, timeout=30)
+    subprocess.run([str(sync)], check=True, capture_output=True, timeout=30, env=sync_env())
     assert check().returncode == 0
-    assert (tree / "clients/php/lua/breaker.lua").read_bytes() == \
-        (tree / "lua/breaker.lua").read_bytes()
+    assert (tree / "clients/php/lua/breaker.lua").read_text(encoding="utf-8") == \
+        eval_form((tree / "lua/breaker.lua").read_text(encoding="utf-8"))
     assert not (tree / "clients/php/lua/stray.lua").exists()
 
 
