@@ -5,8 +5,9 @@ declare(strict_types=1);
 namespace Distbreaker;
 
 /**
- * Loads the shared Lua scripts (the package's lua/ folder: the repository's
- * lua/ copied byte for byte by scripts/sync_php_lua) and runs them with
+ * Loads the shared Lua scripts (the package's lua/ folder: the EVAL form of
+ * each script in the repository's lua/, written by scripts/sync_php_lua; point
+ * lua_dir at such forms, not at the repository's lua/) and runs them with
  * EVALSHA, falling back to EVAL on NOSCRIPT (Redis restarted or SCRIPT FLUSH),
  * which caches the script again.
  */
