@@ -25,13 +25,15 @@ return function(KEYS, ARGV)
   if not count or count < 1 or count ~= math.floor(count) then
     return redis.error_reply('DISTBREAKER_ARGS bad policy call count')
   end
-  -- Check the whole header before running anything.
+  -- Check the whole header before running anything; keep the counts.
+  local counts = {}
   local nkeys, nargs = 0, 1 + 3 * count
   for c = 1, count do
     local nk, na = tonumber(ARGV[3 * c]), tonumber(ARGV[3 * c + 1])
     if not RUN[ARGV[3 * c - 1]] or not nk or nk < 0 or not na or na < 0 then
       return redis.error_reply('DISTBREAKER_ARGS bad policy call header for call ' .. c)
     end
+    counts[2 * c - 1], counts[2 * c] = nk, na
     nkeys, nargs = nkeys + nk, nargs + na
   end
   if nkeys ~= #KEYS or nargs ~= #ARGV then
@@ -40,10 +42,10 @@ return function(KEYS, ARGV)
   local replies = {}
   local ki, ai = 1, 2 + 3 * count
   for c = 1, count do
-    local keys, args = {}, {}
-    for i = 1, tonumber(ARGV[3 * c]) do keys[i] = KEYS[ki]; ki = ki + 1 end
-    for i = 1, tonumber(ARGV[3 * c + 1]) do args[i] = ARGV[ai]; ai = ai + 1 end
-    local ok, reply = pcall(RUN[ARGV[3 * c - 1]], keys, args)
+    local nk, na = counts[2 * c - 1], counts[2 * c]
+    local ok, reply = pcall(RUN[ARGV[3 * c - 1]], {unpack(KEYS, ki, ki + nk - 1)},
+                            {unpack(ARGV, ai, ai + na - 1)})
+    ki, ai = ki + nk, ai + na
     if ok then replies[c] = reply else replies[c] = as_error(reply) end
   end
   return replies
