@@ -1,37 +1,46 @@
--- distbreaker fleet-wide bulkhead, key schema v1: a Redis semaphore of leases.
+--!module
+-- distbreaker fleet-wide bulkhead: a Redis semaphore of leases. A module: the
+-- helpers below are defined once (at FUNCTION LOAD, or once per EVAL) and the
+-- chunk returns the entry function.
 --
 -- Keys (all under the name's hash tag, like the breaker's):
--- KEYS[1] leases  <prefix>:v1:{<name>}:bh         zset  member = holder token (any
+-- KEYS[1] leases  <ns>:{<name>}:bh         zset  member = holder token (any
 --                       string; Python uses 24 hex chars), score = lease deadline (server ms)
--- KEYS[2] meta    <prefix>:v1:{<name>}:bh:meta    hash  counters and registered waiters:
+-- KEYS[2] meta    <ns>:{<name>}:bh:meta    hash  counters and registered waiters:
 --                       rejected  calls refused (full on a fail-fast or last-try acquire)
 --                       acquired  permits granted
 --                       lost      renewals or releases that found their lease gone
 --                       limit     max_concurrent_calls of the last writing caller
 --                                 (informational: each call's ARGV[3] governs it)
 --                       w:<token> a waiter's deadline (server ms), reaped when passed
--- KEYS[3] notify  <prefix>:v1:{<name>}:bh:notify  list  one element ("1") per wake-up
+-- KEYS[3] notify  <ns>:{<name>}:bh:notify  list  one element ("1") per wake-up
 --                       owed to waiters; a refused waiter BLPOPs it with a timeout of at
 --                       most min(its remaining wait, next_deadline_in_ms), then acquires again
--- TTLs: every key written by an op gets PEXPIRE key ttl (ARGV[5]); an empty zset or
--- list simply does not exist. Foreign types give 'DISTBREAKER_SCHEMA <key> ...'.
+-- TTLs: PEXPIRE key ttl (ARGV[5]) on the meta hash whenever an op writes it, on the
+-- leases zset whenever a lease is added or renewed (a removal keeps the TTL, which
+-- covers every deadline left in it), on the notify list whenever wake-ups are
+-- pushed. An empty zset or list simply does not exist. Foreign types give
+-- 'DISTBREAKER_SCHEMA <key> ...', always before the op's first write.
 --
 -- ARGV[1] op: acquire | release | renew | cancel | metrics
--- ARGV[2] holder token ("" for metrics)
+-- ARGV[2] holder token ("" for metrics; acquire needs one)
 -- ARGV[3] max_concurrent_calls (integer >= 1)
--- ARGV[4] lease ms (acquire, renew: the new deadline is now + lease)
--- ARGV[5] key ttl ms (every written key gets this PEXPIRE)
+-- ARGV[4] lease ms (>= 1; acquire, renew: the new deadline is now + lease)
+-- ARGV[5] key ttl ms (>= 1)
 -- ARGV[6] acquire: wait ms; 0 = fail fast or last try (when full: counts a rejection
 --         and unregisters the token as a waiter), > 0 = when full, register (or
 --         refresh) the token as a waiter until now + wait ms (Python sends its
---         remaining wait + 1000 ms of grace); other ops: 0
+--         remaining wait + 1000 ms of grace); other ops: 0 (optional, default 0)
 --
--- Every op reads TIME once, reads meta (HGETALL) and the notify length (LLEN)
--- before any write (a key of a foreign type is reported before anything is
--- written), then reaps expired leases (ZREMRANGEBYSCORE -inf now) and waiters
--- whose deadline passed, and ends by making the notify list hold
--- exactly min(free permits, waiters) elements, so a release (or a reaped lease)
--- wakes one waiter, and no stale wake-up outlives the free permit it announced.
+-- Every op reads TIME once, then, before any write: HMGET of the four counters
+-- and HLEN of meta; only when meta holds other fields (registered waiters) the
+-- whole hash (HGETALL) and the notify length (LLEN); the earliest lease (ZRANGE
+-- 0 0). Then it reaps expired leases (ZREMRANGEBYSCORE -inf now, only when the
+-- earliest has expired) and waiters whose deadline passed, and ends by making the
+-- notify list hold exactly min(free permits, waiters) elements, so a release (or
+-- a reaped lease) wakes one waiter, and no stale wake-up outlives the free permit
+-- it announced. With no waiter registered the list is owed nothing and is not
+-- read (every op that leaves no waiter behind leaves it empty).
 --
 -- Reply (all integers): {ok, in_use, limit, waiting, rejected, next_deadline_in_ms,
 --                        now_ms, lost, acquired}
@@ -43,168 +52,239 @@
 --   next_deadline_in_ms: ms until the earliest lease deadline (0: no lease), the
 --       longest a waiter needs to block before a reaped lease may free a permit.
 
-local K_LEASES, K_META, K_NOTIFY = KEYS[1], KEYS[2], KEYS[3]
-local op, token = ARGV[1], ARGV[2]
-local limit, lease_ms, ttl_ms = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local wait_ms = tonumber(ARGV[6] or '0')  -- acquire only; other ops send 0
+local OPS = {acquire = true, release = true, renew = true, cancel = true, metrics = true}
+local COUNTERS = {'rejected', 'acquired', 'lost', 'limit', 'waiters', 'ttl_until'}
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
-if not limit or limit < 1 or not lease_ms or lease_ms < 1 or not ttl_ms or ttl_ms < 1
-    or not wait_ms or wait_ms < 0 then
-  return redis.error_reply('DISTBREAKER_ARGS bad bulkhead arguments')
-end
-
--- Foreign data (the same two helpers in every script) ----------------------------
 local function schema_error(key, msg)
   return redis.error_reply('DISTBREAKER_SCHEMA ' .. key .. ' ' .. msg)
 end
 
--- The schema error for a key holding a type other than want; nil when it holds
--- a want or does not exist.
-local function foreign_type(key, want)
+-- The first command on a key failed: name a foreign type (TYPE runs only here),
+-- else pass the error on (e.g. an ACL refusal on a key of the right type).
+local function failed_on(key, want, reply)
   local found = redis.call('TYPE', key)
   if type(found) == 'table' then found = found['ok'] end
   if found ~= 'none' and found ~= want then
     return schema_error(key, 'holds a ' .. found .. ', expected a ' .. want)
   end
+  return reply
 end
 
--- Read every key before the first write, so a schema error never leaves a
--- partial write behind. The reads run under pcall: a command on a key of a
--- foreign type fails without writing, and only then does foreign_type run TYPE
--- to name what was found (no TYPE on the happy path). A failure on a key of
--- the right type (an ACL refusal) is passed on as it is.
-local function failed(reply) return type(reply) == 'table' and reply['err'] ~= nil end
+local function bad_args(msg)
+  return redis.error_reply('DISTBREAKER_ARGS ' .. msg)
+end
 
-local meta = redis.pcall('HGETALL', K_META)
-if failed(meta) then return foreign_type(K_META, 'hash') or meta end
-local have = redis.pcall('LLEN', K_NOTIFY)
-if failed(have) then return foreign_type(K_NOTIFY, 'list') or have end
+-- The earliest lease: its deadline and token (nil when there is none).
+local function earliest(k)
+  local f = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
+  if f[2] then return tonumber(f[2]), f[1] end
+  return nil, nil
+end
 
-local counters = {rejected = 0, acquired = 0, lost = 0, limit = 0}
-local waiters = {}
-local waiting = 0
-local expired = {}
-for i = 1, #meta, 2 do
-  local field, value = meta[i], tonumber(meta[i + 1])
-  if value == nil then
-    return schema_error(K_META, 'field ' .. field .. ' is not a number')
+-- Append field, value to the pending HSET's arguments (a table made on first use).
+local function put(args, n, field, value)
+  if not args then args = {} end
+  args[n + 1], args[n + 2] = field, value
+  return args, n + 2
+end
+
+local function not_a_number(key, field)
+  return schema_error(key, 'field ' .. field .. ' is not a number')
+end
+
+return function(KEYS, ARGV)
+  local K_LEASES, K_META, K_NOTIFY = KEYS[1], KEYS[2], KEYS[3]
+  local op, token, limit_s, ttl_s = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
+  local limit, lease_ms, ttl_ms = tonumber(limit_s), tonumber(ARGV[4]), tonumber(ttl_s)
+  local wait_ms = 0
+  if ARGV[6] then wait_ms = tonumber(ARGV[6]) end
+  if not limit or limit < 1 or not lease_ms or lease_ms < 1 or not ttl_ms or ttl_ms < 1
+      or not wait_ms or wait_ms < 0 then
+    return bad_args('bad bulkhead arguments')
   end
-  if string.sub(field, 1, 2) == 'w:' then
-    if value <= now then
-      expired[#expired + 1] = field
+  if not OPS[op] then return bad_args('unknown bulkhead op ' .. tostring(op)) end
+  if op == 'acquire' and token == '' then return bad_args('acquire needs a token') end
+
+  local t = redis.call('TIME')
+  local now = t[1] * 1000 + math.floor(t[2] / 1000)
+
+  -- Reads, before any write ----------------------------------------------------------
+  local m = redis.pcall('HMGET', K_META, 'rejected', 'acquired', 'lost', 'limit', 'waiters',
+                        'ttl_until')
+  if m['err'] then return failed_on(K_META, 'hash', m) end
+  local rejected, acquired, lost, stored_limit, stored_waiters, until_ms = 0, 0, 0, 0, 0, nil
+  for i = 1, 6 do
+    if m[i] then
+      local v = tonumber(m[i])
+      if not v then return not_a_number(K_META, COUNTERS[i]) end
+      m[i] = v
     else
-      waiters[field] = value
-      waiting = waiting + 1
+      m[i] = 0
     end
-  elseif counters[field] ~= nil then
-    counters[field] = value
   end
-end
+  rejected, acquired, lost, stored_limit, stored_waiters = m[1], m[2], m[3], m[4], m[5]
+  if m[6] > 0 then until_ms = m[6] end
 
--- Reap expired leases and waiters (the first write) ------------------------------
-local reaped = redis.pcall('ZREMRANGEBYSCORE', K_LEASES, '-inf', now)
-if failed(reaped) then return foreign_type(K_LEASES, 'zset') or reaped end
-if #expired > 0 then redis.call('HDEL', K_META, unpack(expired)) end
-
-local wrote = #expired > 0
-local function incr(field, by)
-  counters[field] = redis.call('HINCRBY', K_META, field, by)
-  wrote = true
-end
-local function drop_waiter(tok)
-  local f = 'w:' .. tok
-  if waiters[f] then
-    redis.call('HDEL', K_META, f)
-    waiters[f] = nil
-    waiting = waiting - 1
-    wrote = true
-  end
-end
-
--- The op --------------------------------------------------------------------------
-local ok = 1
-local in_use = redis.call('ZCARD', K_LEASES)
-
-if op == 'acquire' then
-  if token == '' then return redis.error_reply('DISTBREAKER_ARGS acquire needs a token') end
-  -- ZSCORE only when full: a free permit is granted (or the lease refreshed) by ZADD.
-  if in_use < limit or redis.call('ZSCORE', K_LEASES, token) then
-    if redis.call('ZADD', K_LEASES, now + lease_ms, token) == 1 then
-      in_use = in_use + 1
-      incr('acquired', 1)
+  -- Waiters (w:<token> fields) are read only when the hash counts some.
+  local waiters, expired, waiting, have = nil, nil, 0, 0
+  if stored_waiters > 0 then
+    waiters = {}
+    local all = redis.call('HGETALL', K_META)
+    expired = {}
+    for i = 1, #all, 2 do
+      local field, value = all[i], tonumber(all[i + 1])
+      if value == nil then return not_a_number(K_META, field) end
+      if string.sub(field, 1, 2) == 'w:' then
+        if value <= now then
+          expired[#expired + 1] = field
+        else
+          waiters[field] = value
+          waiting = waiting + 1
+        end
+      end
     end
-    drop_waiter(token)
-    wrote = true
-  else
-    ok = 0
-    if wait_ms > 0 then
-      local f = 'w:' .. token
-      if not waiters[f] then waiting = waiting + 1 end
-      waiters[f] = now + wait_ms
-      redis.call('HSET', K_META, f, now + wait_ms)
+    have = redis.pcall('LLEN', K_NOTIFY)
+    if type(have) == 'table' then return failed_on(K_NOTIFY, 'list', have) end
+  end
+
+  local f = redis.pcall('ZRANGE', K_LEASES, 0, 0, 'WITHSCORES')
+  if f['err'] then return failed_on(K_LEASES, 'zset', f) end
+  local first, first_tok = nil, nil
+  if f[2] then first, first_tok = f[2] + 0, f[1] end
+
+  -- Reap expired leases and waiters (the first writes) --------------------------------
+  if first and first <= now then
+    redis.call('ZREMRANGEBYSCORE', K_LEASES, '-inf', now)
+    first, first_tok = earliest(K_LEASES)
+  end
+  local existed = first ~= nil      -- the leases zset exists (it is never empty)
+  local in_use = 0
+  if existed then in_use = redis.call('ZCARD', K_LEASES) end
+  local meta_written, wrote = false, false
+  if expired and #expired > 0 then
+    redis.call('HDEL', K_META, unpack(expired))
+    meta_written, wrote = true, true
+  end
+
+  -- The op ----------------------------------------------------------------------------
+  local ok, leased, reread, keep_for = 1, false, false, 0
+  local counter, count = nil, 0     -- the one counter the op changes, and its new value
+  local drop = false                -- drop the token's waiter entry
+  if op == 'acquire' then
+    -- ZSCORE only when full: a free permit is granted (or the lease refreshed) by ZADD.
+    if in_use < limit or redis.call('ZSCORE', K_LEASES, token) then
+      local deadline = now + lease_ms
+      if redis.call('ZADD', K_LEASES, string.format('%d', deadline), token) == 1 then
+        in_use = in_use + 1
+        acquired = acquired + 1
+        counter, count = 'acquired', acquired
+      end
+      if token == first_tok then
+        reread = true
+      elseif not first or deadline < first then
+        first, first_tok = deadline, token
+      end
+      wrote, leased, drop, keep_for = true, true, true, lease_ms
+    else
+      ok = 0
+      if wait_ms > 0 then
+        local w = 'w:' .. token
+        if not (waiters and waiters[w]) then waiting = waiting + 1 end
+        redis.call('HSET', K_META, w, string.format('%d', now + wait_ms))
+        wrote, meta_written, keep_for = true, true, wait_ms
+      else
+        drop = true
+        rejected = rejected + 1
+        counter, count = 'rejected', rejected
+      end
+    end
+  elseif op == 'release' then
+    if redis.call('ZREM', K_LEASES, token) == 1 then
+      in_use = in_use - 1
+      reread = token == first_tok
       wrote = true
     else
-      drop_waiter(token)
-      incr('rejected', 1)
+      ok = 0
+      lost = lost + 1
+      counter, count = 'lost', lost
+    end
+  elseif op == 'renew' then
+    if redis.call('ZSCORE', K_LEASES, token) then
+      local deadline = now + lease_ms
+      redis.call('ZADD', K_LEASES, 'XX', string.format('%d', deadline), token)
+      if token == first_tok then
+        reread = true
+      elseif deadline < first then
+        first, first_tok = deadline, token
+      end
+      wrote, leased, keep_for = true, true, lease_ms
+    else
+      ok = 0
+      lost = lost + 1
+      counter, count = 'lost', lost
+    end
+  elseif op == 'cancel' then
+    if redis.call('ZREM', K_LEASES, token) == 1 then
+      in_use = in_use - 1
+      reread = token == first_tok
+    end
+    drop, wrote = true, true
+  end
+
+  if drop and waiters and waiters['w:' .. token] then
+    redis.call('HDEL', K_META, 'w:' .. token)
+    waiting = waiting - 1
+    meta_written = true
+  end
+  if counter then wrote, meta_written = true, true end
+
+  -- One HSET of what changed: the counter, the limit (from a writing caller), the
+  -- waiter count, and ttl_until when the TTLs are refreshed.
+  local refresh = false
+  if meta_written or leased then
+    refresh = not until_ms or until_ms - now < keep_for or (until_ms - now) * 2 < ttl_ms
+  end
+  local args, n = nil, 0
+  if counter then args, n = put(args, n, counter, string.format('%d', count)) end
+  if wrote and stored_limit ~= limit then args, n = put(args, n, 'limit', limit_s) end
+  if waiting ~= stored_waiters then
+    args, n = put(args, n, 'waiters', string.format('%d', waiting))
+  end
+  if refresh then args, n = put(args, n, 'ttl_until', string.format('%d', now + ttl_ms)) end
+  if n == 2 then
+    redis.call('HSET', K_META, args[1], args[2])
+  elseif n > 0 then
+    redis.call('HSET', K_META, unpack(args, 1, n))
+  end
+
+  -- Owe exactly min(free, waiting) wake-ups -------------------------------------------
+  local free = limit - in_use
+  if free < 0 then free = 0 end
+  local want = waiting
+  if free < want then want = free end
+  if have < want then
+    for _ = have + 1, want do redis.call('LPUSH', K_NOTIFY, '1') end
+    redis.call('PEXPIRE', K_NOTIFY, ttl_s)
+  elseif have > want then
+    if want == 0 then redis.call('DEL', K_NOTIFY) else redis.call('LTRIM', K_NOTIFY, 0, want - 1) end
+  end
+
+  -- TTLs: both keys expire at ttl_until, which outlives every lease and waiter deadline.
+  if refresh then
+    redis.call('PEXPIRE', K_META, ttl_s)
+    if in_use > 0 then redis.call('PEXPIRE', K_LEASES, ttl_s) end
+  elseif leased and not existed then
+    redis.call('PEXPIREAT', K_LEASES, string.format('%d', until_ms))
+  end
+
+  local next_in = 0
+  if in_use > 0 then
+    if reread then first = earliest(K_LEASES) end
+    if first then
+      next_in = first - now
+      if next_in < 1 then next_in = 1 end
     end
   end
-elseif op == 'release' then
-  if redis.call('ZREM', K_LEASES, token) == 1 then
-    in_use = in_use - 1
-    wrote = true
-  else
-    ok = 0
-    incr('lost', 1)
-  end
-elseif op == 'renew' then
-  if redis.call('ZSCORE', K_LEASES, token) then
-    redis.call('ZADD', K_LEASES, 'XX', now + lease_ms, token)
-    wrote = true
-  else
-    ok = 0
-    incr('lost', 1)
-  end
-elseif op == 'cancel' then
-  if redis.call('ZREM', K_LEASES, token) == 1 then in_use = in_use - 1 end
-  drop_waiter(token)
-  wrote = true
-elseif op ~= 'metrics' then
-  return redis.error_reply('DISTBREAKER_ARGS unknown bulkhead op ' .. tostring(op))
-end
 
-if wrote and counters.limit ~= limit then
-  redis.call('HSET', K_META, 'limit', limit)
-  counters.limit = limit
+  return {ok, in_use, limit, waiting, rejected, next_in, now, lost, acquired}
 end
-
--- Owe exactly min(free, waiting) wake-ups -----------------------------------------
-local free = limit - in_use
-if free < 0 then free = 0 end
-local want = math.min(free, waiting)
-if have < want then
-  for _ = have + 1, want do redis.call('LPUSH', K_NOTIFY, '1') end
-  wrote = true
-elseif have > want then
-  if want == 0 then redis.call('DEL', K_NOTIFY) else redis.call('LTRIM', K_NOTIFY, 0, want - 1) end
-end
-
-if wrote then
-  redis.call('PEXPIRE', K_META, ttl_ms)
-  if in_use > 0 then redis.call('PEXPIRE', K_LEASES, ttl_ms) end
-  if want > 0 then redis.call('PEXPIRE', K_NOTIFY, ttl_ms) end
-end
-
-local next_in = 0
-if in_use > 0 then
-  local first = redis.call('ZRANGE', K_LEASES, 0, 0, 'WITHSCORES')
-  if #first == 2 then
-    next_in = tonumber(first[2]) - now
-    if next_in < 1 then next_in = 1 end
-  end
-end
-
-return {ok, in_use, limit, waiting, counters.rejected, next_in, now, counters.lost,
-        counters.acquired}

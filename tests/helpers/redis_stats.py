@@ -1,6 +1,6 @@
 """What the server ran, from INFO commandstats: the round-trip assertions' one source.
 
-Redis counts the commands a script runs too, so a round trip is one EVALSHA (or EVAL);
+Redis counts the commands a script runs too, so a round trip is one FCALL (or EVALSHA, EVAL);
 the other names are what the scripts did inside.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import redis
 
-SCRIPT_CALLS = ("evalsha", "eval", "evalsha_ro", "eval_ro")
+SCRIPT_CALLS = ("fcall", "fcall_ro", "evalsha", "eval", "evalsha_ro", "eval_ro")
 _NOT_COUNTED = ("info", "config|resetstat")
 
 

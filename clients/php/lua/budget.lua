@@ -1,31 +1,40 @@
--- distbreaker retry budget (Finagle semantics), key schema v1.
+local main = (function()
+--!module
+-- distbreaker retry budget (Finagle semantics). A module: the helpers below are
+-- defined once (at FUNCTION LOAD, or once per EVAL) and the chunk returns the entry.
 --
 -- One budget per protected name, shared by the fleet. Every logical request
 -- deposits once, every retry withdraws once; over the last ttl the budget is
---   balance = floor(min_retries_per_sec * ttl + percent_can_retry * deposits)
---             - withdrawals
+--   balance = math.floor((reserve + percent_can_retry * deposits) / 1e6) - withdrawals
 -- and a withdrawal succeeds only when balance >= 1. Integer arithmetic only:
--- the reserve and the percentage arrive in millionths, so floor() is exact.
+-- the reserve and the percentage arrive in millionths, so math.floor() is exact.
 --
--- KEYS[1] slices hash  <prefix>:v1:{<name>}:rb
---   v           schema version, "1"
+-- KEYS[1] slices hash  <ns>:{<name>}:rb
+--   v           layout version, "1"
 --   slice_ms    slice length in ms   } the window geometry, fixed by the first
 --   n           slices per window    } writer until the key expires or is deleted
---   head        id of the newest slice (slice id = floor(server_ms / slice_ms))
+--   head        id of the newest slice (slice id = math.floor(server_ms / slice_ms))
 --   D, W        running totals of deposits / withdrawals over the live slices
 --   d:<id>      deposits in slice <id>      (only the last n slices exist:
 --   w:<id>      withdrawals in slice <id>    older ones are evicted lazily)
---   ppm, reserve  the last writer's ARGV[2] and ARGV[3] (informational: lets
+--   ppm, reserve  ARGV[2] and ARGV[3] of the last call that wrote the whole header
+--                 (created the hash or started a slice; informational: lets
 --                 operator tools show the balance; each call uses its own)
---   TTL: PEXPIRE (n + 1) * slice_ms, refreshed by every deposit and withdrawal.
+--   TTL: PEXPIRE (n + 1) * slice_ms by a call that writes and either creates the
+--   hash or moves head to a new slice (at most once per slice): a count written
+--   later in that slice leaves the window (n slices after its own) before the
+--   key expires. A call that writes nothing (balance; a refused withdrawal
+--   carrying no deposits, within the current slice) refreshes nothing.
 --
 -- ARGV[1] op: deposit | withdraw | balance
 -- ARGV[2] percent_can_retry in millionths (0.2 -> 200000)
 -- ARGV[3] reserve = min_retries_per_sec * ttl in millionths (10/s, 10 s -> 100000000)
--- ARGV[4] ttl in ms   ARGV[5] slices per ttl (1-100)
--- ARGV[6] amount: deposits to add (deposit: integer >= 1; other ops ignore it, send 1)
--- ARGV[7] optional, withdraw and balance only: deposits to add first (integer >= 0,
---         default 0), so a client can batch its deposits into its next call
+-- ARGV[4] ttl in ms (>= 1)   ARGV[5] slices per ttl (1-100)
+-- ARGV[6] deposit: deposits to add (integer >= 1, default 1); withdraw and
+--         balance ignore it (clients send 1)
+-- ARGV[7] withdraw and balance only, optional: deposits to add first (integer
+--         >= 0, default 0), so a client can carry its batched deposits into its
+--         next call; deposit ignores it
 --
 -- Reply: {ok, balance, deposits, withdrawals, now_ms, drift}
 --   ok: 1 (deposit, balance: always; withdraw: 1 if taken, 0 if exhausted)
@@ -33,121 +42,138 @@
 --   deposits, withdrawals: D and W over the live window
 --   drift: 1 when the stored geometry differs from ARGV[4]/ARGV[5] (stored wins)
 -- Errors: "DISTBREAKER_SCHEMA <key> ..." (foreign data), "DISTBREAKER_ARGS ...".
+-- Commands on the hot path (same slice, no drift): TIME, HMGET, HSET.
+-- (Globals are looked up per call: while a library loads, Redis hides them.)
 
-local K = KEYS[1]
-local op = ARGV[1]
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
--- Foreign data (the same two helpers in every script) ------------------------
 local function schema_error(key, msg)
   return redis.error_reply('DISTBREAKER_SCHEMA ' .. key .. ' ' .. msg)
 end
 
--- The schema error for a key holding a type other than want; nil when it holds
--- a want or does not exist.
-local function foreign_type(key, want)
+-- A failed first read of K: name the foreign type (TYPE runs only here), or pass
+-- the error on (an ACL refusal on a key of the right type).
+local function read_failed(key, reply)
   local found = redis.call('TYPE', key)
   if type(found) == 'table' then found = found['ok'] end
-  if found ~= 'none' and found ~= want then
-    return schema_error(key, 'holds a ' .. found .. ', expected a ' .. want)
+  if found ~= 'none' and found ~= 'hash' then
+    return schema_error(key, 'holds a ' .. found .. ', expected a hash')
   end
+  return reply
 end
 
-local err = foreign_type(K, 'hash')
-if err then return err end
-
-local ppm, reserve = tonumber(ARGV[2]), tonumber(ARGV[3])
-local ttl_ms, want_n = tonumber(ARGV[4]), tonumber(ARGV[5])
-local amount
-if op == 'deposit' then
-  amount = tonumber(ARGV[6] or '1')
-  if amount and amount < 1 then amount = nil end
-else
-  amount = tonumber(ARGV[7] or '0')
-end
-if (op ~= 'deposit' and op ~= 'withdraw' and op ~= 'balance') or not ppm or ppm < 0
-    or not reserve or reserve < 0 or not ttl_ms or ttl_ms < 1 or not want_n
-    or want_n < 1 or want_n > 100 or not amount or amount < 0
-    or amount ~= math.floor(amount) then
+local function bad_args(op)
   return redis.error_reply('DISTBREAKER_ARGS bad budget arguments for ' .. tostring(op))
 end
 
-local raw = redis.call('HMGET', K, 'v', 'slice_ms', 'n', 'head', 'D', 'W')
-local exists = raw[1] ~= false
-if exists and raw[1] ~= '1' then
-  return schema_error(K, 'has schema version ' .. tostring(raw[1]) .. ', this client speaks 1')
-end
-if not exists and redis.call('EXISTS', K) == 1 then
-  return schema_error(K, 'is a hash without a version')
-end
-
-local want_slice = math.max(1, math.ceil(ttl_ms / want_n))
-local slice_ms, n, head, D, W
-if exists then
-  slice_ms, n, head = tonumber(raw[2]), tonumber(raw[3]), tonumber(raw[4])
-  D, W = tonumber(raw[5]), tonumber(raw[6])
-  if not (slice_ms and n and head and D and W) or slice_ms < 1 or n < 1 or n > 100 then
-    return schema_error(K, 'has corrupt budget fields')
+return function(KEYS, ARGV)
+  local K, op = KEYS[1], ARGV[1]
+  local ppm, reserve = tonumber(ARGV[2]), tonumber(ARGV[3])
+  local ttl_ms, want_n = tonumber(ARGV[4]), tonumber(ARGV[5])
+  local amount, withdraw
+  if op == 'deposit' then
+    amount = tonumber(ARGV[6] or '1')
+    if amount and amount < 1 then amount = nil end
+  elseif op == 'withdraw' or op == 'balance' then
+    withdraw = op == 'withdraw'
+    amount = tonumber(ARGV[7] or '0')
   end
-else
-  slice_ms, n, head, D, W = want_slice, want_n, nil, 0, 0
-end
-local drift = (slice_ms ~= want_slice or n ~= want_n) and 1 or 0
+  if not amount or amount < 0 or amount ~= math.floor(amount) or not ppm or ppm < 0
+      or not reserve or reserve < 0 or not ttl_ms or ttl_ms < 1 or not want_n
+      or want_n < 1 or want_n > 100 then
+    return bad_args(op)
+  end
 
-local function fid(prefix, id) return prefix .. string.format('%d', id) end
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local want_slice = math.ceil(ttl_ms / want_n)
+  if want_slice < 1 then want_slice = 1 end
+  local cur = math.floor(now / want_slice)
 
--- Lazy eviction: drop the slices that left the window (at most n HDELs).
-local cur = math.floor(now / slice_ms)
-local changed = false
-if head == nil then
-  head = cur
-elseif cur > head then
-  if cur - head >= n then
-    for id = head - n + 1, head do redis.call('HDEL', K, fid('d:', id), fid('w:', id)) end
-    D, W = 0, 0
+  -- One read: the header and, when the geometry matches, the current slice.
+  local cs = cur .. ''
+  local raw = redis.pcall('HMGET', K, 'v', 'slice_ms', 'n', 'head', 'D', 'W', 'd:' .. cs,
+                          'w:' .. cs)
+  if raw['err'] then return read_failed(K, raw) end
+  local exists = raw[1] ~= false
+  local slice_ms, n, head, D, W, dh, wh
+  if exists then
+    if raw[1] ~= '1' then
+      return schema_error(K, 'has schema version ' .. tostring(raw[1]) .. ', this client speaks 1')
+    end
+    slice_ms, n, head = tonumber(raw[2]), tonumber(raw[3]), tonumber(raw[4])
+    D, W = tonumber(raw[5]), tonumber(raw[6])
+    if not (slice_ms and n and head and D and W) or slice_ms < 1 or n < 1 or n > 100 then
+      return schema_error(K, 'has corrupt budget fields')
+    end
   else
-    for id = head - n + 1, cur - n do
-      local old = redis.call('HMGET', K, fid('d:', id), fid('w:', id))
-      D = D - (tonumber(old[1]) or 0)
-      W = W - (tonumber(old[2]) or 0)
-      redis.call('HDEL', K, fid('d:', id), fid('w:', id))
+    if redis.call('EXISTS', K) == 1 then return schema_error(K, 'is a hash without a version') end
+    slice_ms, n, head, D, W = want_slice, want_n, nil, 0, 0
+  end
+  local drift = 0
+  if slice_ms ~= want_slice or n ~= want_n then
+    drift = 1
+    cur = math.floor(now / slice_ms)
+  end
+
+  -- Lazy eviction: drop the slices that left the window (at most n of them).
+  local moved = false
+  if head == nil then
+    head, dh, wh = cur, 0, 0
+  elseif cur > head then
+    if cur - head >= n then
+      for id = head - n + 1, head do redis.call('HDEL', K, 'd:' .. id, 'w:' .. id) end
+      D, W = 0, 0
+    else
+      for id = head - n + 1, cur - n do
+        local old = redis.call('HMGET', K, 'd:' .. id, 'w:' .. id)
+        D = D - (tonumber(old[1]) or 0)
+        W = W - (tonumber(old[2]) or 0)
+        redis.call('HDEL', K, 'd:' .. id, 'w:' .. id)
+      end
+    end
+    head, dh, wh, moved = cur, 0, 0, true
+  elseif cur == head and drift == 0 then
+    dh, wh = tonumber(raw[7]) or 0, tonumber(raw[8]) or 0
+  else  -- drift, or the server clock stepped back: count into the newest slice
+    local got = redis.call('HMGET', K, 'd:' .. head, 'w:' .. head)
+    dh, wh = tonumber(got[1]) or 0, tonumber(got[2]) or 0
+  end
+
+  local ok, wrote_d, wrote_w = 1, false, false
+  if amount > 0 then
+    D, dh, wrote_d = D + amount, dh + amount, true
+  end
+  if withdraw then
+    if math.floor((reserve + ppm * D) / 1000000) - W >= 1 then
+      W, wh, wrote_w = W + 1, wh + 1, true
+    else
+      ok = 0
     end
   end
-  head = cur
-  changed = true
-end
--- cur < head (server clock stepped back): keep counting into the newest slice.
 
-local function balance()
-  return math.floor((reserve + ppm * D) / 1000000) - W
-end
-
-local ok = 1
-local write = false
-if amount > 0 then
-  redis.call('HINCRBY', K, fid('d:', head), amount)
-  D = D + amount
-  write = true
-end
-if op == 'withdraw' then
-  if balance() >= 1 then
-    redis.call('HINCRBY', K, fid('w:', head), 1)
-    W = W + 1
-    write = true
-  else
-    ok = 0
+  local write = wrote_d or wrote_w
+  if write and exists and not moved then
+    -- the hot path: one HSET of the counters that changed
+    local hs = head == cur and cs or string.format('%d', head)
+    if wrote_d and wrote_w then
+      redis.call('HSET', K, 'D', D, 'd:' .. hs, dh, 'W', W, 'w:' .. hs, wh)
+    elseif wrote_d then
+      redis.call('HSET', K, 'D', D, 'd:' .. hs, dh)
+    else
+      redis.call('HSET', K, 'W', W, 'w:' .. hs, wh)
+    end
+  elseif write or moved then
+    -- created or a new slice: the whole header, and the TTL
+    local args = {'v', '1', 'slice_ms', slice_ms, 'n', n, 'head', string.format('%d', head), 'D', D,
+                  'W', W, 'ppm', string.format('%d', ppm), 'reserve', string.format('%d', reserve)}
+    if wrote_d then args[#args + 1] = 'd:' .. head; args[#args + 1] = dh end
+    if wrote_w then args[#args + 1] = 'w:' .. head; args[#args + 1] = wh end
+    redis.call('HSET', K, unpack(args))
+    redis.call('PEXPIRE', K, (n + 1) * slice_ms)
   end
+
+  return {ok, math.floor((reserve + ppm * D) / 1000000) - W, D, W, now, drift}
 end
 
-if write or (exists and changed) then
-  redis.call('HSET', K, 'v', '1', 'slice_ms', slice_ms, 'n', n, 'head', string.format('%d', head),
-             'D', D, 'W', W, 'ppm', string.format('%d', ppm),
-             'reserve', string.format('%d', reserve))
-end
-if write then
-  redis.call('PEXPIRE', K, (n + 1) * slice_ms)
-end
-
-return {ok, balance(), D, W, now, drift}
+end)()
+return main(KEYS, ARGV)
