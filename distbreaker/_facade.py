@@ -22,6 +22,7 @@ from .breaker.core import BreakerMetrics, Metrics
 from .breaker.events import Transition
 from .breaker.state import State
 from .budget.config import BudgetConfig
+from .bulkhead.adaptive import AdaptiveLimit
 from .bulkhead.config import BulkheadConfig
 from .bulkhead.core import BulkheadMetrics, BulkheadPermit
 from .errors import (
@@ -29,6 +30,7 @@ from .errors import (
     CallNotPermitted,
     ConfigDriftWarning,
     DistbreakerError,
+    Overloaded,
     RedisUnavailable,
     RetryBudgetExhausted,
     SchemaError,
@@ -39,6 +41,7 @@ from .retry.config import Jitter, RetryConfig
 
 __all__ = [
     "SCHEMA_VERSION",
+    "AdaptiveLimit",
     "AttemptTimeout",
     "BreakerConfig",
     "BreakerMetrics",
@@ -59,6 +62,7 @@ __all__ = [
     "Jitter",
     "Metrics",
     "Outcome",
+    "Overloaded",
     "RecordMode",
     "RedisErrorPolicy",
     "RedisUnavailable",

@@ -156,3 +156,14 @@ class RetryBudgetExhausted(DistbreakerError):
         self.withdrawals = withdrawals
         super().__init__(f"retry budget {name!r} is exhausted (balance {balance}, "
                          f"{deposits} requests and {withdrawals} retries in the window)")
+
+
+class Overloaded(DistbreakerError):
+    """Raise it from a protected call when the dependency answered "overloaded" (an
+    HTTP 429, or 503 with Retry-After): an adaptive bulkhead cuts its limit and pauses
+    increases for `retry_after` seconds; anything else treats it as a failure."""
+
+    def __init__(self, message: str = "the dependency is overloaded",
+                 retry_after: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_after = max(0.0, float(retry_after))

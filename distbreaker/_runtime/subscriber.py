@@ -25,12 +25,14 @@ logger = logging.getLogger("distbreaker")
 _MAX_BACKOFF = 5.0
 
 
-def parse_event(data: Any) -> tuple[str, int] | None:
-    """(breaker name, server ms) of a published transition, None if not one of ours."""
+def parse_event(data: Any) -> tuple[str, int, bool] | None:
+    """(breaker name, server ms, whether it is a recovery: HALF_OPEN -> CLOSED) of a
+    published transition, None if not one of ours."""
     try:
         event = json.loads(data)
-        return str(event["name"]), int(event["at_ms"])
-    except (ValueError, TypeError, KeyError):
+        recovered = event.get("from") == "HALF_OPEN" and event.get("to") == "CLOSED"
+        return str(event["name"]), int(event["at_ms"]), recovered
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None
 
 
@@ -85,11 +87,11 @@ class Subscriber:
         parsed = parse_event(data)
         if parsed is None:
             return
-        name, at_ms = parsed
+        name, at_ms, recovered = parsed
         with self._lock:
             cores = list(self._watched.get(name, ()))
         for core in cores:
-            if core.invalidate(at_ms):
+            if core.invalidate(at_ms, recovered):
                 self.invalidations += 1
 
     def _run(self) -> None:
@@ -159,14 +161,14 @@ class Subscribers:
         if subscriber is not None:
             subscriber.unwatch(core)
 
-    def made_transition(self, core: BreakerCore, at_ms: int) -> None:
+    def made_transition(self, core: BreakerCore, at_ms: int, recovered: bool = False) -> None:
         """`core`'s own reply reported a transition: breakers of the same name in this
         process drop their views now (without waiting for the pub/sub message)."""
         subscriber = self._of_core.get(id(core))
         if subscriber is None:
             return
         for sibling in subscriber.siblings_of(core):
-            if sibling.invalidate(at_ms):
+            if sibling.invalidate(at_ms, recovered):
                 subscriber.invalidations += 1
 
     def _after_fork(self) -> None:

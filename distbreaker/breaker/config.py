@@ -101,6 +101,12 @@ class BreakerConfig:
     call returns except None (as Resilience4j never tests a null result): True
     counts that call as a failure, the value is still returned to the caller.
     Exceptions never reach it, and results never reach the exception rules.
+    `ramp_duration` > 0 turns on slow start: after HALF_OPEN -> CLOSED the fleet admits
+    a share of calls growing from `ramp_start` to 1 over `ramp_duration` seconds from
+    the transition's server time; each worker rejects the rest locally
+    (CallNotPermitted with reason "ramping"), so a recovering dependency is not hit by
+    every worker at once. Workers learn of the recovery from the reply that made it or
+    from the events channel (with `subscribe`).
     """
 
     failure_rate_threshold: float = 50.0
@@ -133,6 +139,8 @@ class BreakerConfig:
     wait_interval_multiplier: float = 1.0
     max_wait_duration_in_open_state: Seconds = 0.0
     wait_randomization_factor: float = 0.0
+    ramp_duration: Seconds = 0.0
+    ramp_start: float = 0.1
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -211,6 +219,11 @@ class BreakerConfig:
                              "between wait_duration_in_open_state and key_ttl, "
                              f"got {self.max_wait_duration_in_open_state!r}")
         put(self, "max_wait_duration_in_open_state", cap)
+        put(self, "ramp_duration", to_seconds(self.ramp_duration, "ramp_duration"))
+        ramp = self.ramp_start
+        if isinstance(ramp, bool) or not isinstance(ramp, (int, float)) or not 0 < ramp <= 1:
+            raise ValueError(f"ramp_start must be a number in (0, 1], got {ramp!r}")
+        put(self, "ramp_start", float(ramp))
         try:
             put(self, "on_redis_error", RedisErrorPolicy(self.on_redis_error))
         except ValueError:
@@ -276,8 +289,9 @@ class BreakerConfig:
                  _AFTER_HALF_OPEN_CODES[State(self.transition_after_max_wait_in_half_open)],
                  _num(self.wait_interval_multiplier),
                  str(to_ms(self.max_wait_duration_in_open_state)),
-                 _num(self.wait_randomization_factor)]
-        defaults = ["C", "O", "1", "0", "0"]
+                 _num(self.wait_randomization_factor),
+                 str(to_ms(self.ramp_duration)), _num(self.ramp_start)]
+        defaults = ["C", "O", "1", "0", "0", "0", "0.1"]
         while extra and extra[-1] == defaults[len(extra) - 1]:
             extra.pop()
         return ";".join(parts + extra)
@@ -304,6 +318,8 @@ class BreakerConfig:
             mult = float(parts[14]) if len(parts) > 14 else 1.0
             cap = int(parts[15]) / 1000 if len(parts) > 15 else 0.0
             spread = float(parts[16]) if len(parts) > 16 else 0.0
+            ramp_ms = int(parts[17]) if len(parts) > 17 else 0
+            ramp_start = float(parts[18]) if len(parts) > 18 else 0.1
         except (ValueError, KeyError):
             raise ValueError(f"not a v{WIRE_VERSION} breaker config wire string: "
                              f"{wire!r}") from None
@@ -317,6 +333,7 @@ class BreakerConfig:
             key_ttl=ttl / 1000, initial_state=initial,
             transition_after_max_wait_in_half_open=after, wait_interval_multiplier=mult,
             max_wait_duration_in_open_state=cap, wait_randomization_factor=spread,
+            ramp_duration=ramp_ms / 1000, ramp_start=ramp_start,
         )
 
 
@@ -331,7 +348,7 @@ WIRE_FIELDS = ("sliding_window_type", "sliding_window_size", "minimum_number_of_
                "max_wait_in_half_open", "half_open_lease", "key_ttl", "slow_call_duration",
                "initial_state", "transition_after_max_wait_in_half_open",
                "wait_interval_multiplier", "max_wait_duration_in_open_state",
-               "wait_randomization_factor")
+               "wait_randomization_factor", "ramp_duration", "ramp_start")
 
 
 def config_differences(ours: BreakerConfig,

@@ -12,6 +12,7 @@ import dataclasses
 import datetime
 import hashlib
 import logging
+import random
 import secrets
 import threading
 import time
@@ -51,6 +52,7 @@ class Step(str, Enum):
     PERMIT = "permit"    # run now, no round trip
     REJECT = "reject"    # fail fast, no round trip
     ACQUIRE = "acquire"  # ask Redis (or the local fallback) with the acquire script
+    RAMP = "ramp"        # slow start after a recovery turned this call down (no round trip)
 
 
 #: Outcome counts as the record script takes them: (successes, failures, slow, total_ms).
@@ -257,6 +259,11 @@ class BreakerCodec:
         self._view_actor = ""
         self._override_deadline = 0.0            # monotonic end of an override (0: none)
         self._revalidate = config.revalidate_interval
+        #: Slow start after a recovery: monotonic start and end of the ramp (0: none);
+        #: `ramp_enabled` False when an adaptive bulkhead restarts low instead (Policy).
+        self._ramp_from = 0.0
+        self._ramp_until = 0.0
+        self.ramp_enabled = config.ramp_duration > 0
         self._event_errors_logged = False
         self._view_now_ms = 0
         self._own_transition_ms = -1             # server ms of this process's last transition
@@ -346,11 +353,35 @@ class BreakerCodec:
         operator's action or a missed pub/sub message is seen within that bound.
         """
         view = self._view
+        if view is State.CLOSED and now < self._ramp_until and random.random() >= \
+                self._ramp_share(now):
+            return Step.RAMP
         if view in (State.CLOSED, State.DISABLED, State.METRICS_ONLY):
             return Step.PERMIT
         if view in (State.OPEN, State.FORCED_OPEN) and now < self._view_until:
             return Step.REJECT
         return Step.ACQUIRE
+
+    def _ramp_share(self, now: float) -> float:
+        """The share of calls slow start admits at monotonic time `now`."""
+        start = self.config.ramp_start
+        return start + (1.0 - start) * (now - self._ramp_from) / self.config.ramp_duration
+
+    def recovered(self, at_ms: int, now: float, now_ms: int) -> None:
+        """The breaker closed after half-open probes at server time `at_ms` (this
+        process's reply, or the events channel): slow start runs from then."""
+        if not self.ramp_enabled:
+            return
+        started = now - max(0, now_ms - at_ms) / 1000.0
+        with self._lock:
+            self._ramp_from = started
+            self._ramp_until = started + self.config.ramp_duration
+
+    def ramp_rejection(self, now: float) -> CallNotPermitted:
+        """A call slow start turned down: retry after a share of the ramp left."""
+        self._count_rejection("RAMPING")
+        left = max(0.0, self._ramp_until - now)
+        return CallNotPermitted(self.name, State.CLOSED, min(left, 1.0), reason="ramping")
 
     def local_rejection(self, now: float) -> CallNotPermitted:
         """The rejection of a call the local view turned down (no round trip)."""
@@ -372,9 +403,12 @@ class BreakerCodec:
         """Redis could not be asked: the next call must ask (or use the fallback) again."""
         self._view = None
 
-    def invalidate(self, at_ms: int) -> bool:
+    def invalidate(self, at_ms: int, recovered: bool = False) -> bool:
         """A transition made elsewhere at server time `at_ms` (pub/sub): unless a reply
-        already told us of it, the next call asks Redis. True when the view was dropped."""
+        already told us of it, the next call asks Redis. True when the view was dropped.
+        `recovered`: it was HALF_OPEN -> CLOSED (slow start begins)."""
+        if recovered:
+            self.recovered(at_ms, time.monotonic(), at_ms)
         with self._lock:
             if at_ms < self._view_now_ms or at_ms == self._own_transition_ms:
                 return False
@@ -406,6 +440,8 @@ class BreakerCodec:
                         self._counted_since, self.not_permitted = reply.since_ms, 0
                 if reply.transitions:
                     self._own_transition_ms = reply.now_ms
+            if any(a is State.HALF_OPEN and b is State.CLOSED for a, b, _ in reply.transitions):
+                self.recovered(reply.now_ms, now, reply.now_ms)
             if reply.event_errors:
                 self._note_event_errors(reply.event_errors)
             if reply.drift:
@@ -565,6 +601,7 @@ class BreakerCore:
         self._listeners = Listeners(EVENT_KINDS)
         self._health = RedisHealth(self.config.redis_retry_max_backoff)
         self._local = LocalScriptRunner()
+        self._recovery_callbacks: list[Any] = []
         #: The flusher batched outcomes go to (record_mode "batched"; set by the front end).
         self._flusher: Any = None
         #: Subscribed to the transitions channel in this process (see _watch_transitions).
@@ -645,10 +682,25 @@ class BreakerCore:
         """This process's calls by outcome and rejections by state (for exporters)."""
         return self._codec.local_counts()
 
-    def invalidate(self, at_ms: int) -> bool:
+    def invalidate(self, at_ms: int, recovered: bool = False) -> bool:
         """A transition another process made at server time `at_ms` (pub/sub): unless a
-        reply already reported it, the next call asks Redis. True when the view was dropped."""
-        return self._codec.invalidate(at_ms)
+        reply already reported it, the next call asks Redis. True when the view was dropped.
+        `recovered`: HALF_OPEN -> CLOSED (slow start, when configured, begins)."""
+        if recovered:
+            self._on_recovery()
+        return self._codec.invalidate(at_ms, recovered)
+
+    def on_recovery(self, callback: Any) -> None:
+        """Call `callback()` whenever this breaker closes after half-open probes (made
+        here or seen on the events channel): a Policy restarts its adaptive limit."""
+        self._recovery_callbacks.append(callback)
+
+    def _on_recovery(self) -> None:
+        for callback in list(self._recovery_callbacks):
+            try:
+                callback()
+            except Exception:
+                logger.exception("circuit breaker %s: recovery callback failed", self.name)
 
     # -- the steps around each Redis call (the front ends only send them) -------------
     def _stop_watching(self) -> None:
@@ -674,6 +726,8 @@ class BreakerCore:
             return _PERMITTED
         if step is Step.REJECT:
             raise self._rejected(codec.local_rejection(now))
+        if step is Step.RAMP:
+            raise self._rejected(codec.ramp_rejection(now))
         call, token = codec.acquire_call()
         return AcquireStep(Step.ACQUIRE, self._pending(call, acquiring=True, token=token,
                                                        sent_at=now), token)
@@ -847,7 +901,11 @@ class BreakerCore:
 
     def _publish(self, reply: Reply, source: str) -> Reply:
         if reply.transitions and source == "redis":
-            SUBSCRIBERS.made_transition(self, reply.now_ms)
+            recovered = any(a is State.HALF_OPEN and b is State.CLOSED
+                            for a, b, _ in reply.transitions)
+            SUBSCRIBERS.made_transition(self, reply.now_ms, recovered)
+            if recovered:
+                self._on_recovery()
         for event in self._codec.apply(reply, time.monotonic(), source):
             log_transition(event)
             if self._listeners.wanted:

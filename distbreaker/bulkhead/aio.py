@@ -92,9 +92,9 @@ class Bulkhead(BulkheadCore):
                                       call.args)
 
     # -- permits ------------------------------------------------------------------------
-    async def acquire(self) -> BulkheadPermit:
+    async def acquire(self, priority: str | int | None = None) -> BulkheadPermit:
         """Take one permit (waiting up to max_wait_duration); raises BulkheadFull."""
-        attempt = self._codec.begin_acquire()
+        attempt = self._codec.begin_acquire(priority)
         if attempt.via_redis:
             for orphan in attempt.orphans:
                 await self._cancel(orphan)
@@ -164,7 +164,8 @@ class Bulkhead(BulkheadCore):
         else:
             self._renewals.pop(permit, None)
 
-    async def _release_pending(self, permit: BulkheadPermit) -> PendingCall | None:
+    async def _release_pending(self, permit: BulkheadPermit,
+                               error: BaseException | None = None) -> PendingCall | None:
         """The local part of a release; the script call still owed to Redis, if any."""
         codec = self._codec
         if permit.local:
@@ -183,7 +184,7 @@ class Bulkhead(BulkheadCore):
                     if codec.take_release(permit) and codec.health.usable():
                         self._in_background(self._cancel(permit.token))
                     raise
-        return codec.release_pending(permit)
+        return codec.release_pending(permit, error)
 
     def _in_background(self, work: Awaitable[None]) -> None:
         """Finish `work` (a release cut short by a cancellation) in a kept task."""
@@ -191,15 +192,18 @@ class Bulkhead(BulkheadCore):
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def owed_release(self, permit: BulkheadPermit) -> Owed | None:
+    async def owed_release(self, permit: BulkheadPermit,
+                           error: BaseException | None = None) -> Owed | None:
         """Release locally now; the release call still owed to Redis (for a Policy to
-        pipeline with others), or None."""
-        pending = await self._release_pending(permit)
+        pipeline with others), or None. `error`: how the call ended (adaptive limits)."""
+        pending = await self._release_pending(permit, error)
         return None if pending is None else Owed(self._loop().client, pending)
 
-    async def release(self, permit: BulkheadPermit) -> None:
-        """Give a permit back (idempotent). A lease found gone marks the permit lost."""
-        pending = await self._release_pending(permit)
+    async def release(self, permit: BulkheadPermit,
+                      error: BaseException | None = None) -> None:
+        """Give a permit back (idempotent). A lease found gone marks the permit lost.
+        `error` (None: the call returned) is what an adaptive limit learns from."""
+        pending = await self._release_pending(permit, error)
         if pending is None:
             return
         try:
@@ -226,9 +230,12 @@ class Bulkhead(BulkheadCore):
         permit = await self.acquire()
         await self.check_lease(permit)
         try:
-            return await fn(*args, **kwargs)
-        finally:
-            await self.release(permit)
+            result = await fn(*args, **kwargs)
+        except BaseException as error:
+            await self.release(permit, error)
+            raise
+        await self.release(permit)
+        return result
 
     def __call__(self, fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
         return decorate_async(self.call, fn, "Bulkhead")
@@ -244,9 +251,16 @@ class Bulkhead(BulkheadCore):
         for i in range(len(blocks) - 1, -1, -1):
             if blocks[i][0] is self:
                 _open_blocks.set(blocks[:i] + blocks[i + 1:])
-                await self.release(blocks[i][1])
+                await self.release(blocks[i][1], exc)
                 return
         raise RuntimeError("async with bulkhead: exit without a matching enter in this task")
+
+    async def restart_limit(self) -> None:
+        """Slow start: an adaptive limit restarts at its minimum (a Policy does this when
+        its breaker closes after a recovery). Does nothing for a fixed limit."""
+        if self.config.adaptive is not None:
+            with redis_unavailable_as(f"bulkhead {self.name!r}"):
+                await self._run(self._codec.restart_call())
 
     # -- metrics -------------------------------------------------------------------------
     async def metrics(self) -> BulkheadMetrics:

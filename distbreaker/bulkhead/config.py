@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from .._runtime.options import Seconds, check_int, check_redis_options, merge_options, to_seconds
+from .adaptive import AdaptiveLimit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,6 +24,13 @@ class BulkheadConfig:
     expected_workers)``, so the fleet stays near its limit when the user says
     how many processes share it. `fallback_limit=0` rejects every call while
     Redis is down (fail closed). The fallback is never unlimited.
+
+    `adaptive` (an `AdaptiveLimit`, or a mapping of its fields) makes the limit
+    fleet-wide adaptive: it lives in Redis and moves with the outcomes every worker
+    reports, and `max_concurrent_calls` only sizes the local fallback. Calls may carry
+    a priority (`acquire(priority=...)`): near the limit `critical` calls may use all
+    of it, `normal` ones all but `critical_reserve`, `sheddable` ones at most
+    `sheddable_share` of it, so lower priorities are shed first, fleet-wide.
     """
 
     max_concurrent_calls: int = 25
@@ -33,9 +41,19 @@ class BulkheadConfig:
     key_ttl: Seconds = 3600.0
     redis_timeout: Seconds = 0.25
     redis_retry_max_backoff: Seconds = 5.0
+    adaptive: AdaptiveLimit | None = None
+    critical_reserve: float = 0.1
+    sheddable_share: float = 0.7
 
     def __post_init__(self) -> None:
         put = object.__setattr__
+        put(self, "adaptive", AdaptiveLimit.build(self.adaptive))  # type: ignore[arg-type]
+        for field in ("critical_reserve", "sheddable_share"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or (not 0 <= value < 1 and not (field == "sheddable_share" and value == 1)):
+                raise ValueError(f"{field} must be a number in [0, 1), got {value!r}")
+            put(self, field, float(value))
         check_int(self.max_concurrent_calls, "max_concurrent_calls", 1, _MAX_LIMIT)
         check_int(self.expected_workers, "expected_workers", 1, _MAX_LIMIT)
         if self.fallback_limit is not None:

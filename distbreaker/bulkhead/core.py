@@ -24,6 +24,7 @@ from .._runtime.options import to_ms
 from .._runtime.scripts import LuaScript, PendingCall, load_script
 from ..breaker.core import ScriptCall
 from ..errors import BulkheadFull
+from .adaptive import outcome_of, priority_level, priority_share
 from .config import BulkheadConfig, build_bulkhead_config
 
 logger = logging.getLogger("distbreaker")
@@ -143,6 +144,7 @@ class BulkheadCodec:
         self.health = RedisHealth(config.redis_retry_max_backoff)
         self._lease_ms = max(1, to_ms(config.lease))
         self._ttl_ms = max(1, to_ms(config.key_ttl))
+        self._adaptive = config.adaptive.wire() if config.adaptive is not None else ""
         self._lock = threading.Lock()
         self.rejected_here = 0
         self.lost_here = 0
@@ -165,23 +167,39 @@ class BulkheadCodec:
         self._orphans = []  # the parent's to cancel, not ours
 
     # -- script calls -------------------------------------------------------------
-    def _call(self, op: str, token: str, extra: int = 0) -> ScriptCall:
+    def _call(self, op: str, token: str, extra: int = 0, *tail: Any) -> ScriptCall:
         keys = self.keys
         return ScriptCall((keys.leases, keys.meta, keys.notify),
                           (op, token, self.config.max_concurrent_calls, self._lease_ms,
-                           self._ttl_ms, extra))
+                           self._ttl_ms, extra, self._adaptive, *tail))
 
     @staticmethod
     def new_token() -> str:
         return secrets.token_hex(12)
 
-    def acquire_call(self, token: str, remaining: float) -> ScriptCall:
-        """Acquire; with time left, a refusal registers `token` as a waiter."""
+    def acquire_call(self, token: str, remaining: float, share: int = 1_000_000) -> ScriptCall:
+        """Acquire; with time left, a refusal registers `token` as a waiter. `share`: of
+        the limit this call's priority may use (millionths)."""
         wait_ms = to_ms(remaining) + WAITER_GRACE_MS if remaining > 0 else 0
-        return self._call("acquire", token, wait_ms)
+        if share >= 1_000_000:
+            return self._call("acquire", token, wait_ms)
+        return self._call("acquire", token, wait_ms, share)
 
-    def release_call(self, token: str) -> ScriptCall:
-        return self._call("release", token)
+    def release_call(self, token: str, outcome: str = "", latency_ms: int = 0,
+                     retry_after_ms: int = 0) -> ScriptCall:
+        """Release; an adaptive bulkhead also gets the call's outcome and latency."""
+        if not outcome or not self._adaptive:
+            return self._call("release", token)
+        return self._call("release", token, 0, outcome, latency_ms, retry_after_ms)
+
+    def restart_call(self) -> ScriptCall:
+        """Slow start: an adaptive limit restarts at its minimum (after a recovery)."""
+        return self._call("restart", "")
+
+    def share(self, priority: str | int | None) -> int:
+        """The share of the limit (millionths) a call of `priority` may use."""
+        return priority_share(priority_level(priority), self.config.critical_reserve,
+                              self.config.sheddable_share)
 
     def renew_call(self, token: str) -> ScriptCall:
         return self._call("renew", token)
@@ -194,8 +212,8 @@ class BulkheadCodec:
         return self._call("metrics", "")
 
     # -- decisions -------------------------------------------------------------------
-    def begin_acquire(self) -> Acquisition:
-        return Acquisition(self)
+    def begin_acquire(self, priority: str | int | None = None) -> Acquisition:
+        return Acquisition(self, self.share(priority))
 
     def block_for(self, remaining: float, reply: BulkheadReply, cap: float) -> float:
         """How long a refused waiter blocks on the notify list before asking again.
@@ -265,12 +283,19 @@ class BulkheadCodec:
                        reason="lost" if permit.lost else "")
         return permit.local or not permit.lost
 
-    def release_pending(self, permit: BulkheadPermit) -> PendingCall | None:
+    def release_pending(self, permit: BulkheadPermit,
+                        error: BaseException | None = None) -> PendingCall | None:
         """Mark `permit` released; the release call Redis is still owed (sent by a shell
-        or pipelined by a Policy), or None. Redis unavailable: the lease expires."""
+        or pipelined by a Policy), or None. Redis unavailable: the lease expires. `error`
+        (None: the call returned) is what an adaptive limit learns from."""
         if not self.take_release(permit):
             return None
-        call = self.release_call(permit.token)
+        if self._adaptive:
+            outcome, retry_after_ms = outcome_of(error)
+            latency_ms = max(0, to_ms(time.monotonic() - permit.acquired_at))
+            call = self.release_call(permit.token, outcome, latency_ms, retry_after_ms)
+        else:
+            call = self.release_call(permit.token)
 
         def released(raw: Any) -> None:
             self.health.succeeded()
@@ -341,8 +366,9 @@ class Acquisition:
     step. The shells only send the calls, block on the notify list and take semaphores.
     """
 
-    def __init__(self, codec: BulkheadCodec) -> None:
+    def __init__(self, codec: BulkheadCodec, share: int = 1_000_000) -> None:
         self._codec = codec
+        self._share = share
         self.started = time.monotonic()
         self.deadline = self.started + codec.config.max_wait_duration
         #: False: Redis is in backoff, the local fallback semaphore decides.
@@ -362,7 +388,7 @@ class Acquisition:
         """The next acquire call; with time left, a refusal registers us as a waiter."""
         self._remaining = self.remaining()
         self._sent_at = time.monotonic()
-        return self._codec.acquire_call(self.token, self._remaining)
+        return self._codec.acquire_call(self.token, self._remaining, self._share)
 
     def answer(self, raw: Sequence[Any]) -> BulkheadPermit | None:
         """The permit Redis granted, or None: wait `block_for()` on the notify list, then

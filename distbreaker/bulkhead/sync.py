@@ -173,9 +173,9 @@ class Bulkhead(BulkheadCore):
         return pending is not None and send(self._client, pending)
 
     # -- permits ------------------------------------------------------------------------
-    def acquire(self) -> BulkheadPermit:
+    def acquire(self, priority: str | int | None = None) -> BulkheadPermit:
         """Take one permit (waiting up to max_wait_duration); raises BulkheadFull."""
-        attempt = self._codec.begin_acquire()
+        attempt = self._codec.begin_acquire(priority)
         if attempt.via_redis:
             for orphan in attempt.orphans:
                 self._cancel(orphan)
@@ -228,7 +228,8 @@ class Bulkhead(BulkheadCore):
             self._fallback_in_use += 1
         return attempt.local_permit()
 
-    def _release_pending(self, permit: BulkheadPermit) -> PendingCall | None:
+    def _release_pending(self, permit: BulkheadPermit,
+                         error: BaseException | None = None) -> PendingCall | None:
         """The local part of a release; the script call still owed to Redis, if any."""
         if permit.local:
             if self._codec.take_release(permit):
@@ -237,17 +238,19 @@ class Bulkhead(BulkheadCore):
                 self._fallback.release()
             return None
         self._renewer.remove(permit)
-        return self._codec.release_pending(permit)
+        return self._codec.release_pending(permit, error)
 
-    def owed_release(self, permit: BulkheadPermit) -> Owed | None:
+    def owed_release(self, permit: BulkheadPermit,
+                     error: BaseException | None = None) -> Owed | None:
         """Release locally now; the release call still owed to Redis (for a Policy to
-        pipeline with others), or None."""
-        pending = self._release_pending(permit)
+        pipeline with others), or None. `error`: how the call ended (adaptive limits)."""
+        pending = self._release_pending(permit, error)
         return None if pending is None else Owed(self._client, pending)
 
-    def release(self, permit: BulkheadPermit) -> None:
-        """Give a permit back (idempotent). A lease found gone marks the permit lost."""
-        pending = self._release_pending(permit)
+    def release(self, permit: BulkheadPermit, error: BaseException | None = None) -> None:
+        """Give a permit back (idempotent). A lease found gone marks the permit lost.
+        `error` (None: the call returned) is what an adaptive limit learns from."""
+        pending = self._release_pending(permit, error)
         if pending is not None:
             send(self._client, pending)
 
@@ -266,9 +269,12 @@ class Bulkhead(BulkheadCore):
         permit = self.acquire()
         self.check_lease(permit)
         try:
-            return fn(*args, **kwargs)
-        finally:
-            self.release(permit)
+            result = fn(*args, **kwargs)
+        except BaseException as error:
+            self.release(permit, error)
+            raise
+        self.release(permit)
+        return result
 
     def __call__(self, fn: Callable[P, T]) -> Callable[P, T]:
         return decorate_sync(self.call, fn, "Bulkhead")
@@ -280,7 +286,14 @@ class Bulkhead(BulkheadCore):
         return permit
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        self.release(self._tls.stack.pop())
+        self.release(self._tls.stack.pop(), exc)
+
+    def restart_limit(self) -> None:
+        """Slow start: an adaptive limit restarts at its minimum (a Policy does this when
+        its breaker closes after a recovery). Does nothing for a fixed limit."""
+        if self.config.adaptive is not None:
+            with redis_unavailable_as(f"bulkhead {self.name!r}"):
+                self._run(self._codec.restart_call())
 
     # -- metrics -------------------------------------------------------------------------
     def metrics(self) -> BulkheadMetrics:

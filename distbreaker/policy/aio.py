@@ -64,6 +64,28 @@ class Policy(PolicyCore):
         self._sleep = sleep
         self.timeout = check_timeout(timeout)
         self._background: set[asyncio.Future[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _restart_limit(self) -> None:
+        """Called from the reply handling (in the loop) or the events thread: the restart
+        runs as a task of the loop the policy last ran in."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+
+        async def restart() -> None:
+            try:
+                await self.bulkhead.restart_limit()
+            except UNAVAILABLE_ERRORS as failure:
+                logger.warning("policy %s: could not restart the adaptive limit: %s",
+                               self.name, failure)
+
+        def start() -> None:
+            task = asyncio.ensure_future(restart())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+        loop.call_soon_threadsafe(start)
 
     async def _flush(self, owed: Sequence[Owed | None]) -> None:
         """Send owed calls, shielded: a cancellation (e.g. a timeout around the call)
@@ -119,7 +141,8 @@ class Policy(PolicyCore):
             ran.ended(await self._within(fn(*args, **kwargs), attempt), None)
         except BaseException as error:
             ran.ended(None, error)
-        release = await bulkhead.owed_release(slot) if slot is not None else None
+        error = self.settle_response(ran)
+        release = await bulkhead.owed_release(slot, error) if slot is not None else None
         await self._flush(self.owed_after(ran, attempt, permit, release))
         reason = self.trip_reason(ran)
         if reason is not None:
@@ -148,6 +171,7 @@ class Policy(PolicyCore):
     async def call(self, fn: Callable[P, Awaitable[T]], /, *args: P.args,
                    **kwargs: P.kwargs) -> T:
         """Await `fn(*args, **kwargs)` under the whole policy."""
+        self._loop = asyncio.get_running_loop()
         try:
             return await run_flow(self._flow(), functools.partial(self._attempt, fn, args, kwargs),
                                   self.budget, self._sleep)

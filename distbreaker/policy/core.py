@@ -130,6 +130,16 @@ class PolicyCore:
         self.classifier = http_classifier or (
             retry.config.http_classifier if retry is not None else None) or DEFAULT_HTTP_CLASSIFIER
         self._core: RetryCore | None = retry._core if retry is not None else None
+        if (self.breaker is not None and self.bulkhead is not None
+                and self.bulkhead.config.adaptive is not None):
+            # Slow start with an adaptive bulkhead: its limit restarts low instead.
+            self.breaker._codec.ramp_enabled = False
+            self.breaker.on_recovery(self._restart_limit)
+
+    def _restart_limit(self) -> None:
+        """The breaker closed after a recovery: restart the adaptive limit low (each
+        flavour sends it its own way)."""
+        raise NotImplementedError
 
     def without_retry(self) -> Any:
         """A copy sharing this policy's breaker, bulkhead and budget (still deposited
@@ -181,6 +191,13 @@ class PolicyCore:
 
     def is_hard_stop(self, error: BaseException) -> bool:
         return self.verdict(error) is HttpVerdict.HARD_STOP
+
+    def settle_response(self, ran: Ran) -> BaseException | None:
+        """A returned response that is an error becomes the attempt's error (before the
+        bulkhead release, which reports it to an adaptive limit); the error, if any."""
+        if ran.error is None:
+            ran.error = self.response_error(ran.result)
+        return ran.error
 
     def owed_after(self, ran: Ran, attempt: int, permit: Any,
                    release: Owed | None) -> list[Owed | None]:

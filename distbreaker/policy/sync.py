@@ -73,6 +73,13 @@ class Policy(PolicyCore):
                     fallback_on_client_error, http_classifier)
         self._sleep = sleep
 
+    def _restart_limit(self) -> None:
+        try:
+            self.bulkhead.restart_limit()
+        except UNAVAILABLE_ERRORS as failure:
+            logger.warning("policy %s: could not restart the adaptive limit: %s", self.name,
+                           failure)
+
     # -- Redis -------------------------------------------------------------------------
     def _flush(self, owed: Sequence[Owed | None]) -> None:
         """Send owed calls: one pipeline per Redis client (one in all when shared)."""
@@ -112,7 +119,8 @@ class Policy(PolicyCore):
             ran.ended(fn(*args, **kwargs), None)
         except BaseException as error:
             ran.ended(None, error)
-        release = bulkhead.owed_release(slot) if slot is not None else None
+        error = self.settle_response(ran)
+        release = bulkhead.owed_release(slot, error) if slot is not None else None
         self._flush(self.owed_after(ran, attempt, permit, release))
         reason = self.trip_reason(ran)
         if reason is not None:

@@ -1,0 +1,113 @@
+"""The adaptive bulkhead's settings, call priorities, and what a finished call reports.
+
+The limit itself moves in lua/bulkhead.lua, by server time, from the outcomes every
+worker reports (docs/ADAPTIVE.md has the algorithm and its references); this module
+only turns settings and outcomes into the script's arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .._runtime.options import check_int
+from ..breaker.classify import status_of
+from ..errors import BulkheadFull, CallNotPermitted, Overloaded
+
+#: Named priorities, most important first (an int is accepted too: 0 is critical).
+PRIORITIES = {"critical": 0, "normal": 1, "sheddable": 2}
+_MILLION = 1_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveLimit:
+    """A fleet-wide concurrency limit that finds the dependency's capacity.
+
+    It starts at `initial_limit` (default: `min_limit` x 4, within the bounds) and
+    stays in [`min_limit`, `max_limit`]. A failure, timeout or overload answer
+    multiplies it by `backoff_ratio` (at most once per short-term latency: a burst is
+    one signal); an `Overloaded` error's retry_after also pauses increases. Successes
+    feed a short and a long moving average of the latency: while the short one stays
+    below `tolerance` x the long one and the limit is in use, it grows by about
+    sqrt(limit) per `1 / smoothing` successes; when latency rises above that, it
+    shrinks in proportion (Netflix concurrency-limits' Gradient2).
+    """
+
+    min_limit: int = 1
+    max_limit: int = 200
+    initial_limit: int | None = None
+    backoff_ratio: float = 0.9
+    tolerance: float = 1.5
+    smoothing: float = 0.2
+
+    def __post_init__(self) -> None:
+        check_int(self.min_limit, "min_limit", 1, 1_000_000)
+        check_int(self.max_limit, "max_limit", self.min_limit, 1_000_000)
+        if self.initial_limit is None:
+            object.__setattr__(self, "initial_limit",
+                               min(self.max_limit, max(self.min_limit, 4 * self.min_limit)))
+        check_int(self.initial_limit, "initial_limit", self.min_limit, self.max_limit)
+        for field, low, high in (("backoff_ratio", 0.1, 0.999), ("tolerance", 1.0, 10.0),
+                                 ("smoothing", 0.001, 1.0)):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not low <= value <= high:
+                raise ValueError(f"{field} must be a number in [{low}, {high}], got {value!r}")
+
+    @classmethod
+    def build(cls, value: AdaptiveLimit | dict[str, Any] | None) -> AdaptiveLimit | None:
+        """An AdaptiveLimit from itself, a mapping of its fields (config files), or None."""
+        if value is None or isinstance(value, AdaptiveLimit):
+            return value
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - {f.name for f in dataclasses.fields(cls)})
+            if unknown:
+                raise TypeError(f"unknown adaptive option(s): {', '.join(unknown)}")
+            return cls(**value)
+        raise TypeError(f"adaptive must be an AdaptiveLimit or a mapping, got {value!r}")
+
+    def wire(self) -> str:
+        """ARGV[7] of the bulkhead script."""
+        return ",".join(str(v) for v in (
+            self.min_limit, self.max_limit, self.initial_limit,
+            round(self.backoff_ratio * _MILLION), round(self.tolerance * _MILLION),
+            round(self.smoothing * _MILLION)))
+
+
+def priority_level(priority: str | int | None) -> int:
+    """0 critical, 1 normal (the default), 2 and above sheddable."""
+    if priority is None:
+        return 1
+    if isinstance(priority, str):
+        try:
+            return PRIORITIES[priority.lower()]
+        except KeyError:
+            raise ValueError(f"priority must be one of {', '.join(PRIORITIES)} or an int "
+                             f">= 0, got {priority!r}") from None
+    if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
+        raise ValueError(f"priority must be one of {', '.join(PRIORITIES)} or an int >= 0, "
+                         f"got {priority!r}")
+    return priority
+
+
+def priority_share(level: int, critical_reserve: float, sheddable_share: float) -> int:
+    """The share of the limit (millionths) calls of `level` may use: critical all of
+    it, normal all but the critical reserve, sheddable at most `sheddable_share`."""
+    if level <= 0:
+        return _MILLION
+    normal = 1.0 - critical_reserve
+    share = normal if level == 1 else min(normal, sheddable_share)
+    return max(1, round(share * _MILLION))
+
+
+def outcome_of(error: BaseException | None) -> tuple[str, int]:
+    """What a finished call reports to an adaptive limit: ("ok" | "drop" | "429" | "",
+    Retry-After ms). Rejections by distbreaker itself and cancellations report nothing."""
+    if error is None:
+        return "ok", 0
+    if not isinstance(error, Exception) or isinstance(error, (BulkheadFull, CallNotPermitted)):
+        return "", 0
+    if isinstance(error, Overloaded) or status_of(error) == 429:
+        retry_after = getattr(error, "retry_after", 0.0) or 0.0
+        return "429", max(0, round(float(retry_after) * 1000))
+    return "drop", 0
