@@ -107,6 +107,11 @@ class BreakerConfig:
     (CallNotPermitted with reason "ramping"), so a recovering dependency is not hit by
     every worker at once. Workers learn of the recovery from the reply that made it or
     from the events channel (with `subscribe`).
+    `min_failing_workers` > 1 gates the failure-rate trip on a quorum: the breaker
+    opens fleet-wide only when failures came from at least that many distinct workers
+    (process ids) within `quorum_window` seconds; until then the worker whose record
+    found the rates exceeded opens its own local view for one open wait (a worker
+    with a broken network path cannot open the breaker for everyone).
     """
 
     failure_rate_threshold: float = 50.0
@@ -141,6 +146,8 @@ class BreakerConfig:
     wait_randomization_factor: float = 0.0
     ramp_duration: Seconds = 0.0
     ramp_start: float = 0.1
+    min_failing_workers: int = 1
+    quorum_window: Seconds = 60.0
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -224,6 +231,9 @@ class BreakerConfig:
         if isinstance(ramp, bool) or not isinstance(ramp, (int, float)) or not 0 < ramp <= 1:
             raise ValueError(f"ramp_start must be a number in (0, 1], got {ramp!r}")
         put(self, "ramp_start", float(ramp))
+        check_int(self.min_failing_workers, "min_failing_workers", 1, 10_000)
+        put(self, "quorum_window", to_seconds(self.quorum_window, "quorum_window",
+                                              positive=True))
         try:
             put(self, "on_redis_error", RedisErrorPolicy(self.on_redis_error))
         except ValueError:
@@ -290,8 +300,9 @@ class BreakerConfig:
                  _num(self.wait_interval_multiplier),
                  str(to_ms(self.max_wait_duration_in_open_state)),
                  _num(self.wait_randomization_factor),
-                 str(to_ms(self.ramp_duration)), _num(self.ramp_start)]
-        defaults = ["C", "O", "1", "0", "0", "0", "0.1"]
+                 str(to_ms(self.ramp_duration)), _num(self.ramp_start),
+                 str(self.min_failing_workers), str(to_ms(self.quorum_window))]
+        defaults = ["C", "O", "1", "0", "0", "0", "0.1", "1", "60000"]
         while extra and extra[-1] == defaults[len(extra) - 1]:
             extra.pop()
         return ";".join(parts + extra)
@@ -320,6 +331,8 @@ class BreakerConfig:
             spread = float(parts[16]) if len(parts) > 16 else 0.0
             ramp_ms = int(parts[17]) if len(parts) > 17 else 0
             ramp_start = float(parts[18]) if len(parts) > 18 else 0.1
+            quorum = int(parts[19]) if len(parts) > 19 else 1
+            quorum_ms = int(parts[20]) if len(parts) > 20 else 60000
         except (ValueError, KeyError):
             raise ValueError(f"not a v{WIRE_VERSION} breaker config wire string: "
                              f"{wire!r}") from None
@@ -334,6 +347,7 @@ class BreakerConfig:
             transition_after_max_wait_in_half_open=after, wait_interval_multiplier=mult,
             max_wait_duration_in_open_state=cap, wait_randomization_factor=spread,
             ramp_duration=ramp_ms / 1000, ramp_start=ramp_start,
+            min_failing_workers=quorum, quorum_window=quorum_ms / 1000,
         )
 
 
@@ -348,7 +362,8 @@ WIRE_FIELDS = ("sliding_window_type", "sliding_window_size", "minimum_number_of_
                "max_wait_in_half_open", "half_open_lease", "key_ttl", "slow_call_duration",
                "initial_state", "transition_after_max_wait_in_half_open",
                "wait_interval_multiplier", "max_wait_duration_in_open_state",
-               "wait_randomization_factor", "ramp_duration", "ramp_start")
+               "wait_randomization_factor", "ramp_duration", "ramp_start",
+               "min_failing_workers", "quorum_window")
 
 
 def config_differences(ours: BreakerConfig,

@@ -12,8 +12,10 @@ import dataclasses
 import datetime
 import hashlib
 import logging
+import os
 import random
 import secrets
+import socket
 import threading
 import time
 import warnings
@@ -53,6 +55,7 @@ class Step(str, Enum):
     REJECT = "reject"    # fail fast, no round trip
     ACQUIRE = "acquire"  # ask Redis (or the local fallback) with the acquire script
     RAMP = "ramp"        # slow start after a recovery turned this call down (no round trip)
+    LOCAL_OPEN = "local_open"  # open for this worker only (quorum trip not met)
 
 
 #: Outcome counts as the record script takes them: (successes, failures, slow, total_ms).
@@ -97,6 +100,9 @@ class Reply:
     #: calls..total_ms are the half-open probes' figures (HALF_OPEN, and an OPEN that
     #: a half-open verdict made).
     probe_figures: bool = False
+    #: The rates were exceeded but failures came from too few workers (quorum trip):
+    #: the breaker stays CLOSED fleet-wide; the reporting worker opens for itself.
+    quorum_blocked: bool = False
 
     @property
     def override_left(self) -> float | None:
@@ -167,6 +173,11 @@ class AcquireStep:
 _PERMITTED = AcquireStep(Step.PERMIT)
 
 
+def worker_id() -> str:
+    """This process as a quorum counts it: host and pid (a forked child is another)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 def config_fingerprint(wire: str) -> int:
     """ARGV[2] of every breaker call: the first 12 hex digits of the SHA-1 of the config
     wire string, as an integer (the state record stores the stored config's)."""
@@ -196,6 +207,7 @@ def decode_reply(raw: Sequence[Any]) -> Reply:
         override_until_ms=int(raw[17]) if len(raw) > 17 else 0,
         probe_figures=bool(int(raw[18])) if len(raw) > 18 else (
             State(text(raw[0])) is State.HALF_OPEN),
+        quorum_blocked=bool(int(raw[19])) if len(raw) > 19 else False,
     )
 
 
@@ -263,6 +275,9 @@ class BreakerCodec:
         #: `ramp_enabled` False when an adaptive bulkhead restarts low instead (Policy).
         self._ramp_from = 0.0
         self._ramp_until = 0.0
+        #: Quorum trip: this worker alone saw the rates exceeded; it rejects locally
+        #: until then (monotonic, 0: not).
+        self._local_open_until = 0.0
         self.ramp_enabled = config.ramp_duration > 0
         self._event_errors_logged = False
         self._view_now_ms = 0
@@ -323,7 +338,8 @@ class BreakerCodec:
             if not permit.token:
                 return None
             return self._call("record", permit.token, 0, 0, 0, 0)
-        return self._call("record", permit.token, *self._counts(outcome, duration))
+        counts = self._counts(outcome, duration)
+        return self._call("record", permit.token, *counts, *self._worker_mark(counts))
 
     def batched_counts(self, outcome: Outcome, duration: float) -> Counts | None:
         """Batched mode: the counts one finished call (no probe) adds, None when ignored."""
@@ -333,7 +349,13 @@ class BreakerCodec:
 
     def batch_call(self, counts: Counts) -> ScriptCall:
         """The record script call carrying accumulated counts (no probe token)."""
-        return self._call("record", "", *counts)
+        return self._call("record", "", *counts, *self._worker_mark(counts))
+
+    def _worker_mark(self, counts: Counts) -> tuple[str, ...]:
+        """ARGV[11] of a record with failures when the quorum trip is on: this worker."""
+        if self.config.min_failing_workers <= 1 or not counts[1]:
+            return ()
+        return (worker_id(),)
 
     def _counts(self, outcome: Outcome, duration: float) -> Counts:
         ms = max(0, to_ms(duration))
@@ -353,6 +375,8 @@ class BreakerCodec:
         operator's action or a missed pub/sub message is seen within that bound.
         """
         view = self._view
+        if now < self._local_open_until:
+            return Step.LOCAL_OPEN
         if view is State.CLOSED and now < self._ramp_until and random.random() >= \
                 self._ramp_share(now):
             return Step.RAMP
@@ -376,6 +400,14 @@ class BreakerCodec:
         with self._lock:
             self._ramp_from = started
             self._ramp_until = started + self.config.ramp_duration
+
+    def local_open_rejection(self, now: float) -> CallNotPermitted:
+        """A call this worker's own open view turned down (the quorum was not met)."""
+        self._count_rejection("LOCAL_OPEN")
+        return CallNotPermitted(
+            self.name, State.OPEN, max(0.0, self._local_open_until - now),
+            reason=f"open for this worker only: failures from fewer than "
+                   f"{self.config.min_failing_workers} workers")
 
     def ramp_rejection(self, now: float) -> CallNotPermitted:
         """A call slow start turned down: retry after a share of the ramp left."""
@@ -442,6 +474,12 @@ class BreakerCodec:
                     self._own_transition_ms = reply.now_ms
             if any(a is State.HALF_OPEN and b is State.CLOSED for a, b, _ in reply.transitions):
                 self.recovered(reply.now_ms, now, reply.now_ms)
+            if reply.quorum_blocked:
+                self._local_open_until = now + self.config.wait_duration_in_open_state
+                logger.warning("circuit breaker %s: failure rates exceeded, but from fewer "
+                               "than %d workers: open for this worker only for %.3fs",
+                               self.name, self.config.min_failing_workers,
+                               self.config.wait_duration_in_open_state)
             if reply.event_errors:
                 self._note_event_errors(reply.event_errors)
             if reply.drift:
@@ -728,6 +766,8 @@ class BreakerCore:
             raise self._rejected(codec.local_rejection(now))
         if step is Step.RAMP:
             raise self._rejected(codec.ramp_rejection(now))
+        if step is Step.LOCAL_OPEN:
+            raise self._rejected(codec.local_open_rejection(now))
         call, token = codec.acquire_call()
         return AcquireStep(Step.ACQUIRE, self._pending(call, acquiring=True, token=token,
                                                        sent_at=now), token)

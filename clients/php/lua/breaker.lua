@@ -134,7 +134,7 @@ local wait_rnd, slow_ms
 local d_hp, d_win, d_state, d_cold, d_cfg, m_trans, m_cfg, m_drift, clear_drift, cfg_store, drift
 local del_win, n_cslots, cslot_first, t_slot, t_vals, n_evict
 local del_probes, probe_add, probe_rem, live_count, undo_bit, undo_value
-local transitions, events, permitted
+local transitions, events, permitted, quorum_mark, quorum_blocked, del_fw
 local cslot_val, evict_slots = {}, {}
 
 local function schema_error(key, msg)
@@ -267,7 +267,7 @@ local function rate(part, whole)
 end
 
 local function clear_window()
-  del_win, n_cslots, t_slot, t_vals, n_evict = true, 0, nil, nil, 0
+  del_win, n_cslots, t_slot, t_vals, n_evict, del_fw = true, 0, nil, nil, 0, true
   calls, failures, slow, total_ms, head, wsec = 0, 0, 0, 0, 0, 0
   d_win = true
 end
@@ -522,6 +522,43 @@ local function holds_lease(token)
   return deadline ~= false and deadline ~= nil and tonumber(deadline) > now
 end
 
+-- Quorum-gated trip ------------------------------------------------------------------
+-- With config field 20 (min failing workers) above 1, a failure-rate trip needs
+-- failures from that many distinct workers within field 21 ms (default 60000). A
+-- record whose ARGV[11] names its worker marks it in the hash <state key>:fw
+-- (worker -> server ms of its last failure); marks older than the window are pruned
+-- here, and the hash is deleted whenever the window is cleared.
+local function wire_field(wire, index)
+  local i = 0
+  for part in string.gmatch(wire .. ';', '([^;]*);') do
+    i = i + 1
+    if i == index then return part end
+  end
+  return nil
+end
+
+local function quorum_met()
+  local wire = cfg_store or redis.call('HGET', K_META, 'cfg') or cfg_wire
+  local needed = tonumber(wire_field(wire, 20) or '') or 1
+  if needed <= 1 then return true end
+  local window = tonumber(wire_field(wire, 21) or '') or 60000
+  local k_fw = K_STATE .. ':fw'
+  local marks = redis.call('HGETALL', k_fw)
+  local seen, stale = {}, {}
+  local count = 0
+  if quorum_mark then seen[quorum_mark], count = true, 1 end
+  for i = 1, #marks, 2 do
+    local worker, at = marks[i], tonumber(marks[i + 1]) or 0
+    if now - at > window then
+      stale[#stale + 1] = worker
+    elseif not seen[worker] then
+      seen[worker], count = true, count + 1
+    end
+  end
+  if #stale > 0 then redis.call('HDEL', k_fw, unpack(stale)) end
+  return count >= needed
+end
+
 -- Operations --------------------------------------------------------------------
 local function args_error(msg) return redis.error_reply('DISTBREAKER_ARGS ' .. msg) end
 
@@ -530,8 +567,7 @@ local function op_record()
   local ok, fails = tonumber(argv[7]), tonumber(argv[8])
   local slows, ms = tonumber(argv[9]), tonumber(argv[10])
   if not (ok and fails and slows and ms) or ok < 0 or fails < 0 or slows < 0 or ms < 0
-      or ok ~= floor(ok) or fails ~= floor(fails) or slows ~= floor(slows)
-      or ms ~= floor(ms) then
+      or ok % 1 ~= 0 or fails % 1 ~= 0 or slows % 1 ~= 0 or ms % 1 ~= 0 then
     return args_error('record counts must be integers >= 0')
   end
   if slows > ok + fails then return args_error('record: more slow calls than calls') end
@@ -540,9 +576,15 @@ local function op_record()
   if st == 'CLOSED' or st == 'METRICS_ONLY' then
     local refused = record_window(ok, fails, slows, ms)
     if refused then return redis.error_reply(refused) end
+    local mark = argv[11]
+    if mark and mark ~= '' and fails > 0 then quorum_mark = mark end
     if st == 'CLOSED' and ov_until == 0 and calls >= min_calls and calls > 0
         and rate_exceeded(calls, failures, slow) then
-      transition('OPEN', describe(calls, failures, slow))
+      if quorum_met() then
+        transition('OPEN', describe(calls, failures, slow))
+      else
+        quorum_blocked = true
+      end
     end
   elseif st == 'HALF_OPEN' and token ~= '' and holds_lease(token) then
     -- the lease goes; an ignored probe (all zero) thereby hands its slot back
@@ -740,10 +782,12 @@ local function reply_full(event_errors, wait_ms, in_flight)
   local tr = transitions or {}
   if s_state == 'HALF_OPEN' or (s_state == 'OPEN' and hp_done > 0) then
     return {s_state, wait_ms, permitted, tr, hp_done, hp_fail, hp_slow, 0, rejected, drift,
-            stored, now, since, in_flight, s_reason, s_actor, event_errors, ov_until, 1}
+            stored, now, since, in_flight, s_reason, s_actor, event_errors, ov_until, 1,
+            quorum_blocked and 1 or 0}
   end
   return {s_state, wait_ms, permitted, tr, calls, failures, slow, total_ms, rejected, drift,
-          stored, now, since, 0, s_reason, s_actor, event_errors, ov_until, 0}
+          stored, now, since, 0, s_reason, s_actor, event_errors, ov_until, 0,
+          quorum_blocked and 1 or 0}
 end
 
 local function publish_events()
@@ -806,6 +850,13 @@ end
 
 -- Probes and TTLs (after the state record and the meta hash).
 local function write_others(refresh)
+  if del_fw then
+    rcall('DEL', K_STATE .. ':fw')
+  elseif quorum_mark then
+    local k_fw = K_STATE .. ':fw'
+    rcall('HSET', k_fw, quorum_mark, int(now))
+    rcall('PEXPIRE', k_fw, int(ttl_ms))
+  end
   if del_probes then
     rcall('DEL', K_PROBES)
   elseif probe_add then  -- reap expired leases as new ones come
@@ -864,6 +915,7 @@ local function finish()
   write_meta()
   local wait_ms, in_flight = 0, 0
   local short = (op == 'record' or op == 'acquire') and permitted == 1 and not transitions
+      and not quorum_blocked
       and drift == 0 and ov_until == 0 and s_state ~= 'OPEN' and s_state ~= 'FORCED_OPEN'
   if not short then wait_ms, in_flight = reply_numbers() end
   write_others(refresh)
@@ -935,7 +987,7 @@ local function begin(keys, args)
   del_win, n_cslots, t_slot, t_vals, n_evict = false, 0, nil, nil, 0
   del_probes, probe_add, probe_rem, live_count = false, nil, nil, nil
   undo_bit, undo_value = nil, nil
-  transitions, events = nil, nil
+  transitions, events, quorum_mark, quorum_blocked, del_fw = nil, nil, nil, nil, false
 end
 
 return function(KEYS, ARGV)
