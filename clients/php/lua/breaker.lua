@@ -890,6 +890,11 @@ return function(KEYS, ARGV)
   end
   local err = load()
   if err then return err end
+  if op == 'state' then
+    -- a read (operators, metrics) touches few keys: still name foreign data in any
+    err = foreign_keys()
+    if err then return err end
+  end
   if not exists and op == 'state' then
     return {initial_state, 0, 1, {}, 0, 0, 0, 0, 0, 0, '', now, now, 0}
   end
