@@ -389,7 +389,8 @@ end
 -- The usual record, one outcome: BITFIELD SET writes its slot and answers the old
 -- value in one command, no tables. It is the call's first write, so it goes
 -- through pcall (a refusal, OOM or ACL, leaves nothing written); `finish` puts the
--- old value back if a later check refuses the call (foreign data).
+-- old value back if a later check refuses the call (foreign data). Only for an
+-- existing record (full length): a new one is written whole by write_record.
 local function record_one(fails, slows, ms)
   local m = min(ms, MS_MASK)
   local v = PRESENT + fails * FAILED + slows * SLOW + m
@@ -412,7 +413,7 @@ end
 
 local function record_count(ok, fails, slows, ms)
   local n = ok + fails
-  if n == 1 then return record_one(fails, slows, ms) end
+  if n == 1 and exists then return record_one(fails, slows, ms) end
   local per_ms = floor(ms / n)
   local first = max(1, n - wsize + 1)  -- only the last wsize outcomes can stay
   local old = read_ring(head, n - first + 1)
@@ -664,7 +665,9 @@ local function write_record()
     ok = pcall_('SETRANGE', K_STATE, A_OFFSET, header_a())
     if type(ok) == 'table' and ok.err then return ok.err end
   end
-  if del_win then rcall('SETRANGE', K_STATE, WIN, cleared_window_bytes()) end
+  -- a new record is written at full length, so record_one's BITFIELD SET never
+  -- grows the string (its undo could not shrink it back)
+  if del_win or not exists then rcall('SETRANGE', K_STATE, WIN, cleared_window_bytes()) end
   for i = 1, n_evict do rcall('SETRANGE', K_STATE, evict_slots[i], rep('\0', 20)) end
   if t_slot then rcall('SETRANGE', K_STATE, t_slot, encode(t_vals, 1, 5, 4)) end
   if n_cslots > 0 then
