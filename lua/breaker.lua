@@ -57,9 +57,11 @@ local PRESENT, FAILED, SLOW, MS_MASK = 2147483648, 1073741824, 536870912, 536870
 
 -- Big-endian integers: 8-byte signed (header fields) and 4-byte unsigned (window
 -- slots), with Redis's struct library where it exists (fakeredis has none: plain
--- Lua there). Bytes past the end of the string read as zero.
+-- Lua there; its Functions refuse even to read a missing global, hence pcall).
+-- Bytes past the end of the string read as zero.
 local byte, char, rep, sub = string.byte, string.char, string.rep, string.sub
-local packer = type(struct) == 'table' and struct or nil
+local has_struct, found_struct = pcall(function() return struct end)
+local packer = has_struct and type(found_struct) == 'table' and found_struct or nil
 local formats = {}
 local function format(width, count)
   local key = width * 100000 + count
