@@ -13,6 +13,7 @@ import redis
 
 from distbreaker import CallNotPermitted, CircuitBreaker, State
 from distbreaker._runtime.keys import events_channel
+from distbreaker._runtime.scripts import FUNCTIONS
 from distbreaker.demo.embedded import RedisServer
 from tests.helpers.records import count_window, read_record
 from tests.helpers.redis_stats import SCRIPT_CALLS
@@ -193,3 +194,26 @@ def test_ganesha_key_ttl_keeps_php_events_written_after_pythons_last_write(
     redis_client.zadd(failure_key, {"php-1": time.time() * 1000})
     ttl_ms = redis_client.pttl(failure_key)
     assert ttl_ms >= (config.time_window) * 1000  # it outlives the window it counts in
+
+
+@pytest.mark.parametrize("form", ["function", "eval"])
+def test_a_full_redis_refuses_the_breakers_writes_in_both_forms(
+        private_server: RedisServer, name: str, form: str) -> None:
+    """maxmemory under noeviction binds the Function form too (no allow-oom): the writes
+    are refused, the outage policy applies, nothing escapes the protected call."""
+    admin = redis.Redis(port=private_server.port)
+    client = redis.Redis(port=private_server.port)
+    if form == "eval":
+        FUNCTIONS.give_up(client, "test: the EVAL form")   # per client object
+    breaker = CircuitBreaker(name, redis=client, subscribe=False, **FAST)
+    assert breaker.call(lambda: "ok") == "ok"
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", "1")
+    try:
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            admin.set("probe", "x")                          # Redis is full
+        for _ in range(10):
+            assert breaker.call(lambda: "ok") == "ok"      # fail-open: the calls go on
+    finally:
+        admin.config_set("maxmemory", "0")
+    assert read_record(admin, breaker.keys)["calls"] == 1  # nothing written past maxmemory
