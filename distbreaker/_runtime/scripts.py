@@ -33,8 +33,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
-from redis.exceptions import (AskError, NoPermissionError, NoScriptError, OutOfMemoryError,
-                              ResponseError)
+from redis.exceptions import (
+    AskError,
+    NoPermissionError,
+    NoScriptError,
+    OutOfMemoryError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ..errors import SchemaError
@@ -403,8 +408,9 @@ def _first_how(client: Any) -> str:
 def _rerun(results: list[Any], how: str) -> tuple[list[int], str, str | None]:
     """Which calls to send again, and how: after FCALL, the calls whose function was
     missing (FCALL again once the library is loaded: `needs_load`), unusable or refused
-    by a full Redis (by EVALSHA); after EVALSHA, those that met NOSCRIPT (by EVAL). Such calls did not run,
-    so sending them again is safe. Returns (indices, how, why Functions are unusable)."""
+    by a full Redis (by EVALSHA); after EVALSHA, those that met NOSCRIPT (by EVAL). Such
+    calls did not run, so sending them again is safe. Returns (indices, how, why
+    Functions are unusable)."""
     if how == FCALL:
         kinds = [function_error(r) if isinstance(r, ResponseError) else None for r in results]
         unusable = [i for i, k in enumerate(kinds) if k == "unusable"]
