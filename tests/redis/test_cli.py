@@ -23,6 +23,7 @@ from distbreaker.breaker.state import State
 from distbreaker.demo.embedded import free_port
 from distbreaker.errors import CallNotPermitted
 from tests.helpers.cli import fail, make, run
+from tests.helpers.records import read_record
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -232,8 +233,7 @@ def test_operator_action_is_seen_by_workers_and_recorded(
     assert f"-> {expected.value}" in result.stdout
     assert worker.state is expected  # the worker's next read sees it
     assert worker.config_drift is None
-    assert BreakerKeys.build(name).state and redis_client.hget(
-        BreakerKeys.build(name).state, "cfg").decode() == wire
+    assert read_record(redis_client, BreakerKeys.build(name))["cfg"] == wire
     last = json.loads(run(redis_url, "events", name, "--json", "-n", "1").stdout)
     assert (last["to"], last["reason"], last["actor"]) == (expected.value, f"why {command}",
                                                           "dana")
