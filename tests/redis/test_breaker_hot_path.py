@@ -111,3 +111,18 @@ def test_the_hot_path_still_counts_and_opens(name: str, redis_client: redis.Redi
     assert reply.state is State.OPEN
     assert [t[:2] for t in reply.transitions] == [(State.CLOSED, State.OPEN)]
     assert redis_client.xlen(BreakerKeys.build(name).history) == 1
+
+
+def test_a_new_breakers_first_record_meeting_foreign_data_creates_no_record(
+        name: str, redis_client: redis.Redis) -> None:
+    """The first record stores the config in meta: a foreign meta key refuses it before
+    the state record exists (a half-made record would be foreign data itself)."""
+    keys = BreakerKeys.build(name)
+    redis_client.set(keys.meta, "foreign")
+    with pytest.raises(SchemaError) as caught:
+        _record(redis_client, name, 1, 0)
+    assert caught.value.key == keys.meta
+    assert not redis_client.exists(keys.state)
+    redis_client.delete(keys.meta)
+    _record(redis_client, name, 1, 0)           # and once it is gone the record is whole
+    assert len(redis_client.get(keys.state) or b"") == 320 + 4 * 4
