@@ -33,10 +33,10 @@ def test_a_user_without_channel_permission_gets_the_line_that_fixes_it(
                           "resetchannels", "+@all")
     code, out, err = doctor(f"redis://worker:pw@127.0.0.1:{server.port}/0")
     assert code == 1
-    assert "ACL SETUSER worker &distbreaker:v1:events" in out
+    assert "ACL SETUSER worker &distbreaker:v2:events" in out
     assert "PUBLISH (needed by lua/breaker.lua" in err
     # applying the printed rule fixes it
-    admin.execute_command("ACL", "SETUSER", "worker", "&distbreaker:v1:events")
+    admin.execute_command("ACL", "SETUSER", "worker", "&distbreaker:v2:events")
     code, out, _ = doctor(f"redis://worker:pw@127.0.0.1:{server.port}/0")
     assert code == 0, out
     assert "acl-fix" not in out
@@ -45,7 +45,7 @@ def test_a_user_without_channel_permission_gets_the_line_that_fixes_it(
 def test_a_user_without_info_is_still_checked(server: RedisServer) -> None:
     admin = redis.Redis(port=server.port)
     admin.execute_command("ACL", "SETUSER", "noinfo", "on", ">pw", "~distbreaker:*",
-                          "&distbreaker:v1:events", "+@all", "-info")
+                          "&distbreaker:v2:events", "+@all", "-info")
     code, out, _ = doctor(f"redis://noinfo:pw@127.0.0.1:{server.port}/0")
     assert "server: Redis 7" in out
     assert "skip  memory: INFO memory not permitted" in out
