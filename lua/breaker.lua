@@ -58,15 +58,11 @@ local PRESENT, FAILED, SLOW, MS_MASK = 2147483648, 1073741824, 536870912, 536870
 
 -- Big-endian integers: 8-byte signed (header fields) and 4-byte unsigned (window
 -- slots), with Redis's struct library where it exists (fakeredis has none: plain
--- Lua there). Bytes past the end of the string read as zero.
+-- Lua there; its Functions refuse even to read a missing global, hence pcall).
+-- Bytes past the end of the string read as zero.
 local byte, char, rep, sub = string.byte, string.char, string.rep, string.sub
--- (Looked up through pcall: reading a global that does not exist is an error in
--- Redis's Lua, and a server whose Lua lacks the library must still work.)
-local packer = nil
-do
-  local found, lib = pcall(function() return struct end)
-  if found and type(lib) == 'table' then packer = lib end
-end
+local has_struct, found_struct = pcall(function() return struct end)
+local packer = has_struct and type(found_struct) == 'table' and found_struct or nil
 local formats = {}
 local function format(width, count)
   local key = width * 100000 + count
@@ -189,8 +185,10 @@ local function parse_config(wire)
   return true
 end
 
--- The fingerprint of a wire string (what ARGV[2] should be).
+-- The fingerprint of a wire string (what ARGV[2] should be). fakeredis's EVAL
+-- has no redis.sha1hex: there (one in-process server) the caller's ARGV[2] is taken.
 local function fingerprint(wire)
+  if not redis.sha1hex then return tonumber(argv[2]) or -1 end
   return tonumber(string.sub(redis.sha1hex(wire), 1, 12), 16)
 end
 
@@ -393,7 +391,8 @@ end
 -- The usual record, one outcome: BITFIELD SET writes its slot and answers the old
 -- value in one command, no tables. It is the call's first write, so it goes
 -- through pcall (a refusal, OOM or ACL, leaves nothing written); `finish` puts the
--- old value back if a later check refuses the call (foreign data).
+-- old value back if a later check refuses the call (foreign data). Only for an
+-- existing record (full length): a new one is written whole by write_record.
 local function record_one(fails, slows, ms)
   local m = min(ms, MS_MASK)
   local v = PRESENT + fails * FAILED + slows * SLOW + m
@@ -416,7 +415,7 @@ end
 
 local function record_count(ok, fails, slows, ms)
   local n = ok + fails
-  if n == 1 then return record_one(fails, slows, ms) end
+  if n == 1 and exists then return record_one(fails, slows, ms) end
   local per_ms = floor(ms / n)
   local first = max(1, n - wsize + 1)  -- only the last wsize outcomes can stay
   local old = read_ring(head, n - first + 1)
@@ -752,7 +751,9 @@ local function write_record()
     local refused = put(A_OFFSET, header_a())
     if refused then return refused end
   end
-  if del_win then rcall('SETRANGE', K_STATE, WIN, cleared_window_bytes()) end
+  -- a new record is written at full length, so record_one's BITFIELD SET never
+  -- grows the string (its undo could not shrink it back)
+  if del_win or not exists then rcall('SETRANGE', K_STATE, WIN, cleared_window_bytes()) end
   for i = 1, n_evict do rcall('SETRANGE', K_STATE, evict_slots[i], rep('\0', 20)) end
   if t_slot then rcall('SETRANGE', K_STATE, t_slot, encode(t_vals, 1, 5, 4)) end
   if n_cslots > 0 then
@@ -996,6 +997,11 @@ return function(KEYS, ARGV)
   end
   local err = load()
   if err then return err end
+  if op == 'state' then
+    -- a read (operators, metrics) touches few keys: still name foreign data in any
+    err = foreign_keys()
+    if err then return err end
+  end
   if not exists and op == 'state' then
     return {initial_state, 0, 1, {}, 0, 0, 0, 0, 0, 0, '', now, now, 0}
   end

@@ -33,7 +33,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
-from redis.exceptions import AskError, NoPermissionError, NoScriptError, ResponseError
+from redis.exceptions import (
+    AskError,
+    NoPermissionError,
+    NoScriptError,
+    OutOfMemoryError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ..errors import SchemaError
@@ -120,12 +126,13 @@ def library() -> Library:
     bodies = "".join(_function_form(n, _read(n)) for n in SCRIPT_NAMES)
     digest = hashlib.sha1(bodies.encode()).hexdigest()[:12]
     name = f"distbreaker_{digest}"
-    # allow-oom: a script must still answer (a rejection needs no write) when Redis is
-    # full; Redis refuses to start a function without this flag then. Writes that would
-    # need memory fail inside the script, which handles them as with EVAL.
+    # No allow-oom: with it Redis lets a function write past maxmemory. Without it a
+    # full Redis refuses the FCALL (the function did not run); that call then runs the
+    # EVAL form, which answers what needs no memory and meets the refusal at its first
+    # write, as on Redis < 7 (function_error "oom").
     registrations = "".join(
-        f"redis.register_function{{function_name='{name}_{n}', callback={n}, "
-        f"flags={{'allow-oom'}}}}\n" for n in SCRIPT_NAMES)
+        f"redis.register_function{{function_name='{name}_{n}', callback={n}}}\n"
+        for n in SCRIPT_NAMES)
     return Library(name, f"#!lua name={name}\n{bodies}{registrations}")
 
 
@@ -215,7 +222,10 @@ FUNCTIONS = _FunctionSupport()
 
 def function_error(exc: ResponseError) -> str | None:
     """What an FCALL / FUNCTION LOAD error says about Functions: "missing" (load the
-    library, then call again), "unusable" (use EVAL), or None (a script's own error)."""
+    library, then call again), "unusable" (use EVAL), "oom" (Redis is full: run this
+    call's EVAL form), or None (a script's own error)."""
+    if isinstance(exc, OutOfMemoryError):
+        return "oom"
     text = str(exc)
     lowered = text.lower()
     if "function not found" in lowered:
@@ -307,6 +317,8 @@ def run_script(client: Any, script: LuaScript, keys: Sequence[str],
                     kind = function_error(exc)
                     if kind is None:
                         raise
+                    if kind == "oom":
+                        break
                     why = _load_library_sync(client) if kind == "missing" and attempt == 1 \
                         else str(exc)
                     if why is not None:
@@ -332,6 +344,8 @@ async def run_script_async(client: Any, script: LuaScript, keys: Sequence[str],
                     kind = function_error(exc)
                     if kind is None:
                         raise
+                    if kind == "oom":
+                        break
                     why = await _load_library_async(client) \
                         if kind == "missing" and attempt == 1 else str(exc)
                     if why is not None:
@@ -435,14 +449,17 @@ def _first_how(client: Any) -> str:
 
 def _rerun(results: list[Any], how: str) -> tuple[list[int], str, str | None]:
     """Which calls to send again, and how: after FCALL, the calls whose function was
-    missing (FCALL again once the library is loaded: `needs_load`) or unusable (by
-    EVALSHA); after EVALSHA, those that met NOSCRIPT (by EVAL). Such calls did not run,
-    so sending them again is safe. Returns (indices, how, why Functions are unusable)."""
+    missing (FCALL again once the library is loaded: `needs_load`), unusable or refused
+    by a full Redis (by EVALSHA); after EVALSHA, those that met NOSCRIPT (by EVAL). Such
+    calls did not run, so sending them again is safe. Returns (indices, how, why
+    Functions are unusable)."""
     if how == FCALL:
         kinds = [function_error(r) if isinstance(r, ResponseError) else None for r in results]
         unusable = [i for i, k in enumerate(kinds) if k == "unusable"]
         if unusable:
             return ([i for i, k in enumerate(kinds) if k], EVALSHA, str(results[unusable[0]]))
+        if "oom" in kinds:  # Redis is full: no library load, the EVAL form for these
+            return [i for i, k in enumerate(kinds) if k], EVALSHA, None
         return [i for i, k in enumerate(kinds) if k == "missing"], FCALL, None
     if how == EVALSHA:
         return [i for i, r in enumerate(results) if isinstance(r, NoScriptError)], EVAL, None

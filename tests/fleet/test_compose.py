@@ -29,6 +29,7 @@ import yaml
 
 from distbreaker._runtime.keys import BreakerKeys
 from distbreaker.demo.embedded import free_port
+from tests.helpers.records import read_record
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -147,7 +148,7 @@ def test_compose_commands_run_one_fleet_sharing_the_breaker(
             assert load.returncode == 0, load.stderr
             # Tripped once for the whole fleet; web workers fail fast without a call.
             keys = BreakerKeys.build(name)
-            assert redis_client.hget(keys.state, "state") == b"OPEN"
+            assert read_record(redis_client, keys)["state"] == "OPEN"
             steps = [(f[b"from"], f[b"to"]) for _, f in redis_client.xrange(keys.history)]
             assert steps.count((b"CLOSED", b"OPEN")) == 1
             answers = [get(web_url + "/") for _ in range(12)]

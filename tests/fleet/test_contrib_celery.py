@@ -26,6 +26,7 @@ from distbreaker.breaker.state import State
 from distbreaker.contrib.celery import backoff_countdown, protect, rejection_countdown
 from distbreaker.demo.embedded import RedisServer
 from distbreaker.errors import CallNotPermitted
+from tests.helpers.records import read_record
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT = 30.0
@@ -78,7 +79,7 @@ def test_rejected_task_is_requeued_until_a_probe_may_be_tried(worker: dict[str, 
     breaker = CircuitBreaker("celery-defer", redis=app.DATA, **app.DEFER_BREAKER)
     breaker.reset()
     breaker.trip("upstream down")
-    open_until_ms = int(data.hget(breaker.keys.state, "open_until"))
+    open_until_ms = int(read_record(data, breaker.keys)["open_until"])
 
     result = app.charge.delay("order-1")
     assert result.get(timeout=20) == "charged order-1"

@@ -23,6 +23,7 @@ import redis
 
 from distbreaker._runtime.keys import BreakerKeys
 from distbreaker.demo.upstream import FlakyUpstream, Timeline
+from tests.helpers.records import read_record
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,7 +81,7 @@ def test_demo_json_and_plot_against_redis_server(redis_url: str, redis_client: r
     assert_fleet_story(timeline, result, workers=3)
     # Redis's own history of the breaker tells the same story as pub/sub did.
     keys = BreakerKeys.build(name)
-    assert redis_client.hget(keys.state, "state") == b"CLOSED"
+    assert read_record(redis_client, keys)["state"] == "CLOSED"
     history = [(f[b"from"].decode(), f[b"to"].decode()) for _, f in redis_client.xrange(
         keys.history)]
     told = [(t["from"], t["to"]) for t in result["transitions"]]

@@ -22,6 +22,7 @@ import redis
 
 import distbreaker
 from distbreaker._runtime.keys import BreakerKeys
+from tests.helpers.records import read_record
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -132,7 +133,7 @@ def test_wheel_ships_and_loads_the_lua_scripts(tmp_path: Path, redis_url: str,
     # The installed breaker really ran its scripts on the test's redis-server.
     assert report["outcomes"] == ["failed", "failed", "rejected"]
     assert report["state"] == "OPEN"
-    assert redis_client.hget(BreakerKeys.build(name).state, "state") == b"OPEN"
+    assert read_record(redis_client, BreakerKeys.build(name))["state"] == "OPEN"
 
 
 @pytest.fixture(autouse=True)

@@ -31,9 +31,12 @@ def ok() -> str:
 
 def fleet_state(client: redis.Redis, breaker: CircuitBreaker) -> dict[str, int | str]:
     """The fleet's state and counts as stored in Redis (what the flushes have sent)."""
-    raw = {k.decode(): v.decode() for k, v in client.hgetall(breaker.keys.state).items()}
-    return {"state": raw["state"], **{f: int(raw.get(f, 0)) for f in
-                                      ("calls", "failures", "slow", "total_ms")}}
+    # imported here: run as a script (`python batched_worker.py`) `tests` is not importable
+    from tests.helpers.records import read_record
+
+    record = read_record(client, breaker.keys)
+    return {"state": record["state"], **{f: int(record[f]) for f in
+                                         ("calls", "failures", "slow", "total_ms")}}
 
 
 def fleet_member(url: str, name: str, cfg: dict[str, Any], failures: int, successes: int,

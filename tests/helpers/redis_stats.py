@@ -1,7 +1,7 @@
 """What the server ran, from INFO commandstats: the round-trip assertions' one source.
 
-Redis counts the commands a script runs too, so a round trip is one FCALL (or EVALSHA, EVAL);
-the other names are what the scripts did inside.
+Redis counts the commands a script runs too, so a round trip is one FCALL (or EVALSHA,
+EVAL: the EVAL form); the other names are what the scripts did inside.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def commands(client: redis.Redis) -> dict[str, int]:
 
 
 def round_trips(client: redis.Redis) -> int:
-    """Script calls (EVALSHA, EVAL and their read-only forms)."""
+    """Script calls (FCALL, EVALSHA, EVAL and their read-only forms)."""
     counts = commands(client)
     return sum(counts.get(c, 0) for c in SCRIPT_CALLS)
 

@@ -24,6 +24,7 @@ from distbreaker.breaker.state import State
 from distbreaker.demo.embedded import RedisServer, free_port
 from distbreaker.errors import CallNotPermitted
 from tests.helpers.batched_worker import Boom, fail, fleet_state, ok
+from tests.helpers.records import corrupt
 
 SPAWN = multiprocessing.get_context("spawn")
 FORK = multiprocessing.get_context("fork")
@@ -312,7 +313,7 @@ def test_one_failing_breaker_in_a_pipeline_does_not_double_count_the_others(
     for breaker in (good, bad):
         breaker.call(ok)
     good.flush()
-    redis_client.hset(bad.keys.state, "state", "banana")  # foreign data: SchemaError
+    corrupt(redis_client, bad.keys, state=99)  # an unknown state code: SchemaError
     dropped = THREAD_FLUSHER.dropped
     for _ in range(3):
         good.call(ok)

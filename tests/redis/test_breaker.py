@@ -21,12 +21,14 @@ import redis
 from distbreaker import CircuitBreaker
 from distbreaker._runtime.keys import BreakerKeys
 from distbreaker._runtime.scripts import library, load_script, run_script, text
+from distbreaker._runtime.state_record import FIELDS
 from distbreaker.breaker.config import BreakerConfig
-from distbreaker.breaker.core import SCRIPT_NAME, decode_reply
+from distbreaker.breaker.core import SCRIPT_NAME, config_fingerprint, decode_reply
 from distbreaker.breaker.events import Transition
 from distbreaker.breaker.state import State
 from distbreaker.errors import CallNotPermitted, ConfigDriftWarning, SchemaError
 from tests.helpers.flavours import Flavour
+from tests.helpers.records import corrupt, count_window, read_record, record_bytes
 from tests.helpers.redis_stats import commands, round_trips
 
 
@@ -185,7 +187,7 @@ def test_a_failing_probe_hand_back_never_replaces_a_keyboard_interrupt(
     time.sleep(0.04)
 
     def interrupted() -> None:
-        redis_client.hset(breaker.keys.state, "state", "banana")
+        corrupt(redis_client, breaker.keys, state=99)   # an unknown state code
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
@@ -368,18 +370,20 @@ def test_every_key_has_a_ttl_after_a_call(make: Callable[..., CircuitBreaker],
 
 def _corrupt_cases(keys: BreakerKeys) -> list[tuple[str, Callable[[redis.Redis], Any], str]]:
     return [
-        ("state field banana", lambda r: r.hset(keys.state, mapping={"state": "banana",
-                                                                      "v": "1"}),
-         "unknown state banana"),
-        ("string at the state key", lambda r: r.set(keys.state, "x"), "holds a string"),
-        ("hash at the probes key", lambda r: r.hset(keys.probes, "a", "b"), "holds a hash"),
-        ("list at the history key", lambda r: r.rpush(keys.history, "a"), "holds a list"),
-        ("counter not a number", lambda r: r.hset(keys.state, mapping={
-            "state": "CLOSED", "v": "1", "calls": "many"}), "field calls is not a number"),
-        ("other schema version", lambda r: r.hset(keys.state, mapping={
-            "state": "CLOSED", "v": "9"}), "schema version 9"),
-        ("hash without a state", lambda r: r.hset(keys.state, "foo", "bar"),
-         "without a state field"),
+        ("unknown state code", lambda r: corrupt(r, keys, state=99),
+         "has an unknown state code"),
+        ("string that is not a record", lambda r: r.set(keys.state, "x"),
+         "is not a distbreaker v2 state record"),
+        ("hash at the state key", lambda r: (r.delete(keys.state), r.hset(keys.state, "a", "b")),
+         "holds a hash, expected a string"),
+        ("hash at the probes key", lambda r: r.hset(keys.probes, "a", "b"),
+         "holds a hash, expected a zset"),
+        ("list at the history key", lambda r: r.rpush(keys.history, "a"),
+         "holds a list, expected a stream"),
+        ("string at the meta key", lambda r: (r.delete(keys.meta), r.set(keys.meta, "x")),
+         "holds a string, expected a hash"),
+        ("record with a zero window size", lambda r: corrupt(r, keys, window_size=0),
+         "bad config"),
     ]
 
 
@@ -387,8 +391,9 @@ def _corrupt_cases(keys: BreakerKeys) -> list[tuple[str, Callable[[redis.Redis],
 def test_foreign_data_is_a_schema_error_naming_the_key(
         case: int, make: Callable[..., CircuitBreaker], redis_client: redis.Redis) -> None:
     breaker = make(sliding_window_size=3, minimum_number_of_calls=3)
-    label, corrupt, detail = _corrupt_cases(breaker.keys)[case]
-    corrupt(redis_client)
+    breaker.call(ok)                                # a record and its meta exist
+    label, corrupt_it, detail = _corrupt_cases(breaker.keys)[case]
+    corrupt_it(redis_client)
     with pytest.raises(SchemaError) as caught:
         breaker.metrics()
     assert caught.value.key in breaker.keys.script_keys, label
@@ -397,22 +402,33 @@ def test_foreign_data_is_a_schema_error_naming_the_key(
         breaker.reset()
 
 
-@pytest.mark.parametrize("window,bucket", [("COUNT_BASED", "x,y"), ("TIME_BASED", "garbage")])
-def test_a_corrupt_window_bucket_is_a_schema_error(
-        window: str, bucket: str, make: Callable[..., CircuitBreaker],
-        redis_client: redis.Redis) -> None:
-    breaker = make(sliding_window_type=window, sliding_window_size=1,
-                   minimum_number_of_calls=1, failure_rate_threshold=100)
+def test_a_truncated_record_is_foreign_data(make: Callable[..., CircuitBreaker],
+                                            redis_client: redis.Redis) -> None:
+    """A record cut inside its header (magic gone) is refused, not read as zeros."""
+    breaker = make(sliding_window_size=3, minimum_number_of_calls=3)
     breaker.call(ok)
-    # the only bucket (count: slot 0; time: the second sec % 1 == 0) is overwritten
-    redis_client.hset(breaker.keys.window, "0", bucket)
+    data = record_bytes(redis_client, breaker.keys)
+    assert data is not None
+    redis_client.set(breaker.keys.state, data[:8 * FIELDS.index("magic")], keepttl=True)
     with pytest.raises(SchemaError) as caught:
         breaker.call(ok)
-        breaker.call(ok)                            # (a time window reads it next second)
-        time.sleep(1.0)
-        breaker.call(ok)
-    assert caught.value.key == breaker.keys.window
-    assert "corrupt bucket" in str(caught.value)
+    assert caught.value.key == breaker.keys.state
+    assert "is not a distbreaker v2 state record" in str(caught.value)
+
+
+def test_count_window_slots_decode_as_documented(
+        make: Callable[..., CircuitBreaker], redis_client: redis.Redis) -> None:
+    """Each count slot holds bit 31 present, 30 failed, 29 slow, 0-28 duration ms."""
+    breaker = make(sliding_window_size=4, minimum_number_of_calls=4,
+                   slow_call_duration=0.1)
+    for kind, seconds in [("ok", 0.004), ("fail", 0.007), ("slow", 0.12)]:
+        permit = breaker.acquire()
+        breaker.record(permit, ConnectionError("down") if kind == "fail" else None, seconds)
+    slots = count_window(redis_client, breaker.keys)
+    assert slots == [(False, False, 4), (True, False, 7), (False, True, 120), None]
+    record = read_record(redis_client, breaker.keys)
+    assert (record["calls"], record["failures"], record["slow"], record["total_ms"],
+            record["head"]) == (3, 1, 1, 131, 3)
 
 
 # -- config drift -------------------------------------------------------------------------------
@@ -526,7 +542,7 @@ def test_round_trips_per_protected_call(make: Callable[..., CircuitBreaker],
     for _ in range(20):
         breaker.call(ok)
     assert round_trips(redis_client) == 20                   # CLOSED: exactly 1 per call
-    assert commands(redis_client)["evalsha"] == 20
+    assert commands(redis_client)["fcall"] == 20              # the Function form
 
     breaker.trip()
     redis_client.config_resetstat()
@@ -548,7 +564,8 @@ def test_round_trips_per_protected_call(make: Callable[..., CircuitBreaker],
 
 def _script(client: redis.Redis, name: str, config: BreakerConfig, op: str, *extra: Any) -> Any:
     keys = BreakerKeys.build(name)
-    args = (op, name, config.to_wire(), keys.channel, *extra)
+    wire = config.to_wire()
+    args = (op, config_fingerprint(wire), wire, name, keys.channel, *extra)
     return decode_reply(run_script(client, load_script("breaker"), keys.script_keys, args))
 
 
@@ -584,22 +601,23 @@ def test_keys_created_between_ttl_refreshes_get_a_ttl_at_once(name: str, redis_u
     breaker = CircuitBreaker(name, redis=redis_url, key_ttl=3600,
                              sliding_window_size=4, minimum_number_of_calls=4,
                              wait_duration_in_open_state=0.2, permitted_calls_in_half_open=1)
-    for _ in range(4):                            # state, window, then history appear
+    for _ in range(4):                            # record, meta, then history appear
         with pytest.raises(ZeroDivisionError):
             breaker.call(lambda: 1 / 0)
     time.sleep(0.25)
     permit = breaker.acquire()                    # HALF_OPEN: the probes zset appears
     assert permit.token
     assert 0 < redis_client.pttl(breaker.keys.probes) <= 3_600_000
-    breaker.record(permit, None, 0.001)           # CLOSED: the window is deleted
-    assert not redis_client.exists(breaker.keys.window)
-    assert breaker.call(lambda: "ok") == "ok"     # and created again by a record
+    breaker.record(permit, None, 0.001)           # CLOSED: the window is cleared
+    assert count_window(redis_client, breaker.keys) == [None] * 4
+    assert breaker.call(lambda: "ok") == "ok"     # and filled again by a record
+    assert count_window(redis_client, breaker.keys)[0] is not None
     for key in breaker.keys.script_keys:
         if redis_client.exists(key):
             ttl = redis_client.pttl(key)
             assert 0 < ttl <= 3_600_000, (key, ttl)
-    assert redis_client.exists(breaker.keys.window, breaker.keys.history,
-                               breaker.keys.state) == 3
+    assert redis_client.exists(breaker.keys.state, breaker.keys.meta,
+                               breaker.keys.history) == 3
 
 
 def test_a_bad_record_leaves_no_half_done_transition(name: str, redis_url: str,

@@ -158,11 +158,19 @@ class SlowAcquireReplies:
         self.client = client
         self.delay = 0.0
 
-    async def evalsha(self, *args: Any) -> Any:
-        reply = await self.client.evalsha(*args)
+    async def _late(self, reply: Any, args: tuple[Any, ...]) -> Any:
         if "acquire" in args:
             await asyncio.sleep(self.delay)
         return reply
+
+    async def execute_command(self, *args: Any) -> Any:  # FCALL (the Function form)
+        return await self._late(await self.client.execute_command(*args), args)
+
+    async def function_load(self, code: str) -> Any:
+        return await self.client.function_load(code)
+
+    async def evalsha(self, *args: Any) -> Any:              # the EVAL form
+        return await self._late(await self.client.evalsha(*args), args)
 
     async def eval(self, *args: Any) -> Any:
         return await self.client.eval(*args)
@@ -290,10 +298,18 @@ def test_redis_argument_must_be_async() -> None:
 class SchemaErrorOnRecord(SlowAcquireReplies):
     """Acquire replies arrive late; every record meets foreign data (a SchemaError)."""
 
-    async def evalsha(self, *args: Any) -> Any:
+    @staticmethod
+    def _refuse(args: tuple[Any, ...]) -> None:
         if "record" in args:
             raise redis.exceptions.ResponseError(
-                "DISTBREAKER_SCHEMA some:key has unknown state banana")
+                "DISTBREAKER_SCHEMA some:key has an unknown state code")
+
+    async def execute_command(self, *args: Any) -> Any:
+        self._refuse(args)
+        return await super().execute_command(*args)
+
+    async def evalsha(self, *args: Any) -> Any:
+        self._refuse(args)
         return await super().evalsha(*args)
 
 

@@ -16,11 +16,13 @@ import redis
 from click.testing import CliRunner
 
 from distbreaker import CircuitBreaker
+from distbreaker.breaker.core import config_fingerprint
 from distbreaker.breaker.events import Transition
 from distbreaker.breaker.state import State
 from distbreaker.cli.app import cli
 from distbreaker.errors import CallNotPermitted, ConfigDriftWarning
 from tests.helpers.flavours import Flavour
+from tests.helpers.records import read_record
 
 FAST = {"minimum_number_of_calls": 2, "sliding_window_size": 2,
         "wait_duration_in_open_state": 60, "permitted_calls_in_half_open": 1}
@@ -127,14 +129,17 @@ def test_an_override_on_a_name_without_keys_lets_the_first_worker_store_its_conf
         name: str, redis_url: str, flavour: Flavour, redis_client: redis.Redis) -> None:
     operator = flavour.breaker(name, redis=redis_url)  # the default config
     operator.transition_to_forced_open("planned maintenance", for_=0.3)
-    assert redis_client.hget(operator.keys.state, "cfg") == b"unset"
+    stored = read_record(redis_client, operator.keys)
+    assert (stored["fp"], stored["cfg"]) == (0, "")    # unset: no fingerprint, no cfg
     worker = flavour.breaker(name, redis=redis_url, **FAST)
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConfigDriftWarning)
         with pytest.raises(CallNotPermitted):
             worker.call(lambda: "ok")
         assert worker.config_drift is None
-    assert redis_client.hget(worker.keys.state, "cfg").decode() == worker.config.to_wire()
+    stored = read_record(redis_client, worker.keys)
+    wire = worker.config.to_wire()
+    assert (stored["fp"], stored["cfg"]) == (config_fingerprint(wire), wire)
 
 
 def test_a_new_action_without_an_end_lifts_the_override(

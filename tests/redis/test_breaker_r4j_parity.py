@@ -13,6 +13,7 @@ from distbreaker import CircuitBreaker
 from distbreaker.breaker.state import State
 from distbreaker.errors import CallNotPermitted
 from tests.helpers.flavours import Flavour
+from tests.helpers.records import read_record
 
 WAIT = 0.2
 
@@ -149,8 +150,8 @@ def test_the_default_wire_string_is_unchanged_and_new_fields_round_trip() -> Non
 
 # -- waitIntervalFunctionInOpenState, as data, decided in the script ------------------
 def open_wait_ms(client: Any, breaker: Any) -> int:
-    since, until = client.hmget(breaker.keys.state, ["since", "open_until"])
-    return int(until) - int(since)
+    record = read_record(client, breaker.keys)
+    return int(record["open_until"]) - int(record["since"])
 
 
 def test_exponential_open_wait_with_a_cap_reset_by_a_close(

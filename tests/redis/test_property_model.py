@@ -9,6 +9,11 @@ explicitly (large, exact jumps: many examples, OPEN waits, leases, half-open
 timeouts and whole TIME windows passing). On the real redis-server time steps
 are short real sleeps against a config with tens-of-milliseconds waits, so the
 same time-driven transitions happen there too, in fewer examples.
+
+Every test runs against both forms of the script: the Function (FCALL, loaded by
+the first call) and the EVAL form (the client is marked EVAL-only, as a server
+without Functions or an ACL refusing FCALL would make it), and checks that the
+form it names was the one that ran.
 """
 
 from __future__ import annotations
@@ -29,11 +34,41 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from distbreaker._runtime.keys import BreakerKeys
-from distbreaker._runtime.scripts import load_script, run_script
+from distbreaker._runtime.scripts import FUNCTIONS, library, load_script, run_script
 from distbreaker.breaker.config import BreakerConfig
-from distbreaker.breaker.core import Reply, decode_reply
+from distbreaker.breaker.core import Reply, config_fingerprint, decode_reply
+from tests.helpers.records import read_record
+from tests.helpers.redis_stats import commands
 
 SCRIPT = load_script("breaker")
+FORMS = ("function", "eval")
+
+
+def use_form(client: Any, form: str) -> Any:
+    """Make `client` run the given form of the scripts (FUNCTIONS is per client object)."""
+    if form == "eval":
+        FUNCTIONS.give_up(client, "test: the EVAL form")
+    return client
+
+
+def fresh_fake(form: str) -> fakeredis.FakeStrictRedis:
+    """A fakeredis client on a server of its own (no library loaded yet)."""
+    return use_form(fakeredis.FakeStrictRedis(server=fakeredis.FakeServer()), form)
+
+
+def assert_fake_ran(client: fakeredis.FakeStrictRedis, form: str) -> None:
+    """The Function form loads the library on its first call; the EVAL form never does."""
+    assert len(client.function_list(library().name)) == (1 if form == "function" else 0)
+
+
+def assert_real_ran(client: redis.Redis, form: str) -> None:
+    """Since the last CONFIG RESETSTAT only the given form's commands ran."""
+    counts = commands(client)
+    evals = counts.get("evalsha", 0) + counts.get("eval", 0)
+    if form == "function":
+        assert counts.get("fcall", 0) > 0 and evals == 0, counts
+    else:
+        assert counts.get("fcall", 0) == 0 and evals > 0, counts
 
 
 # -- the reference model ------------------------------------------------------------
@@ -297,8 +332,20 @@ class Driver:
         self.log: list[str] = []
 
     def run(self, op: str, *extra: Any) -> Reply:
-        args = (op, self.name, self.wire, self.keys.channel, *extra)
-        return decode_reply(run_script(self.client, SCRIPT, self.keys.script_keys, args))
+        args = (op, config_fingerprint(self.wire), self.wire, self.name, self.keys.channel,
+                *extra)
+        raw = run_script(self.client, SCRIPT, self.keys.script_keys, args)
+        reply = decode_reply(raw)
+        if len(raw) == 3:
+            # the short reply of a record that changed nothing a worker must know: what
+            # it leaves out is checked in the stored record instead
+            assert op == "record" and reply.state.value in ("CLOSED", "METRICS_ONLY",
+                                                            "DISABLED"), raw
+            stored = read_record(self.client, self.keys)
+            reply = dataclasses.replace(
+                reply, calls=stored["calls"], failures=stored["failures"],
+                slow=stored["slow"], total_ms=stored["total_ms"], rejected=stored["rejected"])
+        return reply
 
     def check(self, what: str, got: Reply, want: Expected) -> None:
         self.log.append(f"{what} @{got.now_ms}: {got.state.value}")
@@ -394,13 +441,14 @@ def configs(time_scale_ms: int, time_window: bool) -> st.SearchStrategy[BreakerC
 FAKE_START = 1_700_000_000_000  # ms
 
 
+@pytest.mark.parametrize("form", FORMS)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(config=configs(250, time_window=True),
        ops=st.lists(actions(max_step_ms=2500), min_size=25, max_size=60))
-def test_script_matches_model_with_controlled_time(config: BreakerConfig,
+def test_script_matches_model_with_controlled_time(form: str, config: BreakerConfig,
                                                    ops: list[tuple[Any, ...]]) -> None:
     with fake_server_time(FAKE_START) as clock:
-        client = fakeredis.FakeStrictRedis()
+        client = fresh_fake(form)
 
         def step(ms: int) -> None:
             clock.ms += ms
@@ -412,18 +460,22 @@ def test_script_matches_model_with_controlled_time(config: BreakerConfig,
         assert got.now_ms == clock.ms  # the script really saw our clock
         driver.check("final state", got, driver.model.read(got.now_ms))
         driver.check_history()
+        assert_fake_ran(client, form)
 
 
-def test_fake_clock_drives_the_script_time() -> None:
+@pytest.mark.parametrize("form", FORMS)
+def test_fake_clock_drives_the_script_time(form: str) -> None:
     """The patch reaches TIME inside Lua: a 90 s jump moves OPEN to HALF_OPEN."""
     config = BreakerConfig(wait_duration_in_open_state=60, minimum_number_of_calls=1)
     with fake_server_time(FAKE_START) as clock:
-        driver = Driver(fakeredis.FakeStrictRedis(), config, None)
+        client = fresh_fake(form)
+        driver = Driver(client, config, None)
         assert driver.run("set", "TRIP", "t", "").state.value == "OPEN"
         assert driver.run("state").now_ms == FAKE_START
         clock.ms += 90_000
         got = driver.run("state")
         assert got.now_ms == FAKE_START + 90_000 and got.state.value == "HALF_OPEN"
+        assert_fake_ran(client, form)
 
 
 # -- the real redis-server: real (short) time steps ----------------------------------------
@@ -431,9 +483,15 @@ def test_fake_clock_drives_the_script_time() -> None:
 _REAL: dict[str, Any] = {}
 
 
+@pytest.fixture(params=FORMS)
+def form(request: pytest.FixtureRequest) -> str:
+    """Which form of the script the real-server tests run."""
+    return str(request.param)
+
+
 @pytest.fixture
-def real_client(redis_client: redis.Redis) -> Iterator[redis.Redis]:
-    _REAL["client"] = redis_client
+def real_client(redis_client: redis.Redis, form: str) -> Iterator[redis.Redis]:
+    _REAL["client"] = use_form(redis_client, form)
     yield redis_client
     _REAL.clear()
 
@@ -456,7 +514,8 @@ REAL_CONFIG = BreakerConfig(sliding_window_size=4, minimum_number_of_calls=2,
     ("set", "TRIP"), ("advance", 40), ("acquire",), ("acquire",), ("probe", 0, "failure"),
     ("probe", 0, "success"), ("advance", 40), ("acquire",), ("advance", 210), ("state",),
     ("set", "FORCED_OPEN"), ("acquire",), ("set", "RESET"), ("batch", 1, 1, 1, 0, 70)])
-def test_script_matches_model_on_real_redis(real_client: redis.Redis, config: BreakerConfig,
+def test_script_matches_model_on_real_redis(real_client: redis.Redis, form: str,
+                                            config: BreakerConfig,
                                             ops: list[tuple[Any, ...]]) -> None:
     """Same property on the real server; time advances by real sleeps of up to 80 ms.
 
@@ -464,15 +523,17 @@ def test_script_matches_model_on_real_redis(real_client: redis.Redis, config: Br
     windows (whole seconds) are left to the fakeredis run and to
     test_breaker_semantics; the model still uses the server's own `now_ms`.
     """
+    real_client.config_resetstat()
     driver = Driver(real_client, config, lambda ms: time.sleep(ms / 1000))
     for action in ops:
         driver.apply(action)
     got = driver.run("state")
     driver.check("final state", got, driver.model.read(got.now_ms))
     driver.check_history()
+    assert_real_ran(real_client, form)
 
 
-def test_real_redis_time_window_sequence(redis_client: redis.Redis) -> None:
+def test_real_redis_time_window_sequence(real_client: redis.Redis, form: str) -> None:
     """One deterministic TIME_BASED sequence on the real server, checked against the model.
 
     Buckets are whole seconds, so the sequence is aligned just after a second
@@ -480,10 +541,12 @@ def test_real_redis_time_window_sequence(redis_client: redis.Redis) -> None:
     """
     config = BreakerConfig(sliding_window_type="TIME_BASED", sliding_window_size=1,
                            minimum_number_of_calls=3, failure_rate_threshold=50)
-    driver = Driver(redis_client, config, lambda ms: time.sleep(ms / 1000))
-    _, usec = redis_client.time()
+    real_client.config_resetstat()
+    driver = Driver(real_client, config, lambda ms: time.sleep(ms / 1000))
+    _, usec = real_client.time()
     time.sleep(max(0.0, 1 - usec / 1e6) + 0.01)  # just after a server second boundary
     for action in [("batch", 1, 1, 0, 0, 10), ("state",), ("advance", 1000),
                    ("batch", 1, 1, 0, 0, 10), ("batch", 0, 1, 0, 0, 5), ("state",)]:
         driver.apply(action)
     assert driver.model.state == "OPEN"
+    assert_real_ran(real_client, form)

@@ -21,6 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from distbreaker import CircuitBreaker
 from distbreaker._runtime.health import UNAVAILABLE_ERRORS
+from distbreaker._runtime.scripts import FUNCTIONS, library
 from distbreaker.breaker.events import Transition
 from distbreaker.breaker.state import State
 from distbreaker.demo.embedded import RedisServer
@@ -223,21 +224,32 @@ def test_a_hung_redis_costs_about_one_timeout_and_no_error(server: RedisServer,
     client.close()
 
 
-def test_script_flush_mid_run_is_recovered(server: RedisServer, name: str) -> None:
-    breaker = CircuitBreaker(name, redis=server.url, **FAST)
+@pytest.mark.parametrize("form", ["function", "eval"])
+def test_script_flush_mid_run_is_recovered(server: RedisServer, name: str, form: str) -> None:
+    """FUNCTION FLUSH (the Function form) or SCRIPT FLUSH (the EVAL form) mid-run: every
+    outcome still reaches Redis, which loads the code again."""
+    client = redis.Redis.from_url(server.url)
+    if form == "eval":
+        FUNCTIONS.give_up(client, "test: the EVAL form")   # per client object
+    breaker = CircuitBreaker(name, redis=client, **FAST)
     events: list[Transition] = []
     breaker.add_listener(events.append)
-    client = redis.Redis.from_url(server.url)
     dep = dependency()
     for _ in range(3):
         assert breaker.call(dep) == "ok"
-    client.script_flush()
+    if form == "eval":
+        client.script_flush()
+    else:
+        client.function_flush()
     dep.healthy = False
     # every outcome reaches Redis: 3 successes + 3 failures is 50 %, opened by Redis itself
     assert [outcome(breaker, dep) for _ in range(4)] == ["failed"] * 3 + ["rejected:OPEN"]
     assert breaker.state is State.OPEN
     assert [(e.to_state, e.source) for e in events] == [(State.OPEN, "redis")]
-    assert client.script_exists(breaker._script.sha) == [True]
+    if form == "eval":
+        assert client.script_exists(breaker._script.sha) == [True]
+    else:
+        assert len(client.function_list(library().name)) == 1   # loaded again
     client.close()
 
 

@@ -13,7 +13,10 @@ import redis
 
 from distbreaker import CallNotPermitted, CircuitBreaker, State
 from distbreaker._runtime.keys import events_channel
+from distbreaker._runtime.scripts import FUNCTIONS
 from distbreaker.demo.embedded import RedisServer
+from tests.helpers.records import count_window, read_record
+from tests.helpers.redis_stats import SCRIPT_CALLS
 
 FAST = {"sliding_window_size": 4, "minimum_number_of_calls": 4,
         "wait_duration_in_open_state": 60, "permitted_calls_in_half_open": 2,
@@ -24,9 +27,10 @@ def boom() -> None:
     raise ConnectionError("dependency down")
 
 
-def evalshas(client: redis.Redis) -> int:
+def script_calls(client: redis.Redis) -> int:
+    """Script calls so far (FCALL, EVALSHA, EVAL): the round trips a breaker made."""
     stats = client.info("commandstats")
-    return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("evalsha", "eval"))
+    return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in SCRIPT_CALLS)
 
 
 @pytest.fixture
@@ -61,10 +65,10 @@ def test_acl_without_channel_permission_still_trips_and_never_raises(
     # the transition was saved once; its history entry is there, its PUBLISH was refused
     history = admin.xrange(keys.history)
     assert [(f[b"from"], f[b"to"]) for _, f in history] == [(b"CLOSED", b"OPEN")]
-    state = admin.hgetall(keys.state)
-    window = admin.hgetall(keys.window)
-    assert int(state[b"calls"]) == len(window) == 4
-    assert int(state[b"failures"]) == sum(int(v.split(b",")[0]) for v in window.values())
+    state = read_record(admin, keys)
+    window = [slot for slot in count_window(admin, keys) if slot is not None]
+    assert state["calls"] == len(window) == 4
+    assert state["failures"] == sum(failed for failed, _, _ in window) == 4
     refusals = [r for r in caplog.records if "publish" in r.getMessage()]
     assert len(refusals) == 1 and "can't publish to the channel" in refusals[0].getMessage()
 
@@ -136,7 +140,7 @@ def test_forced_open_is_served_from_the_local_view_with_reason_and_actor(
         redis_client: redis.Redis, redis_url: str, name: str) -> None:
     breaker = CircuitBreaker(name, redis=redis_url, revalidate_interval=0.3, **FAST)
     breaker.transition_to_forced_open("gateway maintenance", actor="alice@ops")
-    before = evalshas(redis_client)
+    before = script_calls(redis_client)
     for _ in range(100):
         with pytest.raises(CallNotPermitted) as rejected:
             breaker.call(lambda: "never")
@@ -144,19 +148,19 @@ def test_forced_open_is_served_from_the_local_view_with_reason_and_actor(
         assert error.state is State.FORCED_OPEN
         assert (error.reason, error.actor) == ("gateway maintenance", "alice@ops")
         assert error.retry_after == 0.3
-    assert evalshas(redis_client) - before == 0
+    assert script_calls(redis_client) - before == 0
     time.sleep(0.31)  # the view is re-checked after revalidate_interval
     with pytest.raises(CallNotPermitted):
         breaker.call(lambda: "never")
-    assert evalshas(redis_client) - before == 1
+    assert script_calls(redis_client) - before == 1
 
 
 def test_each_database_has_its_own_events_channel(redis_server: RedisServer,
                                                   redis_url: str, name: str) -> None:
     db0 = CircuitBreaker(name, redis=redis_server.url, **FAST)
     db1 = CircuitBreaker(name, redis=redis_server.url.replace("/0", "/1"), **FAST)
-    assert db0.keys.channel == events_channel() == "distbreaker:v1:events"
-    assert db1.keys.channel == "distbreaker:v1:events:db1"
+    assert db0.keys.channel == events_channel() == "distbreaker:v2:events"
+    assert db1.keys.channel == "distbreaker:v2:events:db1"
     listener = redis.Redis(port=redis_server.port).pubsub()
     listener.subscribe(events_channel())
     assert listener.get_message(timeout=1)["type"] == "subscribe"
@@ -190,3 +194,26 @@ def test_ganesha_key_ttl_keeps_php_events_written_after_pythons_last_write(
     redis_client.zadd(failure_key, {"php-1": time.time() * 1000})
     ttl_ms = redis_client.pttl(failure_key)
     assert ttl_ms >= (config.time_window) * 1000  # it outlives the window it counts in
+
+
+@pytest.mark.parametrize("form", ["function", "eval"])
+def test_a_full_redis_refuses_the_breakers_writes_in_both_forms(
+        private_server: RedisServer, name: str, form: str) -> None:
+    """maxmemory under noeviction binds the Function form too (no allow-oom): the writes
+    are refused, the outage policy applies, nothing escapes the protected call."""
+    admin = redis.Redis(port=private_server.port)
+    client = redis.Redis(port=private_server.port)
+    if form == "eval":
+        FUNCTIONS.give_up(client, "test: the EVAL form")   # per client object
+    breaker = CircuitBreaker(name, redis=client, subscribe=False, **FAST)
+    assert breaker.call(lambda: "ok") == "ok"
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", "1")
+    try:
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            admin.set("probe", "x")                          # Redis is full
+        for _ in range(10):
+            assert breaker.call(lambda: "ok") == "ok"      # fail-open: the calls go on
+    finally:
+        admin.config_set("maxmemory", "0")
+    assert read_record(admin, breaker.keys)["calls"] == 1  # nothing written past maxmemory
