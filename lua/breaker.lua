@@ -536,7 +536,13 @@ local function wire_field(wire, index)
 end
 
 local function quorum_met()
-  local wire = cfg_store or redis.call('HGET', K_META, 'cfg') or cfg_wire
+  local wire = cfg_store
+  if not wire then
+    wire = redis.pcall('HGET', K_META, 'cfg')
+    -- a foreign meta key: let the trip go on, `finish` reports the key before writing
+    if type(wire) == 'table' then return true end
+  end
+  wire = wire or cfg_wire
   local needed = tonumber(wire_field(wire, 20) or '') or 1
   if needed <= 1 then return true end
   local window = tonumber(wire_field(wire, 21) or '') or 60000
@@ -875,7 +881,7 @@ local function write_others(refresh)
     rcall('PEXPIRE', K_PROBES, keep)
     rcall('PEXPIRE', K_HIST, keep)
   else
-    if probe_add and live_count == 0 then rcall('PEXPIRE', K_PROBES, int(ttl_ms)) end
+    if probe_add and (live_count or 0) == 0 then rcall('PEXPIRE', K_PROBES, int(ttl_ms)) end
     if events then rcall('PEXPIRE', K_HIST, ttl_ms) end
     if m_trans or m_drift then rcall('PEXPIRE', K_META, ttl_ms) end
   end

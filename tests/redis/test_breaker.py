@@ -591,8 +591,12 @@ def test_a_retried_acquire_with_the_same_token_takes_one_slot(
     for _ in range(3):
         assert _script(redis_client, name, config, "acquire", "tok-a").permitted
     reply = _script(redis_client, name, config, "acquire", "tok-b")
-    assert reply.permitted and reply.probes_in_flight == 2
+    assert reply.permitted          # a short reply: the leases are read from Redis
+    keys = BreakerKeys.build(name)
+    assert redis_client.zrange(keys.probes, 0, -1) == [b"tok-a", b"tok-b"]
+    assert _script(redis_client, name, config, "state").probes_in_flight == 2
     assert not _script(redis_client, name, config, "acquire", "tok-c").permitted
+    assert _script(redis_client, name, config, "acquire", "tok-a").permitted  # still held
 
 
 def test_keys_created_between_ttl_refreshes_get_a_ttl_at_once(name: str, redis_url: str,

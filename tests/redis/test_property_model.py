@@ -337,14 +337,19 @@ class Driver:
         raw = run_script(self.client, SCRIPT, self.keys.script_keys, args)
         reply = decode_reply(raw)
         if len(raw) == 3:
-            # the short reply of a record that changed nothing a worker must know: what
-            # it leaves out is checked in the stored record instead
-            assert op == "record" and reply.state.value in ("CLOSED", "METRICS_ONLY",
-                                                            "DISABLED"), raw
+            # the short reply of a permitted acquire or record that changed nothing a
+            # worker must know: what it leaves out is checked in the stored record instead
+            assert op in ("record", "acquire") and reply.state.value in (
+                "CLOSED", "HALF_OPEN", "METRICS_ONLY", "DISABLED"), raw
             stored = read_record(self.client, self.keys)
+            half_open = reply.state.value == "HALF_OPEN"
+            live = self.client.zcount(self.keys.probes, f"({reply.now_ms}", "+inf")
             reply = dataclasses.replace(
-                reply, calls=stored["calls"], failures=stored["failures"],
-                slow=stored["slow"], total_ms=stored["total_ms"], rejected=stored["rejected"])
+                reply, calls=stored["hp_done" if half_open else "calls"],
+                failures=stored["hp_fail" if half_open else "failures"],
+                slow=stored["hp_slow" if half_open else "slow"],
+                total_ms=0 if half_open else stored["total_ms"], rejected=stored["rejected"],
+                probes_in_flight=live if half_open else 0)
         return reply
 
     def check(self, what: str, got: Reply, want: Expected) -> None:
