@@ -44,7 +44,7 @@ def a_limit(client: redis.Redis, bulkhead: Bulkhead) -> float | None:
 
 
 # -- (a) a step change of capacity -----------------------------------------------------------
-#: The convergence test's numbers (also in docs/ADAPTIVE.md).
+#: The convergence test's numbers (also stated in README, "Overload bench").
 HIGH, LOW = 16, 6            # the upstream's capacity before/after the drop, and after
 PHASE = 4.0                  # seconds per phase: C=16, C=6, C=16 again
 SETTLE = 1.0                 # seconds after a step the limit is given to settle
