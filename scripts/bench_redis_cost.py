@@ -82,7 +82,15 @@ from typing import Any, Protocol
 import redis
 
 import distbreaker
-from distbreaker import Bulkhead, CallNotPermitted, CircuitBreaker, Policy, RetryBudget, State
+from distbreaker import (
+    AdaptiveLimit,
+    Bulkhead,
+    CallNotPermitted,
+    CircuitBreaker,
+    Policy,
+    RetryBudget,
+    State,
+)
 from distbreaker.demo.embedded import free_port, terminate
 
 #: Socket timeout of every bench client: a server under callgrind is ~50x slower,
@@ -276,6 +284,19 @@ def bulkhead_slot(client: redis.Redis, name: str) -> CostScenario:
     return CostScenario("bulkhead", "bulkhead acquire + release", acquire_release)
 
 
+def adaptive_bulkhead_slot(client: redis.Redis, name: str) -> CostScenario:
+    """The same with an adaptive limit: each release reports an ok outcome and its
+    latency, which the script folds into the limit (issue 18: at most 1.3x the plain)."""
+    bulkhead = Bulkhead(name, redis=client, max_concurrent_calls=25,
+                        adaptive=AdaptiveLimit(min_limit=1, max_limit=25))
+
+    def acquire_release() -> None:
+        bulkhead.release(bulkhead.acquire())
+
+    return CostScenario("adaptive_bulkhead", "adaptive bulkhead acquire + release (ok)",
+                        acquire_release)
+
+
 def budget_deposit(client: redis.Redis, name: str) -> CostScenario:
     budget = RetryBudget(name, redis=client)
     return CostScenario("budget", "retry budget deposit", budget.deposit)
@@ -303,7 +324,9 @@ def build_scenarios(url: str, tag: str) -> list[CostScenario]:
             half_open_probe(client, f"{tag}-half"), open_fast_fail(client, f"{tag}-open"),
             *(batched_closed(client, f"{tag}-batched-{k}", k) for k in BATCH_SIZES),
             policy_attempt(client, f"{tag}-policy"),
-            bulkhead_slot(client, f"{tag}-bulkhead"), budget_deposit(client, f"{tag}-budget")]
+            bulkhead_slot(client, f"{tag}-bulkhead"),
+            adaptive_bulkhead_slot(client, f"{tag}-adaptive-bulkhead"),
+            budget_deposit(client, f"{tag}-budget")]
 
 
 # -- measuring -------------------------------------------------------------------------

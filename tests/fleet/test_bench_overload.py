@@ -149,6 +149,15 @@ def test_bench_reports_every_scenario_and_the_basic_truths(redis_url: str,
     assert plain["status_503"] > 0 and plain["rejected_breaker"] > 0
     assert plain["after_recovery"]["capacity"] == 1
     assert plain["goodput"] > 0 and plain["after_recovery"]["goodput"] > 0
+    # The adaptive limit and slow start run (issue 18), each reporting its targets.
+    if hasattr(distbreaker, "AdaptiveLimit"):
+        for key in ("adaptive", "recovery_slow_start", "recovery_adaptive"):
+            assert key in ran and doc[key]["goodput"] > 0, (key, doc[key])
+        assert doc["recovery_adaptive"]["after_recovery"]["capacity"] == 1
+        met = doc["targets"]["met"]
+        assert all(isinstance(met[k], bool) for k in (
+            "adaptive_goodput_ge_90pct", "adaptive_overload_le_10pct",
+            "slow_start_at_or_under_capacity", "adaptive_restart_at_or_under_capacity"))
     # What is not built yet says so instead of a number.
     if not hasattr(distbreaker, "AdaptiveLimit"):
         assert doc["adaptive"] == {"skipped": "AdaptiveLimit not available"}
