@@ -106,8 +106,8 @@ end
 -- Adaptive limit ----------------------------------------------------------------------
 -- Parameters from ARGV[7]: min, max, initial, backoff, tolerance, smoothing; nil when
 -- the string is empty, false when it is malformed.
-local function adaptive_params(s)
-  if not s or s == '' then return nil end
+local PARAMS, PARAMS_N = {}, 0     -- parsed ARGV[7] strings (a function library keeps them)
+local function parse_params(s)
   local a, b, c, d, e, f = string.match(s, '^(%d+),(%d+),(%d+),(%d+),(%d+),(%d+)$')
   a, b, c = tonumber(a), tonumber(b), tonumber(c)
   if not a or a < 1 or b < a or c < a or c > b then return false end
@@ -115,12 +115,22 @@ local function adaptive_params(s)
           tolerance = tonumber(e) / 1000000, smoothing = tonumber(f) / 1000000}
 end
 
+local function adaptive_params(s)
+  if not s or s == '' then return nil end
+  local p = PARAMS[s]
+  if p ~= nil then return p end
+  p = parse_params(s)
+  if PARAMS_N >= 64 then PARAMS, PARAMS_N = {}, 0 end
+  PARAMS[s], PARAMS_N = p, PARAMS_N + 1
+  return p
+end
+
 local A_FIELDS = {'a_limit', 'a_rtt_s', 'a_rtt_l', 'a_dec', 'a_pause', 'a_why', 'a_moved'}
 
--- The adaptive state (meta a_* fields) as numbers; limit as a float.
-local function adaptive_state(k_meta, p)
-  local m = redis.call('HMGET', k_meta, unpack(A_FIELDS))
-  local st = {limit = tonumber(m[1]), rtt_s = tonumber(m[2]) or 0, rtt_l = tonumber(m[3]) or 0,
+-- The adaptive state (meta a_* fields, read with the counters: m[7..13]) as numbers.
+local function adaptive_state(raw, p)
+  local m = {raw[7], raw[8], raw[9], raw[10], raw[11], raw[12], raw[13]}
+  local st = {raw = m, limit = tonumber(m[1]), rtt_s = tonumber(m[2]) or 0, rtt_l = tonumber(m[3]) or 0,
               dec = tonumber(m[4]) or 0, pause = tonumber(m[5]) or 0, why = m[6] or '',
               moved = tonumber(m[7]) or 0}
   if not st.limit then st.limit, st.why = p.initial, 'initial' end
@@ -167,10 +177,21 @@ local function adapt(st, p, outcome, latency, retry_after, in_use, now)
 end
 
 local function adaptive_writes(st)
-  return {'a_limit', string.format('%.3f', st.limit), 'a_rtt_s', string.format('%.3f', st.rtt_s),
-          'a_rtt_l', string.format('%.3f', st.rtt_l), 'a_dec', string.format('%d', st.dec),
-          'a_pause', string.format('%d', st.pause), 'a_why', st.why,
-          'a_moved', string.format('%d', st.moved)}
+  local out = {}
+  local function w(i, field, value, fmt)
+    if fmt then
+      if tonumber(st.raw[i]) == value then return end
+      value = string.format(fmt, value)
+      if st.raw[i] == value then return end
+    elseif st.raw[i] == value then
+      return
+    end
+    out[#out + 1] = field; out[#out + 1] = value
+  end
+  w(1, 'a_limit', st.limit, '%.3f'); w(2, 'a_rtt_s', st.rtt_s, '%.3f')
+  w(3, 'a_rtt_l', st.rtt_l, '%.3f'); w(4, 'a_dec', st.dec, '%d')
+  w(5, 'a_pause', st.pause, '%d'); w(6, 'a_why', st.why, nil); w(7, 'a_moved', st.moved, '%d')
+  return out
 end
 
 return function(KEYS, ARGV)
@@ -200,9 +221,19 @@ return function(KEYS, ARGV)
   end
 
   -- Reads, before any write ----------------------------------------------------------
-  local m = redis.pcall('HMGET', K_META, 'rejected', 'acquired', 'lost', 'limit', 'waiters',
-                        'ttl_until')
+  local m
+  if ap and op ~= 'release' and op ~= 'restart' then
+    m = redis.pcall('HMGET', K_META, 'rejected', 'acquired', 'lost', 'limit', 'waiters',
+                    'ttl_until', 'a_limit')
+  elseif ap then
+    m = redis.pcall('HMGET', K_META, 'rejected', 'acquired', 'lost', 'limit', 'waiters',
+                    'ttl_until', unpack(A_FIELDS))
+  else
+    m = redis.pcall('HMGET', K_META, 'rejected', 'acquired', 'lost', 'limit', 'waiters',
+                    'ttl_until')
+  end
   if m['err'] then return failed_on(K_META, 'hash', m) end
+  local raw_a = ap and {nil, nil, nil, nil, nil, nil, m[7], m[8], m[9], m[10], m[11], m[12], m[13]}
   local rejected, acquired, lost, stored_limit, stored_waiters, until_ms = 0, 0, 0, 0, 0, nil
   for i = 1, 6 do
     if m[i] then
@@ -218,7 +249,7 @@ return function(KEYS, ARGV)
   -- An adaptive bulkhead's limit is the stored one (its initial value at first).
   local ast = nil
   if ap then
-    ast = adaptive_state(K_META, ap)
+    ast = adaptive_state(raw_a, ap)
     limit, limit_s = math.floor(ast.limit), string.format('%d', math.floor(ast.limit))
   end
   local adapted = ast ~= nil and ast.why == 'initial'
@@ -230,9 +261,12 @@ return function(KEYS, ARGV)
     local all = redis.call('HGETALL', K_META)
     expired = {}
     for i = 1, #all, 2 do
-      local field, value = all[i], tonumber(all[i + 1])
+      local field = all[i]
+      local waiter = string.sub(field, 1, 2) == 'w:'
+      local value = 0  -- only waiter deadlines are read here (a_why is text)
+      if waiter then value = tonumber(all[i + 1]) end
       if value == nil then return not_a_number(K_META, field) end
-      if string.sub(field, 1, 2) == 'w:' then
+      if waiter then
         if value <= now then
           expired[#expired + 1] = field
         else
@@ -270,7 +304,10 @@ return function(KEYS, ARGV)
   local drop = false                -- drop the token's waiter entry
   if op == 'acquire' then
     -- ZSCORE only when full: a free permit is granted (or the lease refreshed) by ZADD.
-    if in_use < limit * share or redis.call('ZSCORE', K_LEASES, token) then
+    -- a priority below critical may use floor(limit * share) permits, at least one
+    local cap = limit
+    if share < 1 then cap = math.max(1, math.floor(limit * share)) end
+    if in_use < cap or redis.call('ZSCORE', K_LEASES, token) then
       local deadline = now + lease_ms
       if redis.call('ZADD', K_LEASES, string.format('%d', deadline), token) == 1 then
         in_use = in_use + 1

@@ -38,7 +38,7 @@ class AdaptiveLimit:
     initial_limit: int | None = None
     backoff_ratio: float = 0.9
     tolerance: float = 1.5
-    smoothing: float = 0.2
+    smoothing: float = 0.05
 
     def __post_init__(self) -> None:
         check_int(self.min_limit, "min_limit", 1, 1_000_000)

@@ -197,7 +197,10 @@ class BulkheadCodec:
         return self._call("restart", "")
 
     def share(self, priority: str | int | None) -> int:
-        """The share of the limit (millionths) a call of `priority` may use."""
+        """The share of the limit (millionths) a call of `priority` may use; a call
+        without one may use all of it (as before priorities existed)."""
+        if priority is None:
+            return 1_000_000
         return priority_share(priority_level(priority), self.config.critical_reserve,
                               self.config.sheddable_share)
 
@@ -352,7 +355,9 @@ class BulkheadCodec:
     def metrics(self, raw: Sequence[Any], fallback_in_use: int) -> BulkheadMetrics:
         """The metrics script call's reply, with this process's counters."""
         reply = decode_reply(raw)
-        limit = self.config.max_concurrent_calls
+        # the script's limit: the adaptive one when adaptive, else the configured one
+        limit = reply.limit if self.config.adaptive is not None else \
+            self.config.max_concurrent_calls
         return BulkheadMetrics(
             max_concurrent_calls=limit, in_use=reply.in_use,
             available=max(0, limit - reply.in_use), waiting=reply.waiting,

@@ -49,7 +49,7 @@ local MAGIC = 1684174386  -- "dbv2"
 -- The hot read and the write of fields 27-37 both end with `seq`, a byte that
 -- changes on every write: Lua 5.1 hashes only some bytes of a long string, and
 -- strings that differ only elsewhere would all collide in its string table.
-local HOT_FIRST, HOT_LAST, COLD_LAST, A_OFFSET, WIN = '104', '303', '103', '216', 320
+local HOT_FIRST, HOT_LAST, COLD_LAST, A_OFFSET, WIN = '152', '303', '103', '216', 320
 local STATES = {'CLOSED', 'OPEN', 'HALF_OPEN', 'FORCED_OPEN', 'DISABLED', 'METRICS_ONLY'}
 local CODE = {CLOSED = 0, OPEN = 1, HALF_OPEN = 2, FORCED_OPEN = 3, DISABLED = 4,
               METRICS_ONLY = 5}
@@ -118,7 +118,7 @@ end
 
 -- Per-call state (set by `begin` and `load_*`) --------------------------------
 local K_STATE, K_META, K_PROBES, K_HIST, op, name, cfg_wire, channel, argv, seq, cold
-local cfg_parsed
+local cfg_parsed, half_open_loaded
 local now, micros
 local exists, cold, s_state, fp, since, calls, failures, slow, total_ms, head, wsec
 local ttl_at, ov_until, open_until, gen, opens, rejected, hp_issued, hp_done, hp_fail
@@ -220,6 +220,19 @@ local function load_cold()
   end
 end
 
+-- Fields 13-18 (half-open figures and probe config): read at load unless CLOSED, else
+-- when a call needs them (a transition, a full reply, a config write).
+local function load_half_open()
+  if half_open_loaded then return end
+  half_open_loaded = true
+  local a, b, c, cfg_probes, cfg_lease, cfg_max_ho =
+    decode_fields(rcall('GETRANGE', K_STATE, '104', '151'), 6)
+  hp_done, hp_fail, hp_slow = a, b, c
+  if not cfg_parsed then
+    probes_max, lease_ms, max_half_open = cfg_probes, cfg_lease, cfg_max_ho
+  end
+end
+
 -- Reads the hot header; returns an error reply, or nil. Sets `exists`, the hot
 -- fields and the governing config (stored, or this call's for a new or unset one).
 local function load()
@@ -228,15 +241,15 @@ local function load()
     return foreign_keys() or redis.error_reply(raw.err)
   end
   local magic, code
-  hp_done, hp_fail, hp_slow, probes_max, lease_ms, max_half_open, magic, fp, wtype, wsize,
-    min_calls, f_thr, s_thr, ttl_ms, code, since, ov_until, ttl_at, calls, failures, slow,
-    total_ms, head, wsec, seq = decode_fields(raw, 25)
+  magic, fp, wtype, wsize, min_calls, f_thr, s_thr, ttl_ms, code, since, ov_until, ttl_at,
+    calls, failures, slow, total_ms, head, wsec, seq = decode_fields(raw, 19)
   if magic ~= MAGIC then
     if raw ~= '' or rcall('EXISTS', K_STATE) == 1 then
       return schema_error(K_STATE, 'is not a distbreaker v2 state record')
     end
     exists = false
     open_until, gen, opens, rejected, hp_issued, drift_fp = 0, 0, 0, 0, 0, 0
+    hp_done, hp_fail, hp_slow, half_open_loaded = 0, 0, 0, true
   else
     exists = true
   end
@@ -249,6 +262,7 @@ local function load()
       return redis.error_reply('DISTBREAKER_ARGS bad config ' .. cfg_wire)
     end
   end
+  if s_state ~= 'CLOSED' then load_half_open() end
   return nil
 end
 
@@ -288,6 +302,7 @@ end
 
 local function transition(to, reason, actor)
   load_cold()
+  load_half_open()
   local from = s_state
   local frate, srate
   if from == 'HALF_OPEN' then
@@ -713,6 +728,7 @@ local function header_counters()
 end
 
 local function header_config()
+  load_half_open()
   return encode({open_wait, CODE[initial_state], CODE[after_half_open], wait_mult,
                  max_open_wait, wait_rnd, slow_ms, hp_done, hp_fail, hp_slow, probes_max,
                  lease_ms, max_half_open, MAGIC, fp, wtype, wsize, min_calls, f_thr, s_thr,
@@ -777,6 +793,7 @@ end
 
 local function reply_full(event_errors, wait_ms, in_flight)
   load_cold()
+  load_half_open()
   -- Reason and actor explain rejections and states; a permitted acquire or record
   -- without a transition in CLOSED or HALF_OPEN answers them empty (one read less).
   if permitted == 1 and not transitions and (op == 'acquire' or op == 'record')
@@ -958,7 +975,8 @@ local function settle_config(arg_fp)
     end
     return
   end
-  if fp == arg_fp and not adopt then return end  -- the hot path: same config
+  -- the hot path: the same config (compared as the decimal string the caller sent)
+  if int(fp) == arg_fp and not adopt then return end
   local mine = fingerprint(cfg_wire)
   load_cold()
   if adopt then
@@ -986,6 +1004,7 @@ local function begin(keys, args)
   local t = rcall('TIME')
   micros = tonumber(t[2])
   now = tonumber(t[1]) * 1000 + (micros - micros % 1000) / 1000
+  half_open_loaded = false
   cold, cfg_parsed, s_reason, s_actor, cfg_store, drift, permitted = false, false, nil, nil,
                                                                      nil, 0, 1
   d_hp, d_win, d_state, d_cold, d_cfg, m_trans, m_cfg = false, false, false, false, false,
@@ -1012,7 +1031,7 @@ return function(KEYS, ARGV)
   if not exists and op == 'state' then
     return {initial_state, 0, 1, {}, 0, 0, 0, 0, 0, 0, '', now, now, 0}
   end
-  err = settle_config(tonumber(ARGV[2]) or -1)
+  err = settle_config(ARGV[2] or '')
   if err then return err end
   if op == 'record' then
     err = op_record()
