@@ -29,8 +29,9 @@ class BulkheadConfig:
     fleet-wide adaptive: it lives in Redis and moves with the outcomes every worker
     reports, and `max_concurrent_calls` only sizes the local fallback. Calls may carry
     a priority (`acquire(priority=...)`; a call without one may use the whole limit):
-    near the limit `critical` calls may use all of it, `normal` ones all but `critical_reserve`, `sheddable` ones at most
-    `sheddable_share` of it, so lower priorities are shed first, fleet-wide.
+    near the limit `critical` calls may use all of it, `normal` ones all but
+    `critical_reserve`, `sheddable` ones at most `sheddable_share` of it (each at least
+    one permit), so lower priorities are shed first, fleet-wide.
     """
 
     max_concurrent_calls: int = 25
