@@ -79,7 +79,9 @@ class BreakerKeys:
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.state, self.meta, self.probes, self.history]
+        """KEYS of a breaker call: the state record only; the script derives the meta,
+        probes and history keys from it (each argument costs Redis time on every call)."""
+        return [self.state]
 
 
 def _base(name: str, prefix: str) -> str:

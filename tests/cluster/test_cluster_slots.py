@@ -41,7 +41,9 @@ def slot(key: str) -> int:
 def schema_keys(name: str) -> list[str]:
     """Every key distbreaker._runtime.keys builds for one name (breaker, bulkhead, budget)."""
     bulkhead = BulkheadKeys.build(name)
-    return [*BreakerKeys.build(name).script_keys, bulkhead.leases, bulkhead.meta,
+    breaker = BreakerKeys.build(name)
+    return [breaker.state, breaker.meta, breaker.probes, breaker.history, bulkhead.leases,
+            bulkhead.meta,
             bulkhead.notify, BudgetKeys.build(name).slices]
 
 
