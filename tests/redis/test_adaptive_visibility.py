@@ -126,3 +126,33 @@ def test_prometheus_leaves_out_adaptive_families_for_a_fixed_bulkhead(
                     or key[0].startswith("distbreaker_bulkhead_limit_")]
     finally:
         fixed.close()
+
+
+def test_otel_exports_an_adaptive_bulkhead_declared_in_yaml(redis_url: str, tmp_path) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from distbreaker import Registry
+    from distbreaker.contrib.otel import DistbreakerInstrumentor
+
+    path = tmp_path / "resilience.yaml"
+    path.write_text("redis: ${REDIS_URL}\n"
+                    "bulkheads:\n  instances:\n    llm:\n"
+                    "      adaptive: {min_limit: 1, max_limit: 10, initial_limit: 6,"
+                    " backoff_ratio: 0.5}\n")
+    registry = Registry.from_file(path, environ={"REDIS_URL": redis_url})
+    reader = InMemoryMetricReader()
+    DistbreakerInstrumentor(registry=registry,
+                            meter_provider=MeterProvider(metric_readers=[reader]))
+    bulkhead = registry.bulkhead("llm")
+    try:
+        bulkhead.release(bulkhead.acquire(), TimeoutError("slow"))  # 6 * 0.5 = 3
+        points = {m.name: [(dict(p.attributes), p.value) for p in m.data.data_points]
+                  for r in reader.get_metrics_data().resource_metrics
+                  for s in r.scope_metrics for m in s.metrics}
+        assert points["distbreaker_bulkhead_limit"] == [({"name": "llm"}, 3)]
+        assert points["distbreaker_bulkhead_adaptive_limit"] == [({"name": "llm"}, 3.0)]
+        assert points["distbreaker_bulkhead_limit_info"] == [
+            ({"name": "llm", "why": "failure or timeout"}, 1)]
+    finally:
+        registry.close()
