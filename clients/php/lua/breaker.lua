@@ -530,8 +530,7 @@ local function op_record()
   local ok, fails = tonumber(argv[7]), tonumber(argv[8])
   local slows, ms = tonumber(argv[9]), tonumber(argv[10])
   if not (ok and fails and slows and ms) or ok < 0 or fails < 0 or slows < 0 or ms < 0
-      or ok ~= floor(ok) or fails ~= floor(fails) or slows ~= floor(slows)
-      or ms ~= floor(ms) then
+      or ok % 1 ~= 0 or fails % 1 ~= 0 or slows % 1 ~= 0 or ms % 1 ~= 0 then
     return args_error('record counts must be integers >= 0')
   end
   if slows > ok + fails then return args_error('record: more slow calls than calls') end

@@ -33,6 +33,16 @@ local main = (function()
 --         refresh) the token as a waiter until now + wait ms (Python sends its
 --         remaining wait + 1000 ms of grace); other ops: 0 (optional, default 0)
 --
+-- ARGV[7] adaptive limit ("" = the fixed limit ARGV[3]): "min,max,initial,backoff,
+--         tolerance,smoothing" (backoff, tolerance, smoothing in millionths); the limit
+--         then lives in meta (fields a_*, see docs/ADAPTIVE.md) and moves with the
+--         outcomes releases report, by server time, within [min, max]
+-- ARGV[8] acquire: the share of the limit this call's priority may use, in millionths
+--         (1000000: all of it; "" = all); release: the outcome ("" none, "ok", "drop"
+--         for a failure or timeout, "429" for an overload answer)
+-- ARGV[9] release: the call's latency ms     ARGV[10] release: Retry-After ms of a 429
+-- op restart: the adaptive limit restarts at its minimum (slow start after a recovery)
+--
 -- Every op reads TIME once, then, before any write: HMGET of the four counters
 -- and HLEN of meta; only when meta holds other fields (registered waiters) the
 -- whole hash (HGETALL) and the notify length (LLEN); the earliest lease (ZRANGE
@@ -53,7 +63,8 @@ local main = (function()
 --   next_deadline_in_ms: ms until the earliest lease deadline (0: no lease), the
 --       longest a waiter needs to block before a reaped lease may free a permit.
 
-local OPS = {acquire = true, release = true, renew = true, cancel = true, metrics = true}
+local OPS = {acquire = true, release = true, renew = true, cancel = true, metrics = true,
+             restart = true}
 local COUNTERS = {'rejected', 'acquired', 'lost', 'limit', 'waiters', 'ttl_until'}
 
 local function schema_error(key, msg)
@@ -93,6 +104,76 @@ local function not_a_number(key, field)
   return schema_error(key, 'field ' .. field .. ' is not a number')
 end
 
+-- Adaptive limit ----------------------------------------------------------------------
+-- Parameters from ARGV[7]: min, max, initial, backoff, tolerance, smoothing; nil when
+-- the string is empty, false when it is malformed.
+local function adaptive_params(s)
+  if not s or s == '' then return nil end
+  local a, b, c, d, e, f = string.match(s, '^(%d+),(%d+),(%d+),(%d+),(%d+),(%d+)$')
+  a, b, c = tonumber(a), tonumber(b), tonumber(c)
+  if not a or a < 1 or b < a or c < a or c > b then return false end
+  return {min = a, max = b, initial = c, backoff = tonumber(d) / 1000000,
+          tolerance = tonumber(e) / 1000000, smoothing = tonumber(f) / 1000000}
+end
+
+local A_FIELDS = {'a_limit', 'a_rtt_s', 'a_rtt_l', 'a_dec', 'a_pause', 'a_why', 'a_moved'}
+
+-- The adaptive state (meta a_* fields) as numbers; limit as a float.
+local function adaptive_state(k_meta, p)
+  local m = redis.call('HMGET', k_meta, unpack(A_FIELDS))
+  local st = {limit = tonumber(m[1]), rtt_s = tonumber(m[2]) or 0, rtt_l = tonumber(m[3]) or 0,
+              dec = tonumber(m[4]) or 0, pause = tonumber(m[5]) or 0, why = m[6] or '',
+              moved = tonumber(m[7]) or 0}
+  if not st.limit then st.limit, st.why = p.initial, 'initial' end
+  if st.limit < p.min then st.limit = p.min end
+  if st.limit > p.max then st.limit = p.max end
+  return st
+end
+
+-- One reported outcome moves the limit (Netflix concurrency-limits' Gradient2 with an
+-- AIMD backoff): a failure, timeout or 429 multiplies it by `backoff`, at most once
+-- per short-term RTT (a burst of failures is one signal); a 429's Retry-After also
+-- pauses increases. A success feeds two moving averages of the latency (short: 1/10,
+-- long: 1/100 per sample); the gradient min(1, max(0.5, tolerance * long / short))
+-- shrinks the limit while latency rises above its long-run level, and, while the
+-- limit is in use (in_use >= limit / 2) and not paused, sqrt(limit) of headroom is
+-- added: limit = limit * (1 - smoothing) + (limit * gradient + sqrt(limit)) * smoothing.
+local function adapt(st, p, outcome, latency, retry_after, in_use, now)
+  local before = st.limit
+  if outcome == 'drop' or outcome == '429' then
+    if now - st.dec >= math.max(1, st.rtt_s) then
+      st.limit, st.dec = math.max(p.min, st.limit * p.backoff), now
+      st.why = outcome == '429' and 'overload (429)' or 'failure or timeout'
+    end
+    if outcome == '429' and retry_after > 0 and now + retry_after > st.pause then
+      st.pause = now + retry_after
+      st.why = 'overload (429): increases paused'
+    end
+  elseif outcome == 'ok' then
+    if st.rtt_l <= 0 then st.rtt_s, st.rtt_l = latency, latency end
+    st.rtt_s = st.rtt_s + (latency - st.rtt_s) * 0.1
+    st.rtt_l = st.rtt_l + (latency - st.rtt_l) * 0.01
+    local short = math.max(st.rtt_s, 0.001)
+    local gradient = math.min(1, math.max(0.5, p.tolerance * math.max(st.rtt_l, 0.001) / short))
+    local grow = now >= st.pause and in_use * 2 >= st.limit
+    local target = st.limit * gradient + (grow and math.sqrt(st.limit) or 0)
+    if target < st.limit or grow then
+      st.limit = st.limit * (1 - p.smoothing) + target * p.smoothing
+      st.why = gradient < 1 and 'latency above its long-run level' or 'latency normal: growing'
+    end
+  end
+  if st.limit < p.min then st.limit = p.min end
+  if st.limit > p.max then st.limit = p.max end
+  if math.floor(st.limit) ~= math.floor(before) then st.moved = now end
+end
+
+local function adaptive_writes(st)
+  return {'a_limit', string.format('%.3f', st.limit), 'a_rtt_s', string.format('%.3f', st.rtt_s),
+          'a_rtt_l', string.format('%.3f', st.rtt_l), 'a_dec', string.format('%d', st.dec),
+          'a_pause', string.format('%d', st.pause), 'a_why', st.why,
+          'a_moved', string.format('%d', st.moved)}
+end
+
 return function(KEYS, ARGV)
   local K_LEASES, K_META, K_NOTIFY = KEYS[1], KEYS[2], KEYS[3]
   local op, token, limit_s, ttl_s = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
@@ -108,6 +189,16 @@ return function(KEYS, ARGV)
 
   local t = redis.call('TIME')
   local now = t[1] * 1000 + math.floor(t[2] / 1000)
+  local ap = adaptive_params(ARGV[7])
+  if ap == false then return bad_args('bad adaptive limit ' .. tostring(ARGV[7])) end
+  local share = 1
+  if op == 'acquire' and ARGV[8] and ARGV[8] ~= '' then
+    share = tonumber(ARGV[8])
+    if not share or share <= 0 or share > 1000000 then
+      return bad_args('priority share must be in (0, 1000000]')
+    end
+    share = share / 1000000
+  end
 
   -- Reads, before any write ----------------------------------------------------------
   local m = redis.pcall('HMGET', K_META, 'rejected', 'acquired', 'lost', 'limit', 'waiters',
@@ -125,6 +216,13 @@ return function(KEYS, ARGV)
   end
   rejected, acquired, lost, stored_limit, stored_waiters = m[1], m[2], m[3], m[4], m[5]
   if m[6] > 0 then until_ms = m[6] end
+  -- An adaptive bulkhead's limit is the stored one (its initial value at first).
+  local ast = nil
+  if ap then
+    ast = adaptive_state(K_META, ap)
+    limit, limit_s = math.floor(ast.limit), string.format('%d', math.floor(ast.limit))
+  end
+  local adapted = ast ~= nil and ast.why == 'initial'
 
   -- Waiters (w:<token> fields) are read only when the hash counts some.
   local waiters, expired, waiting, have = nil, nil, 0, 0
@@ -173,7 +271,7 @@ return function(KEYS, ARGV)
   local drop = false                -- drop the token's waiter entry
   if op == 'acquire' then
     -- ZSCORE only when full: a free permit is granted (or the lease refreshed) by ZADD.
-    if in_use < limit or redis.call('ZSCORE', K_LEASES, token) then
+    if in_use < limit * share or redis.call('ZSCORE', K_LEASES, token) then
       local deadline = now + lease_ms
       if redis.call('ZADD', K_LEASES, string.format('%d', deadline), token) == 1 then
         in_use = in_use + 1
@@ -204,6 +302,12 @@ return function(KEYS, ARGV)
       in_use = in_use - 1
       reread = token == first_tok
       wrote = true
+      local outcome = ARGV[8] or ''
+      if ast and outcome ~= '' then
+        adapt(ast, ap, outcome, tonumber(ARGV[9]) or 0, tonumber(ARGV[10]) or 0, in_use + 1, now)
+        adapted, meta_written = true, true
+        limit, limit_s = math.floor(ast.limit), string.format('%d', math.floor(ast.limit))
+      end
     else
       ok = 0
       lost = lost + 1
@@ -223,6 +327,12 @@ return function(KEYS, ARGV)
       ok = 0
       lost = lost + 1
       counter, count = 'lost', lost
+    end
+  elseif op == 'restart' then
+    if ast then
+      ast.limit, ast.why, ast.moved, ast.pause = ap.min, 'restart after a recovery', now, 0
+      limit, limit_s = ap.min, string.format('%d', ap.min)
+      adapted, wrote, meta_written = true, true, true
     end
   elseif op == 'cancel' then
     if redis.call('ZREM', K_LEASES, token) == 1 then
@@ -252,6 +362,10 @@ return function(KEYS, ARGV)
     args, n = put(args, n, 'waiters', string.format('%d', waiting))
   end
   if refresh then args, n = put(args, n, 'ttl_until', string.format('%d', now + ttl_ms)) end
+  if adapted then
+    local a = adaptive_writes(ast)
+    for i = 1, #a, 2 do args, n = put(args, n, a[i], a[i + 1]) end
+  end
   if n == 2 then
     redis.call('HSET', K_META, args[1], args[2])
   elseif n > 0 then
