@@ -36,7 +36,8 @@ from ..readside import (
 __all__ = ["Family", "MetricsSource", "catalog"]
 
 _REJECTION_REASONS = {"OPEN": "open", "HALF_OPEN": "half_open_full",
-                      "FORCED_OPEN": "forced_open", "UNKNOWN": "redis_unavailable"}
+                      "FORCED_OPEN": "forced_open", "UNKNOWN": "redis_unavailable",
+                      "RAMPING": "ramping"}
 _STATES = [s.value for s in State]
 
 

@@ -59,7 +59,8 @@ class DistbreakerCollector(Collector):
 
     Per process, from the registered objects (no Redis): ``distbreaker_calls_total
     {name,outcome}``, ``distbreaker_rejections_total{name,reason}`` (open,
-    half_open_full, forced_open, redis_unavailable, bulkhead_full) and
+    half_open_full, forced_open, redis_unavailable, ramping: slow start after a recovery,
+    bulkhead_full) and
     ``distbreaker_transitions_total{name,from_state,to_state}`` for the transitions
     this process's calls made (each is counted by exactly one process). Under
     prefork servers use prometheus_client's multiprocess mode or one target per worker.

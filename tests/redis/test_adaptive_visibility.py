@@ -4,6 +4,7 @@ Prometheus collector show it: a real adaptive Bulkhead against a real redis-serv
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -156,3 +157,36 @@ def test_otel_exports_an_adaptive_bulkhead_declared_in_yaml(redis_url: str, tmp_
             ({"name": "llm", "why": "failure or timeout"}, 1)]
     finally:
         registry.close()
+
+
+def test_prometheus_counts_calls_slow_start_turned_down(redis_url: str, name: str) -> None:
+    from distbreaker import CallNotPermitted, CircuitBreaker
+
+    breaker = CircuitBreaker(name, redis=redis_url, sliding_window_size=2,
+                             minimum_number_of_calls=2, wait_duration_in_open_state=0.05,
+                             permitted_calls_in_half_open=1, ramp_duration=60, ramp_start=0.01)
+    registry = CollectorRegistry()
+    registry.register(DistbreakerCollector(redis_url, components=[breaker]))
+    try:
+        for _ in range(2):
+            with pytest.raises(ConnectionError):
+                breaker.call(fail_once)
+        time.sleep(0.1)
+        breaker.call(lambda: None)  # the probe succeeds: HALF_OPEN -> CLOSED, slow start
+        ramping = 0
+        for _ in range(50):
+            try:
+                breaker.call(lambda: None)
+            except CallNotPermitted as error:
+                assert error.reason == "ramping" and 0 < error.retry_after <= 1
+                ramping += 1
+        assert ramping > 0  # 1 % of calls admitted at first
+        samples = scrape(registry)
+        assert samples[("distbreaker_rejections_total",
+                        (("name", name), ("reason", "ramping")))] == ramping
+    finally:
+        breaker.close()
+
+
+def fail_once() -> None:
+    raise ConnectionError("down")
