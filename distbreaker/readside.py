@@ -528,7 +528,45 @@ def decode_bulkhead(leases: Sequence[tuple[Any, Any]], meta: Mapping[Any, Any],
     waiting = sum(1 for k, v in m.items() if k.startswith("w:") and _int_or(v, 0) > now_ms)
     return {"in_use": sum(1 for h in holders if not h["expired"]), "limit": counter("limit"),
             "waiting": waiting, "rejected": counter("rejected"),
-            "acquired": counter("acquired"), "lost": counter("lost"), "holders": holders}
+            "acquired": counter("acquired"), "lost": counter("lost"),
+            "adaptive": decode_adaptive(m, now_ms), "holders": holders}
+
+
+#: The meta hash fields of an adaptive bulkhead limit (lua/bulkhead.lua, docs/ADAPTIVE.md).
+ADAPTIVE_FIELDS = ("a_limit", "a_why", "a_moved", "a_pause", "a_rtt_s", "a_rtt_l")
+
+
+def decode_adaptive(meta: Mapping[str, str], now_ms: int) -> dict[str, Any] | None:
+    """An adaptive bulkhead's limit and why it last moved, from its meta hash fields
+    (None: the hash has no adaptive limit, i.e. no worker ran it with `adaptive=`).
+
+    `limit` is the unrounded limit (the bulkhead's `limit` is its integer part);
+    `moved_at_ms` the server time its integer part last changed (None: never since it
+    started); `paused_until_ms` the end of a 429's pause of increases (None: none)."""
+    raw = meta.get("a_limit")
+    if raw is None:
+        return None
+    limit = float(raw)  # a ValueError is foreign content, reported by the caller
+    if not 0 < limit < float("inf"):
+        raise ValueError(f"bulkhead field a_limit is not a limit: {raw!r}")
+
+    def ms(field: str) -> int | None:
+        value = _int_or(meta.get(field) or "0", 0)
+        return value if value > 0 else None
+
+    def rtt(field: str) -> float | None:
+        try:
+            value = float(meta.get(field) or "")
+        except ValueError:
+            return None
+        return value if value > 0 else None
+
+    moved, paused = ms("a_moved"), ms("a_pause")
+    return {"limit": limit, "why": meta.get("a_why") or "", "moved_at_ms": moved,
+            "moved_ago_s": None if moved is None else max(0, now_ms - moved) / 1000,
+            "paused_until_ms": paused if paused is not None and paused > now_ms else None,
+            "paused_for_s": max(0, (paused or 0) - now_ms) / 1000,
+            "rtt_short_ms": rtt("a_rtt_s"), "rtt_long_ms": rtt("a_rtt_l")}
 
 
 def _int_or(value: str, default: int) -> int:
@@ -637,7 +675,7 @@ def _summaries(client: Any, prefix: str, items: Sequence[tuple[str, frozenset[st
             steps.append("probe")
         if "bulkhead" in parts:
             pipe.zcount(keys.bh_leases, f"({now_ms}", "+inf")
-            pipe.hget(keys.bh_meta, "limit")
+            pipe.hmget(keys.bh_meta, ["limit", *ADAPTIVE_FIELDS])
             steps += ["in_use", "limit"]
         if "budget" in parts:
             pipe.hgetall(keys.rb)
@@ -670,9 +708,12 @@ def _summary(client: Any, prefix: str, name: str, got: dict[str, Any],
             row["breaker"] = decode_state_hash(name, got["state"], now_ms, deadlines)
             row["state"] = row["breaker"]["state"]
         if "in_use" in got:
-            limit = got["limit"]
+            limit, *adaptive = got["limit"]
+            fields = {f: text(v) for f, v in zip(ADAPTIVE_FIELDS, adaptive, strict=True)
+                      if v is not None}
             row["bulkhead"] = {"in_use": int(got["in_use"]),
-                               "limit": _int_or(text(limit), 0) or None if limit else None}
+                               "limit": _int_or(text(limit), 0) or None if limit else None,
+                               "adaptive": decode_adaptive(fields, now_ms)}
         if got.get("budget"):
             row["budget"] = decode_budget(got["budget"], now_ms)
     except _FOREIGN_CONTENT as exc:

@@ -94,7 +94,9 @@ class BulkheadMetrics:
     """Fleet-wide figures from Redis, plus this process's own counters.
 
     `rejected`, `lost` and `acquired` are fleet-wide totals since the keys were
-    created (they expire with the keys after `key_ttl` of idleness).
+    created (they expire with the keys after `key_ttl` of idleness). `limit` is the
+    fleet-wide limit in force: `max_concurrent_calls`, or an adaptive limit's current
+    value (`available` is counted from it).
     """
 
     max_concurrent_calls: int
@@ -107,6 +109,7 @@ class BulkheadMetrics:
     rejected_here: int
     lost_here: int
     fallback_in_use: int
+    limit: int = 0
 
 
 def decode_reply(raw: Sequence[Any]) -> BulkheadReply:
@@ -355,15 +358,13 @@ class BulkheadCodec:
     def metrics(self, raw: Sequence[Any], fallback_in_use: int) -> BulkheadMetrics:
         """The metrics script call's reply, with this process's counters."""
         reply = decode_reply(raw)
-        # the script's limit: the adaptive one when adaptive, else the configured one
-        limit = reply.limit if self.config.adaptive is not None else \
-            self.config.max_concurrent_calls
+        limit = reply.limit if self._adaptive else self.config.max_concurrent_calls
         return BulkheadMetrics(
-            max_concurrent_calls=limit, in_use=reply.in_use,
+            max_concurrent_calls=self.config.max_concurrent_calls, in_use=reply.in_use,
             available=max(0, limit - reply.in_use), waiting=reply.waiting,
             rejected=reply.rejected, lost=reply.lost, acquired=reply.acquired,
             rejected_here=self.rejected_here, lost_here=self.lost_here,
-            fallback_in_use=fallback_in_use)
+            fallback_in_use=fallback_in_use, limit=limit)
 
 
 class Acquisition:

@@ -83,3 +83,16 @@ def describe_counts(counts: dict[str, Any]) -> str:
     """'3 CLOSED, 1 HALF_OPEN' from a state -> count mapping (most first)."""
     items = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     return ", ".join(f"{n} {state}" for state, n in items)
+
+
+#: Short forms of why an adaptive bulkhead limit last moved (lua/bulkhead.lua's a_why).
+WHY_SHORT = {"initial": "initial", "failure or timeout": "failures",
+             "overload (429)": "429", "overload (429): increases paused": "429 pause",
+             "latency above its long-run level": "latency", "latency normal: growing": "growing",
+             "restart after a recovery": "restart"}
+
+
+def why_short(why: str) -> str:
+    """A table cell's form of why an adaptive limit last moved (unknown text: its first
+    word, so a newer script's reason still shows)."""
+    return WHY_SHORT.get(why) or printable(why.split(" ")[0] if why else "?")

@@ -28,6 +28,7 @@ from .fmt import (
     plural,
     printable,
     seconds_setting,
+    why_short,
 )
 
 STATE_CHOICES = [s.value.lower() for s in State]
@@ -117,9 +118,34 @@ V1_LEGEND = ("[v1]: key schema v1, kept by workers not yet upgraded; they do not
              "state with v2 workers (docs/OPERATIONS.md, Rolling deploy)")
 
 
+def bulkhead_cell(bh: dict[str, Any] | None) -> str:
+    """in use/limit; an adaptive limit adds why it last moved and when: 3/8 (growing 12s)."""
+    if bh is None:
+        return "-"
+    cell = f"{bh['in_use']}/{bh['limit'] or '?'}"
+    a = bh.get("adaptive")
+    if a is not None:
+        when = "" if a["moved_ago_s"] is None else f" {duration(a['moved_ago_s'])}"
+        cell += f" ({why_short(a['why'])}{when})"
+    return cell
+
+
+def adaptive_line(a: dict[str, Any], now_ms: int) -> str:
+    """`show`'s line about an adaptive limit: where it is, why and when it last moved."""
+    moved = ("never moved since it started" if a["moved_at_ms"] is None else
+             f"last moved {duration(a['moved_ago_s'])} ago ({clock(a['moved_at_ms'])})")
+    parts = [f"adaptive:  limit {a['limit']:g}, {moved}: {printable(a['why'] or '?')}"]
+    if a["paused_until_ms"] is not None:
+        parts.append(f"increases paused for {duration((a['paused_until_ms'] - now_ms) / 1000)}")
+    if a["rtt_short_ms"] is not None and a["rtt_long_ms"] is not None:
+        parts.append(f"latency {a['rtt_short_ms']:g} ms short-term, "
+                     f"{a['rtt_long_ms']:g} ms long-term")
+    return "; ".join(parts)
+
+
 def row_cells(r: dict[str, Any]) -> list[str]:
     b, bh = r["breaker"] or {}, r["bulkhead"]
-    bulk = "-" if bh is None else f"{bh['in_use']}/{bh['limit'] or '?'}"
+    bulk = bulkhead_cell(bh)
     if r["error"]:
         # the error goes last, so its length widens no other column
         return [name_cell(r), "ERROR", "", "", "", "", "", "", printable(r["error"])]
@@ -136,7 +162,8 @@ def ls_rows(doc: dict[str, Any]) -> list[list[str]]:
 LS_HEADERS = ["NAME", "STATE", "IN STATE", "FAIL", "SLOW", "CALLS", "RETRY IN", "BULKHEAD",
               "BUDGET"]
 BUDGET_LEGEND = ("BUDGET +requests -retries =retries left in the window; "
-                 "BULKHEAD in use/limit; FAIL/SLOW '-' below the minimum calls")
+                 "BULKHEAD in use/limit (adaptive: why the limit last moved, how long ago); "
+                 "FAIL/SLOW '-' below the minimum calls")
 
 
 def empty_message(app: App, doc: dict[str, Any], states: Sequence[str]) -> str:
@@ -289,6 +316,8 @@ def show_text(d: dict[str, Any]) -> str:
         lines.append(f"bulkhead:  {bh['in_use']}/{bh['limit'] or '?'} in use, "
                      f"{bh['waiting']} waiting, {bh['rejected'] or 0} rejected, "
                      f"{bh['lost'] or 0} leases lost")
+        if bh.get("adaptive") is not None:
+            lines.append(adaptive_line(bh["adaptive"], d["server_time_ms"]))
         for h in bh["holders"]:
             state = "EXPIRED" if h["expired"] else f"ends in {duration(h['expires_in_s'])}"
             lines.append(f"holder:    {h['token']} lease {state}")

@@ -25,7 +25,8 @@ from .views import STATE_CHOICES, V1_LEGEND, collect, row_cells
 SEVERITY = {"FORCED_OPEN": 0, "OPEN": 1, "HALF_OPEN": 2, "ERROR": 3, "METRICS_ONLY": 4,
             "CLOSED": 5, "DISABLED": 6}
 HEADERS = ["NAME", "STATE", "FOR", "FAIL", "SLOW", "CALLS", "RETRY", "BULK", "BUDGET"]
-LEGEND = ("BUDGET +requests -retries =retries left   BULK in use/limit   "
+LEGEND = ("BUDGET +requests -retries =retries left   BULK in use/limit (adaptive: why it "
+          "last moved, how long ago)   "
           "OPEN (due): the wait is over, the next call probes   FAIL/SLOW -: too few calls")
 NAME_MIN, NAME_MAX = 12, 60
 MAX_ERROR_LINES = 10  # reasons of error rows shown under the table (foreign keys)

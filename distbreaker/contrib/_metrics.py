@@ -36,7 +36,8 @@ from ..readside import (
 __all__ = ["Family", "MetricsSource", "catalog"]
 
 _REJECTION_REASONS = {"OPEN": "open", "HALF_OPEN": "half_open_full",
-                      "FORCED_OPEN": "forced_open", "UNKNOWN": "redis_unavailable"}
+                      "FORCED_OPEN": "forced_open", "UNKNOWN": "redis_unavailable",
+                      "RAMPING": "ramping"}
 _STATES = [s.value for s in State]
 
 
@@ -297,7 +298,16 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
     fleet_rejected = _counter("distbreaker_breaker_fleet_rejections", "Calls rejected "
                               "fleet-wide by Redis (since the key was created)", "name")
     in_use = _gauge("distbreaker_bulkhead_in_use", "Bulkhead permits held fleet-wide", "name")
-    limit = _gauge("distbreaker_bulkhead_limit", "Fleet-wide bulkhead limit", "name")
+    limit = _gauge("distbreaker_bulkhead_limit", "Fleet-wide bulkhead limit (an adaptive "
+                   "one's current integer limit)", "name")
+    adaptive = _gauge("distbreaker_bulkhead_adaptive_limit", "An adaptive bulkhead's "
+                      "limit before rounding down", "name")
+    limit_info = _gauge("distbreaker_bulkhead_limit_info", "1, labelled with why an adaptive "
+                        "bulkhead's limit last moved", "name", "why")
+    moved = _gauge("distbreaker_bulkhead_limit_moved_seconds", "Seconds since an adaptive "
+                   "bulkhead's integer limit last changed (-1: never since it started)", "name")
+    paused = _gauge("distbreaker_bulkhead_limit_paused_seconds", "Seconds an adaptive "
+                    "bulkhead's increases stay paused after a 429 (0: not paused)", "name")
     deposits = _gauge("distbreaker_budget_deposits", "Requests counted by the retry budget "
                       "in its window", "name")
     withdrawals = _gauge("distbreaker_budget_withdrawals", "Retries taken from the retry "
@@ -329,6 +339,12 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
             in_use.add((name,), bulkhead["in_use"])
             if bulkhead["limit"] is not None:
                 limit.add((name,), bulkhead["limit"])
+            a = bulkhead.get("adaptive")
+            if a is not None:
+                adaptive.add((name,), a["limit"])
+                limit_info.add((name, a["why"]), 1)
+                moved.add((name,), -1 if a["moved_ago_s"] is None else a["moved_ago_s"])
+                paused.add((name,), a["paused_for_s"])
         budget = row["budget"] or {}
         d, w = budget.get("deposits") or 0, budget.get("withdrawals") or 0
         if row["budget"] is not None or name in budgets:
@@ -341,5 +357,5 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
                         // MILLIONTHS - w)
         elif budget.get("balance") is not None:  # with the settings stored in the hash
             balance.add((name,), budget["balance"])
-    return [state, state_seconds, *fields.values(), fleet_rejected, in_use, limit, deposits,
-            withdrawals, balance, unreadable]
+    return [state, state_seconds, *fields.values(), fleet_rejected, in_use, limit, adaptive,
+            limit_info, moved, paused, deposits, withdrawals, balance, unreadable]

@@ -38,7 +38,12 @@ class DistbreakerCollector(Collector):
       (-1 below the minimum number of calls), ``distbreaker_breaker_window_calls``
       / ``_window_failures`` / ``_window_slow_calls``, ``_retry_in_seconds``, and
       ``distbreaker_breaker_fleet_rejections_total``;
-    - ``distbreaker_bulkhead_in_use`` / ``_limit``;
+    - ``distbreaker_bulkhead_in_use`` / ``_limit`` (an adaptive bulkhead's current
+      integer limit); for an adaptive bulkhead also ``_adaptive_limit`` (before
+      rounding down), ``distbreaker_bulkhead_limit_info{name,why} 1`` (why it last
+      moved: one of the few reasons in docs/ADAPTIVE.md), ``_limit_moved_seconds``
+      (since its integer limit last changed, -1 never) and ``_limit_paused_seconds``
+      (increases paused after a 429, 0 when not);
     - ``distbreaker_budget_deposits`` / ``_withdrawals`` over the window and
       ``distbreaker_budget_balance`` (for registered budgets, whose formula is known);
     - ``distbreaker_up``: 1 when Redis answered this scrape, else 0 (the fleet
@@ -54,7 +59,8 @@ class DistbreakerCollector(Collector):
 
     Per process, from the registered objects (no Redis): ``distbreaker_calls_total
     {name,outcome}``, ``distbreaker_rejections_total{name,reason}`` (open,
-    half_open_full, forced_open, redis_unavailable, bulkhead_full) and
+    half_open_full, forced_open, redis_unavailable, ramping: slow start after a recovery,
+    bulkhead_full) and
     ``distbreaker_transitions_total{name,from_state,to_state}`` for the transitions
     this process's calls made (each is counted by exactly one process). Under
     prefork servers use prometheus_client's multiprocess mode or one target per worker.

@@ -7,7 +7,8 @@ breakers:
     default: {failure_rate_threshold: 50, wait_duration_in_open_state: 30s}
   instances:
     payments: {base_config: default, minimum_number_of_calls: 10, critical: true}
-bulkheads: {instances: {payments: {max_concurrent_calls: 25}}}
+bulkheads: {instances: {payments: {max_concurrent_calls: 25,
+                                   adaptive: {min_limit: 2, max_limit: 50}}}}
 budgets:   {instances: {payments: {percent_can_retry: 0.2}}}
 retries:   {instances: {payments: {max_attempts: 3, budget: payments}}}
 policies:  {instances: {payments: {breaker: payments, bulkhead: payments,
@@ -49,6 +50,7 @@ from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.options import parse_duration
 from ..breaker.config import BreakerConfig
 from ..budget.config import BudgetConfig
+from ..bulkhead.adaptive import AdaptiveLimit
 from ..bulkhead.config import BulkheadConfig
 from ..retry.config import RetryConfig
 
@@ -263,6 +265,28 @@ def _ref(value: Any) -> Any:
     raise ValueError(f"must be an instance name, true, false or a mapping, got {value!r}")
 
 
+def _adaptive(value: Any) -> AdaptiveLimit | None:
+    """A bulkhead's `adaptive:` setting: a mapping of AdaptiveLimit's fields (JSON in the
+    environment; values may be strings, as ``${VAR}`` makes them), or true for the
+    defaults, false for a fixed limit."""
+    if isinstance(value, AdaptiveLimit):
+        return value
+    if isinstance(value, bool) or (isinstance(value, str)
+                                   and value.strip().lower() in _TRUE | _FALSE):
+        return AdaptiveLimit() if _bool(value) else None
+    settings = _mapping(value)
+    known = {f.name: str(f.type) for f in dataclasses.fields(AdaptiveLimit)}
+    fields = {}
+    for key, item in settings.items():
+        if key not in known:
+            raise ValueError(f"has an unknown setting {key!r} (known: {', '.join(known)})")
+        try:
+            fields[key] = convert(known[key], item)
+        except ValueError as error:
+            raise ValueError(f"{key} {error}") from None
+    return AdaptiveLimit(**fields)
+
+
 def convert(annotation: str, value: Any) -> Any:
     """One field's value from a file or the environment, by the field's annotation."""
     optional = "None" in annotation
@@ -271,6 +295,8 @@ def convert(annotation: str, value: Any) -> Any:
         if optional or annotation in ("ref", "Callable"):
             return None
         raise ValueError("must not be empty")
+    if annotation.startswith("AdaptiveLimit"):
+        return _adaptive(value)
     if annotation == "ref":
         return _ref(value)
     if annotation == "mapping" or "HttpClassifier" in annotation:

@@ -151,7 +151,8 @@ def test_show_bulkhead_holders_and_budget(redis_url: str, redis_client: redis.Re
         assert doc["budget"]["deposits"] == 5 and doc["budget"]["withdrawals"] == 1
         assert doc["ttls"][BudgetKeys.build(name).slices] > 0
         row = json.loads(run(redis_url, "ls", "--json").stdout)["breakers"][0]
-        assert row["bulkhead"] == {"in_use": 1, "limit": 3} and row["state"] is None
+        assert row["bulkhead"] == {"in_use": 1, "limit": 3, "adaptive": None}
+        assert row["state"] is None
         text = run(redis_url, "show", name).stdout
         assert "bulkhead:  1/3 in use" in text and "budget:    5 deposits, 1 retries" in text
     finally:

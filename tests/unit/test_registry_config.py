@@ -316,3 +316,83 @@ def test_components_are_built_through_public_constructors() -> None:
     assert isinstance(budget, RetryBudget)
     assert budget.config.slices == 5
     assert registry.declared("budget") == ["b"]
+
+
+ADAPTIVE_YAML = """\
+breakers:
+  instances:
+    llm: {ramp_duration: 45s, ramp_start: 0.25}
+    quick: {ramp_duration: 500ms}
+bulkheads:
+  configs:
+    default: {critical_reserve: 0.2, sheddable_share: 0.5}
+  instances:
+    llm:
+      max_concurrent_calls: 8
+      adaptive: {min_limit: 2, max_limit: "${LLM_MAX:-40}", initial_limit: 4,
+                 backoff_ratio: 0.75, tolerance: 2, smoothing: "0.1"}
+    defaults: {adaptive: true}
+    fixed: {adaptive: null, critical_reserve: 0.0}
+"""
+
+
+def test_yaml_adaptive_bulkhead_priorities_and_slow_start(tmp_path: Path) -> None:
+    from distbreaker.bulkhead.adaptive import AdaptiveLimit
+
+    registry = Registry.from_file(_write(tmp_path, "r.yaml", ADAPTIVE_YAML),
+                                  redis=fakeredis.FakeRedis(), environ={"LLM_MAX": "30"})
+    llm = registry.bulkhead("llm").config
+    assert llm.adaptive == AdaptiveLimit(min_limit=2, max_limit=30, initial_limit=4,
+                                         backoff_ratio=0.75, tolerance=2.0, smoothing=0.1)
+    assert llm.adaptive.wire() == "2,30,4,750000,2000000,100000"
+    assert (llm.max_concurrent_calls, llm.critical_reserve, llm.sheddable_share) == (8, 0.2, 0.5)
+    assert registry.bulkhead("defaults").config.adaptive == AdaptiveLimit()
+    fixed = registry.bulkhead("fixed").config
+    assert fixed.adaptive is None and fixed.critical_reserve == 0.0
+    assert fixed.sheddable_share == 0.5  # from the default config
+    breaker = registry.breaker("llm").config
+    assert (breaker.ramp_duration, breaker.ramp_start) == (45.0, 0.25)
+    assert breaker.to_wire() == BreakerConfig(ramp_duration=45, ramp_start=0.25).to_wire()
+    assert registry.breaker("quick").config.ramp_duration == 0.5
+    assert registry.breaker("quick").config.ramp_start == 0.1  # the default
+
+
+def test_adaptive_from_the_environment_is_json() -> None:
+    registry = _registry({}, {"DISTBREAKER_BULKHEAD_LLM_ADAPTIVE": '{"max_limit": 12}',
+                              "DISTBREAKER_BULKHEAD_LLM_SHEDDABLE_SHARE": "0.6",
+                              "DISTBREAKER_BREAKER_LLM_RAMP_DURATION": "2m"})
+    config = registry.bulkhead("llm").config
+    assert config.adaptive is not None and config.adaptive.max_limit == 12
+    assert config.sheddable_share == 0.6
+    assert registry.breaker("llm").config.ramp_duration == 120
+
+
+@pytest.mark.parametrize(("settings", "field", "problem"), [
+    ("{adaptive: {min_limit: 0}}", "adaptive", "min_limit must be in"),
+    ("{adaptive: {min_limit: 5, max_limit: 2}}", "adaptive", "max_limit must be in"),
+    ("{adaptive: {limit: 5}}", "adaptive", "unknown setting 'limit'"),
+    ("{adaptive: {backoff_ratio: lots}}", "adaptive", "backoff_ratio must be a number"),
+    ("{adaptive: [1, 2]}", "adaptive", "must be a mapping"),
+    ("{critical_reserve: 1.5}", "critical_reserve", "must be a number in [0, 1)"),
+    ("{sheddable_share: -0.1}", "sheddable_share", "must be a number in [0, 1)"),
+])
+def test_bad_adaptive_settings_name_the_field(tmp_path: Path, settings: str, field: str,
+                                              problem: str) -> None:
+    file = _write(tmp_path, "r.yaml", f"bulkheads: {{instances: {{llm: {settings}}}}}\n")
+    with pytest.raises(RegistryConfigError) as caught:
+        Registry.from_file(file, redis=fakeredis.FakeRedis(), environ={})
+    assert (caught.value.path, caught.value.field) == ("bulkheads.instances.llm", field)
+    assert problem in str(caught.value)
+
+
+@pytest.mark.parametrize(("settings", "field", "problem"), [
+    ("{ramp_duration: soon}", "ramp_duration", "must be a duration"),
+    ("{ramp_start: 0}", "ramp_start", "must be a number in (0, 1]"),
+])
+def test_bad_ramp_settings_name_the_field(tmp_path: Path, settings: str, field: str,
+                                          problem: str) -> None:
+    file = _write(tmp_path, "r.yaml", f"breakers: {{instances: {{llm: {settings}}}}}\n")
+    with pytest.raises(RegistryConfigError) as caught:
+        Registry.from_file(file, redis=fakeredis.FakeRedis(), environ={})
+    assert (caught.value.path, caught.value.field) == ("breakers.instances.llm", field)
+    assert problem in str(caught.value)

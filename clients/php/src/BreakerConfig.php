@@ -34,6 +34,8 @@ final class BreakerConfig
         'wait_interval_multiplier' => 1.0,
         'max_wait_duration_in_open_state' => 0.0,
         'wait_randomization_factor' => 0.0,
+        'ramp_duration' => 0.0,
+        'ramp_start' => 0.1,
     ];
 
     /** Wire codes of the optional fields 13 and 14 (docs/KEY_SCHEMA.md). */
@@ -65,6 +67,9 @@ final class BreakerConfig
     public readonly float $waitIntervalMultiplier;
     public readonly float $maxWaitDurationInOpenState;
     public readonly float $waitRandomizationFactor;
+    /** Slow start after HALF_OPEN -> CLOSED (seconds; 0 = off), from the share ramp_start. */
+    public readonly float $rampDuration;
+    public readonly float $rampStart;
     /** @var list<class-string<\Throwable>> */
     public readonly array $recordExceptions;
     /** @var list<class-string<\Throwable>> */
@@ -140,6 +145,12 @@ final class BreakerConfig
             throw new \InvalidArgumentException('max_wait_duration_in_open_state must be 0 (the key TTL) or between wait_duration_in_open_state and key_ttl, got ' . self::show($cap));
         }
         $this->maxWaitDurationInOpenState = $cap;
+        $this->rampDuration = self::seconds($o['ramp_duration'], 'ramp_duration');
+        $ramp = $o['ramp_start'];
+        if (!is_int($ramp) && !is_float($ramp) || !($ramp > 0 && $ramp <= 1)) {
+            throw new \InvalidArgumentException('ramp_start must be a number in (0, 1], got ' . self::show($ramp));
+        }
+        $this->rampStart = (float) $ramp;
         $this->recordExceptions = self::classes($o['record_exceptions'], 'record_exceptions');
         $this->ignoreExceptions = self::classes($o['ignore_exceptions'], 'ignore_exceptions');
         foreach (['record_predicate', 'ignore_predicate'] as $field) {
@@ -174,8 +185,10 @@ final class BreakerConfig
             self::num($this->waitIntervalMultiplier),
             (string) self::toMs($this->maxWaitDurationInOpenState),
             self::num($this->waitRandomizationFactor),
+            (string) self::toMs($this->rampDuration),
+            self::num($this->rampStart),
         ];
-        $defaults = ['C', 'O', '1', '0', '0'];
+        $defaults = ['C', 'O', '1', '0', '0', '0', '0.1'];
         while ($extra !== [] && end($extra) === $defaults[count($extra) - 1]) {
             array_pop($extra);
         }

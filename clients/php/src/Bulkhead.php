@@ -10,7 +10,11 @@ namespace Distbreaker;
  * Options and defaults are Python's BulkheadConfig: max_concurrent_calls (25),
  * max_wait_duration (0 s = fail fast), lease (30 s), key_ttl (3600 s),
  * fallback_limit (null; 0 = reject while Redis is unreachable), expected_workers
- * (accepted for config sharing), plus 'prefix' and 'lua_dir'.
+ * (accepted for config sharing), adaptive (null, an AdaptiveLimit or an array of
+ * its options: the limit then lives in Redis and moves with the outcomes every
+ * worker reports; max_concurrent_calls is then only the wire's fixed-limit field),
+ * critical_reserve (0.1) and sheddable_share (0.7) for priorities, plus 'prefix'
+ * and 'lua_dir'. See docs/ADAPTIVE.md.
  *
  * Every permit is a lease in server time: a process that dies gives its permit
  * back within one lease. PHP has no background thread to renew it, so choose a
@@ -27,7 +31,13 @@ final class Bulkhead
         'expected_workers' => 1,
         'fallback_limit' => null,
         'key_ttl' => 3600.0,
+        'adaptive' => null,
+        'critical_reserve' => 0.1,
+        'sheddable_share' => 0.7,
     ];
+    /** Named priorities, most important first (an int is accepted too: 0 is critical). */
+    public const PRIORITIES = ['critical' => 0, 'normal' => 1, 'sheddable' => 2];
+    private const MILLION = 1000000;
     /** A registered waiter stays counted this long after its deadline (same as Python). */
     private const WAITER_GRACE_MS = 1000;
     private const MIN_BLOCK = 0.002;
@@ -38,6 +48,9 @@ final class Bulkhead
     public readonly float $lease;
     public readonly ?int $fallbackLimit;
     public readonly float $keyTtl;
+    public readonly ?AdaptiveLimit $adaptive;
+    public readonly float $criticalReserve;
+    public readonly float $sheddableShare;
     /** @var array{leases: string, meta: string, notify: string} */
     public readonly array $keys;
     /** @var array{source: string, sha: string} */
@@ -83,6 +96,22 @@ final class Bulkhead
         $this->lease = (float) $o['lease'];
         $this->fallbackLimit = $o['fallback_limit'];
         $this->keyTtl = (float) $o['key_ttl'];
+        $adaptive = $o['adaptive'];
+        if (is_array($adaptive)) {
+            $adaptive = new AdaptiveLimit($adaptive);
+        } elseif ($adaptive !== null && !$adaptive instanceof AdaptiveLimit) {
+            throw new \InvalidArgumentException('adaptive must be an AdaptiveLimit, an array of its options or null, got ' . var_export($adaptive, true));
+        }
+        $this->adaptive = $adaptive;
+        foreach (['critical_reserve', 'sheddable_share'] as $field) {
+            $v = $o[$field];
+            $ok = (is_int($v) || is_float($v)) && (($v >= 0 && $v < 1) || ($field === 'sheddable_share' && $v == 1));
+            if (!$ok) {
+                throw new \InvalidArgumentException("{$field} must be a number in [0, 1), got " . var_export($v, true));
+            }
+        }
+        $this->criticalReserve = (float) $o['critical_reserve'];
+        $this->sheddableShare = (float) $o['sheddable_share'];
         $this->leaseMs = max(1, BreakerConfig::toMs($this->lease));
         $this->ttlMs = max(1, BreakerConfig::toMs($this->keyTtl));
         $this->keys = Keys::bulkhead($name, $prefix);
@@ -90,23 +119,31 @@ final class Bulkhead
         Scripts::checkConnection($redis);
     }
 
-    /** Take one permit, waiting up to max_wait_duration for a release; throws BulkheadFull. */
-    public function acquire(): BulkheadPermit
+    /**
+     * Take one permit, waiting up to max_wait_duration for a release; throws BulkheadFull.
+     * $priority: 'critical' (may use all of the limit), 'normal' (the default: all but
+     * critical_reserve), 'sheddable' (at most sheddable_share), or an int (0 critical,
+     * 1 normal, 2+ sheddable), so lower priorities are shed first, fleet-wide.
+     */
+    public function acquire(string|int|null $priority = null): BulkheadPermit
     {
+        $share = $this->share($priority);
         $token = bin2hex(random_bytes(12));
         $started = self::monotonic();
         $deadline = $started + $this->maxWaitDuration;
         try {
             while (true) {
-                $remaining = $deadline - self::monotonic();
+                $sent = self::monotonic();
+                $remaining = $deadline - $sent;
                 $wait = $remaining > 0 ? BreakerConfig::toMs($remaining) + self::WAITER_GRACE_MS : 0;
-                $reply = $this->run('acquire', $token, $wait);
+                $reply = $share >= self::MILLION ? $this->run('acquire', $token, $wait)
+                    : $this->run('acquire', $token, $wait, (string) $share);
                 if ($reply['ok']) {
-                    return new BulkheadPermit($token);
+                    return new BulkheadPermit($token, $sent);
                 }
                 if ($remaining <= 0) {
                     $waited = $this->maxWaitDuration > 0 ? self::monotonic() - $started : 0.0;
-                    throw new BulkheadFull($this->name, $this->maxConcurrentCalls, $reply['in_use'], $waited);
+                    throw new BulkheadFull($this->name, $reply['limit'], $reply['in_use'], $waited);
                 }
                 // Block until a release wakes us, a lease may expire, or our time is up.
                 $bound = $remaining;
@@ -123,8 +160,12 @@ final class Bulkhead
         }
     }
 
-    /** Give the permit back (once); a lease that had already expired is marked lost. */
-    public function release(BulkheadPermit $permit): void
+    /**
+     * Give the permit back (once); a lease that had already expired is marked lost.
+     * $error (null: the call returned) is what an adaptive limit learns from: a failure
+     * or timeout cuts it, an Overloaded (or an HTTP 429 response) also pauses increases.
+     */
+    public function release(BulkheadPermit $permit, ?\Throwable $error = null): void
     {
         if ($permit->released) {
             return;
@@ -133,8 +174,16 @@ final class Bulkhead
         if ($permit->token === '' || $permit->lost) {
             return;
         }
+        $tail = [];
+        if ($this->adaptive !== null) {
+            [$outcome, $retryAfterMs] = self::outcomeOf($error);
+            if ($outcome !== '') {
+                $latencyMs = max(0, BreakerConfig::toMs(self::monotonic() - $permit->acquiredAt));
+                $tail = [$outcome, (string) $latencyMs, (string) $retryAfterMs];
+            }
+        }
         try {
-            if (!$this->run('release', $permit->token)['ok']) {
+            if (!$this->run('release', $permit->token, 0, ...$tail)['ok']) {
                 $this->markLost($permit, 'release');
             }
         } catch (\RedisException) {
@@ -156,10 +205,10 @@ final class Bulkhead
     }
 
     /** Run $fn holding a permit; with a $fallback, BulkheadFull returns $fallback($error). */
-    public function call(callable $fn, ?callable $fallback = null): mixed
+    public function call(callable $fn, ?callable $fallback = null, string|int|null $priority = null): mixed
     {
         try {
-            $permit = $this->acquire();
+            $permit = $this->acquire($priority);
         } catch (BulkheadFull $full) {
             if ($fallback === null) {
                 throw $full;
@@ -167,10 +216,76 @@ final class Bulkhead
             return $fallback($full);
         }
         try {
-            return $fn();
-        } finally {
-            $this->release($permit);
+            $result = $fn();
+        } catch (\Throwable $error) {
+            $this->release($permit, $error);
+            throw $error;
         }
+        $this->release($permit);
+        return $result;
+    }
+
+    /** Slow start: an adaptive limit restarts at its minimum (after a recovery); a fixed one is left alone. */
+    public function restartLimit(): void
+    {
+        if ($this->adaptive !== null) {
+            $this->run('restart', '');
+        }
+    }
+
+    /** The share of the limit (millionths) calls of $priority may use (Python's priority_share). */
+    public function share(string|int|null $priority): int
+    {
+        $level = self::priorityLevel($priority);
+        if ($level <= 0) {
+            return self::MILLION;
+        }
+        $normal = 1.0 - $this->criticalReserve;
+        $share = $level === 1 ? $normal : min($normal, $this->sheddableShare);
+        return max(1, BreakerConfig::roundHalfEven($share * self::MILLION));
+    }
+
+    /** 0 critical, 1 normal (the default), 2 and above sheddable. */
+    public static function priorityLevel(string|int|null $priority): int
+    {
+        if ($priority === null) {
+            return 1;
+        }
+        if (is_string($priority) && isset(self::PRIORITIES[strtolower($priority)])) {
+            return self::PRIORITIES[strtolower($priority)];
+        }
+        if (is_int($priority) && $priority >= 0) {
+            return $priority;
+        }
+        throw new \InvalidArgumentException('priority must be one of ' . implode(', ', array_keys(self::PRIORITIES)) . ' or an int >= 0, got ' . var_export($priority, true));
+    }
+
+    /**
+     * What a finished call reports to an adaptive limit: [outcome, Retry-After ms] with
+     * outcome 'ok', 'drop' (a failure or timeout), '429' (Overloaded, or an exception
+     * carrying a PSR-7 response with status 429, e.g. Guzzle's), or '' for distbreaker's
+     * own rejections (the call never reached the dependency). Python's outcome_of.
+     *
+     * @return array{0: string, 1: int}
+     */
+    public static function outcomeOf(?\Throwable $error): array
+    {
+        if ($error === null) {
+            return ['ok', 0];
+        }
+        if ($error instanceof BulkheadFull || $error instanceof CallNotPermitted) {
+            return ['', 0];
+        }
+        if ($error instanceof Overloaded) {
+            return ['429', BreakerConfig::roundHalfEven($error->retryAfter * 1000)];
+        }
+        $response = method_exists($error, 'getResponse') ? $error->getResponse() : null;
+        if (is_object($response) && method_exists($response, 'getStatusCode') && $response->getStatusCode() === 429) {
+            $header = method_exists($response, 'getHeaderLine') ? trim((string) $response->getHeaderLine('Retry-After')) : '';
+            $seconds = is_numeric($header) && (float) $header > 0 ? (float) $header : 0.0;
+            return ['429', BreakerConfig::roundHalfEven($seconds * 1000)];
+        }
+        return ['drop', 0];
     }
 
     /** @return array{ok: bool, in_use: int, limit: int, waiting: int, rejected: int, next_deadline_ms: int, now_ms: int, lost: int, acquired: int} */
@@ -180,14 +295,17 @@ final class Bulkhead
     }
 
     /** @return array{ok: bool, in_use: int, limit: int, waiting: int, rejected: int, next_deadline_ms: int, now_ms: int, lost: int, acquired: int} */
-    private function run(string $op, string $token, int $extra = 0): array
+    private function run(string $op, string $token, int $extra = 0, string ...$tail): array
     {
         $k = $this->keys;
+        // ARGV as lua/bulkhead.lua documents it: [7] the adaptive limit ('' = fixed),
+        // then [8..10] a priority share (acquire) or outcome, latency, Retry-After (release)
         $raw = Scripts::run(
             $this->redis,
             $this->script,
             [$k['leases'], $k['meta'], $k['notify']],
-            [$op, $token, $this->maxConcurrentCalls, $this->leaseMs, $this->ttlMs, $extra],
+            [$op, $token, $this->maxConcurrentCalls, $this->leaseMs, $this->ttlMs, $extra,
+             $this->adaptive?->wire() ?? '', ...$tail],
         );
         if (!is_array($raw) || count($raw) < 9) {
             throw new SchemaError('unexpected bulkhead script reply: ' . var_export($raw, true));

@@ -14,7 +14,8 @@ final class BulkheadPermit
     /** True when a renewal or the release found the lease gone (it had expired). */
     public bool $lost = false;
 
-    public function __construct(public readonly string $token)
+    /** @param float $acquiredAt when the granting acquire was sent (monotonic seconds): an adaptive limit learns the call's latency from it */
+    public function __construct(public readonly string $token, public readonly float $acquiredAt = 0.0)
     {
     }
 }

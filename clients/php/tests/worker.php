@@ -218,6 +218,56 @@ switch ($job['action']) {
         }
         break;
 
+    case 'adaptive_wire': // ARGV[7] of each adaptive config, and the share of each priority
+        $out = ['wires' => [], 'shares' => []];
+        foreach ($job['adaptive'] as $c) {
+            try {
+                $out['wires'][] = (new Distbreaker\AdaptiveLimit($c))->wire();
+            } catch (InvalidArgumentException $e) {
+                $out['wires'][] = ['error' => $e->getMessage()];
+            }
+        }
+        foreach ($job['shares'] as [$options, $priority]) {
+            $out['shares'][] = (new Distbreaker\Bulkhead($redis, 'shares', $options))->share($priority);
+        }
+        break;
+
+    case 'adaptive': // steps on an adaptive bulkhead: calls that succeed, fail or answer 429; held permits
+        $bulkhead = new Distbreaker\Bulkhead($redis, $job['name'], $config);
+        $held = [];
+        $out = ['steps' => []];
+        foreach ($job['steps'] as $step) {
+            $priority = $step['priority'] ?? null;
+            try {
+                if ($step['op'] === 'hold') {
+                    $held[] = $bulkhead->acquire($priority);
+                    $out['steps'][] = 'held';
+                } elseif ($step['op'] === 'restart') {
+                    $bulkhead->restartLimit();
+                    $out['steps'][] = 'restarted';
+                } else {
+                    $bulkhead->call(static function () use ($step) {
+                        usleep((int) (($step['hold'] ?? 0) * 1e6));
+                        return match ($step['op']) {
+                            'ok' => 'ok',
+                            'fail' => throw new RuntimeException('dependency down'),
+                            '429' => throw new Distbreaker\Overloaded('slow down', (float) ($step['retry_after'] ?? 0)),
+                        };
+                    }, null, $priority);
+                    $out['steps'][] = 'ok';
+                }
+            } catch (Distbreaker\BulkheadFull $e) {
+                $out['steps'][] = ['full' => $e->limit, 'in_use' => $e->inUse];
+            } catch (RuntimeException $e) {
+                $out['steps'][] = $e instanceof Distbreaker\Overloaded ? '429' : 'failed';
+            }
+        }
+        $out['metrics'] = $bulkhead->metrics();
+        foreach ($held as $permit) { // given back without an outcome: the limit stays put
+            $bulkhead->release($permit, new Distbreaker\BulkheadFull($job['name'], 0, 0));
+        }
+        break;
+
     default:
         fwrite(STDERR, "unknown action {$job['action']}\n");
         exit(2);

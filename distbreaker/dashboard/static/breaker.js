@@ -60,6 +60,8 @@ function render() {
   facts("others", [
     ["bulkhead", bh ? bh.in_use + "/" + (bh.limit || "?") + " in use, " + bh.waiting + " waiting" : "none"],
     ["bulkhead rejected", bh ? (bh.rejected || 0) : "-"],
+    ["bulkhead limit", bh && bh.adaptive ? adaptiveText(bh.adaptive, detail.server_time_ms)
+      : (bh ? "fixed" : "-")],
     ["retry budget", rb && rb.deposits !== null ? (rb.balance ?? "?") + " retries left (" +
       rb.deposits + " requests, " + rb.withdrawals + " retries in the window)" : "none"],
   ]);

@@ -120,3 +120,17 @@ function overrideText(b, nowMs) {
   if (b.override_until_ms) return "override, ends in " + duration(Math.max(0, b.override_until_ms - nowMs) / 1000);
   return "override";
 }
+
+// An adaptive bulkhead limit in words: where it is, why and when it last moved.
+function adaptiveText(a, nowMs) {
+  const parts = ["adaptive limit " + a.limit.toFixed(3),
+                 (a.moved_at_ms ? "last moved " + clock(a.moved_at_ms, true) : "not moved since it started") +
+                 ": " + (a.why || "?")];
+  if (a.paused_until_ms && a.paused_until_ms > nowMs) {
+    parts.push("increases paused for " + duration((a.paused_until_ms - nowMs) / 1000));
+  }
+  if (a.rtt_short_ms && a.rtt_long_ms) {
+    parts.push("latency " + a.rtt_short_ms + " ms short-term, " + a.rtt_long_ms + " ms long-term");
+  }
+  return parts.join("; ");
+}

@@ -44,7 +44,13 @@ function bulkheadCell(bh) {
   const share = limit ? Math.min(1, bh.in_use / limit) : 0;
   const bar = el("span", {class: "bar" + (limit && bh.in_use >= limit ? " full" : "")},
                  el("span", {style: "width:" + Math.round(share * 100) + "%"}));
-  return el("td", {class: "num"}, bar, bh.in_use + "/" + (limit || "?"));
+  const a = bh.adaptive;
+  if (!a) return el("td", {class: "num"}, bar, bh.in_use + "/" + (limit || "?"));
+  // An adaptive limit: why it last moved, and how long ago (the title has the details).
+  const ago = a.moved_at_ms ? " " + duration(Math.max(0, nowMs() - a.moved_at_ms) / 1000) + " ago" : "";
+  return el("td", {class: "num", title: adaptiveText(a, nowMs())}, bar,
+            bh.in_use + "/" + (limit || "?") + " ",
+            el("span", {class: "dim", text: "adaptive: " + (a.why || "?") + ago}));
 }
 
 function budgetCell(rb) {
