@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from .._runtime.options import check_int
-from ..breaker.classify import status_of
+from ..breaker.classify import parse_retry_after, status_of
 from ..errors import BulkheadFull, CallNotPermitted, Overloaded
 
 #: Named priorities, most important first (an int is accepted too: 0 is critical).
@@ -108,6 +108,11 @@ def outcome_of(error: BaseException | None) -> tuple[str, int]:
     if not isinstance(error, Exception) or isinstance(error, (BulkheadFull, CallNotPermitted)):
         return "", 0
     if isinstance(error, Overloaded) or status_of(error) == 429:
-        retry_after = getattr(error, "retry_after", 0.0) or 0.0
-        return "429", max(0, round(float(retry_after) * 1000))
+        retry_after = getattr(error, "retry_after", None)
+        if retry_after is None:  # an HTTP client's error: its response's header
+            response = getattr(error, "response", None)
+            headers = getattr(response, "headers", None) or getattr(error, "headers", None)
+            header = headers.get("Retry-After") if hasattr(headers, "get") else None
+            retry_after = parse_retry_after(header) if header is not None else 0.0
+        return "429", max(0, round(float(retry_after or 0.0) * 1000))
     return "drop", 0

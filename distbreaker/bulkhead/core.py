@@ -328,10 +328,14 @@ class BulkheadCodec:
         return BulkheadFull(self.name, self.config.max_concurrent_calls, -1,
                             reason="permit lease expired before the call")
 
-    def full(self, in_use: int, waited: float, local: bool = False) -> BulkheadFull:
+    def full(self, in_use: int, waited: float, local: bool = False,
+             limit: int | None = None) -> BulkheadFull:
+        """The refusal; `limit`: the one Redis applied (an adaptive bulkhead's)."""
         with self._lock:
             self.rejected_here += 1
-        limit = self.config.effective_fallback_limit if local else self.config.max_concurrent_calls
+        if limit is None:
+            limit = self.config.effective_fallback_limit if local else \
+                self.config.max_concurrent_calls
         full = BulkheadFull(self.name, limit, in_use, waited, local)
         if "rejected" in self.listeners.wanted:
             self.event("rejected", duration=waited, error=full,
@@ -405,7 +409,7 @@ class Acquisition:
         if reply.ok:
             return self._permitted(BulkheadPermit(self.token, acquired_at=self._sent_at))
         if self._remaining <= 0:
-            raise codec.full(reply.in_use, self._waited())
+            raise codec.full(reply.in_use, self._waited(), limit=reply.limit)
         self._refusal = reply
         return None
 
