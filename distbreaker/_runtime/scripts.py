@@ -491,16 +491,12 @@ def _merged(results: list[Any]) -> list[Any]:
     return results
 
 
-def run_scripts_each(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
-    """Several script calls in one round trip (a pipeline, not a transaction): each
-    call's reply, or the exception it met in its place (the others ran regardless).
-
-    Calls whose function or script the server lacks are sent again once it is loaded
-    (one more round trip, after a restart, FUNCTION FLUSH or SCRIPT FLUSH). Raises only
-    when the pipeline as a whole fails (connection errors).
-    """
+def _pipeline_flow(client: Any, calls: Sequence[ScriptCallSpec]) -> Any:
+    """The steps of `run_scripts_each` for both drivers: yields ("send", indices, how)
+    to get those calls' results, ("load", None, None) to get FUNCTION LOAD's refusal
+    (None: loaded); returns every call's reply or error."""
     how = _first_how(client)
-    results = list(_queue(client, calls, range(len(calls)), how).execute(raise_on_error=False))
+    results = list((yield ("send", range(len(calls)), how)))
     todo = list(range(len(calls)))
     for _ in range(3):
         indices, next_how, unusable = _rerun([results[i] for i in todo], how)
@@ -510,14 +506,32 @@ def run_scripts_each(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
         if unusable is not None:
             FUNCTIONS.give_up(client, unusable)
         elif next_how == FCALL:
-            why = _load_library_sync(client)
+            why = yield ("load", None, None)
             if why is not None:
                 FUNCTIONS.give_up(client, why)
                 next_how = EVALSHA
-        _merge(results, indices, _queue(client, calls, indices, next_how)
-               .execute(raise_on_error=False))
+        _merge(results, indices, (yield ("send", indices, next_how)))
         todo, how = indices, next_how
     return _each(results)
+
+
+def run_scripts_each(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
+    """Several script calls in one round trip (a pipeline, not a transaction): each
+    call's reply, or the exception it met in its place (the others ran regardless).
+
+    Calls whose function or script the server lacks are sent again once it is loaded
+    (one more round trip, after a restart, FUNCTION FLUSH or SCRIPT FLUSH). Raises only
+    when the pipeline as a whole fails (connection errors).
+    """
+    flow = _pipeline_flow(client, calls)
+    answer: Any = None
+    try:
+        while True:
+            step, indices, how = flow.send(answer)
+            answer = (_queue(client, calls, indices, how).execute(raise_on_error=False)
+                      if step == "send" else _load_library_sync(client))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
 
 
 def run_scripts(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
@@ -527,26 +541,15 @@ def run_scripts(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
 
 async def run_scripts_each_async(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
     """The asyncio twin of `run_scripts_each`."""
-    how = _first_how(client)
-    pipe = _queue(client, calls, range(len(calls)), how)
-    results = list(await pipe.execute(raise_on_error=False))
-    todo = list(range(len(calls)))
-    for _ in range(3):
-        indices, next_how, unusable = _rerun([results[i] for i in todo], how)
-        indices = [todo[i] for i in indices]
-        if not indices:
-            break
-        if unusable is not None:
-            FUNCTIONS.give_up(client, unusable)
-        elif next_how == FCALL:
-            why = await _load_library_async(client)
-            if why is not None:
-                FUNCTIONS.give_up(client, why)
-                next_how = EVALSHA
-        _merge(results, indices, await _queue(client, calls, indices, next_how)
-               .execute(raise_on_error=False))
-        todo, how = indices, next_how
-    return _each(results)
+    flow = _pipeline_flow(client, calls)
+    answer: Any = None
+    try:
+        while True:
+            step, indices, how = flow.send(answer)
+            answer = (await _queue(client, calls, indices, how).execute(raise_on_error=False)
+                      if step == "send" else await _load_library_async(client))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
 
 
 def _merged_failed(exc: Exception, count: int) -> list[Any]:

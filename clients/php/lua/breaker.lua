@@ -389,6 +389,16 @@ local function read_ring(first_slot, count)
   return old
 end
 
+-- A count slot's old value leaves the totals (bit 31 clear: the slot was empty).
+local function evict_slot(o)
+  if o < PRESENT then return end
+  o = o - PRESENT
+  calls = calls - 1
+  if o >= FAILED then failures, o = failures - 1, o - FAILED end
+  if o >= SLOW then slow, o = slow - 1, o - SLOW end
+  total_ms = total_ms - o
+end
+
 -- The usual record, one outcome: BITFIELD SET writes its slot and answers the old
 -- value in one command, no tables. It is the call's first write, so it goes
 -- through pcall (a refusal, OOM or ACL, leaves nothing written); `finish` puts the
@@ -403,13 +413,7 @@ local function record_one(fails, slows, ms)
   local o = r[1]
   undo_bit, undo_value = bit, o
   calls, failures, slow, total_ms = calls + 1, failures + fails, slow + slows, total_ms + m
-  if o >= PRESENT then
-    o = o - PRESENT
-    calls = calls - 1
-    if o >= FAILED then failures, o = failures - 1, o - FAILED end
-    if o >= SLOW then slow, o = slow - 1, o - SLOW end
-    total_ms = total_ms - o
-  end
+  evict_slot(o)
   head = (head + 1) % wsize
   d_win = true
 end
@@ -429,13 +433,7 @@ local function record_count(ok, fails, slows, ms)
     cslot_val[n_cslots] = PRESENT + f * FAILED + s * SLOW + m
     calls, failures, slow, total_ms = calls + 1, failures + f, slow + s, total_ms + m
     local o = old[n_cslots]
-    if o >= PRESENT then
-      o = o - PRESENT
-      calls = calls - 1
-      if o >= FAILED then failures, o = failures - 1, o - FAILED end
-      if o >= SLOW then slow, o = slow - 1, o - SLOW end
-      total_ms = total_ms - o
-    end
+    evict_slot(o)
     head = (head + 1) % wsize
   end
   d_win = true
