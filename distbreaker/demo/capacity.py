@@ -40,7 +40,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from .httpserver import Answer, JsonServer
+from .httpserver import Answer, JsonServer, serve_until_interrupted
 
 OVER_STATUSES = (429, 503)
 
@@ -267,13 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     upstream = CapacityUpstream(settings, options.host, options.port)
     print(f"capacity upstream on http://{options.host}:{upstream.port} "
           f"capacity {settings.capacity}", flush=True)
-    try:
-        upstream.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        upstream.server.server_close()
-    return 0
+    return serve_until_interrupted(upstream)
 
 
 if __name__ == "__main__":

@@ -133,3 +133,15 @@ class ServerProcess:
         terminate(self.process)
         if self.process.stderr is not None:
             self.process.stderr.close()
+
+
+def serve_until_interrupted(upstream: Any) -> int:
+    """Serve `upstream` (an object with `serve_forever()` and `server`) until Ctrl-C;
+    the exit status of a demo upstream's main()."""
+    try:
+        upstream.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        upstream.server.server_close()
+    return 0

@@ -30,7 +30,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from .httpserver import Answer, JsonServer
+from .httpserver import Answer, JsonServer, serve_until_interrupted
 
 MODES = ("ok", "failing", "slow", "recovering")
 DEFAULT_TIMELINE = "ok:6,failing:10.5,slow:6,recovering:7.5"
@@ -196,13 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                              options.slow_latency)
     print(f"flaky upstream on http://{options.host}:{upstream.port} timeline {timeline}"
           f"{' (looping)' if options.loop else ''}", flush=True)
-    try:
-        upstream.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        upstream.server.server_close()
-    return 0
+    return serve_until_interrupted(upstream)
 
 
 if __name__ == "__main__":
