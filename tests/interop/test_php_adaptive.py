@@ -64,7 +64,7 @@ def test_php_builds_the_same_adaptive_argument_and_priority_shares_as_python(
               [{"critical_reserve": 0.333333, "sheddable_share": 0.0000001}, "sheddable"]]
     out = php_worker.run(action="adaptive_wire", adaptive=ADAPTIVE_CASES, shares=shares)
     assert out["wires"] == [AdaptiveLimit(**case).wire() for case in ADAPTIVE_CASES]
-    assert out["wires"][1] == "1,20,8,500000,1500000,200000"
+    assert out["wires"][1] == "1,20,8,500000,1500000,50000"
     python_shares = [BulkheadCodec("x", BulkheadConfig(**options)).share(priority)
                      for options, priority in shares]
     assert out["shares"] == python_shares

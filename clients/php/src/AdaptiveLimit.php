@@ -17,7 +17,7 @@ final class AdaptiveLimit
         'initial_limit' => null,   // min_limit x 4, within the bounds
         'backoff_ratio' => 0.9,
         'tolerance' => 1.5,
-        'smoothing' => 0.2,
+        'smoothing' => 0.05,
     ];
     private const MILLION = 1000000;
 

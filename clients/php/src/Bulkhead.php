@@ -121,7 +121,7 @@ final class Bulkhead
 
     /**
      * Take one permit, waiting up to max_wait_duration for a release; throws BulkheadFull.
-     * $priority: 'critical' (may use all of the limit), 'normal' (the default: all but
+     * $priority: null (the default: all of the limit), 'critical' (all of it), 'normal' (all but
      * critical_reserve), 'sheddable' (at most sheddable_share), or an int (0 critical,
      * 1 normal, 2+ sheddable), so lower priorities are shed first, fleet-wide.
      */
@@ -236,6 +236,9 @@ final class Bulkhead
     /** The share of the limit (millionths) calls of $priority may use (Python's priority_share). */
     public function share(string|int|null $priority): int
     {
+        if ($priority === null) {
+            return self::MILLION;  // a call without a priority may use the whole limit
+        }
         $level = self::priorityLevel($priority);
         if ($level <= 0) {
             return self::MILLION;
