@@ -68,7 +68,7 @@ def test_php_builds_the_same_adaptive_argument_and_priority_shares_as_python(
     python_shares = [BulkheadCodec("x", BulkheadConfig(**options)).share(priority)
                      for options, priority in shares]
     assert out["shares"] == python_shares
-    assert python_shares[:4] == [900000, 1000000, 700000, 700000]
+    assert python_shares[:4] == [1000000, 1000000, 700000, 700000]  # None: the whole limit
 
 
 @pytest.mark.parametrize("bad", [{"min_limit": 0}, {"min_limit": 5, "max_limit": 4},
