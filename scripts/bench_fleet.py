@@ -166,7 +166,7 @@ def fleet_summary(key: int, tallies: list[FleetTally], seconds: float,
     def pick(q: float) -> float:
         return round(added[min(len(added) - 1, int(q * len(added)))] * 1e6, 1) if added else 0.0
 
-    top_level = server.get("evalsha", 0) + server.get("eval", 0)
+    top_level = server.get("evalsha", 0) + server.get("eval", 0) + server.get("fcall", 0)
     return {
         "key": FLEET_SCENARIOS[key][0], "scenario": FLEET_SCENARIOS[key][1], "calls": calls,
         "seconds": round(seconds, 3), "calls_per_second": round(calls / seconds, 1),
