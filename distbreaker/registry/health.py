@@ -125,7 +125,8 @@ def judge_bulkhead(bulkhead: Any, metrics: Any, error: BaseException | None,
     return ComponentHealth(
         "bulkhead", bulkhead.name, not (fallback and limit == 0), critical, True, fallback,
         details={"in_use": metrics.in_use, "max_concurrent_calls": metrics.max_concurrent_calls,
-                 "waiting": metrics.waiting, "rejected": metrics.rejected})
+                 "limit": metrics.limit, "waiting": metrics.waiting,
+                 "rejected": metrics.rejected})
 
 
 def judge_budget(budget: Any, balance: Any, error: BaseException | None,
