@@ -133,7 +133,7 @@ local function adaptive_state(raw, p)
   local st = {raw = m, limit = tonumber(m[1]), rtt_s = tonumber(m[2]) or 0, rtt_l = tonumber(m[3]) or 0,
               dec = tonumber(m[4]) or 0, pause = tonumber(m[5]) or 0, why = m[6] or '',
               moved = tonumber(m[7]) or 0}
-  if not st.limit then st.limit, st.why = p.initial, 'initial' end
+  if not st.limit then st.limit, st.why, st.fresh = p.initial, 'initial', true end
   if st.limit < p.min then st.limit = p.min end
   if st.limit > p.max then st.limit = p.max end
   return st
@@ -252,7 +252,7 @@ return function(KEYS, ARGV)
     ast = adaptive_state(raw_a, ap)
     limit, limit_s = math.floor(ast.limit), string.format('%d', math.floor(ast.limit))
   end
-  local adapted = ast ~= nil and ast.why == 'initial'
+  local adapted = ast ~= nil and ast.fresh == true  -- a new limit is stored once
 
   -- Waiters (w:<token> fields) are read only when the hash counts some.
   local waiters, expired, waiting, have = nil, nil, 0, 0
