@@ -124,7 +124,7 @@ class Policy(PolicyCore):
         breaker, bulkhead = self.breaker, self.bulkhead
         permit = await breaker.acquire() if breaker is not None else None
         try:
-            slot = await bulkhead.acquire() if bulkhead is not None else None
+            slot = await bulkhead.acquire(self.priority) if bulkhead is not None else None
         except BaseException as refused:  # BulkheadFull, or no answer: hand the probe back
             if breaker is not None:
                 await breaker.record(permit, refused, 0.0, Outcome.IGNORED)

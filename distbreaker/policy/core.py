@@ -25,6 +25,7 @@ from ..breaker.classify import (
     headers_of,
     status_of,
 )
+from ..bulkhead.adaptive import priority_level
 from ..errors import BulkheadFull
 from ..retry.core import Decision, RetryCore, RetryFlow, retry_flow
 
@@ -140,6 +141,19 @@ class PolicyCore:
         """The breaker closed after a recovery: restart the adaptive limit low (each
         flavour sends it its own way)."""
         raise NotImplementedError
+
+    #: The bulkhead priority of this policy's calls (None: the whole limit); see
+    #: `prioritized`.
+    priority: str | int | None = None
+
+    def prioritized(self, priority: str | int) -> Any:
+        """A copy sharing everything with this policy whose calls carry `priority` to
+        the bulkhead ("critical", "normal", "sheddable" or an int: lower priorities are
+        shed first near the limit, fleet-wide)."""
+        priority_level(priority)  # a clear error now, not at the first call
+        twin = copy.copy(self)
+        twin.priority = priority
+        return twin
 
     def without_retry(self) -> Any:
         """A copy sharing this policy's breaker, bulkhead and budget (still deposited

@@ -102,7 +102,7 @@ class Policy(PolicyCore):
         breaker, bulkhead = self.breaker, self.bulkhead
         permit = breaker.acquire() if breaker is not None else None
         try:
-            slot = bulkhead.acquire() if bulkhead is not None else None
+            slot = bulkhead.acquire(self.priority) if bulkhead is not None else None
         except BaseException as refused:  # BulkheadFull, or no answer: hand the probe back
             if breaker is not None:
                 breaker.record(permit, refused, 0.0, Outcome.IGNORED)

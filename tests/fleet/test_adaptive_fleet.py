@@ -522,3 +522,22 @@ def test_a_policy_restarts_its_adaptive_limit_at_min_after_its_breaker_recovers(
     assert b"restart" in meta[b"a_why"] or float(meta[b"a_limit"]) < 3
     for _ in range(20):                                # no "ramping" rejections
         policy.call(lambda: None)
+
+
+def test_a_prioritized_policy_sheds_before_a_critical_one(name: str, redis_url: str) -> None:
+    """Policy.prioritized(): the copies share one bulkhead; near its limit the sheddable
+    copy is refused while the critical one still gets a permit."""
+    from distbreaker import Policy
+    from distbreaker.errors import BulkheadFull
+
+    policy = Policy(name, redis=redis_url, breaker=False,
+                    bulkhead={"max_concurrent_calls": 4, "sheddable_share": 0.5})
+    sheddable, critical = policy.prioritized("sheddable"), policy.prioritized("critical")
+    held = [policy.bulkhead.acquire("critical") for _ in range(2)]  # 2 of 4 in use
+    with pytest.raises(BulkheadFull):
+        sheddable.call(lambda: "shed")          # sheddable may use floor(4 * 0.5) = 2
+    assert critical.call(lambda: "served") == "served"
+    with pytest.raises(ValueError, match="priority"):
+        policy.prioritized("urgent")
+    for permit in held:
+        policy.bulkhead.release(permit)
