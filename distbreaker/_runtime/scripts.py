@@ -304,30 +304,63 @@ async def _load_library_async(client: Any) -> str | None:
     return None
 
 
+def _call_flow(client: Any, script: LuaScript) -> Any:
+    """The steps of one script call for both drivers: yields "fcall", "load",
+    "evalsha" or "eval" and is sent back (True, reply) or (False, the ResponseError it
+    met; for "load": why the library cannot be loaded, None when it is); returns the
+    reply or raises the error to report."""
+    if script.function and FUNCTIONS.usable(client):
+        for attempt in (1, 2):
+            ok, value = yield "fcall"
+            if ok:
+                return value
+            kind = function_error(value)
+            if kind is None:
+                raise value
+            if kind == "oom":  # a full Redis refuses functions: the EVAL form answers
+                break
+            why = str(value)
+            if kind == "missing" and attempt == 1:
+                _, why = yield "load"
+            if why is not None:
+                FUNCTIONS.give_up(client, why)
+                break
+    ok, value = yield "evalsha"
+    if not ok and isinstance(value, NoScriptError):
+        ok, value = yield "eval"
+    if ok:
+        return value
+    raise value
+
+
+def _step(step: str, script: LuaScript, keys: Sequence[str],
+          args: Sequence[Any]) -> tuple[Any, ...]:
+    """The command of one step of `_call_flow` ("load" is the library's own)."""
+    if step == "fcall":
+        return _fcall_args(script, keys, args)
+    if step == "evalsha":
+        return ("EVALSHA", script.sha, len(keys), *keys, *args)
+    return ("EVAL", script.source, len(keys), *keys, *args)
+
+
 def run_script(client: Any, script: LuaScript, keys: Sequence[str],
                args: Sequence[Any]) -> Any:
     """Run a script on a sync redis-py client: its function (loading the library when the
     server lacks it), else its EVAL form (reloaded after NOSCRIPT)."""
+    flow = _call_flow(client, script)
     try:
-        if script.function and FUNCTIONS.usable(client):
-            for attempt in (1, 2):
+        step = next(flow)
+        while True:
+            if step == "load":
+                answer: tuple[bool, Any] = (True, _load_library_sync(client))
+            else:
                 try:
-                    return client.execute_command(*_fcall_args(script, keys, args))
+                    answer = (True, client.execute_command(*_step(step, script, keys, args)))
                 except ResponseError as exc:
-                    kind = function_error(exc)
-                    if kind is None:
-                        raise
-                    if kind == "oom":
-                        break
-                    why = _load_library_sync(client) if kind == "missing" and attempt == 1 \
-                        else str(exc)
-                    if why is not None:
-                        FUNCTIONS.give_up(client, why)
-                        break
-        try:
-            return client.evalsha(script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            return client.eval(script.source, len(keys), *keys, *args)
+                    answer = (False, exc)
+            step = flow.send(answer)
+    except StopIteration as done:
+        return done.value
     except ResponseError as exc:
         _raise_translated(exc)
 
@@ -335,26 +368,21 @@ def run_script(client: Any, script: LuaScript, keys: Sequence[str],
 async def run_script_async(client: Any, script: LuaScript, keys: Sequence[str],
                            args: Sequence[Any]) -> Any:
     """The asyncio twin of `run_script`."""
+    flow = _call_flow(client, script)
     try:
-        if script.function and FUNCTIONS.usable(client):
-            for attempt in (1, 2):
+        step = next(flow)
+        while True:
+            if step == "load":
+                answer: tuple[bool, Any] = (True, await _load_library_async(client))
+            else:
                 try:
-                    return await client.execute_command(*_fcall_args(script, keys, args))
+                    answer = (True, await client.execute_command(
+                        *_step(step, script, keys, args)))
                 except ResponseError as exc:
-                    kind = function_error(exc)
-                    if kind is None:
-                        raise
-                    if kind == "oom":
-                        break
-                    why = await _load_library_async(client) \
-                        if kind == "missing" and attempt == 1 else str(exc)
-                    if why is not None:
-                        FUNCTIONS.give_up(client, why)
-                        break
-        try:
-            return await client.evalsha(script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            return await client.eval(script.source, len(keys), *keys, *args)
+                    answer = (False, exc)
+            step = flow.send(answer)
+    except StopIteration as done:
+        return done.value
     except ResponseError as exc:
         _raise_translated(exc)
 
