@@ -26,13 +26,13 @@ def paused_after_acquire(component: Any) -> None:
     """Make `component.acquire` return only after its lease has run out (a frozen holder)."""
     acquire = component.acquire
     if asyncio.iscoroutinefunction(acquire):
-        async def late() -> Any:
-            permit = await acquire()
+        async def late(*args: Any) -> Any:
+            permit = await acquire(*args)
             time.sleep(PAUSE)          # the whole process frozen, loop included
             return permit
     else:
-        def late() -> Any:             # type: ignore[misc]
-            permit = acquire()
+        def late(*args: Any) -> Any:   # type: ignore[misc]
+            permit = acquire(*args)
             time.sleep(PAUSE)
             return permit
     component.acquire = late
