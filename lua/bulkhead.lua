@@ -40,6 +40,7 @@
 --         (1000000: all of it; "" = all); release: the outcome ("" none, "ok", "drop"
 --         for a failure or timeout, "429" for an overload answer)
 -- ARGV[9] release: the call's latency ms     ARGV[10] release: Retry-After ms of a 429
+-- ARGV[11] release, optional: how many successes an "ok" stands for (a sample; default 1)
 -- op restart: the adaptive limit restarts at its minimum (slow start after a recovery)
 --
 -- Every op reads TIME once, then, before any write: HMGET of the four counters
@@ -147,7 +148,9 @@ end
 -- shrinks the limit while latency rises above its long-run level, and, while the
 -- limit is in use (in_use >= limit / 2) and not paused, sqrt(limit) of headroom is
 -- added: limit = limit * (1 - smoothing) + (limit * gradient + sqrt(limit)) * smoothing.
-local function adapt(st, p, outcome, latency, retry_after, in_use, now)
+-- `weight`: how many successful calls one reported success stands for (the client
+-- reports a sample of them): the averages and the smoothing step as for that many.
+local function adapt(st, p, outcome, latency, retry_after, in_use, now, weight)
   local before = st.limit
   if outcome == 'drop' or outcome == '429' then
     if now - st.dec >= math.max(1, st.rtt_s) then
@@ -160,14 +163,19 @@ local function adapt(st, p, outcome, latency, retry_after, in_use, now)
     end
   elseif outcome == 'ok' then
     if st.rtt_l <= 0 then st.rtt_s, st.rtt_l = latency, latency end
-    st.rtt_s = st.rtt_s + (latency - st.rtt_s) * 0.1
-    st.rtt_l = st.rtt_l + (latency - st.rtt_l) * 0.01
+    local a_short, a_long, smoothing = 0.1, 0.01, p.smoothing
+    if weight > 1 then
+      a_short, a_long = 1 - 0.9 ^ weight, 1 - 0.99 ^ weight
+      smoothing = 1 - (1 - smoothing) ^ weight
+    end
+    st.rtt_s = st.rtt_s + (latency - st.rtt_s) * a_short
+    st.rtt_l = st.rtt_l + (latency - st.rtt_l) * a_long
     local short = math.max(st.rtt_s, 0.001)
     local gradient = math.min(1, math.max(0.5, p.tolerance * math.max(st.rtt_l, 0.001) / short))
     local grow = now >= st.pause and in_use * 2 >= st.limit
     local target = st.limit * gradient + (grow and math.sqrt(st.limit) or 0)
     if target < st.limit or grow then
-      st.limit = st.limit * (1 - p.smoothing) + target * p.smoothing
+      st.limit = st.limit * (1 - smoothing) + target * smoothing
       st.why = gradient < 1 and 'latency above its long-run level' or 'latency normal: growing'
     end
   end
@@ -222,7 +230,8 @@ return function(KEYS, ARGV)
 
   -- Reads, before any write ----------------------------------------------------------
   local m
-  if ap and op ~= 'release' and op ~= 'restart' then
+  local reports = op == 'restart' or (op == 'release' and (ARGV[8] or '') ~= '')
+  if ap and not reports then
     m = redis.pcall('HMGET', K_META, 'rejected', 'acquired', 'lost', 'limit', 'waiters',
                     'ttl_until', 'a_limit')
   elseif ap then
@@ -340,7 +349,8 @@ return function(KEYS, ARGV)
       wrote = true
       local outcome = ARGV[8] or ''
       if ast and outcome ~= '' then
-        adapt(ast, ap, outcome, tonumber(ARGV[9]) or 0, tonumber(ARGV[10]) or 0, in_use + 1, now)
+        adapt(ast, ap, outcome, tonumber(ARGV[9]) or 0, tonumber(ARGV[10]) or 0, in_use + 1, now,
+              math.max(1, tonumber(ARGV[11]) or 1))
         adapted, meta_written = true, true
         limit, limit_s = math.floor(ast.limit), string.format('%d', math.floor(ast.limit))
       end

@@ -31,6 +31,10 @@ class AdaptiveLimit:
     below `tolerance` x the long one and the limit is in use, it grows by about
     sqrt(limit) per `1 / smoothing` successes; when latency rises above that, it
     shrinks in proportion (Netflix concurrency-limits' Gradient2).
+    `sample_rate` is the share of successful calls whose outcome a worker reports (each
+    report weighs 1 / sample_rate successes in the averages and the growth step): it
+    keeps the Redis cost of an adaptive limit close to a fixed one's. Failures, timeouts
+    and 429s are always reported.
     """
 
     min_limit: int = 1
@@ -39,6 +43,7 @@ class AdaptiveLimit:
     backoff_ratio: float = 0.9
     tolerance: float = 1.5
     smoothing: float = 0.05
+    sample_rate: float = 0.25
 
     def __post_init__(self) -> None:
         check_int(self.min_limit, "min_limit", 1, 1_000_000)
@@ -48,7 +53,7 @@ class AdaptiveLimit:
                                min(self.max_limit, max(self.min_limit, 4 * self.min_limit)))
         check_int(self.initial_limit, "initial_limit", self.min_limit, self.max_limit)
         for field, low, high in (("backoff_ratio", 0.1, 0.999), ("tolerance", 1.0, 10.0),
-                                 ("smoothing", 0.001, 1.0)):
+                                 ("smoothing", 0.001, 1.0), ("sample_rate", 0.01, 1.0)):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not low <= value <= high:
@@ -65,6 +70,13 @@ class AdaptiveLimit:
                 raise TypeError(f"unknown adaptive option(s): {', '.join(unknown)}")
             return cls(**value)
         raise TypeError(f"adaptive must be an AdaptiveLimit or a mapping, got {value!r}")
+
+    def report_weight(self, outcome: str, draw: float) -> float | None:
+        """How many successes a release's report stands for: None when this release
+        reports nothing (an unsampled success; `draw` is uniform in [0, 1))."""
+        if outcome != "ok" or self.sample_rate >= 1:
+            return 1.0
+        return 1.0 / self.sample_rate if draw < self.sample_rate else None
 
     def wire(self) -> str:
         """ARGV[7] of the bulkhead script."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import random
 import secrets
 import threading
 import time
@@ -189,11 +190,15 @@ class BulkheadCodec:
         return self._call("acquire", token, wait_ms, share)
 
     def release_call(self, token: str, outcome: str = "", latency_ms: int = 0,
-                     retry_after_ms: int = 0) -> ScriptCall:
-        """Release; an adaptive bulkhead also gets the call's outcome and latency."""
+                     retry_after_ms: int = 0, weight: float = 1.0) -> ScriptCall:
+        """Release; an adaptive bulkhead also gets the call's outcome and latency (and,
+        for a sampled success, how many successes it stands for)."""
         if not outcome or not self._adaptive:
             return self._call("release", token)
-        return self._call("release", token, 0, outcome, latency_ms, retry_after_ms)
+        if weight == 1:
+            return self._call("release", token, 0, outcome, latency_ms, retry_after_ms)
+        return self._call("release", token, 0, outcome, latency_ms, retry_after_ms,
+                          f"{weight:g}")
 
     def restart_call(self) -> ScriptCall:
         """Slow start: an adaptive limit restarts at its minimum (after a recovery)."""
@@ -296,10 +301,12 @@ class BulkheadCodec:
         (None: the call returned) is what an adaptive limit learns from."""
         if not self.take_release(permit):
             return None
-        if self._adaptive:
-            outcome, retry_after_ms = outcome_of(error)
+        adaptive = self.config.adaptive
+        outcome, retry_after_ms = outcome_of(error) if adaptive is not None else ("", 0)
+        weight = adaptive.report_weight(outcome, random.random()) if adaptive else None
+        if outcome and weight is not None:
             latency_ms = max(0, to_ms(time.monotonic() - permit.acquired_at))
-            call = self.release_call(permit.token, outcome, latency_ms, retry_after_ms)
+            call = self.release_call(permit.token, outcome, latency_ms, retry_after_ms, weight)
         else:
             call = self.release_call(permit.token)
 

@@ -16,7 +16,9 @@ from distbreaker.bulkhead.adaptive import AdaptiveLimit
 from distbreaker.contrib.prometheus import DistbreakerCollector
 from tests.helpers.cli import run
 
-LIMIT = AdaptiveLimit(min_limit=2, max_limit=20, initial_limit=8, backoff_ratio=0.5)
+# every outcome reported (sample_rate 1): the test reads the averages after one call
+LIMIT = AdaptiveLimit(min_limit=2, max_limit=20, initial_limit=8, backoff_ratio=0.5,
+                      sample_rate=1.0)
 
 
 @pytest.fixture

@@ -62,3 +62,14 @@ def test_adaptive_limit_validates_and_builds_its_wire() -> None:
         AdaptiveLimit(backoff_ratio=1.5)
     with pytest.raises(TypeError, match="unknown adaptive option"):
         AdaptiveLimit.build({"min": 1})
+
+
+def test_successes_are_reported_by_sample_with_their_weight() -> None:
+    limit = AdaptiveLimit(sample_rate=0.25)
+    assert limit.report_weight("ok", 0.1) == 4.0      # reported, standing for 4 successes
+    assert limit.report_weight("ok", 0.3) is None     # not this one
+    assert limit.report_weight("drop", 0.9) == 1.0    # failures and 429s always
+    assert limit.report_weight("429", 0.9) == 1.0
+    assert AdaptiveLimit(sample_rate=1.0).report_weight("ok", 0.99) == 1.0
+    with pytest.raises(ValueError, match="sample_rate"):
+        AdaptiveLimit(sample_rate=0)
