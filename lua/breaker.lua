@@ -116,11 +116,11 @@ local function encode(values, first, last, width)
 end
 
 -- Per-call state (set by `begin` and `load_*`) --------------------------------
-local K_STATE, K_META, K_PROBES, K_HIST, op, name, cfg_wire, channel, argv, seq, cold
+local K_STATE, K_META, K_PROBES, K_HIST, op, name, cfg_wire, channel, argv, seq
 local cfg_parsed
 local now, micros
 local exists, cold, s_state, fp, since, calls, failures, slow, total_ms, head, wsec
-local ttl_at, ov_until, open_until, gen, opens, rejected, hp_issued, hp_done, hp_fail
+local ttl_at, ov_until, open_until, gen, opens, rejected, hp_done, hp_fail
 local hp_slow, drift_fp, s_reason, s_actor
 local wtype, wsize, min_calls, f_thr, s_thr, ttl_ms, open_wait, probes_max
 local max_half_open, lease_ms, initial_state, after_half_open, wait_mult, max_open_wait
@@ -208,7 +208,7 @@ local function load_cold()
   if not exists then return end
   local a, b, c, d, e, f, cfg_wait, cfg_init, cfg_after, cfg_mult, cfg_max_open, cfg_rnd,
         cfg_slow = decode_fields(rcall('GETRANGE', K_STATE, '0', COLD_LAST), 13)
-  open_until, gen, opens, rejected, hp_issued, drift_fp = a, b, c, d, e, f
+  open_until, gen, opens, rejected, drift_fp = a, b, c, d, f  -- e: field 4, reserved
   if not cfg_parsed then
     open_wait, initial_state, after_half_open = cfg_wait, STATES[cfg_init + 1],
                                                 STATES[cfg_after + 1]
@@ -235,7 +235,7 @@ local function load()
       return schema_error(K_STATE, 'is not a distbreaker v2 state record')
     end
     exists = false
-    open_until, gen, opens, rejected, hp_issued, drift_fp = 0, 0, 0, 0, 0, 0
+    open_until, gen, opens, rejected, drift_fp = 0, 0, 0, 0, 0
   else
     exists = true
   end
@@ -715,7 +715,7 @@ end
 -- Fields 0-5 (counters); 6-26 (the config, half-open figures, magic, fingerprint);
 -- 13-15 (half-open figures).
 local function header_counters()
-  return encode({open_until, gen, opens, rejected, hp_issued, drift_fp}, 1, 6, 8)
+  return encode({open_until, gen, opens, rejected, 0, drift_fp}, 1, 6, 8)  -- 4: reserved
 end
 
 local function header_config()

@@ -51,9 +51,7 @@ _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _CANDIDATES = (_PACKAGE_DIR / "lua", _PACKAGE_DIR.parent / "lua")
 
 #: The scripts of the library, in the order the library defines them.
-SCRIPT_NAMES = ("breaker", "bulkhead", "budget", "ganesha", "policy")
-#: The scripts a merged call (`merged_call`: the ``policy`` script) may carry.
-MERGEABLE = frozenset({"breaker", "bulkhead", "budget"})
+SCRIPT_NAMES = ("breaker", "bulkhead", "budget", "ganesha")
 MODULE_MARKER = "--!module"
 
 
@@ -74,21 +72,12 @@ def _is_module(source: str) -> bool:
     return source.startswith(MODULE_MARKER)
 
 
-def _needs(source: str) -> list[str]:
-    """The scripts a module calls (``--!module needs a b``: they must be defined
-    before it, as the library defines them)."""
-    words = source.split("\n", 1)[0].split()
-    return words[2:] if words[1:2] == ["needs"] else []
-
-
-def eval_form(source: str, read: Callable[[str], str] | None = None) -> str:
+def eval_form(source: str) -> str:
     """The EVAL script of a source file: a plain body as it is; a module called with
-    the script's KEYS and ARGV, after the scripts it needs (read with `read`, by
-    default from the package's lua/ folder)."""
+    the script's KEYS and ARGV."""
     if not _is_module(source):
         return source
-    needed = "".join(_function_form(n, (read or _read)(n)) for n in _needs(source))
-    return f"{needed}local main = (function()\n{source}\nend)()\nreturn main(KEYS, ARGV)\n"
+    return f"local main = (function()\n{source}\nend)()\nreturn main(KEYS, ARGV)\n"
 
 
 def _function_form(name: str, source: str) -> str:
@@ -124,15 +113,16 @@ class Library:
 def library() -> Library:
     """The library, built once per process from the script files."""
     bodies = "".join(_function_form(n, _read(n)) for n in SCRIPT_NAMES)
-    digest = hashlib.sha1(bodies.encode()).hexdigest()[:12]
+    # the name covers the registrations too (their flags), not only the bodies
+    registration = "redis.register_function{{function_name='{name}_{n}', callback={n}}}\n"
+    template = "".join(registration.format(name="<name>", n=n) for n in SCRIPT_NAMES)
+    digest = hashlib.sha1((bodies + template).encode()).hexdigest()[:12]
     name = f"distbreaker_{digest}"
     # No allow-oom: with it Redis lets a function write past maxmemory. Without it a
     # full Redis refuses the FCALL (the function did not run); that call then runs the
     # EVAL form, which answers what needs no memory and meets the refusal at its first
     # write, as on Redis < 7 (function_error "oom").
-    registrations = "".join(
-        f"redis.register_function{{function_name='{name}_{n}', callback={n}}}\n"
-        for n in SCRIPT_NAMES)
+    registrations = "".join(registration.format(name=name, n=n) for n in SCRIPT_NAMES)
     return Library(name, f"#!lua name={name}\n{bodies}{registrations}")
 
 
@@ -153,37 +143,6 @@ def load_script(name: str) -> LuaScript:
     source = eval_form(_read(name))
     function = library().function(name) if name in SCRIPT_NAMES else ""
     return LuaScript(name, source, hashlib.sha1(source.encode()).hexdigest(), function)
-
-
-def _hash_tag(key: str) -> str:
-    """What Redis Cluster hashes a key by: the text inside its first ``{...}``, else the
-    whole key."""
-    start = key.find("{")
-    end = key.find("}", start + 1) if start >= 0 else -1
-    return key[start + 1:end] if end > start + 1 else key
-
-
-def merged_call(calls: Sequence[ScriptCallSpec]) -> ScriptCallSpec | None:
-    """One ``policy`` script call that runs `calls` in order (lua/policy.lua), or None
-    when they cannot share one: fewer than two, a script other than the breaker,
-    bulkhead and budget, or keys in more than one cluster slot."""
-    if len(calls) < 2 or any(script.name not in MERGEABLE for script, _, _ in calls):
-        return None
-    if len({_hash_tag(key) for _, keys, _ in calls for key in keys}) != 1:
-        return None
-    header: list[Any] = [len(calls)]
-    keys: list[str] = []
-    args: list[Any] = []
-    for script, call_keys, call_args in calls:
-        header += [script.name, len(call_keys), len(call_args)]
-        keys += call_keys
-        args += call_args
-    return (load_script("policy"), keys, [*header, *args])
-
-
-def merged_replies(raw: Sequence[Any]) -> list[Any]:
-    """A merged call's reply: each call's reply, or its error (translated) in its place."""
-    return _each(list(raw))
 
 
 class _FunctionSupport:
@@ -580,35 +539,6 @@ async def run_scripts_each_async(client: Any, calls: Sequence[ScriptCallSpec]) -
         return done.value  # type: ignore[no-any-return]
 
 
-def _merged_failed(exc: Exception, count: int) -> list[Any]:
-    if isinstance(exc, UNAVAILABLE_ERRORS):
-        raise exc
-    return [exc] * count
-
-
-def run_calls_each(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
-    """`run_scripts_each`, in one script call (`merged_call`) when the calls can share
-    one: the same replies, or exceptions in their places, for one call's cost."""
-    merged = merged_call(calls)
-    if merged is None:
-        return run_scripts_each(client, calls)
-    try:
-        return merged_replies(run_script(client, *merged))
-    except Exception as exc:  # each call gets it, as from a pipeline
-        return _merged_failed(exc, len(calls))
-
-
-async def run_calls_each_async(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
-    """The asyncio twin of `run_calls_each`."""
-    merged = merged_call(calls)
-    if merged is None:
-        return await run_scripts_each_async(client, calls)
-    try:
-        return merged_replies(await run_script_async(client, *merged))
-    except Exception as exc:  # each call gets it, as from a pipeline
-        return _merged_failed(exc, len(calls))
-
-
 async def run_scripts_async(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
     """The asyncio twin of `run_scripts`."""
     return _merged(await run_scripts_each_async(client, calls))
@@ -637,9 +567,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = options.lua_dir / f"{name}.lua"
         if not path.is_file():
             parser.error(f"{path} does not exist")
-        folder = options.lua_dir
-        source = eval_form(path.read_text(encoding="utf-8"),
-                           lambda n: (folder / f"{n}.lua").read_text(encoding="utf-8"))
+        source = eval_form(path.read_text(encoding="utf-8"))
     sys.stdout.write(source)
     return 0
 

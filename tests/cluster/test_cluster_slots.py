@@ -149,7 +149,7 @@ def exercise(name: str, client: Any) -> None:
 def test_every_script_runs_on_the_cluster_with_one_slot_per_call(
         cluster_client: RedisCluster) -> None:
     scripts = {load_script(path.stem).sha: path.stem for path in lua_dir().glob("*.lua")}
-    assert set(scripts.values()) == {"breaker", "bulkhead", "budget", "ganesha", "policy"}
+    assert set(scripts.values()) == {"breaker", "bulkhead", "budget", "ganesha"}
     seen: set[str] = set()
     for name in NAME_SHAPES:
         recorder = Recorder(cluster_client)
@@ -168,9 +168,7 @@ def test_every_script_runs_on_the_cluster_with_one_slot_per_call(
     assert reply is not None and (reply.failures, reply.successes) == (1, 1)
     assert len({slot(key) for _, keys in recorder.calls for key in keys}) == 1
     seen |= {scripts[sha] for sha, _ in recorder.calls}
-    # policy.lua (one call carrying several) is not sent by the Policy yet; merged_call
-    # builds one only for keys of one hash tag (tests/redis/test_merged_call.py)
-    assert seen == set(scripts.values()) - {"policy"}
+    assert seen == set(scripts.values())
 
 
 def test_names_spread_over_all_primaries(cluster_client: RedisCluster) -> None:
