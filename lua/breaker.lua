@@ -986,7 +986,7 @@ local function settle_config(arg_fp)
   if drift_fp ~= mine then drift_fp, d_cold, m_drift = mine, true, true end
 end
 
-local function begin(keys, args)
+local function begin(keys, args, given_now, given_micros)
   -- KEYS[2..4] may be left out: they are the state key plus ':meta', ':probes',
   -- ':events' (fewer arguments per call; every key shares the name's hash tag)
   K_STATE = keys[1]
@@ -995,9 +995,13 @@ local function begin(keys, args)
   K_HIST = keys[4] or (K_STATE .. ':events')
   argv = args
   op, cfg_wire, name, channel = args[1], args[3], args[4], args[5]
-  local t = rcall('TIME')
-  micros = tonumber(t[2])
-  now = tonumber(t[1]) * 1000 + (micros - micros % 1000) / 1000
+  if given_now then  -- a merged call (lua/finish.lua) read TIME once for all its calls
+    now, micros = given_now, given_micros
+  else
+    local t = rcall('TIME')
+    micros = tonumber(t[2])
+    now = tonumber(t[1]) * 1000 + (micros - micros % 1000) / 1000
+  end
   cold, cfg_parsed, s_reason, s_actor, cfg_store, drift, permitted = false, false, nil, nil,
                                                                      nil, 0, 1
   d_hp, d_win, d_state, d_cold, d_cfg, m_trans, m_cfg = false, false, false, false, false,
@@ -1009,8 +1013,8 @@ local function begin(keys, args)
   transitions, events, quorum_mark, quorum_blocked, del_fw = nil, nil, nil, nil, false
 end
 
-return function(KEYS, ARGV)
-  begin(KEYS, ARGV)
+return function(KEYS, ARGV, given_now, given_micros)
+  begin(KEYS, ARGV, given_now, given_micros)
   if op ~= 'acquire' and op ~= 'record' and op ~= 'state' and op ~= 'set' then
     return args_error('unknown op ' .. tostring(op))
   end

@@ -51,8 +51,9 @@ _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _CANDIDATES = (_PACKAGE_DIR / "lua", _PACKAGE_DIR.parent / "lua")
 
 #: The scripts of the library, in the order the library defines them.
-SCRIPT_NAMES = ("breaker", "bulkhead", "budget", "ganesha")
+SCRIPT_NAMES = ("breaker", "bulkhead", "budget", "ganesha", "finish")
 MODULE_MARKER = "--!module"
+NEEDS_MARKER = "--!module needs "
 
 
 def lua_dir() -> Path:
@@ -72,12 +73,21 @@ def _is_module(source: str) -> bool:
     return source.startswith(MODULE_MARKER)
 
 
-def eval_form(source: str) -> str:
+def needs(source: str) -> list[str]:
+    """The scripts a module calls (its first line ``--!module needs a b``), in order:
+    the library defines them before it, its EVAL form carries them."""
+    first = source.split("\n", 1)[0]
+    return first[len(NEEDS_MARKER):].split() if first.startswith(NEEDS_MARKER) else []
+
+
+def eval_form(source: str, read: Callable[[str], str] | None = None) -> str:
     """The EVAL script of a source file: a plain body as it is; a module called with
-    the script's KEYS and ARGV."""
+    the script's KEYS and ARGV, after the definitions of the scripts it needs."""
     if not _is_module(source):
         return source
-    return f"local main = (function()\n{source}\nend)()\nreturn main(KEYS, ARGV)\n"
+    read = read or _read
+    used = "".join(_function_form(n, read(n)) for n in needs(source))
+    return f"{used}local main = (function()\n{source}\nend)()\nreturn main(KEYS, ARGV)\n"
 
 
 def _function_form(name: str, source: str) -> str:
@@ -88,11 +98,11 @@ def _function_form(name: str, source: str) -> str:
     (``math``, ``string``, ``tonumber``, ``redis.call`` ...), which the module's
     helpers capture. Its entry is kept in an upvalue for every later call.
     """
-    if _is_module(source):
+    if _is_module(source):  # `...`: the server time a merged call passes (lua/finish.lua)
         return (f"local {name}_entry\n"
-                f"local function {name}(KEYS, ARGV)\n"
+                f"local function {name}(KEYS, ARGV, ...)\n"
                 f"  if not {name}_entry then {name}_entry = (function()\n{source}\nend)() end\n"
-                f"  return {name}_entry(KEYS, ARGV)\n"
+                f"  return {name}_entry(KEYS, ARGV, ...)\n"
                 f"end\n")
     return f"local function {name}(KEYS, ARGV)\n{source}\nend\n"
 
@@ -458,7 +468,7 @@ def _merge(results: list[Any], indices: Sequence[int], rerun: Sequence[Any]) -> 
         results[i] = result
 
 
-def _each(results: list[Any]) -> list[Any]:
+def each_result(results: Sequence[Any]) -> list[Any]:
     """Every call's reply, or its error (translated) in its place."""
     return [_translated(result) if isinstance(result, ResponseError) else result
             for result in results]
@@ -499,7 +509,7 @@ def _pipeline_flow(client: Any, calls: Sequence[ScriptCallSpec]) -> Any:
                 next_how = EVALSHA
         _merge(results, indices, (yield ("send", indices, next_how)))
         todo, how = indices, next_how
-    return _each(results)
+    return each_result(results)
 
 
 def run_scripts_each(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
@@ -567,7 +577,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = options.lua_dir / f"{name}.lua"
         if not path.is_file():
             parser.error(f"{path} does not exist")
-        source = eval_form(path.read_text(encoding="utf-8"))
+        lua = options.lua_dir
+        source = eval_form(path.read_text(encoding="utf-8"),
+                           lambda n: (lua / f"{n}.lua").read_text(encoding="utf-8"))
     sys.stdout.write(source)
     return 0
 

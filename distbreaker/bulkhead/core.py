@@ -114,8 +114,11 @@ class BulkheadMetrics:
 
 
 def decode_reply(raw: Sequence[Any]) -> BulkheadReply:
-    """Decode the script's reply array."""
+    """Decode the script's reply array: the full one, or the short one of a granted
+    acquire ({ok, in_use, limit}) or a release ({ok}) on the hot path (the figures it
+    leaves out read as 0)."""
     v = [int(x) for x in raw]
+    v += [0] * (9 - len(v))
     return BulkheadReply(ok=bool(v[0]), in_use=v[1], limit=v[2], waiting=v[3], rejected=v[4],
                          next_deadline_ms=v[5], now_ms=v[6], lost=v[7], acquired=v[8])
 

@@ -24,7 +24,7 @@ from .._runtime.connection import async_client
 from .._runtime.decorate import decorate_async
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
-from .._runtime.scripts import Owed, PendingCall, run_scripts_each_async
+from .._runtime.scripts import Owed, PendingCall, run_scripts_each_async, send_async
 from ..breaker.aio import CircuitBreaker
 from ..breaker.classify import HttpClassifier, Outcome
 from ..budget.aio import RetryBudget
@@ -37,6 +37,7 @@ from .core import (
     Ran,
     check_timeout,
     group_ready,
+    merged,
     settle,
     unreachable,
 )
@@ -106,6 +107,10 @@ class Policy(PolicyCore):
     async def _send(self, groups: Sequence[tuple[Any, list[PendingCall]]]) -> None:
         """One pipeline per Redis client (one in all when shared)."""
         for client, ready in groups:
+            one = merged(ready)
+            if one is not None:
+                await send_async(client, one)
+                continue
             try:
                 results = await run_scripts_each_async(client, [call.spec for call in ready])
             except UNAVAILABLE_ERRORS as error:

@@ -38,14 +38,14 @@ from .._runtime.connection import shared_sync_client
 from .._runtime.decorate import decorate_sync
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
-from .._runtime.scripts import Owed, run_scripts_each
+from .._runtime.scripts import Owed, run_scripts_each, send
 from ..breaker.classify import HttpClassifier, Outcome
 from ..breaker.sync import CircuitBreaker
 from ..budget.sync import RetryBudget
 from ..bulkhead.sync import Bulkhead
 from ..errors import CallNotPermitted
 from ..retry.sync import Retry, run_flow
-from .core import Fallback, PolicyCore, Ran, group_ready, settle, unreachable
+from .core import Fallback, PolicyCore, Ran, group_ready, merged, settle, unreachable
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -84,6 +84,10 @@ class Policy(PolicyCore):
     def _flush(self, owed: Sequence[Owed | None]) -> None:
         """Send owed calls: one pipeline per Redis client (one in all when shared)."""
         for client, ready in group_ready(owed):
+            one = merged(ready)
+            if one is not None:
+                send(client, one)
+                continue
             try:
                 results = run_scripts_each(client, [call.spec for call in ready])
             except UNAVAILABLE_ERRORS as error:
