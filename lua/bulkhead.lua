@@ -223,29 +223,44 @@ end
 
 local function fast_acquire(k_leases, k_meta, token, limit, limit_s, lease_ms, ttl_ms, ttl_s,
                             share, ap, now)
-  local m = redis.pcall('HMGET', k_meta, 'waiters', 'ttl_until', 'limit', 'acquired',
-                        ap and 'a_limit' or 'waiters')
-  if m['err'] or (m[1] and m[1] ~= '0') then return nil end
-  limit = stored_limit_of(m[5], ap, limit)
-  local until_ms, acquired = tonumber(m[2] or 0), tonumber(m[4] or 0)
-  if not limit or not until_ms or not acquired or acquired ~= math.floor(acquired) then
-    return nil
+  local m
+  if ap then
+    m = redis.pcall('HMGET', k_meta, 'waiters', 'ttl_until', 'limit', 'a_limit')
+  else
+    m = redis.pcall('HMGET', k_meta, 'waiters', 'ttl_until', 'limit')
   end
-  if ap then limit_s = string.format('%d', limit) end  -- else as sent (the general path too)
-  if m[3] and m[3] ~= limit_s and not tonumber(m[3]) then return nil end
-  local now_s = string.format('%d', now)
-  local reaped = redis.pcall('ZREMRANGEBYSCORE', k_leases, '-inf', now_s)
-  if type(reaped) ~= 'number' then return nil end
-  local in_use = redis.call('ZCARD', k_leases)
+  if m['err'] or (m[1] and m[1] ~= '0') then return nil end
+  if ap then
+    limit = stored_limit_of(m[4], ap, limit)
+    if not limit then return nil end
+    limit_s = string.format('%d', limit)  -- else as sent (the general path too)
+  end
+  local until_ms = tonumber(m[2] or 0)
+  if not until_ms or (m[3] and m[3] ~= limit_s and not tonumber(m[3])) then return nil end
+  -- the live leases (deadline after now); expired ones are reaped below only when the
+  -- TTLs are refreshed (they count for nothing meanwhile), and by the general path
+  local in_use = redis.pcall('ZCOUNT', k_leases, string.format('%d', now + 1), '+inf')
+  if type(in_use) ~= 'number' then return nil end
   local cap = limit
   if share < 1 then cap = math.max(1, math.floor(limit * share)) end
-  if in_use >= cap and not redis.call('ZSCORE', k_leases, token) then return nil end
-  local deadline = now + lease_ms
-  if redis.call('ZADD', k_leases, string.format('%d', deadline), token) == 1 then
-    in_use = in_use + 1
-    redis.call('HINCRBY', k_meta, 'acquired', 1)
+  local deadline = string.format('%d', now + lease_ms)
+  if in_use >= cap then  -- full: only a token holding a live lease gets in (refreshed)
+    local held = redis.call('ZSCORE', k_leases, token)
+    if not held or tonumber(held) <= now then return nil end
+    redis.call('ZADD', k_leases, deadline, token)
+  else
+    -- counted first: a foreign (non-integer) counter stops the call before any write
+    if type(redis.pcall('HINCRBY', k_meta, 'acquired', 1)) ~= 'number' then return nil end
+    if redis.call('ZADD', k_leases, 'NX', deadline, token) == 1 then
+      in_use = in_use + 1
+    else  -- the token was there: a live lease is refreshed (not a new permit)
+      local held = tonumber(redis.call('ZSCORE', k_leases, token))
+      redis.call('ZADD', k_leases, deadline, token)
+      if held > now then redis.call('HINCRBY', k_meta, 'acquired', -1) else in_use = in_use + 1 end
+    end
   end
   local refresh = until_ms == 0 or until_ms - now < lease_ms or (until_ms - now) * 2 < ttl_ms
+  if refresh then redis.call('ZREMRANGEBYSCORE', k_leases, '-inf', string.format('%d', now)) end
   if refresh and m[3] ~= limit_s then
     redis.call('HSET', k_meta, 'ttl_until', string.format('%d', now + ttl_ms), 'limit', limit_s)
   elseif refresh then
@@ -256,34 +271,37 @@ local function fast_acquire(k_leases, k_meta, token, limit, limit_s, lease_ms, t
   if refresh then
     redis.call('PEXPIRE', k_meta, ttl_s)
     redis.call('PEXPIRE', k_leases, ttl_s)
-  elseif in_use == 1 then  -- this ZADD created the zset: it expires with meta
+  elseif in_use == 1 then  -- this ZADD may have created the zset: it expires with meta
     redis.call('PEXPIREAT', k_leases, m[2])
   end
-  return {1, in_use, limit}
+  return 1
 end
 
 local function fast_release(k_leases, k_meta, token)
   local w = redis.pcall('HGET', k_meta, 'waiters')
   if type(w) == 'table' or (w and w ~= '0') then return nil end
-  local removed = redis.pcall('ZREM', k_leases, token)
-  if removed ~= 1 then return nil end
-  return {1}
+  if redis.pcall('ZREM', k_leases, token) ~= 1 then return nil end
+  return 1
 end
 
 -- ARGV[3..5] as numbers {limit, lease ms, ttl ms}, false when malformed; parsed once
 -- per distinct string (a function library keeps them: workers send the same few).
+-- (Looked up by the three strings in turn: cheaper than a key made by concatenation.)
 local LIMITS, LIMITS_N = {}, 0
 local function parse_limits(a3, a4, a5)
-  local key = (a3 or '') .. ' ' .. (a4 or '') .. ' ' .. (a5 or '')
-  local parsed = LIMITS[key]
+  local by3 = LIMITS[a3 or '']
+  local by4 = by3 and by3[a4 or '']
+  local parsed = by4 and by4[a5 or '']
   if parsed == nil then
     local limit, lease_ms, ttl_ms = tonumber(a3), tonumber(a4), tonumber(a5)
     parsed = false
     if limit and limit >= 1 and lease_ms and lease_ms >= 1 and ttl_ms and ttl_ms >= 1 then
       parsed = {limit, lease_ms, ttl_ms}
     end
-    if LIMITS_N >= 64 then LIMITS, LIMITS_N = {}, 0 end
-    LIMITS[key], LIMITS_N = parsed, LIMITS_N + 1
+    if LIMITS_N >= 64 then LIMITS, LIMITS_N, by3, by4 = {}, 0, nil, nil end
+    if not by3 then by3 = {}; LIMITS[a3 or ''] = by3 end
+    if not by4 then by4 = {}; by3[a4 or ''] = by4 end
+    by4[a5 or ''], LIMITS_N = parsed, LIMITS_N + 1
   end
   return parsed
 end
@@ -326,6 +344,9 @@ return function(KEYS, ARGV, given_now)
     local fast = fast_release(K_LEASES, K_META, token)
     if fast then return fast end
   end
+
+  -- KEYS[3] may be left out: the leases key plus ':notify' (only waiters use it)
+  K_NOTIFY = K_NOTIFY or (K_LEASES .. ':notify')
 
   -- Reads, before any write ----------------------------------------------------------
   local m

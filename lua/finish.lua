@@ -18,9 +18,10 @@
 -- ARGV[2...] every call's ARGV, in plan order   KEYS: every call's KEYS, in order
 --         (one cluster slot: all under one name's hash tag)
 -- Reply: ONE flat array (each nested array costs Redis a few thousand instructions
---         to send): for each call in plan order, the number n of its reply's elements,
---         then those n elements (as that script documents its reply); a call that
---         failed: n = 1, then its error.
+--         to send): for each call in plan order, the number n >= 1 of its reply's
+--         elements, then those n elements (as that script documents its reply); or 0,
+--         then its reply when that is not an array (an integer, or the error of a
+--         call that failed).
 
 local RUN = {budget = budget, bulkhead = bulkhead, breaker = breaker}
 -- The flat reply is built in a table presized by a constructor: growing one element by
@@ -51,7 +52,6 @@ end
 
 local function as_error(e)
   if type(e) == 'table' and e['err'] then return e end
-  if type(e) == 'table' then return {err = 'ERR a call answered a table without elements'} end
   return {err = 'ERR ' .. tostring(e)}
 end
 
@@ -74,11 +74,13 @@ return function(KEYS, ARGV)
   local flat, n, ki, ai = presized(), 0, 1, 2
   for i = 1, #plan, 3 do
     local nk, na = plan[i + 1], plan[i + 2]
-    local ok, reply = pcall(RUN[plan[i]], {unpack(KEYS, ki, ki + nk - 1)},
-                            {unpack(ARGV, ai, ai + na - 1)}, now, micros)
+    local keys = nk == 1 and {KEYS[ki]} or {unpack(KEYS, ki, ki + nk - 1)}
+    local ok, reply = pcall(RUN[plan[i]], keys, {unpack(ARGV, ai, ai + na - 1)}, now, micros)
     ki, ai = ki + nk, ai + na
-    if not ok or type(reply) ~= 'table' or reply['err'] then
-      flat[n + 1], flat[n + 2], n = 1, as_error(reply), n + 2
+    if not ok or (type(reply) == 'table' and reply['err']) then
+      flat[n + 1], flat[n + 2], n = 0, as_error(reply), n + 2
+    elseif type(reply) ~= 'table' then  -- a scalar reply (a bulkhead's hot paths)
+      flat[n + 1], flat[n + 2], n = 0, reply, n + 2
     else
       local m = #reply
       flat[n + 1] = m

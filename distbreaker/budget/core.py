@@ -79,8 +79,8 @@ class BudgetCore:
     def script_args(self, op: str, amount: int = 0) -> list[str]:
         """ARGV of one budget script call: `amount` deposits (for withdraw and
         balance: carried deposits, added first; ARGV[7])."""
-        if op == "deposit":
-            return [op, *self._args, str(amount)]
+        if op == "deposit":  # ARGV[6] defaults to 1 (each argument costs Redis)
+            return [op, *self._args] if amount == 1 else [op, *self._args, str(amount)]
         return [op, *self._args, "1", str(amount)]
 
     def deposit_args(self, amount: int) -> list[str] | None:

@@ -113,11 +113,10 @@ class BulkheadMetrics:
     limit: int = 0
 
 
-def decode_reply(raw: Sequence[Any]) -> BulkheadReply:
-    """Decode the script's reply array: the full one, or the short one of a granted
-    acquire ({ok, in_use, limit}) or a release ({ok}) on the hot path (the figures it
-    leaves out read as 0)."""
-    v = [int(x) for x in raw]
+def decode_reply(raw: Sequence[Any] | int) -> BulkheadReply:
+    """Decode the script's reply: the full array, or the integer 1 of a granted acquire
+    or a release on the hot path (the figures it leaves out read as 0)."""
+    v = [int(raw)] if isinstance(raw, int) else [int(x) for x in raw]
     v += [0] * (9 - len(v))
     return BulkheadReply(ok=bool(v[0]), in_use=v[1], limit=v[2], waiting=v[3], rejected=v[4],
                          next_deadline_ms=v[5], now_ms=v[6], lost=v[7], acquired=v[8])
@@ -176,9 +175,12 @@ class BulkheadCodec:
     # -- script calls -------------------------------------------------------------
     def _call(self, op: str, token: str, extra: int = 0, *tail: Any) -> ScriptCall:
         keys = self.keys
-        return ScriptCall((keys.leases, keys.meta, keys.notify),
-                          (op, token, self.config.max_concurrent_calls, self._lease_ms,
-                           self._ttl_ms, extra, self._adaptive, *tail))
+        args: tuple[Any, ...] = (op, token, self.config.max_concurrent_calls, self._lease_ms,
+                                 self._ttl_ms)
+        if tail or extra or self._adaptive:  # ARGV[6], [7] default to 0 and "" (each costs)
+            args = (*args, extra, self._adaptive, *tail)
+        # KEYS[3], the notify list, is derived by the script when it needs it
+        return ScriptCall((keys.leases, keys.meta), args)
 
     @staticmethod
     def new_token() -> str:

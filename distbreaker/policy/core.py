@@ -325,18 +325,17 @@ def merged(ready: Sequence[PendingCall]) -> PendingCall | None:
 
 
 def split_flat(flat: Sequence[Any], calls: int) -> list[Any]:
-    """The replies of lua/finish.lua's flat array: per call its element count n, then n
-    elements (a failed call: 1, then its error)."""
+    """The replies in lua/finish.lua's flat array: per call its element count n >= 1,
+    then n elements; or 0, then the reply itself (an integer, or a failed call's error)."""
     replies: list[Any] = []
     i = 0
     for _ in range(calls):
         n = int(flat[i])
-        elements = list(flat[i + 1:i + 1 + n])
-        if len(elements) != n:
+        elements = list(flat[i + 1:i + 1 + max(n, 1)])
+        if len(elements) != max(n, 1):
             raise ValueError(f"a merged call's reply ended early: {flat!r}")
-        replies.append(elements[0] if n == 1 and isinstance(elements[0], Exception)
-                       else elements)
-        i += 1 + n
+        replies.append(elements[0] if n == 0 else elements)
+        i += 1 + max(n, 1)
     return replies
 
 

@@ -270,12 +270,13 @@ def test_release_stale_reaps_a_dead_holders_lease(redis_url: str, redis_client: 
                                                   name: str) -> None:
     from distbreaker._runtime.scripts import load_script, run_script
     from distbreaker.bulkhead.config import BulkheadConfig
-    from distbreaker.bulkhead.core import BulkheadCodec
+    from distbreaker.bulkhead.core import BulkheadCodec, decode_reply
 
     def hold(token: str, lease: float) -> None:
         codec = BulkheadCodec(name, BulkheadConfig(max_concurrent_calls=2, lease=lease))
         call = codec.acquire_call(token, 0)
-        assert run_script(redis_client, load_script("bulkhead"), call.keys, call.args)[0] == 1
+        assert decode_reply(run_script(redis_client, load_script("bulkhead"), call.keys,
+                                       call.args)).ok
 
     hold("dead-worker", 0.05)   # SIGKILLed: never renews nor releases
     hold("live-worker", 30.0)
