@@ -222,8 +222,10 @@ end
 
 -- Reads the hot header; returns an error reply, or nil. Sets `exists`, the hot
 -- fields and the governing config (stored, or this call's for a new or unset one).
+local preread = nil  -- the hot fields the hot path read before it stepped aside
 local function load()
-  local raw = pcall_('GETRANGE', K_STATE, HOT_FIRST, HOT_LAST)
+  local raw = preread or pcall_('GETRANGE', K_STATE, HOT_FIRST, HOT_LAST)
+  preread = nil
   if type(raw) == 'table' and raw.err then
     return foreign_keys() or redis.error_reply(raw.err)
   end
@@ -987,7 +989,7 @@ local function settle_config(arg_fp)
   if drift_fp ~= mine then drift_fp, d_cold, m_drift = mine, true, true end
 end
 
-local function begin(keys, args)
+local function begin(keys, args, given_now, given_micros)
   -- KEYS[2..4] may be left out: they are the state key plus ':meta', ':probes',
   -- ':events' (fewer arguments per call; every key shares the name's hash tag)
   K_STATE = keys[1]
@@ -996,9 +998,13 @@ local function begin(keys, args)
   K_HIST = keys[4] or (K_STATE .. ':events')
   argv = args
   op, cfg_wire, name, channel = args[1], args[3], args[4], args[5]
-  local t = rcall('TIME')
-  micros = tonumber(t[2])
-  now = tonumber(t[1]) * 1000 + (micros - micros % 1000) / 1000
+  if given_now then  -- a merged call (lua/finish.lua) read TIME once for all its calls
+    now, micros = given_now, given_micros
+  else
+    local t = rcall('TIME')
+    micros = tonumber(t[2])
+    now = tonumber(t[1]) * 1000 + (micros - micros % 1000) / 1000
+  end
   cold, cfg_parsed, s_reason, s_actor, cfg_store, drift, permitted = false, false, nil, nil,
                                                                      nil, 0, 1
   d_hp, d_win, d_state, d_cold, d_cfg, m_trans, m_cfg = false, false, false, false, false,
@@ -1010,8 +1016,78 @@ local function begin(keys, args)
   transitions, events, quorum_mark, quorum_blocked, del_fw = nil, nil, nil, nil, false
 end
 
-return function(KEYS, ARGV)
-  begin(KEYS, ARGV)
+-- The hot path ------------------------------------------------------------------
+-- The usual record: one successful call, not slow and not a probe, in CLOSED with a
+-- count window, the caller's config stored (fingerprint), no override, no TTL
+-- refresh due. It is what the general path below does for that case (the same
+-- commands: GETRANGE, BITFIELD SET, SETRANGE of fields 27-37, the short reply),
+-- without its per-call state; nil when the case is not that simple (the general
+-- path then runs and decides, having nothing of this one's to undo). A success can
+-- still make the window's rates count (the calls reach minimum_calls, or a quorum
+-- now met): that is left to the general path too, with the slot written back.
+local HOT_FORMAT = '>' .. rep('i8', 25)
+local FP_TEXT, SLOT_BIT, FAST_N = {}, {}, 0   -- decimal texts, kept (a library keeps them)
+-- Returns the reply, or nil and (when it read them) the hot fields' bytes and the
+-- server time, which the general path then uses instead of reading them again.
+local function fast_record(keys, args, given_now, given_micros)
+  if args[7] ~= '1' or args[8] ~= '0' or args[9] ~= '0' or args[6] ~= '' or not packer then
+    return nil, nil, given_now, given_micros
+  end
+  local ms = tonumber(args[10])
+  if not ms or ms < 0 or ms % 1 ~= 0 then return nil, nil, given_now, given_micros end
+  local k = keys[1]
+  local raw = pcall_('GETRANGE', k, HOT_FIRST, HOT_LAST)
+  if type(raw) ~= 'string' or #raw < 200 then return nil, nil, given_now, given_micros end
+  -- the low bytes of the window type (field 21) and state code (27): a TIME window or
+  -- another state leaves at once, before the fields are decoded
+  if byte(raw, 72) ~= 0 or byte(raw, 120) ~= 0 then return nil, raw, given_now, given_micros end
+  local _, _, _, _, _, _, magic, sfp, swtype, swsize, smin, sf, ss, sttl, code, ssince, sov,
+        sttl_at, scalls, sfail, sslow, stotal, shead, swsec, sseq = packer.unpack(HOT_FORMAT, raw)
+  if magic ~= MAGIC or code ~= 0 or swtype ~= 0 or swsize <= 0 or sov ~= 0 then
+    return nil, raw, given_now, given_micros
+  end
+  if FAST_N >= 256 then FP_TEXT, SLOT_BIT, FAST_N = {}, {}, 0 end
+  local fp_text = FP_TEXT[sfp]
+  if not fp_text then fp_text, FAST_N = int(sfp), FAST_N + 1; FP_TEXT[sfp] = fp_text end
+  if fp_text ~= args[2] then return nil, raw, given_now, given_micros end
+  local t_now, us = given_now, given_micros
+  if not t_now then
+    local t = rcall('TIME')
+    us = tonumber(t[2])
+    t_now = tonumber(t[1]) * 1000 + (us - us % 1000) / 1000
+  end
+  if t_now - sttl_at >= sttl / 2 or sttl_at > t_now then return nil, raw, t_now, us end
+  local m = min(ms, MS_MASK)
+  local bit = SLOT_BIT[shead]
+  if not bit then bit, FAST_N = int((WIN + 4 * shead) * 8), FAST_N + 1; SLOT_BIT[shead] = bit end
+  local r = pcall_('BITFIELD', k, 'SET', 'u32', bit, int(PRESENT + m))
+  if r.err then return nil, raw, t_now, us end
+  local o, n, f, sl, total = r[1], scalls + 1, sfail, sslow, stotal + m
+  if o >= PRESENT then  -- the slot's old outcome leaves the window
+    local old = o - PRESENT
+    n = n - 1
+    if old >= FAILED then f, old = f - 1, old - FAILED end
+    if old >= SLOW then sl, old = sl - 1, old - SLOW end
+    total = total - old
+  end
+  if n >= smin and n > 0 and (f * 1000000 >= sf * n or sl * 1000000 >= ss * n) then
+    rcall('BITFIELD', k, 'SET', 'u32', bit, int(o))
+    return nil, raw, t_now, us
+  end
+  rcall('SETRANGE', k, A_OFFSET, packer.pack(A_FORMAT, 0, ssince, 0, sttl_at, n, f, sl, total,
+                                               (shead + 1) % swsize, swsec,
+                                               (sseq + 1) % 4294967296))
+  return {'CLOSED', t_now, ssince}
+end
+
+return function(KEYS, ARGV, given_now, given_micros)
+  preread = nil
+  if ARGV[1] == 'record' then
+    local fast
+    fast, preread, given_now, given_micros = fast_record(KEYS, ARGV, given_now, given_micros)
+    if fast then return fast end
+  end
+  begin(KEYS, ARGV, given_now, given_micros)
   if op ~= 'acquire' and op ~= 'record' and op ~= 'state' and op ~= 'set' then
     return args_error('unknown op ' .. tostring(op))
   end

@@ -203,21 +203,128 @@ local function adaptive_writes(st)
   return out
 end
 
-return function(KEYS, ARGV)
+-- The hot paths ----------------------------------------------------------------------
+-- A granted acquire and a release of a held lease while no waiter is registered and no
+-- outcome is reported: the general path's result with fewer commands and conversions.
+-- Each answers nil, having written nothing that the general path would not also write
+-- first (reaping expired leases), whenever the case is not that simple (a waiter, a
+-- full bulkhead, a fresh adaptive limit, a lost lease, anything odd in meta); the
+-- general path then runs and decides, and names foreign data.
+
+-- The limit in force: the fixed one, or the stored adaptive one within its bounds
+-- (nil: none stored yet).
+local function stored_limit_of(raw, p, limit)
+  if not p then return limit end
+  local a = tonumber(raw)
+  if not a then return nil end
+  if a < p.min then a = p.min end
+  if a > p.max then a = p.max end
+  return math.floor(a)
+end
+
+local function fast_acquire(k_leases, k_meta, token, limit, limit_s, lease_ms, ttl_ms, ttl_s,
+                            share, ap, now)
+  local m
+  if ap then
+    m = redis.pcall('HMGET', k_meta, 'waiters', 'ttl_until', 'limit', 'a_limit')
+  else
+    m = redis.pcall('HMGET', k_meta, 'waiters', 'ttl_until', 'limit')
+  end
+  if m['err'] or (m[1] and m[1] ~= '0') then return nil end
+  if ap then
+    limit = stored_limit_of(m[4], ap, limit)
+    if not limit then return nil end
+    limit_s = string.format('%d', limit)  -- else as sent (the general path too)
+  end
+  local until_ms = tonumber(m[2] or 0)
+  if not until_ms or (m[3] and m[3] ~= limit_s and not tonumber(m[3])) then return nil end
+  -- the live leases (deadline after now); expired ones are reaped below only when the
+  -- TTLs are refreshed (they count for nothing meanwhile), and by the general path
+  local in_use = redis.pcall('ZCOUNT', k_leases, string.format('%d', now + 1), '+inf')
+  if type(in_use) ~= 'number' then return nil end
+  local cap = limit
+  if share < 1 then cap = math.max(1, math.floor(limit * share)) end
+  local deadline = string.format('%d', now + lease_ms)
+  if in_use >= cap then  -- full: only a token holding a live lease gets in (refreshed)
+    local held = redis.call('ZSCORE', k_leases, token)
+    if not held or tonumber(held) <= now then return nil end
+    redis.call('ZADD', k_leases, deadline, token)
+  else
+    -- counted first: a foreign (non-integer) counter stops the call before any write
+    if type(redis.pcall('HINCRBY', k_meta, 'acquired', 1)) ~= 'number' then return nil end
+    if redis.call('ZADD', k_leases, 'NX', deadline, token) == 1 then
+      in_use = in_use + 1
+    else  -- the token was there: a live lease is refreshed (not a new permit)
+      local held = tonumber(redis.call('ZSCORE', k_leases, token))
+      redis.call('ZADD', k_leases, deadline, token)
+      if held > now then redis.call('HINCRBY', k_meta, 'acquired', -1) else in_use = in_use + 1 end
+    end
+  end
+  local refresh = until_ms == 0 or until_ms - now < lease_ms or (until_ms - now) * 2 < ttl_ms
+  if refresh then redis.call('ZREMRANGEBYSCORE', k_leases, '-inf', string.format('%d', now)) end
+  if refresh and m[3] ~= limit_s then
+    redis.call('HSET', k_meta, 'ttl_until', string.format('%d', now + ttl_ms), 'limit', limit_s)
+  elseif refresh then
+    redis.call('HSET', k_meta, 'ttl_until', string.format('%d', now + ttl_ms))
+  elseif m[3] ~= limit_s then
+    redis.call('HSET', k_meta, 'limit', limit_s)
+  end
+  if refresh then
+    redis.call('PEXPIRE', k_meta, ttl_s)
+    redis.call('PEXPIRE', k_leases, ttl_s)
+  elseif in_use == 1 then  -- this ZADD may have created the zset: it expires with meta
+    redis.call('PEXPIREAT', k_leases, m[2])
+  end
+  return 1
+end
+
+local function fast_release(k_leases, k_meta, token)
+  local w = redis.pcall('HGET', k_meta, 'waiters')
+  if type(w) == 'table' or (w and w ~= '0') then return nil end
+  if redis.pcall('ZREM', k_leases, token) ~= 1 then return nil end
+  return 1
+end
+
+-- ARGV[3..5] as numbers {limit, lease ms, ttl ms}, false when malformed; parsed once
+-- per distinct string (a function library keeps them: workers send the same few).
+-- (Looked up by the three strings in turn: cheaper than a key made by concatenation.)
+local LIMITS, LIMITS_N = {}, 0
+local function parse_limits(a3, a4, a5)
+  local by3 = LIMITS[a3 or '']
+  local by4 = by3 and by3[a4 or '']
+  local parsed = by4 and by4[a5 or '']
+  if parsed == nil then
+    local limit, lease_ms, ttl_ms = tonumber(a3), tonumber(a4), tonumber(a5)
+    parsed = false
+    if limit and limit >= 1 and lease_ms and lease_ms >= 1 and ttl_ms and ttl_ms >= 1 then
+      parsed = {limit, lease_ms, ttl_ms}
+    end
+    if LIMITS_N >= 64 then LIMITS, LIMITS_N, by3, by4 = {}, 0, nil, nil end
+    if not by3 then by3 = {}; LIMITS[a3 or ''] = by3 end
+    if not by4 then by4 = {}; by3[a4 or ''] = by4 end
+    by4[a5 or ''], LIMITS_N = parsed, LIMITS_N + 1
+  end
+  return parsed
+end
+
+return function(KEYS, ARGV, given_now)
   local K_LEASES, K_META, K_NOTIFY = KEYS[1], KEYS[2], KEYS[3]
   local op, token, limit_s, ttl_s = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
-  local limit, lease_ms, ttl_ms = tonumber(limit_s), tonumber(ARGV[4]), tonumber(ttl_s)
+  local limits = parse_limits(limit_s, ARGV[4], ttl_s)
   local wait_ms = 0
-  if ARGV[6] then wait_ms = tonumber(ARGV[6]) end
-  if not limit or limit < 1 or not lease_ms or lease_ms < 1 or not ttl_ms or ttl_ms < 1
-      or not wait_ms or wait_ms < 0 then
+  if ARGV[6] and ARGV[6] ~= '0' then wait_ms = tonumber(ARGV[6]) end
+  if not limits or not wait_ms or wait_ms < 0 then
     return bad_args('bad bulkhead arguments')
   end
+  local limit, lease_ms, ttl_ms = limits[1], limits[2], limits[3]
   if not OPS[op] then return bad_args('unknown bulkhead op ' .. tostring(op)) end
   if op == 'acquire' and token == '' then return bad_args('acquire needs a token') end
 
-  local t = redis.call('TIME')
-  local now = t[1] * 1000 + math.floor(t[2] / 1000)
+  local now = given_now  -- a merged call (lua/finish.lua) read TIME once for all its calls
+  if not now then
+    local t = redis.call('TIME')
+    now = t[1] * 1000 + math.floor(t[2] / 1000)
+  end
   local ap = adaptive_params(ARGV[7])
   if ap == false then return bad_args('bad adaptive limit ' .. tostring(ARGV[7])) end
   local share = 1
@@ -229,9 +336,21 @@ return function(KEYS, ARGV)
     share = share / 1000000
   end
 
+  local reports = op == 'restart' or (op == 'release' and (ARGV[8] or '') ~= '')
+  if op == 'acquire' then
+    local fast = fast_acquire(K_LEASES, K_META, token, limit, limit_s, lease_ms, ttl_ms, ttl_s,
+                              share, ap, now)
+    if fast then return fast end
+  elseif op == 'release' and not reports then
+    local fast = fast_release(K_LEASES, K_META, token)
+    if fast then return fast end
+  end
+
+  -- KEYS[3] may be left out: the leases key plus ':notify' (only waiters use it)
+  K_NOTIFY = K_NOTIFY or (K_LEASES .. ':notify')
+
   -- Reads, before any write ----------------------------------------------------------
   local m
-  local reports = op == 'restart' or (op == 'release' and (ARGV[8] or '') ~= '')
   if ap and not reports then
     m = redis.pcall('HMGET', K_META, 'rejected', 'acquired', 'lost', 'limit', 'waiters',
                     'ttl_until', 'a_limit')

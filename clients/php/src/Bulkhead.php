@@ -310,6 +310,9 @@ final class Bulkhead
             [$op, $token, $this->maxConcurrentCalls, $this->leaseMs, $this->ttlMs, $extra,
              $this->adaptive?->wire() ?? '', ...$tail],
         );
+        if (is_int($raw)) {  // the hot paths (a granted acquire, a release) answer 1
+            $raw = array_pad([$raw], 9, 0);
+        }
         if (!is_array($raw) || count($raw) < 9) {
             throw new SchemaError('unexpected bulkhead script reply: ' . var_export($raw, true));
         }
