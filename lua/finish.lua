@@ -26,11 +26,9 @@
 local RUN = {budget = budget, bulkhead = bulkhead, breaker = breaker}
 -- The flat reply is built in a table presized by a constructor: growing one element by
 -- element rehashes it at every power of two, which costs more than filling it.
-local function presized()
-  return {false, false, false, false, false, false, false, false, false, false,
-          false, false, false, false, false, false, false, false, false, false,
-          false, false, false, false, false, false, false, false, false, false,
-          false, false, false, false, false, false, false, false, false, false}
+local function presized()  -- room for the hot paths' replies (13 elements); more grow it
+  return {false, false, false, false, false, false, false, false,
+          false, false, false, false, false, false, false, false}
 end
 local PLANS, PLANS_N = {}, 0   -- parsed plans (a function library keeps them)
 

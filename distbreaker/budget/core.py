@@ -36,7 +36,12 @@ class BudgetReply:
     drift: bool
 
 
-def decode_budget_reply(raw: Sequence[Any]) -> BudgetReply:
+def decode_budget_reply(raw: Sequence[Any] | int) -> BudgetReply:
+    """The script's reply array; or the integer drift flag an `add` answers (a deposit
+    whose figures the caller does not need)."""
+    if isinstance(raw, int):
+        return BudgetReply(ok=True, balance=0, deposits=0, withdrawals=0, now_ms=0,
+                           drift=bool(raw))
     return BudgetReply(ok=bool(int(raw[0])), balance=int(raw[1]), deposits=int(raw[2]),
                        withdrawals=int(raw[3]), now_ms=int(raw[4]), drift=bool(int(raw[5])))
 
@@ -79,19 +84,20 @@ class BudgetCore:
     def script_args(self, op: str, amount: int = 0) -> list[str]:
         """ARGV of one budget script call: `amount` deposits (for withdraw and
         balance: carried deposits, added first; ARGV[7])."""
-        if op == "deposit":  # ARGV[6] defaults to 1 (each argument costs Redis)
+        if op in ("deposit", "add"):  # ARGV[6] defaults to 1 (each argument costs Redis)
             return [op, *self._args] if amount == 1 else [op, *self._args, str(amount)]
         return [op, *self._args, "1", str(amount)]
 
-    def deposit_args(self, amount: int) -> list[str] | None:
-        """Count `amount` deposits; the deposit call to make now, or None (batched)."""
+    def deposit_args(self, amount: int, op: str = "deposit") -> list[str] | None:
+        """Count `amount` deposits; the deposit call to make now, or None (batched).
+        `op` "add": a deposit whose reply carries only the drift flag (no balance)."""
         check_int(amount, "amount", 1, 1_000_000_000)
         with self._pending_lock:
             self._pending_deposits += amount
             if self._pending_deposits < self.config.deposit_batch:
                 return None
             amount, self._pending_deposits = self._pending_deposits, 0
-        return self.script_args("deposit", amount)
+        return self.script_args(op, amount)
 
     def _pending(self, args: list[str]) -> PendingCall:
         """One script call; its result is the reply from Redis or, while Redis is
@@ -111,8 +117,9 @@ class BudgetCore:
                            answered, unavailable)
 
     def owed_deposit(self, amount: int = 1) -> Owed | None:
-        """Count deposits; the deposit call owed now (pipelined by a Policy), or None."""
-        args = self.deposit_args(amount)
+        """Count deposits; the deposit call owed now (sent by a Policy with its release and
+        record, which needs no balance back: an `add`), or None."""
+        args = self.deposit_args(amount, "add")
         return None if args is None else Owed(self._client, self._pending(args))
 
     def carrying_args(self, op: str) -> list[str]:

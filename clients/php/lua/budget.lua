@@ -26,7 +26,8 @@ local main = (function()
 --   key expires. A call that writes nothing (balance; a refused withdrawal
 --   carrying no deposits, within the current slice) refreshes nothing.
 --
--- ARGV[1] op: deposit | withdraw | balance
+-- ARGV[1] op: deposit | add | withdraw | balance (add: a deposit whose caller needs
+--         only the drift flag, e.g. a Policy's merged call: it answers the integer drift)
 -- ARGV[2] percent_can_retry in millionths (0.2 -> 200000)
 -- ARGV[3] reserve = min_retries_per_sec * ttl in millionths (10/s, 10 s -> 100000000)
 -- ARGV[4] ttl in ms (>= 1)   ARGV[5] slices per ttl (1-100)
@@ -96,18 +97,25 @@ end
 -- The hot path: a deposit within the current slice of a hash whose geometry matches
 -- (compared as the text the general path writes); the general path's result with no
 -- eviction to do. nil: not that case (nothing written), the general path decides.
-local function fast_deposit(K, g, amount, now)
+local last_slice, last_cs, last_dk = nil, nil, nil  -- the current slice's texts (kept)
+local function fast_deposit(K, g, amount, now, quiet)
   local cur = math.floor(now / g[5])
-  local cs = string.format('%d', cur)
-  local dk = 'd:' .. cs
-  local raw = redis.pcall('HMGET', K, 'v', 'slice_ms', 'n', 'head', 'D', 'W', dk)
+  local cs, dk = last_cs, last_dk
+  if cur ~= last_slice then
+    cs = string.format('%d', cur)
+    dk = 'd:' .. cs
+    last_slice, last_cs, last_dk = cur, cs, dk
+  end
+  -- (quiet: an `add`, whose reply is the drift flag: W is not needed)
+  local raw = redis.pcall('HMGET', K, 'v', 'slice_ms', 'n', 'head', 'D', dk, quiet and 'D' or 'W')
   if raw['err'] or raw[1] ~= '1' or raw[2] ~= g[6] or raw[3] ~= g[7] or raw[4] ~= cs then
     return nil
   end
-  local D, W, dh = tonumber(raw[5]), tonumber(raw[6]), tonumber(raw[7] or 0)
+  local D, dh, W = tonumber(raw[5]), tonumber(raw[6] or 0), tonumber(raw[7])
   if not (D and W and dh) then return nil end
   D, dh = D + amount, dh + amount
   redis.call('HSET', K, 'D', string.format('%d', D), dk, string.format('%d', dh))
+  if quiet then return 0 end
   return {1, math.floor((g[2] + g[1] * D) / 1000000) - W, D, W, now, 0}
 end
 
@@ -117,7 +125,8 @@ return function(KEYS, ARGV, given_now)
   local ppm, reserve, ttl_ms, want_n = nil, nil, nil, nil
   if g then ppm, reserve, ttl_ms, want_n = g[1], g[2], g[3], g[4] end
   local amount, withdraw
-  if op == 'deposit' then
+  local deposit = op == 'deposit' or op == 'add'
+  if deposit then
     amount = ARGV[6] == '1' and 1 or tonumber(ARGV[6] or '1')
     if amount and amount < 1 then amount = nil end
   elseif op == 'withdraw' or op == 'balance' then
@@ -133,8 +142,8 @@ return function(KEYS, ARGV, given_now)
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
-  if op == 'deposit' then
-    local fast = fast_deposit(K, g, amount, now)
+  if deposit then
+    local fast = fast_deposit(K, g, amount, now, op == 'add')
     if fast then return fast end
   end
   local want_slice = g[5]
@@ -223,6 +232,7 @@ return function(KEYS, ARGV, given_now)
     redis.call('PEXPIRE', K, (n + 1) * slice_ms)
   end
 
+  if op == 'add' then return drift end
   return {ok, math.floor((reserve + ppm * D) / 1000000) - W, D, W, now, drift}
 end
 

@@ -135,6 +135,9 @@ local function adaptive_state(raw, p)
   local st = {raw = m, limit = tonumber(m[1]), rtt_s = tonumber(m[2]) or 0, rtt_l = tonumber(m[3]) or 0,
               dec = tonumber(m[4]) or 0, pause = tonumber(m[5]) or 0, why = m[6] or '',
               moved = tonumber(m[7]) or 0}
+  -- the values as read (nil: absent), so the writes compare numbers without parsing again
+  st.old = {st.limit, m[2] and st.rtt_s, m[3] and st.rtt_l, m[4] and st.dec, m[5] and st.pause,
+            m[6], m[7] and st.moved}
   if not st.limit then st.limit, st.why, st.fresh = p.initial, 'initial', true end
   if st.limit < p.min then st.limit = p.min end
   if st.limit > p.max then st.limit = p.max end
@@ -186,10 +189,10 @@ local function adapt(st, p, outcome, latency, retry_after, in_use, now, weight)
 end
 
 local function adaptive_writes(st)
-  local out = {}
+  local out, old = {}, st.old
   local function w(i, field, value, fmt)
     if fmt then
-      if tonumber(st.raw[i]) == value then return end
+      if old[i] == value then return end
       value = string.format(fmt, value)
       if st.raw[i] == value then return end
     elseif st.raw[i] == value then
@@ -278,10 +281,45 @@ local function fast_acquire(k_leases, k_meta, token, limit, limit_s, lease_ms, t
   return 1
 end
 
-local function fast_release(k_leases, k_meta, token)
+-- A live lease (deadline after now) is removed; an expired one, even if no op reaped
+-- it yet, is lost as the general path says (it reaps first).
+local function fast_release(k_leases, k_meta, token, now)
   local w = redis.pcall('HGET', k_meta, 'waiters')
   if type(w) == 'table' or (w and w ~= '0') then return nil end
-  if redis.pcall('ZREM', k_leases, token) ~= 1 then return nil end
+  local held = redis.pcall('ZSCORE', k_leases, token)
+  if type(held) ~= 'string' or tonumber(held) <= now then return nil end
+  redis.call('ZREM', k_leases, token)
+  return 1
+end
+
+-- A release that reports its outcome to an adaptive limit while no waiter is
+-- registered: the general path's lease removal, adapt() and writes, without its reads
+-- of the counters and the earliest lease. `in_use` for adapt() counts the live leases
+-- before this release (this one included), as the general path does.
+local function fast_report(k_leases, k_meta, token, ap, argv, now, ttl_ms, ttl_s)
+  local m = redis.pcall('HMGET', k_meta, 'waiters', 'ttl_until', 'limit', 'a_limit', 'a_rtt_s',
+                        'a_rtt_l', 'a_dec', 'a_pause', 'a_why', 'a_moved')
+  if m['err'] or (m[1] and m[1] ~= '0') or not tonumber(m[4]) then return nil end
+  local until_ms, stored_limit = tonumber(m[2] or 0), tonumber(m[3] or 0)
+  if not until_ms or not stored_limit then return nil end
+  local held = redis.pcall('ZSCORE', k_leases, token)
+  if type(held) ~= 'string' or tonumber(held) <= now then return nil end
+  local in_use = redis.call('ZCOUNT', k_leases, string.format('%d', now + 1), '+inf')
+  redis.call('ZREM', k_leases, token)
+  local st = adaptive_state({nil, nil, nil, nil, nil, nil, m[4], m[5], m[6], m[7], m[8], m[9],
+                             m[10]}, ap)
+  adapt(st, ap, argv[8], tonumber(argv[9]) or 0, tonumber(argv[10]) or 0, in_use, now,
+        math.max(1, tonumber(argv[11]) or 1))
+  local w = adaptive_writes(st)
+  local limit = math.floor(st.limit)
+  if stored_limit ~= limit then w[#w + 1] = 'limit'; w[#w + 1] = string.format('%d', limit) end
+  local refresh = until_ms == 0 or until_ms < now or (until_ms - now) * 2 < ttl_ms
+  if refresh then w[#w + 1] = 'ttl_until'; w[#w + 1] = string.format('%d', now + ttl_ms) end
+  if #w > 0 then redis.call('HSET', k_meta, unpack(w)) end
+  if refresh then
+    redis.call('PEXPIRE', k_meta, ttl_s)
+    if in_use > 1 then redis.call('PEXPIRE', k_leases, ttl_s) end
+  end
   return 1
 end
 
@@ -342,7 +380,10 @@ return function(KEYS, ARGV, given_now)
                               share, ap, now)
     if fast then return fast end
   elseif op == 'release' and not reports then
-    local fast = fast_release(K_LEASES, K_META, token)
+    local fast = fast_release(K_LEASES, K_META, token, now)
+    if fast then return fast end
+  elseif op == 'release' and ap then
+    local fast = fast_report(K_LEASES, K_META, token, ap, ARGV, now, ttl_ms, ttl_s)
     if fast then return fast end
   end
 
