@@ -1024,7 +1024,7 @@ end
 -- path then runs and decides, having nothing of this one's to undo). A success can
 -- still make the window's rates count (the calls reach minimum_calls, or a quorum
 -- now met): that is left to the general path too, with the slot written back.
-local HOT_FORMAT = '>' .. rep('i8', 25)
+local HOT_FORMAT, WINDOW_FORMAT = '>' .. rep('i8', 25), '>' .. rep('i8', 7)
 local FP_TEXT, SLOT_BIT, FAST_N = {}, {}, 0   -- decimal texts, kept (a library keeps them)
 -- Returns the reply, or nil and (when it read them) the hot fields' bytes and the
 -- server time, which the general path then uses instead of reading them again.
@@ -1073,9 +1073,9 @@ local function fast_record(keys, args, given_now, given_micros)
     rcall('BITFIELD', k, 'SET', 'u32', bit, int(o))
     return nil, raw, t_now, us
   end
-  rcall('SETRANGE', k, A_OFFSET, packer.pack(A_FORMAT, 0, ssince, 0, sttl_at, n, f, sl, total,
-                                               (shead + 1) % swsize, swsec,
-                                               (sseq + 1) % 4294967296))
+  -- fields 31-37 (the window totals, head, wsec, seq); 27-30 are unchanged
+  rcall('SETRANGE', k, '248', packer.pack(WINDOW_FORMAT, n, f, sl, total, (shead + 1) % swsize,
+                                          swsec, (sseq + 1) % 4294967296))
   return {'CLOSED', t_now, ssince}
 end
 
