@@ -513,6 +513,9 @@ return function(KEYS, ARGV, given_now)
     meta_written = true
   end
   if counter then wrote, meta_written = true, true end
+  -- storing the limit writes meta too (and may create it: it must get its TTL)
+  local limit_written = wrote and stored_limit ~= limit
+  if limit_written then meta_written = true end
 
   -- One HSET of what changed: the counter, the limit (from a writing caller), the
   -- waiter count, and ttl_until when the TTLs are refreshed.
@@ -522,7 +525,7 @@ return function(KEYS, ARGV, given_now)
   end
   local args, n = nil, 0
   if counter then args, n = put(args, n, counter, string.format('%d', count)) end
-  if wrote and stored_limit ~= limit then args, n = put(args, n, 'limit', limit_s) end
+  if limit_written then args, n = put(args, n, 'limit', limit_s) end
   if waiting ~= stored_waiters then
     args, n = put(args, n, 'waiters', string.format('%d', waiting))
   end
