@@ -277,10 +277,14 @@ local function fast_acquire(k_leases, k_meta, token, limit, limit_s, lease_ms, t
   return 1
 end
 
-local function fast_release(k_leases, k_meta, token)
+local function fast_release(k_leases, k_meta, token, now)
   local w = redis.pcall('HGET', k_meta, 'waiters')
   if type(w) == 'table' or (w and w ~= '0') then return nil end
-  if redis.pcall('ZREM', k_leases, token) ~= 1 then return nil end
+  -- a lease that ended is gone, even while it waits in the zset to be reaped: the
+  -- general path reaps it and counts it lost
+  local held = redis.pcall('ZSCORE', k_leases, token)
+  if type(held) ~= 'string' or tonumber(held) <= now then return nil end
+  redis.call('ZREM', k_leases, token)
   return 1
 end
 
@@ -341,7 +345,7 @@ return function(KEYS, ARGV, given_now)
                               share, ap, now)
     if fast then return fast end
   elseif op == 'release' and not reports then
-    local fast = fast_release(K_LEASES, K_META, token)
+    local fast = fast_release(K_LEASES, K_META, token, now)
     if fast then return fast end
   end
 
