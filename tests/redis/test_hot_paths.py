@@ -212,6 +212,30 @@ def test_an_adaptive_hot_acquire_clamps_the_stored_limit_as_the_general_one(
                          lambda: redis_client.hset(keys[1], "waiters", "00"))
 
 
+@pytest.mark.parametrize("stored", [None, "3.5", "many"])
+def test_an_adaptive_hot_release_stores_a_fresh_limit_as_the_general_one(
+        stored: str | None, name: str, redis_client: redis.Redis) -> None:
+    """An unsampled success (no outcome) takes the hot release; when meta holds no
+    adaptive limit (deleted, expired), the general path stores the initial one."""
+    keys = bh_keys(name)
+    adaptive = "2,8,3,900000,1500000,50000"
+    own_lease(redis_client, keys, 9_000)
+    fields: dict[str, Any] = {"limit": 3, "acquired": 1,
+                              "ttl_until": lambda c: server_ms(c) + TTL - 1_000}
+    if stored is not None:
+        fields["a_limit"] = stored
+    with_meta(fields)(redis_client, keys)
+    args = ["release", "tok", LIMIT, LEASE, TTL, 0, adaptive]
+    saved = Keys(redis_client, keys)
+    saved.save()
+    assert ok_of(bulkhead(redis_client, keys, *args)) == 1
+    hot = redis_client.hget(keys[1], "a_limit")
+    saved.restore()
+    redis_client.hset(keys[1], "waiters", "00")  # the general path
+    assert ok_of(bulkhead(redis_client, keys, *args)) == 1
+    assert hot == redis_client.hget(keys[1], "a_limit")
+
+
 # -- budget -----------------------------------------------------------------------------
 BUDGET_ARGS = ["500000", "10000000", "10000", "10"]
 

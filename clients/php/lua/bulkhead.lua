@@ -278,9 +278,17 @@ local function fast_acquire(k_leases, k_meta, token, limit, limit_s, lease_ms, t
   return 1
 end
 
-local function fast_release(k_leases, k_meta, token, now)
-  local w = redis.pcall('HGET', k_meta, 'waiters')
-  if type(w) == 'table' or (w and w ~= '0') then return nil end
+local function fast_release(k_leases, k_meta, token, now, ap)
+  local w
+  if ap then  -- no adaptive limit stored yet (or not a number): the general path stores it
+    local m = redis.pcall('HMGET', k_meta, 'waiters', 'a_limit')
+    if m['err'] or not tonumber(m[2]) then return nil end
+    w = m[1]
+  else
+    w = redis.pcall('HGET', k_meta, 'waiters')
+    if type(w) == 'table' then return nil end
+  end
+  if w and w ~= '0' then return nil end
   -- a lease that ended is gone, even while it waits in the zset to be reaped: the
   -- general path reaps it and counts it lost
   local held = redis.pcall('ZSCORE', k_leases, token)
@@ -346,7 +354,7 @@ return function(KEYS, ARGV, given_now)
                               share, ap, now)
     if fast then return fast end
   elseif op == 'release' and not reports then
-    local fast = fast_release(K_LEASES, K_META, token, now)
+    local fast = fast_release(K_LEASES, K_META, token, now, ap)
     if fast then return fast end
   end
 
