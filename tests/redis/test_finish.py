@@ -334,3 +334,19 @@ def test_split_flat_refuses_a_reply_that_ends_early() -> None:
         split_flat([3, 1, 2], 1)
     with pytest.raises(ValueError, match="ended early"):
         split_flat([2, 1, 2, 0], 2)
+
+
+def test_the_merged_call_runs_as_eval_in_memory_mode(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """memory:// (fakeredis: no Functions) runs the EVAL form of finish: the same
+    effects, each component its own reply."""
+    from distbreaker import Policy
+    policy = Policy("memory-finish", redis="memory://", bulkhead={"max_concurrent_calls": 3},
+                    budget=BUDGET, retry={"max_attempts": 1})
+    seen = capture_merged(monkeypatch)
+    for _ in range(3):
+        assert policy.call(lambda: "ok") == "ok"
+    assert [one.script.name if one else None for one in seen] == ["finish"] * 3
+    assert policy.breaker.metrics().calls == 3
+    assert policy.bulkhead.metrics().in_use == 0
+    assert policy.budget.balance() == 10 + 3 // 2
