@@ -282,9 +282,19 @@ end
 
 -- A live lease (deadline after now) is removed; an expired one, even if no op reaped
 -- it yet, is lost as the general path says (it reaps first).
-local function fast_release(k_leases, k_meta, token, now)
-  local w = redis.pcall('HGET', k_meta, 'waiters')
-  if type(w) == 'table' or (w and w ~= '0') then return nil end
+local function fast_release(k_leases, k_meta, token, now, ap)
+  local w
+  if ap then  -- no adaptive limit stored yet (or not a number): the general path stores it
+    local m = redis.pcall('HMGET', k_meta, 'waiters', 'a_limit')
+    if m['err'] or not tonumber(m[2]) then return nil end
+    w = m[1]
+  else
+    w = redis.pcall('HGET', k_meta, 'waiters')
+    if type(w) == 'table' then return nil end
+  end
+  if w and w ~= '0' then return nil end
+  -- a lease that ended is gone, even while it waits in the zset to be reaped: the
+  -- general path reaps it and counts it lost
   local held = redis.pcall('ZSCORE', k_leases, token)
   if type(held) ~= 'string' or tonumber(held) <= now then return nil end
   redis.call('ZREM', k_leases, token)
@@ -379,7 +389,7 @@ return function(KEYS, ARGV, given_now)
                               share, ap, now)
     if fast then return fast end
   elseif op == 'release' and not reports then
-    local fast = fast_release(K_LEASES, K_META, token, now)
+    local fast = fast_release(K_LEASES, K_META, token, now, ap)
     if fast then return fast end
   elseif op == 'release' and ap then
     local fast = fast_report(K_LEASES, K_META, token, ap, ARGV, now, ttl_ms, ttl_s)
@@ -554,6 +564,9 @@ return function(KEYS, ARGV, given_now)
     meta_written = true
   end
   if counter then wrote, meta_written = true, true end
+  -- storing the limit writes meta too (and may create it: it must get its TTL)
+  local limit_written = wrote and stored_limit ~= limit
+  if limit_written then meta_written = true end
 
   -- One HSET of what changed: the counter, the limit (from a writing caller), the
   -- waiter count, and ttl_until when the TTLs are refreshed.
@@ -563,7 +576,7 @@ return function(KEYS, ARGV, given_now)
   end
   local args, n = nil, 0
   if counter then args, n = put(args, n, counter, string.format('%d', count)) end
-  if wrote and stored_limit ~= limit then args, n = put(args, n, 'limit', limit_s) end
+  if limit_written then args, n = put(args, n, 'limit', limit_s) end
   if waiting ~= stored_waiters then
     args, n = put(args, n, 'waiters', string.format('%d', waiting))
   end

@@ -125,8 +125,8 @@ def test_script_spends_few_commands_per_acquire_and_release(name: str) -> None:
         reply, idle = counted(codec.metrics_call())
         # the hot paths. First acquire: TIME HMGET ZCOUNT HINCRBY ZADD, then the TTL
         # refresh of new keys: ZREMRANGEBYSCORE HSET(ttl_until, limit) PEXPIRE x2; release:
-        # TIME HGET(waiters) ZSCORE (still live?) ZREM; the next acquire: TIME HMGET ZCOUNT
-        # HINCRBY ZADD
+        # TIME HGET(waiters) ZSCORE (the lease is live) ZREM; the next acquire: TIME
+        # HMGET ZCOUNT HINCRBY ZADD
         # PEXPIREAT (a new leases zset expires with the meta hash); metrics on an idle
         # bulkhead (the general path): the three reads. No waiter registered: neither
         # HGETALL nor LLEN.
