@@ -221,9 +221,18 @@ class RedisBusyError(RedisConnectionError):
 _UNAVAILABLE_REPLIES = ("BUSY", "MISCONF", "NOREPLICAS", "LOADING", "MASTERDOWN", "READONLY")
 
 
+#: What redis-py makes of these error codes at the top level of a reply; an error
+#: nested in an array (lua/finish.lua's replies) can arrive as a plain ResponseError
+#: (hiredis has one class for them all), so its code is read here.
+_NESTED_CLASSES: dict[str, type[ResponseError]] = {"OOM": OutOfMemoryError,
+                                                   "NOPERM": NoPermissionError}
+
+
 def translate_error(exc: ResponseError) -> Exception:
     """Turn a script's error reply into the library's own exception type."""
     text = str(exc)
+    if type(exc) is ResponseError and text.split(" ", 1)[0] in _NESTED_CLASSES:
+        return _NESTED_CLASSES[text.split(" ", 1)[0]](text)
     if isinstance(exc, AskError):  # MOVED/ASK: a plain client talking to a cluster node
         return TypeError(f"Redis answered {type(exc).__name__} ({text}): it is a Redis Cluster "
                          "node; pass a redis.cluster.RedisCluster client as redis=")

@@ -230,9 +230,10 @@ def test_the_limit_never_leaves_its_bounds_for_any_outcome_sequence(
                 bulkhead._run(codec.acquire_call(token, 0))
             for token in tokens:
                 reply = bulkhead._run(codec.release_call(token, outcome, latency, retry_after))
-                assert low <= reply[2] <= low + span
-            stored = a_limit(redis_client, bulkhead)
-            assert stored is not None and low <= stored <= low + span
+                if not isinstance(reply, int):  # the hot path answers 1: read the store
+                    assert low <= reply[2] <= low + span
+                stored = a_limit(redis_client, bulkhead)
+                assert stored is not None and low <= stored <= low + span
         bulkhead.close()
 
     check()

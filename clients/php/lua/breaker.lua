@@ -1033,14 +1033,14 @@ local function fast_record(keys, args, given_now, given_micros)
   if args[7] ~= '1' or args[8] ~= '0' or args[9] ~= '0' or args[6] ~= '' or not packer then
     return nil, nil, given_now, given_micros
   end
-  local ms = tonumber(args[10])
-  if not ms or ms < 0 or ms % 1 ~= 0 then return nil, nil, given_now, given_micros end
   local k = keys[1]
   local raw = pcall_('GETRANGE', k, HOT_FIRST, HOT_LAST)
   if type(raw) ~= 'string' or #raw < 200 then return nil, nil, given_now, given_micros end
   -- the low bytes of the window type (field 21) and state code (27): a TIME window or
   -- another state leaves at once, before the fields are decoded
   if byte(raw, 72) ~= 0 or byte(raw, 120) ~= 0 then return nil, raw, given_now, given_micros end
+  local ms = tonumber(args[10])
+  if not ms or ms < 0 or ms % 1 ~= 0 then return nil, raw, given_now, given_micros end
   local _, _, _, _, _, _, magic, sfp, swtype, swsize, smin, sf, ss, sttl, code, ssince, sov,
         sttl_at, scalls, sfail, sslow, stotal, shead, swsec, sseq = packer.unpack(HOT_FORMAT, raw)
   if magic ~= MAGIC or code ~= 0 or swtype ~= 0 or swsize <= 0 or sov ~= 0 then
