@@ -167,9 +167,15 @@ local function adapt(st, p, outcome, latency, retry_after, in_use, now, weight)
   elseif outcome == 'ok' then
     if st.rtt_l <= 0 then st.rtt_s, st.rtt_l = latency, latency end
     local a_short, a_long, smoothing = 0.1, 0.01, p.smoothing
-    if weight > 1 then
-      a_short, a_long = 1 - 0.9 ^ weight, 1 - 0.99 ^ weight
-      smoothing = 1 - (1 - smoothing) ^ weight
+    if weight > 1 then  -- the steps for `weight` reports, computed once per weight
+      local steps = p.steps
+      if not steps or p.n_steps >= 16 then steps, p.n_steps = {}, 0; p.steps = steps end
+      local w = steps[weight]
+      if not w then
+        w = {1 - 0.9 ^ weight, 1 - 0.99 ^ weight, 1 - (1 - smoothing) ^ weight}
+        steps[weight], p.n_steps = w, p.n_steps + 1
+      end
+      a_short, a_long, smoothing = w[1], w[2], w[3]
     end
     st.rtt_s = st.rtt_s + (latency - st.rtt_s) * a_short
     st.rtt_l = st.rtt_l + (latency - st.rtt_l) * a_long
@@ -187,21 +193,25 @@ local function adapt(st, p, outcome, latency, retry_after, in_use, now, weight)
   if math.floor(st.limit) ~= math.floor(before) then st.moved = now end
 end
 
-local function adaptive_writes(st)
-  local out, old = {}, st.old
-  local function w(i, field, value, fmt)
-    if fmt then
-      if old[i] == value then return end
-      value = string.format(fmt, value)
-      if st.raw[i] == value then return end
-    elseif st.raw[i] == value then
-      return
-    end
-    out[#out + 1] = field; out[#out + 1] = value
+-- Append field, value to `out` unless the stored one (st.old[i] as read, st.raw[i] as
+-- text) is the same.
+local function changed(out, st, i, field, value, fmt)
+  if fmt then
+    if st.old[i] == value then return end
+    value = string.format(fmt, value)
+    if st.raw[i] == value then return end
+  elseif st.raw[i] == value then
+    return
   end
-  w(1, 'a_limit', st.limit, '%.3f'); w(2, 'a_rtt_s', st.rtt_s, '%.3f')
-  w(3, 'a_rtt_l', st.rtt_l, '%.3f'); w(4, 'a_dec', st.dec, '%d')
-  w(5, 'a_pause', st.pause, '%d'); w(6, 'a_why', st.why, nil); w(7, 'a_moved', st.moved, '%d')
+  out[#out + 1] = field; out[#out + 1] = value
+end
+
+local function adaptive_writes(st)
+  local out = {}
+  changed(out, st, 1, 'a_limit', st.limit, '%.3f'); changed(out, st, 2, 'a_rtt_s', st.rtt_s, '%.3f')
+  changed(out, st, 3, 'a_rtt_l', st.rtt_l, '%.3f'); changed(out, st, 4, 'a_dec', st.dec, '%d')
+  changed(out, st, 5, 'a_pause', st.pause, '%d'); changed(out, st, 6, 'a_why', st.why, nil)
+  changed(out, st, 7, 'a_moved', st.moved, '%d')
   return out
 end
 
@@ -215,13 +225,30 @@ end
 
 -- The limit in force: the fixed one, or the stored adaptive one within its bounds
 -- (nil: none stored yet).
-local function stored_limit_of(raw, p, limit)
-  if not p then return limit end
-  local a = tonumber(raw)
-  if not a then return nil end
+-- a_limit texts as {the number, its integer part as text}: parsed once per distinct
+-- text (it changes only with a sampled report, so most calls find it here)
+local A_TEXT, A_TEXT_N = {}, 0
+local function a_limit_of(raw)
+  local e = A_TEXT[raw or '']
+  if e == nil then
+    local a = tonumber(raw)
+    e = false
+    if a then e = {a, string.format('%d', math.floor(a))} end
+    if A_TEXT_N >= 64 then A_TEXT, A_TEXT_N = {}, 0 end
+    A_TEXT[raw or ''], A_TEXT_N = e, A_TEXT_N + 1
+  end
+  return e
+end
+
+-- The stored adaptive limit within the caller's bounds, and its text (nil: none stored).
+local function stored_limit_of(raw, p)
+  local e = a_limit_of(raw)
+  if not e then return nil end
+  local a = e[1]
+  if a >= p.min and a <= p.max then return math.floor(a), e[2] end
   if a < p.min then a = p.min end
   if a > p.max then a = p.max end
-  return math.floor(a)
+  return math.floor(a), string.format('%d', math.floor(a))
 end
 
 local function fast_acquire(k_leases, k_meta, token, limit, limit_s, lease_ms, ttl_ms, ttl_s,
@@ -233,10 +260,9 @@ local function fast_acquire(k_leases, k_meta, token, limit, limit_s, lease_ms, t
     m = redis.pcall('HMGET', k_meta, 'waiters', 'ttl_until', 'limit')
   end
   if m['err'] or (m[1] and m[1] ~= '0') then return nil end
-  if ap then
-    limit = stored_limit_of(m[4], ap, limit)
+  if ap then  -- else limit_s as sent (the general path too)
+    limit, limit_s = stored_limit_of(m[4], ap)
     if not limit then return nil end
-    limit_s = string.format('%d', limit)  -- else as sent (the general path too)
   end
   local until_ms = tonumber(m[2] or 0)
   if not until_ms or (m[3] and m[3] ~= limit_s and not tonumber(m[3])) then return nil end
@@ -286,7 +312,7 @@ local function fast_release(k_leases, k_meta, token, now, ap)
   local w
   if ap then  -- no adaptive limit stored yet (or not a number): the general path stores it
     local m = redis.pcall('HMGET', k_meta, 'waiters', 'a_limit')
-    if m['err'] or not tonumber(m[2]) then return nil end
+    if m['err'] or not a_limit_of(m[2]) then return nil end
     w = m[1]
   else
     w = redis.pcall('HGET', k_meta, 'waiters')
