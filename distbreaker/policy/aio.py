@@ -105,7 +105,7 @@ class Policy(PolicyCore):
             raise
 
     async def _send(self, groups: Sequence[tuple[Any, list[PendingCall]]]) -> None:
-        """One pipeline per Redis client (one in all when shared)."""
+        """Per Redis client (one in all when shared): one merged call, else one pipeline."""
         for client, ready in groups:
             one = merged(ready)
             if one is not None:

@@ -6,7 +6,8 @@ the dependency failing) and HTTP client errors (4xx but 429); a 429 without
 Retry-After trips the breaker at once; the fallback is not applied to client
 errors unless asked. Each attempt asks the breaker again.
 
-Round trips per attempt in CLOSED: the bulkhead's acquire, then one pipeline
+Round trips per attempt in CLOSED: the bulkhead's acquire, then one merged script
+call (lua/finish.lua; a pipeline when the components have different names)
 carrying the bulkhead release, the breaker record and (first attempt) the
 retry budget deposit: 2. Without a bulkhead: 1. A call the breaker rejects
 locally (a known OPEN wait) costs 0, and deposits nothing: the budget counts
@@ -82,7 +83,8 @@ class Policy(PolicyCore):
 
     # -- Redis -------------------------------------------------------------------------
     def _flush(self, owed: Sequence[Owed | None]) -> None:
-        """Send owed calls: one pipeline per Redis client (one in all when shared)."""
+        """Send owed calls, per Redis client (one in all when shared): one merged call
+        (lua/finish.lua), else one pipeline."""
         for client, ready in group_ready(owed):
             one = merged(ready)
             if one is not None:
