@@ -106,17 +106,27 @@ class Policy(PolicyCore):
 
     async def _send(self, groups: Sequence[tuple[Any, list[PendingCall]]]) -> None:
         """Per Redis client (one in all when shared): one merged call, else one pipeline."""
+        first_error: Exception | None = None
         for client, ready in groups:
-            one = merged(ready)
-            if one is not None:
-                await send_async(client, one)
-                continue
             try:
-                results = await run_scripts_each_async(client, [call.spec for call in ready])
-            except UNAVAILABLE_ERRORS as error:
-                unreachable(ready, error)
-            else:
-                settle(ready, results)
+                await self._send_group(client, ready)
+            except Exception as error:  # (foreign data) the other clients' calls still go
+                first_error = first_error or error
+        if first_error is not None:
+            raise first_error
+
+    @staticmethod
+    async def _send_group(client: Any, ready: Sequence[PendingCall]) -> None:
+        one = merged(ready)
+        if one is not None:
+            await send_async(client, one)
+            return
+        try:
+            results = await run_scripts_each_async(client, [call.spec for call in ready])
+        except UNAVAILABLE_ERRORS as error:
+            unreachable(ready, error)
+        else:
+            settle(ready, results)
 
     async def _trip(self, reason: str) -> None:
         try:

@@ -39,7 +39,7 @@ from .._runtime.connection import shared_sync_client
 from .._runtime.decorate import decorate_sync
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
-from .._runtime.scripts import Owed, run_scripts_each, send
+from .._runtime.scripts import Owed, PendingCall, run_scripts_each, send
 from ..breaker.classify import HttpClassifier, Outcome
 from ..breaker.sync import CircuitBreaker
 from ..budget.sync import RetryBudget
@@ -85,17 +85,27 @@ class Policy(PolicyCore):
     def _flush(self, owed: Sequence[Owed | None]) -> None:
         """Send owed calls, per Redis client (one in all when shared): one merged call
         (lua/finish.lua), else one pipeline."""
+        first_error: Exception | None = None
         for client, ready in group_ready(owed):
-            one = merged(ready)
-            if one is not None:
-                send(client, one)
-                continue
             try:
-                results = run_scripts_each(client, [call.spec for call in ready])
-            except UNAVAILABLE_ERRORS as error:
-                unreachable(ready, error)
-            else:
-                settle(ready, results)
+                self._send_group(client, ready)
+            except Exception as error:  # (foreign data) the other clients' calls still go
+                first_error = first_error or error
+        if first_error is not None:
+            raise first_error
+
+    @staticmethod
+    def _send_group(client: Any, ready: Sequence[PendingCall]) -> None:
+        one = merged(ready)
+        if one is not None:
+            send(client, one)
+            return
+        try:
+            results = run_scripts_each(client, [call.spec for call in ready])
+        except UNAVAILABLE_ERRORS as error:
+            unreachable(ready, error)
+        else:
+            settle(ready, results)
 
     def _trip(self, reason: str) -> None:
         try:

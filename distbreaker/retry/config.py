@@ -10,7 +10,7 @@ from typing import Any
 
 from .._runtime.options import Seconds, check_int, exception_types, merge_options, to_seconds
 from ..breaker.classify import HttpClassifier
-from ..errors import BulkheadFull, CallNotPermitted
+from ..errors import BulkheadFull, CallNotPermitted, SchemaError
 
 
 class Jitter(str, Enum):
@@ -22,8 +22,10 @@ class Jitter(str, Enum):
 
 
 def default_ignore() -> tuple[type[BaseException], ...]:
-    """Rejections by the breaker or the bulkhead: retrying them only adds load."""
-    return (CallNotPermitted, BulkheadFull)
+    """Rejections by the breaker or the bulkhead: retrying them only adds load; and
+    foreign or corrupt data in Redis (SchemaError): a retry meets the same data, and
+    would spend the retry budget on it."""
+    return (CallNotPermitted, BulkheadFull, SchemaError)
 
 
 @dataclasses.dataclass(frozen=True)

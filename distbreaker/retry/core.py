@@ -7,7 +7,8 @@ execute for `Retry` and for `Policy` alike.
 
 What is retried: an `Exception` (never KeyboardInterrupt or CancelledError)
 that is an instance of `retry_on`, not of `ignore` (default: CallNotPermitted
-and BulkheadFull: a rejection is not a failure worth repeating), whose HTTP
+and BulkheadFull: a rejection is not a failure worth repeating; SchemaError:
+foreign data in Redis stays there), whose HTTP
 status, when it carries one, is TRANSIENT for `http_classifier` (so 4xx and a
 429 without Retry-After are final), and for which `retry_predicate`, if given,
 returns true.

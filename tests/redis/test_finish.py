@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 from redis.exceptions import ResponseError
 
 import distbreaker.policy.aio
@@ -355,3 +356,43 @@ def test_the_merged_call_runs_as_eval_in_memory_mode(
     assert policy.breaker.metrics().calls == 3
     assert policy.bulkhead.metrics().in_use == 0
     assert policy.budget.balance() == 10 + 3 // 2
+
+
+# -- foreign data is final, and spoils no other client's calls ---------------------------
+def test_foreign_data_met_by_an_attempt_is_not_retried(
+        name: str, redis_url: str, redis_client: redis.Redis, flavour: Flavour) -> None:
+    """A retry would meet the same data and spend the budget on it (SchemaError is in
+    the retry's default ignore list)."""
+    policy = full_policy(flavour, name, redis_url,
+                         retry={"max_attempts": 3, "base": 0.0, "cap": 0.0})
+    policy.call(lambda: "warm-up")
+    redis_client.set(policy.bulkhead.keys.leases, "not a zset")
+    calls: list[int] = []
+
+    def dependency() -> str:
+        calls.append(1)
+        return "ok"
+    with pytest.raises(SchemaError):
+        policy.call(dependency)
+    assert calls == []  # the acquire met it, once
+    assert int(redis_client.hget(policy.budget.keys.slices, "W") or 0) == 0  # no retry
+
+
+def test_an_error_on_one_client_still_sends_the_other_clients_calls(
+        name: str, redis_url: str, redis_client: redis.Redis, flavour: Flavour) -> None:
+    """Components on two clients: the release (first in order) meets foreign data; the
+    breaker's record on the other client still reaches Redis, then the error is raised."""
+    other = (redis.asyncio.Redis if flavour.is_async else redis.Redis).from_url(redis_url)
+    bulkhead = flavour.bulkhead(name, redis=other)  # its own client: another group
+    breaker = flavour.breaker(name, redis=redis_url)
+    policy = flavour.policy(name, redis=redis_url, breaker=getattr(breaker, "target", breaker),
+                            bulkhead=getattr(bulkhead, "target", bulkhead))
+    leases = bulkhead.keys.leases
+    policy.call(lambda: "warm-up")
+
+    def spoiling() -> str:
+        redis_client.set(leases, "not a zset")
+        return "ok"
+    with pytest.raises(SchemaError):
+        policy.call(spoiling)
+    assert breaker.metrics().calls == 2  # recorded although the release failed first
