@@ -199,6 +199,22 @@ def test_a_plan_that_does_not_match_keys_and_argv_is_refused_and_runs_nothing(
     assert redis_client.keys("*") == []
 
 
+def test_a_plan_with_a_huge_argument_count_is_refused_before_the_first_call_runs(
+        name: str, redis_url: str, redis_client: redis.Redis) -> None:
+    """A count too large to copy (Lua's unpack() stops near 8000 values) is a bad plan:
+    refused before anything runs, not an error raised after the deposit was made (a
+    client that retries the failed call would deposit twice)."""
+    budget = RetryBudget(name, redis=redis_url, **BUDGET)
+    budget.balance()
+    key = budget.keys.slices
+    n = 9000
+    args = [f"budget:1:5,breaker:1:{n}", "add", "500000", "10000000", "10000", "10",
+            *["x"] * n]
+    error = plan_error(redis_client, load_script("finish").function, [key, key + ":cb"], args)
+    assert isinstance(error, ValueError) and "finish plan" in str(error)
+    assert not redis_client.exists(key)
+
+
 # -- (4) the EVAL form ------------------------------------------------------------------
 def masked(reply: Any, now_ms: int) -> Any:
     """The reply with every server-time value (within a minute of now) masked: the two
