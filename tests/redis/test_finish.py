@@ -412,3 +412,26 @@ def test_an_error_on_one_client_still_sends_the_other_clients_calls(
     with pytest.raises(SchemaError):
         policy.call(spoiling)
     assert breaker.metrics().calls == 2  # recorded although the release failed first
+
+
+# -- a refusal of one component's key (ACL) ------------------------------------------
+def test_a_refused_budget_key_leaves_the_release_and_the_record_to_run(
+        name: str, redis_url: str, redis_client: redis.Redis, flavour: Flavour) -> None:
+    """A user without permission on the budget's key: alone, only the deposit is refused
+    (NOPERM, its outage path); merged, FCALL's own ACL check of its KEYS must not refuse
+    the release and the record with it (the lease would stay held until it expires)."""
+    base = f"distbreaker:v2:{{{name}}}"
+    user = f"u-{name}"
+    redis_client.execute_command("ACL", "SETUSER", user, "on", ">pw", f"~{base}:cb*",
+                                 f"~{base}:bh*", "&*", "+@all")
+    try:
+        url = redis_url.replace("redis://", f"redis://{user}:pw@", 1)
+        policy = full_policy(flavour, name, url)
+        for _ in range(3):
+            assert policy.call(lambda: "ok") == "ok"
+        assert redis_client.zcard(f"{base}:bh") == 0  # every lease released in Redis
+        admin = CircuitBreaker(name, redis=redis_url)
+        assert admin.metrics().calls == 3  # every record reached Redis
+        assert not redis_client.exists(f"{base}:rb")
+    finally:
+        redis_client.execute_command("ACL", "DELUSER", user)
