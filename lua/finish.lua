@@ -14,7 +14,7 @@
 --
 -- ARGV[1] plan: one "<script>:<key count>:<argument count>" per call, joined by
 --         ",", e.g. "budget:1:6,bulkhead:3:7,breaker:1:10"; <script> is budget,
---         bulkhead or breaker, each at most once
+--         bulkhead or breaker, each at most once; each count at most 1000
 -- ARGV[2...] every call's ARGV, in plan order   KEYS: every call's KEYS, in order
 --         (one cluster slot: all under one name's hash tag)
 -- Reply: ONE flat array (each nested array costs Redis a few thousand instructions
@@ -31,6 +31,7 @@ local function presized()  -- room for the hot paths' replies (13 elements); mor
           false, false, false, false, false, false, false, false}
 end
 local PLANS, PLANS_N = {}, 0   -- parsed plans (a function library keeps them)
+local MAX_COUNT = 1000             -- keys or arguments of one call, at most
 
 -- {script, key count, argument count, ...} of a plan string, with the totals of keys
 -- and arguments in fields nkeys and nargs; nil when malformed.
@@ -39,9 +40,13 @@ local function parse_plan(plan)
   for part in string.gmatch(plan, '[^,]+') do
     local script, nk, na = string.match(part, '^(%a+):(%d+):(%d+)$')
     if not script or not RUN[script] or seen[script] then return nil end
+    nk, na = tonumber(nk), tonumber(na)
+    -- a call's KEYS and ARGV are copied by unpack(), which raises (outside the calls'
+    -- pcall: the whole reply lost after earlier calls ran) beyond ~8000 values
+    if nk > MAX_COUNT or na > MAX_COUNT then return nil end
     seen[script] = true
-    parsed[n + 1], parsed[n + 2], parsed[n + 3] = script, tonumber(nk), tonumber(na)
-    parsed.nkeys, parsed.nargs = parsed.nkeys + tonumber(nk), parsed.nargs + tonumber(na)
+    parsed[n + 1], parsed[n + 2], parsed[n + 3] = script, nk, na
+    parsed.nkeys, parsed.nargs = parsed.nkeys + nk, parsed.nargs + na
     n = n + 3
   end
   if n == 0 then return nil end

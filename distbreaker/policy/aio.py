@@ -24,7 +24,7 @@ from .._runtime.connection import async_client
 from .._runtime.decorate import decorate_async
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
-from .._runtime.scripts import Owed, PendingCall, run_scripts_each_async, send_async
+from .._runtime.scripts import Owed, PendingCall, run_script_async, run_scripts_each_async
 from ..breaker.aio import CircuitBreaker
 from ..breaker.classify import HttpClassifier, Outcome
 from ..budget.aio import RetryBudget
@@ -37,6 +37,7 @@ from .core import (
     Ran,
     check_timeout,
     group_ready,
+    merge_refused,
     merged,
     settle,
     unreachable,
@@ -119,8 +120,15 @@ class Policy(PolicyCore):
     async def _send_group(client: Any, ready: Sequence[PendingCall]) -> None:
         one = merged(ready)
         if one is not None:
-            await send_async(client, one)
-            return
+            try:
+                raw = await run_script_async(client, one.script, one.keys, one.args)
+            except UNAVAILABLE_ERRORS as error:
+                if not merge_refused(error):  # (else pipelined: one refusal each)
+                    unreachable(ready, error)
+                    return
+            else:
+                one.on_reply(raw)
+                return
         try:
             results = await run_scripts_each_async(client, [call.spec for call in ready])
         except UNAVAILABLE_ERRORS as error:

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from redis.exceptions import NoPermissionError
+
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import validate_name
 from .._runtime.options import to_seconds
@@ -322,6 +324,15 @@ def merged(ready: Sequence[PendingCall]) -> PendingCall | None:
         [plan, *(arg for call in ready for arg in call.args)], lambda: True,
         lambda raw: settle(ready, each_result(split_flat(raw, len(ready)))),
         lambda error: unreachable(ready, error))
+
+
+def merge_refused(error: BaseException) -> bool:
+    """True when a merged call was refused as a whole for what would refuse only some of
+    its calls, so they must be pipelined instead: FCALL and EVAL check the ACL of every
+    key they declare, so a user without permission on one component's key (NOPERM) is
+    refused them all, while pipelined only that component's call is refused (its outage
+    path) and the release and the record still run."""
+    return isinstance(error, NoPermissionError)
 
 
 def split_flat(flat: Sequence[Any], calls: int) -> list[Any]:

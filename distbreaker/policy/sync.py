@@ -39,14 +39,23 @@ from .._runtime.connection import shared_sync_client
 from .._runtime.decorate import decorate_sync
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
-from .._runtime.scripts import Owed, PendingCall, run_scripts_each, send
+from .._runtime.scripts import Owed, PendingCall, run_script, run_scripts_each
 from ..breaker.classify import HttpClassifier, Outcome
 from ..breaker.sync import CircuitBreaker
 from ..budget.sync import RetryBudget
 from ..bulkhead.sync import Bulkhead
 from ..errors import CallNotPermitted
 from ..retry.sync import Retry, run_flow
-from .core import Fallback, PolicyCore, Ran, group_ready, merged, settle, unreachable
+from .core import (
+    Fallback,
+    PolicyCore,
+    Ran,
+    group_ready,
+    merge_refused,
+    merged,
+    settle,
+    unreachable,
+)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -98,8 +107,15 @@ class Policy(PolicyCore):
     def _send_group(client: Any, ready: Sequence[PendingCall]) -> None:
         one = merged(ready)
         if one is not None:
-            send(client, one)
-            return
+            try:
+                raw = run_script(client, one.script, one.keys, one.args)
+            except UNAVAILABLE_ERRORS as error:
+                if not merge_refused(error):  # (else pipelined: one refusal each)
+                    unreachable(ready, error)
+                    return
+            else:
+                one.on_reply(raw)
+                return
         try:
             results = run_scripts_each(client, [call.spec for call in ready])
         except UNAVAILABLE_ERRORS as error:

@@ -199,6 +199,22 @@ def test_a_plan_that_does_not_match_keys_and_argv_is_refused_and_runs_nothing(
     assert redis_client.keys("*") == []
 
 
+def test_a_plan_with_a_huge_argument_count_is_refused_before_the_first_call_runs(
+        name: str, redis_url: str, redis_client: redis.Redis) -> None:
+    """A count too large to copy (Lua's unpack() stops near 8000 values) is a bad plan:
+    refused before anything runs, not an error raised after the deposit was made (a
+    client that retries the failed call would deposit twice)."""
+    budget = RetryBudget(name, redis=redis_url, **BUDGET)
+    budget.balance()
+    key = budget.keys.slices
+    n = 9000
+    args = [f"budget:1:5,breaker:1:{n}", "add", "500000", "10000000", "10000", "10",
+            *["x"] * n]
+    error = plan_error(redis_client, load_script("finish").function, [key, key + ":cb"], args)
+    assert isinstance(error, ValueError) and "finish plan" in str(error)
+    assert not redis_client.exists(key)
+
+
 # -- (4) the EVAL form ------------------------------------------------------------------
 def masked(reply: Any, now_ms: int) -> Any:
     """The reply with every server-time value (within a minute of now) masked: the two
@@ -396,3 +412,26 @@ def test_an_error_on_one_client_still_sends_the_other_clients_calls(
     with pytest.raises(SchemaError):
         policy.call(spoiling)
     assert breaker.metrics().calls == 2  # recorded although the release failed first
+
+
+# -- a refusal of one component's key (ACL) ------------------------------------------
+def test_a_refused_budget_key_leaves_the_release_and_the_record_to_run(
+        name: str, redis_url: str, redis_client: redis.Redis, flavour: Flavour) -> None:
+    """A user without permission on the budget's key: alone, only the deposit is refused
+    (NOPERM, its outage path); merged, FCALL's own ACL check of its KEYS must not refuse
+    the release and the record with it (the lease would stay held until it expires)."""
+    base = f"distbreaker:v2:{{{name}}}"
+    user = f"u-{name}"
+    redis_client.execute_command("ACL", "SETUSER", user, "on", ">pw", f"~{base}:cb*",
+                                 f"~{base}:bh*", "&*", "+@all")
+    try:
+        url = redis_url.replace("redis://", f"redis://{user}:pw@", 1)
+        policy = full_policy(flavour, name, url)
+        for _ in range(3):
+            assert policy.call(lambda: "ok") == "ok"
+        assert redis_client.zcard(f"{base}:bh") == 0  # every lease released in Redis
+        admin = CircuitBreaker(name, redis=redis_url)
+        assert admin.metrics().calls == 3  # every record reached Redis
+        assert not redis_client.exists(f"{base}:rb")
+    finally:
+        redis_client.execute_command("ACL", "DELUSER", user)
