@@ -105,8 +105,7 @@ local function fast_deposit(K, g, amount, now, quiet)
     dk = 'd:' .. cs
     last_slice, last_cs, last_dk = cur, cs, dk
   end
-  -- (quiet: an `add`, whose reply is the drift flag: W is not needed)
-  local raw = redis.pcall('HMGET', K, 'v', 'slice_ms', 'n', 'head', 'D', dk, quiet and 'D' or 'W')
+  local raw = redis.pcall('HMGET', K, 'v', 'slice_ms', 'n', 'head', 'D', dk, 'W')
   if raw['err'] or raw[1] ~= '1' or raw[2] ~= g[6] or raw[3] ~= g[7] or raw[4] ~= cs then
     return nil
   end

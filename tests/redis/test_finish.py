@@ -435,3 +435,15 @@ def test_a_refused_budget_key_leaves_the_release_and_the_record_to_run(
         assert not redis_client.exists(f"{base}:rb")
     finally:
         redis_client.execute_command("ACL", "DELUSER", user)
+
+
+def test_a_corrupt_withdrawal_total_is_named_by_the_policys_deposit(
+        name: str, redis_url: str, redis_client: redis.Redis, flavour: Flavour) -> None:
+    """The deposit a Policy sends (an `add`, which answers no figures) still reads and
+    checks every header field it would have to trust, as the general path does."""
+    policy = full_policy(flavour, name, redis_url)
+    policy.call(lambda: "warm-up")
+    redis_client.hset(policy.budget.keys.slices, "W", "many")
+    with pytest.raises(SchemaError, match="corrupt budget fields"):
+        policy.call(lambda: "ok")
+    assert policy.breaker.metrics().calls == 2  # the release and the record still ran
