@@ -13,7 +13,7 @@
 -- pipeline.
 --
 -- ARGV[1] plan: one "<script>:<key count>:<argument count>" per call, joined by
---         ",", e.g. "budget:1:6,bulkhead:3:7,breaker:1:10"; <script> is budget,
+--         ",", e.g. "budget:1:5,bulkhead:2:5,breaker:1:10"; <script> is budget,
 --         bulkhead or breaker, each at most once; each count at most 1000
 -- ARGV[2...] every call's ARGV, in plan order   KEYS: every call's KEYS, in order
 --         (one cluster slot: all under one name's hash tag)

@@ -37,7 +37,6 @@ from .core import (
     Ran,
     check_timeout,
     group_ready,
-    merge_refused,
     merged,
     settle,
     unreachable,
@@ -121,13 +120,10 @@ class Policy(PolicyCore):
         one = merged(ready)
         if one is not None:
             try:
-                raw = await run_script_async(client, one.script, one.keys, one.args)
+                outcome: Any = await run_script_async(client, one.script, one.keys, one.args)
             except UNAVAILABLE_ERRORS as error:
-                if not merge_refused(error):  # (else pipelined: one refusal each)
-                    unreachable(ready, error)
-                    return
-            else:
-                one.on_reply(raw)
+                outcome = error
+            if one.answered(outcome):
                 return
         try:
             results = await run_scripts_each_async(client, [call.spec for call in ready])

@@ -10,14 +10,14 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from redis.exceptions import NoPermissionError
 
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import validate_name
 from .._runtime.options import to_seconds
-from .._runtime.scripts import Owed, PendingCall, each_result, load_script
+from .._runtime.scripts import LuaScript, Owed, PendingCall, each_result, load_script
 from ..breaker.classify import (
     DEFAULT_HTTP_CLASSIFIER,
     HttpClassifier,
@@ -307,32 +307,42 @@ def hash_tag(key: str) -> str:
     return key[start + 1:end] if start >= 0 and end > start + 1 else key
 
 
-def merged(ready: Sequence[PendingCall]) -> PendingCall | None:
-    """The calls an attempt owes as ONE script call (lua/finish.lua: the deposit, the
-    release and the record cost Redis one call and one TIME instead of three), or None
-    when they cannot be merged: fewer than two, another script, a script twice, or keys
-    in more than one cluster slot. Each call still gets its own reply or error, as
-    from a pipeline."""
+class MergedCall(NamedTuple):
+    """The calls an attempt owes as ONE script call (lua/finish.lua)."""
+
+    script: LuaScript
+    keys: list[str]
+    args: list[Any]
+    ready: Sequence[PendingCall]
+
+    def answered(self, outcome: Any) -> bool:
+        """Hand each call its part of the merged call's `outcome` (its reply, or the
+        "unavailable" error it met); False when the calls must be pipelined instead: FCALL
+        and EVAL check the ACL of every key they declare, so a user without permission on
+        one component's key (NOPERM) is refused them all, while pipelined only that
+        component's call is refused (its outage path) and the others still run."""
+        if isinstance(outcome, NoPermissionError):
+            return False
+        if isinstance(outcome, BaseException):
+            unreachable(self.ready, outcome)
+        else:
+            settle(self.ready, each_result(split_flat(outcome, len(self.ready))))
+        return True
+
+
+def merged(ready: Sequence[PendingCall]) -> MergedCall | None:
+    """The calls an attempt owes as ONE script call (the deposit, the release and the
+    record cost Redis one call and one TIME instead of three), or None when they cannot
+    be merged: fewer than two, another script, a script twice, or keys in more than one
+    cluster slot. Each call still gets its own reply or error, as from a pipeline."""
     names = [call.script.name for call in ready]
     if len(ready) < 2 or not MERGEABLE.issuperset(names) or len(set(names)) < len(names):
         return None
     if len({hash_tag(key) for call in ready for key in call.keys}) != 1:
         return None
     plan = ",".join(f"{call.script.name}:{len(call.keys)}:{len(call.args)}" for call in ready)
-    return PendingCall(
-        load_script("finish"), [key for call in ready for key in call.keys],
-        [plan, *(arg for call in ready for arg in call.args)], lambda: True,
-        lambda raw: settle(ready, each_result(split_flat(raw, len(ready)))),
-        lambda error: unreachable(ready, error))
-
-
-def merge_refused(error: BaseException) -> bool:
-    """True when a merged call was refused as a whole for what would refuse only some of
-    its calls, so they must be pipelined instead: FCALL and EVAL check the ACL of every
-    key they declare, so a user without permission on one component's key (NOPERM) is
-    refused them all, while pipelined only that component's call is refused (its outage
-    path) and the release and the record still run."""
-    return isinstance(error, NoPermissionError)
+    return MergedCall(load_script("finish"), [key for call in ready for key in call.keys],
+                      [plan, *(arg for call in ready for arg in call.args)], ready)
 
 
 def split_flat(flat: Sequence[Any], calls: int) -> list[Any]:

@@ -51,7 +51,6 @@ from .core import (
     PolicyCore,
     Ran,
     group_ready,
-    merge_refused,
     merged,
     settle,
     unreachable,
@@ -108,13 +107,10 @@ class Policy(PolicyCore):
         one = merged(ready)
         if one is not None:
             try:
-                raw = run_script(client, one.script, one.keys, one.args)
+                outcome: Any = run_script(client, one.script, one.keys, one.args)
             except UNAVAILABLE_ERRORS as error:
-                if not merge_refused(error):  # (else pipelined: one refusal each)
-                    unreachable(ready, error)
-                    return
-            else:
-                one.on_reply(raw)
+                outcome = error
+            if one.answered(outcome):
                 return
         try:
             results = run_scripts_each(client, [call.spec for call in ready])

@@ -37,6 +37,14 @@ from tests.helpers.processes import collect, join_all
 FORK = multiprocessing.get_context("fork")
 
 
+
+def run_all(threads: list[threading.Thread]) -> None:
+    """Start the threads, then wait for all of them."""
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
 def a_limit(client: redis.Redis, bulkhead: Bulkhead) -> float | None:
     """The adaptive limit stored in the bulkhead's meta hash (None before the first op)."""
     value = client.hget(bulkhead.keys.meta, "a_limit")
@@ -86,11 +94,7 @@ def _upstream_caller(url: str, name: str, port: int, end: float, out: Any) -> No
             if outcome != "ok":
                 time.sleep(0.01)
 
-    threads = [threading.Thread(target=loop) for _ in range(THREADS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_all([threading.Thread(target=loop) for _ in range(THREADS)])
     bulkhead.close()
     out.put(counts)
 
@@ -274,11 +278,7 @@ def _unreachable_worker(url: str, name: str, out: Any) -> None:
                 state["ok"] += 1
                 state["local"] = state["local"] and permit.local
 
-    threads = [threading.Thread(target=loop) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_all([threading.Thread(target=loop) for _ in range(6)])
     out.put(state)
 
 
@@ -380,11 +380,7 @@ def _priority_load(url: str, name: str, end: float, out: Any) -> None:
             with lock:
                 counts[priority][0] += 1
 
-    threads = [threading.Thread(target=loop, args=(p,)) for p in counts for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_all([threading.Thread(target=loop, args=(p,)) for p in counts for _ in range(4)])
     bulkhead.close()
     out.put(counts)
 

@@ -18,9 +18,9 @@ from redis.exceptions import ResponseError
 import distbreaker.policy.aio
 import distbreaker.policy.sync
 from distbreaker import Bulkhead, CircuitBreaker, RetryBudget
-from distbreaker._runtime.scripts import PendingCall, library, load_script, translate_error
+from distbreaker._runtime.scripts import library, load_script, translate_error
 from distbreaker.errors import SchemaError
-from distbreaker.policy.core import split_flat
+from distbreaker.policy.core import MergedCall, split_flat
 from tests.helpers.flavours import Flavour
 from tests.helpers.redis_stats import commands
 
@@ -39,9 +39,9 @@ def fcalls(client: redis.Redis) -> int:
     return commands(client).get("fcall", 0)
 
 
-def capture_merged(monkeypatch: pytest.MonkeyPatch) -> list[PendingCall | None]:
+def capture_merged(monkeypatch: pytest.MonkeyPatch) -> list[MergedCall | None]:
     """Every merge decision both policies take: the merged call, or None (not merged)."""
-    seen: list[PendingCall | None] = []
+    seen: list[MergedCall | None] = []
     for module in (distbreaker.policy.sync, distbreaker.policy.aio):
         original = module.merged
 
@@ -54,7 +54,7 @@ def capture_merged(monkeypatch: pytest.MonkeyPatch) -> list[PendingCall | None]:
 
 
 def one_merged_call(monkeypatch: pytest.MonkeyPatch, name: str,
-                    redis_url: str) -> tuple[Any, PendingCall]:
+                    redis_url: str) -> tuple[Any, MergedCall]:
     """A full sync policy and the merged call its first attempt sent."""
     policy = full_policy(Flavour("sync"), name, redis_url)
     seen = capture_merged(monkeypatch)

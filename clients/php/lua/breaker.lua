@@ -989,6 +989,13 @@ local function settle_config(arg_fp)
   if drift_fp ~= mine then drift_fp, d_cold, m_drift = mine, true, true end
 end
 
+-- The server time in ms, and its microseconds (the open wait's random draw).
+local function server_time()
+  local t = rcall('TIME')
+  local us = tonumber(t[2])
+  return tonumber(t[1]) * 1000 + (us - us % 1000) / 1000, us
+end
+
 local function begin(keys, args, given_now, given_micros)
   -- KEYS[2..4] may be left out: they are the state key plus ':meta', ':probes',
   -- ':events' (fewer arguments per call; every key shares the name's hash tag)
@@ -1001,9 +1008,7 @@ local function begin(keys, args, given_now, given_micros)
   if given_now then  -- a merged call (lua/finish.lua) read TIME once for all its calls
     now, micros = given_now, given_micros
   else
-    local t = rcall('TIME')
-    micros = tonumber(t[2])
-    now = tonumber(t[1]) * 1000 + (micros - micros % 1000) / 1000
+    now, micros = server_time()
   end
   cold, cfg_parsed, s_reason, s_actor, cfg_store, drift, permitted = false, false, nil, nil,
                                                                      nil, 0, 1
@@ -1020,7 +1025,7 @@ end
 -- The usual record: one successful call, not slow and not a probe, in CLOSED with a
 -- count window, the caller's config stored (fingerprint), no override, no TTL
 -- refresh due. It is what the general path below does for that case (the same
--- commands: GETRANGE, BITFIELD SET, SETRANGE of fields 27-37, the short reply),
+-- commands: GETRANGE, BITFIELD SET, SETRANGE of fields 31-37, the short reply),
 -- without its per-call state; nil when the case is not that simple (the general
 -- path then runs and decides, having nothing of this one's to undo). A success can
 -- still make the window's rates count (the calls reach minimum_calls, or a quorum
@@ -1051,11 +1056,7 @@ local function fast_record(keys, args, given_now, given_micros)
   if not fp_text then fp_text, FAST_N = int(sfp), FAST_N + 1; FP_TEXT[sfp] = fp_text end
   if fp_text ~= args[2] then return nil, raw, given_now, given_micros end
   local t_now, us = given_now, given_micros
-  if not t_now then
-    local t = rcall('TIME')
-    us = tonumber(t[2])
-    t_now = tonumber(t[1]) * 1000 + (us - us % 1000) / 1000
-  end
+  if not t_now then t_now, us = server_time() end
   if t_now - sttl_at >= sttl / 2 or sttl_at > t_now then return nil, raw, t_now, us end
   local m = min(ms, MS_MASK)
   local bit = SLOT_BIT[shead]

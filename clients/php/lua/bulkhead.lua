@@ -108,7 +108,22 @@ end
 -- Adaptive limit ----------------------------------------------------------------------
 -- Parameters from ARGV[7]: min, max, initial, backoff, tolerance, smoothing; nil when
 -- the string is empty, false when it is malformed.
-local PARAMS, PARAMS_N = {}, 0     -- parsed ARGV[7] strings (a function library keeps them)
+-- parse(s), remembered per distinct string (at most 64: a function library keeps them
+-- across calls, and workers send the same few)
+local function memoized(parse)
+  local memo, n = {}, 0
+  return function(s)
+    if s == nil then s = false end  -- (nil cannot be a key; a missing field is false)
+    local v = memo[s]
+    if v == nil then
+      v = parse(s)
+      if n >= 64 then memo, n = {}, 0 end
+      memo[s], n = v, n + 1
+    end
+    return v
+  end
+end
+
 local function parse_params(s)
   local a, b, c, d, e, f = string.match(s, '^(%d+),(%d+),(%d+),(%d+),(%d+),(%d+)$')
   a, b, c = tonumber(a), tonumber(b), tonumber(c)
@@ -117,14 +132,10 @@ local function parse_params(s)
           tolerance = tonumber(e) / 1000000, smoothing = tonumber(f) / 1000000}
 end
 
+local parsed_params = memoized(parse_params)
 local function adaptive_params(s)
   if not s or s == '' then return nil end
-  local p = PARAMS[s]
-  if p ~= nil then return p end
-  p = parse_params(s)
-  if PARAMS_N >= 64 then PARAMS, PARAMS_N = {}, 0 end
-  PARAMS[s], PARAMS_N = p, PARAMS_N + 1
-  return p
+  return parsed_params(s)
 end
 
 local A_FIELDS = {'a_limit', 'a_rtt_s', 'a_rtt_l', 'a_dec', 'a_pause', 'a_why', 'a_moved'}
@@ -217,28 +228,31 @@ local function adaptive_writes(st)
 end
 
 -- The hot paths ----------------------------------------------------------------------
--- A granted acquire and a release of a held lease while no waiter is registered and no
--- outcome is reported: the general path's result with fewer commands and conversions.
--- Each answers nil, having written nothing that the general path would not also write
--- first (reaping expired leases), whenever the case is not that simple (a waiter, a
--- full bulkhead, a fresh adaptive limit, a lost lease, anything odd in meta); the
--- general path then runs and decides, and names foreign data.
+-- A granted acquire, a release of a live lease, and an adaptive outcome report, while
+-- no waiter is registered: the general path's result with fewer commands and
+-- conversions. Each answers nil, having written nothing, whenever the case is not that
+-- simple (a waiter, a full bulkhead, a fresh adaptive limit, a lost lease, anything odd
+-- in meta); the general path then runs and decides, and names foreign data.
 
--- The limit in force: the fixed one, or the stored adaptive one within its bounds
--- (nil: none stored yet).
--- a_limit texts as {the number, its integer part as text}: parsed once per distinct
--- text (it changes only with a sampled report, so most calls find it here)
-local A_TEXT, A_TEXT_N = {}, 0
-local function a_limit_of(raw)
-  local e = A_TEXT[raw or '']
-  if e == nil then
-    local a = tonumber(raw)
-    e = false
-    if a then e = {a, string.format('%d', math.floor(a))} end
-    if A_TEXT_N >= 64 then A_TEXT, A_TEXT_N = {}, 0 end
-    A_TEXT[raw or ''], A_TEXT_N = e, A_TEXT_N + 1
-  end
-  return e
+-- An a_limit text as {the number, its integer part as text}, false when it is not a
+-- number (it changes only with a sampled report, so most calls find it remembered).
+local a_limit_of = memoized(function(raw)
+  local a = tonumber(raw)
+  return a and {a, string.format('%d', math.floor(a))} or false
+end)
+
+-- Whether the token holds a live lease (deadline after now): an expired one, even if no
+-- op reaped it yet, is lost as the general path says (it reaps first).
+local function live_lease(k_leases, token, now)
+  local held = redis.pcall('ZSCORE', k_leases, token)
+  return type(held) == 'string' and tonumber(held) > now
+end
+
+-- Whether an op that writes meta (or adds a lease for `keep_for` ms) refreshes the TTLs:
+-- no ttl_until stored, or it ends before keep_for, or less than half of key_ttl is left.
+local function refresh_due(until_ms, now, keep_for, ttl_ms)
+  return not until_ms or until_ms <= 0 or until_ms - now < keep_for
+      or (until_ms - now) * 2 < ttl_ms
 end
 
 -- The stored adaptive limit within the caller's bounds, and its text (nil: none stored).
@@ -275,8 +289,7 @@ local function fast_acquire(k_leases, k_meta, token, limit, limit_s, lease_ms, t
   if share < 1 then cap = math.max(1, math.floor(limit * share)) end
   local deadline = string.format('%d', now + lease_ms)
   if in_use >= cap then  -- full: only a token holding a live lease gets in (refreshed)
-    local held = redis.call('ZSCORE', k_leases, token)
-    if not held or tonumber(held) <= now then return nil end
+    if not live_lease(k_leases, token, now) then return nil end
     redis.call('ZADD', k_leases, deadline, token)
   else
     -- counted first: a foreign (non-integer) counter stops the call before any write
@@ -289,7 +302,7 @@ local function fast_acquire(k_leases, k_meta, token, limit, limit_s, lease_ms, t
       if held > now then redis.call('HINCRBY', k_meta, 'acquired', -1) else in_use = in_use + 1 end
     end
   end
-  local refresh = until_ms == 0 or until_ms - now < lease_ms or (until_ms - now) * 2 < ttl_ms
+  local refresh = refresh_due(until_ms, now, lease_ms, ttl_ms)
   if refresh then redis.call('ZREMRANGEBYSCORE', k_leases, '-inf', string.format('%d', now)) end
   if refresh and m[3] ~= limit_s then
     redis.call('HSET', k_meta, 'ttl_until', string.format('%d', now + ttl_ms), 'limit', limit_s)
@@ -307,8 +320,6 @@ local function fast_acquire(k_leases, k_meta, token, limit, limit_s, lease_ms, t
   return 1
 end
 
--- A live lease (deadline after now) is removed; an expired one, even if no op reaped
--- it yet, is lost as the general path says (it reaps first).
 local function fast_release(k_leases, k_meta, token, now, ap)
   local w
   if ap then  -- no adaptive limit stored yet (or not a number): the general path stores it
@@ -319,11 +330,7 @@ local function fast_release(k_leases, k_meta, token, now, ap)
     w = redis.pcall('HGET', k_meta, 'waiters')
     if type(w) == 'table' then return nil end
   end
-  if w and w ~= '0' then return nil end
-  -- a lease that ended is gone, even while it waits in the zset to be reaped: the
-  -- general path reaps it and counts it lost
-  local held = redis.pcall('ZSCORE', k_leases, token)
-  if type(held) ~= 'string' or tonumber(held) <= now then return nil end
+  if (w and w ~= '0') or not live_lease(k_leases, token, now) then return nil end
   redis.call('ZREM', k_leases, token)
   return 1
 end
@@ -338,8 +345,7 @@ local function fast_report(k_leases, k_meta, token, ap, argv, now, ttl_ms, ttl_s
   if m['err'] or (m[1] and m[1] ~= '0') or not tonumber(m[4]) then return nil end
   local until_ms, stored_limit = tonumber(m[2] or 0), tonumber(m[3] or 0)
   if not until_ms or not stored_limit then return nil end
-  local held = redis.pcall('ZSCORE', k_leases, token)
-  if type(held) ~= 'string' or tonumber(held) <= now then return nil end
+  if not live_lease(k_leases, token, now) then return nil end
   local in_use = redis.call('ZCOUNT', k_leases, string.format('%d', now + 1), '+inf')
   redis.call('ZREM', k_leases, token)
   local st = adaptive_state({nil, nil, nil, nil, nil, nil, m[4], m[5], m[6], m[7], m[8], m[9],
@@ -349,7 +355,7 @@ local function fast_report(k_leases, k_meta, token, ap, argv, now, ttl_ms, ttl_s
   local w = adaptive_writes(st)
   local limit = math.floor(st.limit)
   if stored_limit ~= limit then w[#w + 1] = 'limit'; w[#w + 1] = string.format('%d', limit) end
-  local refresh = until_ms == 0 or until_ms < now or (until_ms - now) * 2 < ttl_ms
+  local refresh = refresh_due(until_ms, now, 0, ttl_ms)
   if refresh then w[#w + 1] = 'ttl_until'; w[#w + 1] = string.format('%d', now + ttl_ms) end
   if #w > 0 then redis.call('HSET', k_meta, unpack(w)) end
   if refresh then
@@ -599,7 +605,7 @@ return function(KEYS, ARGV, given_now)
   -- waiter count, and ttl_until when the TTLs are refreshed.
   local refresh = false
   if meta_written or leased then
-    refresh = not until_ms or until_ms - now < keep_for or (until_ms - now) * 2 < ttl_ms
+    refresh = refresh_due(until_ms, now, keep_for, ttl_ms)
   end
   local args, n = nil, 0
   if counter then args, n = put(args, n, counter, string.format('%d', count)) end
