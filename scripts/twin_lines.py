@@ -24,8 +24,9 @@ statements (``import``/``from ... import`` and their continuation lines), and
 lines with no word character (``)``, ``\"\"\"``, ``],``) or only a bare keyword
 (``try:``, ``else:``, ``return``, ``raise``, ``pass``, ``finally:``).
 
-Usage: ``scripts/twin_lines.py [--max N]`` prints per pair and the total; with
-``--max`` exits 1 when the total is above N.
+Usage: ``scripts/twin_lines.py [--max N] [--show]`` prints per pair and the
+total (``--show``: and the twin lines); with ``--max`` exits 1 when the total is
+above N.
 """
 
 from __future__ import annotations
@@ -79,15 +80,15 @@ def counted_lines(path: Path) -> list[tuple[str, bool]]:
     return lines
 
 
-def twins(sync: Path, aio: Path) -> tuple[int, int]:
-    """(twin lines, counted lines of the smaller file) of one pair."""
+def twins(sync: Path, aio: Path) -> tuple[list[str], int]:
+    """(the twin lines, counted lines of the smaller file) of one pair."""
     if GENERATED_MARK in sync.read_text() or GENERATED_MARK in aio.read_text():
-        return 0, 0
+        return [], 0
     a, b = counted_lines(sync), counted_lines(aio)
     matcher = difflib.SequenceMatcher(None, [t for t, _ in a], [t for t, _ in b],
                                       autojunk=False)
-    same = sum(1 for block in matcher.get_matching_blocks()
-               for i in range(block.a, block.a + block.size) if a[i][1])
+    same = [a[i][0] for block in matcher.get_matching_blocks()
+            for i in range(block.a, block.a + block.size) if a[i][1]]
     smaller = min(sum(c for _, c in a), sum(c for _, c in b))
     return same, smaller
 
@@ -102,14 +103,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max", type=int, default=None,
                         help="exit 1 when the total is above this many lines")
+    parser.add_argument("--show", action="store_true", help="print the twin lines too")
     options = parser.parse_args(argv)
     total = 0
     for sync, aio in pairs():
-        same, smaller = twins(sync, aio)
+        lines, smaller = twins(sync, aio)
+        same = len(lines)
         total += same
         share = f"{100 * same / smaller:3.0f} %" if smaller else "  -  "
-        print(f"{str(sync.parent.relative_to(ROOT)):<32} {same:4d} twin lines  "
+        print(f"{sync.parent.relative_to(ROOT)!s:<32} {same:4d} twin lines  "
               f"({share} of the smaller file)")
+        if options.show:
+            print("".join(f"    | {line}\n" for line in lines), end="")
     print(f"{'total':<32} {total:4d} twin lines")
     if options.max is not None and total > options.max:
         print(f"more than {options.max} twin lines", file=sys.stderr)

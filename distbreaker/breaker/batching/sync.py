@@ -43,6 +43,10 @@ class ThreadFlusher(FlushCore):
                 self._start()
             self._wake.set()
 
+    def current(self) -> ThreadFlusher:
+        """The flusher serving the caller: the process's one (as `LoopFlushers.current`)."""
+        return self
+
     def _start(self) -> None:
         with self._start_lock:
             if self._thread is not None:
