@@ -8,17 +8,20 @@ to it, which carries a "generated, do not edit" header. The front ends
 (``sync.py``, ``aio.py``) keep only what truly differs: clients, locks, tasks,
 cancellation. ``--check`` exits 1 when a generated file is stale (a test runs it).
 
-The token map (`TOKENS`, regular expressions applied in order) is all that
-changes, but for import statements: names the sync module no longer uses (the
-awaitable types) are dropped from them.
+The token map (`TOKENS`, regular expressions applied line by line, in order) is
+all that changes, but for layout: continuation lines aligned to a bracket move
+left with it, and names the sync module no longer uses (the awaitable types) are
+dropped from its import statements.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import io
 import re
 import sys
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,6 +46,7 @@ TOKENS: list[tuple[str, str]] = [
     (r"\brun_script_async\b", "run_script"),
     (r"\bsend_async\b", "send"),
     (r"\bdecorate_async\b", "decorate_sync"),
+    (r"\bLoopClients\b", "ProcessClient"),
     # modules: the asyncio flavour's modules -> the sync flavour's
     (r"\b_shell_aio\b", "_shell_sync"),
     (r"(?<=\.)aio\b(?= import)", "sync"),
@@ -83,11 +87,49 @@ def _used_only(text: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def unasync(text: str, source: str) -> str:
-    """The sync module for the asyncio module `text` (read from `source`)."""
+def _replace(text: str) -> str:
     for pattern, replacement in TOKENS:
         text = re.sub(pattern, replacement, text)
-    return HEADER.format(source=source) + _used_only(text)
+    return text
+
+
+def _alignment_shifts(text: str) -> dict[int, int]:
+    """Per continuation line (0-based index), how far left it moves: a line that opens a
+    bracket and continues aligned to it (``async def f(a,`` / ``b)``) is shortened before
+    that bracket by the token map, so its continuation lines move with the bracket."""
+    lines = text.splitlines()
+    opens: list[tuple[int, int]] = []  # (row, col) of each unclosed bracket
+    shifts: dict[int, int] = {}
+    shift = 0
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type != tokenize.OP or token.string not in "([{}])":
+            continue
+        row, col = token.start[0] - 1, token.start[1]
+        if token.string in "([{":
+            if not opens:  # the statement's outermost bracket: is it aligned to?
+                line = lines[row]
+                hanging = line[col + 1:].strip() in ("", "\\")
+                shift = 0 if hanging else col - len(_replace(line[:col]))
+            opens.append((row, col))
+        else:
+            first_row = opens.pop()[0] if opens else row
+            if not opens and shift:
+                for continued in range(first_row + 1, row + 1):
+                    shifts[continued] = shift
+    return shifts
+
+
+def unasync(text: str, source: str) -> str:
+    """The sync module for the asyncio module `text` (read from `source`)."""
+    shifts = _alignment_shifts(text)
+    lines = []
+    for index, line in enumerate(text.splitlines()):
+        line = _replace(line)
+        shift = shifts.get(index, 0)
+        if shift and line[:shift].isspace():
+            line = line[shift:]
+        lines.append(line)
+    return HEADER.format(source=source) + _used_only("\n".join(lines) + "\n")
 
 
 def targets() -> list[tuple[Path, Path]]:

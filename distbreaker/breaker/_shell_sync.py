@@ -100,7 +100,7 @@ class BreakerShell(BreakerCore):
         return self._send_acquire(step)
 
     def record(self, permit: Permit, error: BaseException | None, duration: float,
-                     outcome: Outcome | None = None) -> None:
+               outcome: Outcome | None = None) -> None:
         """Report how a permitted call ended (error None: it returned normally).
 
         `outcome` overrides the breaker's own classification of `error`.
@@ -130,7 +130,7 @@ class BreakerShell(BreakerCore):
         self.record(permit, exc, time.monotonic() - started)
 
     def call(self, fn: Callable[P, T], /, *args: P.args,
-                   **kwargs: P.kwargs) -> T:
+             **kwargs: P.kwargs) -> T:
         """Run `fn(*args, **kwargs)` under the breaker.
 
         A cancelled call (asyncio's CancelledError) counts nowhere; its half-open probe,
@@ -162,7 +162,7 @@ class BreakerShell(BreakerCore):
         return self._codec.metrics(self._read())
 
     def _set(self, target: str, reason: str, actor: str, for_: Seconds | None = None,
-                   until: Until | None = None) -> State:
+             until: Until | None = None) -> State:
         call = self._codec.set_call(target, reason, actor, hold_args(for_, until))
         return (self._admin(call)).state
 
@@ -171,32 +171,32 @@ class BreakerShell(BreakerCore):
         return self._set("RESET", reason, actor)
 
     def trip(self, reason: str = "tripped", actor: str = "", *,
-                   for_: Seconds | None = None, until: Until | None = None) -> State:
+             for_: Seconds | None = None, until: Until | None = None) -> State:
         """Force OPEN now; probes start after the wait, or after ``for_`` seconds / at
         ``until`` (Resilience4j's transitionToOpenStateFor / Until). On an OPEN breaker
         the wait restarts (a `restart` history entry, not a transition)."""
         return self._set("TRIP", reason, actor, for_, until)
 
     def transition_to_closed(self, reason: str = "closed by operator", actor: str = "",
-                                   *, for_: Seconds | None = None,
-                                   until: Until | None = None) -> State:
+                             *, for_: Seconds | None = None,
+                             until: Until | None = None) -> State:
         """CLOSED; with ``for_`` / ``until`` held CLOSED (it does not trip) until then."""
         return self._set(State.CLOSED.value, reason, actor, for_, until)
 
     def transition_to_forced_open(self, reason: str = "forced open", actor: str = "", *,
-                                        for_: Seconds | None = None,
-                                        until: Until | None = None) -> State:
+                                  for_: Seconds | None = None,
+                                  until: Until | None = None) -> State:
         """FORCED_OPEN; with ``for_`` / ``until`` it ends then, in HALF_OPEN (probes)."""
         return self._set(State.FORCED_OPEN.value, reason, actor, for_, until)
 
     def transition_to_disabled(self, reason: str = "disabled", actor: str = "", *,
-                                     for_: Seconds | None = None,
-                                     until: Until | None = None) -> State:
+                               for_: Seconds | None = None,
+                               until: Until | None = None) -> State:
         """DISABLED; with ``for_`` / ``until`` back to CLOSED then."""
         return self._set(State.DISABLED.value, reason, actor, for_, until)
 
     def transition_to_metrics_only(self, reason: str = "metrics only", actor: str = "",
-                                         *, for_: Seconds | None = None,
-                                         until: Until | None = None) -> State:
+                                   *, for_: Seconds | None = None,
+                                   until: Until | None = None) -> State:
         """METRICS_ONLY; with ``for_`` / ``until`` back to CLOSED then."""
         return self._set(State.METRICS_ONLY.value, reason, actor, for_, until)

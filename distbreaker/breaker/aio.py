@@ -80,7 +80,7 @@ class CircuitBreaker(BreakerShell):
 
     async def _send_acquire(self, step: AcquireStep) -> Permit:
         try:
-            return await send_async(self._client, step.call)  # type: ignore[no-any-return]
+            return await send_async(self._client, step.call)
         except asyncio.CancelledError as cancelled:
             # Redis may have granted a half-open probe before the reply was lost to the
             # cancellation (a timeout around the call): hand it back rather than leave the

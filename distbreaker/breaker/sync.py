@@ -43,7 +43,7 @@ class CircuitBreaker(BreakerShell):
             release_sync_client(self._client)
 
     def _send_acquire(self, step: AcquireStep) -> Permit:
-        return send(self._client, step.call)  # type: ignore[no-any-return]
+        return send(self._client, step.call)
 
     @property
     def state(self) -> State:
