@@ -58,31 +58,48 @@ TOKENS: list[tuple[str, str]] = [
     (r"\bawaited\b", "returned"),
 ]
 
-def _used_only(text: str) -> str:
+def _import_lines(node: ast.ImportFrom, names: list[str]) -> list[str]:
+    """`node` importing `names`, as ruff's isort style writes it."""
+    head = f"from {'.' * node.level}{node.module or ''} import "
+    one_line = head + ", ".join(names)
+    if len(one_line) <= LINE_LENGTH:
+        return [one_line]
+    return [head + "(", *(f"    {name}," for name in names), ")"]
+
+
+def _tidy_imports(text: str) -> str:
     """`text` whose ``from ... import`` statements name only what the module still uses
-    (``Awaitable`` and ``Coroutine`` go, and ``Any`` when only they needed it), each
-    written back as ruff's isort style does (one line, or one name per line)."""
+    (``Awaitable`` and ``Coroutine`` go, and ``Any`` when only they needed it), and
+    whose relative imports are in ruff's isort order again (``.aio`` became ``.sync``)."""
     tree = ast.parse(text)
     lines = text.splitlines()
-    for node in reversed(tree.body):
+    statements: list[tuple[int, int, list[str]]] = []  # (first, end, lines) per import
+    for node in tree.body:
         if not isinstance(node, ast.ImportFrom) or node.module == "__future__":
             continue
         start, end = node.lineno - 1, node.end_lineno or node.lineno
         rest = "\n".join(lines[:start] + lines[end:])
-        kept = [alias for alias in node.names
-                if re.search(rf"\b{re.escape(alias.asname or alias.name)}\b", rest)]
-        if len(kept) == len(node.names):
-            continue
         names = [alias.name if alias.asname is None else f"{alias.name} as {alias.asname}"
-                 for alias in kept]
-        head = f"from {'.' * node.level}{node.module or ''} import "
-        one_line = head + ", ".join(names)
-        if not names:
-            statement = []
-        elif len(one_line) <= LINE_LENGTH:
-            statement = [one_line]
+                 for alias in node.names
+                 if re.search(rf"\b{re.escape(alias.asname or alias.name)}\b", rest)]
+        if len(names) == len(node.names):
+            statement = lines[start:end]
         else:
-            statement = [head + "(", *(f"    {name}," for name in names), ")"]
+            statement = _import_lines(node, names) if names else []
+        statements.append((start, end, statement))
+    # Relative imports, one block of adjacent statements: sorted as ruff sorts them.
+    relative = [item for item, node in zip(statements, (
+        n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module != "__future__"),
+        strict=True) if node.level > 0]
+    if relative:
+        def key(item: tuple[int, int, list[str]]) -> tuple[int, str]:
+            module = lines[item[0]].split()[1]
+            return -len(module) + len(module.lstrip(".")), module.lstrip(".").lower()
+        ordered = sorted(relative, key=key)
+        relative = [(a[0], a[1], b[2]) for a, b in zip(relative, ordered, strict=True)]
+        replaced = {item[0]: item for item in relative}
+        statements = [replaced.get(item[0], item) for item in statements]
+    for start, end, statement in reversed(statements):
         lines[start:end] = statement
     return "\n".join(lines) + "\n"
 
@@ -129,7 +146,7 @@ def unasync(text: str, source: str) -> str:
         if shift and line[:shift].isspace():
             line = line[shift:]
         lines.append(line)
-    return HEADER.format(source=source) + _used_only("\n".join(lines) + "\n")
+    return HEADER.format(source=source) + _tidy_imports("\n".join(lines) + "\n")
 
 
 def targets() -> list[tuple[Path, Path]]:
