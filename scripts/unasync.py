@@ -46,6 +46,8 @@ TOKENS: list[tuple[str, str]] = [
     (r"\brun_script_async\b", "run_script"),
     (r"\bsend_async\b", "send"),
     (r"\bdecorate_async\b", "decorate_sync"),
+    (r"\bshared_async_client\b", "shared_sync_client"),
+    (r"\brelease_async_client\b", "release_sync_client"),
     (r"\bLoopClients\b", "ProcessClient"),
     # modules: the asyncio flavour's modules -> the sync flavour's
     (r"\b_shell_aio\b", "_shell_sync"),
