@@ -41,6 +41,9 @@ TOKENS: list[tuple[str, str]] = [
     (r"\b__aenter__\b", "__enter__"),
     (r"\b__aexit__\b", "__exit__"),
     (r"\baclose\b", "close"),
+    # the standard library's
+    (r"\bimport asyncio\b", "import time"),
+    (r"\basyncio\.sleep\b", "time.sleep"),
     # the I/O helpers' spellings (distbreaker._runtime)
     (r"\brun_scripts_each_async\b", "run_scripts_each"),
     (r"\brun_script_async\b", "run_script"),
@@ -69,40 +72,50 @@ def _import_lines(node: ast.ImportFrom, names: list[str]) -> list[str]:
     return [head + "(", *(f"    {name}," for name in names), ")"]
 
 
+def _sort_key(node: ast.Import | ast.ImportFrom) -> tuple[bool, int, str]:
+    """Ruff's isort order within a section: ``import x`` first, then ``from`` imports;
+    the more dots, the earlier; then by module name, ignoring case."""
+    if isinstance(node, ast.Import):
+        return False, 0, node.names[0].name.lower()
+    return True, -node.level, (node.module or "").lower()
+
+
 def _tidy_imports(text: str) -> str:
     """`text` whose ``from ... import`` statements name only what the module still uses
-    (``Awaitable`` and ``Coroutine`` go, and ``Any`` when only they needed it), and
-    whose relative imports are in ruff's isort order again (``.aio`` became ``.sync``)."""
+    (``Awaitable`` and ``Coroutine`` go, and ``Any`` when only they needed it), each
+    section (imports between blank lines) in ruff's isort order again (``.aio`` became
+    ``.sync``, ``asyncio`` ``time``)."""
     tree = ast.parse(text)
     lines = text.splitlines()
-    statements: list[tuple[int, int, list[str]]] = []  # (first, end, lines) per import
-    for node in tree.body:
-        if not isinstance(node, ast.ImportFrom) or node.module == "__future__":
-            continue
+    imports = [node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)
+               and not (isinstance(node, ast.ImportFrom) and node.module == "__future__")]
+    written: list[list[str]] = []  # per import, its lines now
+    for node in imports:
         start, end = node.lineno - 1, node.end_lineno or node.lineno
-        rest = "\n".join(lines[:start] + lines[end:])
-        names = [alias.name if alias.asname is None else f"{alias.name} as {alias.asname}"
-                 for alias in node.names
-                 if re.search(rf"\b{re.escape(alias.asname or alias.name)}\b", rest)]
-        if len(names) == len(node.names):
-            statement = lines[start:end]
+        statement = lines[start:end]
+        if isinstance(node, ast.ImportFrom):
+            rest = "\n".join(lines[:start] + lines[end:])
+            names = [alias.name if alias.asname is None else f"{alias.name} as {alias.asname}"
+                     for alias in node.names
+                     if re.search(rf"\b{re.escape(alias.asname or alias.name)}\b", rest)]
+            if len(names) < len(node.names):
+                statement = _import_lines(node, names) if names else []
+        written.append(statement)
+    # Sections: runs of imports with nothing (not even a blank line) between them.
+    sections: list[list[int]] = []
+    for index, node in enumerate(imports):
+        previous = imports[index - 1] if index else None
+        if previous is not None and (previous.end_lineno or 0) + 1 == node.lineno:
+            sections[-1].append(index)
         else:
-            statement = _import_lines(node, names) if names else []
-        statements.append((start, end, statement))
-    # Relative imports, one block of adjacent statements: sorted as ruff sorts them.
-    relative = [item for item, node in zip(statements, (
-        n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module != "__future__"),
-        strict=True) if node.level > 0]
-    if relative:
-        def key(item: tuple[int, int, list[str]]) -> tuple[int, str]:
-            module = lines[item[0]].split()[1]
-            return -len(module) + len(module.lstrip(".")), module.lstrip(".").lower()
-        ordered = sorted(relative, key=key)
-        relative = [(a[0], a[1], b[2]) for a, b in zip(relative, ordered, strict=True)]
-        replaced = {item[0]: item for item in relative}
-        statements = [replaced.get(item[0], item) for item in statements]
-    for start, end, statement in reversed(statements):
-        lines[start:end] = statement
+            sections.append([index])
+    ordered = list(written)
+    for section in sections:
+        by_key = sorted(section, key=lambda index: _sort_key(imports[index]))
+        for slot, index in zip(section, by_key, strict=True):
+            ordered[slot] = written[index]
+    for node, statement in reversed(list(zip(imports, ordered, strict=True))):
+        lines[node.lineno - 1:node.end_lineno or node.lineno] = statement
     return "\n".join(lines) + "\n"
 
 
