@@ -49,6 +49,7 @@ TOKENS: list[tuple[str, str]] = [
     (r"\brun_script_async\b", "run_script"),
     (r"\bsend_async\b", "send"),
     (r"\bdecorate_async\b", "decorate_sync"),
+    (r"\brun_async\b", "run_sync"),
     (r"\bshared_async_client\b", "shared_sync_client"),
     (r"\brelease_async_client\b", "release_sync_client"),
     (r"\bLoopClients\b", "ProcessClient"),
