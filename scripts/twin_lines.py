@@ -69,7 +69,7 @@ def counted_lines(path: Path) -> list[tuple[str, bool]]:
     in_import = False
     for raw in path.read_text().splitlines():
         text = normalise(raw)
-        starts_import = raw.startswith(("import ", "from ")) and not raw.startswith("from:")
+        starts_import = raw.lstrip().startswith(("import ", "from ")) and "import" in raw
         if starts_import:
             in_import = "(" in raw and ")" not in raw
         elif in_import:
