@@ -78,6 +78,14 @@ class PolicyShell(PolicyCore):
         else:
             settle(ready, results)
 
+    async def _restart_now(self) -> None:
+        """Restart the adaptive limit low (see `_restart_limit`); Redis errors are logged."""
+        try:
+            await self.bulkhead.restart_limit()
+        except UNAVAILABLE_ERRORS as failure:
+            logger.warning("policy %s: could not restart the adaptive limit: %s", self.name,
+                           failure)
+
     async def _trip(self, reason: str) -> None:
         try:
             await self.breaker.trip(reason)

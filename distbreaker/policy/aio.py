@@ -18,12 +18,10 @@ policy that must serve several loops.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from .._runtime.connection import async_client
-from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import Owed
 from ..breaker.classify import HttpClassifier
@@ -31,7 +29,6 @@ from ._shell_aio import PolicyShell
 from .core import AttemptTimeout, Fallback, check_timeout, group_ready
 
 T = TypeVar("T")
-logger = logging.getLogger("distbreaker")
 
 
 class Policy(PolicyShell):
@@ -59,15 +56,8 @@ class Policy(PolicyShell):
         if loop is None or loop.is_closed():
             return
 
-        async def restart() -> None:
-            try:
-                await self.bulkhead.restart_limit()
-            except UNAVAILABLE_ERRORS as failure:
-                logger.warning("policy %s: could not restart the adaptive limit: %s",
-                               self.name, failure)
-
         def start() -> None:
-            task = asyncio.ensure_future(restart())
+            task = asyncio.ensure_future(self._restart_now())
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 

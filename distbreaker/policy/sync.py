@@ -31,13 +31,11 @@ Policy takes `timeout=` and cancels the attempt (`distbreaker.aio.Policy`).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .._runtime.connection import shared_sync_client
-from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
 from ..breaker.classify import HttpClassifier
 from ..errors import CallNotPermitted
@@ -45,7 +43,6 @@ from ._shell_sync import PolicyShell
 from .core import Fallback, PolicyCore
 
 T = TypeVar("T")
-logger = logging.getLogger("distbreaker")
 
 
 class Policy(PolicyShell):
@@ -68,11 +65,7 @@ class Policy(PolicyShell):
         self._sleep = sleep
 
     def _restart_limit(self) -> None:
-        try:
-            self.bulkhead.restart_limit()
-        except UNAVAILABLE_ERRORS as failure:
-            logger.warning("policy %s: could not restart the adaptive limit: %s", self.name,
-                           failure)
+        self._restart_now()
 
     def _within(self, result: T, attempt: int) -> T:
         """The protected call's result: the sync Policy has no timeout of its own (see the
