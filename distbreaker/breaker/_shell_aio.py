@@ -14,12 +14,11 @@ from .._runtime.blocks import TaskBlocks, ThreadBlocks
 from .._runtime.decorate import decorate_async
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.options import Seconds
-from .._runtime.scripts import run_script_async, send_async
+from .._runtime.scripts import PendingCall, run_script_async, send_async
 from ..errors import redis_unavailable_as
 from .classify import Outcome
 from .config import BreakerConfig
 from .core import (
-    AcquireStep,
     BreakerCore,
     BreakerMetrics,
     Permit,
@@ -57,9 +56,9 @@ class BreakerShell(BreakerCore):
         """Take the client of `redis` (a URL, a client or None), checking it now."""
         raise NotImplementedError
 
-    async def _send_acquire(self, step: AcquireStep) -> Permit:
-        """Send the acquire script call of `step` (the asyncio breaker hands back a probe
-        granted to a cancelled call)."""
+    async def _send_acquire(self, call: PendingCall, token: str) -> Permit:
+        """Send the acquire script `call` asking for probe lease `token` (the asyncio
+        breaker hands back a probe granted to a cancelled call)."""
         raise NotImplementedError
 
     async def _release_client(self) -> None:
@@ -95,7 +94,7 @@ class BreakerShell(BreakerCore):
         step = self._acquire_step()
         if step.call is None:
             return Permit()
-        return await self._send_acquire(step)
+        return await self._send_acquire(step.call, step.token)
 
     async def record(self, permit: Permit, error: BaseException | None, duration: float,
                      outcome: Outcome | None = None) -> None:

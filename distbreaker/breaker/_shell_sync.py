@@ -16,12 +16,11 @@ from .._runtime.blocks import TaskBlocks, ThreadBlocks
 from .._runtime.decorate import decorate_sync
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.options import Seconds
-from .._runtime.scripts import run_script, send
+from .._runtime.scripts import PendingCall, run_script, send
 from ..errors import redis_unavailable_as
 from .classify import Outcome
 from .config import BreakerConfig
 from .core import (
-    AcquireStep,
     BreakerCore,
     BreakerMetrics,
     Permit,
@@ -59,9 +58,9 @@ class BreakerShell(BreakerCore):
         """Take the client of `redis` (a URL, a client or None), checking it now."""
         raise NotImplementedError
 
-    def _send_acquire(self, step: AcquireStep) -> Permit:
-        """Send the acquire script call of `step` (the asyncio breaker hands back a probe
-        granted to a cancelled call)."""
+    def _send_acquire(self, call: PendingCall, token: str) -> Permit:
+        """Send the acquire script `call` asking for probe lease `token` (the asyncio
+        breaker hands back a probe granted to a cancelled call)."""
         raise NotImplementedError
 
     def _release_client(self) -> None:
@@ -97,7 +96,7 @@ class BreakerShell(BreakerCore):
         step = self._acquire_step()
         if step.call is None:
             return Permit()
-        return self._send_acquire(step)
+        return self._send_acquire(step.call, step.token)
 
     def record(self, permit: Permit, error: BaseException | None, duration: float,
                outcome: Outcome | None = None) -> None:

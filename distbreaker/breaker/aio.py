@@ -20,10 +20,10 @@ from .._runtime.connection import (
     release_async_client,
     shared_async_client,
 )
-from .._runtime.scripts import send_async
+from .._runtime.scripts import PendingCall, send_async
 from ._shell_aio import BreakerShell
 from .batching import LOOP_FLUSHERS
-from .core import AcquireStep, Permit
+from .core import Permit
 
 
 class CircuitBreaker(BreakerShell):
@@ -78,14 +78,14 @@ class CircuitBreaker(BreakerShell):
             if client is not None:
                 await release_async_client(client)
 
-    async def _send_acquire(self, step: AcquireStep) -> Permit:
+    async def _send_acquire(self, call: PendingCall, token: str) -> Permit:
         try:
-            return await send_async(self._client, step.call)
+            return await send_async(self._client, call)
         except asyncio.CancelledError as cancelled:
             # Redis may have granted a half-open probe before the reply was lost to the
             # cancellation (a timeout around the call): hand it back rather than leave the
             # slot taken until its lease expires. Outside HALF_OPEN this is a no-op.
-            await self.record(Permit(step.token), cancelled, 0.0)
+            await self.record(Permit(token), cancelled, 0.0)
             raise
 
     @property

@@ -10,10 +10,10 @@ from typing import Any
 
 from .._runtime.blocks import ThreadBlocks
 from .._runtime.connection import db_of, owns_client, release_sync_client, shared_sync_client
-from .._runtime.scripts import send
+from .._runtime.scripts import PendingCall, send
 from ._shell_sync import BreakerShell
 from .batching import THREAD_FLUSHER
-from .core import AcquireStep, Permit
+from .core import Permit
 from .state import State
 
 
@@ -42,8 +42,8 @@ class CircuitBreaker(BreakerShell):
             self._owns_client = False  # let go once: the client may be shared
             release_sync_client(self._client)
 
-    def _send_acquire(self, step: AcquireStep) -> Permit:
-        return send(self._client, step.call)
+    def _send_acquire(self, call: PendingCall, token: str) -> Permit:
+        return send(self._client, call)
 
     @property
     def state(self) -> State:
