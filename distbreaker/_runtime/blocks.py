@@ -32,8 +32,9 @@ class TaskBlocks:
     not be created per instance: contexts keep them alive) holding an immutable tuple,
     so tasks spawned inside a block, which copy the context, never pop their parent's."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, what: str) -> None:
         self._var: ContextVar[tuple[tuple[object, Any], ...]] = ContextVar(name, default=())
+        self._what = what  # for the error: "async with bulkhead"
 
     def push(self, owner: object, value: Any) -> None:
         self._var.set((*self._var.get(), (owner, value)))
@@ -42,7 +43,7 @@ class TaskBlocks:
         blocks = self._var.get()
         found = [i for i, block in enumerate(blocks) if block[0] is owner]
         if not found:
-            raise RuntimeError("with block: exit without a matching enter in this task")
+            raise RuntimeError(f"{self._what}: exit without a matching enter in this task")
         index = found[-1]
         self._var.set(blocks[:index] + blocks[index + 1:])
         return blocks[index][1]

@@ -36,7 +36,7 @@ class CircuitBreaker(BreakerShell):
 
     _flushers = LOOP_FLUSHERS
     # Permits of the `async with breaker:` blocks open in the current task.
-    _blocks = TaskBlocks("distbreaker_aio_open_blocks")
+    _blocks = TaskBlocks("distbreaker_aio_open_blocks", "async with breaker")
 
     def _connect(self, redis: Any) -> None:
         client = async_client(redis, self.config.redis_timeout)  # validates `redis` now

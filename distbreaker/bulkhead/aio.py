@@ -43,7 +43,7 @@ class Bulkhead(BulkheadShell):
     """
 
     # Permits of the `async with bulkhead:` blocks open in the current task.
-    _blocks = TaskBlocks("distbreaker_aio_bulkhead_blocks")
+    _blocks = TaskBlocks("distbreaker_aio_bulkhead_blocks", "async with bulkhead")
 
     def _connect(self) -> None:
         client = async_client(self._target, self.config.redis_timeout)  # validates `redis`
