@@ -40,7 +40,7 @@ class PolicyShell(PolicyCore):
         raise NotImplementedError
 
     def _fall_back(self, error: Exception) -> Any:
-        """The fallback's answer to `error` (asyncio: returned when it is a coroutine)."""
+        """The fallback's answer to `error` (asyncio: a coroutine it returns is run first)."""
         raise NotImplementedError
 
     def _started(self) -> None:
