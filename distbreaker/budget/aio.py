@@ -1,64 +1,12 @@
-"""The fleet-wide retry budget for asyncio: `distbreaker.RetryBudget` with awaited I/O."""
+"""The fleet-wide retry budget for asyncio: `distbreaker.RetryBudget` with awaited I/O.
+
+The methods are in `_shell_aio.py` (the source scripts/unasync.py writes the sync copy from).
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
-from .._runtime.connection import LoopClients
-from .._runtime.keys import DEFAULT_PREFIX
-from .._runtime.scripts import send_async
-from ..errors import redis_unavailable_as
-from .config import BudgetConfig
-from .core import BudgetCore, BudgetReply
+from ._shell_aio import BudgetShell
 
 
-class RetryBudget(BudgetCore):
+class RetryBudget(BudgetShell):
     """Async twin of `distbreaker.RetryBudget` (same script, keys and fallback)."""
-
-    def __init__(self, name: str, redis: Any = None, config: BudgetConfig | None = None, *,
-                 prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
-        super().__init__(name, config, prefix, overrides)
-        self._clients = LoopClients(redis, self.config.redis_timeout)
-
-    @property
-    def _client(self) -> Any:
-        """The client for the running event loop (a URL's is shared per loop)."""
-        return self._clients.get()
-
-    async def _run(self, args: list[str]) -> BudgetReply:
-        # (The local fallback is an in-memory fakeredis: it runs inline, nothing to await.)
-        return await send_async(self._client, self._pending(args))
-
-    async def deposit(self, amount: int = 1) -> int | None:
-        """Count `amount` logical requests; the balance after, or None while batched."""
-        args = self.deposit_args(amount)
-        return None if args is None else (await self._run(args)).balance
-
-    async def flush(self) -> None:
-        """Send the deposits batched in this process (see `deposit_batch`)."""
-        args = self.flush_args()
-        if args is not None:
-            await self._run(args)
-
-    async def try_withdraw(self) -> bool:
-        """Take one retry from the budget; False when it is exhausted."""
-        return (await self._run(self.carrying_args("withdraw"))).ok
-
-    async def withdraw(self) -> None:
-        """Take one retry from the budget or raise `RetryBudgetExhausted`."""
-        self.check_withdrawal(await self._run(self.carrying_args("withdraw")))
-
-    async def balance(self) -> int:
-        """Retries the fleet may still make now (this process's budget while Redis is down)."""
-        return (await self._run(self.carrying_args("balance"))).balance
-
-    async def reset(self) -> None:
-        """Forget the window in Redis (the next writer's ttl/slices become the stored ones)."""
-        with redis_unavailable_as(f"retry budget {self.name!r}"):
-            await self._client.delete(self.keys.slices)
-
-    async def aclose(self) -> None:
-        """Send the batched deposits, then close the client this budget built from a URL
-        (a client given to it is yours)."""
-        await self.flush()
-        await self._clients.release()

@@ -1,36 +1,23 @@
 """The asyncio fleet-wide bulkhead: awaited I/O, lease renewal timers and one fallback
-semaphore per event loop; every decision in `bulkhead.core`.
+semaphore per event loop; every decision in `bulkhead.core`. The permits and the
+protected call are in `_shell_aio.py` (the source scripts/unasync.py writes the sync
+copy from).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine
-from contextvars import ContextVar
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Awaitable
+from typing import Any
 
+from .._runtime.blocks import TaskBlocks
 from .._runtime.connection import async_client, release_async_client, shared_async_client
-from .._runtime.decorate import decorate_async
-from .._runtime.health import UNAVAILABLE_ERRORS
-from .._runtime.keys import DEFAULT_PREFIX
-from .._runtime.scripts import Owed, PendingCall, run_script_async, send_async
-from ..breaker.core import ScriptCall
-from ..errors import redis_unavailable_as
-from .config import BulkheadConfig
-from .core import Acquisition, BulkheadCore, BulkheadMetrics, BulkheadPermit, blocking_cap
+from .._runtime.scripts import PendingCall, send_async
+from ._shell_aio import BulkheadShell, logger
+from .core import Acquisition, BulkheadPermit, blocking_cap
 
 __all__ = ["Bulkhead"]
-
-P = ParamSpec("P")
-T = TypeVar("T")
-logger = logging.getLogger("distbreaker")
-
-# Permits of the `async with bulkhead:` blocks open in the current task, innermost last
-# (one module-level variable holding an immutable tuple, as in breaker/aio.py).
-_open_blocks: ContextVar[tuple[tuple[Bulkhead, BulkheadPermit], ...]] = ContextVar(
-    "distbreaker_aio_bulkhead_blocks", default=())
 
 
 class _PerLoop:
@@ -44,7 +31,7 @@ class _PerLoop:
         self.fallback_in_use = 0
 
 
-class Bulkhead(BulkheadCore):
+class Bulkhead(BulkheadShell):
     """The asyncio twin of `distbreaker.Bulkhead`, sharing its permits in Redis.
 
     Use as a decorator of coroutine functions, ``async with bulkhead as permit:``,
@@ -55,9 +42,10 @@ class Bulkhead(BulkheadCore):
     notify list on a client whose socket timeout outlasts the wait.
     """
 
-    def __init__(self, name: str, redis: Any = None, config: BulkheadConfig | None = None, *,
-                 prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
-        super().__init__(name, redis, config, prefix, overrides)
+    # Permits of the `async with bulkhead:` blocks open in the current task.
+    _blocks = TaskBlocks("distbreaker_aio_bulkhead_blocks", "async with bulkhead")
+
+    def _connect(self) -> None:
         client = async_client(self._target, self.config.redis_timeout)  # validates `redis`
         self._given = None if self._owns_clients else client
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _PerLoop] = (
@@ -75,56 +63,21 @@ class Bulkhead(BulkheadCore):
             state = self._loops[loop] = _PerLoop(client, self.config.effective_fallback_limit)
         return state
 
-    def _waiter(self, state: _PerLoop) -> tuple[Any, float]:
-        """The client BLPOP runs on (see `distbreaker.Bulkhead._waiter`) and its bound."""
+    @property
+    def _client(self) -> Any:
+        return self._loop().client
+
+    def _waiter(self) -> tuple[Any, float]:
+        state = self._loop()
         if state.blocking is None:
-            if self._owns_clients:
-                state.blocking = shared_async_client(
-                    self._target, self.config.redis_timeout,
-                    read_timeout=self.config.waiting_socket_timeout)
-            else:
-                state.blocking = state.client
+            state.blocking = self._waiting_client(state.client)
             state.blocking_cap = blocking_cap(state.blocking)
         return state.blocking, state.blocking_cap
 
-    async def _run(self, call: ScriptCall) -> Any:
-        return await run_script_async(self._loop().client, self._codec.script, call.keys,
-                                      call.args)
-
-    # -- permits ------------------------------------------------------------------------
-    async def acquire(self, priority: str | int | None = None) -> BulkheadPermit:
-        """Take one permit (waiting up to max_wait_duration); raises BulkheadFull."""
-        attempt = self._codec.begin_acquire(priority)
-        if attempt.via_redis:
-            for orphan in attempt.orphans:
-                await self._cancel(orphan)
-            try:
-                permit = await self._acquire_redis(attempt)
-            except UNAVAILABLE_ERRORS as error:
-                attempt.unavailable(error)
-            except BaseException as error:
-                if attempt.must_cancel(error):
-                    # Cancelled (e.g. a timeout around the call): Redis may have granted
-                    # the lease before the reply was lost; hand it back now.
-                    await asyncio.shield(self._cancel(attempt.token))
-                raise
-            else:
-                self._schedule_renewal(permit)
-                return permit
-        return await self._acquire_local(attempt)
-
-    async def _acquire_redis(self, attempt: Acquisition) -> BulkheadPermit:
-        while (permit := attempt.answer(await self._run(attempt.request()))) is None:
-            client, cap = self._waiter(self._loop())
-            await client.blpop([self.keys.notify], timeout=attempt.block_for(cap))
-        return permit
-
-    async def _cancel(self, token: str) -> None:
-        """Undo an interrupted acquire; best effort (leases and waiters expire anyway)."""
-        try:
-            await self._run(self._codec.cancel_call(token))
-        except Exception as error:
-            logger.debug("bulkhead %r: cancel failed: %r", self.name, error)
+    async def _cancel_interrupted(self, token: str) -> None:
+        # Cancelled (e.g. a timeout around the call): Redis may have granted the lease
+        # before the reply was lost; hand it back now.
+        await asyncio.shield(self._cancel(token))
 
     async def _acquire_local(self, attempt: Acquisition) -> BulkheadPermit:
         state = self._loop()
@@ -141,7 +94,7 @@ class Bulkhead(BulkheadCore):
         state.fallback_in_use += 1
         return attempt.local_permit()
 
-    def _schedule_renewal(self, permit: BulkheadPermit) -> None:
+    def _renew_later(self, permit: BulkheadPermit) -> None:
         """A timer, not a task: short calls never pay for their renewal."""
         self._renewals[permit] = asyncio.get_running_loop().call_later(
             self.config.renew_interval, self._start_renewal, permit)
@@ -155,25 +108,21 @@ class Bulkhead(BulkheadCore):
         pending = self._codec.renew_pending(permit)
         if pending is not None:
             try:
-                keep = await send_async(self._loop().client, pending)
+                keep = await send_async(self._client, pending)
             except Exception:
                 logger.exception("bulkhead %r: lease renewal failed", self.name)
                 keep = True
         if keep and permit in self._renewals:
-            self._schedule_renewal(permit)
+            self._renew_later(permit)
         else:
             self._renewals.pop(permit, None)
 
-    async def _release_pending(self, permit: BulkheadPermit,
-                               error: BaseException | None = None) -> PendingCall | None:
-        """The local part of a release; the script call still owed to Redis, if any."""
-        codec = self._codec
-        if permit.local:
-            if codec.take_release(permit):
-                state = self._loop()
-                state.fallback_in_use -= 1
-                state.fallback.release()
-            return None
+    def _release_local(self) -> None:
+        state = self._loop()
+        state.fallback_in_use -= 1
+        state.fallback.release()
+
+    async def _stop_renewing(self, permit: BulkheadPermit) -> None:
         renewal = self._renewals.pop(permit, None)
         if renewal is not None:
             renewal.cancel()
@@ -181,10 +130,10 @@ class Bulkhead(BulkheadCore):
                 try:  # a renewal in flight ends first (no false "lost"); never swallow
                     await asyncio.wait([renewal])  # a cancellation of our own task
                 except asyncio.CancelledError:
+                    codec = self._codec
                     if codec.take_release(permit) and codec.health.usable():
                         self._in_background(self._cancel(permit.token))
                     raise
-        return codec.release_pending(permit, error)
 
     def _in_background(self, work: Awaitable[None]) -> None:
         """Finish `work` (a release cut short by a cancellation) in a kept task."""
@@ -192,82 +141,17 @@ class Bulkhead(BulkheadCore):
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def owed_release(self, permit: BulkheadPermit,
-                           error: BaseException | None = None) -> Owed | None:
-        """Release locally now; the release call still owed to Redis (for a Policy to
-        pipeline with others), or None. `error`: how the call ended (adaptive limits)."""
-        pending = await self._release_pending(permit, error)
-        return None if pending is None else Owed(self._loop().client, pending)
-
-    async def release(self, permit: BulkheadPermit,
-                      error: BaseException | None = None) -> None:
-        """Give a permit back (idempotent). A lease found gone marks the permit lost.
-        `error` (None: the call returned) is what an adaptive limit learns from."""
-        pending = await self._release_pending(permit, error)
-        if pending is None:
-            return
+    async def _send_release(self, permit: BulkheadPermit, pending: PendingCall) -> None:
         try:
-            await send_async(self._loop().client, pending)
+            await send_async(self._client, pending)
         except asyncio.CancelledError:
             # Cancelled mid-release: finish it in the background (cancel is idempotent
             # and counts nothing) rather than leave the permit taken until its lease ends.
             self._in_background(self._cancel(permit.token))
             raise
 
-    # -- the protected call ---------------------------------------------------------------
-    async def check_lease(self, permit: BulkheadPermit) -> None:
-        """Await immediately before invoking the protected function: a permit whose lease
-        already ended (this process was paused since `acquire`) is released and
-        BulkheadFull (with a `reason`) raised instead of calling without a permit."""
-        refusal = self.lease_rejection(permit)
-        if refusal is not None:
-            await self.release(permit)
-            raise refusal
-
-    async def call(self, fn: Callable[P, Awaitable[T]], /, *args: P.args,
-                   **kwargs: P.kwargs) -> T:
-        """Await `fn(*args, **kwargs)` holding a permit."""
-        permit = await self.acquire()
-        await self.check_lease(permit)
-        try:
-            result = await fn(*args, **kwargs)
-        except BaseException as error:
-            await self.release(permit, error)
-            raise
-        await self.release(permit)
-        return result
-
-    def __call__(self, fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
-        return decorate_async(self.call, fn, "Bulkhead")
-
-    async def __aenter__(self) -> BulkheadPermit:
-        permit = await self.acquire()
-        await self.check_lease(permit)
-        _open_blocks.set((*_open_blocks.get(), (self, permit)))
-        return permit
-
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        blocks = _open_blocks.get()
-        for i in range(len(blocks) - 1, -1, -1):
-            if blocks[i][0] is self:
-                _open_blocks.set(blocks[:i] + blocks[i + 1:])
-                await self.release(blocks[i][1], exc)
-                return
-        raise RuntimeError("async with bulkhead: exit without a matching enter in this task")
-
-    async def restart_limit(self) -> None:
-        """Slow start: an adaptive limit restarts at its minimum (a Policy does this when
-        its breaker closes after a recovery). Does nothing for a fixed limit."""
-        if self.config.adaptive is not None:
-            with redis_unavailable_as(f"bulkhead {self.name!r}"):
-                await self._run(self._codec.restart_call())
-
-    # -- metrics -------------------------------------------------------------------------
-    async def metrics(self) -> BulkheadMetrics:
-        """Fleet-wide figures read from Redis (RedisUnavailable while it cannot answer)."""
-        with redis_unavailable_as(f"bulkhead {self.name!r}"):
-            raw = await self._run(self._codec.metrics_call())
-        return self._codec.metrics(raw, self._loop().fallback_in_use)
+    def _fallback_in_use_now(self) -> int:
+        return self._loop().fallback_in_use
 
     async def aclose(self) -> None:
         """Close the running loop's clients if this bulkhead built them (a client given

@@ -1,32 +1,26 @@
 """The synchronous fleet-wide bulkhead: blocking I/O, the lease renewal thread and the
-per-process fallback semaphore; every decision in `bulkhead.core`.
+per-process fallback semaphore; every decision in `bulkhead.core`. The permits and the
+protected call are in `_shell_sync.py`, generated from `_shell_aio.py` by scripts/unasync.py.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 from .._runtime import forking
+from .._runtime.blocks import ThreadBlocks
 from .._runtime.connection import release_sync_client, shared_sync_client
-from .._runtime.decorate import decorate_sync
-from .._runtime.health import UNAVAILABLE_ERRORS
-from .._runtime.keys import DEFAULT_PREFIX
-from .._runtime.scripts import Owed, PendingCall, run_script, send
-from ..breaker.core import ScriptCall
-from ..errors import redis_unavailable_as
+from .._runtime.scripts import PendingCall, send
+from ._shell_sync import BulkheadShell, logger
 from .config import BulkheadConfig
-from .core import Acquisition, BulkheadCore, BulkheadMetrics, BulkheadPermit, blocking_cap
+from .core import Acquisition, BulkheadMetrics, BulkheadPermit, blocking_cap
 
 __all__ = ["Bulkhead", "BulkheadConfig", "BulkheadMetrics", "BulkheadPermit"]
 
-P = ParamSpec("P")
-T = TypeVar("T")
-logger = logging.getLogger("distbreaker")
 
 #: A renewal thread with nothing to renew exits after this many seconds.
 _RENEWER_IDLE_EXIT = 5.0
@@ -107,7 +101,7 @@ class _Renewer:
                 self._cond.notify_all()
 
 
-class Bulkhead(BulkheadCore):
+class Bulkhead(BulkheadShell):
     """At most `max_concurrent_calls` calls at once across every process sharing Redis.
 
     Use as a decorator, a context manager (``with bulkhead as permit:``), or
@@ -126,16 +120,15 @@ class Bulkhead(BulkheadCore):
     when Redis went away expire on their own within one lease.
     """
 
-    def __init__(self, name: str, redis: Any = None, config: BulkheadConfig | None = None, *,
-                 prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
-        super().__init__(name, redis, config, prefix, overrides)
+    _blocks = ThreadBlocks()
+
+    def _connect(self) -> None:
         self._client = shared_sync_client(self._target, self.config.redis_timeout)
         self._blocking: Any = None
         self._blocking_cap = 0.0
         self._let_go = False
         self._lock = threading.Lock()
         self._renewer = _Renewer(self._renew, self.config.renew_interval)
-        self._tls = threading.local()
         self._fallback_pid = -1
         self._fallback = threading.Semaphore(0)
         self._fallback_in_use = 0
@@ -146,25 +139,10 @@ class Bulkhead(BulkheadCore):
         notice the new pid themselves; the parent's permits are not the child's)."""
         self._lock = threading.Lock()
 
-    # -- I/O ------------------------------------------------------------------------
-    def _run(self, call: ScriptCall) -> Any:
-        return run_script(self._client, self._codec.script, call.keys, call.args)
-
     def _waiter(self) -> tuple[Any, float]:
-        """The client BLPOP runs on, and the longest one BLPOP may block on it.
-
-        A URL-built client has a short socket timeout, so waiting gets its own
-        client whose timeout outlasts the longest wait; a given client is used
-        as is, each BLPOP bounded by its socket timeout.
-        """
         with self._lock:
             if self._blocking is None:
-                if self._owns_clients:
-                    self._blocking = shared_sync_client(
-                        self._target, self.config.redis_timeout,
-                        read_timeout=self.config.waiting_socket_timeout)
-                else:
-                    self._blocking = self._client
+                self._blocking = self._waiting_client(self._client)
                 self._blocking_cap = blocking_cap(self._blocking)
             return self._blocking, self._blocking_cap
 
@@ -172,38 +150,11 @@ class Bulkhead(BulkheadCore):
         pending = self._codec.renew_pending(permit)
         return pending is not None and send(self._client, pending)
 
-    # -- permits ------------------------------------------------------------------------
-    def acquire(self, priority: str | int | None = None) -> BulkheadPermit:
-        """Take one permit (waiting up to max_wait_duration); raises BulkheadFull."""
-        attempt = self._codec.begin_acquire(priority)
-        if attempt.via_redis:
-            for orphan in attempt.orphans:
-                self._cancel(orphan)
-            try:
-                permit = self._acquire_redis(attempt)
-            except UNAVAILABLE_ERRORS as error:
-                attempt.unavailable(error)
-            except BaseException as error:
-                if attempt.must_cancel(error):
-                    self._cancel(attempt.token)  # e.g. KeyboardInterrupt while waiting
-                raise
-            else:
-                self._renewer.add(permit)
-                return permit
-        return self._acquire_local(attempt)
+    def _renew_later(self, permit: BulkheadPermit) -> None:
+        self._renewer.add(permit)
 
-    def _acquire_redis(self, attempt: Acquisition) -> BulkheadPermit:
-        while (permit := attempt.answer(self._run(attempt.request()))) is None:
-            client, cap = self._waiter()
-            client.blpop([self.keys.notify], timeout=attempt.block_for(cap))
-        return permit
-
-    def _cancel(self, token: str) -> None:
-        """Undo an interrupted acquire; best effort (leases and waiters expire anyway)."""
-        try:
-            self._run(self._codec.cancel_call(token))
-        except Exception as error:
-            logger.debug("bulkhead %r: cancel failed: %r", self.name, error)
+    def _cancel_interrupted(self, token: str) -> None:
+        self._cancel(token)
 
     def _fallback_semaphore(self) -> threading.Semaphore:
         """The per-process semaphore used while Redis is unreachable (fresh after a fork)."""
@@ -228,79 +179,19 @@ class Bulkhead(BulkheadCore):
             self._fallback_in_use += 1
         return attempt.local_permit()
 
-    def _release_pending(self, permit: BulkheadPermit,
-                         error: BaseException | None = None) -> PendingCall | None:
-        """The local part of a release; the script call still owed to Redis, if any."""
-        if permit.local:
-            if self._codec.take_release(permit):
-                with self._lock:
-                    self._fallback_in_use -= 1
-                self._fallback.release()
-            return None
+    def _release_local(self) -> None:
+        with self._lock:
+            self._fallback_in_use -= 1
+        self._fallback.release()
+
+    def _stop_renewing(self, permit: BulkheadPermit) -> None:
         self._renewer.remove(permit)
-        return self._codec.release_pending(permit, error)
 
-    def owed_release(self, permit: BulkheadPermit,
-                     error: BaseException | None = None) -> Owed | None:
-        """Release locally now; the release call still owed to Redis (for a Policy to
-        pipeline with others), or None. `error`: how the call ended (adaptive limits)."""
-        pending = self._release_pending(permit, error)
-        return None if pending is None else Owed(self._client, pending)
+    def _send_release(self, permit: BulkheadPermit, pending: PendingCall) -> None:
+        send(self._client, pending)
 
-    def release(self, permit: BulkheadPermit, error: BaseException | None = None) -> None:
-        """Give a permit back (idempotent). A lease found gone marks the permit lost.
-        `error` (None: the call returned) is what an adaptive limit learns from."""
-        pending = self._release_pending(permit, error)
-        if pending is not None:
-            send(self._client, pending)
-
-    # -- the protected call ---------------------------------------------------------------
-    def check_lease(self, permit: BulkheadPermit) -> None:
-        """Call immediately before invoking the protected function: a permit whose lease
-        already ended (this process was paused since `acquire`) is released and
-        BulkheadFull (with a `reason`) raised instead of calling without a permit."""
-        refusal = self.lease_rejection(permit)
-        if refusal is not None:
-            self.release(permit)
-            raise refusal
-
-    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run `fn(*args, **kwargs)` holding a permit."""
-        permit = self.acquire()
-        self.check_lease(permit)
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException as error:
-            self.release(permit, error)
-            raise
-        self.release(permit)
-        return result
-
-    def __call__(self, fn: Callable[P, T]) -> Callable[P, T]:
-        return decorate_sync(self.call, fn, "Bulkhead")
-
-    def __enter__(self) -> BulkheadPermit:
-        permit = self.acquire()
-        self.check_lease(permit)
-        self._tls.__dict__.setdefault("stack", []).append(permit)
-        return permit
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        self.release(self._tls.stack.pop(), exc)
-
-    def restart_limit(self) -> None:
-        """Slow start: an adaptive limit restarts at its minimum (a Policy does this when
-        its breaker closes after a recovery). Does nothing for a fixed limit."""
-        if self.config.adaptive is not None:
-            with redis_unavailable_as(f"bulkhead {self.name!r}"):
-                self._run(self._codec.restart_call())
-
-    # -- metrics -------------------------------------------------------------------------
-    def metrics(self) -> BulkheadMetrics:
-        """Fleet-wide figures read from Redis (RedisUnavailable while it cannot answer)."""
-        with redis_unavailable_as(f"bulkhead {self.name!r}"):
-            raw = self._run(self._codec.metrics_call())
-        return self._codec.metrics(raw, self._fallback_in_use)
+    def _fallback_in_use_now(self) -> int:
+        return self._fallback_in_use
 
     def close(self) -> None:
         """Close the clients this bulkhead built from a URL (a client given to it is yours)."""

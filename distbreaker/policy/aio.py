@@ -1,5 +1,8 @@
 """The composed policy for asyncio (see distbreaker.policy for the semantics).
 
+The attempt and its Redis calls are in `_shell_aio.py` (the source scripts/unasync.py
+writes the sync copy from); this module adds the timeout and the shield.
+
 `timeout` (seconds) bounds each attempt: the call is cancelled when it runs out
 (its own cleanup runs), recorded by the breaker as a failure (slow too when the
 timeout exceeds slow_call_duration: the recorded duration is the time it ran),
@@ -15,42 +18,21 @@ policy that must serve several loops.
 from __future__ import annotations
 
 import asyncio
-import functools
-import logging
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from .._runtime.connection import async_client
-from .._runtime.decorate import decorate_async
-from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
-from .._runtime.scripts import Owed, PendingCall, run_script_async, run_scripts_each_async
-from ..breaker.aio import CircuitBreaker
-from ..breaker.classify import HttpClassifier, Outcome
-from ..budget.aio import RetryBudget
-from ..bulkhead.aio import Bulkhead
-from ..retry.aio import Retry, run_flow
-from .core import (
-    AttemptTimeout,
-    Fallback,
-    PolicyCore,
-    Ran,
-    check_timeout,
-    group_ready,
-    merged,
-    settle,
-    unreachable,
-)
+from .._runtime.scripts import Owed
+from ..breaker.classify import HttpClassifier
+from ._shell_aio import PolicyShell
+from .core import AttemptTimeout, Fallback, check_timeout, group_ready
 
-P = ParamSpec("P")
 T = TypeVar("T")
-logger = logging.getLogger("distbreaker")
 
 
-class Policy(PolicyCore):
+class Policy(PolicyShell):
     """The asyncio twin of `distbreaker.Policy` (awaited `call`, coroutine decorator)."""
-
-    _kinds = (CircuitBreaker, Bulkhead, Retry, RetryBudget)
 
     def __init__(self, name: str, redis: Any = None, *, breaker: Any = True,
                  bulkhead: Any = None, retry: Any = None, budget: Any = None,
@@ -74,15 +56,8 @@ class Policy(PolicyCore):
         if loop is None or loop.is_closed():
             return
 
-        async def restart() -> None:
-            try:
-                await self.bulkhead.restart_limit()
-            except UNAVAILABLE_ERRORS as failure:
-                logger.warning("policy %s: could not restart the adaptive limit: %s",
-                               self.name, failure)
-
         def start() -> None:
-            task = asyncio.ensure_future(restart())
+            task = asyncio.ensure_future(self._restart_now())
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
@@ -104,70 +79,6 @@ class Policy(PolicyCore):
                 task.add_done_callback(self._background.discard)
             raise
 
-    async def _send(self, groups: Sequence[tuple[Any, list[PendingCall]]]) -> None:
-        """Per Redis client (one in all when shared): one merged call, else one pipeline."""
-        first_error: Exception | None = None
-        for client, ready in groups:
-            try:
-                await self._send_group(client, ready)
-            except Exception as error:  # (foreign data) the other clients' calls still go
-                first_error = first_error or error
-        if first_error is not None:
-            raise first_error
-
-    @staticmethod
-    async def _send_group(client: Any, ready: Sequence[PendingCall]) -> None:
-        one = merged(ready)
-        if one is not None:
-            try:
-                outcome: Any = await run_script_async(client, one.script, one.keys, one.args)
-            except UNAVAILABLE_ERRORS as error:
-                outcome = error
-            if one.answered(outcome):
-                return
-        try:
-            results = await run_scripts_each_async(client, [call.spec for call in ready])
-        except UNAVAILABLE_ERRORS as error:
-            unreachable(ready, error)
-        else:
-            settle(ready, results)
-
-    async def _trip(self, reason: str) -> None:
-        try:
-            await self.breaker.trip(reason)
-        except UNAVAILABLE_ERRORS as failure:
-            logger.warning("policy %s: could not trip the breaker: %s", self.name, failure)
-
-    async def _attempt(self, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any,
-                       attempt: int) -> T:
-        breaker, bulkhead = self.breaker, self.bulkhead
-        permit = await breaker.acquire() if breaker is not None else None
-        try:
-            slot = await bulkhead.acquire(self.priority) if bulkhead is not None else None
-        except BaseException as refused:  # BulkheadFull, or no answer: hand the probe back
-            if breaker is not None:
-                await breaker.record(permit, refused, 0.0, Outcome.IGNORED)
-            raise
-        refusal = self.lease_refusal(permit, slot)
-        if refusal is not None:  # paused since acquiring: hand both back, do not call
-            release = await bulkhead.owed_release(slot) if slot is not None else None
-            record = None if breaker is None else breaker.owed_record(
-                permit, refusal, 0.0, Outcome.IGNORED)
-            await self._flush([release, record])
-            raise refusal
-        ran = Ran()
-        try:
-            ran.ended(await self._within(fn(*args, **kwargs), attempt), None)
-        except BaseException as error:
-            ran.ended(None, error)
-        error = self.settle_response(ran)
-        release = await bulkhead.owed_release(slot, error) if slot is not None else None
-        await self._flush(self.owed_after(ran, attempt, permit, release))
-        reason = self.trip_reason(ran)
-        if reason is not None:
-            await self._trip(reason)
-        return ran.unwrap()  # type: ignore[no-any-return]
-
     async def _within(self, awaitable: Awaitable[T], attempt: int) -> T:
         """Await `awaitable`, cancelled after `timeout` seconds (AttemptTimeout)."""
         timeout = self.timeout
@@ -187,21 +98,9 @@ class Policy(PolicyCore):
                 raise AttemptTimeout(self.name, timeout, attempt) from expired
             raise
 
-    async def call(self, fn: Callable[P, Awaitable[T]], /, *args: P.args,
-                   **kwargs: P.kwargs) -> T:
-        """Await `fn(*args, **kwargs)` under the whole policy."""
+    def _started(self) -> None:
         self._loop = asyncio.get_running_loop()
-        try:
-            return await run_flow(self._flow(), functools.partial(self._attempt, fn, args, kwargs),
-                                  self.budget, self._sleep)
-        except Exception as error:
-            if self.uses_fallback(error):
-                result = self.fallback(error)  # type: ignore[misc]
-                return await result if asyncio.iscoroutine(result) else result  # type: ignore[no-any-return]
-            raise
 
-    def __call__(self, fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
-        return decorate_async(self.call, fn, "Policy")
-
-    def __repr__(self) -> str:
-        return f"Policy({self.name!r})"
+    async def _fall_back(self, error: Exception) -> Any:
+        result = self.fallback(error)  # type: ignore[misc]
+        return await result if asyncio.iscoroutine(result) else result

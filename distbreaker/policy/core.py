@@ -81,15 +81,21 @@ def build_retry(spec: Any, cls: type) -> Any:
 
 
 class Ran:
-    """One attempt of the protected call, timed from its creation to `ended`."""
+    """One attempt of the protected call, timed from its creation to `ended`.
 
-    __slots__ = ("duration", "error", "result", "started")
+    `settled` and `verdict` are set once, by `PolicyCore.settle_response`: every later
+    decision about the attempt reads the verdict instead of classifying again.
+    """
+
+    __slots__ = ("duration", "error", "result", "settled", "started", "verdict")
 
     def __init__(self) -> None:
         self.started = time.monotonic()
         self.duration = 0.0
         self.result: Any = None
         self.error: BaseException | None = None
+        self.settled = False
+        self.verdict: HttpVerdict | None = None
 
     def ended(self, result: Any, error: BaseException | None) -> None:
         self.duration = time.monotonic() - self.started
@@ -174,9 +180,14 @@ class PolicyCore:
         A returned HTTP client-error response counts nowhere, like a raised one.
         """
         if error is None:
-            status = status_of(result) if hasattr(result, "status_code") else None
-            if status is not None and self.classifier.classify(
-                    status, headers_of(result)) is HttpVerdict.CLIENT_ERROR:
+            return self._outcome(None, result, self._response_verdict(result))
+        return self._outcome(error, result, self.verdict(error))
+
+    def _outcome(self, error: BaseException | None, result: Any,
+                 verdict: HttpVerdict | None) -> Outcome | None:
+        """`breaker_outcome`, given the attempt's verdict (classified once)."""
+        if error is None:
+            if verdict is HttpVerdict.CLIENT_ERROR:
                 return Outcome.IGNORED
             if self.breaker is not None:
                 return self.breaker.result_outcome(result) or Outcome.SUCCESS
@@ -185,22 +196,27 @@ class PolicyCore:
             return Outcome.IGNORED
         if isinstance(error, AttemptTimeout):
             return Outcome.FAILURE
-        verdict = self.verdict(error)
         if verdict in (HttpVerdict.CLIENT_ERROR, HttpVerdict.HARD_STOP):
             return Outcome.IGNORED  # a hard stop trips the breaker explicitly instead
         if verdict is HttpVerdict.TRANSIENT:
             return Outcome.FAILURE
         return None
 
+    def _response_verdict(self, result: Any) -> HttpVerdict | None:
+        """The verdict on a returned value that is an HTTP response, else None."""
+        status = status_of(result) if hasattr(result, "status_code") else None
+        return None if status is None else self.classifier.classify(status, headers_of(result))
+
     def response_error(self, result: Any) -> HttpStatusError | None:
         """An HTTP response that is a transient error or a hard stop, as an exception."""
-        status = status_of(result) if hasattr(result, "status_code") else None
-        if status is None:
+        return self._error_of(result, self._response_verdict(result))
+
+    def _error_of(self, result: Any, verdict: HttpVerdict | None) -> HttpStatusError | None:
+        """`response_error`, given the response's verdict."""
+        if verdict not in (HttpVerdict.TRANSIENT, HttpVerdict.HARD_STOP):
             return None
-        headers = headers_of(result)
-        if self.classifier.classify(status, headers) not in (HttpVerdict.TRANSIENT,
-                                                             HttpVerdict.HARD_STOP):
-            return None
+        status, headers = status_of(result), headers_of(result)
+        assert status is not None  # a verdict: a response
         error = HttpStatusError(status, headers, f"HTTP {status} from {self.name}")
         error.response = result  # type: ignore[attr-defined]
         return error
@@ -209,10 +225,16 @@ class PolicyCore:
         return self.verdict(error) is HttpVerdict.HARD_STOP
 
     def settle_response(self, ran: Ran) -> BaseException | None:
-        """A returned response that is an error becomes the attempt's error (before the
-        bulkhead release, which reports it to an adaptive limit); the error, if any."""
-        if ran.error is None:
-            ran.error = self.response_error(ran.result)
+        """Classify the attempt, once: a returned response that is an error becomes the
+        attempt's error (before the bulkhead release, which reports it to an adaptive
+        limit); the error, if any. Later calls answer from `ran` (no second verdict)."""
+        if not ran.settled:
+            ran.settled = True
+            if ran.error is None:
+                ran.verdict = self._response_verdict(ran.result)
+                ran.error = self._error_of(ran.result, ran.verdict)
+            else:
+                ran.verdict = self.verdict(ran.error)
         return ran.error
 
     def owed_after(self, ran: Ran, attempt: int, permit: Any,
@@ -221,16 +243,16 @@ class PolicyCore:
         order: the retry budget deposit (first attempt only: once per logical request
         that reached an attempt), the bulkhead `release`, the breaker record.
 
-        A returned response that is an error becomes the attempt's error here."""
-        if ran.error is None:
-            ran.error = self.response_error(ran.result)
+        A returned response that is an error becomes the attempt's error here (see
+        `settle_response`: the attempt is classified once)."""
+        self.settle_response(ran)
         owed: list[Owed | None] = []
         if attempt == 1 and self.budget is not None:
             owed.append(self.budget.owed_deposit())
         owed.append(release)
         if self.breaker is not None:
-            owed.append(self.breaker.owed_record(permit, ran.error, ran.duration,
-                                                 self.breaker_outcome(ran.error, ran.result)))
+            outcome = self._outcome(ran.error, ran.result, ran.verdict)
+            owed.append(self.breaker.owed_record(permit, ran.error, ran.duration, outcome))
         return owed
 
     def lease_refusal(self, permit: Any, slot: Any) -> BaseException | None:
@@ -248,8 +270,8 @@ class PolicyCore:
 
     def trip_reason(self, ran: Ran) -> str | None:
         """Why the breaker must be tripped after this attempt (a hard stop), or None."""
-        error = ran.error
-        if error is None or self.breaker is None or not self.is_hard_stop(error):
+        error = self.settle_response(ran)
+        if error is None or self.breaker is None or ran.verdict is not HttpVerdict.HARD_STOP:
             return None
         return f"hard stop: HTTP {status_of(error)} without Retry-After"
 

@@ -5,6 +5,7 @@ is typically built at import time and may serve several loops (one
 ``asyncio.run`` or one pytest-asyncio loop per test). Its one client is a
 `LoopBoundClient`: one redis.asyncio client per running loop behind a single
 object, so every component still shares one client (and one pipeline).
+`health` and `aclose` are in `_shell_aio.py` (the sync copy is generated from it).
 """
 
 from __future__ import annotations
@@ -14,16 +15,9 @@ import weakref
 from typing import Any
 
 from .._runtime.connection import async_client
-from ..breaker.aio import CircuitBreaker
-from ..budget.aio import RetryBudget
-from ..bulkhead.aio import Bulkhead
-from ..policy.aio import Policy
-from ..retry.aio import Retry
-from .core import Classes, RegistryCore
-from .health import RegistryHealth, run_async
+from ._shell_aio import CLASSES, RegistryShell
 
-CLASSES = Classes(breaker=CircuitBreaker, bulkhead=Bulkhead, budget=RetryBudget, retry=Retry,
-                  policy=Policy)
+__all__ = ["CLASSES", "LoopBoundClient", "Registry"]
 
 
 class LoopBoundClient:
@@ -91,31 +85,14 @@ def _loop_bound(target: Any, timeout: float) -> Any:
     return async_client(target, timeout)  # a given client: used as is (checked)
 
 
-class Registry(RegistryCore[CircuitBreaker, Bulkhead, RetryBudget, Retry, Policy]):
+class Registry(RegistryShell):
     """The asyncio twin of `distbreaker.Registry` (same configuration, asyncio components).
 
     A given `redis` client is used as is (its loop binding is yours); a URL gets
     one client per event loop (`LoopBoundClient`).
     """
 
-    CLASSES = CLASSES
     make_client = staticmethod(_loop_bound)
-
-    async def health(self) -> RegistryHealth:
-        """Every unkeyed component's health (one awaited read each)."""
-        try:
-            await self._client.ping()
-            reachable = True
-        except Exception:
-            reachable = False
-        seen: dict[int, Any] = {}
-        reports = [await run_async(probe, seen, key) for key, probe in self.health_plans()]
-        return RegistryHealth(reachable, tuple(reports))
-
-    async def aclose(self) -> None:
-        """Close the running loop's client if the registry built it."""
-        if self._owns_client:
-            await self._client.aclose()
 
     def __repr__(self) -> str:
         return f"aio.Registry({self.source!r})"

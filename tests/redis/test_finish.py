@@ -15,8 +15,8 @@ import redis
 import redis.asyncio
 from redis.exceptions import ResponseError
 
-import distbreaker.policy.aio
-import distbreaker.policy.sync
+import distbreaker.policy._shell_aio
+import distbreaker.policy._shell_sync
 from distbreaker import Bulkhead, CircuitBreaker, RetryBudget
 from distbreaker._runtime.scripts import library, load_script, translate_error
 from distbreaker.errors import SchemaError
@@ -42,7 +42,7 @@ def fcalls(client: redis.Redis) -> int:
 def capture_merged(monkeypatch: pytest.MonkeyPatch) -> list[MergedCall | None]:
     """Every merge decision both policies take: the merged call, or None (not merged)."""
     seen: list[MergedCall | None] = []
-    for module in (distbreaker.policy.sync, distbreaker.policy.aio):
+    for module in (distbreaker.policy._shell_sync, distbreaker.policy._shell_aio):
         original = module.merged
 
         def capturing(ready: Any, original: Callable[..., Any] = original) -> Any:

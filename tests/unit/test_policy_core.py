@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from distbreaker.breaker.classify import HttpStatusError, Outcome
+from distbreaker.breaker.classify import HttpClassifier, HttpStatusError, HttpVerdict, Outcome
 from distbreaker.policy.core import PolicyCore, Ran
 from distbreaker.retry.core import GiveUp, Run, Withdraw
 from distbreaker.retry.sync import Retry
@@ -98,6 +98,38 @@ def test_a_429_without_retry_after_trips_the_breaker_and_is_ignored_by_its_windo
     assert core.trip_reason(ran(error=HttpStatusError(429, {"Retry-After": "2"}))) is None
     assert core.trip_reason(ran(error=ConnectionError())) is None
     assert core.trip_reason(ran("ok")) is None
+
+
+class CountingClassifier(HttpClassifier):
+    """Counts the verdicts asked for (a raised error's goes through `classify` too)."""
+
+    calls = 0
+
+    def classify(self, status: int, headers: Any = None) -> HttpVerdict:
+        self.calls += 1
+        return super().classify(status, headers)
+
+
+@pytest.mark.parametrize("attempt", [
+    pytest.param(lambda: ran(Response(200)), id="returned-200"),
+    pytest.param(lambda: ran(Response(404)), id="returned-404"),
+    pytest.param(lambda: ran(Response(503)), id="returned-503"),
+    pytest.param(lambda: ran(Response(429)), id="returned-429-hard-stop"),
+    pytest.param(lambda: ran(error=HttpStatusError(503)), id="raised-503"),
+    pytest.param(lambda: ran(error=HttpStatusError(429)), id="raised-429-hard-stop"),
+])
+def test_each_attempt_is_classified_once(attempt: Any) -> None:
+    """settle_response, owed_after (the breaker's outcome) and trip_reason share one
+    verdict per attempt, in the order a policy's attempt asks them."""
+    classifier = CountingClassifier()
+    core = Core()
+    core._setup("payments", None, "test", (FakeBreaker(), None, None, FakeBudget()),
+                None, False, classifier)
+    this = attempt()
+    core.settle_response(this)
+    core.owed_after(this, 1, "permit", None)
+    core.trip_reason(this)
+    assert classifier.calls == 1
 
 
 def test_unwrap_raises_the_error_once_and_then_forgets_it() -> None:

@@ -1,66 +1,46 @@
-"""The asyncio breakers' flushers: one task per event loop, started lazily."""
+"""The asyncio breakers' flushers: one task per event loop, started lazily.
+
+Their rounds and sends are in `_shell_aio.py` (the sync copy is generated from it).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import weakref
 from typing import TYPE_CHECKING, Any
 
 from ..._runtime import forking
-from ..._runtime.scripts import run_script, run_scripts_each_async
+from ..._runtime.scripts import run_script
 from ..core import Counts
-from .accumulator import Added
-from .flush_core import Batch, FlushCore, reset_if_forked, watch_transitions
+from ._shell_aio import FlusherShell
+from .flush_core import reset_if_forked, watch_transitions
 
 if TYPE_CHECKING:
     from ..core import BreakerCore
 
-logger = logging.getLogger("distbreaker")
 
-
-class LoopFlusher(FlushCore):
+class LoopFlusher(FlusherShell):
     """One event loop's flusher: a task that flushes what is due, and what is pending
     when the loop shuts down (``asyncio.run`` cancels it)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._wake: asyncio.Event | None = None
+        self._wake: asyncio.Event | None = None  # (set with the task)
         self._task: asyncio.Task[None] | None = None
         self._flush_lock: asyncio.Lock | None = None
 
-    def add(self, core: BreakerCore, counts: Counts) -> None:
-        if self.acc.add(core, counts) is not Added.NOTHING:
-            if self._task is None or self._task.done():  # (a task that died: start anew)
-                self._wake = asyncio.Event()
-                self._flush_lock = asyncio.Lock()
-                self._task = asyncio.get_running_loop().create_task(
-                    self._run(), name="distbreaker-flusher")
-            assert self._wake is not None
-            self._wake.set()
+    def _start_if_idle(self) -> None:
+        if self._task is None or self._task.done():  # (a task that died: start anew)
+            self._wake = asyncio.Event()
+            self._flush_lock = asyncio.Lock()
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name="distbreaker-flusher")
 
     async def _run(self) -> None:
-        acc, wake = self.acc, self._wake
-        assert wake is not None
         try:
             while True:
-                await wake.wait()
-                wake.clear()
-                delay = acc.due_in()
-                while delay > 0:
-                    try:
-                        await asyncio.wait_for(wake.wait(), delay)
-                    except asyncio.TimeoutError:  # not the builtin one before Python 3.11
-                        pass
-                    wake.clear()
-                    delay = acc.due_in()
-                try:
-                    await self.flush()
-                except Exception:
-                    logger.exception("distbreaker: batched flush failed")
-                if acc:  # counts kept while Redis is unreachable: try again later
-                    wake.set()
+                await self._round()
         except asyncio.CancelledError:
             # The loop is shutting down (asyncio.run cancels its tasks): send what is
             # pending while the loop and its connections still run.
@@ -70,20 +50,15 @@ class LoopFlusher(FlushCore):
                 self._task = None
             raise
 
-    async def flush(self) -> None:
-        """Send everything pending now; returns when it is in Redis (or kept)."""
-        lock = self._flush_lock or asyncio.Lock()
-        async with lock:
-            for client, batches in self.take_plan():
-                await self._send(client, batches)
-
-    async def _send(self, client: Any, batches: list[Batch]) -> None:
+    async def _doze(self, delay: float) -> None:
+        assert self._wake is not None
         try:
-            results = await run_scripts_each_async(client, [b.call.spec for b in batches])
-        except Exception as error:
-            self.pipeline_failed(batches, error)
-        else:
-            self.settled(batches, results)
+            await asyncio.wait_for(self._wake.wait(), delay)
+        except asyncio.TimeoutError:  # not the builtin one before Python 3.11
+            pass
+
+    def _flush_lock_now(self) -> asyncio.Lock:
+        return self._flush_lock or asyncio.Lock()
 
     def flush_blocking(self) -> None:
         """At interpreter exit, with the loop gone: send what URL-built breakers hold

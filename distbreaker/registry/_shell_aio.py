@@ -1,0 +1,43 @@
+"""What the sync and asyncio registries share, written once for asyncio.
+
+scripts/unasync.py writes `_shell_sync.py` from this file; the front ends add
+how they build their client (the asyncio one: one per event loop).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..breaker.aio import CircuitBreaker
+from ..budget.aio import RetryBudget
+from ..bulkhead.aio import Bulkhead
+from ..policy.aio import Policy
+from ..retry.aio import Retry
+from .core import Classes, RegistryCore
+from .health import RegistryHealth, run_async
+
+CLASSES = Classes(breaker=CircuitBreaker, bulkhead=Bulkhead, budget=RetryBudget, retry=Retry,
+                  policy=Policy)
+
+
+class RegistryShell(RegistryCore[CircuitBreaker, Bulkhead, RetryBudget, Retry, Policy]):
+    """The registry's health and close, over this flavour's components."""
+
+    CLASSES = CLASSES
+
+    async def health(self) -> RegistryHealth:
+        """Every unkeyed component's health (one read each) and whether Redis answers."""
+        try:
+            await self._client.ping()
+            reachable = True
+        except Exception:
+            reachable = False
+        seen: dict[int, Any] = {}
+        reports = [await run_async(probe, seen, key) for key, probe in self.health_plans()]
+        return RegistryHealth(reachable, tuple(reports))
+
+    async def aclose(self) -> None:
+        """Close the Redis client if the registry built it from a URL (asyncio: the running
+        loop's)."""
+        if self._owns_client:
+            await self._client.aclose()
