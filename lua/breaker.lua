@@ -1,4 +1,4 @@
---!module
+--!module needs prelude record_layout
 -- distbreaker circuit breaker, key schema v2. The single source of truth for
 -- the fleet-wide state machine (docs/KEY_SCHEMA.md documents every byte).
 --
@@ -38,23 +38,29 @@
 local floor, tonumber, tostring, match = math.floor, tonumber, tostring, string.match
 local max, min, unpack, rcall, pcall_ = math.max, math.min, unpack, redis.call, redis.pcall
 
-local MAGIC = 1684174386  -- "dbv2"
--- The header: 38 big-endian int64 fields. Fields 0-12 ("cold": OPEN figures and
--- the config only transitions need) are read only by calls that need them; fields
--- 13-37 (half-open figures, magic, fingerprint, the hot config, state, window
--- totals and the write sequence number) by every call. Writes go by group: 0-5
--- counters, 6-26 config (13-15 half-open figures alone when only they changed),
--- 27-37 state and window (at byte 216). The window starts at byte 320.
--- The hot read and the write of fields 27-37 both end with `seq`, a byte that
+-- The state record's layout: declared once (distbreaker/_runtime/record_layout.py),
+-- generated into lua/lib/record_layout.lua, where the groups and their fields are
+-- listed. The cold group (OPEN figures and the config only transitions need) is read
+-- only by calls that need it; the hot group (half-open figures, magic, fingerprint,
+-- the hot config, state, window totals, the write sequence number) by every call.
+-- Writes go by group: counters, config (half_open alone when only it changed),
+-- state (state and window). Decoders and encoders below list a group's fields in
+-- the layout's order. The hot read and the state write both end with `seq`, which
 -- changes on every write: Lua 5.1 hashes only some bytes of a long string, and
 -- strings that differ only elsewhere would all collide in its string table.
-local HOT_FIRST, HOT_LAST, COLD_LAST, A_OFFSET, WIN = '104', '303', '103', '216', 320
-local STATES = {'CLOSED', 'OPEN', 'HALF_OPEN', 'FORCED_OPEN', 'DISABLED', 'METRICS_ONLY'}
+local layout = record_layout
+local MAGIC, WIN = layout.MAGIC, layout.WINDOW_AT
+local HOT_AT, HOT_LAST, HOT_FIELDS = layout.HOT_AT, layout.HOT_LAST, layout.HOT_FIELDS
+local STATE_AT, STATE_FIELDS = layout.STATE_AT, layout.STATE_FIELDS
+-- (the cold and config groups' offsets are read from `layout` where they are used:
+-- off the hot paths, and a chunk has room for 200 locals only)
+local COUNT_SLOT, TIME_SLOT = layout.COUNT_SLOT_BYTES, layout.TIME_SLOT_BYTES
+local STATES = layout.STATES
 local CODE = {CLOSED = 0, OPEN = 1, HALF_OPEN = 2, FORCED_OPEN = 3, DISABLED = 4,
               METRICS_ONLY = 5}
 local INITIAL = {C = 'CLOSED', F = 'FORCED_OPEN', M = 'METRICS_ONLY', D = 'DISABLED'}
 local AFTER_HALF_OPEN = {O = 'OPEN', C = 'CLOSED'}
-local PRESENT, FAILED, SLOW, MS_MASK = 2147483648, 1073741824, 536870912, 536870911
+local PRESENT, FAILED, SLOW, MS_MASK = layout.PRESENT, layout.FAILED, layout.SLOW, layout.MS_MASK
 
 -- Big-endian integers: 8-byte signed (header fields) and 4-byte unsigned (window
 -- slots), with Redis's struct library where it exists (fakeredis has none: plain
@@ -132,19 +138,9 @@ local del_probes, probe_add, probe_rem, live_count, undo_bit, undo_value
 local transitions, events, permitted, quorum_mark, quorum_blocked, del_fw
 local cslot_val, evict_slots = {}, {}
 
-local function schema_error(key, msg)
-  return redis.error_reply('DISTBREAKER_SCHEMA ' .. key .. ' ' .. msg)
-end
-
--- The schema error for a key holding a type other than want; nil when it holds
--- a want or does not exist. Run only on error paths and before cold-path writes.
-local function foreign_type(key, want)
-  local found = rcall('TYPE', key)
-  if type(found) == 'table' then found = found['ok'] end
-  if found ~= 'none' and found ~= want then
-    return schema_error(key, 'holds a ' .. found .. ', expected a ' .. want)
-  end
-end
+-- Run only on error paths and before cold-path writes (TYPE costs a command).
+local schema_error, foreign_type, args_error = prelude.schema_error, prelude.foreign_type,
+                                               prelude.args_error
 
 local function foreign_keys()
   return foreign_type(K_STATE, 'string') or foreign_type(K_META, 'hash')
@@ -200,14 +196,16 @@ local function load_reason()
   s_reason, s_actor = m[1] or '', m[2] or ''
 end
 
--- The cold header fields (0-18), read once by a call that needs them. A new
--- record's are zero; a config this call parsed (new, unset, adopted) is kept.
+-- The cold group's fields, read once by a call that needs them (call it before
+-- reading one). A new record's are zero; a config this call parsed (new, unset,
+-- adopted) is kept.
 local function load_cold()
   if cold then return end
   cold = true
   if not exists then return end
   local a, b, c, d, e, f, cfg_wait, cfg_init, cfg_after, cfg_mult, cfg_max_open, cfg_rnd,
-        cfg_slow = decode_fields(rcall('GETRANGE', K_STATE, '0', COLD_LAST), 13)
+        cfg_slow = decode_fields(rcall('GETRANGE', K_STATE, layout.COLD_AT, layout.COLD_LAST),
+                                 layout.COLD_FIELDS)
   open_until, gen, opens, rejected, drift_fp = a, b, c, d, f  -- e: field 4, reserved
   if not cfg_parsed then
     open_wait, initial_state, after_half_open = cfg_wait, STATES[cfg_init + 1],
@@ -223,7 +221,7 @@ end
 -- fields and the governing config (stored, or this call's for a new or unset one).
 local preread = nil  -- the hot fields the hot path read before it stepped aside
 local function load()
-  local raw = preread or pcall_('GETRANGE', K_STATE, HOT_FIRST, HOT_LAST)
+  local raw = preread or pcall_('GETRANGE', K_STATE, HOT_AT, HOT_LAST)
   preread = nil
   if type(raw) == 'table' and raw.err then
     return foreign_keys() or redis.error_reply(raw.err)
@@ -231,7 +229,7 @@ local function load()
   local magic, code
   hp_done, hp_fail, hp_slow, probes_max, lease_ms, max_half_open, magic, fp, wtype, wsize,
     min_calls, f_thr, s_thr, ttl_ms, code, since, ov_until, ttl_at, calls, failures, slow,
-    total_ms, head, wsec, seq = decode_fields(raw, 25)
+    total_ms, head, wsec, seq = decode_fields(raw, HOT_FIELDS)
   if magic ~= MAGIC then
     if raw ~= '' or rcall('EXISTS', K_STATE) == 1 then
       return schema_error(K_STATE, 'is not a distbreaker v2 state record')
@@ -365,7 +363,7 @@ local function evict_time_buckets()
     if calls ~= 0 or wsec ~= 0 then clear_window() end
   elseif calls > 0 then
     for s = wsec + 1, sec do
-      local off = WIN + 20 * (s % wsize)
+      local off = WIN + TIME_SLOT * (s % wsize)
       local old = read_bytes(off, 5, 4)
       calls, failures, slow, total_ms = calls - old[2], failures - old[3], slow - old[4],
                                         total_ms - old[5]
@@ -382,7 +380,7 @@ end
 -- when the ring wraps); the new ones are written with the header, at the end.
 local function read_ring(first_slot, count)
   local tail = min(count, wsize - first_slot)
-  local old = read_bytes(WIN + 4 * first_slot, tail, 4)
+  local old = read_bytes(WIN + COUNT_SLOT * first_slot, tail, 4)
   if count > tail then
     local more = read_bytes(WIN, count - tail, 4)
     for i = 1, count - tail do old[tail + i] = more[i] end
@@ -408,7 +406,7 @@ end
 local function record_one(fails, slows, ms)
   local m = min(ms, MS_MASK)
   local v = PRESENT + fails * FAILED + slows * SLOW + m
-  local bit = int((WIN + 4 * head) * 8)
+  local bit = int((WIN + COUNT_SLOT * head) * 8)
   local r = pcall_('BITFIELD', K_STATE, 'SET', 'u32', bit, int(v))
   if r.err then return r.err end
   local o = r[1]
@@ -444,7 +442,7 @@ end
 -- evicted by this call, in which case it starts from zero).
 local function record_time(n, fails, slows, ms)
   local sec = floor(now / 1000)
-  local off = WIN + 20 * (sec % wsize)
+  local off = WIN + TIME_SLOT * (sec % wsize)
   local cur = nil
   for i = 1, n_evict do if evict_slots[i] == off then cur = {sec, 0, 0, 0, 0} end end
   if del_win then cur = {sec, 0, 0, 0, 0} end
@@ -564,7 +562,6 @@ local function quorum_met()
 end
 
 -- Operations --------------------------------------------------------------------
-local function args_error(msg) return redis.error_reply('DISTBREAKER_ARGS ' .. msg) end
 
 local function op_record()
   local token = argv[6]
@@ -699,36 +696,37 @@ end
 
 -- Persisting -----------------------------------------------------------------------
 local function cleared_window_bytes()
-  if wtype == 0 then return rep('\0', 4 * wsize) end
-  return rep('\0', 20 * wsize)
+  if wtype == 0 then return rep('\0', COUNT_SLOT * wsize) end
+  return rep('\0', TIME_SLOT * wsize)
 end
 
-local A_FORMAT = '>' .. rep('i8', 11)
-local function header_a()
+local STATE_FORMAT = '>' .. rep('i8', STATE_FIELDS)
+-- The state group's bytes (seq advanced).
+local function header_state()
   seq = (seq + 1) % 4294967296
   if packer then
-    return packer.pack(A_FORMAT, CODE[s_state], since, ov_until, ttl_at, calls, failures, slow,
+    return packer.pack(STATE_FORMAT, CODE[s_state], since, ov_until, ttl_at, calls, failures, slow,
                        total_ms, head, wsec, seq)
   end
   return encode({CODE[s_state], since, ov_until, ttl_at, calls, failures, slow, total_ms, head,
-                 wsec, seq}, 1, 11, 8)
+                 wsec, seq}, 1, STATE_FIELDS, 8)
 end
 
--- Fields 0-5 (counters); 6-26 (the config, half-open figures, magic, fingerprint);
--- 13-15 (half-open figures).
+-- The counters group; the config group (with the half-open figures, magic and
+-- fingerprint between its fields); the half_open group alone.
 local function header_counters()
-  return encode({open_until, gen, opens, rejected, 0, drift_fp}, 1, 6, 8)  -- 4: reserved
+  return encode({open_until, gen, opens, rejected, 0, drift_fp}, 1, layout.COUNTERS_FIELDS, 8)
 end
 
 local function header_config()
   return encode({open_wait, CODE[initial_state], CODE[after_half_open], wait_mult,
                  max_open_wait, wait_rnd, slow_ms, hp_done, hp_fail, hp_slow, probes_max,
                  lease_ms, max_half_open, MAGIC, fp, wtype, wsize, min_calls, f_thr, s_thr,
-                 ttl_ms}, 1, 21, 8)
+                 ttl_ms}, 1, layout.CONFIG_FIELDS, 8)
 end
 
 local function header_half_open()
-  return encode({hp_done, hp_fail, hp_slow}, 1, 3, 8)
+  return encode({hp_done, hp_fail, hp_slow}, 1, layout.HALF_OPEN_FIELDS, 8)
 end
 
 -- The first write goes through pcall: if Redis refuses it (OOM, ACL), nothing was
@@ -751,31 +749,31 @@ local function write_record()
   first_write = true
   if not exists or d_cfg then
     load_cold()
-    local refused = put('48', header_config())
+    local refused = put(layout.CONFIG_AT, header_config())
     if refused then return refused end
   elseif d_hp then
-    local refused = put('104', header_half_open())
+    local refused = put(layout.HALF_OPEN_AT, header_half_open())
     if refused then return refused end
   end
   if not exists or d_cold then
     load_cold()
-    local refused = put('0', header_counters())
+    local refused = put(layout.COUNTERS_AT, header_counters())
     if refused then return refused end
   end
   if d_state or d_win or ttl_at == now or not exists then
-    local refused = put(A_OFFSET, header_a())
+    local refused = put(STATE_AT, header_state())
     if refused then return refused end
   end
   -- a new record is written at full length, so record_one's BITFIELD SET never
   -- grows the string (its undo could not shrink it back)
   if del_win or not exists then rcall('SETRANGE', K_STATE, WIN, cleared_window_bytes()) end
-  for i = 1, n_evict do rcall('SETRANGE', K_STATE, evict_slots[i], rep('\0', 20)) end
+  for i = 1, n_evict do rcall('SETRANGE', K_STATE, evict_slots[i], rep('\0', TIME_SLOT)) end
   if t_slot then rcall('SETRANGE', K_STATE, t_slot, encode(t_vals, 1, 5, 4)) end
   if n_cslots > 0 then
     local tail = min(n_cslots, wsize - cslot_first)
     local bytes = (tail == 1 and packer) and packer.pack('>I4', cslot_val[1])
                   or encode(cslot_val, 1, tail, 4)
-    rcall('SETRANGE', K_STATE, int(WIN + 4 * cslot_first), bytes)
+    rcall('SETRANGE', K_STATE, int(WIN + COUNT_SLOT * cslot_first), bytes)
     if n_cslots > tail then
       rcall('SETRANGE', K_STATE, WIN, encode(cslot_val, tail + 1, n_cslots, 4))
     end
@@ -1024,45 +1022,66 @@ end
 -- The usual record: one successful call, not slow and not a probe, in CLOSED with a
 -- count window, the caller's config stored (fingerprint), no override, no TTL
 -- refresh due. It is what the general path below does for that case (the same
--- commands: GETRANGE, BITFIELD SET, SETRANGE of fields 31-37, the short reply),
+-- commands: GETRANGE, BITFIELD SET, SETRANGE of the totals group, the short reply),
 -- without its per-call state; nil when the case is not that simple (the general
 -- path then runs and decides, having nothing of this one's to undo). A success can
 -- still make the window's rates count (the calls reach minimum_calls, or a quorum
 -- now met): that is left to the general path too, with the slot written back.
-local HOT_FORMAT, WINDOW_FORMAT = '>' .. rep('i8', 25), '>' .. rep('i8', 7)
+local fast_record
+do  -- (a block: its constants do not count against the chunk's 200 locals)
+local TOTALS_AT = layout.TOTALS_AT
+local HOT_FORMAT = '>' .. rep('i8', HOT_FIELDS)
+local TOTALS_FORMAT = '>' .. rep('i8', layout.TOTALS_FIELDS)
+local HOT_BYTES = layout.HOT_BYTES
+-- the low bytes of the window type and the state code in the hot read
+local WINDOW_TYPE_BYTE, STATE_BYTE = layout.HOT_LOW_BYTE.window_type, layout.HOT_LOW_BYTE.state
 local FP_TEXT, SLOT_BIT, FAST_N = {}, {}, 0   -- decimal texts, kept (a library keeps them)
 -- Returns the reply, or nil and (when it read them) the hot fields' bytes and the
 -- server time, which the general path then uses instead of reading them again.
-local function fast_record(keys, args, given_now, given_micros)
+function fast_record(keys, args, given_now, given_micros)
   if args[7] ~= '1' or args[8] ~= '0' or args[9] ~= '0' or args[6] ~= '' or not packer then
     return nil, nil, given_now, given_micros
   end
   local k = keys[1]
-  local raw = pcall_('GETRANGE', k, HOT_FIRST, HOT_LAST)
-  if type(raw) ~= 'string' or #raw < 200 then return nil, nil, given_now, given_micros end
-  -- the low bytes of the window type (field 21) and state code (27): a TIME window or
-  -- another state leaves at once, before the fields are decoded
-  if byte(raw, 72) ~= 0 or byte(raw, 120) ~= 0 then return nil, raw, given_now, given_micros end
+  local raw = pcall_('GETRANGE', k, HOT_AT, HOT_LAST)
+  if type(raw) ~= 'string' or #raw < HOT_BYTES then return nil, nil, given_now, given_micros end
+  -- a TIME window or another state than CLOSED leaves at once, before the fields are
+  -- decoded
+  if byte(raw, WINDOW_TYPE_BYTE) ~= 0 or byte(raw, STATE_BYTE) ~= 0 then
+    return nil, raw, given_now, given_micros
+  end
   local ms = tonumber(args[10])
   if not ms or ms < 0 or ms % 1 ~= 0 then return nil, raw, given_now, given_micros end
-  local _, _, _, _, _, _, magic, sfp, swtype, swsize, smin, sf, ss, sttl, code, ssince, sov,
-        sttl_at, scalls, sfail, sslow, stotal, shead, swsec, sseq = packer.unpack(HOT_FORMAT, raw)
-  if magic ~= MAGIC or code ~= 0 or swtype ~= 0 or swsize <= 0 or sov ~= 0 then
+  -- the hot group, as in `load` (the stored values of this record)
+  local _, _, _, _, _, _, magic, stored_fp, window_type, window_size, minimum_calls,
+        failure_threshold, slow_threshold, key_ttl, code, since_ms, override_until,
+        ttl_refreshed_at, n_calls, n_failures, n_slow, sum_ms, ring_head, window_sec,
+        write_seq = packer.unpack(HOT_FORMAT, raw)
+  if magic ~= MAGIC or code ~= 0 or window_type ~= 0 or window_size <= 0
+      or override_until ~= 0 then
     return nil, raw, given_now, given_micros
   end
   if FAST_N >= 256 then FP_TEXT, SLOT_BIT, FAST_N = {}, {}, 0 end
-  local fp_text = FP_TEXT[sfp]
-  if not fp_text then fp_text, FAST_N = int(sfp), FAST_N + 1; FP_TEXT[sfp] = fp_text end
+  local fp_text = FP_TEXT[stored_fp]
+  if not fp_text then
+    fp_text, FAST_N = int(stored_fp), FAST_N + 1
+    FP_TEXT[stored_fp] = fp_text
+  end
   if fp_text ~= args[2] then return nil, raw, given_now, given_micros end
   local t_now, us = given_now, given_micros
   if not t_now then t_now, us = server_time() end
-  if t_now - sttl_at >= sttl / 2 or sttl_at > t_now then return nil, raw, t_now, us end
+  if t_now - ttl_refreshed_at >= key_ttl / 2 or ttl_refreshed_at > t_now then
+    return nil, raw, t_now, us
+  end
   local m = min(ms, MS_MASK)
-  local bit = SLOT_BIT[shead]
-  if not bit then bit, FAST_N = int((WIN + 4 * shead) * 8), FAST_N + 1; SLOT_BIT[shead] = bit end
+  local bit = SLOT_BIT[ring_head]
+  if not bit then
+    bit, FAST_N = int((WIN + COUNT_SLOT * ring_head) * 8), FAST_N + 1
+    SLOT_BIT[ring_head] = bit
+  end
   local r = pcall_('BITFIELD', k, 'SET', 'u32', bit, int(PRESENT + m))
   if r.err then return nil, raw, t_now, us end
-  local o, n, f, sl, total = r[1], scalls + 1, sfail, sslow, stotal + m
+  local o, n, f, sl, total = r[1], n_calls + 1, n_failures, n_slow, sum_ms + m
   if o >= PRESENT then  -- the slot's old outcome leaves the window
     local old = o - PRESENT
     n = n - 1
@@ -1070,14 +1089,17 @@ local function fast_record(keys, args, given_now, given_micros)
     if old >= SLOW then sl, old = sl - 1, old - SLOW end
     total = total - old
   end
-  if n >= smin and n > 0 and (f * 1000000 >= sf * n or sl * 1000000 >= ss * n) then
+  if n >= minimum_calls and n > 0
+      and (f * 1000000 >= failure_threshold * n or sl * 1000000 >= slow_threshold * n) then
     rcall('BITFIELD', k, 'SET', 'u32', bit, int(o))
     return nil, raw, t_now, us
   end
-  -- fields 31-37 (the window totals, head, wsec, seq); 27-30 are unchanged
-  rcall('SETRANGE', k, '248', packer.pack(WINDOW_FORMAT, n, f, sl, total, (shead + 1) % swsize,
-                                          swsec, (sseq + 1) % 4294967296))
-  return {'CLOSED', t_now, ssince}
+  -- the totals group (window totals, head, wsec, seq); the state's own fields stay
+  rcall('SETRANGE', k, TOTALS_AT, packer.pack(TOTALS_FORMAT, n, f, sl, total,
+                                              (ring_head + 1) % window_size, window_sec,
+                                              (write_seq + 1) % 4294967296))
+  return {'CLOSED', t_now, since_ms}
+end
 end
 
 return function(KEYS, ARGV, given_now, given_micros)

@@ -1,4 +1,4 @@
---!module
+--!module needs prelude
 -- distbreaker fleet-wide bulkhead: a Redis semaphore of leases. A module: the
 -- helpers below are defined once (at FUNCTION LOAD, or once per EVAL) and the
 -- chunk returns the entry function.
@@ -67,24 +67,8 @@ local OPS = {acquire = true, release = true, renew = true, cancel = true, metric
              restart = true}
 local COUNTERS = {'rejected', 'acquired', 'lost', 'limit', 'waiters', 'ttl_until'}
 
-local function schema_error(key, msg)
-  return redis.error_reply('DISTBREAKER_SCHEMA ' .. key .. ' ' .. msg)
-end
-
--- The first command on a key failed: name a foreign type (TYPE runs only here),
--- else pass the error on (e.g. an ACL refusal on a key of the right type).
-local function failed_on(key, want, reply)
-  local found = redis.call('TYPE', key)
-  if type(found) == 'table' then found = found['ok'] end
-  if found ~= 'none' and found ~= want then
-    return schema_error(key, 'holds a ' .. found .. ', expected a ' .. want)
-  end
-  return reply
-end
-
-local function bad_args(msg)
-  return redis.error_reply('DISTBREAKER_ARGS ' .. msg)
-end
+local schema_error, failed_on, bad_args = prelude.schema_error, prelude.failed_on,
+                                         prelude.args_error
 
 -- The earliest lease: its deadline and token (nil when there is none).
 local function earliest(k)

@@ -1,5 +1,48 @@
-local main = (function()
---!module
+local prelude_value
+local function prelude()
+  if prelude_value == nil then prelude_value = (function()
+--!lib
+-- The helpers every distbreaker script shares (one definition: lua/lib/, see
+-- distbreaker/_runtime/scripts.py): the two error replies the clients decode
+-- (docs/KEY_SCHEMA.md, "Errors") and the foreign-type check. Globals are looked up
+-- per call: this chunk runs at a script's first call, never at FUNCTION LOAD.
+
+-- Foreign or corrupt data in `key`: 'DISTBREAKER_SCHEMA <key> <msg>'.
+local function schema_error(key, msg)
+  return redis.error_reply('DISTBREAKER_SCHEMA ' .. key .. ' ' .. msg)
+end
+
+-- Arguments the script refuses: 'DISTBREAKER_ARGS <msg>'.
+local function args_error(msg)
+  return redis.error_reply('DISTBREAKER_ARGS ' .. msg)
+end
+
+-- The schema error for a key holding a type other than `want`; nil when it holds a
+-- `want` or does not exist. TYPE costs a command: scripts run it on error paths (and
+-- before writes of keys they do not read first), never on every call.
+local function foreign_type(key, want)
+  local found = redis.call('TYPE', key)
+  if type(found) == 'table' then found = found['ok'] end
+  if found ~= 'none' and found ~= want then
+    return schema_error(key, 'holds a ' .. found .. ', expected a ' .. want)
+  end
+  return nil
+end
+
+-- A command on `key` failed with `reply`: the schema error when the key holds a type
+-- other than `want`, else `reply` itself (e.g. an ACL refusal on a key of the right type).
+local function failed_on(key, want, reply)
+  return foreign_type(key, want) or reply
+end
+
+return {schema_error = schema_error, args_error = args_error, foreign_type = foreign_type,
+        failed_on = failed_on}
+
+end)() end
+  return prelude_value
+end
+local main = (function(prelude)
+--!module needs prelude
 -- distbreaker fleet-wide bulkhead: a Redis semaphore of leases. A module: the
 -- helpers below are defined once (at FUNCTION LOAD, or once per EVAL) and the
 -- chunk returns the entry function.
@@ -68,24 +111,8 @@ local OPS = {acquire = true, release = true, renew = true, cancel = true, metric
              restart = true}
 local COUNTERS = {'rejected', 'acquired', 'lost', 'limit', 'waiters', 'ttl_until'}
 
-local function schema_error(key, msg)
-  return redis.error_reply('DISTBREAKER_SCHEMA ' .. key .. ' ' .. msg)
-end
-
--- The first command on a key failed: name a foreign type (TYPE runs only here),
--- else pass the error on (e.g. an ACL refusal on a key of the right type).
-local function failed_on(key, want, reply)
-  local found = redis.call('TYPE', key)
-  if type(found) == 'table' then found = found['ok'] end
-  if found ~= 'none' and found ~= want then
-    return schema_error(key, 'holds a ' .. found .. ', expected a ' .. want)
-  end
-  return reply
-end
-
-local function bad_args(msg)
-  return redis.error_reply('DISTBREAKER_ARGS ' .. msg)
-end
+local schema_error, failed_on, bad_args = prelude.schema_error, prelude.failed_on,
+                                         prelude.args_error
 
 -- The earliest lease: its deadline and token (nil when there is none).
 local function earliest(k)
@@ -656,5 +683,5 @@ return function(KEYS, ARGV, given_now)
   return {ok, in_use, limit, waiting, rejected, next_in, now, lost, acquired}
 end
 
-end)()
+end)(prelude())
 return main(KEYS, ARGV)
