@@ -1,4 +1,4 @@
---!module needs prelude record_layout
+--!module needs prelude record_layout record_codec
 -- distbreaker circuit breaker, key schema v2. The single source of truth for
 -- the fleet-wide state machine (docs/KEY_SCHEMA.md documents every byte).
 --
@@ -56,87 +56,44 @@ local STATE_AT, STATE_FIELDS = layout.STATE_AT, layout.STATE_FIELDS
 -- off the hot paths, and a chunk has room for 200 locals only)
 local COUNT_SLOT, TIME_SLOT = layout.COUNT_SLOT_BYTES, layout.TIME_SLOT_BYTES
 local STATES = layout.STATES
-local CODE = {CLOSED = 0, OPEN = 1, HALF_OPEN = 2, FORCED_OPEN = 3, DISABLED = 4,
-              METRICS_ONLY = 5}
+local CODE = {}  -- state name -> code
+for code, state_name in ipairs(STATES) do CODE[state_name] = code - 1 end
 local INITIAL = {C = 'CLOSED', F = 'FORCED_OPEN', M = 'METRICS_ONLY', D = 'DISABLED'}
 local AFTER_HALF_OPEN = {O = 'OPEN', C = 'CLOSED'}
 local PRESENT, FAILED, SLOW, MS_MASK = layout.PRESENT, layout.FAILED, layout.SLOW, layout.MS_MASK
 
--- Big-endian integers: 8-byte signed (header fields) and 4-byte unsigned (window
--- slots), with Redis's struct library where it exists (fakeredis has none: plain
--- Lua there; its Functions refuse even to read a missing global, hence pcall).
--- Bytes past the end of the string read as zero.
-local byte, char, rep, sub = string.byte, string.char, string.rep, string.sub
-local has_struct, found_struct = pcall(function() return struct end)
-local packer = has_struct and type(found_struct) == 'table' and found_struct or nil
-local formats = {}
-local function format(width, count)
-  local key = width * 100000 + count
-  local f = formats[key]
-  if not f then
-    f = '>' .. rep(width == 8 and 'i8' or 'I4', count)
-    formats[key] = f
-  end
-  return f
-end
+-- The record's integer codec (lua/lib/record_codec.lua); `packer` is Redis's struct
+-- library, nil where there is none (fakeredis).
+local byte, rep = string.byte, string.rep
+local packer, decode, decode_fields = record_codec.packer, record_codec.decode,
+                                      record_codec.decode_fields
+local encode, int = record_codec.encode, record_codec.int
 
--- `count` integers of `width` bytes from byte `pos` (1-based) of s.
-local function decode(s, count, width, pos)
-  pos = pos or 1
-  local need = pos - 1 + count * width
-  if #s < need then s = s .. rep('\0', need - #s) end
-  if packer then return {packer.unpack(format(width, count), s, pos)} end
-  local out = {}
-  for i = 0, count - 1 do
-    local v, at = 0, pos + i * width
-    for j = at, at + width - 1 do v = v * 256 + byte(s, j) end
-    if width == 8 and byte(s, at) >= 128 then v = v - 18446744073709551616 end
-    out[i + 1] = v
-  end
-  return out
-end
-
--- `count` header fields as values (no table on the hot path).
-local function decode_fields(s, count)
-  if #s < 8 * count then s = s .. rep('\0', 8 * count - #s) end
-  if packer then return packer.unpack(format(8, count), s) end
-  return unpack(decode(s, count, 8))
-end
-
--- A number as the decimal string Redis gets for it (Lua's own conversion of a
--- number argument formats a double with %.14g, several times as costly).
-local sformat = string.format
-local function int(n) return sformat('%d', n) end
-
-local function encode(values, first, last, width)
-  if packer then return packer.pack(format(width, last - first + 1), unpack(values, first, last)) end
-  local parts = {}
-  for i = first, last do
-    local v = values[i]
-    if v < 0 then v = v + 18446744073709551616 end
-    local b = {}
-    for j = width, 1, -1 do b[j] = v % 256; v = floor(v / 256) end
-    parts[#parts + 1] = char(unpack(b))
-  end
-  return table.concat(parts)
-end
-
--- Per-call state (set by `begin` and `load_*`) --------------------------------
-local K_STATE, K_META, K_PROBES, K_HIST, op, name, cfg_wire, channel, argv, seq
-local cfg_parsed
+-- Per-call state, every one set by `begin` at the start of a call, then by `load`
+-- (the hot group) and `load_cold` (the cold group: call it before reading one of
+-- open_until, gen, opens, rejected, drift_fp or the cold config) ------------------
+-- the call: its keys, arguments and server time
+local K_STATE, K_META, K_PROBES, K_HIST, op, name, cfg_wire, channel, argv
 local now, micros
-local exists, cold, s_state, fp, since, calls, failures, slow, total_ms, head, wsec
-local ttl_at, ov_until, open_until, gen, opens, rejected, hp_done, hp_fail
-local hp_slow, drift_fp, s_reason, s_actor
-local wtype, wsize, min_calls, f_thr, s_thr, ttl_ms, open_wait, probes_max
-local max_half_open, lease_ms, initial_state, after_half_open, wait_mult, max_open_wait
-local wait_rnd, slow_ms
--- dirty header groups, meta writes, window, probes, events
-local d_hp, d_win, d_state, d_cold, d_cfg, m_trans, m_cfg, m_drift, clear_drift, cfg_store, drift
-local del_win, n_cslots, cslot_first, t_slot, t_vals, n_evict
-local del_probes, probe_add, probe_rem, live_count, undo_bit, undo_value
-local transitions, events, permitted, quorum_mark, quorum_blocked, del_fw
-local cslot_val, evict_slots = {}, {}
+-- the record's hot group (names as in record_layout), `exists`, and the cold group
+local exists, cold, s_state, fp, since, calls, failures, slow, total_ms, head, window_sec
+local ttl_refreshed_at, override_until, seq, hp_done, hp_fail, hp_slow
+local open_until, gen, opens, rejected, drift_fp
+-- the governing config (the hot group's fields; the cold group's, or this call's
+-- parsed wire string when cfg_parsed)
+local window_type, window_size, min_calls, failure_threshold, slow_threshold, ttl_ms
+local probes_max, max_half_open, lease_ms
+local open_wait, initial_state, after_half_open, wait_mult, max_open_wait, wait_rnd, slow_ms
+local cfg_parsed
+-- the meta hash's reason and actor (read when a reply needs them)
+local reason_now, actor_now
+-- what to write: header groups, meta fields, the window, probes, quorum marks, events
+local dirty_half_open, dirty_window, dirty_state, dirty_counters, dirty_config
+local meta_reason, meta_cfg, meta_drift, clear_drift, cfg_store, drift
+local clear_ring, n_count_slots, count_slots_from, time_slot_at, time_slot_values, n_evict
+local clear_probes, probe_add, probe_rem, live_count, undo_bit, undo_value
+local transitions, events, permitted, quorum_mark, quorum_blocked, clear_quorum_marks
+local count_slot_values, evicted_slots_at = {}, {}
 
 -- Run only on error paths and before cold-path writes (TYPE costs a command).
 local schema_error, foreign_type, args_error = prelude.schema_error, prelude.foreign_type,
@@ -172,8 +129,8 @@ local function parse_config(wire)
   if not (size and mc and fthr and sthr and ow and pr and mho and lease and ttl and sd) then
     return false
   end
-  wtype, wsize, min_calls = (wt == 'T') and 1 or 0, size, mc
-  f_thr, s_thr = floor(fthr * 10000 + 0.5), floor(sthr * 10000 + 0.5)
+  window_type, window_size, min_calls = (wt == 'T') and 1 or 0, size, mc
+  failure_threshold, slow_threshold = floor(fthr * 10000 + 0.5), floor(sthr * 10000 + 0.5)
   open_wait, probes_max, max_half_open, lease_ms, ttl_ms, slow_ms = ow, pr, mho, lease, ttl, sd
   initial_state, after_half_open = init, after
   wait_mult, max_open_wait, wait_rnd = floor(mult * 1000000 + 0.5), mo, floor(rnd * 1000000 + 0.5)
@@ -191,9 +148,9 @@ end
 -- Loading the state record ----------------------------------------------------
 -- Reason and actor of the current state (meta hash), read when a reply needs them.
 local function load_reason()
-  if s_reason ~= nil then return end
+  if reason_now ~= nil then return end
   local m = rcall('HMGET', K_META, 'reason', 'actor')
-  s_reason, s_actor = m[1] or '', m[2] or ''
+  reason_now, actor_now = m[1] or '', m[2] or ''
 end
 
 -- The cold group's fields, read once by a call that needs them (call it before
@@ -227,9 +184,10 @@ local function load()
     return foreign_keys() or redis.error_reply(raw.err)
   end
   local magic, code
-  hp_done, hp_fail, hp_slow, probes_max, lease_ms, max_half_open, magic, fp, wtype, wsize,
-    min_calls, f_thr, s_thr, ttl_ms, code, since, ov_until, ttl_at, calls, failures, slow,
-    total_ms, head, wsec, seq = decode_fields(raw, HOT_FIELDS)
+  hp_done, hp_fail, hp_slow, probes_max, lease_ms, max_half_open, magic, fp, window_type,
+    window_size, min_calls, failure_threshold, slow_threshold, ttl_ms, code, since,
+    override_until, ttl_refreshed_at, calls, failures, slow, total_ms, head, window_sec,
+    seq = decode_fields(raw, HOT_FIELDS)
   if magic ~= MAGIC then
     if raw ~= '' or rcall('EXISTS', K_STATE) == 1 then
       return schema_error(K_STATE, 'is not a distbreaker v2 state record')
@@ -240,7 +198,7 @@ local function load()
     exists = true
   end
   s_state = STATES[code + 1]
-  if exists and not (s_state and wsize > 0) then
+  if exists and not (s_state and window_size > 0) then
     return schema_error(K_STATE, 'has an unknown state code or a bad config')
   end
   if not exists or fp == 0 then
@@ -264,9 +222,10 @@ local function rate(part, whole)
 end
 
 local function clear_window()
-  del_win, n_cslots, t_slot, t_vals, n_evict, del_fw = true, 0, nil, nil, 0, true
-  calls, failures, slow, total_ms, head, wsec = 0, 0, 0, 0, 0, 0
-  d_win = true
+  clear_ring, n_count_slots, time_slot_at, time_slot_values, n_evict = true, 0, nil, nil, 0
+  clear_quorum_marks = true
+  calls, failures, slow, total_ms, head, window_sec = 0, 0, 0, 0, 0, 0
+  dirty_window = true
 end
 
 -- The open wait (Resilience4j's waitIntervalFunctionInOpenState): the configured
@@ -295,9 +254,9 @@ local function transition(to, reason, actor)
     frate, srate = rate(failures, calls), rate(slow, calls)
   end
   actor = actor or ''
-  s_state, since, gen, s_reason, s_actor = to, now, gen + 1, reason, actor
-  d_state, d_cold, d_hp, m_trans = true, true, true, true
-  ov_until = 0
+  s_state, since, gen, reason_now, actor_now = to, now, gen + 1, reason, actor
+  dirty_state, dirty_counters, dirty_half_open, meta_reason = true, true, true, true
+  override_until = 0
   if to == 'OPEN' then
     opens = opens + 1
     open_until = now + wait_in_open()
@@ -311,10 +270,10 @@ local function transition(to, reason, actor)
   end
   if to == 'HALF_OPEN' then
     hp_done, hp_fail, hp_slow = 0, 0, 0
-    del_probes, probe_add, probe_rem = true, nil, nil
+    clear_probes, probe_add, probe_rem = true, nil, nil
   elseif to ~= 'OPEN' then
     clear_window()
-    del_probes, probe_add, probe_rem = true, nil, nil
+    clear_probes, probe_add, probe_rem = true, nil, nil
   end
   if not transitions then transitions, events = {}, {} end
   transitions[#transitions + 1] = {from, to, reason, tostring(frate), tostring(srate)}
@@ -334,13 +293,13 @@ end
 -- whose wait is over (HALF_OPEN); DISABLED and METRICS_ONLY return to CLOSED; a
 -- held CLOSED simply resumes its state machine.
 local function end_override()
-  local ended = ov_until
+  local ended = override_until
   if s_state == 'FORCED_OPEN' then
     transition('HALF_OPEN', 'override ended')
   elseif s_state == 'DISABLED' or s_state == 'METRICS_ONLY' then
     transition('CLOSED', 'override ended')
   else
-    ov_until, d_state = 0, true
+    override_until, dirty_state = 0, true
     note('override_end', 'override ended', '', ended)
     return
   end
@@ -358,28 +317,28 @@ end
 -- passed and zeroes them at the end.
 local function evict_time_buckets()
   local sec = floor(now / 1000)
-  if wsec == sec then return end
-  if wsec == 0 or sec - wsec >= wsize or sec < wsec then
-    if calls ~= 0 or wsec ~= 0 then clear_window() end
+  if window_sec == sec then return end
+  if window_sec == 0 or sec - window_sec >= window_size or sec < window_sec then
+    if calls ~= 0 or window_sec ~= 0 then clear_window() end
   elseif calls > 0 then
-    for s = wsec + 1, sec do
-      local off = WIN + TIME_SLOT * (s % wsize)
+    for s = window_sec + 1, sec do
+      local off = WIN + TIME_SLOT * (s % window_size)
       local old = read_bytes(off, 5, 4)
       calls, failures, slow, total_ms = calls - old[2], failures - old[3], slow - old[4],
                                         total_ms - old[5]
       n_evict = n_evict + 1
-      evict_slots[n_evict] = off
+      evicted_slots_at[n_evict] = off
     end
   end
-  wsec, d_win = sec, true
+  window_sec, dirty_window = sec, true
 end
 
--- Count window: a ring of wsize u32 slots at byte WIN + 4 * slot: bit 31 set for
+-- Count window: a ring of window_size u32 slots at byte WIN + 4 * slot: bit 31 set for
 -- a recorded outcome, bit 30 failed, bit 29 slow, bits 0-28 its ms (capped). The
 -- old values of the slots a record overwrites are read here (one GETRANGE, two
 -- when the ring wraps); the new ones are written with the header, at the end.
 local function read_ring(first_slot, count)
-  local tail = min(count, wsize - first_slot)
+  local tail = min(count, window_size - first_slot)
   local old = read_bytes(WIN + COUNT_SLOT * first_slot, tail, 4)
   if count > tail then
     local more = read_bytes(WIN, count - tail, 4)
@@ -413,73 +372,73 @@ local function record_one(fails, slows, ms)
   undo_bit, undo_value = bit, o
   calls, failures, slow, total_ms = calls + 1, failures + fails, slow + slows, total_ms + m
   evict_slot(o)
-  head = (head + 1) % wsize
-  d_win = true
+  head = (head + 1) % window_size
+  dirty_window = true
 end
 
 local function record_count(ok, fails, slows, ms)
   local n = ok + fails
   if n == 1 and exists then return record_one(fails, slows, ms) end
   local per_ms = floor(ms / n)
-  local first = max(1, n - wsize + 1)  -- only the last wsize outcomes can stay
+  local first = max(1, n - window_size + 1)  -- only the last window_size outcomes can stay
   local old = read_ring(head, n - first + 1)
-  n_cslots, cslot_first = 0, head
+  n_count_slots, count_slots_from = 0, head
   for i = first, n do
     local f = floor(i * fails / n) - floor((i - 1) * fails / n)
     local s = floor(i * slows / n) - floor((i - 1) * slows / n)
     local m = min(per_ms + ((i == 1) and (ms - per_ms * n) or 0), MS_MASK)
-    n_cslots = n_cslots + 1
-    cslot_val[n_cslots] = PRESENT + f * FAILED + s * SLOW + m
+    n_count_slots = n_count_slots + 1
+    count_slot_values[n_count_slots] = PRESENT + f * FAILED + s * SLOW + m
     calls, failures, slow, total_ms = calls + 1, failures + f, slow + s, total_ms + m
-    local o = old[n_cslots]
+    local o = old[n_count_slots]
     evict_slot(o)
-    head = (head + 1) % wsize
+    head = (head + 1) % window_size
   end
-  d_win = true
+  dirty_window = true
 end
 
 -- Time window record: this second's slot gets the outcomes (read first unless
 -- evicted by this call, in which case it starts from zero).
 local function record_time(n, fails, slows, ms)
   local sec = floor(now / 1000)
-  local off = WIN + TIME_SLOT * (sec % wsize)
+  local off = WIN + TIME_SLOT * (sec % window_size)
   local cur = nil
-  for i = 1, n_evict do if evict_slots[i] == off then cur = {sec, 0, 0, 0, 0} end end
-  if del_win then cur = {sec, 0, 0, 0, 0} end
+  for i = 1, n_evict do if evicted_slots_at[i] == off then cur = {sec, 0, 0, 0, 0} end end
+  if clear_ring then cur = {sec, 0, 0, 0, 0} end
   if not cur then
     cur = read_bytes(off, 5, 4)
     if cur[1] ~= sec then cur = {sec, 0, 0, 0, 0} end
   end
   cur[2], cur[3], cur[4], cur[5] = cur[2] + n, cur[3] + fails, cur[4] + slows, cur[5] + ms
-  t_slot, t_vals = off, cur
+  time_slot_at, time_slot_values = off, cur
   calls, failures, slow, total_ms = calls + n, failures + fails, slow + slows, total_ms + ms
-  d_win = true
+  dirty_window = true
 end
 
 -- Returns why Redis refused the record's first write, or nil.
 local function record_window(ok, fails, slows, ms)
   if ok + fails <= 0 then return end
-  if wtype == 0 then return record_count(ok, fails, slows, ms) end
+  if window_type == 0 then return record_count(ok, fails, slows, ms) end
   return record_time(ok + fails, fails, slows, ms)
 end
 
--- fails / n >= f_thr (rates in 1/10000 of a percent): integer arithmetic
+-- fails / n >= failure_threshold (rates in 1/10000 of a percent): integer arithmetic
 local function rate_exceeded(n, fails, slows)
-  return fails * 1000000 >= f_thr * n or slows * 1000000 >= s_thr * n
+  return fails * 1000000 >= failure_threshold * n or slows * 1000000 >= slow_threshold * n
 end
 
 local function describe(n, fails, slows)
-  if fails * 1000000 >= f_thr * n then
-    return 'failure rate ' .. rate(fails, n) .. '% >= ' .. (f_thr / 10000) .. '%'
+  if fails * 1000000 >= failure_threshold * n then
+    return 'failure rate ' .. rate(fails, n) .. '% >= ' .. (failure_threshold / 10000) .. '%'
   end
-  return 'slow call rate ' .. rate(slows, n) .. '% >= ' .. (s_thr / 10000) .. '%'
+  return 'slow call rate ' .. rate(slows, n) .. '% >= ' .. (slow_threshold / 10000) .. '%'
 end
 
 -- Time-driven transitions ---------------------------------------------------------
 local function advance()
   if s_state == 'OPEN' then load_cold() end
-  if ov_until > 0 and now >= ov_until then end_override() end
-  if wtype == 1 then evict_time_buckets() end
+  if override_until > 0 and now >= override_until then end_override() end
+  if window_type == 1 then evict_time_buckets() end
   if s_state == 'OPEN' then
     if now >= open_until then transition('HALF_OPEN', 'wait in open state elapsed') end
   end
@@ -506,14 +465,14 @@ local function probes_read(cmd, a, b)
 end
 
 local function live_probes()
-  if del_probes then return 0 end
+  if clear_probes then return 0 end
   if live_count == nil then live_count = probes_read('ZCOUNT', '(' .. int(now), '+inf') end
   return live_count
 end
 
 local function holds_lease(token)
   if probe_add and probe_add == token then return true end
-  if del_probes then return false end
+  if clear_probes then return false end
   local deadline = probes_read('ZSCORE', token)
   return deadline ~= false and deadline ~= nil and tonumber(deadline) > now
 end
@@ -588,7 +547,7 @@ local function op_record()
     if refused then return redis.error_reply(refused) end
     local mark = argv[11]
     if mark and mark ~= '' and fails > 0 then quorum_mark = mark end
-    if st == 'CLOSED' and ov_until == 0 and calls >= min_calls and calls > 0
+    if st == 'CLOSED' and override_until == 0 and calls >= min_calls and calls > 0
         and rate_exceeded(calls, failures, slow) then
       if quorum_met() then
         transition('OPEN', describe(calls, failures, slow))
@@ -600,7 +559,7 @@ local function op_record()
     -- the lease goes; an ignored probe (all zero) thereby hands its slot back
     probe_rem = token
     hp_done, hp_fail, hp_slow = hp_done + ok + fails, hp_fail + fails, hp_slow + slows
-    d_hp = true
+    dirty_half_open = true
     if hp_done >= probes_max then
       if rate_exceeded(hp_done, hp_fail, hp_slow) then
         transition('OPEN', 'half-open probes: ' .. describe(hp_done, hp_fail, hp_slow))
@@ -631,7 +590,7 @@ local function op_acquire()
   end
   if permitted == 0 then
     load_cold()
-    rejected, d_cold = rejected + 1, true
+    rejected, dirty_counters = rejected + 1, true
   end
   return nil
 end
@@ -666,17 +625,17 @@ local function op_set()
       transition('CLOSED', reason, actor)
     else
       clear_window()
-      del_probes = true
-      if ov_until > 0 then  -- RESET lifts a held CLOSED too
-        ov_until, d_state = 0, true
-        s_reason, s_actor, m_trans = reason, actor, true
+      clear_probes = true
+      if override_until > 0 then  -- RESET lifts a held CLOSED too
+        override_until, dirty_state = 0, true
+        reason_now, actor_now, meta_reason = reason, actor, true
         note('override', reason, actor, 0)
       end
     end
   elseif target == 'TRIP' then
     if s_state == 'OPEN' then
       -- a same-state move: the wait restarts, recorded as a restart, not a transition
-      s_reason, s_actor, m_trans, d_cold = reason, actor, true, true
+      reason_now, actor_now, meta_reason, dirty_counters = reason, actor, true, true
       open_until = now + wait_in_open()
       if hold > 0 then open_until = hold end
       note('restart', reason, actor, hold)
@@ -686,9 +645,10 @@ local function op_set()
     end
   elseif s_state ~= target then
     transition(target, reason, actor)
-    if hold > 0 then ov_until = hold; events[#events][9] = hold end
-  elseif hold ~= ov_until then
-    ov_until, d_state, s_reason, s_actor, m_trans = hold, true, reason, actor, true
+    if hold > 0 then override_until = hold; events[#events][9] = hold end
+  elseif hold ~= override_until then
+    override_until, dirty_state, meta_reason = hold, true, true
+    reason_now, actor_now = reason, actor
     note('override', reason, actor, hold)
   end
   return nil
@@ -696,8 +656,8 @@ end
 
 -- Persisting -----------------------------------------------------------------------
 local function cleared_window_bytes()
-  if wtype == 0 then return rep('\0', COUNT_SLOT * wsize) end
-  return rep('\0', TIME_SLOT * wsize)
+  if window_type == 0 then return rep('\0', COUNT_SLOT * window_size) end
+  return rep('\0', TIME_SLOT * window_size)
 end
 
 local STATE_FORMAT = '>' .. rep('i8', STATE_FIELDS)
@@ -705,11 +665,11 @@ local STATE_FORMAT = '>' .. rep('i8', STATE_FIELDS)
 local function header_state()
   seq = (seq + 1) % 4294967296
   if packer then
-    return packer.pack(STATE_FORMAT, CODE[s_state], since, ov_until, ttl_at, calls, failures, slow,
-                       total_ms, head, wsec, seq)
+    return packer.pack(STATE_FORMAT, CODE[s_state], since, override_until, ttl_refreshed_at,
+                       calls, failures, slow, total_ms, head, window_sec, seq)
   end
-  return encode({CODE[s_state], since, ov_until, ttl_at, calls, failures, slow, total_ms, head,
-                 wsec, seq}, 1, STATE_FIELDS, 8)
+  return encode({CODE[s_state], since, override_until, ttl_refreshed_at, calls, failures, slow,
+                 total_ms, head, window_sec, seq}, 1, STATE_FIELDS, 8)
 end
 
 -- The counters group; the config group (with the half-open figures, magic and
@@ -721,8 +681,8 @@ end
 local function header_config()
   return encode({open_wait, CODE[initial_state], CODE[after_half_open], wait_mult,
                  max_open_wait, wait_rnd, slow_ms, hp_done, hp_fail, hp_slow, probes_max,
-                 lease_ms, max_half_open, MAGIC, fp, wtype, wsize, min_calls, f_thr, s_thr,
-                 ttl_ms}, 1, layout.CONFIG_FIELDS, 8)
+                 lease_ms, max_half_open, MAGIC, fp, window_type, window_size, min_calls,
+                 failure_threshold, slow_threshold, ttl_ms}, 1, layout.CONFIG_FIELDS, 8)
 end
 
 local function header_half_open()
@@ -747,35 +707,37 @@ end
 
 local function write_record()
   first_write = true
-  if not exists or d_cfg then
+  if not exists or dirty_config then
     load_cold()
     local refused = put(layout.CONFIG_AT, header_config())
     if refused then return refused end
-  elseif d_hp then
+  elseif dirty_half_open then
     local refused = put(layout.HALF_OPEN_AT, header_half_open())
     if refused then return refused end
   end
-  if not exists or d_cold then
+  if not exists or dirty_counters then
     load_cold()
     local refused = put(layout.COUNTERS_AT, header_counters())
     if refused then return refused end
   end
-  if d_state or d_win or ttl_at == now or not exists then
+  if dirty_state or dirty_window or ttl_refreshed_at == now or not exists then
     local refused = put(STATE_AT, header_state())
     if refused then return refused end
   end
   -- a new record is written at full length, so record_one's BITFIELD SET never
   -- grows the string (its undo could not shrink it back)
-  if del_win or not exists then rcall('SETRANGE', K_STATE, WIN, cleared_window_bytes()) end
-  for i = 1, n_evict do rcall('SETRANGE', K_STATE, evict_slots[i], rep('\0', TIME_SLOT)) end
-  if t_slot then rcall('SETRANGE', K_STATE, t_slot, encode(t_vals, 1, 5, 4)) end
-  if n_cslots > 0 then
-    local tail = min(n_cslots, wsize - cslot_first)
-    local bytes = (tail == 1 and packer) and packer.pack('>I4', cslot_val[1])
-                  or encode(cslot_val, 1, tail, 4)
-    rcall('SETRANGE', K_STATE, int(WIN + COUNT_SLOT * cslot_first), bytes)
-    if n_cslots > tail then
-      rcall('SETRANGE', K_STATE, WIN, encode(cslot_val, tail + 1, n_cslots, 4))
+  if clear_ring or not exists then rcall('SETRANGE', K_STATE, WIN, cleared_window_bytes()) end
+  for i = 1, n_evict do rcall('SETRANGE', K_STATE, evicted_slots_at[i], rep('\0', TIME_SLOT)) end
+  if time_slot_at then
+    rcall('SETRANGE', K_STATE, time_slot_at, encode(time_slot_values, 1, 5, 4))
+  end
+  if n_count_slots > 0 then
+    local tail = min(n_count_slots, window_size - count_slots_from)
+    local bytes = (tail == 1 and packer) and packer.pack('>I4', count_slot_values[1])
+                  or encode(count_slot_values, 1, tail, 4)
+    rcall('SETRANGE', K_STATE, int(WIN + COUNT_SLOT * count_slots_from), bytes)
+    if n_count_slots > tail then
+      rcall('SETRANGE', K_STATE, WIN, encode(count_slot_values, tail + 1, n_count_slots, 4))
     end
   end
   return nil
@@ -787,7 +749,7 @@ local function reply_full(event_errors, wait_ms, in_flight)
   -- without a transition in CLOSED or HALF_OPEN answers them empty (one read less).
   if permitted == 1 and not transitions and (op == 'acquire' or op == 'record')
       and (s_state == 'HALF_OPEN' or s_state == 'CLOSED') then
-    s_reason, s_actor = s_reason or '', s_actor or ''
+    reason_now, actor_now = reason_now or '', actor_now or ''
   end
   load_reason()
   local stored = ''
@@ -795,11 +757,11 @@ local function reply_full(event_errors, wait_ms, in_flight)
   local tr = transitions or {}
   if s_state == 'HALF_OPEN' or (s_state == 'OPEN' and hp_done > 0) then
     return {s_state, wait_ms, permitted, tr, hp_done, hp_fail, hp_slow, 0, rejected, drift,
-            stored, now, since, in_flight, s_reason, s_actor, event_errors, ov_until, 1,
+            stored, now, since, in_flight, reason_now, actor_now, event_errors, override_until, 1,
             quorum_blocked and 1 or 0}
   end
   return {s_state, wait_ms, permitted, tr, calls, failures, slow, total_ms, rejected, drift,
-          stored, now, since, 0, s_reason, s_actor, event_errors, ov_until, 0,
+          stored, now, since, 0, reason_now, actor_now, event_errors, override_until, 0,
           quorum_blocked and 1 or 0}
 end
 
@@ -838,7 +800,7 @@ local function reply_numbers()
   elseif s_state == 'HALF_OPEN' then
     in_flight = live_probes() + (probe_add and 1 or 0) - (probe_rem and 1 or 0)
     in_flight = max(0, in_flight)
-    if permitted == 0 and not del_probes then
+    if permitted == 0 and not clear_probes then
       local first = rcall('ZRANGEBYSCORE', K_PROBES, '(' .. now, '+inf', 'WITHSCORES',
                           'LIMIT', 0, 1)
       if first[2] then wait_ms = min(open_wait, max(0, tonumber(first[2]) - now)) end
@@ -849,11 +811,11 @@ end
 
 -- The meta hash (after the state record).
 local function write_meta()
-  if m_trans or m_cfg or m_drift then
+  if meta_reason or meta_cfg or meta_drift then
     local m, k = {}, 0
-    if m_trans then m[1], m[2], m[3], m[4], k = 'reason', s_reason, 'actor', s_actor, 4 end
-    if m_cfg then m[k + 1], m[k + 2], k = 'cfg', cfg_store, k + 2 end
-    if m_drift then
+    if meta_reason then m[1], m[2], m[3], m[4], k = 'reason', reason_now, 'actor', actor_now, 4 end
+    if meta_cfg then m[k + 1], m[k + 2], k = 'cfg', cfg_store, k + 2 end
+    if meta_drift then
       m[k + 1], m[k + 2], m[k + 3], m[k + 4], k = 'drift_cfg', cfg_wire, 'drift_at', now, k + 4
     end
     rcall('HSET', K_META, unpack(m, 1, k))
@@ -863,14 +825,14 @@ end
 
 -- Probes and TTLs (after the state record and the meta hash).
 local function write_others(refresh)
-  if del_fw then
+  if clear_quorum_marks then
     rcall('DEL', K_STATE .. ':fw')
   elseif quorum_mark then
     local k_fw = K_STATE .. ':fw'
     rcall('HSET', k_fw, quorum_mark, int(now))
     rcall('PEXPIRE', k_fw, int(ttl_ms))
   end
-  if del_probes then
+  if clear_probes then
     rcall('DEL', K_PROBES)
   elseif probe_add then  -- reap expired leases as new ones come
     rcall('ZREMRANGEBYSCORE', K_PROBES, '-inf', int(now))
@@ -880,7 +842,7 @@ local function write_others(refresh)
   if refresh then
     -- an override or a long OPEN wait keeps the keys for key_ttl past its end
     load_cold()
-    local keep, held = ttl_ms, ov_until
+    local keep, held = ttl_ms, override_until
     if s_state == 'OPEN' and open_until > held then held = open_until end
     if held > now then keep = max(ttl_ms, held - now + ttl_ms) end
     rcall('PEXPIRE', K_STATE, keep)
@@ -890,7 +852,7 @@ local function write_others(refresh)
   else
     if probe_add and (live_count or 0) == 0 then rcall('PEXPIRE', K_PROBES, int(ttl_ms)) end
     if events then rcall('PEXPIRE', K_HIST, ttl_ms) end
-    if m_trans or m_drift then rcall('PEXPIRE', K_META, ttl_ms) end
+    if meta_reason or meta_drift then rcall('PEXPIRE', K_META, ttl_ms) end
   end
 end
 
@@ -898,14 +860,15 @@ local function finish()
   -- Every key's TTL is refreshed when the last refresh is ttl/2 old (or on any
   -- operator action), so an active breaker never expires and most calls spend
   -- nothing on TTLs; keys this call may have created get theirs at once.
-  local dirty = d_hp or d_win or d_state or d_cold or d_cfg or not exists
-  local writes = op ~= 'state' or dirty or m_trans or m_drift or clear_drift or del_probes
-  local refresh = writes and (op == 'set' or now - ttl_at >= ttl_ms / 2 or ttl_at > now
-                              or not exists)
-  if refresh then ttl_at = now end
+  local dirty = dirty_half_open or dirty_window or dirty_state or dirty_counters or dirty_config
+                or not exists
+  local writes = op ~= 'state' or dirty or meta_reason or meta_drift or clear_drift or clear_probes
+  local refresh = writes and (op == 'set' or now - ttl_refreshed_at >= ttl_ms / 2
+                              or ttl_refreshed_at > now or not exists)
+  if refresh then ttl_refreshed_at = now end
   -- Before the first write (no partial writes): the types of the keys this call
   -- writes beyond the record. The probes zset is checked by its reads instead.
-  if m_trans or m_cfg or m_drift or clear_drift or events or op == 'set' then
+  if meta_reason or meta_cfg or meta_drift or clear_drift or events or op == 'set' then
     local err = foreign_keys()
     if err then
       if undo_bit then rcall('BITFIELD', K_STATE, 'SET', 'u32', undo_bit, int(undo_value)) end
@@ -929,7 +892,7 @@ local function finish()
   local wait_ms, in_flight = 0, 0
   local short = (op == 'record' or op == 'acquire') and permitted == 1 and not transitions
       and not quorum_blocked
-      and drift == 0 and ov_until == 0 and s_state ~= 'OPEN' and s_state ~= 'FORCED_OPEN'
+      and drift == 0 and override_until == 0 and s_state ~= 'OPEN' and s_state ~= 'FORCED_OPEN'
   if not short then wait_ms, in_flight = reply_numbers() end
   write_others(refresh)
   local event_errors = events and publish_events() or ''
@@ -943,16 +906,17 @@ local function settle_config(arg_fp)
   local adopt = (op == 'set' and argv[6] == 'RESET')
   if not exists then
     s_state, since = 'CLOSED', now
-    calls, failures, slow, total_ms, head, wsec, ttl_at, ov_until = 0, 0, 0, 0, 0, 0, 0, 0
+    calls, failures, slow, total_ms, head, window_sec = 0, 0, 0, 0, 0, 0
+    ttl_refreshed_at, override_until = 0, 0
     if op == 'set' then
       -- An operator action on a name without keys stores no config (fp 0): the
       -- first worker's call stores its own (no drift warning for it), and the
       -- breaker starts in the config's initial state.
-      fp, d_cfg = 0, true
+      fp, dirty_config = 0, true
     else
-      fp, d_cfg, m_cfg, cfg_store = fingerprint(cfg_wire), true, true, cfg_wire
+      fp, dirty_config, meta_cfg, cfg_store = fingerprint(cfg_wire), true, true, cfg_wire
       if initial_state ~= 'CLOSED' then
-        s_state, s_reason, s_actor, m_trans = initial_state, 'initial state', '', true
+        s_state, reason_now, actor_now, meta_reason = initial_state, 'initial state', '', true
       end
     end
     return
@@ -960,7 +924,7 @@ local function settle_config(arg_fp)
   if fp == 0 then
     -- unset: the caller's config governs this call; only a protected call stores it
     if op == 'acquire' or op == 'record' then
-      fp, d_cfg, m_cfg, cfg_store = fingerprint(cfg_wire), true, true, cfg_wire
+      fp, dirty_config, meta_cfg, cfg_store = fingerprint(cfg_wire), true, true, cfg_wire
     end
     return
   end
@@ -973,17 +937,17 @@ local function settle_config(arg_fp)
       if not parse_config(cfg_wire) then
         return redis.error_reply('DISTBREAKER_ARGS bad config ' .. cfg_wire)
       end
-      fp, d_cfg, m_cfg, cfg_store = mine, true, true, cfg_wire
+      fp, dirty_config, meta_cfg, cfg_store = mine, true, true, cfg_wire
       -- the stored config changed: its window geometry may have, so start afresh
       clear_window()
-      d_cold = true
+      dirty_counters = true
     end
-    if drift_fp ~= 0 then drift_fp, d_cold, clear_drift = 0, true, true end
+    if drift_fp ~= 0 then drift_fp, dirty_counters, clear_drift = 0, true, true end
     return
   end
   if mine == fp then return end  -- the caller's fingerprint was wrong, not its config
   drift = 1
-  if drift_fp ~= mine then drift_fp, d_cold, m_drift = mine, true, true end
+  if drift_fp ~= mine then drift_fp, dirty_counters, meta_drift = mine, true, true end
 end
 
 -- The server time in ms, and its microseconds (the open wait's random draw).
@@ -1007,15 +971,15 @@ local function begin(keys, args, given_now, given_micros)
   else
     now, micros = server_time()
   end
-  cold, cfg_parsed, s_reason, s_actor, cfg_store, drift, permitted = false, false, nil, nil,
-                                                                     nil, 0, 1
-  d_hp, d_win, d_state, d_cold, d_cfg, m_trans, m_cfg = false, false, false, false, false,
-                                                         false, false
-  m_drift, clear_drift = false, false
-  del_win, n_cslots, t_slot, t_vals, n_evict = false, 0, nil, nil, 0
-  del_probes, probe_add, probe_rem, live_count = false, nil, nil, nil
+  cold, cfg_parsed, reason_now, actor_now, cfg_store, drift, permitted = false, false, nil, nil,
+                                                                         nil, 0, 1
+  dirty_half_open, dirty_window, dirty_state, dirty_counters, dirty_config = false, false, false,
+                                                                             false, false
+  meta_reason, meta_cfg, meta_drift, clear_drift = false, false, false, false
+  clear_ring, n_count_slots, time_slot_at, time_slot_values, n_evict = false, 0, nil, nil, 0
+  clear_probes, probe_add, probe_rem, live_count = false, nil, nil, nil
   undo_bit, undo_value = nil, nil
-  transitions, events, quorum_mark, quorum_blocked, del_fw = nil, nil, nil, nil, false
+  transitions, events, quorum_mark, quorum_blocked, clear_quorum_marks = nil, nil, nil, nil, false
 end
 
 -- The hot path ------------------------------------------------------------------
@@ -1094,7 +1058,7 @@ function fast_record(keys, args, given_now, given_micros)
     rcall('BITFIELD', k, 'SET', 'u32', bit, int(o))
     return nil, raw, t_now, us
   end
-  -- the totals group (window totals, head, wsec, seq); the state's own fields stay
+  -- the totals group (window totals, head, window_sec, seq); the state's own fields stay
   rcall('SETRANGE', k, TOTALS_AT, packer.pack(TOTALS_FORMAT, n, f, sl, total,
                                               (ring_head + 1) % window_size, window_sec,
                                               (write_seq + 1) % 4294967296))
