@@ -1,4 +1,4 @@
---!module needs prelude record_layout record_codec
+--!module needs prelude record_layout record_codec breaker_transitions
 -- distbreaker circuit breaker, key schema v2. The single source of truth for
 -- the fleet-wide state machine (docs/KEY_SCHEMA.md documents every byte).
 --
@@ -280,6 +280,23 @@ local function transition(to, reason, actor)
   events[#events + 1] = {from, to, reason, frate, srate, gen, actor, '', 0}
 end
 
+-- The state machine (lua/lib/breaker_transitions.lua): `fire` moves the breaker on
+-- an event as the table says, and answers the table's target (a state name, or a
+-- marker for the caller: RESUME, RESTART, CLEAR, IGNORE).
+local NEXT, REASON = breaker_transitions.NEXT, breaker_transitions.REASON
+local AFTER_HALF_OPEN, RESUME = breaker_transitions.AFTER_HALF_OPEN, breaker_transitions.RESUME
+local RESTART, CLEAR = breaker_transitions.RESTART, breaker_transitions.CLEAR
+local IGNORE = breaker_transitions.IGNORE
+local function fire(event, reason, actor)
+  local to = NEXT[s_state][event]
+  if to == AFTER_HALF_OPEN then
+    load_cold()
+    to = after_half_open
+  end
+  if type(to) == 'string' then transition(to, reason or REASON[event], actor) end
+  return to
+end
+
 -- A history entry that is not a transition: 'restart' (TRIP on OPEN restarted the
 -- wait), 'override' (an override on the current state was set, changed or lifted),
 -- 'override_end' (a held CLOSED was released).
@@ -294,13 +311,9 @@ end
 -- held CLOSED simply resumes its state machine.
 local function end_override()
   local ended = override_until
-  if s_state == 'FORCED_OPEN' then
-    transition('HALF_OPEN', 'override ended')
-  elseif s_state == 'DISABLED' or s_state == 'METRICS_ONLY' then
-    transition('CLOSED', 'override ended')
-  else
+  if fire('override_ended') == RESUME then
     override_until, dirty_state = 0, true
-    note('override_end', 'override ended', '', ended)
+    note('override_end', REASON.override_ended, '', ended)
     return
   end
   events[#events][9] = ended
@@ -440,13 +453,10 @@ local function advance()
   if override_until > 0 and now >= override_until then end_override() end
   if window_type == 1 then evict_time_buckets() end
   if s_state == 'OPEN' then
-    if now >= open_until then transition('HALF_OPEN', 'wait in open state elapsed') end
+    if now >= open_until then fire('wait_elapsed') end
   end
   if s_state == 'HALF_OPEN' then
-    if max_half_open > 0 and now >= since + max_half_open then
-      load_cold()
-      transition(after_half_open, 'max wait in half-open elapsed')
-    end
+    if max_half_open > 0 and now >= since + max_half_open then fire('max_wait_elapsed') end
   end
 end
 
@@ -547,10 +557,10 @@ local function op_record()
     if refused then return redis.error_reply(refused) end
     local mark = argv[11]
     if mark and mark ~= '' and fails > 0 then quorum_mark = mark end
-    if st == 'CLOSED' and override_until == 0 and calls >= min_calls and calls > 0
-        and rate_exceeded(calls, failures, slow) then
+    if override_until == 0 and calls >= min_calls and calls > 0
+        and NEXT[st].rates_exceeded ~= IGNORE and rate_exceeded(calls, failures, slow) then
       if quorum_met() then
-        transition('OPEN', describe(calls, failures, slow))
+        fire('rates_exceeded', describe(calls, failures, slow))
       else
         quorum_blocked = true
       end
@@ -562,9 +572,9 @@ local function op_record()
     dirty_half_open = true
     if hp_done >= probes_max then
       if rate_exceeded(hp_done, hp_fail, hp_slow) then
-        transition('OPEN', 'half-open probes: ' .. describe(hp_done, hp_fail, hp_slow))
+        fire('probes_failed', 'half-open probes: ' .. describe(hp_done, hp_fail, hp_slow))
       else
-        transition('CLOSED', 'half-open probes succeeded')
+        fire('probes_succeeded')
       end
     end
   end
@@ -621,9 +631,7 @@ local function op_set()
   end
   advance()
   if target == 'RESET' then
-    if s_state ~= 'CLOSED' then
-      transition('CLOSED', reason, actor)
-    else
+    if fire('reset', reason, actor) == CLEAR then
       clear_window()
       clear_probes = true
       if override_until > 0 then  -- RESET lifts a held CLOSED too
@@ -633,17 +641,17 @@ local function op_set()
       end
     end
   elseif target == 'TRIP' then
-    if s_state == 'OPEN' then
+    local to = fire('trip', reason, actor)
+    if to == RESTART then
       -- a same-state move: the wait restarts, recorded as a restart, not a transition
       reason_now, actor_now, meta_reason, dirty_counters = reason, actor, true, true
       open_until = now + wait_in_open()
       if hold > 0 then open_until = hold end
       note('restart', reason, actor, hold)
-    elseif s_state ~= 'FORCED_OPEN' and s_state ~= 'DISABLED' then
-      transition('OPEN', reason, actor)
-      if hold > 0 then open_until = hold; events[#events][9] = hold end
+    elseif to ~= IGNORE and hold > 0 then
+      open_until = hold; events[#events][9] = hold
     end
-  elseif s_state ~= target then
+  elseif s_state ~= target then  -- `force` (not in the table): any state to the target
     transition(target, reason, actor)
     if hold > 0 then override_until = hold; events[#events][9] = hold end
   elseif hold ~= override_until then
