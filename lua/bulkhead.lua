@@ -374,8 +374,10 @@ end
 -- answer the usual calls without it). Each step that can refuse answers an error
 -- reply, or nil.
 
--- The call's arguments and server time; an error reply when they are bad.
-local function parse_call(KEYS, ARGV, given_now)
+-- The call's arguments and server time, as locals (the hot paths take them so, no
+-- table): op, token, limit, limit_s, lease_ms, ttl_ms, ttl_s, wait_ms, now, adaptive
+-- params, priority share; or nil and an error reply when they are bad.
+local function parse_call(ARGV, given_now)
   local op, token, limit_s, ttl_s = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
   local limits = parse_limits(limit_s, ARGV[4], ttl_s)
   local wait_ms = 0
@@ -400,24 +402,7 @@ local function parse_call(KEYS, ARGV, given_now)
     end
     share = share / 1000000
   end
-  return {K_LEASES = KEYS[1], K_META = KEYS[2], K_NOTIFY = KEYS[3], argv = ARGV, op = op,
-          token = token, limit = limits[1], limit_s = limit_s, lease_ms = limits[2],
-          ttl_ms = limits[3], ttl_s = ttl_s, wait_ms = wait_ms, now = now, ap = ap,
-          share = share,
-          reports = op == 'restart' or (op == 'release' and (ARGV[8] or '') ~= '')}
-end
-
--- The hot paths' answer for the usual acquire, release and adaptive report, or nil.
-local function try_fast(c)
-  if c.op == 'acquire' then
-    return fast_acquire(c.K_LEASES, c.K_META, c.token, c.limit, c.limit_s, c.lease_ms,
-                        c.ttl_ms, c.ttl_s, c.share, c.ap, c.now)
-  elseif c.op == 'release' and not c.reports then
-    return fast_release(c.K_LEASES, c.K_META, c.token, c.now, c.ap)
-  elseif c.op == 'release' and c.ap then
-    return fast_report(c.K_LEASES, c.K_META, c.token, c.ap, c.argv, c.now, c.ttl_ms, c.ttl_s)
-  end
-  return nil
+  return op, token, limits[1], limit_s, limits[2], limits[3], ttl_s, wait_ms, now, ap, share
 end
 
 -- Reads, before any write: the meta counters (and an adaptive bulkhead's state, whose
@@ -678,16 +663,32 @@ local function reply(c)
 end
 
 return function(KEYS, ARGV, given_now)
-  local c, bad = parse_call(KEYS, ARGV, given_now)
-  if not c then return bad end
-  local fast = try_fast(c)
+  local op, token, limit, limit_s, lease_ms, ttl_ms, ttl_s, wait_ms, now, ap, share =
+    parse_call(ARGV, given_now)
+  if not op then return token end  -- the error reply
+  local K_LEASES, K_META = KEYS[1], KEYS[2]
+  -- the hot paths: the usual acquire, release and adaptive report
+  local reports = op == 'restart' or (op == 'release' and (ARGV[8] or '') ~= '')
+  local fast = nil
+  if op == 'acquire' then
+    fast = fast_acquire(K_LEASES, K_META, token, limit, limit_s, lease_ms, ttl_ms, ttl_s, share,
+                        ap, now)
+  elseif op == 'release' and not reports then
+    fast = fast_release(K_LEASES, K_META, token, now, ap)
+  elseif op == 'release' and ap then
+    fast = fast_report(K_LEASES, K_META, token, ap, ARGV, now, ttl_ms, ttl_s)
+  end
   if fast then return fast end
-  -- KEYS[3] may be left out: the leases key plus ':notify' (only waiters use it)
-  c.K_NOTIFY = c.K_NOTIFY or (c.K_LEASES .. ':notify')
+  -- the general path; KEYS[3] may be left out: the leases key plus ':notify' (only
+  -- waiters use it)
+  local c = {K_LEASES = K_LEASES, K_META = K_META, K_NOTIFY = KEYS[3] or (K_LEASES .. ':notify'),
+             argv = ARGV, op = op, token = token, limit = limit, limit_s = limit_s,
+             lease_ms = lease_ms, ttl_ms = ttl_ms, ttl_s = ttl_s, wait_ms = wait_ms, now = now,
+             ap = ap, share = share, reports = reports,
+             ok = 1, leased = false, reread = false, keep_for = 0, count = 0, drop = false}
   local err = read_meta(c) or read_waiters(c) or read_leases_and_reap(c)
   if err then return err end
-  c.ok, c.leased, c.reread, c.keep_for, c.count, c.drop = 1, false, false, 0, 0, false
-  OP[c.op](c)
+  OP[op](c)
   write_meta(c)
   owe_wakeups(c)
   refresh_ttls(c)

@@ -157,6 +157,65 @@ return {packer = packer, format = format, decode = decode, decode_fields = decod
 end)() end
   return record_codec_value
 end
+local breaker_config_value
+local function breaker_config()
+  if breaker_config_value == nil then breaker_config_value = (function()
+--!lib
+-- The breaker's config wire string (docs/KEY_SCHEMA.md, "Config wire string"): parsed
+-- into the units the state record stores, and single fields read by position. Pure
+-- functions: no per-call state.
+local floor, tonumber, match = math.floor, tonumber, string.match
+local INITIAL = {C = 'CLOSED', F = 'FORCED_OPEN', M = 'METRICS_ONLY', D = 'DISABLED'}
+local AFTER_HALF_OPEN = {O = 'OPEN', C = 'CLOSED'}
+
+-- Wire string: version 1, then 11 fields, then optional ones: 13 initial state, 14
+-- state after max wait in half-open, 15 open wait multiplier, 16 max open wait ms, 17
+-- randomization. The config (rates in 1/10000 of a percent, multiplier and
+-- randomization in millionths, named as the record's fields), or false.
+local CFG_PATTERN = '^1;([CT]);([^;]*);([^;]*);([^;]*);([^;]*);([^;]*);([^;]*);' ..
+                    '([^;]*);([^;]*);([^;]*);([^;]*)(.*)'
+local function parse(wire)
+  local wt, size, mc, fthr, sthr, ow, pr, mho, lease, ttl, sd, tail = match(wire, CFG_PATTERN)
+  if not wt then return false end
+  local init, after, mult, mo, rnd = 'CLOSED', 'OPEN', 1, 0, 0
+  if tail ~= '' then
+    local f13, f14, f15, f16, f17 = match(tail, '^;([^;]*);?([^;]*);?([^;]*);?([^;]*);?([^;]*)')
+    if not f13 then return false end
+    init, after = INITIAL[f13], AFTER_HALF_OPEN[f14 == '' and 'O' or f14]
+    mult, mo = tonumber(f15 == '' and '1' or f15), tonumber(f16 == '' and '0' or f16)
+    rnd = tonumber(f17 == '' and '0' or f17)
+    if not (init and after and mult and mo and rnd) then return false end
+  end
+  size, mc, fthr, sthr = tonumber(size), tonumber(mc), tonumber(fthr), tonumber(sthr)
+  ow, pr, mho, lease, ttl, sd = tonumber(ow), tonumber(pr), tonumber(mho), tonumber(lease),
+                                tonumber(ttl), tonumber(sd)
+  if not (size and mc and fthr and sthr and ow and pr and mho and lease and ttl and sd) then
+    return false
+  end
+  return {window_type = (wt == 'T') and 1 or 0, window_size = size, min_calls = mc,
+          failure_threshold = floor(fthr * 10000 + 0.5),
+          slow_threshold = floor(sthr * 10000 + 0.5), open_wait = ow, probes_max = pr,
+          max_half_open = mho, lease_ms = lease, ttl_ms = ttl, slow_ms = sd,
+          initial_state = init, after_half_open = after,
+          wait_mult = floor(mult * 1000000 + 0.5), max_open_wait = mo,
+          wait_rnd = floor(rnd * 1000000 + 0.5)}
+end
+
+-- Field `index` (1-based) of a wire string, or nil (the quorum's fields 20 and 21).
+local function wire_field(wire, index)
+  local i = 0
+  for part in string.gmatch(wire .. ';', '([^;]*);') do
+    i = i + 1
+    if i == index then return part end
+  end
+  return nil
+end
+
+return {parse = parse, field = wire_field}
+
+end)() end
+  return breaker_config_value
+end
 local breaker_transitions_value
 local function breaker_transitions()
   if breaker_transitions_value == nil then breaker_transitions_value = (function()
@@ -204,8 +263,57 @@ return {NEXT = NEXT, REASON = REASON, AFTER_HALF_OPEN = AFTER_HALF_OPEN, RESUME 
 end)() end
   return breaker_transitions_value
 end
-local main = (function(prelude, record_layout, record_codec, breaker_transitions)
---!module needs prelude record_layout record_codec breaker_transitions
+local breaker_events_value
+local function breaker_events()
+  if breaker_events_value == nil then breaker_events_value = (function()
+--!lib
+-- The breaker's history entries and pub/sub messages (docs/KEY_SCHEMA.md, "History
+-- stream" and "Transitions channel"). An event is {from, to, reason, failure rate,
+-- slow rate, gen, actor, kind ('' for a transition), until_ms}. Written after the
+-- state, through pcall: their failure can neither abort nor undo the transition.
+local pcall_, tostring, unpack = redis.pcall, tostring, unpack
+
+local function json_str(s)
+  s = string.gsub(tostring(s), '[%c"\\]',
+                  function(c) return string.format('\\u%04x', string.byte(c)) end)
+  return '"' .. s .. '"'
+end
+
+-- XADD each event to the history stream `k_hist` and PUBLISH each transition on
+-- `channel`; answers what failed ('' when nothing did), for the reply.
+local function publish(events, k_hist, channel, name, now)
+  local event_errors = ''
+  for _, e in ipairs(events) do
+    local entry = {'XADD', k_hist, 'MAXLEN', '1000', '*', 'from', e[1], 'to', e[2],
+         'reason', e[3], 'at_ms', now, 'failure_rate', tostring(e[4]),
+         'slow_rate', tostring(e[5]), 'gen', e[6], 'actor', e[7]}
+    if e[8] ~= '' then entry[#entry + 1] = 'kind'; entry[#entry + 1] = e[8] end
+    if e[9] and e[9] > 0 then entry[#entry + 1] = 'until_ms'; entry[#entry + 1] = e[9] end
+    local added = pcall_(unpack(entry))
+    if type(added) == 'table' and added.err then
+      event_errors = event_errors .. 'history: ' .. added.err .. '; '
+    end
+    if e[8] == '' then
+      local published = pcall_('PUBLISH', channel, '{"name":' .. json_str(name) ..
+        ',"from":"' .. e[1] .. '","to":"' .. e[2] .. '","reason":' .. json_str(e[3]) ..
+        ',"at_ms":' .. now .. ',"failure_rate":' .. e[4] .. ',"slow_rate":' .. e[5] ..
+        ',"gen":' .. e[6] .. ',"actor":' .. json_str(e[7]) ..
+        ((e[9] > 0) and (',"until_ms":' .. e[9]) or '') .. '}')
+      if type(published) == 'table' and published.err then
+        event_errors = event_errors .. 'publish: ' .. published.err .. '; '
+      end
+    end
+  end
+  return event_errors
+end
+
+return {publish = publish}
+
+end)() end
+  return breaker_events_value
+end
+local main = (function(prelude, record_layout, record_codec, breaker_config, breaker_transitions, breaker_events)
+--!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events
 -- distbreaker circuit breaker, key schema v2. The single source of truth for
 -- the fleet-wide state machine (docs/KEY_SCHEMA.md documents every byte).
 --
@@ -242,7 +350,7 @@ local main = (function(prelude, record_layout, record_codec, breaker_transitions
 -- then the history XADD and the PUBLISH (through pcall: their failure can
 -- neither abort nor undo the transition) follow.
 
-local floor, tonumber, tostring, match = math.floor, tonumber, tostring, string.match
+local floor, tonumber, tostring = math.floor, tonumber, tostring
 local max, min, unpack, rcall, pcall_ = math.max, math.min, unpack, redis.call, redis.pcall
 
 -- The state record's layout: declared once (distbreaker/_runtime/record_layout.py),
@@ -265,8 +373,6 @@ local COUNT_SLOT, TIME_SLOT = layout.COUNT_SLOT_BYTES, layout.TIME_SLOT_BYTES
 local STATES = layout.STATES
 local CODE = {}  -- state name -> code
 for code, state_name in ipairs(STATES) do CODE[state_name] = code - 1 end
-local INITIAL = {C = 'CLOSED', F = 'FORCED_OPEN', M = 'METRICS_ONLY', D = 'DISABLED'}
-local AFTER_HALF_OPEN = {O = 'OPEN', C = 'CLOSED'}
 local PRESENT, FAILED, SLOW, MS_MASK = layout.PRESENT, layout.FAILED, layout.SLOW, layout.MS_MASK
 
 -- The record's integer codec (lua/lib/record_codec.lua); `packer` is Redis's struct
@@ -311,36 +417,18 @@ local function foreign_keys()
       or foreign_type(K_PROBES, 'zset') or foreign_type(K_HIST, 'stream')
 end
 
--- Config ----------------------------------------------------------------------
--- Wire string: version 1, then 11 fields, then optional ones (see v1): 13 initial
--- state, 14 state after max wait in half-open, 15 open wait multiplier, 16 max
--- open wait ms, 17 randomization. Sets the config locals (rates in 1/10000 of a
--- percent, multiplier and randomization in millionths) or returns false.
-local CFG_PATTERN = '^1;([CT]);([^;]*);([^;]*);([^;]*);([^;]*);([^;]*);([^;]*);' ..
-                    '([^;]*);([^;]*);([^;]*);([^;]*)(.*)'
+-- The config wire string (lua/lib/breaker_config.lua): parsed into the governing
+-- config (sets cfg_parsed), or false.
+local wire_field = breaker_config.field
 local function parse_config(wire)
-  local wt, size, mc, fthr, sthr, ow, pr, mho, lease, ttl, sd, tail = match(wire, CFG_PATTERN)
-  if not wt then return false end
-  local init, after, mult, mo, rnd = 'CLOSED', 'OPEN', 1, 0, 0
-  if tail ~= '' then
-    local f13, f14, f15, f16, f17 = match(tail, '^;([^;]*);?([^;]*);?([^;]*);?([^;]*);?([^;]*)')
-    if not f13 then return false end
-    init, after = INITIAL[f13], AFTER_HALF_OPEN[f14 == '' and 'O' or f14]
-    mult, mo = tonumber(f15 == '' and '1' or f15), tonumber(f16 == '' and '0' or f16)
-    rnd = tonumber(f17 == '' and '0' or f17)
-    if not (init and after and mult and mo and rnd) then return false end
-  end
-  size, mc, fthr, sthr = tonumber(size), tonumber(mc), tonumber(fthr), tonumber(sthr)
-  ow, pr, mho, lease, ttl, sd = tonumber(ow), tonumber(pr), tonumber(mho), tonumber(lease),
-                                tonumber(ttl), tonumber(sd)
-  if not (size and mc and fthr and sthr and ow and pr and mho and lease and ttl and sd) then
-    return false
-  end
-  window_type, window_size, min_calls = (wt == 'T') and 1 or 0, size, mc
-  failure_threshold, slow_threshold = floor(fthr * 10000 + 0.5), floor(sthr * 10000 + 0.5)
-  open_wait, probes_max, max_half_open, lease_ms, ttl_ms, slow_ms = ow, pr, mho, lease, ttl, sd
-  initial_state, after_half_open = init, after
-  wait_mult, max_open_wait, wait_rnd = floor(mult * 1000000 + 0.5), mo, floor(rnd * 1000000 + 0.5)
+  local c = breaker_config.parse(wire)
+  if not c then return false end
+  window_type, window_size, min_calls = c.window_type, c.window_size, c.min_calls
+  failure_threshold, slow_threshold, ttl_ms = c.failure_threshold, c.slow_threshold, c.ttl_ms
+  probes_max, max_half_open, lease_ms = c.probes_max, c.max_half_open, c.lease_ms
+  open_wait, initial_state, after_half_open = c.open_wait, c.initial_state, c.after_half_open
+  wait_mult, max_open_wait, wait_rnd, slow_ms = c.wait_mult, c.max_open_wait, c.wait_rnd,
+                                                c.slow_ms
   cfg_parsed = true
   return true
 end
@@ -416,13 +504,7 @@ local function load()
   return nil
 end
 
--- Events ----------------------------------------------------------------------
-local function json_str(s)
-  s = string.gsub(tostring(s), '[%c"\\]',
-                  function(c) return string.format('\\u%04x', string.byte(c)) end)
-  return '"' .. s .. '"'
-end
-
+-- Rates ---------------------------------------------------------------------------
 local function rate(part, whole)
   if whole <= 0 then return -1 end
   return floor(part * 10000 / whole) / 100
@@ -700,15 +782,6 @@ end
 -- record whose ARGV[11] names its worker marks it in the hash <state key>:fw
 -- (worker -> server ms of its last failure); marks older than the window are pruned
 -- here, and the hash is deleted whenever the window is cleared.
-local function wire_field(wire, index)
-  local i = 0
-  for part in string.gmatch(wire .. ';', '([^;]*);') do
-    i = i + 1
-    if i == index then return part end
-  end
-  return nil
-end
-
 local function quorum_met()
   local wire = cfg_store
   if not wire then
@@ -980,32 +1053,6 @@ local function reply_full(event_errors, wait_ms, in_flight)
           quorum_blocked and 1 or 0}
 end
 
-local function publish_events()
-  local event_errors = ''
-  for _, e in ipairs(events) do
-    local entry = {'XADD', K_HIST, 'MAXLEN', '1000', '*', 'from', e[1], 'to', e[2],
-         'reason', e[3], 'at_ms', now, 'failure_rate', tostring(e[4]),
-         'slow_rate', tostring(e[5]), 'gen', e[6], 'actor', e[7]}
-    if e[8] ~= '' then entry[#entry + 1] = 'kind'; entry[#entry + 1] = e[8] end
-    if e[9] and e[9] > 0 then entry[#entry + 1] = 'until_ms'; entry[#entry + 1] = e[9] end
-    local added = pcall_(unpack(entry))
-    if type(added) == 'table' and added.err then
-      event_errors = event_errors .. 'history: ' .. added.err .. '; '
-    end
-    if e[8] == '' then
-      local published = pcall_('PUBLISH', channel, '{"name":' .. json_str(name) ..
-        ',"from":"' .. e[1] .. '","to":"' .. e[2] .. '","reason":' .. json_str(e[3]) ..
-        ',"at_ms":' .. now .. ',"failure_rate":' .. e[4] .. ',"slow_rate":' .. e[5] ..
-        ',"gen":' .. e[6] .. ',"actor":' .. json_str(e[7]) ..
-        ((e[9] > 0) and (',"until_ms":' .. e[9]) or '') .. '}')
-      if type(published) == 'table' and published.err then
-        event_errors = event_errors .. 'publish: ' .. published.err .. '; '
-      end
-    end
-  end
-  return event_errors
-end
-
 -- The full reply's wait_ms and probes_in_flight.
 local function reply_numbers()
   load_cold()
@@ -1110,7 +1157,7 @@ local function finish()
       and drift == 0 and override_until == 0 and s_state ~= 'OPEN' and s_state ~= 'FORCED_OPEN'
   if not short then wait_ms, in_flight = reply_numbers() end
   write_others(refresh)
-  local event_errors = events and publish_events() or ''
+  local event_errors = events and breaker_events.publish(events, K_HIST, channel, name, now) or ''
   if short and event_errors == '' then return {s_state, now, since} end
   return reply_full(event_errors, wait_ms, in_flight)
 end
@@ -1317,5 +1364,5 @@ return function(KEYS, ARGV, given_now, given_micros)
   return finish()
 end
 
-end)(prelude(), record_layout(), record_codec(), breaker_transitions())
+end)(prelude(), record_layout(), record_codec(), breaker_config(), breaker_transitions(), breaker_events())
 return main(KEYS, ARGV)
