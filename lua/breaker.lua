@@ -68,21 +68,20 @@ local packer, decode, decode_fields = record_codec.packer, record_codec.decode,
 local encode, int = record_codec.encode, record_codec.int
 
 -- Per-call state, every one set by `begin` at the start of a call, then by `load`
--- (the hot group) and `load_cold` (the cold group: call it before reading one of
--- open_until, gen, opens, rejected, drift_fp or the cold config) ------------------
+-- (the hot group); the cold group is only reachable through `cold()` -------------
 -- the call: its keys, arguments and server time
 local K_STATE, K_META, K_PROBES, K_HIST, op, name, cfg_wire, channel, argv
 local now, micros
--- the record's hot group (names as in record_layout), `exists`, and the cold group
-local exists, cold, s_state, fp, since, calls, failures, slow, total_ms, head, window_sec
+-- the record's hot group (names as in record_layout) and `exists`
+local exists, s_state, fp, since, calls, failures, slow, total_ms, head, window_sec
 local ttl_refreshed_at, override_until, seq, hp_done, hp_fail, hp_slow
-local open_until, gen, opens, rejected, drift_fp
--- the governing config (the hot group's fields; the cold group's, or this call's
--- parsed wire string when cfg_parsed)
+-- the governing config's hot part (the hot group's fields, or this call's parsed
+-- wire string: `parsed`)
 local window_type, window_size, min_calls, failure_threshold, slow_threshold, ttl_ms
 local probes_max, max_half_open, lease_ms
-local open_wait, initial_state, after_half_open, wait_mult, max_open_wait, wait_rnd, slow_ms
-local cfg_parsed
+local parsed
+-- the cold group: nil until `cold()` reads it
+local cold_group
 -- the meta hash's reason and actor (read when a reply needs them)
 local reason_now, actor_now
 -- what to write: header groups, meta fields, the window, probes, quorum marks, events
@@ -102,19 +101,22 @@ local function foreign_keys()
       or foreign_type(K_PROBES, 'zset') or foreign_type(K_HIST, 'stream')
 end
 
--- The config wire string (lua/lib/breaker_config.lua): parsed into the governing
--- config (sets cfg_parsed), or false.
+-- The config wire string (lua/lib/breaker_config.lua) parsed into the governing
+-- config: its hot part into the locals, its cold part (COLD_CONFIG) kept in `parsed`
+-- for `cold()` (and copied into the cold group if already read); false when bad.
 local wire_field = breaker_config.field
+local COLD_CONFIG = {'open_wait', 'initial_state', 'after_half_open', 'wait_mult',
+                     'max_open_wait', 'wait_rnd', 'slow_ms'}
 local function parse_config(wire)
   local c = breaker_config.parse(wire)
   if not c then return false end
   window_type, window_size, min_calls = c.window_type, c.window_size, c.min_calls
   failure_threshold, slow_threshold, ttl_ms = c.failure_threshold, c.slow_threshold, c.ttl_ms
   probes_max, max_half_open, lease_ms = c.probes_max, c.max_half_open, c.lease_ms
-  open_wait, initial_state, after_half_open = c.open_wait, c.initial_state, c.after_half_open
-  wait_mult, max_open_wait, wait_rnd, slow_ms = c.wait_mult, c.max_open_wait, c.wait_rnd,
-                                                c.slow_ms
-  cfg_parsed = true
+  parsed = c
+  if cold_group then
+    for _, field in ipairs(COLD_CONFIG) do cold_group[field] = c[field] end
+  end
   return true
 end
 
@@ -133,25 +135,33 @@ local function load_reason()
   reason_now, actor_now = m[1] or '', m[2] or ''
 end
 
--- The cold group's fields, read once by a call that needs them (call it before
--- reading one). A new record's are zero; a config this call parsed (new, unset,
--- adopted) is kept.
-local function load_cold()
-  if cold then return end
-  cold = true
-  if not exists then return end
-  local a, b, c, d, e, f, cfg_wait, cfg_init, cfg_after, cfg_mult, cfg_max_open, cfg_rnd,
-        cfg_slow = decode_fields(rcall('GETRANGE', K_STATE, layout.COLD_AT, layout.COLD_LAST),
-                                 layout.COLD_FIELDS)
-  open_until, gen, opens, rejected, drift_fp = a, b, c, d, f  -- e: field 4, reserved
-  if not cfg_parsed then
-    open_wait, initial_state, after_half_open = cfg_wait, STATES[cfg_init + 1],
-                                                STATES[cfg_after + 1]
-    wait_mult, max_open_wait, wait_rnd, slow_ms = cfg_mult, cfg_max_open, cfg_rnd, cfg_slow
-    if not (initial_state and after_half_open) then
-      error('DISTBREAKER_SCHEMA ' .. K_STATE .. ' has an unknown state code')
-    end
+-- The cold group (fields as in record_layout: open_until, gen, opens, rejected,
+-- drift_fp, and the cold config: open_wait, initial_state, after_half_open,
+-- wait_mult, max_open_wait, wait_rnd, slow_ms), read once by the first use in a call
+-- (one GETRANGE; OPEN, transitions, rejections, `set` and full replies need it, the
+-- usual call does not). A new record's counters are zero; a config this call parsed
+-- (new, unset, adopted) governs.
+local function cold()
+  local g = cold_group
+  if g then return g end
+  if exists then
+    local until_ms, gen, opens, rejected, _, drift_fp, wait, init, after, mult, max_open,
+          rnd, slow_call = decode_fields(rcall('GETRANGE', K_STATE, layout.COLD_AT,
+                                               layout.COLD_LAST), layout.COLD_FIELDS)
+    g = {open_until = until_ms, gen = gen, opens = opens, rejected = rejected,
+         drift_fp = drift_fp, open_wait = wait, initial_state = STATES[init + 1],
+         after_half_open = STATES[after + 1], wait_mult = mult, max_open_wait = max_open,
+         wait_rnd = rnd, slow_ms = slow_call}
+  else
+    g = {open_until = 0, gen = 0, opens = 0, rejected = 0, drift_fp = 0}
   end
+  if parsed then
+    for _, field in ipairs(COLD_CONFIG) do g[field] = parsed[field] end
+  elseif not (g.initial_state and g.after_half_open) then
+    error('DISTBREAKER_SCHEMA ' .. K_STATE .. ' has an unknown state code')
+  end
+  cold_group = g
+  return g
 end
 
 -- Reads the hot header; returns an error reply, or nil. Sets `exists`, the hot
@@ -173,7 +183,6 @@ local function load()
       return schema_error(K_STATE, 'is not a distbreaker v2 state record')
     end
     exists = false
-    open_until, gen, opens, rejected, drift_fp = 0, 0, 0, 0, 0
   else
     exists = true
   end
@@ -206,11 +215,12 @@ end
 -- wait times multiplier^(consecutive opens - 1), capped (at the key TTL when no
 -- cap is configured), spread by +-randomization with the server clock's
 -- microseconds as the random draw; a close resets the count.
-local function wait_in_open()
+local function wait_in_open(g)
+  local open_wait, wait_mult, wait_rnd = g.open_wait, g.wait_mult, g.wait_rnd
   if wait_mult == 1000000 and wait_rnd == 0 then return open_wait end
-  local cap = max_open_wait > 0 and max_open_wait or ttl_ms
+  local cap = g.max_open_wait > 0 and g.max_open_wait or ttl_ms
   local w = open_wait
-  if opens > 1 then w = open_wait * (wait_mult / 1000000) ^ min(opens - 1, 200) end
+  if g.opens > 1 then w = open_wait * (wait_mult / 1000000) ^ min(g.opens - 1, 200) end
   if w > cap then w = cap end
   if wait_rnd > 0 then
     w = w * (1 + (wait_rnd / 1000000) * (2 * (micros % 1000) / 999 - 1))
@@ -219,7 +229,7 @@ local function wait_in_open()
 end
 
 local function transition(to, reason, actor)
-  load_cold()
+  local g = cold()
   local from = s_state
   local frate, srate
   if from == 'HALF_OPEN' then
@@ -228,15 +238,15 @@ local function transition(to, reason, actor)
     frate, srate = rate(failures, calls), rate(slow, calls)
   end
   actor = actor or ''
-  s_state, since, gen, reason_now, actor_now = to, now, gen + 1, reason, actor
+  s_state, since, g.gen, reason_now, actor_now = to, now, g.gen + 1, reason, actor
   dirty_state, dirty_counters, dirty_half_open, meta_reason = true, true, true, true
   override_until = 0
   if to == 'OPEN' then
-    opens = opens + 1
-    open_until = now + wait_in_open()
+    g.opens = g.opens + 1
+    g.open_until = now + wait_in_open(g)
   else
-    open_until = 0
-    if to == 'CLOSED' then opens = 0 end
+    g.open_until = 0
+    if to == 'CLOSED' then g.opens = 0 end
   end
   if to == 'OPEN' and from ~= 'HALF_OPEN' and hp_done ~= 0 then
     -- an OPEN reports the half-open figures only when it follows a half-open verdict
@@ -251,7 +261,7 @@ local function transition(to, reason, actor)
   end
   if not transitions then transitions, events = {}, {} end
   transitions[#transitions + 1] = {from, to, reason, tostring(frate), tostring(srate)}
-  events[#events + 1] = {from, to, reason, frate, srate, gen, actor, '', 0}
+  events[#events + 1] = {from, to, reason, frate, srate, g.gen, actor, '', 0}
 end
 
 -- The state machine (lua/lib/breaker_transitions.lua): `fire` moves the breaker on
@@ -263,10 +273,7 @@ local RESTART, CLEAR = breaker_transitions.RESTART, breaker_transitions.CLEAR
 local IGNORE = breaker_transitions.IGNORE
 local function fire(event, reason, actor)
   local to = NEXT[s_state][event]
-  if to == AFTER_HALF_OPEN then
-    load_cold()
-    to = after_half_open
-  end
+  if to == AFTER_HALF_OPEN then to = cold().after_half_open end
   if type(to) == 'string' then transition(to, reason or REASON[event], actor) end
   return to
 end
@@ -275,7 +282,7 @@ end
 -- wait), 'override' (an override on the current state was set, changed or lifted),
 -- 'override_end' (a held CLOSED was released).
 local function note(kind, reason, actor, until_ms)
-  load_cold()
+  local gen = cold().gen
   if not events then transitions, events = {}, {} end
   events[#events + 1] = {s_state, s_state, reason, -1, -1, gen, actor or '', kind, until_ms}
 end
@@ -423,11 +430,10 @@ end
 
 -- Time-driven transitions ---------------------------------------------------------
 local function advance()
-  if s_state == 'OPEN' then load_cold() end
   if override_until > 0 and now >= override_until then end_override() end
   if window_type == 1 then evict_time_buckets() end
   if s_state == 'OPEN' then
-    if now >= open_until then fire('wait_elapsed') end
+    if now >= cold().open_until then fire('wait_elapsed') end
   end
   if s_state == 'HALF_OPEN' then
     if max_half_open > 0 and now >= since + max_half_open then fire('max_wait_elapsed') end
@@ -564,8 +570,8 @@ local function op_acquire()
     end
   end
   if permitted == 0 then
-    load_cold()
-    rejected, dirty_counters = rejected + 1, true
+    local g = cold()
+    g.rejected, dirty_counters = g.rejected + 1, true
   end
   return nil
 end
@@ -586,7 +592,7 @@ local function hold_from(hold_for, hold_until, target)
 end
 
 local function op_set()
-  load_cold()
+  local g = cold()
   local target, reason, actor = argv[6], argv[7], argv[8]
   local hold, bad = hold_from(argv[9] or '', argv[10] or '', target)
   if not hold then return bad end
@@ -610,11 +616,11 @@ local function op_set()
     if to == RESTART then
       -- a same-state move: the wait restarts, recorded as a restart, not a transition
       reason_now, actor_now, meta_reason, dirty_counters = reason, actor, true, true
-      open_until = now + wait_in_open()
-      if hold > 0 then open_until = hold end
+      g.open_until = now + wait_in_open(g)
+      if hold > 0 then g.open_until = hold end
       note('restart', reason, actor, hold)
     elseif to ~= IGNORE and hold > 0 then
-      open_until = hold; events[#events][9] = hold
+      g.open_until = hold; events[#events][9] = hold
     end
   elseif s_state ~= target then  -- `force` (not in the table): any state to the target
     transition(target, reason, actor)
@@ -647,13 +653,14 @@ end
 
 -- The counters group; the config group (with the half-open figures, magic and
 -- fingerprint between its fields); the half_open group alone.
-local function header_counters()
-  return encode({open_until, gen, opens, rejected, 0, drift_fp}, 1, layout.COUNTERS_FIELDS, 8)
+local function header_counters(g)
+  return encode({g.open_until, g.gen, g.opens, g.rejected, 0, g.drift_fp}, 1,
+                layout.COUNTERS_FIELDS, 8)
 end
 
-local function header_config()
-  return encode({open_wait, CODE[initial_state], CODE[after_half_open], wait_mult,
-                 max_open_wait, wait_rnd, slow_ms, hp_done, hp_fail, hp_slow, probes_max,
+local function header_config(g)
+  return encode({g.open_wait, CODE[g.initial_state], CODE[g.after_half_open], g.wait_mult,
+                 g.max_open_wait, g.wait_rnd, g.slow_ms, hp_done, hp_fail, hp_slow, probes_max,
                  lease_ms, max_half_open, MAGIC, fp, window_type, window_size, min_calls,
                  failure_threshold, slow_threshold, ttl_ms}, 1, layout.CONFIG_FIELDS, 8)
 end
@@ -681,16 +688,14 @@ end
 local function write_record()
   first_write = true
   if not exists or dirty_config then
-    load_cold()
-    local refused = put(layout.CONFIG_AT, header_config())
+    local refused = put(layout.CONFIG_AT, header_config(cold()))
     if refused then return refused end
   elseif dirty_half_open then
     local refused = put(layout.HALF_OPEN_AT, header_half_open())
     if refused then return refused end
   end
   if not exists or dirty_counters then
-    load_cold()
-    local refused = put(layout.COUNTERS_AT, header_counters())
+    local refused = put(layout.COUNTERS_AT, header_counters(cold()))
     if refused then return refused end
   end
   if dirty_state or dirty_window or ttl_refreshed_at == now or not exists then
@@ -717,7 +722,7 @@ local function write_record()
 end
 
 local function reply_full(event_errors, wait_ms, in_flight)
-  load_cold()
+  local rejected = cold().rejected
   -- Reason and actor explain rejections and states; a permitted acquire or record
   -- without a transition in CLOSED or HALF_OPEN answers them empty (one read less).
   if permitted == 1 and not transitions and (op == 'acquire' or op == 'record')
@@ -740,17 +745,17 @@ end
 
 -- The full reply's wait_ms and probes_in_flight.
 local function reply_numbers()
-  load_cold()
+  local g = cold()
   local wait_ms, in_flight = 0, 0
   if s_state == 'OPEN' then
-    wait_ms = max(0, open_until - now)
+    wait_ms = max(0, g.open_until - now)
   elseif s_state == 'HALF_OPEN' then
     in_flight = live_probes() + (probe_add and 1 or 0) - (probe_rem and 1 or 0)
     in_flight = max(0, in_flight)
     if permitted == 0 and not clear_probes then
       local first = rcall('ZRANGEBYSCORE', K_PROBES, '(' .. now, '+inf', 'WITHSCORES',
                           'LIMIT', 0, 1)
-      if first[2] then wait_ms = min(open_wait, max(0, tonumber(first[2]) - now)) end
+      if first[2] then wait_ms = min(g.open_wait, max(0, tonumber(first[2]) - now)) end
     end
   end
   return wait_ms, in_flight
@@ -788,8 +793,7 @@ local function write_others(refresh)
   if probe_add then rcall('ZADD', K_PROBES, int(now + lease_ms), probe_add) end
   if refresh then
     -- an override or a long OPEN wait keeps the keys for key_ttl past its end
-    load_cold()
-    local keep, held = ttl_ms, override_until
+    local keep, held, open_until = ttl_ms, override_until, cold().open_until
     if s_state == 'OPEN' and open_until > held then held = open_until end
     if held > now then keep = max(ttl_ms, held - now + ttl_ms) end
     rcall('PEXPIRE', K_STATE, keep)
@@ -828,7 +832,8 @@ local function finish()
       if op == 'acquire' and permitted == 0 then
         -- A rejection stands without its counter (and without a time-driven
         -- transition it computed: the next call computes it again).
-        rejected = rejected - 1
+        local g = cold()
+        g.rejected = g.rejected - 1
         local wait_ms, in_flight = reply_numbers()
         return reply_full('state not saved: ' .. refused, wait_ms, in_flight)
       end
@@ -862,8 +867,9 @@ local function settle_config(arg_fp)
       fp, dirty_config = 0, true
     else
       fp, dirty_config, meta_cfg, cfg_store = fingerprint(cfg_wire), true, true, cfg_wire
-      if initial_state ~= 'CLOSED' then
-        s_state, reason_now, actor_now, meta_reason = initial_state, 'initial state', '', true
+      if parsed.initial_state ~= 'CLOSED' then
+        s_state, reason_now, actor_now, meta_reason = parsed.initial_state, 'initial state', '',
+                                                      true
       end
     end
     return
@@ -878,7 +884,7 @@ local function settle_config(arg_fp)
   -- the hot path: the same config (compared as the decimal string the caller sent)
   if int(fp) == arg_fp and not adopt then return end
   local mine = fingerprint(cfg_wire)
-  load_cold()
+  local g = cold()
   if adopt then
     if mine ~= fp then
       if not parse_config(cfg_wire) then
@@ -889,12 +895,12 @@ local function settle_config(arg_fp)
       clear_window()
       dirty_counters = true
     end
-    if drift_fp ~= 0 then drift_fp, dirty_counters, clear_drift = 0, true, true end
+    if g.drift_fp ~= 0 then g.drift_fp, dirty_counters, clear_drift = 0, true, true end
     return
   end
   if mine == fp then return end  -- the caller's fingerprint was wrong, not its config
   drift = 1
-  if drift_fp ~= mine then drift_fp, dirty_counters, meta_drift = mine, true, true end
+  if g.drift_fp ~= mine then g.drift_fp, dirty_counters, meta_drift = mine, true, true end
 end
 
 -- The server time in ms, and its microseconds (the open wait's random draw).
@@ -918,8 +924,8 @@ local function begin(keys, args, given_now, given_micros)
   else
     now, micros = server_time()
   end
-  cold, cfg_parsed, reason_now, actor_now, cfg_store, drift, permitted = false, false, nil, nil,
-                                                                         nil, 0, 1
+  cold_group, parsed, reason_now, actor_now, cfg_store, drift, permitted = nil, nil, nil, nil,
+                                                                            nil, 0, 1
   dirty_half_open, dirty_window, dirty_state, dirty_counters, dirty_config = false, false, false,
                                                                              false, false
   meta_reason, meta_cfg, meta_drift, clear_drift = false, false, false, false
@@ -1032,7 +1038,7 @@ return function(KEYS, ARGV, given_now, given_micros)
     if err then return err end
   end
   if not exists and op == 'state' then
-    return {initial_state, 0, 1, {}, 0, 0, 0, 0, 0, 0, '', now, now, 0}
+    return {parsed.initial_state, 0, 1, {}, 0, 0, 0, 0, 0, 0, '', now, now, 0}
   end
   err = settle_config(ARGV[2] or '')
   if err then return err end
