@@ -2,10 +2,17 @@
 -- distbreaker circuit breaker, key schema v2. The single source of truth for
 -- the fleet-wide state machine (docs/KEY_SCHEMA.md documents every byte).
 --
--- A module: the helpers below are defined once (at FUNCTION LOAD, or once per
--- EVAL), and the chunk returns the entry function(KEYS, ARGV). Per-call state
--- lives in the chunk's locals, every one of them set by `begin` at the start of
--- a call (a script never runs concurrently with another).
+-- A module: the helpers below are defined once (per library load, or once per
+-- EVAL), and the chunk returns the entry function(KEYS, ARGV). What holds no
+-- per-call state lives in library modules (lua/lib/, named on the first line): the
+-- shared prelude (error replies, the foreign-type check), the record layout
+-- (generated from distbreaker/_runtime/record_layout.py) and codec, the config wire
+-- string, the state machine's transition table, the history and pub/sub events.
+-- This file keeps what works on one call's state: loading the record, the window,
+-- the ops, persisting, and the hot path. That state lives in the chunk's locals
+-- (upvalues: cheaper for Redis than a table's fields on every path), every one set
+-- by `begin` at the start of a call (a script never runs concurrently with
+-- another); the cold group is a table reached only through `cold()`.
 --
 -- KEYS[1] state record (string)   KEYS[2] meta hash   KEYS[3] probe leases (zset)
 -- KEYS[4] history stream; 2-4 may be left out (derived from KEYS[1], see begin)
