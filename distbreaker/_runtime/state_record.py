@@ -11,6 +11,7 @@ import struct
 from typing import Any
 
 from .record_layout import (  # the one declaration of the layout
+    COUNT_SLOT_BYTES,
     FAILED,
     FIELD_NAMES,
     HEADER_FIELDS,
@@ -19,6 +20,7 @@ from .record_layout import (  # the one declaration of the layout
     PRESENT,
     SLOW,
     STATES,
+    TIME_SLOT_BYTES,
     WINDOW_OFFSET,
 )
 
@@ -55,7 +57,8 @@ def decode_record(data: bytes) -> dict[str, Any]:
 def count_slots(data: bytes, size: int) -> list[tuple[bool, bool, int] | None]:
     """A count window's slots in ring order: (failed, slow, ms), None when empty."""
     out: list[tuple[bool, bool, int] | None] = []
-    raw = bytes(data[WINDOW_OFFSET:WINDOW_OFFSET + 4 * size]).ljust(4 * size, b"\0")
+    width = COUNT_SLOT_BYTES * size
+    raw = bytes(data[WINDOW_OFFSET:WINDOW_OFFSET + width]).ljust(width, b"\0")
     for (value,) in struct.iter_unpack(">I", raw):
         out.append((bool(value & FAILED), bool(value & SLOW), value & MS_MASK)
                    if value & PRESENT else None)
@@ -64,7 +67,8 @@ def count_slots(data: bytes, size: int) -> list[tuple[bool, bool, int] | None]:
 
 def time_slots(data: bytes, size: int) -> list[tuple[int, int, int, int, int]]:
     """A time window's slots: (second, calls, failures, slow, ms), all zero when unused."""
-    raw = bytes(data[WINDOW_OFFSET:WINDOW_OFFSET + 20 * size]).ljust(20 * size, b"\0")
+    width = TIME_SLOT_BYTES * size
+    raw = bytes(data[WINDOW_OFFSET:WINDOW_OFFSET + width]).ljust(width, b"\0")
     return list(struct.iter_unpack(">5I", raw))
 
 
