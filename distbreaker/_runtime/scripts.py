@@ -112,6 +112,13 @@ def _lib_order(names: Sequence[str], read: Callable[[str], str]) -> list[str]:
     return order
 
 
+def sources(name: str, read: Callable[[str], str] | None = None) -> list[str]:
+    """The text of ``lua/<name>.lua`` and of every library module it uses, directly or
+    through others (what runs when the script runs, less the scripts it calls)."""
+    read = read or _read
+    return [read(name), *(read(f"lib/{lib}") for lib in _lib_order([name], read))]
+
+
 def _chunk_call(source: str) -> str:
     """A call of a module's chunk, its library modules passed as locals of their names."""
     libs = [n for n in needs(source) if _is_lib(n)]

@@ -11,12 +11,12 @@ local function json_str(s)
   return '"' .. s .. '"'
 end
 
--- XADD each event to the history stream `k_hist` and PUBLISH each transition on
+-- XADD each event to the history stream `K_HIST` and PUBLISH each transition on
 -- `channel`; answers what failed ('' when nothing did), for the reply.
-local function publish(events, k_hist, channel, name, now)
+local function publish(events, K_HIST, channel, name, now)
   local event_errors = ''
   for _, e in ipairs(events) do
-    local entry = {'XADD', k_hist, 'MAXLEN', '1000', '*', 'from', e[1], 'to', e[2],
+    local entry = {'XADD', K_HIST, 'MAXLEN', '1000', '*', 'from', e[1], 'to', e[2],
          'reason', e[3], 'at_ms', now, 'failure_rate', tostring(e[4]),
          'slow_rate', tostring(e[5]), 'gen', e[6], 'actor', e[7]}
     if e[8] ~= '' then entry[#entry + 1] = 'kind'; entry[#entry + 1] = e[8] end

@@ -44,3 +44,11 @@ def test_every_script_shares_the_prelude_and_defines_no_copy() -> None:
 def test_every_module_is_marked() -> None:
     for lib in LIBS:
         assert Path(lua_dir() / "lib" / f"{lib}.lua").read_text().startswith("--!lib"), lib
+
+
+def test_doctor_counts_the_commands_a_script_runs_through_its_modules() -> None:
+    from distbreaker.cli.doctor import script_commands
+
+    commands = script_commands()
+    assert {"XADD", "PUBLISH", "GETRANGE"} <= set(commands["breaker"])  # in lua/lib/
+    assert "TYPE" in commands["budget"]  # the prelude's foreign-type check

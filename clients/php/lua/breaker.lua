@@ -279,12 +279,12 @@ local function json_str(s)
   return '"' .. s .. '"'
 end
 
--- XADD each event to the history stream `k_hist` and PUBLISH each transition on
+-- XADD each event to the history stream `K_HIST` and PUBLISH each transition on
 -- `channel`; answers what failed ('' when nothing did), for the reply.
-local function publish(events, k_hist, channel, name, now)
+local function publish(events, K_HIST, channel, name, now)
   local event_errors = ''
   for _, e in ipairs(events) do
-    local entry = {'XADD', k_hist, 'MAXLEN', '1000', '*', 'from', e[1], 'to', e[2],
+    local entry = {'XADD', K_HIST, 'MAXLEN', '1000', '*', 'from', e[1], 'to', e[2],
          'reason', e[3], 'at_ms', now, 'failure_rate', tostring(e[4]),
          'slow_rate', tostring(e[5]), 'gen', e[6], 'actor', e[7]}
     if e[8] ~= '' then entry[#entry + 1] = 'kind'; entry[#entry + 1] = e[8] end
@@ -317,10 +317,17 @@ local main = (function(prelude, record_layout, record_codec, breaker_config, bre
 -- distbreaker circuit breaker, key schema v2. The single source of truth for
 -- the fleet-wide state machine (docs/KEY_SCHEMA.md documents every byte).
 --
--- A module: the helpers below are defined once (at FUNCTION LOAD, or once per
--- EVAL), and the chunk returns the entry function(KEYS, ARGV). Per-call state
--- lives in the chunk's locals, every one of them set by `begin` at the start of
--- a call (a script never runs concurrently with another).
+-- A module: the helpers below are defined once (per library load, or once per
+-- EVAL), and the chunk returns the entry function(KEYS, ARGV). What holds no
+-- per-call state lives in library modules (lua/lib/, named on the first line): the
+-- shared prelude (error replies, the foreign-type check), the record layout
+-- (generated from distbreaker/_runtime/record_layout.py) and codec, the config wire
+-- string, the state machine's transition table, the history and pub/sub events.
+-- This file keeps what works on one call's state: loading the record, the window,
+-- the ops, persisting, and the hot path. That state lives in the chunk's locals
+-- (upvalues: cheaper for Redis than a table's fields on every path), every one set
+-- by `begin` at the start of a call (a script never runs concurrently with
+-- another); the cold group is a table reached only through `cold()`.
 --
 -- KEYS[1] state record (string)   KEYS[2] meta hash   KEYS[3] probe leases (zset)
 -- KEYS[4] history stream; 2-4 may be left out (derived from KEYS[1], see begin)
