@@ -1,4 +1,4 @@
---!module
+--!module needs prelude
 -- distbreaker retry budget (Finagle semantics). A module: the helpers below are
 -- defined once (at FUNCTION LOAD, or once per EVAL) and the chunk returns the entry.
 --
@@ -46,23 +46,15 @@
 -- (Globals are looked up per call: while a library loads, Redis hides them.)
 
 
-local function schema_error(key, msg)
-  return redis.error_reply('DISTBREAKER_SCHEMA ' .. key .. ' ' .. msg)
-end
+local schema_error, failed_on, args_error = prelude.schema_error, prelude.failed_on,
+                                           prelude.args_error
 
 -- A failed first read of K: name the foreign type (TYPE runs only here), or pass
 -- the error on (an ACL refusal on a key of the right type).
-local function read_failed(key, reply)
-  local found = redis.call('TYPE', key)
-  if type(found) == 'table' then found = found['ok'] end
-  if found ~= 'none' and found ~= 'hash' then
-    return schema_error(key, 'holds a ' .. found .. ', expected a hash')
-  end
-  return reply
-end
+local function read_failed(key, reply) return failed_on(key, 'hash', reply) end
 
 local function bad_args(op)
-  return redis.error_reply('DISTBREAKER_ARGS bad budget arguments for ' .. tostring(op))
+  return args_error('bad budget arguments for ' .. tostring(op))
 end
 
 -- ARGV[2..5] as {ppm, reserve, ttl ms, slices, slice ms, slice ms as text}, false when

@@ -16,7 +16,11 @@ Every script in ``lua/`` is one source of truth with two generated forms:
 A script file is either a *module* (its first line is ``--!module``): a chunk
 that defines its helpers once and returns the entry ``function(KEYS, ARGV)``; or a
 plain script body (it reads ``KEYS`` / ``ARGV`` and returns the reply), which is
-wrapped in a function of those two parameters. A `PendingCall` is a component's
+wrapped in a function of those two parameters. A *library module* (``lua/lib/NAME.lua``,
+first line ``--!lib``) is a chunk returning a value (a table of helpers or constants)
+that scripts share; a script or library module names what it uses on its first line
+(``--!module needs prelude record_layout``, ``--!lib needs prelude``), and its chunk
+gets each library module's value as a local of that name. A `PendingCall` is a component's
 call with its reply and outage handling; `send` / `send_async` are its one sync
 and asyncio driver.
 """
@@ -53,7 +57,8 @@ _CANDIDATES = (_PACKAGE_DIR / "lua", _PACKAGE_DIR.parent / "lua")
 #: The scripts of the library, in the order the library defines them.
 SCRIPT_NAMES = ("breaker", "bulkhead", "budget", "ganesha", "finish")
 MODULE_MARKER = "--!module"
-NEEDS_MARKER = "--!module needs "
+LIB_MARKER = "--!lib"
+NEEDS = " needs "
 
 
 def lua_dir() -> Path:
@@ -74,20 +79,80 @@ def _is_module(source: str) -> bool:
 
 
 def needs(source: str) -> list[str]:
-    """The scripts a module calls (its first line ``--!module needs a b``), in order:
-    the library defines them before it, its EVAL form carries them."""
+    """What a module uses (its first line ``--!module needs a b`` or ``--!lib needs a
+    b``), in order: scripts (called as functions, defined before it) and library modules
+    (``lua/lib/``, their values passed to its chunk)."""
     first = source.split("\n", 1)[0]
-    return first[len(NEEDS_MARKER):].split() if first.startswith(NEEDS_MARKER) else []
+    if not first.startswith((MODULE_MARKER, LIB_MARKER)) or NEEDS not in first:
+        return []
+    return first.split(NEEDS, 1)[1].split()
+
+
+def _is_lib(name: str) -> bool:
+    return name not in SCRIPT_NAMES
+
+
+def _lib_order(names: Sequence[str], read: Callable[[str], str]) -> list[str]:
+    """The library modules `names` use, directly or through others, each after the ones
+    it needs (the order the generated code defines them)."""
+    order: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in order:
+            return
+        source = read(name) if name in SCRIPT_NAMES else read(f"lib/{name}")
+        for used in needs(source):
+            if _is_lib(used):
+                visit(used)
+        if _is_lib(name):
+            order.append(name)
+
+    for name in names:
+        visit(name)
+    return order
+
+
+def sources(name: str, read: Callable[[str], str] | None = None) -> list[str]:
+    """The text of ``lua/<name>.lua`` and of every library module it uses, directly or
+    through others (what runs when the script runs, less the scripts it calls)."""
+    read = read or _read
+    return [read(name), *(read(f"lib/{lib}") for lib in _lib_order([name], read))]
+
+
+def _chunk_call(source: str) -> str:
+    """A call of a module's chunk, its library modules passed as locals of their names."""
+    libs = [n for n in needs(source) if _is_lib(n)]
+    return (f"(function({', '.join(libs)})\n{source}\nend)"
+            f"({', '.join(f'{n}()' for n in libs)})")
+
+
+def _lib_form(name: str, source: str) -> str:
+    """The definition of one library module: a local function answering its value,
+    made by the chunk at its first use (never at FUNCTION LOAD, see `_function_form`)."""
+    if not source.startswith(LIB_MARKER):
+        raise ValueError(f"lua/lib/{name}.lua does not start with {LIB_MARKER}")
+    return (f"local {name}_value\n"
+            f"local function {name}()\n"
+            f"  if {name}_value == nil then {name}_value = {_chunk_call(source)} end\n"
+            f"  return {name}_value\n"
+            f"end\n")
+
+
+def _libs_form(names: Sequence[str], read: Callable[[str], str]) -> str:
+    return "".join(_lib_form(n, read(f"lib/{n}")) for n in _lib_order(names, read))
 
 
 def eval_form(source: str, read: Callable[[str], str] | None = None) -> str:
     """The EVAL script of a source file: a plain body as it is; a module called with
-    the script's KEYS and ARGV, after the definitions of the scripts it needs."""
+    the script's KEYS and ARGV, after the definitions of the library modules and the
+    scripts it needs."""
     if not _is_module(source):
         return source
     read = read or _read
-    used = "".join(_function_form(n, read(n)) for n in needs(source))
-    return f"{used}local main = (function()\n{source}\nend)()\nreturn main(KEYS, ARGV)\n"
+    scripts = [n for n in needs(source) if not _is_lib(n)]
+    libs = _libs_form([*scripts, *(n for n in needs(source) if _is_lib(n))], read)
+    used = "".join(_function_form(n, read(n)) for n in scripts)
+    return f"{libs}{used}local main = {_chunk_call(source)}\nreturn main(KEYS, ARGV)\n"
 
 
 def _function_form(name: str, source: str) -> str:
@@ -101,7 +166,7 @@ def _function_form(name: str, source: str) -> str:
     if _is_module(source):  # `...`: the server time a merged call passes (lua/finish.lua)
         return (f"local {name}_entry\n"
                 f"local function {name}(KEYS, ARGV, ...)\n"
-                f"  if not {name}_entry then {name}_entry = (function()\n{source}\nend)() end\n"
+                f"  if not {name}_entry then {name}_entry = {_chunk_call(source)} end\n"
                 f"  return {name}_entry(KEYS, ARGV, ...)\n"
                 f"end\n")
     return f"local function {name}(KEYS, ARGV)\n{source}\nend\n"
@@ -122,7 +187,8 @@ class Library:
 @functools.cache
 def library() -> Library:
     """The library, built once per process from the script files."""
-    bodies = "".join(_function_form(n, _read(n)) for n in SCRIPT_NAMES)
+    bodies = _libs_form(SCRIPT_NAMES, _read) + "".join(_function_form(n, _read(n))
+                                                       for n in SCRIPT_NAMES)
     # the name covers the registrations too (their flags), not only the bodies
     registration = "redis.register_function{{function_name='{name}_{n}', callback={n}}}\n"
     template = "".join(registration.format(name="<name>", n=n) for n in SCRIPT_NAMES)

@@ -2,7 +2,7 @@
 
 lua/breaker.lua is the only writer; readers (readside, CLI, tests) decode with
 `decode_record`, which names the fields as the v1 state hash did, so every reader
-shares one decoder.
+shares one decoder. The layout itself is declared once, in `record_layout`.
 """
 
 from __future__ import annotations
@@ -10,25 +10,27 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-MAGIC = 1684174386  # "dbv2"
-HEADER_FIELDS = 38
-WINDOW_OFFSET = 320
-STATES = ("CLOSED", "OPEN", "HALF_OPEN", "FORCED_OPEN", "DISABLED", "METRICS_ONLY")
-#: Header fields in byte order (field k at byte 8k). 0-12 are read only by calls
-#: that need them, 13-37 by every call; 27-37 are written by every write.
-FIELDS = (
-    "open_until", "gen", "opens", "rejected", "reserved_4", "drift_fp", "open_wait_ms",
-    "initial_state", "after_half_open", "wait_multiplier_e6", "max_open_wait_ms",
-    "randomization_e6", "slow_call_ms",
-    "hp_done", "hp_fail", "hp_slow", "permitted_probes", "lease_ms", "max_half_open_ms",
-    "magic", "fp", "window_type", "window_size", "minimum_calls", "failure_threshold_e4",
-    "slow_threshold_e4", "key_ttl_ms",
-    "state", "since", "ov_until", "ttl_at", "calls", "failures", "slow", "total_ms", "head",
-    "wsec", "seq",
+from .record_layout import (  # the one declaration of the layout
+    COUNT_SLOT_BYTES,
+    FAILED,
+    FIELD_NAMES,
+    HEADER_FIELDS,
+    MAGIC,
+    MS_MASK,
+    PRESENT,
+    SLOW,
+    STATES,
+    TIME_SLOT_BYTES,
+    WINDOW_OFFSET,
 )
-assert len(FIELDS) == HEADER_FIELDS
+
+__all__ = ["FAILED", "FIELDS", "HEADER_FIELDS", "MAGIC", "MS_MASK", "PRESENT", "SLOW", "STATES",
+           "WINDOW_OFFSET", "NotAStateRecord", "count_slots", "decode_record", "encode_fields",
+           "time_slots"]
+
+#: Header field names in byte order (field k at byte 8k), from `record_layout`.
+FIELDS = FIELD_NAMES
 _HEADER = struct.Struct(f">{HEADER_FIELDS}q")
-PRESENT, FAILED, SLOW, MS_MASK = 1 << 31, 1 << 30, 1 << 29, (1 << 29) - 1
 
 
 class NotAStateRecord(ValueError):
@@ -55,7 +57,8 @@ def decode_record(data: bytes) -> dict[str, Any]:
 def count_slots(data: bytes, size: int) -> list[tuple[bool, bool, int] | None]:
     """A count window's slots in ring order: (failed, slow, ms), None when empty."""
     out: list[tuple[bool, bool, int] | None] = []
-    raw = bytes(data[WINDOW_OFFSET:WINDOW_OFFSET + 4 * size]).ljust(4 * size, b"\0")
+    width = COUNT_SLOT_BYTES * size
+    raw = bytes(data[WINDOW_OFFSET:WINDOW_OFFSET + width]).ljust(width, b"\0")
     for (value,) in struct.iter_unpack(">I", raw):
         out.append((bool(value & FAILED), bool(value & SLOW), value & MS_MASK)
                    if value & PRESENT else None)
@@ -64,7 +67,8 @@ def count_slots(data: bytes, size: int) -> list[tuple[bool, bool, int] | None]:
 
 def time_slots(data: bytes, size: int) -> list[tuple[int, int, int, int, int]]:
     """A time window's slots: (second, calls, failures, slow, ms), all zero when unused."""
-    raw = bytes(data[WINDOW_OFFSET:WINDOW_OFFSET + 20 * size]).ljust(20 * size, b"\0")
+    width = TIME_SLOT_BYTES * size
+    raw = bytes(data[WINDOW_OFFSET:WINDOW_OFFSET + width]).ljust(width, b"\0")
     return list(struct.iter_unpack(">5I", raw))
 
 

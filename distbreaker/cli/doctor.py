@@ -21,7 +21,7 @@ import click
 from .. import readside as view
 from .._runtime.connection import db_of
 from .._runtime.keys import BreakerKeys, events_channel, namespace
-from .._runtime.scripts import SCRIPT_NAMES, library, load_script, loaded, lua_dir
+from .._runtime.scripts import SCRIPT_NAMES, library, load_script, loaded, lua_dir, sources
 from .app import App, cli, emit_json
 
 MIN_VERSION = (5, 0)
@@ -66,8 +66,9 @@ def commands_of(source: str) -> list[str]:
 
 
 def script_commands() -> dict[str, list[str]]:
-    """Every Redis command each lua/*.lua script calls, by script name."""
-    return {path.stem: commands_of(path.read_text("utf-8"))
+    """Every Redis command each lua/*.lua script calls (itself or through the library
+    modules it uses, lua/lib/), by script name."""
+    return {path.stem: commands_of("\n".join(sources(path.stem)))
             for path in sorted(lua_dir().glob("*.lua"))}
 
 

@@ -46,7 +46,8 @@ for _ in range(3):
     except ConnectionError:
         outcomes.append("failed")
 print(json.dumps({"package": distbreaker.__file__, "lua_dir": str(lua_dir()),
-                  "lua": {p.name: p.read_text() for p in lua_dir().glob("*.lua")},
+                  "lua": {p.relative_to(lua_dir()).as_posix(): p.read_text()
+                          for p in lua_dir().rglob("*.lua")},
                   "outcomes": outcomes, "state": breaker.state.value,
                   "path": sys.path}))
 """
@@ -100,11 +101,13 @@ def test_wheel_ships_and_loads_the_lua_scripts(tmp_path: Path, redis_url: str,
     assert built.returncode == 0, f"building the wheel failed:\n{built.stderr}"
     (wheel,) = dist.glob("distbreaker-*.whl")
 
-    source_lua = {p.name: p.read_text() for p in (ROOT / "lua").glob("*.lua")}
-    assert "breaker.lua" in source_lua
+    # the scripts and their library modules (lua/lib/)
+    source_lua = {p.relative_to(ROOT / "lua").as_posix(): p.read_text()
+                  for p in (ROOT / "lua").rglob("*.lua")}
+    assert "breaker.lua" in source_lua and "lib/prelude.lua" in source_lua
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
-        shipped = {n.rsplit("/", 1)[1]: archive.read(n).decode()
+        shipped = {n[len("distbreaker/lua/"):]: archive.read(n).decode()
                    for n in names if n.startswith("distbreaker/lua/") and n.endswith(".lua")}
     assert shipped == source_lua, "the wheel's distbreaker/lua/ must equal the source lua/"
     assert not [n for n in names if n.startswith("lua/")], "no stray top-level lua/ package"

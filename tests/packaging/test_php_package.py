@@ -61,8 +61,7 @@ def test_sync_script_check_catches_a_stale_copy_and_sync_fixes_it(tmp_path: Path
     tree = tmp_path / "repo"
     for part in ("lua", "clients/php/lua", "scripts"):
         (tree / part).mkdir(parents=True)
-    for script in (ROOT / "lua").glob("*.lua"):
-        shutil.copy(script, tree / "lua")
+    shutil.copytree(ROOT / "lua", tree / "lua", dirs_exist_ok=True)  # scripts and lua/lib
     for copy in (PACKAGE / "lua").glob("*.lua"):
         shutil.copy(copy, tree / "clients/php/lua")
     shutil.copy(ROOT / "LICENSE", tree / "LICENSE")

@@ -1,67 +1,100 @@
-local main = (function()
---!module
--- distbreaker circuit breaker, key schema v2. The single source of truth for
--- the fleet-wide state machine (docs/KEY_SCHEMA.md documents every byte).
---
--- A module: the helpers below are defined once (at FUNCTION LOAD, or once per
--- EVAL), and the chunk returns the entry function(KEYS, ARGV). Per-call state
--- lives in the chunk's locals, every one of them set by `begin` at the start of
--- a call (a script never runs concurrently with another).
---
--- KEYS[1] state record (string)   KEYS[2] meta hash   KEYS[3] probe leases (zset)
--- KEYS[4] history stream; 2-4 may be left out (derived from KEYS[1], see begin)
--- ARGV[1] op: acquire | record | state | set
--- ARGV[2] config fingerprint (decimal: the first 12 hex digits of the SHA-1 of
---         ARGV[3], as an integer; a wrong one only costs time)
--- ARGV[3] config wire string   ARGV[4] breaker name (for events)
--- ARGV[5] pub/sub channel
--- acquire: ARGV[6] probe token
--- record:  ARGV[6] probe token or "", ARGV[7] successes, ARGV[8] failures,
---          ARGV[9] slow calls, ARGV[10] total duration ms (all zero with a
---          token: an ignored probe, whose slot is handed back)
--- set:     ARGV[6] target state or RESET or TRIP, ARGV[7] reason, ARGV[8] actor,
---          ARGV[9] hold for ms or "", ARGV[10] hold until epoch ms or ""
---
--- Reply: the full reply {state, wait_ms, permitted, transitions, calls, failures,
---         slow, total_ms, rejected, drift, stored_config, now_ms, since_ms,
---         probes_in_flight, reason, actor, event_errors, override_until,
---         probe_figures} (as in v1), or, for a record that changed nothing a
---         worker must know (no transition, no drift, no override, no event
---         error, state CLOSED, METRICS_ONLY or DISABLED), the short reply
---         {state, now_ms, since_ms}.
---
--- Writes: every check runs before the first write, and the state record is
--- written FIRST (through pcall): if Redis refuses it (OOM, ACL), nothing was
--- written, and a rejection is still answered. The meta hash, the probes, TTLs,
--- then the history XADD and the PUBLISH (through pcall: their failure can
--- neither abort nor undo the transition) follow.
+local prelude_value
+local function prelude()
+  if prelude_value == nil then prelude_value = (function()
+--!lib
+-- The helpers every distbreaker script shares (one definition: lua/lib/, see
+-- distbreaker/_runtime/scripts.py): the two error replies the clients decode
+-- (docs/KEY_SCHEMA.md, "Errors") and the foreign-type check. Globals are looked up
+-- per call: this chunk runs at a script's first call, never at FUNCTION LOAD.
 
-local floor, tonumber, tostring, match = math.floor, tonumber, tostring, string.match
-local max, min, unpack, rcall, pcall_ = math.max, math.min, unpack, redis.call, redis.pcall
+-- Foreign or corrupt data in `key`: 'DISTBREAKER_SCHEMA <key> <msg>'.
+local function schema_error(key, msg)
+  return redis.error_reply('DISTBREAKER_SCHEMA ' .. key .. ' ' .. msg)
+end
 
-local MAGIC = 1684174386  -- "dbv2"
--- The header: 38 big-endian int64 fields. Fields 0-12 ("cold": OPEN figures and
--- the config only transitions need) are read only by calls that need them; fields
--- 13-37 (half-open figures, magic, fingerprint, the hot config, state, window
--- totals and the write sequence number) by every call. Writes go by group: 0-5
--- counters, 6-26 config (13-15 half-open figures alone when only they changed),
--- 27-37 state and window (at byte 216). The window starts at byte 320.
--- The hot read and the write of fields 27-37 both end with `seq`, a byte that
--- changes on every write: Lua 5.1 hashes only some bytes of a long string, and
--- strings that differ only elsewhere would all collide in its string table.
-local HOT_FIRST, HOT_LAST, COLD_LAST, A_OFFSET, WIN = '104', '303', '103', '216', 320
-local STATES = {'CLOSED', 'OPEN', 'HALF_OPEN', 'FORCED_OPEN', 'DISABLED', 'METRICS_ONLY'}
-local CODE = {CLOSED = 0, OPEN = 1, HALF_OPEN = 2, FORCED_OPEN = 3, DISABLED = 4,
-              METRICS_ONLY = 5}
-local INITIAL = {C = 'CLOSED', F = 'FORCED_OPEN', M = 'METRICS_ONLY', D = 'DISABLED'}
-local AFTER_HALF_OPEN = {O = 'OPEN', C = 'CLOSED'}
-local PRESENT, FAILED, SLOW, MS_MASK = 2147483648, 1073741824, 536870912, 536870911
+-- Arguments the script refuses: 'DISTBREAKER_ARGS <msg>'.
+local function args_error(msg)
+  return redis.error_reply('DISTBREAKER_ARGS ' .. msg)
+end
 
--- Big-endian integers: 8-byte signed (header fields) and 4-byte unsigned (window
--- slots), with Redis's struct library where it exists (fakeredis has none: plain
--- Lua there; its Functions refuse even to read a missing global, hence pcall).
--- Bytes past the end of the string read as zero.
-local byte, char, rep, sub = string.byte, string.char, string.rep, string.sub
+-- The schema error for a key holding a type other than `want`; nil when it holds a
+-- `want` or does not exist. TYPE costs a command: scripts run it on error paths (and
+-- before writes of keys they do not read first), never on every call.
+local function foreign_type(key, want)
+  local found = redis.call('TYPE', key)
+  if type(found) == 'table' then found = found['ok'] end
+  if found ~= 'none' and found ~= want then
+    return schema_error(key, 'holds a ' .. found .. ', expected a ' .. want)
+  end
+  return nil
+end
+
+-- A command on `key` failed with `reply`: the schema error when the key holds a type
+-- other than `want`, else `reply` itself (e.g. an ACL refusal on a key of the right type).
+local function failed_on(key, want, reply)
+  return foreign_type(key, want) or reply
+end
+
+return {schema_error = schema_error, args_error = args_error, foreign_type = foreign_type,
+        failed_on = failed_on}
+
+end)() end
+  return prelude_value
+end
+local record_layout_value
+local function record_layout()
+  if record_layout_value == nil then record_layout_value = (function()
+--!lib
+-- The breaker's state record layout, generated by scripts/sync_record_layout.py from
+-- distbreaker/_runtime/record_layout.py: do not edit.
+-- Byte offsets are the decimal strings GETRANGE / SETRANGE take; <GROUP>_AT is a
+-- group's first byte, <GROUP>_LAST its last, <GROUP>_FIELDS its field count.
+-- Header fields (8-byte big-endian signed, field k at byte 8k), by read group:
+--   cold 0-12: open_until, gen, opens, rejected, reserved_4, drift_fp, open_wait_ms,
+--     initial_state, after_half_open, wait_multiplier_e6, max_open_wait_ms,
+--     randomization_e6, slow_call_ms
+--   hot 13-37: hp_done, hp_fail, hp_slow, permitted_probes, lease_ms, max_half_open_ms,
+--     magic, fp, window_type, window_size, minimum_calls, failure_threshold_e4,
+--     slow_threshold_e4, key_ttl_ms, state, since, ov_until, ttl_at, calls, failures,
+--     slow, total_ms, head, wsec, seq
+return {
+  MAGIC = 1684174386,
+  HEADER_FIELDS = 38,
+  WINDOW_AT = 320,  -- the window's first byte (a number)
+  COLD_AT = '0', COLD_LAST = '103', COLD_FIELDS = 13,  -- fields 0-12
+  HOT_AT = '104', HOT_LAST = '303', HOT_FIELDS = 25,  -- fields 13-37
+  COUNTERS_AT = '0', COUNTERS_LAST = '47', COUNTERS_FIELDS = 6,  -- fields 0-5
+  CONFIG_AT = '48', CONFIG_LAST = '215', CONFIG_FIELDS = 21,  -- fields 6-26
+  HALF_OPEN_AT = '104', HALF_OPEN_LAST = '127', HALF_OPEN_FIELDS = 3,  -- fields 13-15
+  STATE_AT = '216', STATE_LAST = '303', STATE_FIELDS = 11,  -- fields 27-37
+  TOTALS_AT = '248', TOTALS_LAST = '303', TOTALS_FIELDS = 7,  -- fields 31-37
+  HOT_BYTES = 200,
+  -- 1-based position, in the hot group's bytes, of each hot field's low byte
+  HOT_LOW_BYTE = {hp_done = 8, hp_fail = 16, hp_slow = 24, permitted_probes = 32,
+    lease_ms = 40, max_half_open_ms = 48, magic = 56, fp = 64, window_type = 72,
+    window_size = 80, minimum_calls = 88, failure_threshold_e4 = 96,
+    slow_threshold_e4 = 104, key_ttl_ms = 112, state = 120, since = 128, ov_until = 136,
+    ttl_at = 144, calls = 152, failures = 160, slow = 168, total_ms = 176, head = 184,
+    wsec = 192, seq = 200},
+  STATES = {'CLOSED', 'OPEN', 'HALF_OPEN', 'FORCED_OPEN', 'DISABLED', 'METRICS_ONLY'},  -- by code + 1
+  PRESENT = 2147483648, FAILED = 1073741824, SLOW = 536870912, MS_MASK = 536870911,  -- a count slot's bits
+  COUNT_SLOT_BYTES = 4, TIME_SLOT_BYTES = 20,
+}
+
+end)() end
+  return record_layout_value
+end
+local record_codec_value
+local function record_codec()
+  if record_codec_value == nil then record_codec_value = (function()
+--!lib
+-- The state record's integer codec: big-endian 8-byte signed (header fields) and
+-- 4-byte unsigned (window slots), with Redis's struct library where it exists
+-- (fakeredis has none: plain Lua there; its Functions refuse even to read a missing
+-- global, hence pcall). Bytes past the end of a string read as zero. Pure functions:
+-- no per-call state.
+local floor, unpack = math.floor, unpack
+local byte, char, rep = string.byte, string.char, string.rep
 local has_struct, found_struct = pcall(function() return struct end)
 local packer = has_struct and type(found_struct) == 'table' and found_struct or nil
 local formats = {}
@@ -104,7 +137,9 @@ local sformat = string.format
 local function int(n) return sformat('%d', n) end
 
 local function encode(values, first, last, width)
-  if packer then return packer.pack(format(width, last - first + 1), unpack(values, first, last)) end
+  if packer then
+    return packer.pack(format(width, last - first + 1), unpack(values, first, last))
+  end
   local parts = {}
   for i = first, last do
     local v = values[i]
@@ -116,50 +151,30 @@ local function encode(values, first, last, width)
   return table.concat(parts)
 end
 
--- Per-call state (set by `begin` and `load_*`) --------------------------------
-local K_STATE, K_META, K_PROBES, K_HIST, op, name, cfg_wire, channel, argv, seq
-local cfg_parsed
-local now, micros
-local exists, cold, s_state, fp, since, calls, failures, slow, total_ms, head, wsec
-local ttl_at, ov_until, open_until, gen, opens, rejected, hp_done, hp_fail
-local hp_slow, drift_fp, s_reason, s_actor
-local wtype, wsize, min_calls, f_thr, s_thr, ttl_ms, open_wait, probes_max
-local max_half_open, lease_ms, initial_state, after_half_open, wait_mult, max_open_wait
-local wait_rnd, slow_ms
--- dirty header groups, meta writes, window, probes, events
-local d_hp, d_win, d_state, d_cold, d_cfg, m_trans, m_cfg, m_drift, clear_drift, cfg_store, drift
-local del_win, n_cslots, cslot_first, t_slot, t_vals, n_evict
-local del_probes, probe_add, probe_rem, live_count, undo_bit, undo_value
-local transitions, events, permitted, quorum_mark, quorum_blocked, del_fw
-local cslot_val, evict_slots = {}, {}
+return {packer = packer, format = format, decode = decode, decode_fields = decode_fields,
+        encode = encode, int = int}
 
-local function schema_error(key, msg)
-  return redis.error_reply('DISTBREAKER_SCHEMA ' .. key .. ' ' .. msg)
+end)() end
+  return record_codec_value
 end
+local breaker_config_value
+local function breaker_config()
+  if breaker_config_value == nil then breaker_config_value = (function()
+--!lib
+-- The breaker's config wire string (docs/KEY_SCHEMA.md, "Config wire string"): parsed
+-- into the units the state record stores, and single fields read by position. Pure
+-- functions: no per-call state.
+local floor, tonumber, match = math.floor, tonumber, string.match
+local INITIAL = {C = 'CLOSED', F = 'FORCED_OPEN', M = 'METRICS_ONLY', D = 'DISABLED'}
+local AFTER_HALF_OPEN = {O = 'OPEN', C = 'CLOSED'}
 
--- The schema error for a key holding a type other than want; nil when it holds
--- a want or does not exist. Run only on error paths and before cold-path writes.
-local function foreign_type(key, want)
-  local found = rcall('TYPE', key)
-  if type(found) == 'table' then found = found['ok'] end
-  if found ~= 'none' and found ~= want then
-    return schema_error(key, 'holds a ' .. found .. ', expected a ' .. want)
-  end
-end
-
-local function foreign_keys()
-  return foreign_type(K_STATE, 'string') or foreign_type(K_META, 'hash')
-      or foreign_type(K_PROBES, 'zset') or foreign_type(K_HIST, 'stream')
-end
-
--- Config ----------------------------------------------------------------------
--- Wire string: version 1, then 11 fields, then optional ones (see v1): 13 initial
--- state, 14 state after max wait in half-open, 15 open wait multiplier, 16 max
--- open wait ms, 17 randomization. Sets the config locals (rates in 1/10000 of a
--- percent, multiplier and randomization in millionths) or returns false.
+-- Wire string: version 1, then 11 fields, then optional ones: 13 initial state, 14
+-- state after max wait in half-open, 15 open wait multiplier, 16 max open wait ms, 17
+-- randomization. The config (rates in 1/10000 of a percent, multiplier and
+-- randomization in millionths, named as the record's fields), or false.
 local CFG_PATTERN = '^1;([CT]);([^;]*);([^;]*);([^;]*);([^;]*);([^;]*);([^;]*);' ..
                     '([^;]*);([^;]*);([^;]*);([^;]*)(.*)'
-local function parse_config(wire)
+local function parse(wire)
   local wt, size, mc, fthr, sthr, ow, pr, mho, lease, ttl, sd, tail = match(wire, CFG_PATTERN)
   if not wt then return false end
   local init, after, mult, mo, rnd = 'CLOSED', 'OPEN', 1, 0, 0
@@ -177,12 +192,253 @@ local function parse_config(wire)
   if not (size and mc and fthr and sthr and ow and pr and mho and lease and ttl and sd) then
     return false
   end
-  wtype, wsize, min_calls = (wt == 'T') and 1 or 0, size, mc
-  f_thr, s_thr = floor(fthr * 10000 + 0.5), floor(sthr * 10000 + 0.5)
-  open_wait, probes_max, max_half_open, lease_ms, ttl_ms, slow_ms = ow, pr, mho, lease, ttl, sd
-  initial_state, after_half_open = init, after
-  wait_mult, max_open_wait, wait_rnd = floor(mult * 1000000 + 0.5), mo, floor(rnd * 1000000 + 0.5)
-  cfg_parsed = true
+  return {window_type = (wt == 'T') and 1 or 0, window_size = size, min_calls = mc,
+          failure_threshold = floor(fthr * 10000 + 0.5),
+          slow_threshold = floor(sthr * 10000 + 0.5), open_wait = ow, probes_max = pr,
+          max_half_open = mho, lease_ms = lease, ttl_ms = ttl, slow_ms = sd,
+          initial_state = init, after_half_open = after,
+          wait_mult = floor(mult * 1000000 + 0.5), max_open_wait = mo,
+          wait_rnd = floor(rnd * 1000000 + 0.5)}
+end
+
+-- Field `index` (1-based) of a wire string, or nil (the quorum's fields 20 and 21).
+local function wire_field(wire, index)
+  local i = 0
+  for part in string.gmatch(wire .. ';', '([^;]*);') do
+    i = i + 1
+    if i == index then return part end
+  end
+  return nil
+end
+
+return {parse = parse, field = wire_field}
+
+end)() end
+  return breaker_config_value
+end
+local breaker_transitions_value
+local function breaker_transitions()
+  if breaker_transitions_value == nil then breaker_transitions_value = (function()
+--!lib
+-- The breaker's state machine in one table (as h11 keeps its own): for each state,
+-- the events that move it and where to. lua/breaker.lua detects the events (server
+-- time, the window's rates, the probes' verdict, an operator's `set`) and applies
+-- them with `fire`; no transition is written anywhere else.
+--
+-- A target is a state name, or one of:
+--   AFTER_HALF_OPEN  the config's state after max wait in half-open (OPEN or CLOSED)
+--   RESUME           no transition: a held CLOSED resumes its state machine
+--   RESTART          no transition: OPEN's wait restarts (history kind 'restart')
+--   CLEAR            no transition: the window and probes are cleared, a held CLOSED
+--                    released (RESET of a CLOSED breaker)
+--   IGNORE           no transition and nothing written
+-- A held CLOSED (an override with an end) ignores `rates_exceeded` until it ends.
+-- An event a state does not list cannot happen in it. An operator's `set` of a
+-- target state is the event `force` (any state -> that state, or an override
+-- update when already there), not in this table.
+local AFTER_HALF_OPEN, RESUME, RESTART, CLEAR, IGNORE = {}, {}, {}, {}, {}
+
+local NEXT = {
+  CLOSED = {rates_exceeded = 'OPEN', override_ended = RESUME, reset = CLEAR, trip = 'OPEN'},
+  OPEN = {wait_elapsed = 'HALF_OPEN', reset = 'CLOSED', trip = RESTART},
+  HALF_OPEN = {max_wait_elapsed = AFTER_HALF_OPEN, probes_failed = 'OPEN',
+               probes_succeeded = 'CLOSED', reset = 'CLOSED', trip = 'OPEN'},
+  FORCED_OPEN = {override_ended = 'HALF_OPEN', reset = 'CLOSED', trip = IGNORE},
+  DISABLED = {override_ended = 'CLOSED', reset = 'CLOSED', trip = IGNORE},
+  METRICS_ONLY = {rates_exceeded = IGNORE, override_ended = 'CLOSED', reset = 'CLOSED',
+                  trip = 'OPEN'},
+}
+
+-- The reason recorded for a time-driven event (the others carry their own).
+local REASON = {
+  wait_elapsed = 'wait in open state elapsed',
+  max_wait_elapsed = 'max wait in half-open elapsed',
+  override_ended = 'override ended',
+  probes_succeeded = 'half-open probes succeeded',
+}
+
+return {NEXT = NEXT, REASON = REASON, AFTER_HALF_OPEN = AFTER_HALF_OPEN, RESUME = RESUME,
+        RESTART = RESTART, CLEAR = CLEAR, IGNORE = IGNORE}
+
+end)() end
+  return breaker_transitions_value
+end
+local breaker_events_value
+local function breaker_events()
+  if breaker_events_value == nil then breaker_events_value = (function()
+--!lib
+-- The breaker's history entries and pub/sub messages (docs/KEY_SCHEMA.md, "History
+-- stream" and "Transitions channel"). An event is {from, to, reason, failure rate,
+-- slow rate, gen, actor, kind ('' for a transition), until_ms}. Written after the
+-- state, through pcall: their failure can neither abort nor undo the transition.
+local pcall_, tostring, unpack = redis.pcall, tostring, unpack
+
+local function json_str(s)
+  s = string.gsub(tostring(s), '[%c"\\]',
+                  function(c) return string.format('\\u%04x', string.byte(c)) end)
+  return '"' .. s .. '"'
+end
+
+-- XADD each event to the history stream `K_HIST` and PUBLISH each transition on
+-- `channel`; answers what failed ('' when nothing did), for the reply.
+local function publish(events, K_HIST, channel, name, now)
+  local event_errors = ''
+  for _, e in ipairs(events) do
+    local entry = {'XADD', K_HIST, 'MAXLEN', '1000', '*', 'from', e[1], 'to', e[2],
+         'reason', e[3], 'at_ms', now, 'failure_rate', tostring(e[4]),
+         'slow_rate', tostring(e[5]), 'gen', e[6], 'actor', e[7]}
+    if e[8] ~= '' then entry[#entry + 1] = 'kind'; entry[#entry + 1] = e[8] end
+    if e[9] and e[9] > 0 then entry[#entry + 1] = 'until_ms'; entry[#entry + 1] = e[9] end
+    local added = pcall_(unpack(entry))
+    if type(added) == 'table' and added.err then
+      event_errors = event_errors .. 'history: ' .. added.err .. '; '
+    end
+    if e[8] == '' then
+      local published = pcall_('PUBLISH', channel, '{"name":' .. json_str(name) ..
+        ',"from":"' .. e[1] .. '","to":"' .. e[2] .. '","reason":' .. json_str(e[3]) ..
+        ',"at_ms":' .. now .. ',"failure_rate":' .. e[4] .. ',"slow_rate":' .. e[5] ..
+        ',"gen":' .. e[6] .. ',"actor":' .. json_str(e[7]) ..
+        ((e[9] > 0) and (',"until_ms":' .. e[9]) or '') .. '}')
+      if type(published) == 'table' and published.err then
+        event_errors = event_errors .. 'publish: ' .. published.err .. '; '
+      end
+    end
+  end
+  return event_errors
+end
+
+return {publish = publish}
+
+end)() end
+  return breaker_events_value
+end
+local main = (function(prelude, record_layout, record_codec, breaker_config, breaker_transitions, breaker_events)
+--!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events
+-- distbreaker circuit breaker, key schema v2. The single source of truth for
+-- the fleet-wide state machine (docs/KEY_SCHEMA.md documents every byte).
+--
+-- A module: the helpers below are defined once (per library load, or once per
+-- EVAL), and the chunk returns the entry function(KEYS, ARGV). What holds no
+-- per-call state lives in library modules (lua/lib/, named on the first line): the
+-- shared prelude (error replies, the foreign-type check), the record layout
+-- (generated from distbreaker/_runtime/record_layout.py) and codec, the config wire
+-- string, the state machine's transition table, the history and pub/sub events.
+-- This file keeps what works on one call's state: loading the record, the window,
+-- the ops, persisting, and the hot path. That state lives in the chunk's locals
+-- (upvalues: cheaper for Redis than a table's fields on every path), every one set
+-- by `begin` at the start of a call (a script never runs concurrently with
+-- another); the cold group is a table reached only through `cold()`.
+--
+-- KEYS[1] state record (string)   KEYS[2] meta hash   KEYS[3] probe leases (zset)
+-- KEYS[4] history stream; 2-4 may be left out (derived from KEYS[1], see begin)
+-- ARGV[1] op: acquire | record | state | set
+-- ARGV[2] config fingerprint (decimal: the first 12 hex digits of the SHA-1 of
+--         ARGV[3], as an integer; a wrong one only costs time)
+-- ARGV[3] config wire string   ARGV[4] breaker name (for events)
+-- ARGV[5] pub/sub channel
+-- acquire: ARGV[6] probe token
+-- record:  ARGV[6] probe token or "", ARGV[7] successes, ARGV[8] failures,
+--          ARGV[9] slow calls, ARGV[10] total duration ms (all zero with a
+--          token: an ignored probe, whose slot is handed back)
+-- set:     ARGV[6] target state or RESET or TRIP, ARGV[7] reason, ARGV[8] actor,
+--          ARGV[9] hold for ms or "", ARGV[10] hold until epoch ms or ""
+--
+-- Reply: the full reply {state, wait_ms, permitted, transitions, calls, failures,
+--         slow, total_ms, rejected, drift, stored_config, now_ms, since_ms,
+--         probes_in_flight, reason, actor, event_errors, override_until,
+--         probe_figures} (as in v1), or, for a record that changed nothing a
+--         worker must know (no transition, no drift, no override, no event
+--         error, state CLOSED, METRICS_ONLY or DISABLED), the short reply
+--         {state, now_ms, since_ms}.
+--
+-- Writes: every check runs before the first write, and the state record is
+-- written FIRST (through pcall): if Redis refuses it (OOM, ACL), nothing was
+-- written, and a rejection is still answered. The meta hash, the probes, TTLs,
+-- then the history XADD and the PUBLISH (through pcall: their failure can
+-- neither abort nor undo the transition) follow.
+
+local floor, tonumber, tostring = math.floor, tonumber, tostring
+local max, min, unpack, rcall, pcall_ = math.max, math.min, unpack, redis.call, redis.pcall
+
+-- The state record's layout: declared once (distbreaker/_runtime/record_layout.py),
+-- generated into lua/lib/record_layout.lua, where the groups and their fields are
+-- listed. The cold group (OPEN figures and the config only transitions need) is read
+-- only by calls that need it; the hot group (half-open figures, magic, fingerprint,
+-- the hot config, state, window totals, the write sequence number) by every call.
+-- Writes go by group: counters, config (half_open alone when only it changed),
+-- state (state and window). Decoders and encoders below list a group's fields in
+-- the layout's order. The hot read and the state write both end with `seq`, which
+-- changes on every write: Lua 5.1 hashes only some bytes of a long string, and
+-- strings that differ only elsewhere would all collide in its string table.
+local layout = record_layout
+local MAGIC, WIN = layout.MAGIC, layout.WINDOW_AT
+local HOT_AT, HOT_LAST, HOT_FIELDS = layout.HOT_AT, layout.HOT_LAST, layout.HOT_FIELDS
+local STATE_AT, STATE_FIELDS = layout.STATE_AT, layout.STATE_FIELDS
+-- (the cold and config groups' offsets are read from `layout` where they are used:
+-- off the hot paths, and a chunk has room for 200 locals only)
+local COUNT_SLOT, TIME_SLOT = layout.COUNT_SLOT_BYTES, layout.TIME_SLOT_BYTES
+local STATES = layout.STATES
+local CODE = {}  -- state name -> code
+for code, state_name in ipairs(STATES) do CODE[state_name] = code - 1 end
+local PRESENT, FAILED, SLOW, MS_MASK = layout.PRESENT, layout.FAILED, layout.SLOW, layout.MS_MASK
+
+-- The record's integer codec (lua/lib/record_codec.lua); `packer` is Redis's struct
+-- library, nil where there is none (fakeredis).
+local byte, rep = string.byte, string.rep
+local packer, decode, decode_fields = record_codec.packer, record_codec.decode,
+                                      record_codec.decode_fields
+local encode, int = record_codec.encode, record_codec.int
+
+-- Per-call state, every one set by `begin` at the start of a call, then by `load`
+-- (the hot group); the cold group is only reachable through `cold()` -------------
+-- the call: its keys, arguments and server time
+local K_STATE, K_META, K_PROBES, K_HIST, op, name, cfg_wire, channel, argv
+local now, micros
+-- the record's hot group (names as in record_layout) and `exists`
+local exists, s_state, fp, since, calls, failures, slow, total_ms, head, window_sec
+local ttl_refreshed_at, override_until, seq, hp_done, hp_fail, hp_slow
+-- the governing config's hot part (the hot group's fields, or this call's parsed
+-- wire string: `parsed`)
+local window_type, window_size, min_calls, failure_threshold, slow_threshold, ttl_ms
+local probes_max, max_half_open, lease_ms
+local parsed
+-- the cold group: nil until `cold()` reads it
+local cold_group
+-- the meta hash's reason and actor (read when a reply needs them)
+local reason_now, actor_now
+-- what to write: header groups, meta fields, the window, probes, quorum marks, events
+local dirty_half_open, dirty_window, dirty_state, dirty_counters, dirty_config
+local meta_reason, meta_cfg, meta_drift, clear_drift, cfg_store, drift
+local clear_ring, n_count_slots, count_slots_from, time_slot_at, time_slot_values, n_evict
+local clear_probes, probe_add, probe_rem, live_count, undo_bit, undo_value
+local transitions, events, permitted, quorum_mark, quorum_blocked, clear_quorum_marks
+local count_slot_values, evicted_slots_at = {}, {}
+
+-- Run only on error paths and before cold-path writes (TYPE costs a command).
+local schema_error, foreign_type, args_error = prelude.schema_error, prelude.foreign_type,
+                                               prelude.args_error
+
+local function foreign_keys()
+  return foreign_type(K_STATE, 'string') or foreign_type(K_META, 'hash')
+      or foreign_type(K_PROBES, 'zset') or foreign_type(K_HIST, 'stream')
+end
+
+-- The config wire string (lua/lib/breaker_config.lua) parsed into the governing
+-- config: its hot part into the locals, its cold part (COLD_CONFIG) kept in `parsed`
+-- for `cold()` (and copied into the cold group if already read); false when bad.
+local wire_field = breaker_config.field
+local COLD_CONFIG = {'open_wait', 'initial_state', 'after_half_open', 'wait_mult',
+                     'max_open_wait', 'wait_rnd', 'slow_ms'}
+local function parse_config(wire)
+  local c = breaker_config.parse(wire)
+  if not c then return false end
+  window_type, window_size, min_calls = c.window_type, c.window_size, c.min_calls
+  failure_threshold, slow_threshold, ttl_ms = c.failure_threshold, c.slow_threshold, c.ttl_ms
+  probes_max, max_half_open, lease_ms = c.probes_max, c.max_half_open, c.lease_ms
+  parsed = c
+  if cold_group then
+    for _, field in ipairs(COLD_CONFIG) do cold_group[field] = c[field] end
+  end
   return true
 end
 
@@ -196,54 +452,64 @@ end
 -- Loading the state record ----------------------------------------------------
 -- Reason and actor of the current state (meta hash), read when a reply needs them.
 local function load_reason()
-  if s_reason ~= nil then return end
+  if reason_now ~= nil then return end
   local m = rcall('HMGET', K_META, 'reason', 'actor')
-  s_reason, s_actor = m[1] or '', m[2] or ''
+  reason_now, actor_now = m[1] or '', m[2] or ''
 end
 
--- The cold header fields (0-18), read once by a call that needs them. A new
--- record's are zero; a config this call parsed (new, unset, adopted) is kept.
-local function load_cold()
-  if cold then return end
-  cold = true
-  if not exists then return end
-  local a, b, c, d, e, f, cfg_wait, cfg_init, cfg_after, cfg_mult, cfg_max_open, cfg_rnd,
-        cfg_slow = decode_fields(rcall('GETRANGE', K_STATE, '0', COLD_LAST), 13)
-  open_until, gen, opens, rejected, drift_fp = a, b, c, d, f  -- e: field 4, reserved
-  if not cfg_parsed then
-    open_wait, initial_state, after_half_open = cfg_wait, STATES[cfg_init + 1],
-                                                STATES[cfg_after + 1]
-    wait_mult, max_open_wait, wait_rnd, slow_ms = cfg_mult, cfg_max_open, cfg_rnd, cfg_slow
-    if not (initial_state and after_half_open) then
-      error('DISTBREAKER_SCHEMA ' .. K_STATE .. ' has an unknown state code')
-    end
+-- The cold group (fields as in record_layout: open_until, gen, opens, rejected,
+-- drift_fp, and the cold config: open_wait, initial_state, after_half_open,
+-- wait_mult, max_open_wait, wait_rnd, slow_ms), read once by the first use in a call
+-- (one GETRANGE; OPEN, transitions, rejections, `set` and full replies need it, the
+-- usual call does not). A new record's counters are zero; a config this call parsed
+-- (new, unset, adopted) governs.
+local function cold()
+  local g = cold_group
+  if g then return g end
+  if exists then
+    local until_ms, gen, opens, rejected, _, drift_fp, wait, init, after, mult, max_open,
+          rnd, slow_call = decode_fields(rcall('GETRANGE', K_STATE, layout.COLD_AT,
+                                               layout.COLD_LAST), layout.COLD_FIELDS)
+    g = {open_until = until_ms, gen = gen, opens = opens, rejected = rejected,
+         drift_fp = drift_fp, open_wait = wait, initial_state = STATES[init + 1],
+         after_half_open = STATES[after + 1], wait_mult = mult, max_open_wait = max_open,
+         wait_rnd = rnd, slow_ms = slow_call}
+  else
+    g = {open_until = 0, gen = 0, opens = 0, rejected = 0, drift_fp = 0}
   end
+  if parsed then
+    for _, field in ipairs(COLD_CONFIG) do g[field] = parsed[field] end
+  elseif not (g.initial_state and g.after_half_open) then
+    error('DISTBREAKER_SCHEMA ' .. K_STATE .. ' has an unknown state code')
+  end
+  cold_group = g
+  return g
 end
 
 -- Reads the hot header; returns an error reply, or nil. Sets `exists`, the hot
 -- fields and the governing config (stored, or this call's for a new or unset one).
 local preread = nil  -- the hot fields the hot path read before it stepped aside
 local function load()
-  local raw = preread or pcall_('GETRANGE', K_STATE, HOT_FIRST, HOT_LAST)
+  local raw = preread or pcall_('GETRANGE', K_STATE, HOT_AT, HOT_LAST)
   preread = nil
   if type(raw) == 'table' and raw.err then
     return foreign_keys() or redis.error_reply(raw.err)
   end
   local magic, code
-  hp_done, hp_fail, hp_slow, probes_max, lease_ms, max_half_open, magic, fp, wtype, wsize,
-    min_calls, f_thr, s_thr, ttl_ms, code, since, ov_until, ttl_at, calls, failures, slow,
-    total_ms, head, wsec, seq = decode_fields(raw, 25)
+  hp_done, hp_fail, hp_slow, probes_max, lease_ms, max_half_open, magic, fp, window_type,
+    window_size, min_calls, failure_threshold, slow_threshold, ttl_ms, code, since,
+    override_until, ttl_refreshed_at, calls, failures, slow, total_ms, head, window_sec,
+    seq = decode_fields(raw, HOT_FIELDS)
   if magic ~= MAGIC then
     if raw ~= '' or rcall('EXISTS', K_STATE) == 1 then
       return schema_error(K_STATE, 'is not a distbreaker v2 state record')
     end
     exists = false
-    open_until, gen, opens, rejected, drift_fp = 0, 0, 0, 0, 0
   else
     exists = true
   end
   s_state = STATES[code + 1]
-  if exists and not (s_state and wsize > 0) then
+  if exists and not (s_state and window_size > 0) then
     return schema_error(K_STATE, 'has an unknown state code or a bad config')
   end
   if not exists or fp == 0 then
@@ -254,33 +520,29 @@ local function load()
   return nil
 end
 
--- Events ----------------------------------------------------------------------
-local function json_str(s)
-  s = string.gsub(tostring(s), '[%c"\\]',
-                  function(c) return string.format('\\u%04x', string.byte(c)) end)
-  return '"' .. s .. '"'
-end
-
+-- Rates ---------------------------------------------------------------------------
 local function rate(part, whole)
   if whole <= 0 then return -1 end
   return floor(part * 10000 / whole) / 100
 end
 
 local function clear_window()
-  del_win, n_cslots, t_slot, t_vals, n_evict, del_fw = true, 0, nil, nil, 0, true
-  calls, failures, slow, total_ms, head, wsec = 0, 0, 0, 0, 0, 0
-  d_win = true
+  clear_ring, n_count_slots, time_slot_at, time_slot_values, n_evict = true, 0, nil, nil, 0
+  clear_quorum_marks = true
+  calls, failures, slow, total_ms, head, window_sec = 0, 0, 0, 0, 0, 0
+  dirty_window = true
 end
 
 -- The open wait (Resilience4j's waitIntervalFunctionInOpenState): the configured
 -- wait times multiplier^(consecutive opens - 1), capped (at the key TTL when no
 -- cap is configured), spread by +-randomization with the server clock's
 -- microseconds as the random draw; a close resets the count.
-local function wait_in_open()
+local function wait_in_open(g)
+  local open_wait, wait_mult, wait_rnd = g.open_wait, g.wait_mult, g.wait_rnd
   if wait_mult == 1000000 and wait_rnd == 0 then return open_wait end
-  local cap = max_open_wait > 0 and max_open_wait or ttl_ms
+  local cap = g.max_open_wait > 0 and g.max_open_wait or ttl_ms
   local w = open_wait
-  if opens > 1 then w = open_wait * (wait_mult / 1000000) ^ min(opens - 1, 200) end
+  if g.opens > 1 then w = open_wait * (wait_mult / 1000000) ^ min(g.opens - 1, 200) end
   if w > cap then w = cap end
   if wait_rnd > 0 then
     w = w * (1 + (wait_rnd / 1000000) * (2 * (micros % 1000) / 999 - 1))
@@ -289,7 +551,7 @@ local function wait_in_open()
 end
 
 local function transition(to, reason, actor)
-  load_cold()
+  local g = cold()
   local from = s_state
   local frate, srate
   if from == 'HALF_OPEN' then
@@ -298,15 +560,15 @@ local function transition(to, reason, actor)
     frate, srate = rate(failures, calls), rate(slow, calls)
   end
   actor = actor or ''
-  s_state, since, gen, s_reason, s_actor = to, now, gen + 1, reason, actor
-  d_state, d_cold, d_hp, m_trans = true, true, true, true
-  ov_until = 0
+  s_state, since, g.gen, reason_now, actor_now = to, now, g.gen + 1, reason, actor
+  dirty_state, dirty_counters, dirty_half_open, meta_reason = true, true, true, true
+  override_until = 0
   if to == 'OPEN' then
-    opens = opens + 1
-    open_until = now + wait_in_open()
+    g.opens = g.opens + 1
+    g.open_until = now + wait_in_open(g)
   else
-    open_until = 0
-    if to == 'CLOSED' then opens = 0 end
+    g.open_until = 0
+    if to == 'CLOSED' then g.opens = 0 end
   end
   if to == 'OPEN' and from ~= 'HALF_OPEN' and hp_done ~= 0 then
     -- an OPEN reports the half-open figures only when it follows a half-open verdict
@@ -314,21 +576,35 @@ local function transition(to, reason, actor)
   end
   if to == 'HALF_OPEN' then
     hp_done, hp_fail, hp_slow = 0, 0, 0
-    del_probes, probe_add, probe_rem = true, nil, nil
+    clear_probes, probe_add, probe_rem = true, nil, nil
   elseif to ~= 'OPEN' then
     clear_window()
-    del_probes, probe_add, probe_rem = true, nil, nil
+    clear_probes, probe_add, probe_rem = true, nil, nil
   end
   if not transitions then transitions, events = {}, {} end
   transitions[#transitions + 1] = {from, to, reason, tostring(frate), tostring(srate)}
-  events[#events + 1] = {from, to, reason, frate, srate, gen, actor, '', 0}
+  events[#events + 1] = {from, to, reason, frate, srate, g.gen, actor, '', 0}
+end
+
+-- The state machine (lua/lib/breaker_transitions.lua): `fire` moves the breaker on
+-- an event as the table says, and answers the table's target (a state name, or a
+-- marker for the caller: RESUME, RESTART, CLEAR, IGNORE).
+local NEXT, REASON = breaker_transitions.NEXT, breaker_transitions.REASON
+local AFTER_HALF_OPEN, RESUME = breaker_transitions.AFTER_HALF_OPEN, breaker_transitions.RESUME
+local RESTART, CLEAR = breaker_transitions.RESTART, breaker_transitions.CLEAR
+local IGNORE = breaker_transitions.IGNORE
+local function fire(event, reason, actor)
+  local to = NEXT[s_state][event]
+  if to == AFTER_HALF_OPEN then to = cold().after_half_open end
+  if type(to) == 'string' then transition(to, reason or REASON[event], actor) end
+  return to
 end
 
 -- A history entry that is not a transition: 'restart' (TRIP on OPEN restarted the
 -- wait), 'override' (an override on the current state was set, changed or lifted),
 -- 'override_end' (a held CLOSED was released).
 local function note(kind, reason, actor, until_ms)
-  load_cold()
+  local gen = cold().gen
   if not events then transitions, events = {}, {} end
   events[#events + 1] = {s_state, s_state, reason, -1, -1, gen, actor or '', kind, until_ms}
 end
@@ -337,14 +613,10 @@ end
 -- whose wait is over (HALF_OPEN); DISABLED and METRICS_ONLY return to CLOSED; a
 -- held CLOSED simply resumes its state machine.
 local function end_override()
-  local ended = ov_until
-  if s_state == 'FORCED_OPEN' then
-    transition('HALF_OPEN', 'override ended')
-  elseif s_state == 'DISABLED' or s_state == 'METRICS_ONLY' then
-    transition('CLOSED', 'override ended')
-  else
-    ov_until, d_state = 0, true
-    note('override_end', 'override ended', '', ended)
+  local ended = override_until
+  if fire('override_ended') == RESUME then
+    override_until, dirty_state = 0, true
+    note('override_end', REASON.override_ended, '', ended)
     return
   end
   events[#events][9] = ended
@@ -361,29 +633,29 @@ end
 -- passed and zeroes them at the end.
 local function evict_time_buckets()
   local sec = floor(now / 1000)
-  if wsec == sec then return end
-  if wsec == 0 or sec - wsec >= wsize or sec < wsec then
-    if calls ~= 0 or wsec ~= 0 then clear_window() end
+  if window_sec == sec then return end
+  if window_sec == 0 or sec - window_sec >= window_size or sec < window_sec then
+    if calls ~= 0 or window_sec ~= 0 then clear_window() end
   elseif calls > 0 then
-    for s = wsec + 1, sec do
-      local off = WIN + 20 * (s % wsize)
+    for s = window_sec + 1, sec do
+      local off = WIN + TIME_SLOT * (s % window_size)
       local old = read_bytes(off, 5, 4)
       calls, failures, slow, total_ms = calls - old[2], failures - old[3], slow - old[4],
                                         total_ms - old[5]
       n_evict = n_evict + 1
-      evict_slots[n_evict] = off
+      evicted_slots_at[n_evict] = off
     end
   end
-  wsec, d_win = sec, true
+  window_sec, dirty_window = sec, true
 end
 
--- Count window: a ring of wsize u32 slots at byte WIN + 4 * slot: bit 31 set for
+-- Count window: a ring of window_size u32 slots at byte WIN + 4 * slot: bit 31 set for
 -- a recorded outcome, bit 30 failed, bit 29 slow, bits 0-28 its ms (capped). The
 -- old values of the slots a record overwrites are read here (one GETRANGE, two
 -- when the ring wraps); the new ones are written with the header, at the end.
 local function read_ring(first_slot, count)
-  local tail = min(count, wsize - first_slot)
-  local old = read_bytes(WIN + 4 * first_slot, tail, 4)
+  local tail = min(count, window_size - first_slot)
+  local old = read_bytes(WIN + COUNT_SLOT * first_slot, tail, 4)
   if count > tail then
     local more = read_bytes(WIN, count - tail, 4)
     for i = 1, count - tail do old[tail + i] = more[i] end
@@ -409,88 +681,84 @@ end
 local function record_one(fails, slows, ms)
   local m = min(ms, MS_MASK)
   local v = PRESENT + fails * FAILED + slows * SLOW + m
-  local bit = int((WIN + 4 * head) * 8)
+  local bit = int((WIN + COUNT_SLOT * head) * 8)
   local r = pcall_('BITFIELD', K_STATE, 'SET', 'u32', bit, int(v))
   if r.err then return r.err end
   local o = r[1]
   undo_bit, undo_value = bit, o
   calls, failures, slow, total_ms = calls + 1, failures + fails, slow + slows, total_ms + m
   evict_slot(o)
-  head = (head + 1) % wsize
-  d_win = true
+  head = (head + 1) % window_size
+  dirty_window = true
 end
 
 local function record_count(ok, fails, slows, ms)
   local n = ok + fails
   if n == 1 and exists then return record_one(fails, slows, ms) end
   local per_ms = floor(ms / n)
-  local first = max(1, n - wsize + 1)  -- only the last wsize outcomes can stay
+  local first = max(1, n - window_size + 1)  -- only the last window_size outcomes can stay
   local old = read_ring(head, n - first + 1)
-  n_cslots, cslot_first = 0, head
+  n_count_slots, count_slots_from = 0, head
   for i = first, n do
     local f = floor(i * fails / n) - floor((i - 1) * fails / n)
     local s = floor(i * slows / n) - floor((i - 1) * slows / n)
     local m = min(per_ms + ((i == 1) and (ms - per_ms * n) or 0), MS_MASK)
-    n_cslots = n_cslots + 1
-    cslot_val[n_cslots] = PRESENT + f * FAILED + s * SLOW + m
+    n_count_slots = n_count_slots + 1
+    count_slot_values[n_count_slots] = PRESENT + f * FAILED + s * SLOW + m
     calls, failures, slow, total_ms = calls + 1, failures + f, slow + s, total_ms + m
-    local o = old[n_cslots]
+    local o = old[n_count_slots]
     evict_slot(o)
-    head = (head + 1) % wsize
+    head = (head + 1) % window_size
   end
-  d_win = true
+  dirty_window = true
 end
 
 -- Time window record: this second's slot gets the outcomes (read first unless
 -- evicted by this call, in which case it starts from zero).
 local function record_time(n, fails, slows, ms)
   local sec = floor(now / 1000)
-  local off = WIN + 20 * (sec % wsize)
+  local off = WIN + TIME_SLOT * (sec % window_size)
   local cur = nil
-  for i = 1, n_evict do if evict_slots[i] == off then cur = {sec, 0, 0, 0, 0} end end
-  if del_win then cur = {sec, 0, 0, 0, 0} end
+  for i = 1, n_evict do if evicted_slots_at[i] == off then cur = {sec, 0, 0, 0, 0} end end
+  if clear_ring then cur = {sec, 0, 0, 0, 0} end
   if not cur then
     cur = read_bytes(off, 5, 4)
     if cur[1] ~= sec then cur = {sec, 0, 0, 0, 0} end
   end
   cur[2], cur[3], cur[4], cur[5] = cur[2] + n, cur[3] + fails, cur[4] + slows, cur[5] + ms
-  t_slot, t_vals = off, cur
+  time_slot_at, time_slot_values = off, cur
   calls, failures, slow, total_ms = calls + n, failures + fails, slow + slows, total_ms + ms
-  d_win = true
+  dirty_window = true
 end
 
 -- Returns why Redis refused the record's first write, or nil.
 local function record_window(ok, fails, slows, ms)
   if ok + fails <= 0 then return end
-  if wtype == 0 then return record_count(ok, fails, slows, ms) end
+  if window_type == 0 then return record_count(ok, fails, slows, ms) end
   return record_time(ok + fails, fails, slows, ms)
 end
 
--- fails / n >= f_thr (rates in 1/10000 of a percent): integer arithmetic
+-- fails / n >= failure_threshold (rates in 1/10000 of a percent): integer arithmetic
 local function rate_exceeded(n, fails, slows)
-  return fails * 1000000 >= f_thr * n or slows * 1000000 >= s_thr * n
+  return fails * 1000000 >= failure_threshold * n or slows * 1000000 >= slow_threshold * n
 end
 
 local function describe(n, fails, slows)
-  if fails * 1000000 >= f_thr * n then
-    return 'failure rate ' .. rate(fails, n) .. '% >= ' .. (f_thr / 10000) .. '%'
+  if fails * 1000000 >= failure_threshold * n then
+    return 'failure rate ' .. rate(fails, n) .. '% >= ' .. (failure_threshold / 10000) .. '%'
   end
-  return 'slow call rate ' .. rate(slows, n) .. '% >= ' .. (s_thr / 10000) .. '%'
+  return 'slow call rate ' .. rate(slows, n) .. '% >= ' .. (slow_threshold / 10000) .. '%'
 end
 
 -- Time-driven transitions ---------------------------------------------------------
 local function advance()
-  if s_state == 'OPEN' then load_cold() end
-  if ov_until > 0 and now >= ov_until then end_override() end
-  if wtype == 1 then evict_time_buckets() end
+  if override_until > 0 and now >= override_until then end_override() end
+  if window_type == 1 then evict_time_buckets() end
   if s_state == 'OPEN' then
-    if now >= open_until then transition('HALF_OPEN', 'wait in open state elapsed') end
+    if now >= cold().open_until then fire('wait_elapsed') end
   end
   if s_state == 'HALF_OPEN' then
-    if max_half_open > 0 and now >= since + max_half_open then
-      load_cold()
-      transition(after_half_open, 'max wait in half-open elapsed')
-    end
+    if max_half_open > 0 and now >= since + max_half_open then fire('max_wait_elapsed') end
   end
 end
 
@@ -509,14 +777,14 @@ local function probes_read(cmd, a, b)
 end
 
 local function live_probes()
-  if del_probes then return 0 end
+  if clear_probes then return 0 end
   if live_count == nil then live_count = probes_read('ZCOUNT', '(' .. int(now), '+inf') end
   return live_count
 end
 
 local function holds_lease(token)
   if probe_add and probe_add == token then return true end
-  if del_probes then return false end
+  if clear_probes then return false end
   local deadline = probes_read('ZSCORE', token)
   return deadline ~= false and deadline ~= nil and tonumber(deadline) > now
 end
@@ -527,15 +795,6 @@ end
 -- record whose ARGV[11] names its worker marks it in the hash <state key>:fw
 -- (worker -> server ms of its last failure); marks older than the window are pruned
 -- here, and the hash is deleted whenever the window is cleared.
-local function wire_field(wire, index)
-  local i = 0
-  for part in string.gmatch(wire .. ';', '([^;]*);') do
-    i = i + 1
-    if i == index then return part end
-  end
-  return nil
-end
-
 local function quorum_met()
   local wire = cfg_store
   if not wire then
@@ -565,7 +824,6 @@ local function quorum_met()
 end
 
 -- Operations --------------------------------------------------------------------
-local function args_error(msg) return redis.error_reply('DISTBREAKER_ARGS ' .. msg) end
 
 local function op_record()
   local token = argv[6]
@@ -592,10 +850,10 @@ local function op_record()
     if refused then return redis.error_reply(refused) end
     local mark = argv[11]
     if mark and mark ~= '' and fails > 0 then quorum_mark = mark end
-    if st == 'CLOSED' and ov_until == 0 and calls >= min_calls and calls > 0
-        and rate_exceeded(calls, failures, slow) then
+    if override_until == 0 and calls >= min_calls and calls > 0
+        and NEXT[st].rates_exceeded ~= IGNORE and rate_exceeded(calls, failures, slow) then
       if quorum_met() then
-        transition('OPEN', describe(calls, failures, slow))
+        fire('rates_exceeded', describe(calls, failures, slow))
       else
         quorum_blocked = true
       end
@@ -604,12 +862,12 @@ local function op_record()
     -- the lease goes; an ignored probe (all zero) thereby hands its slot back
     probe_rem = token
     hp_done, hp_fail, hp_slow = hp_done + ok + fails, hp_fail + fails, hp_slow + slows
-    d_hp = true
+    dirty_half_open = true
     if hp_done >= probes_max then
       if rate_exceeded(hp_done, hp_fail, hp_slow) then
-        transition('OPEN', 'half-open probes: ' .. describe(hp_done, hp_fail, hp_slow))
+        fire('probes_failed', 'half-open probes: ' .. describe(hp_done, hp_fail, hp_slow))
       else
-        transition('CLOSED', 'half-open probes succeeded')
+        fire('probes_succeeded')
       end
     end
   end
@@ -634,8 +892,8 @@ local function op_acquire()
     end
   end
   if permitted == 0 then
-    load_cold()
-    rejected, d_cold = rejected + 1, true
+    local g = cold()
+    g.rejected, dirty_counters = g.rejected + 1, true
   end
   return nil
 end
@@ -656,7 +914,7 @@ local function hold_from(hold_for, hold_until, target)
 end
 
 local function op_set()
-  load_cold()
+  local g = cold()
   local target, reason, actor = argv[6], argv[7], argv[8]
   local hold, bad = hold_from(argv[9] or '', argv[10] or '', target)
   if not hold then return bad end
@@ -666,33 +924,32 @@ local function op_set()
   end
   advance()
   if target == 'RESET' then
-    if s_state ~= 'CLOSED' then
-      transition('CLOSED', reason, actor)
-    else
+    if fire('reset', reason, actor) == CLEAR then
       clear_window()
-      del_probes = true
-      if ov_until > 0 then  -- RESET lifts a held CLOSED too
-        ov_until, d_state = 0, true
-        s_reason, s_actor, m_trans = reason, actor, true
+      clear_probes = true
+      if override_until > 0 then  -- RESET lifts a held CLOSED too
+        override_until, dirty_state = 0, true
+        reason_now, actor_now, meta_reason = reason, actor, true
         note('override', reason, actor, 0)
       end
     end
   elseif target == 'TRIP' then
-    if s_state == 'OPEN' then
+    local to = fire('trip', reason, actor)
+    if to == RESTART then
       -- a same-state move: the wait restarts, recorded as a restart, not a transition
-      s_reason, s_actor, m_trans, d_cold = reason, actor, true, true
-      open_until = now + wait_in_open()
-      if hold > 0 then open_until = hold end
+      reason_now, actor_now, meta_reason, dirty_counters = reason, actor, true, true
+      g.open_until = now + wait_in_open(g)
+      if hold > 0 then g.open_until = hold end
       note('restart', reason, actor, hold)
-    elseif s_state ~= 'FORCED_OPEN' and s_state ~= 'DISABLED' then
-      transition('OPEN', reason, actor)
-      if hold > 0 then open_until = hold; events[#events][9] = hold end
+    elseif to ~= IGNORE and hold > 0 then
+      g.open_until = hold; events[#events][9] = hold
     end
-  elseif s_state ~= target then
+  elseif s_state ~= target then  -- `force` (not in the table): any state to the target
     transition(target, reason, actor)
-    if hold > 0 then ov_until = hold; events[#events][9] = hold end
-  elseif hold ~= ov_until then
-    ov_until, d_state, s_reason, s_actor, m_trans = hold, true, reason, actor, true
+    if hold > 0 then override_until = hold; events[#events][9] = hold end
+  elseif hold ~= override_until then
+    override_until, dirty_state, meta_reason = hold, true, true
+    reason_now, actor_now = reason, actor
     note('override', reason, actor, hold)
   end
   return nil
@@ -700,36 +957,38 @@ end
 
 -- Persisting -----------------------------------------------------------------------
 local function cleared_window_bytes()
-  if wtype == 0 then return rep('\0', 4 * wsize) end
-  return rep('\0', 20 * wsize)
+  if window_type == 0 then return rep('\0', COUNT_SLOT * window_size) end
+  return rep('\0', TIME_SLOT * window_size)
 end
 
-local A_FORMAT = '>' .. rep('i8', 11)
-local function header_a()
+local STATE_FORMAT = '>' .. rep('i8', STATE_FIELDS)
+-- The state group's bytes (seq advanced).
+local function header_state()
   seq = (seq + 1) % 4294967296
   if packer then
-    return packer.pack(A_FORMAT, CODE[s_state], since, ov_until, ttl_at, calls, failures, slow,
-                       total_ms, head, wsec, seq)
+    return packer.pack(STATE_FORMAT, CODE[s_state], since, override_until, ttl_refreshed_at,
+                       calls, failures, slow, total_ms, head, window_sec, seq)
   end
-  return encode({CODE[s_state], since, ov_until, ttl_at, calls, failures, slow, total_ms, head,
-                 wsec, seq}, 1, 11, 8)
+  return encode({CODE[s_state], since, override_until, ttl_refreshed_at, calls, failures, slow,
+                 total_ms, head, window_sec, seq}, 1, STATE_FIELDS, 8)
 end
 
--- Fields 0-5 (counters); 6-26 (the config, half-open figures, magic, fingerprint);
--- 13-15 (half-open figures).
-local function header_counters()
-  return encode({open_until, gen, opens, rejected, 0, drift_fp}, 1, 6, 8)  -- 4: reserved
+-- The counters group; the config group (with the half-open figures, magic and
+-- fingerprint between its fields); the half_open group alone.
+local function header_counters(g)
+  return encode({g.open_until, g.gen, g.opens, g.rejected, 0, g.drift_fp}, 1,
+                layout.COUNTERS_FIELDS, 8)
 end
 
-local function header_config()
-  return encode({open_wait, CODE[initial_state], CODE[after_half_open], wait_mult,
-                 max_open_wait, wait_rnd, slow_ms, hp_done, hp_fail, hp_slow, probes_max,
-                 lease_ms, max_half_open, MAGIC, fp, wtype, wsize, min_calls, f_thr, s_thr,
-                 ttl_ms}, 1, 21, 8)
+local function header_config(g)
+  return encode({g.open_wait, CODE[g.initial_state], CODE[g.after_half_open], g.wait_mult,
+                 g.max_open_wait, g.wait_rnd, g.slow_ms, hp_done, hp_fail, hp_slow, probes_max,
+                 lease_ms, max_half_open, MAGIC, fp, window_type, window_size, min_calls,
+                 failure_threshold, slow_threshold, ttl_ms}, 1, layout.CONFIG_FIELDS, 8)
 end
 
 local function header_half_open()
-  return encode({hp_done, hp_fail, hp_slow}, 1, 3, 8)
+  return encode({hp_done, hp_fail, hp_slow}, 1, layout.HALF_OPEN_FIELDS, 8)
 end
 
 -- The first write goes through pcall: if Redis refuses it (OOM, ACL), nothing was
@@ -750,47 +1009,47 @@ end
 
 local function write_record()
   first_write = true
-  if not exists or d_cfg then
-    load_cold()
-    local refused = put('48', header_config())
+  if not exists or dirty_config then
+    local refused = put(layout.CONFIG_AT, header_config(cold()))
     if refused then return refused end
-  elseif d_hp then
-    local refused = put('104', header_half_open())
-    if refused then return refused end
-  end
-  if not exists or d_cold then
-    load_cold()
-    local refused = put('0', header_counters())
+  elseif dirty_half_open then
+    local refused = put(layout.HALF_OPEN_AT, header_half_open())
     if refused then return refused end
   end
-  if d_state or d_win or ttl_at == now or not exists then
-    local refused = put(A_OFFSET, header_a())
+  if not exists or dirty_counters then
+    local refused = put(layout.COUNTERS_AT, header_counters(cold()))
+    if refused then return refused end
+  end
+  if dirty_state or dirty_window or ttl_refreshed_at == now or not exists then
+    local refused = put(STATE_AT, header_state())
     if refused then return refused end
   end
   -- a new record is written at full length, so record_one's BITFIELD SET never
   -- grows the string (its undo could not shrink it back)
-  if del_win or not exists then rcall('SETRANGE', K_STATE, WIN, cleared_window_bytes()) end
-  for i = 1, n_evict do rcall('SETRANGE', K_STATE, evict_slots[i], rep('\0', 20)) end
-  if t_slot then rcall('SETRANGE', K_STATE, t_slot, encode(t_vals, 1, 5, 4)) end
-  if n_cslots > 0 then
-    local tail = min(n_cslots, wsize - cslot_first)
-    local bytes = (tail == 1 and packer) and packer.pack('>I4', cslot_val[1])
-                  or encode(cslot_val, 1, tail, 4)
-    rcall('SETRANGE', K_STATE, int(WIN + 4 * cslot_first), bytes)
-    if n_cslots > tail then
-      rcall('SETRANGE', K_STATE, WIN, encode(cslot_val, tail + 1, n_cslots, 4))
+  if clear_ring or not exists then rcall('SETRANGE', K_STATE, WIN, cleared_window_bytes()) end
+  for i = 1, n_evict do rcall('SETRANGE', K_STATE, evicted_slots_at[i], rep('\0', TIME_SLOT)) end
+  if time_slot_at then
+    rcall('SETRANGE', K_STATE, time_slot_at, encode(time_slot_values, 1, 5, 4))
+  end
+  if n_count_slots > 0 then
+    local tail = min(n_count_slots, window_size - count_slots_from)
+    local bytes = (tail == 1 and packer) and packer.pack('>I4', count_slot_values[1])
+                  or encode(count_slot_values, 1, tail, 4)
+    rcall('SETRANGE', K_STATE, int(WIN + COUNT_SLOT * count_slots_from), bytes)
+    if n_count_slots > tail then
+      rcall('SETRANGE', K_STATE, WIN, encode(count_slot_values, tail + 1, n_count_slots, 4))
     end
   end
   return nil
 end
 
 local function reply_full(event_errors, wait_ms, in_flight)
-  load_cold()
+  local rejected = cold().rejected
   -- Reason and actor explain rejections and states; a permitted acquire or record
   -- without a transition in CLOSED or HALF_OPEN answers them empty (one read less).
   if permitted == 1 and not transitions and (op == 'acquire' or op == 'record')
       and (s_state == 'HALF_OPEN' or s_state == 'CLOSED') then
-    s_reason, s_actor = s_reason or '', s_actor or ''
+    reason_now, actor_now = reason_now or '', actor_now or ''
   end
   load_reason()
   local stored = ''
@@ -798,53 +1057,27 @@ local function reply_full(event_errors, wait_ms, in_flight)
   local tr = transitions or {}
   if s_state == 'HALF_OPEN' or (s_state == 'OPEN' and hp_done > 0) then
     return {s_state, wait_ms, permitted, tr, hp_done, hp_fail, hp_slow, 0, rejected, drift,
-            stored, now, since, in_flight, s_reason, s_actor, event_errors, ov_until, 1,
+            stored, now, since, in_flight, reason_now, actor_now, event_errors, override_until, 1,
             quorum_blocked and 1 or 0}
   end
   return {s_state, wait_ms, permitted, tr, calls, failures, slow, total_ms, rejected, drift,
-          stored, now, since, 0, s_reason, s_actor, event_errors, ov_until, 0,
+          stored, now, since, 0, reason_now, actor_now, event_errors, override_until, 0,
           quorum_blocked and 1 or 0}
-end
-
-local function publish_events()
-  local event_errors = ''
-  for _, e in ipairs(events) do
-    local entry = {'XADD', K_HIST, 'MAXLEN', '1000', '*', 'from', e[1], 'to', e[2],
-         'reason', e[3], 'at_ms', now, 'failure_rate', tostring(e[4]),
-         'slow_rate', tostring(e[5]), 'gen', e[6], 'actor', e[7]}
-    if e[8] ~= '' then entry[#entry + 1] = 'kind'; entry[#entry + 1] = e[8] end
-    if e[9] and e[9] > 0 then entry[#entry + 1] = 'until_ms'; entry[#entry + 1] = e[9] end
-    local added = pcall_(unpack(entry))
-    if type(added) == 'table' and added.err then
-      event_errors = event_errors .. 'history: ' .. added.err .. '; '
-    end
-    if e[8] == '' then
-      local published = pcall_('PUBLISH', channel, '{"name":' .. json_str(name) ..
-        ',"from":"' .. e[1] .. '","to":"' .. e[2] .. '","reason":' .. json_str(e[3]) ..
-        ',"at_ms":' .. now .. ',"failure_rate":' .. e[4] .. ',"slow_rate":' .. e[5] ..
-        ',"gen":' .. e[6] .. ',"actor":' .. json_str(e[7]) ..
-        ((e[9] > 0) and (',"until_ms":' .. e[9]) or '') .. '}')
-      if type(published) == 'table' and published.err then
-        event_errors = event_errors .. 'publish: ' .. published.err .. '; '
-      end
-    end
-  end
-  return event_errors
 end
 
 -- The full reply's wait_ms and probes_in_flight.
 local function reply_numbers()
-  load_cold()
+  local g = cold()
   local wait_ms, in_flight = 0, 0
   if s_state == 'OPEN' then
-    wait_ms = max(0, open_until - now)
+    wait_ms = max(0, g.open_until - now)
   elseif s_state == 'HALF_OPEN' then
     in_flight = live_probes() + (probe_add and 1 or 0) - (probe_rem and 1 or 0)
     in_flight = max(0, in_flight)
-    if permitted == 0 and not del_probes then
+    if permitted == 0 and not clear_probes then
       local first = rcall('ZRANGEBYSCORE', K_PROBES, '(' .. now, '+inf', 'WITHSCORES',
                           'LIMIT', 0, 1)
-      if first[2] then wait_ms = min(open_wait, max(0, tonumber(first[2]) - now)) end
+      if first[2] then wait_ms = min(g.open_wait, max(0, tonumber(first[2]) - now)) end
     end
   end
   return wait_ms, in_flight
@@ -852,11 +1085,11 @@ end
 
 -- The meta hash (after the state record).
 local function write_meta()
-  if m_trans or m_cfg or m_drift then
+  if meta_reason or meta_cfg or meta_drift then
     local m, k = {}, 0
-    if m_trans then m[1], m[2], m[3], m[4], k = 'reason', s_reason, 'actor', s_actor, 4 end
-    if m_cfg then m[k + 1], m[k + 2], k = 'cfg', cfg_store, k + 2 end
-    if m_drift then
+    if meta_reason then m[1], m[2], m[3], m[4], k = 'reason', reason_now, 'actor', actor_now, 4 end
+    if meta_cfg then m[k + 1], m[k + 2], k = 'cfg', cfg_store, k + 2 end
+    if meta_drift then
       m[k + 1], m[k + 2], m[k + 3], m[k + 4], k = 'drift_cfg', cfg_wire, 'drift_at', now, k + 4
     end
     rcall('HSET', K_META, unpack(m, 1, k))
@@ -866,14 +1099,14 @@ end
 
 -- Probes and TTLs (after the state record and the meta hash).
 local function write_others(refresh)
-  if del_fw then
+  if clear_quorum_marks then
     rcall('DEL', K_STATE .. ':fw')
   elseif quorum_mark then
     local k_fw = K_STATE .. ':fw'
     rcall('HSET', k_fw, quorum_mark, int(now))
     rcall('PEXPIRE', k_fw, int(ttl_ms))
   end
-  if del_probes then
+  if clear_probes then
     rcall('DEL', K_PROBES)
   elseif probe_add then  -- reap expired leases as new ones come
     rcall('ZREMRANGEBYSCORE', K_PROBES, '-inf', int(now))
@@ -882,8 +1115,7 @@ local function write_others(refresh)
   if probe_add then rcall('ZADD', K_PROBES, int(now + lease_ms), probe_add) end
   if refresh then
     -- an override or a long OPEN wait keeps the keys for key_ttl past its end
-    load_cold()
-    local keep, held = ttl_ms, ov_until
+    local keep, held, open_until = ttl_ms, override_until, cold().open_until
     if s_state == 'OPEN' and open_until > held then held = open_until end
     if held > now then keep = max(ttl_ms, held - now + ttl_ms) end
     rcall('PEXPIRE', K_STATE, keep)
@@ -893,7 +1125,7 @@ local function write_others(refresh)
   else
     if probe_add and (live_count or 0) == 0 then rcall('PEXPIRE', K_PROBES, int(ttl_ms)) end
     if events then rcall('PEXPIRE', K_HIST, ttl_ms) end
-    if m_trans or m_drift then rcall('PEXPIRE', K_META, ttl_ms) end
+    if meta_reason or meta_drift then rcall('PEXPIRE', K_META, ttl_ms) end
   end
 end
 
@@ -901,14 +1133,15 @@ local function finish()
   -- Every key's TTL is refreshed when the last refresh is ttl/2 old (or on any
   -- operator action), so an active breaker never expires and most calls spend
   -- nothing on TTLs; keys this call may have created get theirs at once.
-  local dirty = d_hp or d_win or d_state or d_cold or d_cfg or not exists
-  local writes = op ~= 'state' or dirty or m_trans or m_drift or clear_drift or del_probes
-  local refresh = writes and (op == 'set' or now - ttl_at >= ttl_ms / 2 or ttl_at > now
-                              or not exists)
-  if refresh then ttl_at = now end
+  local dirty = dirty_half_open or dirty_window or dirty_state or dirty_counters or dirty_config
+                or not exists
+  local writes = op ~= 'state' or dirty or meta_reason or meta_drift or clear_drift or clear_probes
+  local refresh = writes and (op == 'set' or now - ttl_refreshed_at >= ttl_ms / 2
+                              or ttl_refreshed_at > now or not exists)
+  if refresh then ttl_refreshed_at = now end
   -- Before the first write (no partial writes): the types of the keys this call
   -- writes beyond the record. The probes zset is checked by its reads instead.
-  if m_trans or m_cfg or m_drift or clear_drift or events or op == 'set' then
+  if meta_reason or meta_cfg or meta_drift or clear_drift or events or op == 'set' then
     local err = foreign_keys()
     if err then
       if undo_bit then rcall('BITFIELD', K_STATE, 'SET', 'u32', undo_bit, int(undo_value)) end
@@ -921,7 +1154,8 @@ local function finish()
       if op == 'acquire' and permitted == 0 then
         -- A rejection stands without its counter (and without a time-driven
         -- transition it computed: the next call computes it again).
-        rejected = rejected - 1
+        local g = cold()
+        g.rejected = g.rejected - 1
         local wait_ms, in_flight = reply_numbers()
         return reply_full('state not saved: ' .. refused, wait_ms, in_flight)
       end
@@ -932,10 +1166,10 @@ local function finish()
   local wait_ms, in_flight = 0, 0
   local short = (op == 'record' or op == 'acquire') and permitted == 1 and not transitions
       and not quorum_blocked
-      and drift == 0 and ov_until == 0 and s_state ~= 'OPEN' and s_state ~= 'FORCED_OPEN'
+      and drift == 0 and override_until == 0 and s_state ~= 'OPEN' and s_state ~= 'FORCED_OPEN'
   if not short then wait_ms, in_flight = reply_numbers() end
   write_others(refresh)
-  local event_errors = events and publish_events() or ''
+  local event_errors = events and breaker_events.publish(events, K_HIST, channel, name, now) or ''
   if short and event_errors == '' then return {s_state, now, since} end
   return reply_full(event_errors, wait_ms, in_flight)
 end
@@ -946,16 +1180,18 @@ local function settle_config(arg_fp)
   local adopt = (op == 'set' and argv[6] == 'RESET')
   if not exists then
     s_state, since = 'CLOSED', now
-    calls, failures, slow, total_ms, head, wsec, ttl_at, ov_until = 0, 0, 0, 0, 0, 0, 0, 0
+    calls, failures, slow, total_ms, head, window_sec = 0, 0, 0, 0, 0, 0
+    ttl_refreshed_at, override_until = 0, 0
     if op == 'set' then
       -- An operator action on a name without keys stores no config (fp 0): the
       -- first worker's call stores its own (no drift warning for it), and the
       -- breaker starts in the config's initial state.
-      fp, d_cfg = 0, true
+      fp, dirty_config = 0, true
     else
-      fp, d_cfg, m_cfg, cfg_store = fingerprint(cfg_wire), true, true, cfg_wire
-      if initial_state ~= 'CLOSED' then
-        s_state, s_reason, s_actor, m_trans = initial_state, 'initial state', '', true
+      fp, dirty_config, meta_cfg, cfg_store = fingerprint(cfg_wire), true, true, cfg_wire
+      if parsed.initial_state ~= 'CLOSED' then
+        s_state, reason_now, actor_now, meta_reason = parsed.initial_state, 'initial state', '',
+                                                      true
       end
     end
     return
@@ -963,30 +1199,30 @@ local function settle_config(arg_fp)
   if fp == 0 then
     -- unset: the caller's config governs this call; only a protected call stores it
     if op == 'acquire' or op == 'record' then
-      fp, d_cfg, m_cfg, cfg_store = fingerprint(cfg_wire), true, true, cfg_wire
+      fp, dirty_config, meta_cfg, cfg_store = fingerprint(cfg_wire), true, true, cfg_wire
     end
     return
   end
   -- the hot path: the same config (compared as the decimal string the caller sent)
   if int(fp) == arg_fp and not adopt then return end
   local mine = fingerprint(cfg_wire)
-  load_cold()
+  local g = cold()
   if adopt then
     if mine ~= fp then
       if not parse_config(cfg_wire) then
         return redis.error_reply('DISTBREAKER_ARGS bad config ' .. cfg_wire)
       end
-      fp, d_cfg, m_cfg, cfg_store = mine, true, true, cfg_wire
+      fp, dirty_config, meta_cfg, cfg_store = mine, true, true, cfg_wire
       -- the stored config changed: its window geometry may have, so start afresh
       clear_window()
-      d_cold = true
+      dirty_counters = true
     end
-    if drift_fp ~= 0 then drift_fp, d_cold, clear_drift = 0, true, true end
+    if g.drift_fp ~= 0 then g.drift_fp, dirty_counters, clear_drift = 0, true, true end
     return
   end
   if mine == fp then return end  -- the caller's fingerprint was wrong, not its config
   drift = 1
-  if drift_fp ~= mine then drift_fp, d_cold, m_drift = mine, true, true end
+  if g.drift_fp ~= mine then g.drift_fp, dirty_counters, meta_drift = mine, true, true end
 end
 
 -- The server time in ms, and its microseconds (the open wait's random draw).
@@ -1010,60 +1246,81 @@ local function begin(keys, args, given_now, given_micros)
   else
     now, micros = server_time()
   end
-  cold, cfg_parsed, s_reason, s_actor, cfg_store, drift, permitted = false, false, nil, nil,
-                                                                     nil, 0, 1
-  d_hp, d_win, d_state, d_cold, d_cfg, m_trans, m_cfg = false, false, false, false, false,
-                                                         false, false
-  m_drift, clear_drift = false, false
-  del_win, n_cslots, t_slot, t_vals, n_evict = false, 0, nil, nil, 0
-  del_probes, probe_add, probe_rem, live_count = false, nil, nil, nil
+  cold_group, parsed, reason_now, actor_now, cfg_store, drift, permitted = nil, nil, nil, nil,
+                                                                            nil, 0, 1
+  dirty_half_open, dirty_window, dirty_state, dirty_counters, dirty_config = false, false, false,
+                                                                             false, false
+  meta_reason, meta_cfg, meta_drift, clear_drift = false, false, false, false
+  clear_ring, n_count_slots, time_slot_at, time_slot_values, n_evict = false, 0, nil, nil, 0
+  clear_probes, probe_add, probe_rem, live_count = false, nil, nil, nil
   undo_bit, undo_value = nil, nil
-  transitions, events, quorum_mark, quorum_blocked, del_fw = nil, nil, nil, nil, false
+  transitions, events, quorum_mark, quorum_blocked, clear_quorum_marks = nil, nil, nil, nil, false
 end
 
 -- The hot path ------------------------------------------------------------------
 -- The usual record: one successful call, not slow and not a probe, in CLOSED with a
 -- count window, the caller's config stored (fingerprint), no override, no TTL
 -- refresh due. It is what the general path below does for that case (the same
--- commands: GETRANGE, BITFIELD SET, SETRANGE of fields 31-37, the short reply),
+-- commands: GETRANGE, BITFIELD SET, SETRANGE of the totals group, the short reply),
 -- without its per-call state; nil when the case is not that simple (the general
 -- path then runs and decides, having nothing of this one's to undo). A success can
 -- still make the window's rates count (the calls reach minimum_calls, or a quorum
 -- now met): that is left to the general path too, with the slot written back.
-local HOT_FORMAT, WINDOW_FORMAT = '>' .. rep('i8', 25), '>' .. rep('i8', 7)
+local fast_record
+do  -- (a block: its constants do not count against the chunk's 200 locals)
+local TOTALS_AT = layout.TOTALS_AT
+local HOT_FORMAT = '>' .. rep('i8', HOT_FIELDS)
+local TOTALS_FORMAT = '>' .. rep('i8', layout.TOTALS_FIELDS)
+local HOT_BYTES = layout.HOT_BYTES
+-- the low bytes of the window type and the state code in the hot read
+local WINDOW_TYPE_BYTE, STATE_BYTE = layout.HOT_LOW_BYTE.window_type, layout.HOT_LOW_BYTE.state
 local FP_TEXT, SLOT_BIT, FAST_N = {}, {}, 0   -- decimal texts, kept (a library keeps them)
 -- Returns the reply, or nil and (when it read them) the hot fields' bytes and the
 -- server time, which the general path then uses instead of reading them again.
-local function fast_record(keys, args, given_now, given_micros)
+function fast_record(keys, args, given_now, given_micros)
   if args[7] ~= '1' or args[8] ~= '0' or args[9] ~= '0' or args[6] ~= '' or not packer then
     return nil, nil, given_now, given_micros
   end
   local k = keys[1]
-  local raw = pcall_('GETRANGE', k, HOT_FIRST, HOT_LAST)
-  if type(raw) ~= 'string' or #raw < 200 then return nil, nil, given_now, given_micros end
-  -- the low bytes of the window type (field 21) and state code (27): a TIME window or
-  -- another state leaves at once, before the fields are decoded
-  if byte(raw, 72) ~= 0 or byte(raw, 120) ~= 0 then return nil, raw, given_now, given_micros end
+  local raw = pcall_('GETRANGE', k, HOT_AT, HOT_LAST)
+  if type(raw) ~= 'string' or #raw < HOT_BYTES then return nil, nil, given_now, given_micros end
+  -- a TIME window or another state than CLOSED leaves at once, before the fields are
+  -- decoded
+  if byte(raw, WINDOW_TYPE_BYTE) ~= 0 or byte(raw, STATE_BYTE) ~= 0 then
+    return nil, raw, given_now, given_micros
+  end
   local ms = tonumber(args[10])
   if not ms or ms < 0 or ms % 1 ~= 0 then return nil, raw, given_now, given_micros end
-  local _, _, _, _, _, _, magic, sfp, swtype, swsize, smin, sf, ss, sttl, code, ssince, sov,
-        sttl_at, scalls, sfail, sslow, stotal, shead, swsec, sseq = packer.unpack(HOT_FORMAT, raw)
-  if magic ~= MAGIC or code ~= 0 or swtype ~= 0 or swsize <= 0 or sov ~= 0 then
+  -- the hot group, as in `load` (the stored values of this record)
+  local _, _, _, _, _, _, magic, stored_fp, window_type, window_size, minimum_calls,
+        failure_threshold, slow_threshold, key_ttl, code, since_ms, override_until,
+        ttl_refreshed_at, n_calls, n_failures, n_slow, sum_ms, ring_head, window_sec,
+        write_seq = packer.unpack(HOT_FORMAT, raw)
+  if magic ~= MAGIC or code ~= 0 or window_type ~= 0 or window_size <= 0
+      or override_until ~= 0 then
     return nil, raw, given_now, given_micros
   end
   if FAST_N >= 256 then FP_TEXT, SLOT_BIT, FAST_N = {}, {}, 0 end
-  local fp_text = FP_TEXT[sfp]
-  if not fp_text then fp_text, FAST_N = int(sfp), FAST_N + 1; FP_TEXT[sfp] = fp_text end
+  local fp_text = FP_TEXT[stored_fp]
+  if not fp_text then
+    fp_text, FAST_N = int(stored_fp), FAST_N + 1
+    FP_TEXT[stored_fp] = fp_text
+  end
   if fp_text ~= args[2] then return nil, raw, given_now, given_micros end
   local t_now, us = given_now, given_micros
   if not t_now then t_now, us = server_time() end
-  if t_now - sttl_at >= sttl / 2 or sttl_at > t_now then return nil, raw, t_now, us end
+  if t_now - ttl_refreshed_at >= key_ttl / 2 or ttl_refreshed_at > t_now then
+    return nil, raw, t_now, us
+  end
   local m = min(ms, MS_MASK)
-  local bit = SLOT_BIT[shead]
-  if not bit then bit, FAST_N = int((WIN + 4 * shead) * 8), FAST_N + 1; SLOT_BIT[shead] = bit end
+  local bit = SLOT_BIT[ring_head]
+  if not bit then
+    bit, FAST_N = int((WIN + COUNT_SLOT * ring_head) * 8), FAST_N + 1
+    SLOT_BIT[ring_head] = bit
+  end
   local r = pcall_('BITFIELD', k, 'SET', 'u32', bit, int(PRESENT + m))
   if r.err then return nil, raw, t_now, us end
-  local o, n, f, sl, total = r[1], scalls + 1, sfail, sslow, stotal + m
+  local o, n, f, sl, total = r[1], n_calls + 1, n_failures, n_slow, sum_ms + m
   if o >= PRESENT then  -- the slot's old outcome leaves the window
     local old = o - PRESENT
     n = n - 1
@@ -1071,14 +1328,17 @@ local function fast_record(keys, args, given_now, given_micros)
     if old >= SLOW then sl, old = sl - 1, old - SLOW end
     total = total - old
   end
-  if n >= smin and n > 0 and (f * 1000000 >= sf * n or sl * 1000000 >= ss * n) then
+  if n >= minimum_calls and n > 0
+      and (f * 1000000 >= failure_threshold * n or sl * 1000000 >= slow_threshold * n) then
     rcall('BITFIELD', k, 'SET', 'u32', bit, int(o))
     return nil, raw, t_now, us
   end
-  -- fields 31-37 (the window totals, head, wsec, seq); 27-30 are unchanged
-  rcall('SETRANGE', k, '248', packer.pack(WINDOW_FORMAT, n, f, sl, total, (shead + 1) % swsize,
-                                          swsec, (sseq + 1) % 4294967296))
-  return {'CLOSED', t_now, ssince}
+  -- the totals group (window totals, head, window_sec, seq); the state's own fields stay
+  rcall('SETRANGE', k, TOTALS_AT, packer.pack(TOTALS_FORMAT, n, f, sl, total,
+                                              (ring_head + 1) % window_size, window_sec,
+                                              (write_seq + 1) % 4294967296))
+  return {'CLOSED', t_now, since_ms}
+end
 end
 
 return function(KEYS, ARGV, given_now, given_micros)
@@ -1100,7 +1360,7 @@ return function(KEYS, ARGV, given_now, given_micros)
     if err then return err end
   end
   if not exists and op == 'state' then
-    return {initial_state, 0, 1, {}, 0, 0, 0, 0, 0, 0, '', now, now, 0}
+    return {parsed.initial_state, 0, 1, {}, 0, 0, 0, 0, 0, 0, '', now, now, 0}
   end
   err = settle_config(ARGV[2] or '')
   if err then return err end
@@ -1117,5 +1377,5 @@ return function(KEYS, ARGV, given_now, given_micros)
   return finish()
 end
 
-end)()
+end)(prelude(), record_layout(), record_codec(), breaker_config(), breaker_transitions(), breaker_events())
 return main(KEYS, ARGV)

@@ -1,5 +1,48 @@
-local main = (function()
---!module
+local prelude_value
+local function prelude()
+  if prelude_value == nil then prelude_value = (function()
+--!lib
+-- The helpers every distbreaker script shares (one definition: lua/lib/, see
+-- distbreaker/_runtime/scripts.py): the two error replies the clients decode
+-- (docs/KEY_SCHEMA.md, "Errors") and the foreign-type check. Globals are looked up
+-- per call: this chunk runs at a script's first call, never at FUNCTION LOAD.
+
+-- Foreign or corrupt data in `key`: 'DISTBREAKER_SCHEMA <key> <msg>'.
+local function schema_error(key, msg)
+  return redis.error_reply('DISTBREAKER_SCHEMA ' .. key .. ' ' .. msg)
+end
+
+-- Arguments the script refuses: 'DISTBREAKER_ARGS <msg>'.
+local function args_error(msg)
+  return redis.error_reply('DISTBREAKER_ARGS ' .. msg)
+end
+
+-- The schema error for a key holding a type other than `want`; nil when it holds a
+-- `want` or does not exist. TYPE costs a command: scripts run it on error paths (and
+-- before writes of keys they do not read first), never on every call.
+local function foreign_type(key, want)
+  local found = redis.call('TYPE', key)
+  if type(found) == 'table' then found = found['ok'] end
+  if found ~= 'none' and found ~= want then
+    return schema_error(key, 'holds a ' .. found .. ', expected a ' .. want)
+  end
+  return nil
+end
+
+-- A command on `key` failed with `reply`: the schema error when the key holds a type
+-- other than `want`, else `reply` itself (e.g. an ACL refusal on a key of the right type).
+local function failed_on(key, want, reply)
+  return foreign_type(key, want) or reply
+end
+
+return {schema_error = schema_error, args_error = args_error, foreign_type = foreign_type,
+        failed_on = failed_on}
+
+end)() end
+  return prelude_value
+end
+local main = (function(prelude)
+--!module needs prelude
 -- distbreaker retry budget (Finagle semantics). A module: the helpers below are
 -- defined once (at FUNCTION LOAD, or once per EVAL) and the chunk returns the entry.
 --
@@ -47,23 +90,15 @@ local main = (function()
 -- (Globals are looked up per call: while a library loads, Redis hides them.)
 
 
-local function schema_error(key, msg)
-  return redis.error_reply('DISTBREAKER_SCHEMA ' .. key .. ' ' .. msg)
-end
+local schema_error, failed_on, args_error = prelude.schema_error, prelude.failed_on,
+                                           prelude.args_error
 
 -- A failed first read of K: name the foreign type (TYPE runs only here), or pass
 -- the error on (an ACL refusal on a key of the right type).
-local function read_failed(key, reply)
-  local found = redis.call('TYPE', key)
-  if type(found) == 'table' then found = found['ok'] end
-  if found ~= 'none' and found ~= 'hash' then
-    return schema_error(key, 'holds a ' .. found .. ', expected a hash')
-  end
-  return reply
-end
+local function read_failed(key, reply) return failed_on(key, 'hash', reply) end
 
 local function bad_args(op)
-  return redis.error_reply('DISTBREAKER_ARGS bad budget arguments for ' .. tostring(op))
+  return args_error('bad budget arguments for ' .. tostring(op))
 end
 
 -- ARGV[2..5] as {ppm, reserve, ttl ms, slices, slice ms, slice ms as text}, false when
@@ -235,5 +270,5 @@ return function(KEYS, ARGV, given_now)
   return {ok, math.floor((reserve + ppm * D) / 1000000) - W, D, W, now, drift}
 end
 
-end)()
+end)(prelude())
 return main(KEYS, ARGV)

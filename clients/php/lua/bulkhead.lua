@@ -1,5 +1,48 @@
-local main = (function()
---!module
+local prelude_value
+local function prelude()
+  if prelude_value == nil then prelude_value = (function()
+--!lib
+-- The helpers every distbreaker script shares (one definition: lua/lib/, see
+-- distbreaker/_runtime/scripts.py): the two error replies the clients decode
+-- (docs/KEY_SCHEMA.md, "Errors") and the foreign-type check. Globals are looked up
+-- per call: this chunk runs at a script's first call, never at FUNCTION LOAD.
+
+-- Foreign or corrupt data in `key`: 'DISTBREAKER_SCHEMA <key> <msg>'.
+local function schema_error(key, msg)
+  return redis.error_reply('DISTBREAKER_SCHEMA ' .. key .. ' ' .. msg)
+end
+
+-- Arguments the script refuses: 'DISTBREAKER_ARGS <msg>'.
+local function args_error(msg)
+  return redis.error_reply('DISTBREAKER_ARGS ' .. msg)
+end
+
+-- The schema error for a key holding a type other than `want`; nil when it holds a
+-- `want` or does not exist. TYPE costs a command: scripts run it on error paths (and
+-- before writes of keys they do not read first), never on every call.
+local function foreign_type(key, want)
+  local found = redis.call('TYPE', key)
+  if type(found) == 'table' then found = found['ok'] end
+  if found ~= 'none' and found ~= want then
+    return schema_error(key, 'holds a ' .. found .. ', expected a ' .. want)
+  end
+  return nil
+end
+
+-- A command on `key` failed with `reply`: the schema error when the key holds a type
+-- other than `want`, else `reply` itself (e.g. an ACL refusal on a key of the right type).
+local function failed_on(key, want, reply)
+  return foreign_type(key, want) or reply
+end
+
+return {schema_error = schema_error, args_error = args_error, foreign_type = foreign_type,
+        failed_on = failed_on}
+
+end)() end
+  return prelude_value
+end
+local main = (function(prelude)
+--!module needs prelude
 -- distbreaker fleet-wide bulkhead: a Redis semaphore of leases. A module: the
 -- helpers below are defined once (at FUNCTION LOAD, or once per EVAL) and the
 -- chunk returns the entry function.
@@ -68,24 +111,8 @@ local OPS = {acquire = true, release = true, renew = true, cancel = true, metric
              restart = true}
 local COUNTERS = {'rejected', 'acquired', 'lost', 'limit', 'waiters', 'ttl_until'}
 
-local function schema_error(key, msg)
-  return redis.error_reply('DISTBREAKER_SCHEMA ' .. key .. ' ' .. msg)
-end
-
--- The first command on a key failed: name a foreign type (TYPE runs only here),
--- else pass the error on (e.g. an ACL refusal on a key of the right type).
-local function failed_on(key, want, reply)
-  local found = redis.call('TYPE', key)
-  if type(found) == 'table' then found = found['ok'] end
-  if found ~= 'none' and found ~= want then
-    return schema_error(key, 'holds a ' .. found .. ', expected a ' .. want)
-  end
-  return reply
-end
-
-local function bad_args(msg)
-  return redis.error_reply('DISTBREAKER_ARGS ' .. msg)
-end
+local schema_error, failed_on, bad_args = prelude.schema_error, prelude.failed_on,
+                                         prelude.args_error
 
 -- The earliest lease: its deadline and token (nil when there is none).
 local function earliest(k)
@@ -387,274 +414,330 @@ local function parse_limits(a3, a4, a5)
   return parsed
 end
 
-return function(KEYS, ARGV, given_now)
-  local K_LEASES, K_META, K_NOTIFY = KEYS[1], KEYS[2], KEYS[3]
+-- The general path, in named steps over one per-call table `c` (the hot paths above
+-- answer the usual calls without it). Each step that can refuse answers an error
+-- reply, or nil.
+
+-- The call's arguments and server time, as locals (the hot paths take them so, no
+-- table): op, token, limit, limit_s, lease_ms, ttl_ms, ttl_s, wait_ms, now, adaptive
+-- params, priority share; or nil and an error reply when they are bad.
+local function parse_call(ARGV, given_now)
   local op, token, limit_s, ttl_s = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
   local limits = parse_limits(limit_s, ARGV[4], ttl_s)
   local wait_ms = 0
   if ARGV[6] and ARGV[6] ~= '0' then wait_ms = tonumber(ARGV[6]) end
   if not limits or not wait_ms or wait_ms < 0 then
-    return bad_args('bad bulkhead arguments')
+    return nil, bad_args('bad bulkhead arguments')
   end
-  local limit, lease_ms, ttl_ms = limits[1], limits[2], limits[3]
-  if not OPS[op] then return bad_args('unknown bulkhead op ' .. tostring(op)) end
-  if op == 'acquire' and token == '' then return bad_args('acquire needs a token') end
-
+  if not OPS[op] then return nil, bad_args('unknown bulkhead op ' .. tostring(op)) end
+  if op == 'acquire' and token == '' then return nil, bad_args('acquire needs a token') end
   local now = given_now  -- a merged call (lua/finish.lua) read TIME once for all its calls
   if not now then
     local t = redis.call('TIME')
     now = t[1] * 1000 + math.floor(t[2] / 1000)
   end
   local ap = adaptive_params(ARGV[7])
-  if ap == false then return bad_args('bad adaptive limit ' .. tostring(ARGV[7])) end
+  if ap == false then return nil, bad_args('bad adaptive limit ' .. tostring(ARGV[7])) end
   local share = 1
   if op == 'acquire' and ARGV[8] and ARGV[8] ~= '' then
     share = tonumber(ARGV[8])
     if not share or share <= 0 or share > 1000000 then
-      return bad_args('priority share must be in (0, 1000000]')
+      return nil, bad_args('priority share must be in (0, 1000000]')
     end
     share = share / 1000000
   end
+  return op, token, limits[1], limit_s, limits[2], limits[3], ttl_s, wait_ms, now, ap, share
+end
 
-  local reports = op == 'restart' or (op == 'release' and (ARGV[8] or '') ~= '')
-  if op == 'acquire' then
-    local fast = fast_acquire(K_LEASES, K_META, token, limit, limit_s, lease_ms, ttl_ms, ttl_s,
-                              share, ap, now)
-    if fast then return fast end
-  elseif op == 'release' and not reports then
-    local fast = fast_release(K_LEASES, K_META, token, now, ap)
-    if fast then return fast end
-  elseif op == 'release' and ap then
-    local fast = fast_report(K_LEASES, K_META, token, ap, ARGV, now, ttl_ms, ttl_s)
-    if fast then return fast end
-  end
-
-  -- KEYS[3] may be left out: the leases key plus ':notify' (only waiters use it)
-  K_NOTIFY = K_NOTIFY or (K_LEASES .. ':notify')
-
-  -- Reads, before any write ----------------------------------------------------------
+-- Reads, before any write: the meta counters (and an adaptive bulkhead's state, whose
+-- limit is the stored one: its initial value at first).
+local function read_meta(c)
   local m
-  if ap and not reports then
-    m = redis.pcall('HMGET', K_META, 'rejected', 'acquired', 'lost', 'limit', 'waiters',
+  if c.ap and not c.reports then
+    m = redis.pcall('HMGET', c.K_META, 'rejected', 'acquired', 'lost', 'limit', 'waiters',
                     'ttl_until', 'a_limit')
-  elseif ap then
-    m = redis.pcall('HMGET', K_META, 'rejected', 'acquired', 'lost', 'limit', 'waiters',
+  elseif c.ap then
+    m = redis.pcall('HMGET', c.K_META, 'rejected', 'acquired', 'lost', 'limit', 'waiters',
                     'ttl_until', unpack(A_FIELDS))
   else
-    m = redis.pcall('HMGET', K_META, 'rejected', 'acquired', 'lost', 'limit', 'waiters',
+    m = redis.pcall('HMGET', c.K_META, 'rejected', 'acquired', 'lost', 'limit', 'waiters',
                     'ttl_until')
   end
-  if m['err'] then return failed_on(K_META, 'hash', m) end
-  local raw_a = ap and {nil, nil, nil, nil, nil, nil, m[7], m[8], m[9], m[10], m[11], m[12], m[13]}
-  local rejected, acquired, lost, stored_limit, stored_waiters, until_ms = 0, 0, 0, 0, 0, nil
+  if m['err'] then return failed_on(c.K_META, 'hash', m) end
   for i = 1, 6 do
     if m[i] then
       local v = tonumber(m[i])
-      if not v then return not_a_number(K_META, COUNTERS[i]) end
+      if not v then return not_a_number(c.K_META, COUNTERS[i]) end
       m[i] = v
     else
       m[i] = 0
     end
   end
-  rejected, acquired, lost, stored_limit, stored_waiters = m[1], m[2], m[3], m[4], m[5]
-  if m[6] > 0 then until_ms = m[6] end
-  -- An adaptive bulkhead's limit is the stored one (its initial value at first).
-  local ast = nil
-  if ap then
-    ast = adaptive_state(raw_a, ap)
-    limit, limit_s = math.floor(ast.limit), string.format('%d', math.floor(ast.limit))
+  c.rejected, c.acquired, c.lost, c.stored_limit, c.stored_waiters = m[1], m[2], m[3], m[4],
+                                                                      m[5]
+  if m[6] > 0 then c.until_ms = m[6] end
+  if c.ap then
+    c.ast = adaptive_state({nil, nil, nil, nil, nil, nil, m[7], m[8], m[9], m[10], m[11], m[12],
+                            m[13]}, c.ap)
+    c.limit, c.limit_s = math.floor(c.ast.limit), string.format('%d', math.floor(c.ast.limit))
   end
-  local adapted = ast ~= nil and ast.fresh == true  -- a new limit is stored once
+  c.adapted = c.ast ~= nil and c.ast.fresh == true  -- a new limit is stored once
+  return nil
+end
 
-  -- Waiters (w:<token> fields) are read only when the hash counts some.
-  local waiters, expired, waiting, have = nil, nil, 0, 0
-  if stored_waiters > 0 then
-    waiters = {}
-    local all = redis.call('HGETALL', K_META)
-    expired = {}
-    for i = 1, #all, 2 do
-      local field = all[i]
-      local waiter = string.sub(field, 1, 2) == 'w:'
-      local value = 0  -- only waiter deadlines are read here (a_why is text)
-      if waiter then value = tonumber(all[i + 1]) end
-      if value == nil then return not_a_number(K_META, field) end
-      if waiter then
-        if value <= now then
-          expired[#expired + 1] = field
-        else
-          waiters[field] = value
-          waiting = waiting + 1
-        end
-      end
-    end
-    have = redis.pcall('LLEN', K_NOTIFY)
-    if type(have) == 'table' then return failed_on(K_NOTIFY, 'list', have) end
-  end
-
-  local f = redis.pcall('ZRANGE', K_LEASES, 0, 0, 'WITHSCORES')
-  if f['err'] then return failed_on(K_LEASES, 'zset', f) end
-  local first, first_tok = nil, nil
-  if f[2] then first, first_tok = f[2] + 0, f[1] end
-
-  -- Reap expired leases and waiters (the first writes) --------------------------------
-  if first and first <= now then
-    redis.call('ZREMRANGEBYSCORE', K_LEASES, '-inf', now)
-    first, first_tok = earliest(K_LEASES)
-  end
-  local existed = first ~= nil      -- the leases zset exists (it is never empty)
-  local in_use = 0
-  if existed then in_use = redis.call('ZCARD', K_LEASES) end
-  local meta_written, wrote = false, false
-  if expired and #expired > 0 then
-    redis.call('HDEL', K_META, unpack(expired))
-    meta_written, wrote = true, true
-  end
-
-  -- The op ----------------------------------------------------------------------------
-  local ok, leased, reread, keep_for = 1, false, false, 0
-  local counter, count = nil, 0     -- the one counter the op changes, and its new value
-  local drop = false                -- drop the token's waiter entry
-  if op == 'acquire' then
-    -- ZSCORE only when full: a free permit is granted (or the lease refreshed) by ZADD.
-    -- a priority below critical may use floor(limit * share) permits, at least one
-    local cap = limit
-    if share < 1 then cap = math.max(1, math.floor(limit * share)) end
-    if in_use < cap or redis.call('ZSCORE', K_LEASES, token) then
-      local deadline = now + lease_ms
-      if redis.call('ZADD', K_LEASES, string.format('%d', deadline), token) == 1 then
-        in_use = in_use + 1
-        acquired = acquired + 1
-        counter, count = 'acquired', acquired
-      end
-      if token == first_tok then
-        reread = true
-      elseif not first or deadline < first then
-        first, first_tok = deadline, token
-      end
-      wrote, leased, drop, keep_for = true, true, true, lease_ms
-    else
-      ok = 0
-      if wait_ms > 0 then
-        local w = 'w:' .. token
-        if not (waiters and waiters[w]) then waiting = waiting + 1 end
-        redis.call('HSET', K_META, w, string.format('%d', now + wait_ms))
-        wrote, meta_written, keep_for = true, true, wait_ms
+-- Waiters (w:<token> fields), read only when the hash counts some: the live ones,
+-- the expired ones, and the wake-ups already owed (the notify list's length).
+local function read_waiters(c)
+  c.waiting, c.have = 0, 0
+  if c.stored_waiters <= 0 then return nil end
+  local waiters, expired = {}, {}
+  local all = redis.call('HGETALL', c.K_META)
+  for i = 1, #all, 2 do
+    local field = all[i]
+    local waiter = string.sub(field, 1, 2) == 'w:'
+    local value = 0  -- only waiter deadlines are read here (a_why is text)
+    if waiter then value = tonumber(all[i + 1]) end
+    if value == nil then return not_a_number(c.K_META, field) end
+    if waiter then
+      if value <= c.now then
+        expired[#expired + 1] = field
       else
-        drop = true
-        rejected = rejected + 1
-        counter, count = 'rejected', rejected
+        waiters[field] = value
+        c.waiting = c.waiting + 1
       end
     end
-  elseif op == 'release' then
-    if redis.call('ZREM', K_LEASES, token) == 1 then
-      in_use = in_use - 1
-      reread = token == first_tok
-      wrote = true
-      local outcome = ARGV[8] or ''
-      if ast and outcome ~= '' then
-        adapt(ast, ap, outcome, tonumber(ARGV[9]) or 0, tonumber(ARGV[10]) or 0, in_use + 1, now,
-              math.max(1, tonumber(ARGV[11]) or 1))
-        adapted, meta_written = true, true
-        limit, limit_s = math.floor(ast.limit), string.format('%d', math.floor(ast.limit))
-      end
-    else
-      ok = 0
-      lost = lost + 1
-      counter, count = 'lost', lost
-    end
-  elseif op == 'renew' then
-    if redis.call('ZSCORE', K_LEASES, token) then
-      local deadline = now + lease_ms
-      redis.call('ZADD', K_LEASES, 'XX', string.format('%d', deadline), token)
-      if token == first_tok then
-        reread = true
-      elseif deadline < first then
-        first, first_tok = deadline, token
-      end
-      wrote, leased, keep_for = true, true, lease_ms
-    else
-      ok = 0
-      lost = lost + 1
-      counter, count = 'lost', lost
-    end
-  elseif op == 'restart' then
-    if ast then
-      ast.limit, ast.why, ast.moved, ast.pause = ap.min, 'restart after a recovery', now, 0
-      limit, limit_s = ap.min, string.format('%d', ap.min)
-      adapted, wrote, meta_written = true, true, true
-    end
-  elseif op == 'cancel' then
-    if redis.call('ZREM', K_LEASES, token) == 1 then
-      in_use = in_use - 1
-      reread = token == first_tok
-    end
-    drop, wrote = true, true
   end
+  c.waiters, c.expired = waiters, expired
+  local have = redis.pcall('LLEN', c.K_NOTIFY)
+  if type(have) == 'table' then return failed_on(c.K_NOTIFY, 'list', have) end
+  c.have = have
+  return nil
+end
 
-  if drop and waiters and waiters['w:' .. token] then
-    redis.call('HDEL', K_META, 'w:' .. token)
-    waiting = waiting - 1
-    meta_written = true
+-- The earliest lease (the last read), then the first writes: expired leases and
+-- waiters reaped.
+local function read_leases_and_reap(c)
+  local f = redis.pcall('ZRANGE', c.K_LEASES, 0, 0, 'WITHSCORES')
+  if f['err'] then return failed_on(c.K_LEASES, 'zset', f) end
+  if f[2] then c.first, c.first_tok = f[2] + 0, f[1] end
+  if c.first and c.first <= c.now then
+    redis.call('ZREMRANGEBYSCORE', c.K_LEASES, '-inf', c.now)
+    c.first, c.first_tok = earliest(c.K_LEASES)
   end
-  if counter then wrote, meta_written = true, true end
+  c.existed = c.first ~= nil      -- the leases zset exists (it is never empty)
+  c.in_use = 0
+  if c.existed then c.in_use = redis.call('ZCARD', c.K_LEASES) end
+  c.meta_written, c.wrote = false, false
+  if c.expired and #c.expired > 0 then
+    redis.call('HDEL', c.K_META, unpack(c.expired))
+    c.meta_written, c.wrote = true, true
+  end
+  return nil
+end
+
+-- A lease's deadline moved to `deadline`: keep track of the earliest one.
+local function lease_moved(c, deadline)
+  if c.token == c.first_tok then
+    c.reread = true
+  elseif not c.first or deadline < c.first then
+    c.first, c.first_tok = deadline, c.token
+  end
+end
+
+-- The ops. Each sets c.ok (0: refused or lost), the one counter it changes (c.counter,
+-- c.count), and what to write (c.wrote, c.leased, c.drop the waiter, c.keep_for).
+local OP = {}
+
+function OP.acquire(c)
+  -- ZSCORE only when full: a free permit is granted (or the lease refreshed) by ZADD.
+  -- a priority below critical may use floor(limit * share) permits, at least one
+  local cap = c.limit
+  if c.share < 1 then cap = math.max(1, math.floor(c.limit * c.share)) end
+  if c.in_use < cap or redis.call('ZSCORE', c.K_LEASES, c.token) then
+    local deadline = c.now + c.lease_ms
+    if redis.call('ZADD', c.K_LEASES, string.format('%d', deadline), c.token) == 1 then
+      c.in_use = c.in_use + 1
+      c.acquired = c.acquired + 1
+      c.counter, c.count = 'acquired', c.acquired
+    end
+    lease_moved(c, deadline)
+    c.wrote, c.leased, c.drop, c.keep_for = true, true, true, c.lease_ms
+  else
+    c.ok = 0
+    if c.wait_ms > 0 then
+      local w = 'w:' .. c.token
+      if not (c.waiters and c.waiters[w]) then c.waiting = c.waiting + 1 end
+      redis.call('HSET', c.K_META, w, string.format('%d', c.now + c.wait_ms))
+      c.wrote, c.meta_written, c.keep_for = true, true, c.wait_ms
+    else
+      c.drop = true
+      c.rejected = c.rejected + 1
+      c.counter, c.count = 'rejected', c.rejected
+    end
+  end
+end
+
+function OP.release(c)
+  if redis.call('ZREM', c.K_LEASES, c.token) == 1 then
+    c.in_use = c.in_use - 1
+    c.reread = c.token == c.first_tok
+    c.wrote = true
+    local argv, outcome = c.argv, c.argv[8] or ''
+    if c.ast and outcome ~= '' then
+      adapt(c.ast, c.ap, outcome, tonumber(argv[9]) or 0, tonumber(argv[10]) or 0,
+            c.in_use + 1, c.now, math.max(1, tonumber(argv[11]) or 1))
+      c.adapted, c.meta_written = true, true
+      c.limit, c.limit_s = math.floor(c.ast.limit), string.format('%d', math.floor(c.ast.limit))
+    end
+  else
+    c.ok = 0
+    c.lost = c.lost + 1
+    c.counter, c.count = 'lost', c.lost
+  end
+end
+
+function OP.renew(c)
+  if redis.call('ZSCORE', c.K_LEASES, c.token) then
+    local deadline = c.now + c.lease_ms
+    redis.call('ZADD', c.K_LEASES, 'XX', string.format('%d', deadline), c.token)
+    lease_moved(c, deadline)
+    c.wrote, c.leased, c.keep_for = true, true, c.lease_ms
+  else
+    c.ok = 0
+    c.lost = c.lost + 1
+    c.counter, c.count = 'lost', c.lost
+  end
+end
+
+function OP.restart(c)
+  local ast, ap = c.ast, c.ap
+  if ast then
+    ast.limit, ast.why, ast.moved, ast.pause = ap.min, 'restart after a recovery', c.now, 0
+    c.limit, c.limit_s = ap.min, string.format('%d', ap.min)
+    c.adapted, c.wrote, c.meta_written = true, true, true
+  end
+end
+
+function OP.cancel(c)
+  if redis.call('ZREM', c.K_LEASES, c.token) == 1 then
+    c.in_use = c.in_use - 1
+    c.reread = c.token == c.first_tok
+  end
+  c.drop, c.wrote = true, true
+end
+
+function OP.metrics() end
+
+-- One HSET of what changed: the counter, the limit (from a writing caller), the
+-- waiter count, ttl_until when the TTLs are refreshed, the adaptive state. Sets
+-- c.refresh.
+local function write_meta(c)
+  if c.drop and c.waiters and c.waiters['w:' .. c.token] then
+    redis.call('HDEL', c.K_META, 'w:' .. c.token)
+    c.waiting = c.waiting - 1
+    c.meta_written = true
+  end
+  if c.counter then c.wrote, c.meta_written = true, true end
   -- storing the limit writes meta too (and may create it: it must get its TTL)
-  local limit_written = wrote and stored_limit ~= limit
-  if limit_written then meta_written = true end
-
-  -- One HSET of what changed: the counter, the limit (from a writing caller), the
-  -- waiter count, and ttl_until when the TTLs are refreshed.
-  local refresh = false
-  if meta_written or leased then
-    refresh = refresh_due(until_ms, now, keep_for, ttl_ms)
+  local limit_written = c.wrote and c.stored_limit ~= c.limit
+  if limit_written then c.meta_written = true end
+  c.refresh = false
+  if c.meta_written or c.leased then
+    c.refresh = refresh_due(c.until_ms, c.now, c.keep_for, c.ttl_ms)
   end
   local args, n = nil, 0
-  if counter then args, n = put(args, n, counter, string.format('%d', count)) end
-  if limit_written then args, n = put(args, n, 'limit', limit_s) end
-  if waiting ~= stored_waiters then
-    args, n = put(args, n, 'waiters', string.format('%d', waiting))
+  if c.counter then args, n = put(args, n, c.counter, string.format('%d', c.count)) end
+  if limit_written then args, n = put(args, n, 'limit', c.limit_s) end
+  if c.waiting ~= c.stored_waiters then
+    args, n = put(args, n, 'waiters', string.format('%d', c.waiting))
   end
-  if refresh then args, n = put(args, n, 'ttl_until', string.format('%d', now + ttl_ms)) end
-  if adapted then
-    local a = adaptive_writes(ast)
+  if c.refresh then
+    args, n = put(args, n, 'ttl_until', string.format('%d', c.now + c.ttl_ms))
+  end
+  if c.adapted then
+    local a = adaptive_writes(c.ast)
     for i = 1, #a, 2 do args, n = put(args, n, a[i], a[i + 1]) end
   end
   if n == 2 then
-    redis.call('HSET', K_META, args[1], args[2])
+    redis.call('HSET', c.K_META, args[1], args[2])
   elseif n > 0 then
-    redis.call('HSET', K_META, unpack(args, 1, n))
+    redis.call('HSET', c.K_META, unpack(args, 1, n))
   end
+end
 
-  -- Owe exactly min(free, waiting) wake-ups -------------------------------------------
-  local free = limit - in_use
+-- Owe exactly min(free, waiting) wake-ups.
+local function owe_wakeups(c)
+  local free = c.limit - c.in_use
   if free < 0 then free = 0 end
-  local want = waiting
+  local want, have = c.waiting, c.have
   if free < want then want = free end
   if have < want then
-    for _ = have + 1, want do redis.call('LPUSH', K_NOTIFY, '1') end
-    redis.call('PEXPIRE', K_NOTIFY, ttl_s)
+    for _ = have + 1, want do redis.call('LPUSH', c.K_NOTIFY, '1') end
+    redis.call('PEXPIRE', c.K_NOTIFY, c.ttl_s)
   elseif have > want then
-    if want == 0 then redis.call('DEL', K_NOTIFY) else redis.call('LTRIM', K_NOTIFY, 0, want - 1) end
+    if want == 0 then
+      redis.call('DEL', c.K_NOTIFY)
+    else
+      redis.call('LTRIM', c.K_NOTIFY, 0, want - 1)
+    end
   end
+end
 
-  -- TTLs: both keys expire at ttl_until, which outlives every lease and waiter deadline.
-  if refresh then
-    redis.call('PEXPIRE', K_META, ttl_s)
-    if in_use > 0 then redis.call('PEXPIRE', K_LEASES, ttl_s) end
-  elseif leased and not existed then
-    redis.call('PEXPIREAT', K_LEASES, string.format('%d', until_ms))
+-- TTLs: both keys expire at ttl_until, which outlives every lease and waiter deadline.
+local function refresh_ttls(c)
+  if c.refresh then
+    redis.call('PEXPIRE', c.K_META, c.ttl_s)
+    if c.in_use > 0 then redis.call('PEXPIRE', c.K_LEASES, c.ttl_s) end
+  elseif c.leased and not c.existed then
+    redis.call('PEXPIREAT', c.K_LEASES, string.format('%d', c.until_ms))
   end
+end
 
+local function reply(c)
   local next_in = 0
-  if in_use > 0 then
-    if reread then first = earliest(K_LEASES) end
+  if c.in_use > 0 then
+    local first = c.first
+    if c.reread then first = earliest(c.K_LEASES) end
     if first then
-      next_in = first - now
+      next_in = first - c.now
       if next_in < 1 then next_in = 1 end
     end
   end
-
-  return {ok, in_use, limit, waiting, rejected, next_in, now, lost, acquired}
+  return {c.ok, c.in_use, c.limit, c.waiting, c.rejected, next_in, c.now, c.lost, c.acquired}
 end
 
-end)()
+return function(KEYS, ARGV, given_now)
+  local op, token, limit, limit_s, lease_ms, ttl_ms, ttl_s, wait_ms, now, ap, share =
+    parse_call(ARGV, given_now)
+  if not op then return token end  -- the error reply
+  local K_LEASES, K_META = KEYS[1], KEYS[2]
+  -- the hot paths: the usual acquire, release and adaptive report
+  local reports = op == 'restart' or (op == 'release' and (ARGV[8] or '') ~= '')
+  local fast = nil
+  if op == 'acquire' then
+    fast = fast_acquire(K_LEASES, K_META, token, limit, limit_s, lease_ms, ttl_ms, ttl_s, share,
+                        ap, now)
+  elseif op == 'release' and not reports then
+    fast = fast_release(K_LEASES, K_META, token, now, ap)
+  elseif op == 'release' and ap then
+    fast = fast_report(K_LEASES, K_META, token, ap, ARGV, now, ttl_ms, ttl_s)
+  end
+  if fast then return fast end
+  -- the general path; KEYS[3] may be left out: the leases key plus ':notify' (only
+  -- waiters use it)
+  local c = {K_LEASES = K_LEASES, K_META = K_META, K_NOTIFY = KEYS[3] or (K_LEASES .. ':notify'),
+             argv = ARGV, op = op, token = token, limit = limit, limit_s = limit_s,
+             lease_ms = lease_ms, ttl_ms = ttl_ms, ttl_s = ttl_s, wait_ms = wait_ms, now = now,
+             ap = ap, share = share, reports = reports,
+             ok = 1, leased = false, reread = false, keep_for = 0, count = 0, drop = false}
+  local err = read_meta(c) or read_waiters(c) or read_leases_and_reap(c)
+  if err then return err end
+  OP[op](c)
+  write_meta(c)
+  owe_wakeups(c)
+  refresh_ttls(c)
+  return reply(c)
+end
+
+end)(prelude())
 return main(KEYS, ARGV)
