@@ -22,10 +22,10 @@ from .._runtime.connection import (
     shared_async_client,
 )
 from .._runtime.decorate import decorate_async
+from .._runtime.health import redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.options import Seconds
 from .._runtime.scripts import run_script_async, send_async
-from ..errors import redis_unavailable_as
 from .batching import LOOP_FLUSHERS
 from .classify import Outcome
 from .config import BreakerConfig

@@ -9,10 +9,10 @@ from typing import Any, ParamSpec, TypeVar
 
 from .._runtime.connection import db_of, owns_client, release_sync_client, shared_sync_client
 from .._runtime.decorate import decorate_sync
+from .._runtime.health import redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.options import Seconds
 from .._runtime.scripts import run_script, send
-from ..errors import redis_unavailable_as
 from .batching import THREAD_FLUSHER
 from .classify import Outcome
 from .config import BreakerConfig

@@ -13,11 +13,10 @@ from typing import Any, ParamSpec, TypeVar
 
 from .._runtime.connection import async_client, release_async_client, shared_async_client
 from .._runtime.decorate import decorate_async
-from .._runtime.health import UNAVAILABLE_ERRORS
+from .._runtime.health import UNAVAILABLE_ERRORS, redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import Owed, PendingCall, run_script_async, send_async
 from ..breaker.core import ScriptCall
-from ..errors import redis_unavailable_as
 from .config import BulkheadConfig
 from .core import Acquisition, BulkheadCore, BulkheadMetrics, BulkheadPermit, blocking_cap
 
