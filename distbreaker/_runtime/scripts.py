@@ -365,6 +365,15 @@ async def run_script_async(client: Any, script: LuaScript, keys: Sequence[str],
         _raise_translated(exc)
 
 
+@dataclasses.dataclass(frozen=True)
+class ScriptCall:
+    """KEYS and ARGV of one script call, as a component's core builds them (the shell
+    sends them with the component's script)."""
+
+    keys: Sequence[str]
+    args: Sequence[Any]
+
+
 ScriptCallSpec = tuple[LuaScript, Sequence[str], Sequence[Any]]
 
 

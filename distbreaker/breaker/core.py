@@ -32,7 +32,7 @@ from .._runtime.health import RedisHealth
 from .._runtime.keys import DEFAULT_PREFIX, BreakerKeys
 from .._runtime.local import LocalScriptRunner
 from .._runtime.options import Seconds, to_ms, to_seconds
-from .._runtime.scripts import Owed, PendingCall, load_script, text
+from .._runtime.scripts import Owed, PendingCall, ScriptCall, load_script, text
 from .._runtime.subscriber import SUBSCRIBERS
 from ..errors import CallNotPermitted, ConfigDriftWarning
 from .classify import Outcome, ResultRecordedAsFailure, classify_exception, classify_result
@@ -60,14 +60,6 @@ class Step(str, Enum):
 
 #: Outcome counts as the record script takes them: (successes, failures, slow, total_ms).
 Counts = tuple[int, int, int, int]
-
-
-@dataclasses.dataclass(frozen=True)
-class ScriptCall:
-    """KEYS and ARGV of one breaker script call."""
-
-    keys: Sequence[str]
-    args: Sequence[Any]
 
 
 @dataclasses.dataclass(frozen=True)

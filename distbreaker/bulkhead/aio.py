@@ -15,8 +15,7 @@ from .._runtime.connection import async_client, release_async_client, shared_asy
 from .._runtime.decorate import decorate_async
 from .._runtime.health import UNAVAILABLE_ERRORS, redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
-from .._runtime.scripts import Owed, PendingCall, run_script_async, send_async
-from ..breaker.core import ScriptCall
+from .._runtime.scripts import Owed, PendingCall, ScriptCall, run_script_async, send_async
 from .config import BulkheadConfig
 from .core import Acquisition, BulkheadCore, BulkheadMetrics, BulkheadPermit, blocking_cap
 

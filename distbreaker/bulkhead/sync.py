@@ -16,8 +16,7 @@ from .._runtime.connection import release_sync_client, shared_sync_client
 from .._runtime.decorate import decorate_sync
 from .._runtime.health import UNAVAILABLE_ERRORS, redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
-from .._runtime.scripts import Owed, PendingCall, run_script, send
-from ..breaker.core import ScriptCall
+from .._runtime.scripts import Owed, PendingCall, ScriptCall, run_script, send
 from .config import BulkheadConfig
 from .core import Acquisition, BulkheadCore, BulkheadMetrics, BulkheadPermit, blocking_cap
 
