@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
+from .._runtime.classify import Outcome
 from .._runtime.connection import (
     DEFAULT_URL,
     async_client,
@@ -27,7 +28,6 @@ from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.options import Seconds
 from .._runtime.scripts import run_script_async, send_async
 from .batching import LOOP_FLUSHERS
-from .classify import Outcome
 from .config import BreakerConfig
 from .core import BreakerCore, BreakerMetrics, Permit, Reply, ScriptCall, Until, hold_args
 from .state import State

@@ -27,6 +27,12 @@ from types import TracebackType
 from typing import Any
 
 from .._runtime import forking
+from .._runtime.classify import (
+    Outcome,
+    ResultRecordedAsFailure,
+    classify_exception,
+    classify_result,
+)
 from .._runtime.events import Event, Listeners
 from .._runtime.health import RedisHealth
 from .._runtime.keys import DEFAULT_PREFIX, BreakerKeys
@@ -35,7 +41,6 @@ from .._runtime.options import Seconds, to_ms, to_seconds
 from .._runtime.scripts import Owed, PendingCall, ScriptCall, load_script, text
 from .._runtime.subscriber import SUBSCRIBERS
 from ..errors import CallNotPermitted, ConfigDriftWarning
-from .classify import Outcome, ResultRecordedAsFailure, classify_exception, classify_result
 from .config import BreakerConfig, RedisErrorPolicy, build_config, config_differences
 from .events import Listener, Transition, log_transition
 from .state import State

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
+from .._runtime.classify import Outcome
 from .._runtime.connection import db_of, owns_client, release_sync_client, shared_sync_client
 from .._runtime.decorate import decorate_sync
 from .._runtime.health import redis_unavailable_as
@@ -14,7 +15,6 @@ from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.options import Seconds
 from .._runtime.scripts import run_script, send
 from .batching import THREAD_FLUSHER
-from .classify import Outcome
 from .config import BreakerConfig
 from .core import BreakerCore, BreakerMetrics, Permit, Reply, ScriptCall, Until, hold_args
 from .state import State

@@ -28,9 +28,9 @@ import requests.adapters
 import requests.exceptions
 from requests.structures import CaseInsensitiveDict
 
+from .._runtime.classify import HttpClassifier
 from .._runtime.connection import sync_client
 from .._runtime.keys import DEFAULT_PREFIX
-from ..breaker.classify import HttpClassifier
 from ..policy.sync import Policy
 from ._http import (
     IDEMPOTENT_METHODS,

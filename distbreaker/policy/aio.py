@@ -20,13 +20,13 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, ParamSpec, TypeVar
 
+from .._runtime.classify import HttpClassifier, Outcome
 from .._runtime.connection import async_client
 from .._runtime.decorate import decorate_async
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import Owed, PendingCall, run_script_async, run_scripts_each_async
 from ..breaker.aio import CircuitBreaker
-from ..breaker.classify import HttpClassifier, Outcome
 from ..budget.aio import RetryBudget
 from ..bulkhead.aio import Bulkhead
 from ..retry.aio import Retry, run_flow

@@ -14,11 +14,7 @@ from typing import Any, NamedTuple
 
 from redis.exceptions import NoPermissionError
 
-from .._runtime.health import UNAVAILABLE_ERRORS
-from .._runtime.keys import validate_name
-from .._runtime.options import to_seconds
-from .._runtime.scripts import LuaScript, Owed, PendingCall, each_result, load_script
-from ..breaker.classify import (
+from .._runtime.classify import (
     DEFAULT_HTTP_CLASSIFIER,
     HttpClassifier,
     HttpStatusError,
@@ -27,6 +23,10 @@ from ..breaker.classify import (
     headers_of,
     status_of,
 )
+from .._runtime.health import UNAVAILABLE_ERRORS
+from .._runtime.keys import validate_name
+from .._runtime.options import to_seconds
+from .._runtime.scripts import LuaScript, Owed, PendingCall, each_result, load_script
 from ..bulkhead.adaptive import priority_level
 from ..errors import BulkheadFull
 from ..retry.core import Decision, RetryCore, RetryFlow, retry_flow

@@ -35,12 +35,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec, TypeVar
 
+from .._runtime.classify import HttpClassifier, Outcome
 from .._runtime.connection import shared_sync_client
 from .._runtime.decorate import decorate_sync
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import Owed, PendingCall, run_script, run_scripts_each
-from ..breaker.classify import HttpClassifier, Outcome
 from ..breaker.sync import CircuitBreaker
 from ..budget.sync import RetryBudget
 from ..bulkhead.sync import Bulkhead

@@ -271,6 +271,6 @@ class RegistryCore(Generic[BreakerT, BulkheadT, BudgetT, RetryT, PolicyT]):
 def _classifier(table: Any) -> Any:
     if table is None:
         return None
-    from ..breaker.classify import HttpClassifier
+    from .._runtime.classify import HttpClassifier
 
     return HttpClassifier(table)

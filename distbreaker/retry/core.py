@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable, Generator
 from typing import Any, NamedTuple
 
+from .._runtime.classify import DEFAULT_HTTP_CLASSIFIER, HttpVerdict, retry_after_of
 from .._runtime.events import Event, Listeners
-from ..breaker.classify import DEFAULT_HTTP_CLASSIFIER, HttpVerdict, retry_after_of
 from .config import Jitter, RetryConfig, build_retry_config
 
 #: The event kinds a Retry's listeners get (per process): retry (`attempt` that

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from distbreaker.breaker.classify import HttpStatusError, Outcome
+from distbreaker import HttpStatusError, Outcome
 from distbreaker.policy.core import PolicyCore, Ran
 from distbreaker.retry.core import GiveUp, Run, Withdraw
 from distbreaker.retry.sync import Retry
