@@ -39,7 +39,7 @@ from .._runtime.keys import DEFAULT_PREFIX, BreakerKeys
 from .._runtime.local import LocalScriptRunner
 from .._runtime.options import Seconds, to_ms, to_seconds
 from .._runtime.scripts import Owed, PendingCall, ScriptCall, load_script, text
-from .._runtime.subscriber import SUBSCRIBERS
+from .._runtime.subscriber import SUBSCRIBERS, Subscription, listen_source
 from ..errors import CallNotPermitted, ConfigDriftWarning
 from .config import BreakerConfig, RedisErrorPolicy, build_config, config_differences
 from .events import Listener, Transition, log_transition
@@ -689,6 +689,13 @@ class BreakerCore:
     def given_async_client(self) -> Any:
         """The asyncio client an asyncio breaker was given (None otherwise)."""
         return None
+
+    def subscription(self) -> Subscription | None:
+        """Where this breaker hears the transitions other processes make (the
+        subscriber's `Watched` protocol)."""
+        source = listen_source(self.client_url, self.blocking_client,
+                               self.given_async_client, self.config.redis_timeout)
+        return None if source is None else Subscription(self.keys.channel, *source)
 
     @property
     def local_fallback_active(self) -> bool:
