@@ -11,11 +11,11 @@ from typing import Any
 
 import click
 
+from .. import operate
 from .. import readside as view
 from .._runtime.keys import BreakerKeys, events_channel
 from ..breaker.state import State
 from ..errors import SchemaError
-from . import operate
 from .actions import did_you_mean
 from .app import App, NotFound, check_name, cli, emit_json
 from .fmt import (
