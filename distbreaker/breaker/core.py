@@ -737,6 +737,12 @@ class BreakerCore:
         here or seen on the events channel): a Policy restarts its adaptive limit."""
         self._recovery_callbacks.append(callback)
 
+    def recover_with(self, callback: Any) -> None:
+        """After each recovery call `callback()` *instead of* the slow start (a Policy
+        whose adaptive bulkhead restarts its limit low: both would throttle twice)."""
+        self._codec.ramp_enabled = False
+        self.on_recovery(callback)
+
     def _on_recovery(self) -> None:
         for callback in list(self._recovery_callbacks):
             try:

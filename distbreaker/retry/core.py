@@ -224,6 +224,12 @@ class RetryBase:
     def remove_listener(self, listener: Callable[[Event], Any]) -> None:
         self.listeners.remove(listener)
 
+    def decide(self, error: BaseException, attempt: int, started: float,
+               now: float) -> Decision:
+        """Whether to retry after `attempt` failed with `error` (and after how long), at
+        `now` on the clock `started` was read from: what a Policy asks of its retry."""
+        return self._core.decide(error, attempt, started, now)
+
     def _decide(self, error: BaseException, attempt: int, started: float) -> Decision:
         return self._core.decide(error, attempt, started, self._clock())
 
