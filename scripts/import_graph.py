@@ -87,8 +87,8 @@ class Edge:
     typing_only: bool
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -189,10 +189,10 @@ def reach_ins(root: Path = ROOT) -> list[tuple[str, int, str]]:
 
 def build_graph(root: Path = ROOT) -> tuple[set[str], list[Edge]]:
     paths = sorted(root.rglob("*.py"))
-    modules = {module_name(p) for p in paths}
+    modules = {module_name(p, root) for p in paths}
     edges: list[Edge] = []
     for path in paths:
-        collector = _Imports(module_name(path), path.name == "__init__.py", modules)
+        collector = _Imports(module_name(path, root), path.name == "__init__.py", modules)
         collector.visit(ast.parse(path.read_text(), str(path)))
         edges.extend(collector.edges)
     return modules, edges
@@ -269,15 +269,18 @@ def upward(edges: list[Edge]) -> list[tuple[Edge, str]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--edges", action="store_true", help="also print every edge")
+    parser.add_argument("--root", type=Path, default=ROOT,
+                        help="the package directory (default: this checkout's distbreaker)")
     args = parser.parse_args(argv)
-    modules, edges = build_graph()
+    root = args.root.resolve()
+    modules, edges = build_graph(root)
     runtime = [e for e in edges if not e.typing_only]
     module_circles = circles(modules, {(e.source, e.target) for e in runtime})
     unit_pairs = {(unit_of(e.source), unit_of(e.target)) for e in runtime
                   if unit_of(e.source) != unit_of(e.target)}
     unit_circles = circles({unit_of(m) for m in modules}, unit_pairs)
     bad = upward(edges)
-    reaches = reach_ins()
+    reaches = reach_ins(root)
     if args.edges:
         for e in edges:
             print(f"edge {e.source} -> {e.target}{' (typing)' if e.typing_only else ''}")
