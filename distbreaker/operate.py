@@ -54,7 +54,6 @@ ACTIONS: dict[str, Action] = {a.id: a for a in (
     Action("reset", "reset", "RESET", False,
            "Back to CLOSED with an empty window; clears the recorded config drift."),
 )}
-BY_COMMAND = {a.command: a for a in ACTIONS.values()}
 
 
 class UnknownBreaker(LookupError):

@@ -499,13 +499,6 @@ def _translated(exc: ResponseError) -> Exception:
     return translated
 
 
-def _merged(results: list[Any]) -> list[Any]:
-    for result in results:
-        if isinstance(result, Exception):
-            raise result
-    return results
-
-
 def _pipeline_flow(client: Any, calls: Sequence[ScriptCallSpec]) -> Any:
     """The steps of `run_scripts_each` for both drivers: yields ("send", indices, how)
     to get those calls' results, ("load", None, None) to get FUNCTION LOAD's refusal
@@ -549,11 +542,6 @@ def run_scripts_each(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
         return done.value  # type: ignore[no-any-return]
 
 
-def run_scripts(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
-    """`run_scripts_each`, raising the first call's error (the other calls did run)."""
-    return _merged(run_scripts_each(client, calls))
-
-
 async def run_scripts_each_async(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
     """The asyncio twin of `run_scripts_each`."""
     flow = _pipeline_flow(client, calls)
@@ -565,11 +553,6 @@ async def run_scripts_each_async(client: Any, calls: Sequence[ScriptCallSpec]) -
                       if step == "send" else await _load_library_async(client))
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
-
-
-async def run_scripts_async(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
-    """The asyncio twin of `run_scripts`."""
-    return _merged(await run_scripts_each_async(client, calls))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

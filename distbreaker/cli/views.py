@@ -161,9 +161,6 @@ def ls_rows(doc: dict[str, Any]) -> list[list[str]]:
 
 LS_HEADERS = ["NAME", "STATE", "IN STATE", "FAIL", "SLOW", "CALLS", "RETRY IN", "BULKHEAD",
               "BUDGET"]
-BUDGET_LEGEND = ("BUDGET +requests -retries =retries left in the window; "
-                 "BULKHEAD in use/limit (adaptive: why the limit last moved, how long ago); "
-                 "FAIL/SLOW '-' below the minimum calls")
 
 
 def empty_message(app: App, doc: dict[str, Any], states: Sequence[str]) -> str:
