@@ -17,7 +17,6 @@ from .._runtime.classify import Outcome
 from .._runtime.connection import (
     DEFAULT_URL,
     async_client,
-    db_of,
     owns_client,
     release_async_client,
     shared_async_client,
@@ -53,16 +52,18 @@ class CircuitBreaker(BreakerCore):
 
     def __init__(self, name: str, redis: Any = None, config: BreakerConfig | None = None, *,
                  prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
-        super().__init__(name, config, prefix, overrides)
-        client = async_client(redis, self.config.redis_timeout)  # validates `redis` now
-        self._codec.use_db(db_of(client))
-        self._given = None if owns_client(redis) else client
-        self._url = DEFAULT_URL if redis is None else redis
+        super().__init__(name, config, prefix, overrides, redis)
         self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary())
         if self.config.batched:
             self._flusher = LOOP_FLUSHERS
             LOOP_FLUSHERS.attach(self)
+
+    def _connect(self, redis: Any) -> Any:
+        client = async_client(redis, self.config.redis_timeout)  # validates `redis` now
+        self._given = None if owns_client(redis) else client
+        self._url = DEFAULT_URL if redis is None else redis
+        return client
 
     @property
     def client_url(self) -> str | None:

@@ -33,9 +33,10 @@ from .._runtime.classify import (
     classify_exception,
     classify_result,
 )
+from .._runtime.connection import db_of
 from .._runtime.events import Event, Listeners
 from .._runtime.health import RedisHealth
-from .._runtime.keys import DEFAULT_PREFIX, BreakerKeys
+from .._runtime.keys import DEFAULT_PREFIX, BreakerKeys, validate_name
 from .._runtime.local import LocalScriptRunner
 from .._runtime.options import Seconds, to_ms, to_seconds
 from .._runtime.scripts import Owed, PendingCall, ScriptCall, load_script, text
@@ -252,11 +253,13 @@ class BreakerCodec:
     state (refreshed by every reply) and its own counts. `BreakerCore` wires it to the
     Redis health, the local fallback and the listeners."""
 
-    def __init__(self, name: str, config: BreakerConfig, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(self, name: str, config: BreakerConfig, prefix: str = DEFAULT_PREFIX,
+                 db: int = 0) -> None:
         self.name = name
         self.config = config
         self.prefix = prefix
-        self.keys = BreakerKeys.build(name, prefix)
+        #: `db`: the client's database, whose events channel the script publishes on.
+        self.keys = BreakerKeys.build(name, prefix, db)
         self.wire = config.to_wire()
         self.fingerprint = config_fingerprint(self.wire)
         self._slow_ms = to_ms(config.slow_call_duration)
@@ -301,11 +304,6 @@ class BreakerCodec:
     def view(self) -> State | None:
         """The local view of the fleet state (None: unknown)."""
         return self._view
-
-    def use_db(self, db: int) -> None:
-        """The client talks to database `db`: publish on that database's channel."""
-        if db:
-            self.keys = BreakerKeys.build(self.name, self.prefix, db)
 
     # -- building script calls ------------------------------------------------
     def _call(self, op: str, *extra: Any) -> ScriptCall:
@@ -629,9 +627,13 @@ class BreakerCore:
     """
 
     def __init__(self, name: str, config: BreakerConfig | None, prefix: str,
-                 overrides: dict[str, Any]) -> None:
+                 overrides: dict[str, Any], redis: Any = None) -> None:
         self.config = build_config(config, overrides)
-        self._codec = BreakerCodec(name, self.config, prefix)
+        validate_name(name)  # before connecting: a bad name must not hold a shared client
+        # The keys name the client's database (its events channel): connect first.
+        client = self._connect(redis)
+        self._codec = BreakerCodec(name, self.config, prefix,
+                                   0 if client is None else db_of(client))
         self._script = load_script(SCRIPT_NAME)
         self._listeners = Listeners(EVENT_KINDS)
         self._health = RedisHealth(self.config.redis_retry_max_backoff)
@@ -645,6 +647,12 @@ class BreakerCore:
 
     #: The Redis client (set by the front end; per event loop in asyncio).
     _client: Any
+
+    def _connect(self, redis: Any) -> Any:
+        """The front end's constructor step, once config and name are valid: check
+        `redis` (a URL or a client), keep what it needs of it, return a client (the keys
+        use its database). None here: a core on its own has no client."""
+        return None
 
     def _after_fork(self) -> None:
         """A forked child subscribes on its own first call (threads do not survive fork)."""

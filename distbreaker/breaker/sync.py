@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
 from .._runtime.classify import Outcome
-from .._runtime.connection import db_of, owns_client, release_sync_client, shared_sync_client
+from .._runtime.connection import owns_client, release_sync_client, shared_sync_client
 from .._runtime.decorate import decorate_sync
 from .._runtime.health import redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
@@ -32,15 +32,17 @@ class CircuitBreaker(BreakerCore):
 
     def __init__(self, name: str, redis: Any = None, config: BreakerConfig | None = None, *,
                  prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
-        super().__init__(name, config, prefix, overrides)
-        # Built from a URL: the process's client of that URL, shared with its other users.
-        self._client = shared_sync_client(redis, self.config.redis_timeout)
-        self._codec.use_db(db_of(self._client))
+        super().__init__(name, config, prefix, overrides, redis)
         self._owns_client = owns_client(redis)
         self._tls = threading.local()
         if self.config.batched:
             self._flusher = THREAD_FLUSHER
             THREAD_FLUSHER.attach(self)
+
+    def _connect(self, redis: Any) -> Any:
+        # Built from a URL: the process's client of that URL, shared with its other users.
+        self._client = shared_sync_client(redis, self.config.redis_timeout)
+        return self._client
 
     @property
     def blocking_client(self) -> Any:
