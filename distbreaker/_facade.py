@@ -3,10 +3,7 @@ configs, errors, states, events, metrics, classification helpers, fork safety.
 Each facade adds its own flavour of the components (CircuitBreaker, Bulkhead, ...).
 """
 
-from ._runtime.events import Event
-from ._runtime.forking import after_fork
-from ._runtime.keys import SCHEMA_VERSION
-from .breaker.classify import (
+from ._runtime.classify import (
     HttpClassifier,
     HttpStatusError,
     HttpVerdict,
@@ -17,6 +14,9 @@ from .breaker.classify import (
     classify_result,
     parse_retry_after,
 )
+from ._runtime.events import Event
+from ._runtime.forking import after_fork
+from ._runtime.keys import SCHEMA_VERSION
 from .breaker.config import BreakerConfig, RecordMode, RedisErrorPolicy, WindowType
 from .breaker.core import BreakerMetrics, Metrics
 from .breaker.events import Transition

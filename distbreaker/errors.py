@@ -16,14 +16,9 @@ keeps working; the Redis error is its ``__cause__``.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-
-from ._runtime.health import UNAVAILABLE_ERRORS
-from .breaker.state import State
 
 
 class DistbreakerError(Exception):
@@ -44,6 +39,8 @@ class DistbreakerError(Exception):
 class CallNotPermitted(DistbreakerError):
     """The breaker rejected the call without running it.
 
+    `state` is the breaker's `State` (a `str`), or "UNKNOWN" while Redis is unreachable.
+
     `retry_after` is the number of seconds until trying again makes sense: the
     rest of the OPEN wait; for FORCED_OPEN the breaker's `revalidate_interval`
     (when this process asks Redis again); during a fail-closed Redis outage the
@@ -53,7 +50,7 @@ class CallNotPermitted(DistbreakerError):
 
     _fields = ("name", "state", "retry_after", "reason", "actor")
 
-    def __init__(self, name: str, state: State | str, retry_after: float = 0.0,
+    def __init__(self, name: str, state: str, retry_after: float = 0.0,
                  reason: str = "", actor: str = "") -> None:
         self.name = name
         self.state = state
@@ -125,17 +122,6 @@ class RedisUnavailable(DistbreakerError, RedisConnectionError):
         self.component = component
         self.detail = detail
         super().__init__(f"Redis is unavailable to {component}" + (f": {detail}" if detail else ""))
-
-
-@contextlib.contextmanager
-def redis_unavailable_as(component: str) -> Iterator[None]:
-    """Raise every "Redis cannot serve us" error inside as `RedisUnavailable`."""
-    try:
-        yield
-    except RedisUnavailable:
-        raise
-    except UNAVAILABLE_ERRORS as error:
-        raise RedisUnavailable(component, f"{type(error).__name__}: {error}") from error
 
 
 class RetryBudgetExhausted(DistbreakerError):

@@ -131,17 +131,6 @@ def key_schema(key: str, prefix: str) -> str | None:
     return next((s for s in SCHEMAS if name_from_key(key, prefix, s) is not None), None)
 
 
-def scan_keys(client: Any, prefix: str, count: int = SCAN_COUNT,
-              schema: str = V2) -> Iterator[str]:
-    """Every key under the prefix's namespace of `schema`, by SCAN MATCH in steps of
-    `count` keys.
-
-    On a RedisCluster client every primary is scanned.
-    """
-    for key in _scan_raw(client, prefix, count, schema):
-        yield text(key)
-
-
 def _scan_raw(client: Any, prefix: str, count: int, schema: str = V2) -> Iterator[Any]:
     """The keys as the client returns them (bytes, unless it decodes responses)."""
     pattern = _glob_escape(schema_namespace(prefix, schema)) + ":{*"
@@ -248,11 +237,6 @@ def foreign_key_count(found: Scan, rows: Iterable[Mapping[str, Any]]) -> int:
 
 
 # -- decoding ---------------------------------------------------------------------
-def decode_config(wire: str) -> dict[str, Any]:
-    """The stored config wire string as named thresholds (seconds, percents)."""
-    return dict(_config(wire)[0])
-
-
 @functools.lru_cache(maxsize=256)
 def _config(wire: str) -> tuple[dict[str, Any], int]:
     """(named thresholds, effective minimum calls) of a wire string; a fleet has few."""

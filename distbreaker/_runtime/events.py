@@ -1,6 +1,6 @@
 """Per-process event listeners, shared by every component (thread-safe, fork-safe).
 
-Each listener subscribes to some event kinds. `wants(kind)` is one frozenset
+Each listener subscribes to some event kinds. `kind in wanted` is one frozenset
 lookup, so a component checks it before building an event: with no listener
 for a kind, its events cost nothing but that check.
 
@@ -113,9 +113,6 @@ class Listeners:
         for _, kinds in self._items:
             wanted |= kinds
         self.wanted = frozenset(wanted)
-
-    def wants(self, kind: str) -> bool:
-        return kind in self.wanted
 
     def emit(self, event: Any, kind: str | None = None) -> None:
         """Call every listener of `kind` (default: the event's own `kind`)."""

@@ -7,11 +7,13 @@ costs each process about one attempt per backoff period. Fork-aware.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import threading
 import time
+from collections.abc import Iterator
 
 from redis.exceptions import (
     ClusterDownError,
@@ -23,6 +25,8 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ..errors import RedisUnavailable
 
 logger = logging.getLogger("distbreaker")
 
@@ -141,3 +145,14 @@ def _log_refusal(error: NoPermissionError) -> None:
     logger.error("distbreaker: the Redis user is missing a permission (%s); the "
                  "on_redis_error policy applies until it is granted. `distbreaker doctor` "
                  "prints the ACL SETUSER line that fixes it.", text)
+
+
+@contextlib.contextmanager
+def redis_unavailable_as(component: str) -> Iterator[None]:
+    """Raise every "Redis cannot serve us" error inside as `RedisUnavailable`."""
+    try:
+        yield
+    except RedisUnavailable:
+        raise
+    except UNAVAILABLE_ERRORS as error:
+        raise RedisUnavailable(component, f"{type(error).__name__}: {error}") from error

@@ -431,6 +431,15 @@ async def run_script_async(client: Any, script: LuaScript, keys: Sequence[str],
         _raise_translated(exc)
 
 
+@dataclasses.dataclass(frozen=True)
+class ScriptCall:
+    """KEYS and ARGV of one script call, as a component's core builds them (the shell
+    sends them with the component's script)."""
+
+    keys: Sequence[str]
+    args: Sequence[Any]
+
+
 ScriptCallSpec = tuple[LuaScript, Sequence[str], Sequence[Any]]
 
 
@@ -556,13 +565,6 @@ def _translated(exc: ResponseError) -> Exception:
     return translated
 
 
-def _merged(results: list[Any]) -> list[Any]:
-    for result in results:
-        if isinstance(result, Exception):
-            raise result
-    return results
-
-
 def _pipeline_flow(client: Any, calls: Sequence[ScriptCallSpec]) -> Any:
     """The steps of `run_scripts_each` for both drivers: yields ("send", indices, how)
     to get those calls' results, ("load", None, None) to get FUNCTION LOAD's refusal
@@ -606,11 +608,6 @@ def run_scripts_each(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
         return done.value  # type: ignore[no-any-return]
 
 
-def run_scripts(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
-    """`run_scripts_each`, raising the first call's error (the other calls did run)."""
-    return _merged(run_scripts_each(client, calls))
-
-
 async def run_scripts_each_async(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
     """The asyncio twin of `run_scripts_each`."""
     flow = _pipeline_flow(client, calls)
@@ -622,11 +619,6 @@ async def run_scripts_each_async(client: Any, calls: Sequence[ScriptCallSpec]) -
                       if step == "send" else await _load_library_async(client))
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
-
-
-async def run_scripts_async(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
-    """The asyncio twin of `run_scripts`."""
-    return _merged(await run_scripts_each_async(client, calls))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,8 +1,10 @@
 """Transitions made by other workers, pushed to batched breakers through pub/sub.
 
 One `Subscriber` thread per Redis and channel listens to the transitions the breaker
-script publishes and drops the named breakers' local views (`BreakerCore.invalidate`),
-so their next call asks Redis. Best effort: flush replies bound staleness on their own.
+script publishes and drops the named watchers' local views (`Watched.invalidate`), so
+their next call asks Redis. Best effort: flush replies bound staleness on their own.
+The watchers (breakers) register themselves: this module knows only the `Watched`
+protocol, not the breaker.
 """
 
 from __future__ import annotations
@@ -13,12 +15,9 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple, Protocol
 
 from . import forking
-
-if TYPE_CHECKING:
-    from ..breaker.core import BreakerCore
 
 logger = logging.getLogger("distbreaker")
 
@@ -36,6 +35,31 @@ def parse_event(data: Any) -> tuple[str, int, bool] | None:
         return None
 
 
+class Subscription(NamedTuple):
+    """Where a watcher hears transitions: the channel, and the connection to listen
+    with (`target` identifies it, so watchers of one server share one connection)."""
+
+    channel: str
+    target: Any
+    make_client: Callable[[], Any]
+
+
+class Watched(Protocol):
+    """What the subscriber needs of what it watches (a breaker)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def invalidate(self, at_ms: int, recovered: bool = False) -> bool:
+        """Drop the local view after a transition made elsewhere at `at_ms`; True if
+        it was dropped."""
+        ...
+
+    def subscription(self) -> Subscription | None:
+        """Where to listen; None: nowhere (views are revalidated on a timer instead)."""
+        ...
+
+
 class Subscriber:
     """One pub/sub connection, in a daemon thread, invalidating the watched breakers.
 
@@ -47,7 +71,7 @@ class Subscriber:
     def __init__(self, make_client: Callable[[], Any], channel: str) -> None:
         self._make_client = make_client
         self.channel = channel
-        self._watched: dict[str, weakref.WeakSet[BreakerCore]] = {}
+        self._watched: dict[str, weakref.WeakSet[Watched]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -56,7 +80,7 @@ class Subscriber:
         self.invalidations = 0
         forking.register(self)
 
-    def watch(self, core: BreakerCore) -> None:
+    def watch(self, core: Watched) -> None:
         with self._lock:
             self._watched.setdefault(core.name, weakref.WeakSet()).add(core)
             if self._thread is None:
@@ -65,7 +89,7 @@ class Subscriber:
                                                 name=f"distbreaker-subscriber {self.channel}")
                 self._thread.start()
 
-    def unwatch(self, core: BreakerCore) -> None:
+    def unwatch(self, core: Watched) -> None:
         """Stop watching `core`; with nothing left to watch the thread ends (within the
         1 s it waits for a message) and closes its connection."""
         with self._lock:
@@ -78,7 +102,7 @@ class Subscriber:
                 self._stop.set()
                 self._thread = None
 
-    def siblings_of(self, core: BreakerCore) -> list[BreakerCore]:
+    def siblings_of(self, core: Watched) -> list[Watched]:
         """The other watched breakers of the same name (same server) in this process."""
         with self._lock:
             return [c for c in self._watched.get(core.name, ()) if c is not core]
@@ -140,28 +164,28 @@ class Subscribers:
             weakref.WeakValueDictionary())
         forking.register(self)
 
-    def watch(self, core: BreakerCore) -> Subscriber | None:
-        """Have transitions of `core`'s breaker made elsewhere drop its local view."""
-        source = _source(core)
-        if source is None:
+    def watch(self, core: Watched) -> Subscriber | None:
+        """Have transitions of `core`'s name made elsewhere drop its local view."""
+        where = core.subscription()
+        if where is None:
             return None
-        key, make_client = source
-        channel = core.keys.channel
+        target = (where.target, where.channel)
         with self._lock:
-            subscriber = self._by_target.get((key, channel))
+            subscriber = self._by_target.get(target)
             if subscriber is None:
-                subscriber = self._by_target[(key, channel)] = Subscriber(make_client, channel)
+                subscriber = self._by_target[target] = Subscriber(where.make_client,
+                                                                  where.channel)
             self._of_core[id(core)] = subscriber
         subscriber.watch(core)
         return subscriber
 
-    def unwatch(self, core: BreakerCore) -> None:
+    def unwatch(self, core: Watched) -> None:
         """`core` is closed: its subscriber stops when it watches nothing else."""
         subscriber = self._of_core.pop(id(core), None)
         if subscriber is not None:
             subscriber.unwatch(core)
 
-    def made_transition(self, core: BreakerCore, at_ms: int, recovered: bool = False) -> None:
+    def made_transition(self, core: Watched, at_ms: int, recovered: bool = False) -> None:
         """`core`'s own reply reported a transition: breakers of the same name in this
         process drop their views now (without waiting for the pub/sub message)."""
         subscriber = self._of_core.get(id(core))
@@ -175,19 +199,19 @@ class Subscribers:
         self._lock = threading.Lock()
 
 
-def _source(core: BreakerCore) -> tuple[Any, Callable[[], Any]] | None:
-    """What to subscribe with: the sync breaker's own client, or a sync client from an
-    asyncio breaker's URL (None: an asyncio breaker given an asyncio client)."""
-    url = core.client_url
+def listen_source(url: str | None, blocking_client: Any, given_async_client: Any,
+                  timeout: float) -> tuple[Any, Callable[[], Any]] | None:
+    """What to subscribe with, as (target, make_client): a sync component's own client,
+    or a sync client to an asyncio component's URL or server (None: an asyncio client
+    that cannot be mirrored)."""
     if url is not None:
         from .connection import waiting_client
 
-        timeout = core.config.redis_timeout
         return ("url", url), lambda: waiting_client(url, timeout, None)
-    client = core.blocking_client
+    client = blocking_client
     given_async = client is None
     if given_async:
-        client = core.given_async_client
+        client = given_async_client
         if client is None or type(client).__module__.startswith("fakeredis"):
             return None  # nothing to mirror with a sync client (memory:// given as a client)
     pool = getattr(client, "connection_pool", None)
@@ -211,7 +235,6 @@ def _source(core: BreakerCore) -> tuple[Any, Callable[[], Any]] | None:
         options.pop("host", None)
         options.pop("port", None)
         options["unix_socket_path"] = options.pop("path")
-    timeout = core.config.redis_timeout
     return key, lambda: redis.Redis(socket_timeout=None, socket_connect_timeout=timeout,
                                     **options)
 

@@ -11,12 +11,12 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 from .._runtime.blocks import TaskBlocks, ThreadBlocks
+from .._runtime.classify import Outcome
 from .._runtime.decorate import decorate_async
+from .._runtime.health import redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.options import Seconds
 from .._runtime.scripts import PendingCall, run_script_async, send_async
-from ..errors import redis_unavailable_as
-from .classify import Outcome
 from .config import BreakerConfig
 from .core import (
     BreakerCore,
@@ -46,14 +46,14 @@ class BreakerShell(BreakerCore):
 
     def __init__(self, name: str, redis: Any = None, config: BreakerConfig | None = None, *,
                  prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
-        super().__init__(name, config, prefix, overrides)
-        self._connect(redis)
+        super().__init__(name, config, prefix, overrides, redis)
         if self.config.batched:
             self._flusher = self._flushers
             self._flushers.attach(self)
 
-    def _connect(self, redis: Any) -> None:
-        """Take the client of `redis` (a URL, a client or None), checking it now."""
+    def _connect(self, redis: Any) -> Any:
+        """Take the client of `redis` (a URL, a client or None), checking it now, and
+        return it (the keys name its database)."""
         raise NotImplementedError
 
     async def _send_acquire(self, call: PendingCall, token: str) -> Permit:

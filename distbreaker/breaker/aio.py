@@ -15,7 +15,6 @@ from .._runtime.blocks import TaskBlocks
 from .._runtime.connection import (
     DEFAULT_URL,
     async_client,
-    db_of,
     owns_client,
     release_async_client,
     shared_async_client,
@@ -38,13 +37,13 @@ class CircuitBreaker(BreakerShell):
     # Permits of the `async with breaker:` blocks open in the current task.
     _blocks = TaskBlocks("distbreaker_aio_open_blocks", "async with breaker")
 
-    def _connect(self, redis: Any) -> None:
+    def _connect(self, redis: Any) -> Any:
         client = async_client(redis, self.config.redis_timeout)  # validates `redis` now
-        self._codec.use_db(db_of(client))
         self._given = None if owns_client(redis) else client
         self._url = DEFAULT_URL if redis is None else redis
         self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary())
+        return client
 
     @property
     def client_url(self) -> str | None:

@@ -27,15 +27,21 @@ from types import TracebackType
 from typing import Any
 
 from .._runtime import forking
+from .._runtime.classify import (
+    Outcome,
+    ResultRecordedAsFailure,
+    classify_exception,
+    classify_result,
+)
+from .._runtime.connection import db_of
 from .._runtime.events import Event, Listeners
 from .._runtime.health import RedisHealth
-from .._runtime.keys import DEFAULT_PREFIX, BreakerKeys
+from .._runtime.keys import DEFAULT_PREFIX, BreakerKeys, validate_name
 from .._runtime.local import LocalScriptRunner
 from .._runtime.options import Seconds, to_ms, to_seconds
-from .._runtime.scripts import Owed, PendingCall, load_script, text
-from .._runtime.subscriber import SUBSCRIBERS
+from .._runtime.scripts import Owed, PendingCall, ScriptCall, load_script, text
+from .._runtime.subscriber import SUBSCRIBERS, Subscription, listen_source
 from ..errors import CallNotPermitted, ConfigDriftWarning
-from .classify import Outcome, ResultRecordedAsFailure, classify_exception, classify_result
 from .config import BreakerConfig, RedisErrorPolicy, build_config, config_differences
 from .events import Listener, Transition, log_transition
 from .state import State
@@ -60,14 +66,6 @@ class Step(str, Enum):
 
 #: Outcome counts as the record script takes them: (successes, failures, slow, total_ms).
 Counts = tuple[int, int, int, int]
-
-
-@dataclasses.dataclass(frozen=True)
-class ScriptCall:
-    """KEYS and ARGV of one breaker script call."""
-
-    keys: Sequence[str]
-    args: Sequence[Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,11 +253,13 @@ class BreakerCodec:
     state (refreshed by every reply) and its own counts. `BreakerCore` wires it to the
     Redis health, the local fallback and the listeners."""
 
-    def __init__(self, name: str, config: BreakerConfig, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(self, name: str, config: BreakerConfig, prefix: str = DEFAULT_PREFIX,
+                 db: int = 0) -> None:
         self.name = name
         self.config = config
         self.prefix = prefix
-        self.keys = BreakerKeys.build(name, prefix)
+        #: `db`: the client's database, whose events channel the script publishes on.
+        self.keys = BreakerKeys.build(name, prefix, db)
         self.wire = config.to_wire()
         self.fingerprint = config_fingerprint(self.wire)
         self._slow_ms = to_ms(config.slow_call_duration)
@@ -304,11 +304,6 @@ class BreakerCodec:
     def view(self) -> State | None:
         """The local view of the fleet state (None: unknown)."""
         return self._view
-
-    def use_db(self, db: int) -> None:
-        """The client talks to database `db`: publish on that database's channel."""
-        if db:
-            self.keys = BreakerKeys.build(self.name, self.prefix, db)
 
     # -- building script calls ------------------------------------------------
     def _call(self, op: str, *extra: Any) -> ScriptCall:
@@ -632,9 +627,13 @@ class BreakerCore:
     """
 
     def __init__(self, name: str, config: BreakerConfig | None, prefix: str,
-                 overrides: dict[str, Any]) -> None:
+                 overrides: dict[str, Any], redis: Any = None) -> None:
         self.config = build_config(config, overrides)
-        self._codec = BreakerCodec(name, self.config, prefix)
+        validate_name(name)  # before connecting: a bad name must not hold a shared client
+        # The keys name the client's database (its events channel): connect first.
+        client = self._connect(redis)
+        self._codec = BreakerCodec(name, self.config, prefix,
+                                   0 if client is None else db_of(client))
         self._script = load_script(SCRIPT_NAME)
         self._listeners = Listeners(EVENT_KINDS)
         self._health = RedisHealth(self.config.redis_retry_max_backoff)
@@ -648,6 +647,12 @@ class BreakerCore:
 
     #: The Redis client (set by the front end; per event loop in asyncio).
     _client: Any
+
+    def _connect(self, redis: Any) -> Any:
+        """The front end's constructor step, once config and name are valid: check
+        `redis` (a URL or a client), keep what it needs of it, return a client (the keys
+        use its database). None here: a core on its own has no client."""
+        return None
 
     def _after_fork(self) -> None:
         """A forked child subscribes on its own first call (threads do not survive fork)."""
@@ -693,6 +698,13 @@ class BreakerCore:
         """The asyncio client an asyncio breaker was given (None otherwise)."""
         return None
 
+    def subscription(self) -> Subscription | None:
+        """Where this breaker hears the transitions other processes make (the
+        subscriber's `Watched` protocol)."""
+        source = listen_source(self.client_url, self.blocking_client,
+                               self.given_async_client, self.config.redis_timeout)
+        return None if source is None else Subscription(self.keys.channel, *source)
+
     @property
     def local_fallback_active(self) -> bool:
         """True while Redis is marked unreachable and this process's fallback breaker
@@ -732,6 +744,12 @@ class BreakerCore:
         """Call `callback()` whenever this breaker closes after half-open probes (made
         here or seen on the events channel): a Policy restarts its adaptive limit."""
         self._recovery_callbacks.append(callback)
+
+    def recover_with(self, callback: Any) -> None:
+        """After each recovery call `callback()` *instead of* the slow start (a Policy
+        whose adaptive bulkhead restarts its limit low: both would throttle twice)."""
+        self._codec.ramp_enabled = False
+        self.on_recovery(callback)
 
     def _on_recovery(self) -> None:
         for callback in list(self._recovery_callbacks):

@@ -18,5 +18,3 @@ class State(str, Enum):
     def __str__(self) -> str:
         return self.value
 
-
-SPECIAL_STATES = frozenset({State.FORCED_OPEN, State.DISABLED, State.METRICS_ONLY})

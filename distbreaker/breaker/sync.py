@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._runtime.blocks import ThreadBlocks
-from .._runtime.connection import db_of, owns_client, release_sync_client, shared_sync_client
+from .._runtime.connection import owns_client, release_sync_client, shared_sync_client
 from .._runtime.scripts import PendingCall, send
 from ._shell_sync import BreakerShell
 from .batching import THREAD_FLUSHER
@@ -27,11 +27,11 @@ class CircuitBreaker(BreakerShell):
     _flushers = THREAD_FLUSHER
     _blocks = ThreadBlocks()
 
-    def _connect(self, redis: Any) -> None:
+    def _connect(self, redis: Any) -> Any:
         # Built from a URL: the process's client of that URL, shared with its other users.
         self._client = shared_sync_client(redis, self.config.redis_timeout)
-        self._codec.use_db(db_of(self._client))
         self._owns_client = owns_client(redis)
+        return self._client
 
     @property
     def blocking_client(self) -> Any:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from .._runtime.connection import LoopClients
+from .._runtime.health import redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import send_async
-from ..errors import redis_unavailable_as
 from .config import BudgetConfig
 from .core import BudgetCore, BudgetReply
 

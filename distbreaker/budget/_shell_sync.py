@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from .._runtime.connection import ProcessClient
+from .._runtime.health import redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import send
-from ..errors import redis_unavailable_as
 from .config import BudgetConfig
 from .core import BudgetCore, BudgetReply
 

@@ -14,11 +14,9 @@ from typing import Any, ParamSpec, TypeVar
 from .._runtime.blocks import TaskBlocks, ThreadBlocks
 from .._runtime.connection import shared_async_client
 from .._runtime.decorate import decorate_async
-from .._runtime.health import UNAVAILABLE_ERRORS
+from .._runtime.health import UNAVAILABLE_ERRORS, redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
-from .._runtime.scripts import Owed, PendingCall, run_script_async
-from ..breaker.core import ScriptCall
-from ..errors import redis_unavailable_as
+from .._runtime.scripts import Owed, PendingCall, ScriptCall, run_script_async
 from .config import BulkheadConfig
 from .core import Acquisition, BulkheadCore, BulkheadMetrics, BulkheadPermit
 

@@ -16,11 +16,9 @@ from typing import Any, ParamSpec, TypeVar
 from .._runtime.blocks import TaskBlocks, ThreadBlocks
 from .._runtime.connection import shared_sync_client
 from .._runtime.decorate import decorate_sync
-from .._runtime.health import UNAVAILABLE_ERRORS
+from .._runtime.health import UNAVAILABLE_ERRORS, redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
-from .._runtime.scripts import Owed, PendingCall, run_script
-from ..breaker.core import ScriptCall
-from ..errors import redis_unavailable_as
+from .._runtime.scripts import Owed, PendingCall, ScriptCall, run_script
 from .config import BulkheadConfig
 from .core import Acquisition, BulkheadCore, BulkheadMetrics, BulkheadPermit
 

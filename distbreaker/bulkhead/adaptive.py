@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from .._runtime.classify import parse_retry_after, status_of
 from .._runtime.options import check_int
-from ..breaker.classify import parse_retry_after, status_of
 from ..errors import BulkheadFull, CallNotPermitted, Overloaded
 
 #: Named priorities, most important first (an int is accepted too: 0 is critical).

@@ -22,8 +22,7 @@ from .._runtime.events import Event, Listeners
 from .._runtime.health import RedisHealth
 from .._runtime.keys import DEFAULT_PREFIX, BulkheadKeys, validate_name
 from .._runtime.options import to_ms
-from .._runtime.scripts import LuaScript, PendingCall, load_script
-from ..breaker.core import ScriptCall
+from .._runtime.scripts import LuaScript, PendingCall, ScriptCall, load_script
 from ..errors import BulkheadFull
 from .adaptive import outcome_of, priority_level, priority_share
 from .config import BulkheadConfig, build_bulkhead_config

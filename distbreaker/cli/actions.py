@@ -10,11 +10,11 @@ from typing import Any
 
 import click
 
+from .. import operate
 from .. import readside as view
 from .._runtime.keys import BulkheadKeys
 from .._runtime.scripts import load_script, run_script
 from ..errors import SchemaError
-from . import operate
 from .app import App, NotFound, check_name, cli, default_actor, default_reason, emit_json
 from .fmt import clock, coloured, printable
 

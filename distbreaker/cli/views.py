@@ -11,11 +11,11 @@ from typing import Any
 
 import click
 
+from .. import operate
 from .. import readside as view
 from .._runtime.keys import BreakerKeys, events_channel
 from ..breaker.state import State
 from ..errors import SchemaError
-from . import operate
 from .actions import did_you_mean
 from .app import App, NotFound, check_name, cli, emit_json
 from .fmt import (
@@ -161,9 +161,6 @@ def ls_rows(doc: dict[str, Any]) -> list[list[str]]:
 
 LS_HEADERS = ["NAME", "STATE", "IN STATE", "FAIL", "SLOW", "CALLS", "RETRY IN", "BULKHEAD",
               "BUDGET"]
-BUDGET_LEGEND = ("BUDGET +requests -retries =retries left in the window; "
-                 "BULKHEAD in use/limit (adaptive: why the limit last moved, how long ago); "
-                 "FAIL/SLOW '-' below the minimum calls")
 
 
 def empty_message(app: App, doc: dict[str, Any], states: Sequence[str]) -> str:

@@ -13,8 +13,8 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
+from .._runtime.classify import HttpClassifier, HttpStatusError
 from .._runtime.keys import DEFAULT_PREFIX, MAX_NAME_LENGTH, validate_name
-from ..breaker.classify import HttpClassifier, HttpStatusError
 from ..errors import BulkheadFull, CallNotPermitted
 from ..retry.config import default_ignore
 

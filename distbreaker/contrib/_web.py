@@ -19,8 +19,6 @@ from ._http import REJECTIONS, rejection_headers
 __all__ = ["REJECTIONS", "HealthPaths", "health_body", "live_body", "note_rejection",
            "rejection"]
 
-JSON = "application/json"
-
 
 class HealthPaths:
     """Where the health endpoints live: ``<prefix>`` and ``<prefix>/ready`` serve the

@@ -39,9 +39,9 @@ from typing import Any
 import aiohttp
 from aiohttp import payload
 
+from .._runtime.classify import HttpClassifier
 from .._runtime.connection import async_client
 from .._runtime.keys import DEFAULT_PREFIX
-from ..breaker.classify import HttpClassifier
 from ..policy.aio import Policy
 from ..policy.core import check_timeout
 from ._http import IDEMPOTENT_METHODS, REJECTIONS, NameOption, Protection, exchange_async

@@ -39,9 +39,9 @@ from typing import Any
 
 import httpx
 
+from .._runtime.classify import HttpClassifier
 from .._runtime.connection import async_client, sync_client
 from .._runtime.keys import DEFAULT_PREFIX
-from ..breaker.classify import HttpClassifier
 from ..policy.aio import Policy as AsyncPolicy
 from ..policy.core import check_timeout
 from ..policy.sync import Policy

@@ -28,9 +28,9 @@ import requests.adapters
 import requests.exceptions
 from requests.structures import CaseInsensitiveDict
 
+from .._runtime.classify import HttpClassifier
 from .._runtime.connection import sync_client
 from .._runtime.keys import DEFAULT_PREFIX
-from ..breaker.classify import HttpClassifier
 from ..policy.sync import Policy
 from ._http import (
     IDEMPOTENT_METHODS,
@@ -126,8 +126,8 @@ class BreakerAdapter(requests.adapters.HTTPAdapter):
         response.connection = self
         response.encoding = "utf-8"
         response.raw = io.BytesIO(body)
-        response._content = body
-        response._content_consumed = True
+        response._content = body  # reach-in: requests has no constructor for a Response
+        response._content_consumed = True  # reach-in: (same) with its body already read
         response.distbreaker_rejection = error  # type: ignore[attr-defined]
         return response
 

@@ -14,7 +14,7 @@ event stream.
   ``reason`` and ``actor`` are recorded in the history like the CLI's.
 
 Everything read goes through `distbreaker.readside`, everything written through
-`distbreaker.cli.operate` (one breaker script call per action).
+`distbreaker.operate` (one breaker script call per action).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from .. import operate
 from .. import readside as view
 from .._runtime.keys import validate_name
-from ..cli import operate
 from ..errors import SchemaError
 from .hub import Hub
 

@@ -12,11 +12,11 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, ParamSpec, TypeVar
 
+from .._runtime.classify import Outcome
 from .._runtime.decorate import decorate_async
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.scripts import Owed, PendingCall, run_script_async, run_scripts_each_async
 from ..breaker.aio import CircuitBreaker
-from ..breaker.classify import Outcome
 from ..budget.aio import RetryBudget
 from ..bulkhead.aio import Bulkhead
 from ..retry.aio import Retry, run_flow

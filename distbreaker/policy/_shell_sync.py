@@ -14,10 +14,10 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec, TypeVar
 
+from .._runtime.classify import Outcome
 from .._runtime.decorate import decorate_sync
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.scripts import Owed, PendingCall, run_script, run_scripts_each
-from ..breaker.classify import Outcome
 from ..breaker.sync import CircuitBreaker
 from ..budget.sync import RetryBudget
 from ..bulkhead.sync import Bulkhead

@@ -21,10 +21,10 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+from .._runtime.classify import HttpClassifier
 from .._runtime.connection import async_client
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import Owed
-from ..breaker.classify import HttpClassifier
 from ._shell_aio import PolicyShell
 from .core import AttemptTimeout, Fallback, check_timeout, group_ready
 

@@ -14,11 +14,7 @@ from typing import Any, NamedTuple
 
 from redis.exceptions import NoPermissionError
 
-from .._runtime.health import UNAVAILABLE_ERRORS
-from .._runtime.keys import validate_name
-from .._runtime.options import to_seconds
-from .._runtime.scripts import LuaScript, Owed, PendingCall, each_result, load_script
-from ..breaker.classify import (
+from .._runtime.classify import (
     DEFAULT_HTTP_CLASSIFIER,
     HttpClassifier,
     HttpStatusError,
@@ -27,9 +23,13 @@ from ..breaker.classify import (
     headers_of,
     status_of,
 )
+from .._runtime.health import UNAVAILABLE_ERRORS
+from .._runtime.keys import validate_name
+from .._runtime.options import to_seconds
+from .._runtime.scripts import LuaScript, Owed, PendingCall, each_result, load_script
 from ..bulkhead.adaptive import priority_level
 from ..errors import BulkheadFull
-from ..retry.core import Decision, RetryCore, RetryFlow, retry_flow
+from ..retry.core import Decision, RetryFlow, retry_flow
 
 Fallback = Callable[[BaseException], Any]
 
@@ -138,12 +138,10 @@ class PolicyCore:
         self.fallback_on_client_error = fallback_on_client_error
         self.classifier = http_classifier or (
             retry.config.http_classifier if retry is not None else None) or DEFAULT_HTTP_CLASSIFIER
-        self._core: RetryCore | None = retry._core if retry is not None else None
         if (self.breaker is not None and self.bulkhead is not None
                 and self.bulkhead.config.adaptive is not None):
             # Slow start with an adaptive bulkhead: its limit restarts low instead.
-            self.breaker._codec.ramp_enabled = False
-            self.breaker.on_recovery(self._restart_limit)
+            self.breaker.recover_with(self._restart_limit)
 
     def _restart_limit(self) -> None:
         """The breaker closed after a recovery: restart the adaptive limit low (each
@@ -168,7 +166,6 @@ class PolicyCore:
         to) that never retries (e.g. for a request that must not be sent twice)."""
         twin = copy.copy(self)
         twin.retry = None
-        twin._core = None
         return twin
 
     def verdict(self, error: BaseException | None) -> HttpVerdict | None:
@@ -276,9 +273,9 @@ class PolicyCore:
         return f"hard stop: HTTP {status_of(error)} without Retry-After"
 
     def decide(self, error: BaseException, attempt: int, started: float) -> Decision:
-        if self._core is None:
+        if self.retry is None:
             return Decision(False, 0.0, "no retry")
-        return self._core.decide(error, attempt, started, time.monotonic())
+        return self.retry.decide(error, attempt, started, time.monotonic())
 
     def _flow(self) -> RetryFlow:
         """The retry flow of one logical call. No Deposit step: the first attempt's

@@ -35,9 +35,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from .._runtime.classify import HttpClassifier
 from .._runtime.connection import shared_sync_client
 from .._runtime.keys import DEFAULT_PREFIX
-from ..breaker.classify import HttpClassifier
 from ..errors import CallNotPermitted
 from ._shell_sync import PolicyShell
 from .core import Fallback, PolicyCore

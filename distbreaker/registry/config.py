@@ -42,7 +42,7 @@ import importlib
 import json
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -538,5 +538,3 @@ class RegistrySpec:
                                       f"{policy}.budget")
         return self._build(KINDS["retry"], merged, path)
 
-
-Factory = Callable[[InstanceSpec], Any]

@@ -135,10 +135,6 @@ class RegistryCore(Generic[BreakerT, BulkheadT, BudgetT, RetryT, PolicyT]):
         """The policy `name`; with `key`, each of its components is `key`'s instance."""
         return cast(PolicyT, self._get("policy", name, key))
 
-    def spec_of(self, kind: str, name: str) -> InstanceSpec:
-        """The resolved settings of an instance (declared or not)."""
-        return self.spec.resolve(kind, name)
-
     def declared(self, kind: str) -> list[str]:
         """Names the configuration declares under `kind`'s instances."""
         return sorted(self.spec.instances[kind])
@@ -271,6 +267,6 @@ class RegistryCore(Generic[BreakerT, BulkheadT, BudgetT, RetryT, PolicyT]):
 def _classifier(table: Any) -> Any:
     if table is None:
         return None
-    from ..breaker.classify import HttpClassifier
+    from .._runtime.classify import HttpClassifier
 
     return HttpClassifier(table)

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
+from .._runtime.classify import HttpClassifier
 from .._runtime.options import Seconds, check_int, exception_types, merge_options, to_seconds
-from ..breaker.classify import HttpClassifier
 from ..errors import BulkheadFull, CallNotPermitted, SchemaError
 
 

@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable, Generator
 from typing import Any, NamedTuple
 
+from .._runtime.classify import DEFAULT_HTTP_CLASSIFIER, HttpVerdict, retry_after_of
 from .._runtime.events import Event, Listeners
-from ..breaker.classify import DEFAULT_HTTP_CLASSIFIER, HttpVerdict, retry_after_of
 from .config import Jitter, RetryConfig, build_retry_config
 
 #: The event kinds a Retry's listeners get (per process): retry (`attempt` that
@@ -223,6 +223,12 @@ class RetryBase:
 
     def remove_listener(self, listener: Callable[[Event], Any]) -> None:
         self.listeners.remove(listener)
+
+    def decide(self, error: BaseException, attempt: int, started: float,
+               now: float) -> Decision:
+        """Whether to retry after `attempt` failed with `error` (and after how long), at
+        `now` on the clock `started` was read from: what a Policy asks of its retry."""
+        return self._core.decide(error, attempt, started, now)
 
     def _decide(self, error: BaseException, attempt: int, started: float) -> Decision:
         return self._core.decide(error, attempt, started, self._clock())

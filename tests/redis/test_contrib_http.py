@@ -13,8 +13,7 @@ import httpx
 import pytest
 import requests
 
-from distbreaker import Policy
-from distbreaker.breaker.classify import HttpStatusError
+from distbreaker import HttpStatusError, Policy
 from distbreaker.breaker.core import Metrics
 from distbreaker.breaker.state import State
 from distbreaker.contrib._http import (

@@ -52,7 +52,7 @@ def test_a_result_recorded_as_failure_is_an_error_event(flavour: Flavour, name: 
     breaker.add_listener(seen.append, kinds="error")
     assert breaker.call(lambda: "bad") == "bad"
     assert kinds(seen) == ["error"]
-    assert isinstance(seen[0].error, distbreaker.breaker.classify.ResultRecordedAsFailure)
+    assert isinstance(seen[0].error, distbreaker.ResultRecordedAsFailure)
 
 
 def test_slow_calls(flavour: Flavour, name: str, redis_url: str) -> None:

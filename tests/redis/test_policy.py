@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 import redis
 
-from distbreaker import CircuitBreaker, Retry
-from distbreaker.breaker.classify import HttpStatusError
+from distbreaker import CircuitBreaker, HttpStatusError, Retry
 from distbreaker.breaker.state import State
 from distbreaker.errors import BulkheadFull, CallNotPermitted
 from distbreaker.policy.sync import Policy

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from distbreaker import BreakerConfig
-from distbreaker.breaker.classify import Outcome, classify_result
+from distbreaker import BreakerConfig, Outcome, classify_result
 from distbreaker.breaker.state import State
 from tests.helpers.flavours import Flavour
 

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from distbreaker.breaker.classify import HttpStatusError
+from distbreaker import HttpStatusError
 from distbreaker.breaker.state import State
 from distbreaker.budget.aio import RetryBudget as AsyncRetryBudget
 from distbreaker.budget.sync import RetryBudget

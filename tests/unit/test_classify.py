@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from distbreaker.breaker.classify import (
+from distbreaker._runtime.classify import (
     HttpClassifier,
     HttpStatusError,
     HttpVerdict,

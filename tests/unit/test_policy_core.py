@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from distbreaker.breaker.classify import HttpClassifier, HttpStatusError, HttpVerdict, Outcome
+from distbreaker import HttpClassifier, HttpStatusError, HttpVerdict, Outcome
 from distbreaker.policy.core import PolicyCore, Ran
 from distbreaker.retry.core import GiveUp, Run, Withdraw
 from distbreaker.retry.sync import Retry

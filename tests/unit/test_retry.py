@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from distbreaker import aio
-from distbreaker.breaker.classify import HttpStatusError
+from distbreaker import HttpStatusError, aio
 from distbreaker.breaker.state import State
 from distbreaker.errors import BulkheadFull, CallNotPermitted
 from distbreaker.retry.aio import Retry as AsyncRetry

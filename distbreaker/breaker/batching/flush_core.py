@@ -128,5 +128,5 @@ def reset_if_forked(flusher: Any) -> None:
     """After a fork that skipped Python's fork hooks: reset everything fork-aware (once
     per process), and `flusher` in any case."""
     forking.after_fork()
-    if flusher._pid != os.getpid():
+    if flusher._pid != os.getpid():  # reach-in: a helper of the flushers' own check
         flusher._after_fork()

@@ -1,4 +1,9 @@
-"""Outcome classification of exceptions, in Resilience4j's order, and of HTTP statuses."""
+"""Outcome classification of exceptions, in Resilience4j's order, and of HTTP statuses.
+
+Shared machinery: the breaker counts outcomes with it, the retry and the adaptive
+bulkhead read statuses and Retry-After with it, so it belongs to no one component.
+The public names are exported by `distbreaker` and `distbreaker.aio`.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,11 @@ import email.utils
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta, timezone
 from enum import Enum
 from types import MappingProxyType
-from typing import Any
-
-from .config import BreakerConfig
+from typing import Any, Protocol
 
 logger = logging.getLogger("distbreaker")
 
@@ -25,6 +28,21 @@ class Outcome(str, Enum):
     IGNORED = "ignored"
 
 
+class OutcomeRules(Protocol):
+    """The exception and result rules of a breaker's config (`BreakerConfig`)."""
+
+    @property
+    def record_exceptions(self) -> tuple[type[BaseException], ...]: ...
+    @property
+    def ignore_exceptions(self) -> tuple[type[BaseException], ...]: ...
+    @property
+    def record_predicate(self) -> Callable[[BaseException], bool] | None: ...
+    @property
+    def ignore_predicate(self) -> Callable[[BaseException], bool] | None: ...
+    @property
+    def record_result(self) -> Callable[[Any], bool] | None: ...
+
+
 class ResultRecordedAsFailure(Exception):
     """The `error` of the event of a call whose returned value `record_result` counted
     as a failure (Resilience4j's ResultRecordedAsFailureException); never raised."""
@@ -35,7 +53,7 @@ class ResultRecordedAsFailure(Exception):
         super().__init__(f"circuit breaker {name!r}: result recorded as a failure")
 
 
-def classify_exception(config: BreakerConfig, exc: BaseException) -> Outcome:
+def classify_exception(config: OutcomeRules, exc: BaseException) -> Outcome:
     """Ignore wins; then record_exceptions / record_predicate; not recorded => success.
 
     Exceptions that are not `Exception` (KeyboardInterrupt, asyncio's
@@ -225,7 +243,7 @@ class HttpClassifier:
 DEFAULT_HTTP_CLASSIFIER = HttpClassifier()
 
 
-def classify_result(config: BreakerConfig, result: Any) -> Outcome:
+def classify_result(config: OutcomeRules, result: Any) -> Outcome:
     """How a returned value counts: FAILURE when `record_result` says so, else SUCCESS.
 
     As in Resilience4j, None is never tested. A predicate that raises is a bug in

@@ -18,14 +18,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .. import readside as view
-from .._runtime import state_record
-from .._runtime.keys import BreakerKeys
-from ..breaker.config import BreakerConfig, config_differences
-from ..breaker.events import Transition
-from ..breaker.state import State
-from ..breaker.sync import CircuitBreaker
-from ..errors import SchemaError
+from . import readside as view
+from ._runtime import state_record
+from ._runtime.keys import BreakerKeys
+from .breaker.config import BreakerConfig, config_differences
+from .breaker.events import Transition
+from .breaker.state import State
+from .breaker.sync import CircuitBreaker
+from .errors import SchemaError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +54,6 @@ ACTIONS: dict[str, Action] = {a.id: a for a in (
     Action("reset", "reset", "RESET", False,
            "Back to CLOSED with an empty window; clears the recorded config drift."),
 )}
-BY_COMMAND = {a.command: a for a in ACTIONS.values()}
 
 
 class UnknownBreaker(LookupError):

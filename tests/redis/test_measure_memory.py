@@ -1,0 +1,52 @@
+"""scripts/measure_memory.py (the numbers in docs/OPERATIONS.md) runs on the current key
+schema and measures every key of a breaker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import redis
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "measure_memory.py"
+
+
+def measure(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), url, "--trips", "2", *args],
+                          capture_output=True, text=True, timeout=120, check=False, cwd=ROOT)
+
+
+def rows(url: str, window: int) -> list[dict[str, Any]]:
+    done = measure(url, "--window", str(window), "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+def test_measures_every_key_of_each_breaker_shape(redis_url: str,
+                                                  redis_client: redis.Redis) -> None:
+    idle, timed, tripped = rows(redis_url, 10)
+    assert [r["breaker"] for r in (idle, timed, tripped)] == [
+        "COUNT window of 10, idle (full window)", "TIME window of 60 s, one call",
+        "COUNT 10, tripped, 5 history entries"]
+    for row in (idle, timed, tripped):
+        assert set(row["keys"]) == {"state", "meta", "probes", "history"}
+        assert row["bytes"] == sum(row["keys"].values())
+        assert row["keys"]["state"] > 0 and row["keys"]["meta"] > 0
+        assert row["keys"]["probes"] == 0  # no probe in flight
+    assert idle["keys"]["history"] == timed["keys"]["history"] == 0
+    assert tripped["keys"]["history"] > 0  # the trips and resets are in the history
+    # A bigger window is a bigger state record.
+    redis_client.flushall()
+    bigger = rows(redis_url, 200)[0]
+    assert bigger["keys"]["state"] > idle["keys"]["state"]
+
+
+def test_prints_one_line_per_breaker(redis_url: str) -> None:
+    done = measure(redis_url, "--window", "10")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3 and all(" bytes  (state " in line for line in lines), done.stdout
