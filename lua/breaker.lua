@@ -1,4 +1,4 @@
---!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events breaker_hot
+--!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events breaker_window breaker_hot
 -- distbreaker circuit breaker, key schema v2. The single source of truth for
 -- the fleet-wide state machine (docs/KEY_SCHEMA.md documents every byte).
 --
@@ -7,10 +7,11 @@
 -- per-call state lives in library modules (lua/lib/, named on the first line): the
 -- shared prelude (error replies, the foreign-type check), the record layout
 -- (generated from distbreaker/_runtime/record_layout.py) and codec, the config wire
--- string, the state machine's transition table, the history and pub/sub events, and
--- the hot path (lua/lib/breaker_hot.lua: the usual CLOSED record, in its own locals).
--- This file keeps what works on one call's state on the general path: loading the
--- record, the window, the ops, persisting. That state lives in the chunk's locals
+-- string, the state machine's transition table, the history and pub/sub events, the
+-- window's bytes and arithmetic (breaker_window: values in, values out), and the hot
+-- path (breaker_hot: the usual CLOSED record, in its own locals). This file keeps
+-- what works on one call's state on the general path: loading the record, the
+-- window's totals, the ops, persisting. That state lives in the chunk's locals
 -- (upvalues: cheaper for Redis than a table's fields on every path), every one set
 -- by `begin` at the start of a call (a script never runs concurrently with
 -- another); the cold group is a table reached only through `cold()`.
@@ -57,22 +58,20 @@ local max, min, unpack, rcall, pcall_ = math.max, math.min, unpack, redis.call, 
 -- changes on every write: Lua 5.1 hashes only some bytes of a long string, and
 -- strings that differ only elsewhere would all collide in its string table.
 local layout = record_layout
-local MAGIC, WIN = layout.MAGIC, layout.WINDOW_AT
+local MAGIC = layout.MAGIC
 local HOT_AT, HOT_LAST, HOT_FIELDS = layout.HOT_AT, layout.HOT_LAST, layout.HOT_FIELDS
 local STATE_AT, STATE_FIELDS = layout.STATE_AT, layout.STATE_FIELDS
 -- (the cold and config groups' offsets are read from `layout` where they are used:
--- off the hot paths, and a chunk has room for 200 locals only)
-local COUNT_SLOT, TIME_SLOT = layout.COUNT_SLOT_BYTES, layout.TIME_SLOT_BYTES
+-- off the hot paths, and a chunk has room for 200 locals only; the window's are in
+-- lua/lib/breaker_window.lua)
 local STATES = layout.STATES
 local CODE = {}  -- state name -> code
 for code, state_name in ipairs(STATES) do CODE[state_name] = code - 1 end
-local PRESENT, FAILED, SLOW, MS_MASK = layout.PRESENT, layout.FAILED, layout.SLOW, layout.MS_MASK
 
 -- The record's integer codec (lua/lib/record_codec.lua); `packer` is Redis's struct
 -- library, nil where there is none (fakeredis).
 local rep = string.rep
-local packer, decode, decode_fields = record_codec.packer, record_codec.decode,
-                                      record_codec.decode_fields
+local packer, decode_fields = record_codec.packer, record_codec.decode_fields
 local encode, int = record_codec.encode, record_codec.int
 
 -- Per-call state, every one set by `begin` at the start of a call, then by `load`
@@ -206,11 +205,13 @@ local function load()
   return nil
 end
 
--- Rates ---------------------------------------------------------------------------
-local function rate(part, whole)
-  if whole <= 0 then return -1 end
-  return floor(part * 10000 / whole) / 100
-end
+-- The window (lua/lib/breaker_window.lua): its bytes, arithmetic and rates ----------
+local rate, evict_time, record_time = breaker_window.rate, breaker_window.evict_time,
+                                      breaker_window.record_time
+local record_one, record_many, evicted = breaker_window.record_one, breaker_window.record_many,
+                                         breaker_window.evicted
+local write_window, exceeded, rates_text = breaker_window.write, breaker_window.exceeded,
+                                          breaker_window.describe
 
 local function clear_window()
   clear_ring, n_count_slots, time_slot_at, time_slot_values, n_evict = true, 0, nil, nil, 0
@@ -308,112 +309,40 @@ local function end_override()
   events[#events][9] = ended
 end
 
--- Sliding window ----------------------------------------------------------------
--- `count` integers of `width` bytes at byte offset `off` of the record.
-local function read_bytes(off, count, width)
-  return decode(rcall('GETRANGE', K_STATE, int(off), int(off + count * width - 1)), count, width)
-end
-
--- Time window: slot s (epoch second % size) is 5 u32 at byte WIN + 20 * slot:
--- second, calls, failures, slow, ms. Evicting reads the slots of the seconds that
--- passed and zeroes them at the end.
+-- Sliding window (lua/lib/breaker_window.lua) on this call's state -------------------
+-- Time window: the seconds that passed leave it (their slots are zeroed at the end).
 local function evict_time_buckets()
   local sec = floor(now / 1000)
   if window_sec == sec then return end
-  if window_sec == 0 or sec - window_sec >= window_size or sec < window_sec then
-    if calls ~= 0 or window_sec ~= 0 then clear_window() end
-  elseif calls > 0 then
-    for s = window_sec + 1, sec do
-      local off = WIN + TIME_SLOT * (s % window_size)
-      local old = read_bytes(off, 5, 4)
-      calls, failures, slow, total_ms = calls - old[2], failures - old[3], slow - old[4],
-                                        total_ms - old[5]
-      n_evict = n_evict + 1
-      evicted_slots_at[n_evict] = off
-    end
-  end
+  local whole
+  whole, calls, failures, slow, total_ms, n_evict = evict_time(
+    K_STATE, sec, window_sec, window_size, calls, failures, slow, total_ms, evicted_slots_at,
+    n_evict)
+  if whole then clear_window() end
   window_sec, dirty_window = sec, true
 end
 
--- Count window: a ring of window_size u32 slots at byte WIN + 4 * slot: bit 31 set for
--- a recorded outcome, bit 30 failed, bit 29 slow, bits 0-28 its ms (capped). The
--- old values of the slots a record overwrites are read here (one GETRANGE, two
--- when the ring wraps); the new ones are written with the header, at the end.
-local function read_ring(first_slot, count)
-  local tail = min(count, window_size - first_slot)
-  local old = read_bytes(WIN + COUNT_SLOT * first_slot, tail, 4)
-  if count > tail then
-    local more = read_bytes(WIN, count - tail, 4)
-    for i = 1, count - tail do old[tail + i] = more[i] end
-  end
-  return old
-end
-
--- A count slot's old value leaves the totals (bit 31 clear: the slot was empty).
-local function evict_slot(o)
-  if o < PRESENT then return end
-  o = o - PRESENT
-  calls = calls - 1
-  if o >= FAILED then failures, o = failures - 1, o - FAILED end
-  if o >= SLOW then slow, o = slow - 1, o - SLOW end
-  total_ms = total_ms - o
-end
-
--- The usual record, one outcome: BITFIELD SET writes its slot and answers the old
--- value in one command, no tables. It is the call's first write, so it goes
--- through pcall (a refusal, OOM or ACL, leaves nothing written); `finish` puts the
--- old value back if a later check refuses the call (foreign data). Only for an
--- existing record (full length): a new one is written whole by write_record.
-local function record_one(fails, slows, ms)
-  local m = min(ms, MS_MASK)
-  local v = PRESENT + fails * FAILED + slows * SLOW + m
-  local bit = int((WIN + COUNT_SLOT * head) * 8)
-  local r = pcall_('BITFIELD', K_STATE, 'SET', 'u32', bit, int(v))
-  if r.err then return r.err end
-  local o = r[1]
-  undo_bit, undo_value = bit, o
-  calls, failures, slow, total_ms = calls + 1, failures + fails, slow + slows, total_ms + m
-  evict_slot(o)
-  head = (head + 1) % window_size
-  dirty_window = true
-end
-
+-- Count window: one outcome goes by BITFIELD SET (the call's first write, through
+-- pcall; `finish` puts the old value back if a later check refuses the call), only
+-- on an existing record (full length: a new one is written whole by write_record);
+-- several are read and written with the header, at the end.
 local function record_count(ok, fails, slows, ms)
-  local n = ok + fails
-  if n == 1 and exists then return record_one(fails, slows, ms) end
-  local per_ms = floor(ms / n)
-  local first = max(1, n - window_size + 1)  -- only the last window_size outcomes can stay
-  local old = read_ring(head, n - first + 1)
-  n_count_slots, count_slots_from = 0, head
-  for i = first, n do
-    local f = floor(i * fails / n) - floor((i - 1) * fails / n)
-    local s = floor(i * slows / n) - floor((i - 1) * slows / n)
-    local m = min(per_ms + ((i == 1) and (ms - per_ms * n) or 0), MS_MASK)
-    n_count_slots = n_count_slots + 1
-    count_slot_values[n_count_slots] = PRESENT + f * FAILED + s * SLOW + m
-    calls, failures, slow, total_ms = calls + 1, failures + f, slow + s, total_ms + m
-    local o = old[n_count_slots]
-    evict_slot(o)
+  if ok + fails == 1 and exists then
+    local refused, bit, o, m = record_one(K_STATE, head, fails, slows, ms)
+    if refused then return refused end
+    undo_bit, undo_value = bit, o
+    local dn, df, ds, dms = evicted(o)
+    calls, failures, slow = calls + 1 - dn, failures + fails - df, slow + slows - ds
+    total_ms = total_ms + m - dms
     head = (head + 1) % window_size
+    dirty_window = true
+    return
   end
-  dirty_window = true
-end
-
--- Time window record: this second's slot gets the outcomes (read first unless
--- evicted by this call, in which case it starts from zero).
-local function record_time(n, fails, slows, ms)
-  local sec = floor(now / 1000)
-  local off = WIN + TIME_SLOT * (sec % window_size)
-  local cur = nil
-  for i = 1, n_evict do if evicted_slots_at[i] == off then cur = {sec, 0, 0, 0, 0} end end
-  if clear_ring then cur = {sec, 0, 0, 0, 0} end
-  if not cur then
-    cur = read_bytes(off, 5, 4)
-    if cur[1] ~= sec then cur = {sec, 0, 0, 0, 0} end
-  end
-  cur[2], cur[3], cur[4], cur[5] = cur[2] + n, cur[3] + fails, cur[4] + slows, cur[5] + ms
-  time_slot_at, time_slot_values = off, cur
-  calls, failures, slow, total_ms = calls + n, failures + fails, slow + slows, total_ms + ms
+  local dn, df, ds, dms
+  count_slots_from = head
+  n_count_slots, head, dn, df, ds, dms = record_many(
+    K_STATE, head, window_size, ok, fails, slows, ms, count_slot_values)
+  calls, failures, slow, total_ms = calls + dn, failures + df, slow + ds, total_ms + dms
   dirty_window = true
 end
 
@@ -421,19 +350,12 @@ end
 local function record_window(ok, fails, slows, ms)
   if ok + fails <= 0 then return end
   if window_type == 0 then return record_count(ok, fails, slows, ms) end
-  return record_time(ok + fails, fails, slows, ms)
-end
-
--- fails / n >= failure_threshold (rates in 1/10000 of a percent): integer arithmetic
-local function rate_exceeded(n, fails, slows)
-  return fails * 1000000 >= failure_threshold * n or slows * 1000000 >= slow_threshold * n
-end
-
-local function describe(n, fails, slows)
-  if fails * 1000000 >= failure_threshold * n then
-    return 'failure rate ' .. rate(fails, n) .. '% >= ' .. (failure_threshold / 10000) .. '%'
-  end
-  return 'slow call rate ' .. rate(slows, n) .. '% >= ' .. (slow_threshold / 10000) .. '%'
+  time_slot_at, time_slot_values = record_time(
+    K_STATE, now, window_size, clear_ring, evicted_slots_at, n_evict, ok + fails, fails, slows,
+    ms)
+  calls, failures, slow, total_ms = calls + ok + fails, failures + fails, slow + slows,
+                                    total_ms + ms
+  dirty_window = true
 end
 
 -- Time-driven transitions ---------------------------------------------------------
@@ -537,9 +459,11 @@ local function op_record()
     local mark = argv[11]
     if mark and mark ~= '' and fails > 0 then quorum_mark = mark end
     if override_until == 0 and calls >= min_calls and calls > 0
-        and NEXT[st].rates_exceeded ~= IGNORE and rate_exceeded(calls, failures, slow) then
+        and NEXT[st].rates_exceeded ~= IGNORE
+        and exceeded(calls, failures, slow, failure_threshold, slow_threshold) then
       if quorum_met() then
-        fire('rates_exceeded', describe(calls, failures, slow))
+        fire('rates_exceeded', rates_text(calls, failures, slow, failure_threshold,
+                                          slow_threshold))
       else
         quorum_blocked = true
       end
@@ -550,8 +474,9 @@ local function op_record()
     hp_done, hp_fail, hp_slow = hp_done + ok + fails, hp_fail + fails, hp_slow + slows
     dirty_half_open = true
     if hp_done >= probes_max then
-      if rate_exceeded(hp_done, hp_fail, hp_slow) then
-        fire('probes_failed', 'half-open probes: ' .. describe(hp_done, hp_fail, hp_slow))
+      if exceeded(hp_done, hp_fail, hp_slow, failure_threshold, slow_threshold) then
+        fire('probes_failed', 'half-open probes: '
+             .. rates_text(hp_done, hp_fail, hp_slow, failure_threshold, slow_threshold))
       else
         fire('probes_succeeded')
       end
@@ -642,11 +567,6 @@ local function op_set()
 end
 
 -- Persisting -----------------------------------------------------------------------
-local function cleared_window_bytes()
-  if window_type == 0 then return rep('\0', COUNT_SLOT * window_size) end
-  return rep('\0', TIME_SLOT * window_size)
-end
-
 local STATE_FORMAT = '>' .. rep('i8', STATE_FIELDS)
 -- The state group's bytes (seq advanced).
 local function header_state()
@@ -710,22 +630,9 @@ local function write_record()
     local refused = put(STATE_AT, header_state())
     if refused then return refused end
   end
-  -- a new record is written at full length, so record_one's BITFIELD SET never
-  -- grows the string (its undo could not shrink it back)
-  if clear_ring or not exists then rcall('SETRANGE', K_STATE, WIN, cleared_window_bytes()) end
-  for i = 1, n_evict do rcall('SETRANGE', K_STATE, evicted_slots_at[i], rep('\0', TIME_SLOT)) end
-  if time_slot_at then
-    rcall('SETRANGE', K_STATE, time_slot_at, encode(time_slot_values, 1, 5, 4))
-  end
-  if n_count_slots > 0 then
-    local tail = min(n_count_slots, window_size - count_slots_from)
-    local bytes = (tail == 1 and packer) and packer.pack('>I4', count_slot_values[1])
-                  or encode(count_slot_values, 1, tail, 4)
-    rcall('SETRANGE', K_STATE, int(WIN + COUNT_SLOT * count_slots_from), bytes)
-    if n_count_slots > tail then
-      rcall('SETRANGE', K_STATE, WIN, encode(count_slot_values, tail + 1, n_count_slots, 4))
-    end
-  end
+  write_window(K_STATE, clear_ring or not exists, window_type, window_size,
+                       evicted_slots_at, n_evict, time_slot_at, time_slot_values, n_count_slots,
+                       count_slots_from, count_slot_values)
   return nil
 end
 
@@ -861,6 +768,7 @@ local function finish()
 end
 
 -- Adopting or comparing configs --------------------------------------------------
+local fp_compared, fp_text = nil, nil
 -- After `load`: decides which config governs and what to store.
 local function settle_config(arg_fp)
   local adopt = (op == 'set' and argv[6] == 'RESET')
@@ -889,8 +797,10 @@ local function settle_config(arg_fp)
     end
     return
   end
-  -- the hot path: the same config (compared as the decimal string the caller sent)
-  if int(fp) == arg_fp and not adopt then return end
+  -- the usual call: the same config (compared as the decimal string the caller sent;
+  -- the last fingerprint's text is kept across calls)
+  if fp ~= fp_compared then fp_compared, fp_text = fp, int(fp) end
+  if fp_text == arg_fp and not adopt then return end
   local mine = fingerprint(cfg_wire)
   local g = cold()
   if adopt then
