@@ -119,15 +119,27 @@ local function record_many(key, head, window_size, ok, fails, slows, ms, values)
     local more = read_bytes(key, WIN, count - tail, 4)
     for i = 1, count - tail do old[tail + i] = more[i] end
   end
+  -- (the failures and slow calls spread evenly over the outcomes; the evicted
+  -- slots' outcomes as in `evicted`, inline: this loop runs once per outcome)
   local k, dn, df, ds, dms = 0, 0, 0, 0, 0
+  local f, s = 0, 0
   for i = first, n do
-    local f = floor(i * fails / n) - floor((i - 1) * fails / n)
-    local s = floor(i * slows / n) - floor((i - 1) * slows / n)
-    local m = min(per_ms + ((i == 1) and (ms - per_ms * n) or 0), MS_MASK)
+    if fails > 0 then f = floor(i * fails / n) - floor((i - 1) * fails / n) end
+    if slows > 0 then s = floor(i * slows / n) - floor((i - 1) * slows / n) end
+    local m = per_ms
+    if i == 1 then m = m + ms - per_ms * n end
+    if m > MS_MASK then m = MS_MASK end
     k = k + 1
     values[k] = PRESENT + f * FAILED + s * SLOW + m
-    local en, ef, es, ems = evicted(old[k])
-    dn, df, ds, dms = dn + 1 - en, df + f - ef, ds + s - es, dms + m - ems
+    dn, df, ds, dms = dn + 1, df + f, ds + s, dms + m
+    local o = old[k]
+    if o >= PRESENT then  -- the slot's old outcome leaves the window
+      o = o - PRESENT
+      dn = dn - 1
+      if o >= FAILED then df, o = df - 1, o - FAILED end
+      if o >= SLOW then ds, o = ds - 1, o - SLOW end
+      dms = dms - o
+    end
     head = (head + 1) % window_size
   end
   return k, head, dn, df, ds, dms

@@ -436,15 +436,27 @@ local function record_many(key, head, window_size, ok, fails, slows, ms, values)
     local more = read_bytes(key, WIN, count - tail, 4)
     for i = 1, count - tail do old[tail + i] = more[i] end
   end
+  -- (the failures and slow calls spread evenly over the outcomes; the evicted
+  -- slots' outcomes as in `evicted`, inline: this loop runs once per outcome)
   local k, dn, df, ds, dms = 0, 0, 0, 0, 0
+  local f, s = 0, 0
   for i = first, n do
-    local f = floor(i * fails / n) - floor((i - 1) * fails / n)
-    local s = floor(i * slows / n) - floor((i - 1) * slows / n)
-    local m = min(per_ms + ((i == 1) and (ms - per_ms * n) or 0), MS_MASK)
+    if fails > 0 then f = floor(i * fails / n) - floor((i - 1) * fails / n) end
+    if slows > 0 then s = floor(i * slows / n) - floor((i - 1) * slows / n) end
+    local m = per_ms
+    if i == 1 then m = m + ms - per_ms * n end
+    if m > MS_MASK then m = MS_MASK end
     k = k + 1
     values[k] = PRESENT + f * FAILED + s * SLOW + m
-    local en, ef, es, ems = evicted(old[k])
-    dn, df, ds, dms = dn + 1 - en, df + f - ef, ds + s - es, dms + m - ems
+    dn, df, ds, dms = dn + 1, df + f, ds + s, dms + m
+    local o = old[k]
+    if o >= PRESENT then  -- the slot's old outcome leaves the window
+      o = o - PRESENT
+      dn = dn - 1
+      if o >= FAILED then df, o = df - 1, o - FAILED end
+      if o >= SLOW then ds, o = ds - 1, o - SLOW end
+      dms = dms - o
+    end
     head = (head + 1) % window_size
   end
   return k, head, dn, df, ds, dms
@@ -481,6 +493,119 @@ return {rate = rate, exceeded = exceeded, describe = describe, evict_time = evic
 
 end)(record_layout(), record_codec()) end
   return breaker_window_value
+end
+local breaker_persist_value
+local function breaker_persist()
+  if breaker_persist_value == nil then breaker_persist_value = (function(record_layout, record_codec)
+--!lib needs record_layout record_codec
+-- The breaker's writes beyond the window (lua/breaker.lua decides what to write, in
+-- which order; docs/KEY_SCHEMA.md documents every byte): the state record's header
+-- groups as bytes, the meta hash, the quorum marks, the probe leases, the TTLs.
+-- Explicit data flow: each function takes the keys and values it writes (no upvalue
+-- is shared with lua/breaker.lua).
+--
+-- Header groups, their fields in the layout's order (lua/lib/record_layout.lua):
+-- counters, config (with the half-open figures, magic and fingerprint between its
+-- fields), half_open alone, state (state and window totals). The state group ends
+-- with `seq`, which changes on every write: Lua 5.1 hashes only some bytes of a long
+-- string, and strings that differ only elsewhere would all collide in its string table.
+local max, unpack, rep = math.max, unpack, string.rep
+local rcall = redis.call
+local layout = record_layout
+local MAGIC, STATE_FIELDS = layout.MAGIC, layout.STATE_FIELDS
+local packer, encode, int = record_codec.packer, record_codec.encode, record_codec.int
+local CODE = {}  -- state name -> code
+for code, state_name in ipairs(layout.STATES) do CODE[state_name] = code - 1 end
+
+local STATE_FORMAT = '>' .. rep('i8', STATE_FIELDS)
+local function header_state(code, since, override_until, ttl_refreshed_at, calls, failures, slow,
+                            total_ms, head, window_sec, seq)
+  if packer then
+    return packer.pack(STATE_FORMAT, code, since, override_until, ttl_refreshed_at, calls,
+                       failures, slow, total_ms, head, window_sec, seq)
+  end
+  return encode({code, since, override_until, ttl_refreshed_at, calls, failures, slow,
+                 total_ms, head, window_sec, seq}, 1, STATE_FIELDS, 8)
+end
+
+-- `g`: the cold group (lua/breaker.lua's `cold()`).
+local function header_counters(g)
+  return encode({g.open_until, g.gen, g.opens, g.rejected, 0, g.drift_fp}, 1,
+                layout.COUNTERS_FIELDS, 8)
+end
+
+local function header_config(g, hp_done, hp_fail, hp_slow, probes_max, lease_ms, max_half_open,
+                             fp, window_type, window_size, min_calls, failure_threshold,
+                             slow_threshold, ttl_ms)
+  return encode({g.open_wait, CODE[g.initial_state], CODE[g.after_half_open], g.wait_mult,
+                 g.max_open_wait, g.wait_rnd, g.slow_ms, hp_done, hp_fail, hp_slow, probes_max,
+                 lease_ms, max_half_open, MAGIC, fp, window_type, window_size, min_calls,
+                 failure_threshold, slow_threshold, ttl_ms}, 1, layout.CONFIG_FIELDS, 8)
+end
+
+local function header_half_open(hp_done, hp_fail, hp_slow)
+  return encode({hp_done, hp_fail, hp_slow}, 1, layout.HALF_OPEN_FIELDS, 8)
+end
+
+-- The meta hash (after the state record): the state's reason and actor, the stored
+-- config, the drifting config and when it was seen (each when its flag is set), or
+-- the drift cleared.
+local function write_meta(key, meta_reason, reason, actor, meta_cfg, cfg, meta_drift, drift_cfg,
+                          now, clear_drift)
+  if meta_reason or meta_cfg or meta_drift then
+    local m, k = {}, 0
+    if meta_reason then m[1], m[2], m[3], m[4], k = 'reason', reason, 'actor', actor, 4 end
+    if meta_cfg then m[k + 1], m[k + 2], k = 'cfg', cfg, k + 2 end
+    if meta_drift then
+      m[k + 1], m[k + 2], m[k + 3], m[k + 4], k = 'drift_cfg', drift_cfg, 'drift_at', now, k + 4
+    end
+    rcall('HSET', key, unpack(m, 1, k))
+  end
+  if clear_drift then rcall('HDEL', key, 'drift_cfg', 'drift_at') end
+end
+
+-- The quorum marks (hash <state key>:fw): deleted with the window, or this worker's
+-- failure marked.
+local function write_quorum_marks(state_key, clear, mark, now, ttl_ms)
+  local k_fw = state_key .. ':fw'
+  if clear then
+    rcall('DEL', k_fw)
+  elseif mark then
+    rcall('HSET', k_fw, mark, int(now))
+    rcall('PEXPIRE', k_fw, int(ttl_ms))
+  end
+end
+
+-- The probe leases (zset): cleared, or expired ones reaped as a new one comes; the
+-- token whose probe ended leaves; a new lease runs until now + lease_ms.
+local function write_probes(key, clear, add, rem, now, lease_ms)
+  if clear then
+    rcall('DEL', key)
+  elseif add then
+    rcall('ZREMRANGEBYSCORE', key, '-inf', int(now))
+  end
+  if rem then rcall('ZREM', key, rem) end
+  if add then rcall('ZADD', key, int(now + lease_ms), add) end
+end
+
+-- Every key's TTL: key_ttl, or until key_ttl past a later end (`held`: an override, a
+-- long OPEN wait).
+local function refresh_ttls(state_key, meta_key, probes_key, hist_key, now, ttl_ms, held)
+  local keep = ttl_ms
+  if held > now then keep = max(ttl_ms, held - now + ttl_ms) end
+  rcall('PEXPIRE', state_key, keep)
+  rcall('PEXPIRE', meta_key, keep)
+  rcall('PEXPIRE', probes_key, keep)
+  rcall('PEXPIRE', hist_key, keep)
+end
+
+return {header_state = header_state, header_counters = header_counters,
+        header_config = header_config, header_half_open = header_half_open,
+        write_meta = write_meta, write_quorum_marks = write_quorum_marks,
+        write_probes = write_probes, refresh_ttls = refresh_ttls}
+
+end)(record_layout(), record_codec()) end
+  return breaker_persist_value
 end
 local breaker_hot_value
 local function breaker_hot()
@@ -586,8 +711,8 @@ return {record = record, server_time = server_time}
 end)(record_layout(), record_codec()) end
   return breaker_hot_value
 end
-local main = (function(prelude, record_layout, record_codec, breaker_config, breaker_transitions, breaker_events, breaker_window, breaker_hot)
---!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events breaker_window breaker_hot
+local main = (function(prelude, record_layout, record_codec, breaker_config, breaker_transitions, breaker_events, breaker_window, breaker_persist, breaker_hot)
+--!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events breaker_window breaker_persist breaker_hot
 -- distbreaker circuit breaker, key schema v2. The single source of truth for
 -- the fleet-wide state machine (docs/KEY_SCHEMA.md documents every byte).
 --
@@ -597,11 +722,12 @@ local main = (function(prelude, record_layout, record_codec, breaker_config, bre
 -- shared prelude (error replies, the foreign-type check), the record layout
 -- (generated from distbreaker/_runtime/record_layout.py) and codec, the config wire
 -- string, the state machine's transition table, the history and pub/sub events, the
--- window's bytes and arithmetic (breaker_window: values in, values out), and the hot
+-- window's bytes and arithmetic (breaker_window), the header groups' bytes and the
+-- writes beyond the record (breaker_persist), both values in, values out, and the hot
 -- path (breaker_hot: the usual CLOSED record, in its own locals). This file keeps
 -- what works on one call's state on the general path: loading the record, the
--- window's totals, the ops, persisting. That state lives in the chunk's locals
--- (upvalues: cheaper for Redis than a table's fields on every path), every one set
+-- window's totals, the ops, deciding what to write. That state lives in the chunk's
+-- locals (upvalues: cheaper for Redis than a table's fields on every path), every one set
 -- by `begin` at the start of a call (a script never runs concurrently with
 -- another); the cold group is a table reached only through `cold()`.
 --
@@ -642,14 +768,13 @@ local max, min, unpack, rcall, pcall_ = math.max, math.min, unpack, redis.call, 
 -- only by calls that need it; the hot group (half-open figures, magic, fingerprint,
 -- the hot config, state, window totals, the write sequence number) by every call.
 -- Writes go by group: counters, config (half_open alone when only it changed),
--- state (state and window). Decoders and encoders below list a group's fields in
--- the layout's order. The hot read and the state write both end with `seq`, which
--- changes on every write: Lua 5.1 hashes only some bytes of a long string, and
--- strings that differ only elsewhere would all collide in its string table.
+-- state (state and window). Decoders below and encoders (lua/lib/breaker_persist.lua)
+-- list a group's fields in the layout's order. The hot read and the state write both
+-- end with `seq` (see lua/lib/breaker_persist.lua).
 local layout = record_layout
 local MAGIC = layout.MAGIC
 local HOT_AT, HOT_LAST, HOT_FIELDS = layout.HOT_AT, layout.HOT_LAST, layout.HOT_FIELDS
-local STATE_AT, STATE_FIELDS = layout.STATE_AT, layout.STATE_FIELDS
+local STATE_AT = layout.STATE_AT
 -- (the cold and config groups' offsets are read from `layout` where they are used:
 -- off the hot paths, and a chunk has room for 200 locals only; the window's are in
 -- lua/lib/breaker_window.lua)
@@ -659,9 +784,8 @@ for code, state_name in ipairs(STATES) do CODE[state_name] = code - 1 end
 
 -- The record's integer codec (lua/lib/record_codec.lua); `packer` is Redis's struct
 -- library, nil where there is none (fakeredis).
-local rep = string.rep
 local packer, decode_fields = record_codec.packer, record_codec.decode_fields
-local encode, int = record_codec.encode, record_codec.int
+local int = record_codec.int
 
 -- Per-call state, every one set by `begin` at the start of a call, then by `load`
 -- (the hot group); the cold group is only reachable through `cold()` -------------
@@ -1155,36 +1279,11 @@ local function op_set()
   return nil
 end
 
--- Persisting -----------------------------------------------------------------------
-local STATE_FORMAT = '>' .. rep('i8', STATE_FIELDS)
--- The state group's bytes (seq advanced).
-local function header_state()
-  seq = (seq + 1) % 4294967296
-  if packer then
-    return packer.pack(STATE_FORMAT, CODE[s_state], since, override_until, ttl_refreshed_at,
-                       calls, failures, slow, total_ms, head, window_sec, seq)
-  end
-  return encode({CODE[s_state], since, override_until, ttl_refreshed_at, calls, failures, slow,
-                 total_ms, head, window_sec, seq}, 1, STATE_FIELDS, 8)
-end
-
--- The counters group; the config group (with the half-open figures, magic and
--- fingerprint between its fields); the half_open group alone.
-local function header_counters(g)
-  return encode({g.open_until, g.gen, g.opens, g.rejected, 0, g.drift_fp}, 1,
-                layout.COUNTERS_FIELDS, 8)
-end
-
-local function header_config(g)
-  return encode({g.open_wait, CODE[g.initial_state], CODE[g.after_half_open], g.wait_mult,
-                 g.max_open_wait, g.wait_rnd, g.slow_ms, hp_done, hp_fail, hp_slow, probes_max,
-                 lease_ms, max_half_open, MAGIC, fp, window_type, window_size, min_calls,
-                 failure_threshold, slow_threshold, ttl_ms}, 1, layout.CONFIG_FIELDS, 8)
-end
-
-local function header_half_open()
-  return encode({hp_done, hp_fail, hp_slow}, 1, layout.HALF_OPEN_FIELDS, 8)
-end
+-- Persisting (the bytes and writes: lua/lib/breaker_persist.lua) ------------------------
+local header_state, header_counters = breaker_persist.header_state,
+                                      breaker_persist.header_counters
+local header_config, header_half_open = breaker_persist.header_config,
+                                        breaker_persist.header_half_open
 
 -- The first write goes through pcall: if Redis refuses it (OOM, ACL), nothing was
 -- written. Returns the refusal, or nil.
@@ -1205,10 +1304,12 @@ end
 local function write_record()
   first_write = true
   if not exists or dirty_config then
-    local refused = put(layout.CONFIG_AT, header_config(cold()))
+    local refused = put(layout.CONFIG_AT, header_config(
+      cold(), hp_done, hp_fail, hp_slow, probes_max, lease_ms, max_half_open, fp, window_type,
+      window_size, min_calls, failure_threshold, slow_threshold, ttl_ms))
     if refused then return refused end
   elseif dirty_half_open then
-    local refused = put(layout.HALF_OPEN_AT, header_half_open())
+    local refused = put(layout.HALF_OPEN_AT, header_half_open(hp_done, hp_fail, hp_slow))
     if refused then return refused end
   end
   if not exists or dirty_counters then
@@ -1216,7 +1317,10 @@ local function write_record()
     if refused then return refused end
   end
   if dirty_state or dirty_window or ttl_refreshed_at == now or not exists then
-    local refused = put(STATE_AT, header_state())
+    seq = (seq + 1) % 4294967296
+    local refused = put(STATE_AT, header_state(CODE[s_state], since, override_until,
+                                               ttl_refreshed_at, calls, failures, slow,
+                                               total_ms, head, window_sec, seq))
     if refused then return refused end
   end
   write_window(K_STATE, clear_ring or not exists, window_type, window_size,
@@ -1267,43 +1371,25 @@ end
 
 -- The meta hash (after the state record).
 local function write_meta()
-  if meta_reason or meta_cfg or meta_drift then
-    local m, k = {}, 0
-    if meta_reason then m[1], m[2], m[3], m[4], k = 'reason', reason_now, 'actor', actor_now, 4 end
-    if meta_cfg then m[k + 1], m[k + 2], k = 'cfg', cfg_store, k + 2 end
-    if meta_drift then
-      m[k + 1], m[k + 2], m[k + 3], m[k + 4], k = 'drift_cfg', cfg_wire, 'drift_at', now, k + 4
-    end
-    rcall('HSET', K_META, unpack(m, 1, k))
+  if meta_reason or meta_cfg or meta_drift or clear_drift then
+    breaker_persist.write_meta(K_META, meta_reason, reason_now, actor_now, meta_cfg, cfg_store,
+                               meta_drift, cfg_wire, now, clear_drift)
   end
-  if clear_drift then rcall('HDEL', K_META, 'drift_cfg', 'drift_at') end
 end
 
--- Probes and TTLs (after the state record and the meta hash).
+-- Quorum marks, probes and TTLs (after the state record and the meta hash).
 local function write_others(refresh)
-  if clear_quorum_marks then
-    rcall('DEL', K_STATE .. ':fw')
-  elseif quorum_mark then
-    local k_fw = K_STATE .. ':fw'
-    rcall('HSET', k_fw, quorum_mark, int(now))
-    rcall('PEXPIRE', k_fw, int(ttl_ms))
+  if clear_quorum_marks or quorum_mark then
+    breaker_persist.write_quorum_marks(K_STATE, clear_quorum_marks, quorum_mark, now, ttl_ms)
   end
-  if clear_probes then
-    rcall('DEL', K_PROBES)
-  elseif probe_add then  -- reap expired leases as new ones come
-    rcall('ZREMRANGEBYSCORE', K_PROBES, '-inf', int(now))
+  if clear_probes or probe_add or probe_rem then
+    breaker_persist.write_probes(K_PROBES, clear_probes, probe_add, probe_rem, now, lease_ms)
   end
-  if probe_rem then rcall('ZREM', K_PROBES, probe_rem) end
-  if probe_add then rcall('ZADD', K_PROBES, int(now + lease_ms), probe_add) end
   if refresh then
     -- an override or a long OPEN wait keeps the keys for key_ttl past its end
-    local keep, held, open_until = ttl_ms, override_until, cold().open_until
+    local held, open_until = override_until, cold().open_until
     if s_state == 'OPEN' and open_until > held then held = open_until end
-    if held > now then keep = max(ttl_ms, held - now + ttl_ms) end
-    rcall('PEXPIRE', K_STATE, keep)
-    rcall('PEXPIRE', K_META, keep)
-    rcall('PEXPIRE', K_PROBES, keep)
-    rcall('PEXPIRE', K_HIST, keep)
+    breaker_persist.refresh_ttls(K_STATE, K_META, K_PROBES, K_HIST, now, ttl_ms, held)
   else
     if probe_add and (live_count or 0) == 0 then rcall('PEXPIRE', K_PROBES, int(ttl_ms)) end
     if events then rcall('PEXPIRE', K_HIST, ttl_ms) end
@@ -1412,13 +1498,22 @@ end
 
 local server_time = breaker_hot.server_time  -- the server time in ms, and its microseconds
 
+-- The names derived from the last state key (kept across calls: a worker calls the
+-- same few breakers, and building the strings costs more than comparing one).
+local derived_for, derived_meta, derived_probes, derived_hist
+
 local function begin(keys, args, given_now, given_micros)
   -- KEYS[2..4] may be left out: they are the state key plus ':meta', ':probes',
   -- ':events' (fewer arguments per call; every key shares the name's hash tag)
   K_STATE = keys[1]
-  K_META = keys[2] or (K_STATE .. ':meta')
-  K_PROBES = keys[3] or (K_STATE .. ':probes')
-  K_HIST = keys[4] or (K_STATE .. ':events')
+  if K_STATE ~= derived_for then
+    derived_for, derived_meta, derived_probes, derived_hist = K_STATE, K_STATE .. ':meta',
+                                                              K_STATE .. ':probes',
+                                                              K_STATE .. ':events'
+  end
+  K_META = keys[2] or derived_meta
+  K_PROBES = keys[3] or derived_probes
+  K_HIST = keys[4] or derived_hist
   argv = args
   op, cfg_wire, name, channel = args[1], args[3], args[4], args[5]
   if given_now then  -- a merged call (lua/finish.lua) read TIME once for all its calls
@@ -1476,5 +1571,5 @@ return function(KEYS, ARGV, given_now, given_micros)
   return finish()
 end
 
-end)(prelude(), record_layout(), record_codec(), breaker_config(), breaker_transitions(), breaker_events(), breaker_window(), breaker_hot())
+end)(prelude(), record_layout(), record_codec(), breaker_config(), breaker_transitions(), breaker_events(), breaker_window(), breaker_persist(), breaker_hot())
 return main(KEYS, ARGV)
