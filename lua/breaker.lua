@@ -1,4 +1,4 @@
---!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events breaker_window breaker_persist breaker_hot
+--!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events breaker_window breaker_ops breaker_persist breaker_hot
 -- distbreaker circuit breaker, key schema v2. The single source of truth for
 -- the fleet-wide state machine (docs/KEY_SCHEMA.md documents every byte).
 --
@@ -110,7 +110,6 @@ end
 -- The config wire string (lua/lib/breaker_config.lua) parsed into the governing
 -- config: its hot part into the locals, its cold part (COLD_CONFIG) kept in `parsed`
 -- for `cold()` (and copied into the cold group if already read); false when bad.
-local wire_field = breaker_config.field
 local COLD_CONFIG = {'open_wait', 'initial_state', 'after_half_open', 'wait_mult',
                      'max_open_wait', 'wait_rnd', 'slow_ms'}
 local function parse_config(wire)
@@ -219,22 +218,11 @@ local function clear_window()
   dirty_window = true
 end
 
--- The open wait (Resilience4j's waitIntervalFunctionInOpenState): the configured
--- wait times multiplier^(consecutive opens - 1), capped (at the key TTL when no
--- cap is configured), spread by +-randomization with the server clock's
--- microseconds as the random draw; a close resets the count.
-local function wait_in_open(g)
-  local open_wait, wait_mult, wait_rnd = g.open_wait, g.wait_mult, g.wait_rnd
-  if wait_mult == 1000000 and wait_rnd == 0 then return open_wait end
-  local cap = g.max_open_wait > 0 and g.max_open_wait or ttl_ms
-  local w = open_wait
-  if g.opens > 1 then w = open_wait * (wait_mult / 1000000) ^ min(g.opens - 1, 200) end
-  if w > cap then w = cap end
-  if wait_rnd > 0 then
-    w = w * (1 + (wait_rnd / 1000000) * (2 * (micros % 1000) / 999 - 1))
-  end
-  return max(1, floor(w))
-end
+
+-- The ops' parts on given values (lua/lib/breaker_ops.lua): a record's counts, a
+-- `set`'s hold, the open wait, the quorum of failing workers.
+local record_counts, wait_in_open = breaker_ops.record_counts, breaker_ops.wait_in_open
+local hold_from, quorum_met = breaker_ops.hold_from, breaker_ops.quorum_met
 
 local function transition(to, reason, actor)
   local g = cold()
@@ -251,7 +239,7 @@ local function transition(to, reason, actor)
   override_until = 0
   if to == 'OPEN' then
     g.opens = g.opens + 1
-    g.open_until = now + wait_in_open(g)
+    g.open_until = now + wait_in_open(g, ttl_ms, micros)
   else
     g.open_until = 0
     if to == 'CLOSED' then g.opens = 0 end
@@ -396,60 +384,13 @@ local function holds_lease(token)
   return deadline ~= false and deadline ~= nil and tonumber(deadline) > now
 end
 
--- Quorum-gated trip ------------------------------------------------------------------
--- With config field 20 (min failing workers) above 1, a failure-rate trip needs
--- failures from that many distinct workers within field 21 ms (default 60000). A
--- record whose ARGV[11] names its worker marks it in the hash <state key>:fw
--- (worker -> server ms of its last failure); marks older than the window are pruned
--- here, and the hash is deleted whenever the window is cleared.
-local function quorum_met()
-  local wire = cfg_store
-  if not wire then
-    wire = redis.pcall('HGET', K_META, 'cfg')
-    -- a foreign meta key: let the trip go on, `finish` reports the key before writing
-    if type(wire) == 'table' then return true end
-  end
-  wire = wire or cfg_wire
-  local needed = tonumber(wire_field(wire, 20) or '') or 1
-  if needed <= 1 then return true end
-  local window = tonumber(wire_field(wire, 21) or '') or 60000
-  local k_fw = K_STATE .. ':fw'
-  local marks = redis.call('HGETALL', k_fw)
-  local seen, stale = {}, {}
-  local count = 0
-  if quorum_mark then seen[quorum_mark], count = true, 1 end
-  for i = 1, #marks, 2 do
-    local worker, at = marks[i], tonumber(marks[i + 1]) or 0
-    if now - at > window then
-      stale[#stale + 1] = worker
-    elseif not seen[worker] then
-      seen[worker], count = true, count + 1
-    end
-  end
-  if #stale > 0 then redis.call('HDEL', k_fw, unpack(stale)) end
-  return count >= needed
-end
 
 -- Operations --------------------------------------------------------------------
 
 local function op_record()
   local token = argv[6]
-  local ok, fails, slows
-  -- one call's outcome, the usual record, is told by string compares alone
-  local a, b, c = argv[7], argv[8], argv[9]
-  if c == '0' and a == '1' and b == '0' then
-    ok, fails, slows = 1, 0, 0
-  elseif c == '0' and a == '0' and b == '1' then
-    ok, fails, slows = 0, 1, 0
-  else
-    ok, fails, slows = tonumber(a), tonumber(b), tonumber(c)
-  end
-  local ms = tonumber(argv[10])
-  if not (ok and fails and slows and ms) or ok < 0 or fails < 0 or slows < 0 or ms < 0
-      or ok % 1 ~= 0 or fails % 1 ~= 0 or slows % 1 ~= 0 or ms % 1 ~= 0 then
-    return args_error('record counts must be integers >= 0')
-  end
-  if slows > ok + fails then return args_error('record: more slow calls than calls') end
+  local ok, fails, slows, ms = record_counts(argv[7], argv[8], argv[9], argv[10])
+  if not ok then return fails end
   advance()
   local st = s_state
   if st == 'CLOSED' or st == 'METRICS_ONLY' then
@@ -460,7 +401,7 @@ local function op_record()
     if override_until == 0 and calls >= min_calls and calls > 0
         and NEXT[st].rates_exceeded ~= IGNORE
         and exceeded(calls, failures, slow, failure_threshold, slow_threshold) then
-      if quorum_met() then
+      if quorum_met(K_STATE, K_META, cfg_store, cfg_wire, quorum_mark, now) then
         fire('rates_exceeded', rates_text(calls, failures, slow, failure_threshold,
                                           slow_threshold))
       else
@@ -508,25 +449,11 @@ local function op_acquire()
   return nil
 end
 
-local function hold_from(hold_for, hold_until, target)
-  if hold_for == '' and hold_until == '' then return 0 end
-  if hold_for ~= '' and hold_until ~= '' then
-    return nil, args_error('give a hold duration or an end, not both')
-  end
-  local v = tonumber(hold_for ~= '' and hold_for or hold_until)
-  if not v or v ~= floor(v) then return nil, args_error('hold ms must be an integer') end
-  local hold = (hold_for ~= '') and (now + v) or v
-  if hold <= now then return nil, args_error('the override would end in the past') end
-  if target == 'RESET' or target == 'HALF_OPEN' or target == 'OPEN' then
-    return nil, args_error(tostring(target) .. ' takes no end')
-  end
-  return hold
-end
 
 local function op_set()
   local g = cold()
   local target, reason, actor = argv[6], argv[7], argv[8]
-  local hold, bad = hold_from(argv[9] or '', argv[10] or '', target)
+  local hold, bad = hold_from(now, argv[9] or '', argv[10] or '', target)
   if not hold then return bad end
   if not (target == 'RESET' or target == 'TRIP' or (CODE[target] and target ~= 'OPEN'
           and target ~= 'HALF_OPEN')) then
@@ -548,7 +475,7 @@ local function op_set()
     if to == RESTART then
       -- a same-state move: the wait restarts, recorded as a restart, not a transition
       reason_now, actor_now, meta_reason, dirty_counters = reason, actor, true, true
-      g.open_until = now + wait_in_open(g)
+      g.open_until = now + wait_in_open(g, ttl_ms, micros)
       if hold > 0 then g.open_until = hold end
       note('restart', reason, actor, hold)
     elseif to ~= IGNORE and hold > 0 then
