@@ -1,4 +1,4 @@
---!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events
+--!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events breaker_window breaker_ops breaker_persist breaker_hot
 -- distbreaker circuit breaker, key schema v2. The single source of truth for
 -- the fleet-wide state machine (docs/KEY_SCHEMA.md documents every byte).
 --
@@ -7,12 +7,19 @@
 -- per-call state lives in library modules (lua/lib/, named on the first line): the
 -- shared prelude (error replies, the foreign-type check), the record layout
 -- (generated from distbreaker/_runtime/record_layout.py) and codec, the config wire
--- string, the state machine's transition table, the history and pub/sub events.
--- This file keeps what works on one call's state: loading the record, the window,
--- the ops, persisting, and the hot path. That state lives in the chunk's locals
--- (upvalues: cheaper for Redis than a table's fields on every path), every one set
--- by `begin` at the start of a call (a script never runs concurrently with
--- another); the cold group is a table reached only through `cold()`.
+-- string, the state machine's transition table, the history and pub/sub events, the
+-- window's bytes and arithmetic (breaker_window), the ops' parts on given values
+-- (breaker_ops), the header groups' bytes and the writes beyond the record
+-- (breaker_persist), all values in, values out, and the hot path (breaker_hot: the
+-- usual CLOSED record, in its own locals). This file keeps
+-- what works on one call's state on the general path: loading the record, the
+-- window's totals, the ops, deciding what to write. That state lives in the chunk's
+-- locals (upvalues), every one set by `begin` at the start of a call (a script never
+-- runs concurrently with another); the cold group is a table reached only through
+-- `cold()`. Not one context table: in Redis's Lua 5.1 a table field costs about 68
+-- (read) and 116 (write) server instructions, an upvalue about 10 (callgrind, Redis
+-- 7.0); the whole state in one table made once and reused, passed as a parameter, cost
+-- +12 % on the TIME-window record, the HALF_OPEN probe and the batched flush.
 --
 -- KEYS[1] state record (string)   KEYS[2] meta hash   KEYS[3] probe leases (zset)
 -- KEYS[4] history stream; 2-4 may be left out (derived from KEYS[1], see begin)
@@ -51,28 +58,24 @@ local max, min, unpack, rcall, pcall_ = math.max, math.min, unpack, redis.call, 
 -- only by calls that need it; the hot group (half-open figures, magic, fingerprint,
 -- the hot config, state, window totals, the write sequence number) by every call.
 -- Writes go by group: counters, config (half_open alone when only it changed),
--- state (state and window). Decoders and encoders below list a group's fields in
--- the layout's order. The hot read and the state write both end with `seq`, which
--- changes on every write: Lua 5.1 hashes only some bytes of a long string, and
--- strings that differ only elsewhere would all collide in its string table.
+-- state (state and window). Decoders below and encoders (lua/lib/breaker_persist.lua)
+-- list a group's fields in the layout's order. The hot read and the state write both
+-- end with `seq` (see lua/lib/breaker_persist.lua).
 local layout = record_layout
-local MAGIC, WIN = layout.MAGIC, layout.WINDOW_AT
+local MAGIC = layout.MAGIC
 local HOT_AT, HOT_LAST, HOT_FIELDS = layout.HOT_AT, layout.HOT_LAST, layout.HOT_FIELDS
-local STATE_AT, STATE_FIELDS = layout.STATE_AT, layout.STATE_FIELDS
+local STATE_AT = layout.STATE_AT
 -- (the cold and config groups' offsets are read from `layout` where they are used:
--- off the hot paths, and a chunk has room for 200 locals only)
-local COUNT_SLOT, TIME_SLOT = layout.COUNT_SLOT_BYTES, layout.TIME_SLOT_BYTES
+-- off the hot paths, and a chunk has room for 200 locals only; the window's are in
+-- lua/lib/breaker_window.lua)
 local STATES = layout.STATES
 local CODE = {}  -- state name -> code
 for code, state_name in ipairs(STATES) do CODE[state_name] = code - 1 end
-local PRESENT, FAILED, SLOW, MS_MASK = layout.PRESENT, layout.FAILED, layout.SLOW, layout.MS_MASK
 
 -- The record's integer codec (lua/lib/record_codec.lua); `packer` is Redis's struct
 -- library, nil where there is none (fakeredis).
-local byte, rep = string.byte, string.rep
-local packer, decode, decode_fields = record_codec.packer, record_codec.decode,
-                                      record_codec.decode_fields
-local encode, int = record_codec.encode, record_codec.int
+local packer, decode_fields = record_codec.packer, record_codec.decode_fields
+local int = record_codec.int
 
 -- Per-call state, every one set by `begin` at the start of a call, then by `load`
 -- (the hot group); the cold group is only reachable through `cold()` -------------
@@ -111,7 +114,6 @@ end
 -- The config wire string (lua/lib/breaker_config.lua) parsed into the governing
 -- config: its hot part into the locals, its cold part (COLD_CONFIG) kept in `parsed`
 -- for `cold()` (and copied into the cold group if already read); false when bad.
-local wire_field = breaker_config.field
 local COLD_CONFIG = {'open_wait', 'initial_state', 'after_half_open', 'wait_mult',
                      'max_open_wait', 'wait_rnd', 'slow_ms'}
 local function parse_config(wire)
@@ -205,11 +207,13 @@ local function load()
   return nil
 end
 
--- Rates ---------------------------------------------------------------------------
-local function rate(part, whole)
-  if whole <= 0 then return -1 end
-  return floor(part * 10000 / whole) / 100
-end
+-- The window (lua/lib/breaker_window.lua): its bytes, arithmetic and rates ----------
+local rate, evict_time, record_time = breaker_window.rate, breaker_window.evict_time,
+                                      breaker_window.record_time
+local record_one, record_many, evicted = breaker_window.record_one, breaker_window.record_many,
+                                         breaker_window.evicted
+local write_window, exceeded, rates_text = breaker_window.write, breaker_window.exceeded,
+                                          breaker_window.describe
 
 local function clear_window()
   clear_ring, n_count_slots, time_slot_at, time_slot_values, n_evict = true, 0, nil, nil, 0
@@ -218,22 +222,11 @@ local function clear_window()
   dirty_window = true
 end
 
--- The open wait (Resilience4j's waitIntervalFunctionInOpenState): the configured
--- wait times multiplier^(consecutive opens - 1), capped (at the key TTL when no
--- cap is configured), spread by +-randomization with the server clock's
--- microseconds as the random draw; a close resets the count.
-local function wait_in_open(g)
-  local open_wait, wait_mult, wait_rnd = g.open_wait, g.wait_mult, g.wait_rnd
-  if wait_mult == 1000000 and wait_rnd == 0 then return open_wait end
-  local cap = g.max_open_wait > 0 and g.max_open_wait or ttl_ms
-  local w = open_wait
-  if g.opens > 1 then w = open_wait * (wait_mult / 1000000) ^ min(g.opens - 1, 200) end
-  if w > cap then w = cap end
-  if wait_rnd > 0 then
-    w = w * (1 + (wait_rnd / 1000000) * (2 * (micros % 1000) / 999 - 1))
-  end
-  return max(1, floor(w))
-end
+
+-- The ops' parts on given values (lua/lib/breaker_ops.lua): a record's counts, a
+-- `set`'s hold, the open wait, the quorum of failing workers.
+local record_counts, wait_in_open = breaker_ops.record_counts, breaker_ops.wait_in_open
+local hold_from, quorum_met = breaker_ops.hold_from, breaker_ops.quorum_met
 
 local function transition(to, reason, actor)
   local g = cold()
@@ -250,7 +243,7 @@ local function transition(to, reason, actor)
   override_until = 0
   if to == 'OPEN' then
     g.opens = g.opens + 1
-    g.open_until = now + wait_in_open(g)
+    g.open_until = now + wait_in_open(g, ttl_ms, micros)
   else
     g.open_until = 0
     if to == 'CLOSED' then g.opens = 0 end
@@ -307,112 +300,40 @@ local function end_override()
   events[#events][9] = ended
 end
 
--- Sliding window ----------------------------------------------------------------
--- `count` integers of `width` bytes at byte offset `off` of the record.
-local function read_bytes(off, count, width)
-  return decode(rcall('GETRANGE', K_STATE, int(off), int(off + count * width - 1)), count, width)
-end
-
--- Time window: slot s (epoch second % size) is 5 u32 at byte WIN + 20 * slot:
--- second, calls, failures, slow, ms. Evicting reads the slots of the seconds that
--- passed and zeroes them at the end.
+-- Sliding window (lua/lib/breaker_window.lua) on this call's state -------------------
+-- Time window: the seconds that passed leave it (their slots are zeroed at the end).
 local function evict_time_buckets()
   local sec = floor(now / 1000)
   if window_sec == sec then return end
-  if window_sec == 0 or sec - window_sec >= window_size or sec < window_sec then
-    if calls ~= 0 or window_sec ~= 0 then clear_window() end
-  elseif calls > 0 then
-    for s = window_sec + 1, sec do
-      local off = WIN + TIME_SLOT * (s % window_size)
-      local old = read_bytes(off, 5, 4)
-      calls, failures, slow, total_ms = calls - old[2], failures - old[3], slow - old[4],
-                                        total_ms - old[5]
-      n_evict = n_evict + 1
-      evicted_slots_at[n_evict] = off
-    end
-  end
+  local whole
+  whole, calls, failures, slow, total_ms, n_evict = evict_time(
+    K_STATE, sec, window_sec, window_size, calls, failures, slow, total_ms, evicted_slots_at,
+    n_evict)
+  if whole then clear_window() end
   window_sec, dirty_window = sec, true
 end
 
--- Count window: a ring of window_size u32 slots at byte WIN + 4 * slot: bit 31 set for
--- a recorded outcome, bit 30 failed, bit 29 slow, bits 0-28 its ms (capped). The
--- old values of the slots a record overwrites are read here (one GETRANGE, two
--- when the ring wraps); the new ones are written with the header, at the end.
-local function read_ring(first_slot, count)
-  local tail = min(count, window_size - first_slot)
-  local old = read_bytes(WIN + COUNT_SLOT * first_slot, tail, 4)
-  if count > tail then
-    local more = read_bytes(WIN, count - tail, 4)
-    for i = 1, count - tail do old[tail + i] = more[i] end
-  end
-  return old
-end
-
--- A count slot's old value leaves the totals (bit 31 clear: the slot was empty).
-local function evict_slot(o)
-  if o < PRESENT then return end
-  o = o - PRESENT
-  calls = calls - 1
-  if o >= FAILED then failures, o = failures - 1, o - FAILED end
-  if o >= SLOW then slow, o = slow - 1, o - SLOW end
-  total_ms = total_ms - o
-end
-
--- The usual record, one outcome: BITFIELD SET writes its slot and answers the old
--- value in one command, no tables. It is the call's first write, so it goes
--- through pcall (a refusal, OOM or ACL, leaves nothing written); `finish` puts the
--- old value back if a later check refuses the call (foreign data). Only for an
--- existing record (full length): a new one is written whole by write_record.
-local function record_one(fails, slows, ms)
-  local m = min(ms, MS_MASK)
-  local v = PRESENT + fails * FAILED + slows * SLOW + m
-  local bit = int((WIN + COUNT_SLOT * head) * 8)
-  local r = pcall_('BITFIELD', K_STATE, 'SET', 'u32', bit, int(v))
-  if r.err then return r.err end
-  local o = r[1]
-  undo_bit, undo_value = bit, o
-  calls, failures, slow, total_ms = calls + 1, failures + fails, slow + slows, total_ms + m
-  evict_slot(o)
-  head = (head + 1) % window_size
-  dirty_window = true
-end
-
+-- Count window: one outcome goes by BITFIELD SET (the call's first write, through
+-- pcall; `finish` puts the old value back if a later check refuses the call), only
+-- on an existing record (full length: a new one is written whole by write_record);
+-- several are read and written with the header, at the end.
 local function record_count(ok, fails, slows, ms)
-  local n = ok + fails
-  if n == 1 and exists then return record_one(fails, slows, ms) end
-  local per_ms = floor(ms / n)
-  local first = max(1, n - window_size + 1)  -- only the last window_size outcomes can stay
-  local old = read_ring(head, n - first + 1)
-  n_count_slots, count_slots_from = 0, head
-  for i = first, n do
-    local f = floor(i * fails / n) - floor((i - 1) * fails / n)
-    local s = floor(i * slows / n) - floor((i - 1) * slows / n)
-    local m = min(per_ms + ((i == 1) and (ms - per_ms * n) or 0), MS_MASK)
-    n_count_slots = n_count_slots + 1
-    count_slot_values[n_count_slots] = PRESENT + f * FAILED + s * SLOW + m
-    calls, failures, slow, total_ms = calls + 1, failures + f, slow + s, total_ms + m
-    local o = old[n_count_slots]
-    evict_slot(o)
+  if ok + fails == 1 and exists then
+    local refused, bit, o, m = record_one(K_STATE, head, fails, slows, ms)
+    if refused then return refused end
+    undo_bit, undo_value = bit, o
+    local dn, df, ds, dms = evicted(o)
+    calls, failures, slow = calls + 1 - dn, failures + fails - df, slow + slows - ds
+    total_ms = total_ms + m - dms
     head = (head + 1) % window_size
+    dirty_window = true
+    return
   end
-  dirty_window = true
-end
-
--- Time window record: this second's slot gets the outcomes (read first unless
--- evicted by this call, in which case it starts from zero).
-local function record_time(n, fails, slows, ms)
-  local sec = floor(now / 1000)
-  local off = WIN + TIME_SLOT * (sec % window_size)
-  local cur = nil
-  for i = 1, n_evict do if evicted_slots_at[i] == off then cur = {sec, 0, 0, 0, 0} end end
-  if clear_ring then cur = {sec, 0, 0, 0, 0} end
-  if not cur then
-    cur = read_bytes(off, 5, 4)
-    if cur[1] ~= sec then cur = {sec, 0, 0, 0, 0} end
-  end
-  cur[2], cur[3], cur[4], cur[5] = cur[2] + n, cur[3] + fails, cur[4] + slows, cur[5] + ms
-  time_slot_at, time_slot_values = off, cur
-  calls, failures, slow, total_ms = calls + n, failures + fails, slow + slows, total_ms + ms
+  local dn, df, ds, dms
+  count_slots_from = head
+  n_count_slots, head, dn, df, ds, dms = record_many(
+    K_STATE, head, window_size, ok, fails, slows, ms, count_slot_values)
+  calls, failures, slow, total_ms = calls + dn, failures + df, slow + ds, total_ms + dms
   dirty_window = true
 end
 
@@ -420,19 +341,12 @@ end
 local function record_window(ok, fails, slows, ms)
   if ok + fails <= 0 then return end
   if window_type == 0 then return record_count(ok, fails, slows, ms) end
-  return record_time(ok + fails, fails, slows, ms)
-end
-
--- fails / n >= failure_threshold (rates in 1/10000 of a percent): integer arithmetic
-local function rate_exceeded(n, fails, slows)
-  return fails * 1000000 >= failure_threshold * n or slows * 1000000 >= slow_threshold * n
-end
-
-local function describe(n, fails, slows)
-  if fails * 1000000 >= failure_threshold * n then
-    return 'failure rate ' .. rate(fails, n) .. '% >= ' .. (failure_threshold / 10000) .. '%'
-  end
-  return 'slow call rate ' .. rate(slows, n) .. '% >= ' .. (slow_threshold / 10000) .. '%'
+  time_slot_at, time_slot_values = record_time(
+    K_STATE, now, window_size, clear_ring, evicted_slots_at, n_evict, ok + fails, fails, slows,
+    ms)
+  calls, failures, slow, total_ms = calls + ok + fails, failures + fails, slow + slows,
+                                    total_ms + ms
+  dirty_window = true
 end
 
 -- Time-driven transitions ---------------------------------------------------------
@@ -474,60 +388,13 @@ local function holds_lease(token)
   return deadline ~= false and deadline ~= nil and tonumber(deadline) > now
 end
 
--- Quorum-gated trip ------------------------------------------------------------------
--- With config field 20 (min failing workers) above 1, a failure-rate trip needs
--- failures from that many distinct workers within field 21 ms (default 60000). A
--- record whose ARGV[11] names its worker marks it in the hash <state key>:fw
--- (worker -> server ms of its last failure); marks older than the window are pruned
--- here, and the hash is deleted whenever the window is cleared.
-local function quorum_met()
-  local wire = cfg_store
-  if not wire then
-    wire = redis.pcall('HGET', K_META, 'cfg')
-    -- a foreign meta key: let the trip go on, `finish` reports the key before writing
-    if type(wire) == 'table' then return true end
-  end
-  wire = wire or cfg_wire
-  local needed = tonumber(wire_field(wire, 20) or '') or 1
-  if needed <= 1 then return true end
-  local window = tonumber(wire_field(wire, 21) or '') or 60000
-  local k_fw = K_STATE .. ':fw'
-  local marks = redis.call('HGETALL', k_fw)
-  local seen, stale = {}, {}
-  local count = 0
-  if quorum_mark then seen[quorum_mark], count = true, 1 end
-  for i = 1, #marks, 2 do
-    local worker, at = marks[i], tonumber(marks[i + 1]) or 0
-    if now - at > window then
-      stale[#stale + 1] = worker
-    elseif not seen[worker] then
-      seen[worker], count = true, count + 1
-    end
-  end
-  if #stale > 0 then redis.call('HDEL', k_fw, unpack(stale)) end
-  return count >= needed
-end
 
 -- Operations --------------------------------------------------------------------
 
 local function op_record()
   local token = argv[6]
-  local ok, fails, slows
-  -- one call's outcome, the usual record, is told by string compares alone
-  local a, b, c = argv[7], argv[8], argv[9]
-  if c == '0' and a == '1' and b == '0' then
-    ok, fails, slows = 1, 0, 0
-  elseif c == '0' and a == '0' and b == '1' then
-    ok, fails, slows = 0, 1, 0
-  else
-    ok, fails, slows = tonumber(a), tonumber(b), tonumber(c)
-  end
-  local ms = tonumber(argv[10])
-  if not (ok and fails and slows and ms) or ok < 0 or fails < 0 or slows < 0 or ms < 0
-      or ok % 1 ~= 0 or fails % 1 ~= 0 or slows % 1 ~= 0 or ms % 1 ~= 0 then
-    return args_error('record counts must be integers >= 0')
-  end
-  if slows > ok + fails then return args_error('record: more slow calls than calls') end
+  local ok, fails, slows, ms = record_counts(argv[7], argv[8], argv[9], argv[10])
+  if not ok then return fails end
   advance()
   local st = s_state
   if st == 'CLOSED' or st == 'METRICS_ONLY' then
@@ -536,9 +403,11 @@ local function op_record()
     local mark = argv[11]
     if mark and mark ~= '' and fails > 0 then quorum_mark = mark end
     if override_until == 0 and calls >= min_calls and calls > 0
-        and NEXT[st].rates_exceeded ~= IGNORE and rate_exceeded(calls, failures, slow) then
-      if quorum_met() then
-        fire('rates_exceeded', describe(calls, failures, slow))
+        and NEXT[st].rates_exceeded ~= IGNORE
+        and exceeded(calls, failures, slow, failure_threshold, slow_threshold) then
+      if quorum_met(K_STATE, K_META, cfg_store, cfg_wire, quorum_mark, now) then
+        fire('rates_exceeded', rates_text(calls, failures, slow, failure_threshold,
+                                          slow_threshold))
       else
         quorum_blocked = true
       end
@@ -549,8 +418,9 @@ local function op_record()
     hp_done, hp_fail, hp_slow = hp_done + ok + fails, hp_fail + fails, hp_slow + slows
     dirty_half_open = true
     if hp_done >= probes_max then
-      if rate_exceeded(hp_done, hp_fail, hp_slow) then
-        fire('probes_failed', 'half-open probes: ' .. describe(hp_done, hp_fail, hp_slow))
+      if exceeded(hp_done, hp_fail, hp_slow, failure_threshold, slow_threshold) then
+        fire('probes_failed', 'half-open probes: '
+             .. rates_text(hp_done, hp_fail, hp_slow, failure_threshold, slow_threshold))
       else
         fire('probes_succeeded')
       end
@@ -583,25 +453,11 @@ local function op_acquire()
   return nil
 end
 
-local function hold_from(hold_for, hold_until, target)
-  if hold_for == '' and hold_until == '' then return 0 end
-  if hold_for ~= '' and hold_until ~= '' then
-    return nil, args_error('give a hold duration or an end, not both')
-  end
-  local v = tonumber(hold_for ~= '' and hold_for or hold_until)
-  if not v or v ~= floor(v) then return nil, args_error('hold ms must be an integer') end
-  local hold = (hold_for ~= '') and (now + v) or v
-  if hold <= now then return nil, args_error('the override would end in the past') end
-  if target == 'RESET' or target == 'HALF_OPEN' or target == 'OPEN' then
-    return nil, args_error(tostring(target) .. ' takes no end')
-  end
-  return hold
-end
 
 local function op_set()
   local g = cold()
   local target, reason, actor = argv[6], argv[7], argv[8]
-  local hold, bad = hold_from(argv[9] or '', argv[10] or '', target)
+  local hold, bad = hold_from(now, argv[9] or '', argv[10] or '', target)
   if not hold then return bad end
   if not (target == 'RESET' or target == 'TRIP' or (CODE[target] and target ~= 'OPEN'
           and target ~= 'HALF_OPEN')) then
@@ -623,7 +479,7 @@ local function op_set()
     if to == RESTART then
       -- a same-state move: the wait restarts, recorded as a restart, not a transition
       reason_now, actor_now, meta_reason, dirty_counters = reason, actor, true, true
-      g.open_until = now + wait_in_open(g)
+      g.open_until = now + wait_in_open(g, ttl_ms, micros)
       if hold > 0 then g.open_until = hold end
       note('restart', reason, actor, hold)
     elseif to ~= IGNORE and hold > 0 then
@@ -640,41 +496,11 @@ local function op_set()
   return nil
 end
 
--- Persisting -----------------------------------------------------------------------
-local function cleared_window_bytes()
-  if window_type == 0 then return rep('\0', COUNT_SLOT * window_size) end
-  return rep('\0', TIME_SLOT * window_size)
-end
-
-local STATE_FORMAT = '>' .. rep('i8', STATE_FIELDS)
--- The state group's bytes (seq advanced).
-local function header_state()
-  seq = (seq + 1) % 4294967296
-  if packer then
-    return packer.pack(STATE_FORMAT, CODE[s_state], since, override_until, ttl_refreshed_at,
-                       calls, failures, slow, total_ms, head, window_sec, seq)
-  end
-  return encode({CODE[s_state], since, override_until, ttl_refreshed_at, calls, failures, slow,
-                 total_ms, head, window_sec, seq}, 1, STATE_FIELDS, 8)
-end
-
--- The counters group; the config group (with the half-open figures, magic and
--- fingerprint between its fields); the half_open group alone.
-local function header_counters(g)
-  return encode({g.open_until, g.gen, g.opens, g.rejected, 0, g.drift_fp}, 1,
-                layout.COUNTERS_FIELDS, 8)
-end
-
-local function header_config(g)
-  return encode({g.open_wait, CODE[g.initial_state], CODE[g.after_half_open], g.wait_mult,
-                 g.max_open_wait, g.wait_rnd, g.slow_ms, hp_done, hp_fail, hp_slow, probes_max,
-                 lease_ms, max_half_open, MAGIC, fp, window_type, window_size, min_calls,
-                 failure_threshold, slow_threshold, ttl_ms}, 1, layout.CONFIG_FIELDS, 8)
-end
-
-local function header_half_open()
-  return encode({hp_done, hp_fail, hp_slow}, 1, layout.HALF_OPEN_FIELDS, 8)
-end
+-- Persisting (the bytes and writes: lua/lib/breaker_persist.lua) ------------------------
+local header_state, header_counters = breaker_persist.header_state,
+                                      breaker_persist.header_counters
+local header_config, header_half_open = breaker_persist.header_config,
+                                        breaker_persist.header_half_open
 
 -- The first write goes through pcall: if Redis refuses it (OOM, ACL), nothing was
 -- written. Returns the refusal, or nil.
@@ -695,10 +521,12 @@ end
 local function write_record()
   first_write = true
   if not exists or dirty_config then
-    local refused = put(layout.CONFIG_AT, header_config(cold()))
+    local refused = put(layout.CONFIG_AT, header_config(
+      cold(), hp_done, hp_fail, hp_slow, probes_max, lease_ms, max_half_open, fp, window_type,
+      window_size, min_calls, failure_threshold, slow_threshold, ttl_ms))
     if refused then return refused end
   elseif dirty_half_open then
-    local refused = put(layout.HALF_OPEN_AT, header_half_open())
+    local refused = put(layout.HALF_OPEN_AT, header_half_open(hp_done, hp_fail, hp_slow))
     if refused then return refused end
   end
   if not exists or dirty_counters then
@@ -706,25 +534,15 @@ local function write_record()
     if refused then return refused end
   end
   if dirty_state or dirty_window or ttl_refreshed_at == now or not exists then
-    local refused = put(STATE_AT, header_state())
+    seq = (seq + 1) % 4294967296
+    local refused = put(STATE_AT, header_state(CODE[s_state], since, override_until,
+                                               ttl_refreshed_at, calls, failures, slow,
+                                               total_ms, head, window_sec, seq))
     if refused then return refused end
   end
-  -- a new record is written at full length, so record_one's BITFIELD SET never
-  -- grows the string (its undo could not shrink it back)
-  if clear_ring or not exists then rcall('SETRANGE', K_STATE, WIN, cleared_window_bytes()) end
-  for i = 1, n_evict do rcall('SETRANGE', K_STATE, evicted_slots_at[i], rep('\0', TIME_SLOT)) end
-  if time_slot_at then
-    rcall('SETRANGE', K_STATE, time_slot_at, encode(time_slot_values, 1, 5, 4))
-  end
-  if n_count_slots > 0 then
-    local tail = min(n_count_slots, window_size - count_slots_from)
-    local bytes = (tail == 1 and packer) and packer.pack('>I4', count_slot_values[1])
-                  or encode(count_slot_values, 1, tail, 4)
-    rcall('SETRANGE', K_STATE, int(WIN + COUNT_SLOT * count_slots_from), bytes)
-    if n_count_slots > tail then
-      rcall('SETRANGE', K_STATE, WIN, encode(count_slot_values, tail + 1, n_count_slots, 4))
-    end
-  end
+  write_window(K_STATE, clear_ring or not exists, window_type, window_size,
+                       evicted_slots_at, n_evict, time_slot_at, time_slot_values, n_count_slots,
+                       count_slots_from, count_slot_values)
   return nil
 end
 
@@ -770,43 +588,25 @@ end
 
 -- The meta hash (after the state record).
 local function write_meta()
-  if meta_reason or meta_cfg or meta_drift then
-    local m, k = {}, 0
-    if meta_reason then m[1], m[2], m[3], m[4], k = 'reason', reason_now, 'actor', actor_now, 4 end
-    if meta_cfg then m[k + 1], m[k + 2], k = 'cfg', cfg_store, k + 2 end
-    if meta_drift then
-      m[k + 1], m[k + 2], m[k + 3], m[k + 4], k = 'drift_cfg', cfg_wire, 'drift_at', now, k + 4
-    end
-    rcall('HSET', K_META, unpack(m, 1, k))
+  if meta_reason or meta_cfg or meta_drift or clear_drift then
+    breaker_persist.write_meta(K_META, meta_reason, reason_now, actor_now, meta_cfg, cfg_store,
+                               meta_drift, cfg_wire, now, clear_drift)
   end
-  if clear_drift then rcall('HDEL', K_META, 'drift_cfg', 'drift_at') end
 end
 
--- Probes and TTLs (after the state record and the meta hash).
+-- Quorum marks, probes and TTLs (after the state record and the meta hash).
 local function write_others(refresh)
-  if clear_quorum_marks then
-    rcall('DEL', K_STATE .. ':fw')
-  elseif quorum_mark then
-    local k_fw = K_STATE .. ':fw'
-    rcall('HSET', k_fw, quorum_mark, int(now))
-    rcall('PEXPIRE', k_fw, int(ttl_ms))
+  if clear_quorum_marks or quorum_mark then
+    breaker_persist.write_quorum_marks(K_STATE, clear_quorum_marks, quorum_mark, now, ttl_ms)
   end
-  if clear_probes then
-    rcall('DEL', K_PROBES)
-  elseif probe_add then  -- reap expired leases as new ones come
-    rcall('ZREMRANGEBYSCORE', K_PROBES, '-inf', int(now))
+  if clear_probes or probe_add or probe_rem then
+    breaker_persist.write_probes(K_PROBES, clear_probes, probe_add, probe_rem, now, lease_ms)
   end
-  if probe_rem then rcall('ZREM', K_PROBES, probe_rem) end
-  if probe_add then rcall('ZADD', K_PROBES, int(now + lease_ms), probe_add) end
   if refresh then
     -- an override or a long OPEN wait keeps the keys for key_ttl past its end
-    local keep, held, open_until = ttl_ms, override_until, cold().open_until
+    local held, open_until = override_until, cold().open_until
     if s_state == 'OPEN' and open_until > held then held = open_until end
-    if held > now then keep = max(ttl_ms, held - now + ttl_ms) end
-    rcall('PEXPIRE', K_STATE, keep)
-    rcall('PEXPIRE', K_META, keep)
-    rcall('PEXPIRE', K_PROBES, keep)
-    rcall('PEXPIRE', K_HIST, keep)
+    breaker_persist.refresh_ttls(K_STATE, K_META, K_PROBES, K_HIST, now, ttl_ms, held)
   else
     if probe_add and (live_count or 0) == 0 then rcall('PEXPIRE', K_PROBES, int(ttl_ms)) end
     if events then rcall('PEXPIRE', K_HIST, ttl_ms) end
@@ -860,6 +660,7 @@ local function finish()
 end
 
 -- Adopting or comparing configs --------------------------------------------------
+local fp_compared, fp_text = nil, nil
 -- After `load`: decides which config governs and what to store.
 local function settle_config(arg_fp)
   local adopt = (op == 'set' and argv[6] == 'RESET')
@@ -888,8 +689,10 @@ local function settle_config(arg_fp)
     end
     return
   end
-  -- the hot path: the same config (compared as the decimal string the caller sent)
-  if int(fp) == arg_fp and not adopt then return end
+  -- the usual call: the same config (compared as the decimal string the caller sent;
+  -- the last fingerprint's text is kept across calls)
+  if fp ~= fp_compared then fp_compared, fp_text = fp, int(fp) end
+  if fp_text == arg_fp and not adopt then return end
   local mine = fingerprint(cfg_wire)
   local g = cold()
   if adopt then
@@ -910,20 +713,24 @@ local function settle_config(arg_fp)
   if g.drift_fp ~= mine then g.drift_fp, dirty_counters, meta_drift = mine, true, true end
 end
 
--- The server time in ms, and its microseconds (the open wait's random draw).
-local function server_time()
-  local t = rcall('TIME')
-  local us = tonumber(t[2])
-  return tonumber(t[1]) * 1000 + (us - us % 1000) / 1000, us
-end
+local server_time = breaker_hot.server_time  -- the server time in ms, and its microseconds
+
+-- The names derived from the last state key (kept across calls: a worker calls the
+-- same few breakers, and building the strings costs more than comparing one).
+local derived_for, derived_meta, derived_probes, derived_hist
 
 local function begin(keys, args, given_now, given_micros)
   -- KEYS[2..4] may be left out: they are the state key plus ':meta', ':probes',
   -- ':events' (fewer arguments per call; every key shares the name's hash tag)
   K_STATE = keys[1]
-  K_META = keys[2] or (K_STATE .. ':meta')
-  K_PROBES = keys[3] or (K_STATE .. ':probes')
-  K_HIST = keys[4] or (K_STATE .. ':events')
+  if K_STATE ~= derived_for then
+    derived_for, derived_meta, derived_probes, derived_hist = K_STATE, K_STATE .. ':meta',
+                                                              K_STATE .. ':probes',
+                                                              K_STATE .. ':events'
+  end
+  K_META = keys[2] or derived_meta
+  K_PROBES = keys[3] or derived_probes
+  K_HIST = keys[4] or derived_hist
   argv = args
   op, cfg_wire, name, channel = args[1], args[3], args[4], args[5]
   if given_now then  -- a merged call (lua/finish.lua) read TIME once for all its calls
@@ -942,89 +749,8 @@ local function begin(keys, args, given_now, given_micros)
   transitions, events, quorum_mark, quorum_blocked, clear_quorum_marks = nil, nil, nil, nil, false
 end
 
--- The hot path ------------------------------------------------------------------
--- The usual record: one successful call, not slow and not a probe, in CLOSED with a
--- count window, the caller's config stored (fingerprint), no override, no TTL
--- refresh due. It is what the general path below does for that case (the same
--- commands: GETRANGE, BITFIELD SET, SETRANGE of the totals group, the short reply),
--- without its per-call state; nil when the case is not that simple (the general
--- path then runs and decides, having nothing of this one's to undo). A success can
--- still make the window's rates count (the calls reach minimum_calls, or a quorum
--- now met): that is left to the general path too, with the slot written back.
-local fast_record
-do  -- (a block: its constants do not count against the chunk's 200 locals)
-local TOTALS_AT = layout.TOTALS_AT
-local HOT_FORMAT = '>' .. rep('i8', HOT_FIELDS)
-local TOTALS_FORMAT = '>' .. rep('i8', layout.TOTALS_FIELDS)
-local HOT_BYTES = layout.HOT_BYTES
--- the low bytes of the window type and the state code in the hot read
-local WINDOW_TYPE_BYTE, STATE_BYTE = layout.HOT_LOW_BYTE.window_type, layout.HOT_LOW_BYTE.state
-local FP_TEXT, SLOT_BIT, FAST_N = {}, {}, 0   -- decimal texts, kept (a library keeps them)
--- Returns the reply, or nil and (when it read them) the hot fields' bytes and the
--- server time, which the general path then uses instead of reading them again.
-function fast_record(keys, args, given_now, given_micros)
-  if args[7] ~= '1' or args[8] ~= '0' or args[9] ~= '0' or args[6] ~= '' or not packer then
-    return nil, nil, given_now, given_micros
-  end
-  local k = keys[1]
-  local raw = pcall_('GETRANGE', k, HOT_AT, HOT_LAST)
-  if type(raw) ~= 'string' or #raw < HOT_BYTES then return nil, nil, given_now, given_micros end
-  -- a TIME window or another state than CLOSED leaves at once, before the fields are
-  -- decoded
-  if byte(raw, WINDOW_TYPE_BYTE) ~= 0 or byte(raw, STATE_BYTE) ~= 0 then
-    return nil, raw, given_now, given_micros
-  end
-  local ms = tonumber(args[10])
-  if not ms or ms < 0 or ms % 1 ~= 0 then return nil, raw, given_now, given_micros end
-  -- the hot group, as in `load` (the stored values of this record)
-  local _, _, _, _, _, _, magic, stored_fp, window_type, window_size, minimum_calls,
-        failure_threshold, slow_threshold, key_ttl, code, since_ms, override_until,
-        ttl_refreshed_at, n_calls, n_failures, n_slow, sum_ms, ring_head, window_sec,
-        write_seq = packer.unpack(HOT_FORMAT, raw)
-  if magic ~= MAGIC or code ~= 0 or window_type ~= 0 or window_size <= 0
-      or override_until ~= 0 then
-    return nil, raw, given_now, given_micros
-  end
-  if FAST_N >= 256 then FP_TEXT, SLOT_BIT, FAST_N = {}, {}, 0 end
-  local fp_text = FP_TEXT[stored_fp]
-  if not fp_text then
-    fp_text, FAST_N = int(stored_fp), FAST_N + 1
-    FP_TEXT[stored_fp] = fp_text
-  end
-  if fp_text ~= args[2] then return nil, raw, given_now, given_micros end
-  local t_now, us = given_now, given_micros
-  if not t_now then t_now, us = server_time() end
-  if t_now - ttl_refreshed_at >= key_ttl / 2 or ttl_refreshed_at > t_now then
-    return nil, raw, t_now, us
-  end
-  local m = min(ms, MS_MASK)
-  local bit = SLOT_BIT[ring_head]
-  if not bit then
-    bit, FAST_N = int((WIN + COUNT_SLOT * ring_head) * 8), FAST_N + 1
-    SLOT_BIT[ring_head] = bit
-  end
-  local r = pcall_('BITFIELD', k, 'SET', 'u32', bit, int(PRESENT + m))
-  if r.err then return nil, raw, t_now, us end
-  local o, n, f, sl, total = r[1], n_calls + 1, n_failures, n_slow, sum_ms + m
-  if o >= PRESENT then  -- the slot's old outcome leaves the window
-    local old = o - PRESENT
-    n = n - 1
-    if old >= FAILED then f, old = f - 1, old - FAILED end
-    if old >= SLOW then sl, old = sl - 1, old - SLOW end
-    total = total - old
-  end
-  if n >= minimum_calls and n > 0
-      and (f * 1000000 >= failure_threshold * n or sl * 1000000 >= slow_threshold * n) then
-    rcall('BITFIELD', k, 'SET', 'u32', bit, int(o))
-    return nil, raw, t_now, us
-  end
-  -- the totals group (window totals, head, window_sec, seq); the state's own fields stay
-  rcall('SETRANGE', k, TOTALS_AT, packer.pack(TOTALS_FORMAT, n, f, sl, total,
-                                              (ring_head + 1) % window_size, window_sec,
-                                              (write_seq + 1) % 4294967296))
-  return {'CLOSED', t_now, since_ms}
-end
-end
+-- The hot path (lua/lib/breaker_hot.lua): the usual CLOSED record, in its own locals.
+local fast_record = breaker_hot.record
 
 return function(KEYS, ARGV, given_now, given_micros)
   preread = nil

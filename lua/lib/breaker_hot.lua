@@ -1,0 +1,97 @@
+--!lib needs record_layout record_codec
+-- The breaker's hot path (lua/breaker.lua): the usual record, one successful call,
+-- not slow and not a probe, in CLOSED with a count window, the caller's config stored
+-- (fingerprint), no override, no TTL refresh due. It is what the general path does
+-- for that case (the same commands: GETRANGE, BITFIELD SET, SETRANGE of the totals
+-- group, the short reply), without the per-call context: its state is the locals of
+-- `record` (registers, the cheapest values of Lua). nil when the case is not that
+-- simple (the general path then runs and decides, having nothing of this one's to
+-- undo). A success can still make the window's rates count (the calls reach
+-- minimum_calls, or a quorum now met): that is left to the general path too, with the
+-- slot written back. Also the server time, which both paths read.
+local tonumber, min, byte, rep = tonumber, math.min, string.byte, string.rep
+local rcall, pcall_ = redis.call, redis.pcall
+local layout, packer, int = record_layout, record_codec.packer, record_codec.int
+local MAGIC, WIN, COUNT_SLOT = layout.MAGIC, layout.WINDOW_AT, layout.COUNT_SLOT_BYTES
+local PRESENT, FAILED, SLOW, MS_MASK = layout.PRESENT, layout.FAILED, layout.SLOW, layout.MS_MASK
+local HOT_AT, HOT_LAST, HOT_BYTES = layout.HOT_AT, layout.HOT_LAST, layout.HOT_BYTES
+local TOTALS_AT = layout.TOTALS_AT
+local HOT_FORMAT = '>' .. rep('i8', layout.HOT_FIELDS)
+local TOTALS_FORMAT = '>' .. rep('i8', layout.TOTALS_FIELDS)
+-- the low bytes of the window type and the state code in the hot read
+local WINDOW_TYPE_BYTE, STATE_BYTE = layout.HOT_LOW_BYTE.window_type, layout.HOT_LOW_BYTE.state
+local FP_TEXT, SLOT_BIT, FAST_N = {}, {}, 0   -- decimal texts, kept (a library keeps them)
+
+-- The server time in ms, and its microseconds (the open wait's random draw).
+local function server_time()
+  local t = rcall('TIME')
+  local us = tonumber(t[2])
+  return tonumber(t[1]) * 1000 + (us - us % 1000) / 1000, us
+end
+
+-- Returns the reply, or nil and (when it read them) the hot fields' bytes and the
+-- server time, which the general path then uses instead of reading them again.
+local function record(keys, args, given_now, given_micros)
+  if args[7] ~= '1' or args[8] ~= '0' or args[9] ~= '0' or args[6] ~= '' or not packer then
+    return nil, nil, given_now, given_micros
+  end
+  local k = keys[1]
+  local raw = pcall_('GETRANGE', k, HOT_AT, HOT_LAST)
+  if type(raw) ~= 'string' or #raw < HOT_BYTES then return nil, nil, given_now, given_micros end
+  -- a TIME window or another state than CLOSED leaves at once, before the fields are
+  -- decoded
+  if byte(raw, WINDOW_TYPE_BYTE) ~= 0 or byte(raw, STATE_BYTE) ~= 0 then
+    return nil, raw, given_now, given_micros
+  end
+  local ms = tonumber(args[10])
+  if not ms or ms < 0 or ms % 1 ~= 0 then return nil, raw, given_now, given_micros end
+  -- the hot group, as the general path's `load` reads it (this record's values)
+  local _, _, _, _, _, _, magic, stored_fp, window_type, window_size, minimum_calls,
+        failure_threshold, slow_threshold, key_ttl, code, since_ms, override_until,
+        ttl_refreshed_at, n_calls, n_failures, n_slow, sum_ms, ring_head, window_sec,
+        write_seq = packer.unpack(HOT_FORMAT, raw)
+  if magic ~= MAGIC or code ~= 0 or window_type ~= 0 or window_size <= 0
+      or override_until ~= 0 then
+    return nil, raw, given_now, given_micros
+  end
+  if FAST_N >= 256 then FP_TEXT, SLOT_BIT, FAST_N = {}, {}, 0 end
+  local fp_text = FP_TEXT[stored_fp]
+  if not fp_text then
+    fp_text, FAST_N = int(stored_fp), FAST_N + 1
+    FP_TEXT[stored_fp] = fp_text
+  end
+  if fp_text ~= args[2] then return nil, raw, given_now, given_micros end
+  local t_now, us = given_now, given_micros
+  if not t_now then t_now, us = server_time() end
+  if t_now - ttl_refreshed_at >= key_ttl / 2 or ttl_refreshed_at > t_now then
+    return nil, raw, t_now, us
+  end
+  local m = min(ms, MS_MASK)
+  local bit = SLOT_BIT[ring_head]
+  if not bit then
+    bit, FAST_N = int((WIN + COUNT_SLOT * ring_head) * 8), FAST_N + 1
+    SLOT_BIT[ring_head] = bit
+  end
+  local r = pcall_('BITFIELD', k, 'SET', 'u32', bit, int(PRESENT + m))
+  if r.err then return nil, raw, t_now, us end
+  local o, n, f, sl, total = r[1], n_calls + 1, n_failures, n_slow, sum_ms + m
+  if o >= PRESENT then  -- the slot's old outcome leaves the window
+    local old = o - PRESENT
+    n = n - 1
+    if old >= FAILED then f, old = f - 1, old - FAILED end
+    if old >= SLOW then sl, old = sl - 1, old - SLOW end
+    total = total - old
+  end
+  if n >= minimum_calls and n > 0
+      and (f * 1000000 >= failure_threshold * n or sl * 1000000 >= slow_threshold * n) then
+    rcall('BITFIELD', k, 'SET', 'u32', bit, int(o))
+    return nil, raw, t_now, us
+  end
+  -- the totals group (window totals, head, window_sec, seq); the state's own fields stay
+  rcall('SETRANGE', k, TOTALS_AT, packer.pack(TOTALS_FORMAT, n, f, sl, total,
+                                              (ring_head + 1) % window_size, window_sec,
+                                              (write_seq + 1) % 4294967296))
+  return {'CLOSED', t_now, since_ms}
+end
+
+return {record = record, server_time = server_time}
