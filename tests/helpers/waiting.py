@@ -20,8 +20,9 @@ assertion) names `what`, the time waited and the last value `predicate` returned
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -56,14 +57,18 @@ def wait_until(predicate: Callable[[], T], *, timeout: float = DEFAULT_TIMEOUT,
         time.sleep(interval)
 
 
-async def await_until(predicate: Callable[[], T], *, timeout: float = DEFAULT_TIMEOUT,
-                      interval: float = 0.01, what: str | None = None,
+async def await_until(predicate: Callable[[], T | Awaitable[T]], *,
+                      timeout: float = DEFAULT_TIMEOUT, interval: float = 0.01,
+                      what: str | None = None,
                       describe: Callable[[], object] | None = None) -> T:
     """`wait_until` for a coroutine: sleeps with `asyncio.sleep`, so the event loop
-    (and the tasks the condition waits for) keeps running."""
+    (and the tasks the condition waits for) keeps running. `predicate` may also be a
+    coroutine function (`async def`), awaited on every look."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         if time.monotonic() >= deadline:
