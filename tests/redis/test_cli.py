@@ -69,7 +69,7 @@ def test_ls_json_lists_every_breaker_with_state_and_rates(
         "api-forced": "FORCED_OPEN"}
     opened = rows["api-open"]["breaker"]
     assert opened["calls"] == 4 and opened["failures"] == 4 and opened["failure_rate"] == 100.0
-    assert 29 < opened["retry_in_s"] <= 30
+    assert 20 < opened["retry_in_s"] <= 30  # what is left of the 30 s wait (slack: load)
     closed = rows["api-closed"]["breaker"]
     assert closed["calls"] == 2 and closed["failure_rate"] == -1  # below the minimum
     assert rows["api-forced"]["breaker"]["retry_in_s"] is None
@@ -112,10 +112,10 @@ def test_show_json_has_config_window_probes_and_ttls(redis_url: str, name: str) 
     b = doc["breaker"]
     assert b["state"] == "HALF_OPEN"
     assert [p["token"] for p in b["probes"]] == [permit.token]
-    assert 59 < b["probes"][0]["expires_in_s"] <= 60
+    assert 50 < b["probes"][0]["expires_in_s"] <= 60
     assert b["history_length"] == 2
     keys = BreakerKeys.build(name)
-    assert 590 < doc["ttls"][keys.state] <= 600
+    assert 580 < doc["ttls"][keys.state] <= 600
     assert doc["bulkhead"] is None and doc["budget"] is None
 
 
@@ -149,7 +149,7 @@ def test_show_bulkhead_holders_and_budget(redis_url: str, redis_client: redis.Re
         doc = json.loads(run(redis_url, "show", name, "--json").stdout)
         assert doc["breaker"] is None
         assert doc["bulkhead"]["in_use"] == 1 and doc["bulkhead"]["limit"] == 3
-        assert 25 < doc["bulkhead"]["holders"][0]["expires_in_s"] <= 30
+        assert 20 < doc["bulkhead"]["holders"][0]["expires_in_s"] <= 30
         assert doc["budget"]["deposits"] == 5 and doc["budget"]["withdrawals"] == 1
         assert doc["ttls"][BudgetKeys.build(name).slices] > 0
         row = json.loads(run(redis_url, "ls", "--json").stdout)["breakers"][0]
