@@ -221,11 +221,12 @@ def test_waiter_gives_up_after_max_wait(name: str, redis_url: str, redis_client:
 # -- leases -----------------------------------------------------------------------------------
 def test_renewal_keeps_a_long_call_alive_past_the_lease(name: str, redis_url: str,
                                                         flavour: Flavour) -> None:
-    bulkhead = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=0.3)
-    other = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=0.3)
+    # (a 1.2 s lease renewed every 0.4 s: a loaded machine still renews in time)
+    bulkhead = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=1.2)
+    other = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=1.2)
     with bulkhead as permit:
-        for _ in range(4):                     # 1 s, more than three leases
-            flavour.sleep(0.25)
+        for _ in range(4):                     # 4 s, more than three leases
+            flavour.sleep(1.0)
             with pytest.raises(BulkheadFull):
                 other.acquire()
     assert not permit.lost
@@ -238,8 +239,9 @@ def test_a_lost_lease_is_reported(name: str, redis_url: str, redis_client: redis
     bulkhead = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=0.3)
     with caplog.at_level(logging.WARNING, logger="distbreaker"), bulkhead as permit:
         redis_client.delete(bulkhead.keys.leases)
-        flavour.sleep(0.25)                       # past one renewal (every lease / 3)
-        assert permit.lost
+        # until a renewal (every lease / 3) ran: flavour.sleep lets the asyncio one run
+        wait_until(lambda: permit.lost or flavour.sleep(0.05), interval=0,
+                   what="the renewal finds the lease lost")
     assert "was lost" in caplog.text
     metrics = bulkhead.metrics()
     assert metrics.lost == 1 and metrics.lost_here == 1 and metrics.in_use == 0
