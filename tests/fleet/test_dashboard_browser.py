@@ -258,8 +258,9 @@ def test_read_only_by_default_and_redis_outage_is_a_banner(browser: Any) -> None
         assert not browser.execute_script(
             "return document.getElementById('banner').classList.contains('shown')")
         browser.get(process.base + "/breakers/payments")
-        wait_for(lambda: browser.execute_script(  # the page has loaded the breaker
-            "return document.getElementById('config').textContent.includes('COUNT_BASED')"))
+        wait_for(lambda: browser.execute_script(  # the page read its config, then loaded
+            "return document.getElementById('name').textContent === 'payments'"
+            " || document.getElementById('error').textContent !== ''"))
         assert browser.execute_script("return document.getElementById('actions').hidden")
     finally:
         process.stop()
