@@ -274,8 +274,10 @@ def test_shares_state_with_the_sync_breaker_and_operator_actions(
 
 
 def test_one_breaker_serves_several_event_loops(name: str, redis_url: str) -> None:
-    """A breaker made at import time (a decorator) outlives each test's asyncio.run."""
-    breaker = CircuitBreaker(name, redis=redis_url)
+    """A breaker made at import time (a decorator) outlives each test's asyncio.run.
+    (A generous redis_timeout: each new loop connects afresh, and a first connection
+    slower than the default 0.25 s would send the call to the local fallback.)"""
+    breaker = CircuitBreaker(name, redis=redis_url, redis_timeout=5.0)
 
     @breaker
     async def ping() -> str:
