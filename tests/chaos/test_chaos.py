@@ -1,10 +1,10 @@
 """Chaos: faults injected one at a time while a fleet calls through one Policy.
 
 The run itself (8 processes x 8 threads, a private redis-server, the fault
-schedule) is the session fixture `chaos` in conftest.py; each test here checks
-one property for every fault. "Fault window": from the injection until the
-fleet works from Redis again (+ a short grace); "steady": the healthy period
-after it, before the next fault.
+schedule) is the session fixture `chaos` in conftest.py, its harness
+tests/helpers/chaos.py; each test here checks one property for every fault.
+"Fault window": from the injection until the fleet works from Redis again (+ a short
+grace); "steady": the healthy period after it, before the next fault.
 
 Documented exceptions that may escape a protected call: CallNotPermitted,
 BulkheadFull, SchemaError (foreign data in a key) and the dependency's own.
@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from tests.chaos.conftest import PROCESSES, SOAK, ChaosResult, Fault
 from tests.helpers import chaos_worker as cw
+from tests.helpers.chaos import PROCESSES, RECOVERY_TIMEOUT, SOAK, ChaosResult, Fault
 
 pytestmark = pytest.mark.timeout(1200 if SOAK else 240)
 
@@ -44,8 +44,10 @@ SLICES = cw.BUDGET["slices"]
 #: one per process on its local fallback, or one per deletion of the key.
 BUDGETS_DURING = {"redis_paused": 2 * PROCESSES + 1, "redis_killed": 2 * PROCESSES + 1,
                   "keys_deleted": 2 + SLICES // 2, "keys_wrong_type": 2}
-#: The longest Redis backoff (5 s by default) plus time for a loaded machine.
-RECOVERY_BOUND = 5.0 + 5.0
+#: The longest Redis backoff (5 s by default) plus generous time for a loaded 2-core
+#: machine running 72 worker threads: that the fleet recovers is the promise; how fast
+#: is the report's figure (CHAOS.md), not asserted tightly.
+RECOVERY_BOUND = RECOVERY_TIMEOUT
 
 
 def entry(chaos: ChaosResult, name: str) -> dict[str, Any]:

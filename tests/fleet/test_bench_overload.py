@@ -24,6 +24,7 @@ import pytest
 
 import distbreaker
 from distbreaker.demo.capacity import CapacityUpstream, Settings
+from tests.helpers.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 STEADY = ("none", "fixed_2x", "fixed_half", "best_fixed", "adaptive")
@@ -35,7 +36,7 @@ def fetch(url: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, 
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method="GET" if data is None else "POST")
     try:
-        with urllib.request.urlopen(request, timeout=5) as reply:
+        with urllib.request.urlopen(request, timeout=30) as reply:
             return reply.status, json.loads(reply.read()), dict(reply.headers.items())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read()), dict(error.headers.items())
@@ -55,7 +56,8 @@ def test_settings_validate_and_latency_rises_with_concurrency() -> None:
 
 
 def test_upstream_refuses_beyond_capacity_with_retry_after_and_counts() -> None:
-    with CapacityUpstream(Settings(capacity=2, base_latency=0.3, retry_after=2)) as upstream:
+    # (3 s calls: a loaded machine still sends the third while the two are in flight)
+    with CapacityUpstream(Settings(capacity=2, base_latency=1.5, retry_after=2)) as upstream:
         assert fetch(upstream.url + "/restart", {})[0] == 200
         answers: list[tuple[int, dict[str, str]]] = []
 
@@ -66,10 +68,8 @@ def test_upstream_refuses_beyond_capacity_with_retry_after_and_counts() -> None:
         threads = [threading.Thread(target=call) for _ in range(2)]
         for thread in threads:
             thread.start()
-        deadline = time.monotonic() + 5
-        while fetch(upstream.url + "/stats")[1]["in_flight"] < 2:
-            assert time.monotonic() < deadline, "the two admitted calls never ran together"
-            time.sleep(0.01)
+        wait_until(lambda: fetch(upstream.url + "/stats")[1]["in_flight"] >= 2,
+                   what="the two admitted calls run together")
         status, body, headers = fetch(upstream.url + "/call")     # the third: beyond C
         assert status == 429 and body["fate"] == "overload"
         assert headers["Retry-After"] == "2"
@@ -209,13 +209,11 @@ def test_a_scenario_the_library_cannot_build_reports_its_error_and_the_rest_runs
 def test_a_restart_keeps_the_calls_in_progress_in_flight() -> None:
     """Counts restart between scenarios while calls may still run: those stay in flight
     (else they would leave into a negative count and let more than C in)."""
-    with CapacityUpstream(Settings(capacity=1, base_latency=0.4)) as upstream:
+    with CapacityUpstream(Settings(capacity=1, base_latency=1.5)) as upstream:
         first = threading.Thread(target=fetch, args=(upstream.url + "/call",))
         first.start()
-        deadline = time.monotonic() + 5
-        while fetch(upstream.url + "/stats")[1]["in_flight"] < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: fetch(upstream.url + "/stats")[1]["in_flight"] >= 1,
+                   what="the first call is in flight")
         assert fetch(upstream.url + "/restart", {})[0] == 200
         stats = fetch(upstream.url + "/stats")[1]
         assert stats["calls"] == 0 and stats["in_flight"] == 1

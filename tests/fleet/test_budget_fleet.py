@@ -12,7 +12,9 @@ from distbreaker.budget.sync import RetryBudget
 
 
 def _fleet_worker(url: str, name: str, start: float, rounds: int) -> int:
-    budget = RetryBudget(name, redis=url, percent_can_retry=0.2, min_retries_per_sec=1, ttl=10)
+    # (a generous redis_timeout: every call must reach Redis on a loaded machine too)
+    budget = RetryBudget(name, redis=url, percent_can_retry=0.2, min_retries_per_sec=1, ttl=10,
+                         redis_timeout=5.0)
     while time.time() < start:
         time.sleep(0.001)
     taken = 0
@@ -36,7 +38,7 @@ def test_fleet_wide_retries_never_exceed_percent_of_requests_plus_floor(
     assert sum(taken) <= allowance
     assert min(taken) > 0                                  # every worker got some
     budget = RetryBudget(name, redis=redis_url, percent_can_retry=0.2, min_retries_per_sec=1,
-                         ttl=10)
+                         ttl=10, redis_timeout=5.0)
     left = 0
     while budget.try_withdraw():
         left += 1

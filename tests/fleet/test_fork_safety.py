@@ -23,6 +23,7 @@ from distbreaker import Bulkhead, CircuitBreaker, RetryBudget
 from distbreaker._runtime import forking
 from distbreaker.breaker.state import State
 from distbreaker.errors import CallNotPermitted
+from tests.helpers.waiting import wait_until
 
 CFG = {"sliding_window_size": 100, "minimum_number_of_calls": 40, "failure_rate_threshold": 50,
        "wait_duration_in_open_state": 30}
@@ -167,15 +168,17 @@ def _fork_and_run(fn: Callable[[], None], timeout: float = 15.0) -> int:
             traceback.print_exc()
         finally:
             os._exit(code)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def exited() -> tuple[int, int] | None:
         done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.02)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    raise AssertionError("the child deadlocked")
+        return (done, status) if done else None
+
+    try:
+        _, status = wait_until(exited, timeout=timeout, interval=0.02, what="the child exits")
+    except AssertionError:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise AssertionError("the child deadlocked") from None
+    return os.waitstatus_to_exitcode(status)
 
 
 def test_lock_held_by_another_thread_at_fork_does_not_deadlock_the_child(

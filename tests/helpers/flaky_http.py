@@ -22,6 +22,8 @@ from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.helpers.waiting import wait_until
+
 
 @dataclasses.dataclass(frozen=True)
 class Behaviour:
@@ -154,12 +156,11 @@ class FlakyServer:
                 return sum(len(times) for times in self.hits.values())
             return len(self.hits.get(path, ()))
 
-    def wait_for(self, hits: int, timeout: float = 2.0) -> int:
-        """The total hit count once it reaches `hits` (or `timeout` passed): a request a
-        client gave up on may be handled a moment later."""
-        deadline = time.monotonic() + timeout
-        while self.count() < hits and time.monotonic() < deadline:
-            time.sleep(0.01)
+    def wait_for(self, hits: int, timeout: float = 20.0) -> int:
+        """The total hit count once it reaches `hits` (WaitTimeout after `timeout`): a
+        request a client gave up on may be handled a moment later."""
+        wait_until(lambda: self.count() >= hits, timeout=timeout,
+                   what=f"{hits} requests reach the server", describe=self.count)
         return self.count()
 
     def _done(self, path: str) -> None:

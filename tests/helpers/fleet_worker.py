@@ -20,33 +20,40 @@ from distbreaker import CircuitBreaker
 from distbreaker.breaker.events import Transition
 from distbreaker.breaker.state import State
 from distbreaker.errors import CallNotPermitted
+from tests.helpers.waiting import wait_until
 
 
 def counter_key(name: str, what: str) -> str:
     return f"test:{name}:{what}"
 
 
-def wait_for_count(client: redis.Redis, key: str, target: int, timeout: float = 20.0) -> int:
-    """Poll a Redis counter until it reaches `target` (or the timeout passes)."""
-    deadline = time.monotonic() + timeout
-    while True:
+def wait_for_count(client: redis.Redis, key: str, target: int, timeout: float = 60.0) -> int:
+    """Poll a Redis counter until it reaches `target`; its value then (WaitTimeout after
+    `timeout`: spawned workers on a loaded machine can take many seconds to start)."""
+    def reached() -> int:
         value = int(client.get(key) or 0)
-        if value >= target or time.monotonic() > deadline:
-            return value
-        time.sleep(0.005)
+        return value if value >= target else 0
+
+    return wait_until(reached, timeout=timeout, interval=0.005,
+                      what=f"{key} reaches {target}",
+                      describe=lambda: f"{key} = {int(client.get(key) or 0)}")
 
 
 def wait_until_all_tried(client: redis.Redis, name: str, total: int,
-                         timeout: float = 20.0) -> tuple[int, int]:
-    """Wait until `total` calls were counted as reached or rejected (or the timeout);
-    return (reached, rejected) as last read."""
-    deadline = time.monotonic() + timeout
-    while True:
-        reached = int(client.get(counter_key(name, "reached")) or 0)
-        rejected = int(client.get(counter_key(name, "rejected")) or 0)
-        if reached + rejected >= total or time.monotonic() >= deadline:
-            return reached, rejected
-        time.sleep(0.005)
+                         timeout: float = 60.0) -> tuple[int, int]:
+    """Wait until `total` calls were counted as reached or rejected; return (reached,
+    rejected) as then read."""
+    def counts() -> tuple[int, int]:
+        return (int(client.get(counter_key(name, "reached")) or 0),
+                int(client.get(counter_key(name, "rejected")) or 0))
+
+    def all_tried() -> tuple[int, int] | None:
+        reached, rejected = counts()
+        return (reached, rejected) if reached + rejected >= total else None
+
+    return wait_until(all_tried, timeout=timeout, interval=0.005,
+                      what=f"{total} calls of {name} reached or rejected",
+                      describe=lambda: f"(reached, rejected) = {counts()}")
 
 
 def see_open_then_call(url: str, name: str, cfg: dict[str, Any], index: int, tripped: Event,

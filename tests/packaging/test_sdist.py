@@ -115,6 +115,7 @@ def test_sdist_metadata_has_spdx_licence_and_urls(sdist: Path) -> None:
     assert {"Documentation", "Issues", "Changelog"} <= set(urls)
 
 
+@pytest.mark.timeout(1200)  # a sub-suite (compose, Laravel, PHP) and a docs build
 def test_the_sdists_own_tests_and_docs_build_run_from_it(sdist: Path, tmp_path: Path) -> None:
     """Unpacked on its own, the sdist runs the tests that need its non-Python files
     (the PHP package and its Lua, the Laravel app, docker-compose) and builds its docs."""
@@ -130,7 +131,7 @@ def test_the_sdists_own_tests_and_docs_build_run_from_it(sdist: Path, tmp_path: 
              "tests/fleet/test_compose.py",
              "tests/interop/test_php.py::test_php_computes_the_same_config_wire_string_as_python"]
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
-                         cwd=tree, env=env, capture_output=True, text=True, timeout=600)
+                         cwd=tree, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert " passed" in run.stdout and "failed" not in run.stdout
 

@@ -231,10 +231,10 @@ def test_many_concurrent_calls_are_not_mistaken_for_a_redis_outage(
         name: str, redis_url: str) -> None:
     """More calls in flight than redis.asyncio's default 100 connections queue for one;
     they must not be taken for Redis being unreachable (rejected under fail_closed).
-    (redis_timeout is relaxed so a CPU-starved test machine is not what is measured.)"""
+    (redis_timeout is generous so a CPU-starved test machine is not what is measured.)"""
     async def scenario() -> None:
         breaker = CircuitBreaker(name, redis=redis_url, on_redis_error="fail_closed",
-                                 redis_timeout=1.0, sliding_window_size=1000,
+                                 redis_timeout=10.0, sliding_window_size=1000,
                                  minimum_number_of_calls=1000)
         dep = failing_dependency(delay=0.01)
         dep.healthy = True
@@ -274,8 +274,10 @@ def test_shares_state_with_the_sync_breaker_and_operator_actions(
 
 
 def test_one_breaker_serves_several_event_loops(name: str, redis_url: str) -> None:
-    """A breaker made at import time (a decorator) outlives each test's asyncio.run."""
-    breaker = CircuitBreaker(name, redis=redis_url)
+    """A breaker made at import time (a decorator) outlives each test's asyncio.run.
+    (A generous redis_timeout: each new loop connects afresh, and a first connection
+    slower than the default 0.25 s would send the call to the local fallback.)"""
+    breaker = CircuitBreaker(name, redis=redis_url, redis_timeout=5.0)
 
     @breaker
     async def ping() -> str:
@@ -329,8 +331,11 @@ def test_a_failing_hand_back_never_replaces_the_cancellation(name: str, redis_ur
             await asyncio.wait_for(breaker.call(failing_dependency()), 0.1)
         slow.delay = 0
         dep = failing_dependency(delay=10)
-        with pytest.raises(asyncio.TimeoutError):  # cancelled mid-probe
-            await asyncio.wait_for(breaker.call(dep), 0.1)
+        probe = asyncio.create_task(breaker.call(dep))
+        await asyncio.wait_for(dep.entered.wait(), 30)
+        probe.cancel()                             # cancelled mid-probe
+        with pytest.raises(asyncio.CancelledError):
+            await probe
         assert dep.calls == 1
         await client.aclose()
 

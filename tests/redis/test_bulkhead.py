@@ -21,6 +21,7 @@ from distbreaker.demo.embedded import RedisServer, free_port
 from distbreaker.errors import BulkheadFull, SchemaError
 from tests.helpers.flavours import Flavour
 from tests.helpers.redis_stats import round_trips, script_commands
+from tests.helpers.waiting import wait_until
 
 FORK = multiprocessing.get_context("fork")
 
@@ -166,31 +167,33 @@ def test_decorator_and_context_manager(name: str, redis_url: str) -> None:
 
 def test_waiters_get_in_as_permits_free_up(name: str, redis_url: str,
                                            redis_client: redis.Redis) -> None:
+    """Two threads wait on a full bulkhead, blocked on BLPOP (not polling); each release
+    wakes one: both get in, long before their 30 s patience would have ended."""
     holders = Bulkhead(name, redis=redis_url, max_concurrent_calls=2)
-    waiters = Bulkhead(name, redis=redis_url, max_concurrent_calls=2, max_wait_duration=2.0)
+    waiters = Bulkhead(name, redis=redis_url, max_concurrent_calls=2, max_wait_duration=30.0)
     held = [holders.acquire(), holders.acquire()]
-    waited: list[float] = []
+    events: list[str] = []
 
     def wait_for_permit() -> None:
-        started = time.monotonic()
         permit = waiters.acquire()
-        waited.append(time.monotonic() - started)
+        events.append("got in")
         waiters.release(permit)
 
     threads = [threading.Thread(target=wait_for_permit) for _ in range(2)]
     for thread in threads:
         thread.start()
-    time.sleep(0.2)
-    assert holders.metrics().waiting == 2
+    wait_until(lambda: holders.metrics().waiting == 2, what="both threads wait")
     before = round_trips(redis_client)
     time.sleep(0.2)
     assert round_trips(redis_client) - before <= 1   # blocked on BLPOP, not polling
+    assert events == []
+    events.append("released")
     for permit in held:
         holders.release(permit)
     for thread in threads:
-        thread.join(5)
-    # woken by the releases at ~0.4 s (not by their 2 s patience; slack for a loaded machine)
-    assert len(waited) == 2 and all(0.35 <= w < 1.0 for w in waited)
+        thread.join(20)
+    assert not any(thread.is_alive() for thread in threads)
+    assert events == ["released", "got in", "got in"]
     metrics = holders.metrics()
     assert (metrics.in_use, metrics.waiting, metrics.rejected, metrics.acquired) == (0, 0, 0, 4)
 
@@ -206,9 +209,9 @@ def test_waiter_gives_up_after_max_wait(name: str, redis_url: str, redis_client:
     with pytest.raises(BulkheadFull) as caught:
         waiter.acquire()
     elapsed = time.monotonic() - started
-    # Redis checks blocking timeouts on its timer (1/hz = 100 ms by default).
-    assert 0.4 <= elapsed < 0.4 + 0.15
-    assert caught.value.waited == pytest.approx(elapsed, abs=0.01)
+    # It waited its whole patience, then gave up (when exactly is up to Redis's timer,
+    # 1/hz, and the machine's load: only a generous upper bound).
+    assert caught.value.waited >= 0.4 and 0.4 <= elapsed < 0.4 + 10
     assert round_trips(redis_client) - before <= 3   # register, (wake), final try
     metrics = holder.metrics()
     assert (metrics.in_use, metrics.waiting, metrics.rejected) == (1, 0, 1)
@@ -218,11 +221,12 @@ def test_waiter_gives_up_after_max_wait(name: str, redis_url: str, redis_client:
 # -- leases -----------------------------------------------------------------------------------
 def test_renewal_keeps_a_long_call_alive_past_the_lease(name: str, redis_url: str,
                                                         flavour: Flavour) -> None:
-    bulkhead = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=0.3)
-    other = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=0.3)
+    # (a 1.2 s lease renewed every 0.4 s: a loaded machine still renews in time)
+    bulkhead = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=1.2)
+    other = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=1.2)
     with bulkhead as permit:
-        for _ in range(4):                     # 1 s, more than three leases
-            flavour.sleep(0.25)
+        for _ in range(4):                     # 4 s, more than three leases
+            flavour.sleep(1.0)
             with pytest.raises(BulkheadFull):
                 other.acquire()
     assert not permit.lost
@@ -235,8 +239,9 @@ def test_a_lost_lease_is_reported(name: str, redis_url: str, redis_client: redis
     bulkhead = flavour.bulkhead(name, redis=redis_url, max_concurrent_calls=1, lease=0.3)
     with caplog.at_level(logging.WARNING, logger="distbreaker"), bulkhead as permit:
         redis_client.delete(bulkhead.keys.leases)
-        flavour.sleep(0.25)                       # past one renewal (every lease / 3)
-        assert permit.lost
+        # until a renewal (every lease / 3) ran: flavour.sleep lets the asyncio one run
+        wait_until(lambda: permit.lost or flavour.sleep(0.05), interval=0,
+                   what="the renewal finds the lease lost")
     assert "was lost" in caplog.text
     metrics = bulkhead.metrics()
     assert metrics.lost == 1 and metrics.lost_here == 1 and metrics.in_use == 0

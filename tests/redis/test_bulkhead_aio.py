@@ -5,7 +5,6 @@ run with each flavour."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -13,6 +12,7 @@ import pytest
 
 from distbreaker.bulkhead.aio import Bulkhead
 from distbreaker.errors import BulkheadFull
+from tests.helpers.waiting import await_until
 
 
 async def at_once(count: int, fn: Callable[[], Awaitable[Any]]) -> list[Any]:
@@ -42,31 +42,46 @@ def test_decorator_and_async_with(name: str, redis_url: str) -> None:
 
 def test_waiters_get_in_as_permits_free_up_and_give_up_after_max_wait(
         name: str, redis_url: str) -> None:
+    """Two tasks wait on a full bulkhead; one permit frees up: one waiter gets in (after
+    the release, not before), the other keeps waiting and gives up once its
+    max_wait_duration has passed (not sooner), counted as rejected."""
+    patience = 2.0
+
     async def main() -> None:
         holder = Bulkhead(name, redis=redis_url, max_concurrent_calls=2)
-        waiter = Bulkhead(name, redis=redis_url, max_concurrent_calls=2, max_wait_duration=0.6)
+        waiter = Bulkhead(name, redis=redis_url, max_concurrent_calls=2,
+                          max_wait_duration=patience)
         held = [await holder.acquire(), await holder.acquire()]
+        order: list[str] = []
+        gave_up = asyncio.Event()
 
-        async def timed() -> float:
-            started = time.monotonic()
-            permit = await waiter.acquire()
-            await asyncio.sleep(1.0)            # hold it well past the other waiter's patience
+        async def wait_for_a_permit() -> str:
+            try:
+                permit = await waiter.acquire()
+            except BulkheadFull:
+                order.append("gave up")
+                gave_up.set()
+                raise
+            order.append("got in")
+            await gave_up.wait()                # hold it past the other waiter's patience
             await waiter.release(permit)
-            return time.monotonic() - started - 1.0
+            return "got in"
 
-        async def release_one_later() -> None:
-            await asyncio.sleep(0.3)
+        async def both_wait() -> bool:
+            return (await holder.metrics()).waiting == 2
+
+        async def release_one_when_both_wait() -> None:
+            await await_until(both_wait, what="both tasks wait")
+            order.append("released")
             await holder.release(held[0])
 
-        started = time.monotonic()
-        results = await asyncio.gather(timed(), timed(), release_one_later(),
-                                       return_exceptions=True)
-        # One waiter got in when the permit freed up (~0.3 s); the other gave up at 0.6 s.
-        got_in = [r for r in results[:2] if isinstance(r, float)]
-        gave_up = [r for r in results[:2] if isinstance(r, BulkheadFull)]
-        assert len(got_in) == 1 and 0.25 <= got_in[0] < 0.45
-        assert len(gave_up) == 1 and 0.6 <= gave_up[0].waited < 0.6 + 0.15
-        assert time.monotonic() - started < 1.6
+        results = await asyncio.gather(wait_for_a_permit(), wait_for_a_permit(),
+                                       release_one_when_both_wait(), return_exceptions=True)
+        refused = [r for r in results[:2] if isinstance(r, BulkheadFull)]
+        assert "got in" in results[:2] and len(refused) == 1 and results[2] is None
+        assert order == ["released", "got in", "gave up"]
+        # it waited its whole patience (generous upper bound: a loaded machine is slow)
+        assert patience <= refused[0].waited < patience + 10
         metrics = await holder.metrics()
         assert (metrics.in_use, metrics.waiting, metrics.rejected) == (1, 0, 1)
         await holder.release(held[1])

@@ -34,9 +34,27 @@ EPOCH_MS = re.compile(r"\b1[7-9]\d{11}\b")  # a raw epoch in ms (2023..2033)
 
 
 
-def cli_process(url: str, *args: str, tz: str = "UTC") -> subprocess.CompletedProcess[str]:
+#: `python -c` body: the CLI with Redis's clock (TIME, the only clock distbreaker's state
+#: is read with) stopped at argv[1] ms, so time-dependent output is exact however long
+#: the process took to start.
+STOPPED_CLOCK_CLI = """
+import sys
+import redis
+from distbreaker.cli import cli
+
+now_ms = int(sys.argv.pop(1))
+redis.Redis.time = lambda self: (now_ms // 1000, now_ms % 1000 * 1000)
+cli(prog_name="distbreaker")
+"""
+
+
+def cli_process(url: str, *args: str, tz: str = "UTC",
+                server_now_ms: int | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI in its own process (a real TZ); `server_now_ms` stops Redis's clock there."""
     env = {**os.environ, "TZ": tz}
-    return subprocess.run([sys.executable, "-m", "distbreaker", "--url", url, *args],
+    command = [sys.executable, "-m", "distbreaker"] if server_now_ms is None else \
+        [sys.executable, "-c", STOPPED_CLOCK_CLI, str(server_now_ms)]
+    return subprocess.run([*command, "--url", url, *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -173,7 +191,13 @@ def test_show_and_events_print_local_times_with_the_zone_and_no_raw_epoch(
         redis_url: str, name: str) -> None:
     breaker = make(name, redis_url, max_wait_in_half_open=0)
     fail(breaker, 4)
-    show = cli_process(redis_url, "show", name, tz="Asia/Kolkata")
+    raw = json.loads(run(redis_url, "show", name, "--json").stdout)
+    assert isinstance(raw["breaker"]["since_ms"], int)  # raw ms stay in --json
+    open_until_ms = raw["breaker"]["open_until_ms"]
+    assert open_until_ms - raw["breaker"]["since_ms"] == 30_000  # the 30 s wait
+    # Looked at 0.5 s after the trip (a stopped clock: a slow machine changes nothing)
+    show = cli_process(redis_url, "show", name, tz="Asia/Kolkata",
+                       server_now_ms=open_until_ms - 29_500)
     assert show.returncode == 0, show.stderr
     assert not EPOCH_MS.search(show.stdout), show.stdout
     assert re.search(r"since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d IST, generation 1", show.stdout)
@@ -183,8 +207,6 @@ def test_show_and_events_print_local_times_with_the_zone_and_no_raw_epoch(
     assert "next call: rejected; probes start in 29s" in show.stdout
     events = cli_process(redis_url, "events", name, tz="UTC")
     assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC  ", events.stdout)
-    raw = json.loads(run(redis_url, "show", name, "--json").stdout)
-    assert isinstance(raw["breaker"]["since_ms"], int)  # raw ms stay in --json
 
 
 def test_events_are_aligned_in_columns(redis_url: str) -> None:

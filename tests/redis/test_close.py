@@ -4,8 +4,6 @@ waiting client included), sends what it batched first, and leaves a given client
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,6 +13,7 @@ import redis.asyncio
 import distbreaker
 import distbreaker.aio as aio
 from distbreaker.errors import BulkheadFull
+from tests.helpers.waiting import wait_until
 
 COMPONENTS = ["CircuitBreaker", "Bulkhead", "RetryBudget", "GaneshaBreaker"]
 
@@ -22,16 +21,6 @@ COMPONENTS = ["CircuitBreaker", "Bulkhead", "RetryBudget", "GaneshaBreaker"]
 def connections(client: redis.Redis, label: str) -> int:
     """Server-side connections named `label` (the client_name of the URL)."""
     return sum(1 for c in client.client_list() if c.get("name") == label)
-
-
-def settles(check: Callable[[], bool], timeout: float = 5.0) -> bool:
-    """True once `check()` holds (the server drops a closed socket on its next loop)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def build(module: Any, component: str, name: str, redis_arg: Any) -> Any:
@@ -77,7 +66,7 @@ def test_sync_close_closes_the_clients_it_built(component: str, name: str, redis
     use(component, item)
     assert connections(redis_client, label) >= 1
     item.close()
-    assert settles(lambda: connections(redis_client, label) == 0)
+    wait_until(lambda: connections(redis_client, label) == 0, what="connections gone")
 
 
 @pytest.mark.parametrize("component", COMPONENTS)
@@ -90,7 +79,7 @@ def test_aclose_closes_the_clients_it_built(component: str, name: str, redis_url
         await use_async(component, item)
         assert connections(redis_client, label) >= 1
         await item.aclose()
-        assert settles(lambda: connections(redis_client, label) == 0)
+        wait_until(lambda: connections(redis_client, label) == 0, what="connections gone")
 
     asyncio.run(scenario())
 

@@ -5,14 +5,13 @@ closes the client the others still use."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 
 import redis
 
 import distbreaker
 import distbreaker.aio as aio
 from distbreaker._runtime.connection import ASYNC_MAX_CONNECTIONS
+from tests.helpers.waiting import wait_until
 
 MANY = 2000
 #: A handful: the shared pool's connection(s), plus the push-invalidation subscriber.
@@ -22,15 +21,6 @@ HANDFUL = 4
 def connections(client: redis.Redis, label: str) -> int:
     """Server-side connections named `label` (the client_name of the URL)."""
     return sum(1 for c in client.client_list() if c.get("name") == label)
-
-
-def settles(check: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def test_many_sync_breakers_from_one_url_share_a_handful_of_connections(
@@ -43,7 +33,7 @@ def test_many_sync_breakers_from_one_url_share_a_handful_of_connections(
     assert 1 <= connections(redis_client, label) <= HANDFUL
     for breaker in breakers:
         breaker.close()
-    assert settles(lambda: connections(redis_client, label) == 0)
+    wait_until(lambda: connections(redis_client, label) == 0, what="connections gone")
 
 
 def test_breakers_bulkheads_and_budgets_of_one_url_share_one_pool(
@@ -83,7 +73,7 @@ def test_many_asyncio_breakers_from_one_url_share_one_pool_per_loop(
         assert connections(redis_client, label) <= ASYNC_MAX_CONNECTIONS + HANDFUL
         for breaker in breakers:
             await breaker.aclose()
-        assert settles(lambda: connections(redis_client, label) == 0)
+        wait_until(lambda: connections(redis_client, label) == 0, what="connections gone")
 
     asyncio.run(scenario())
     # A second loop gets its own pool (asyncio connections belong to their loop).
@@ -103,7 +93,7 @@ def test_closing_one_of_two_sync_breakers_leaves_the_other_working(
     assert second.metrics().calls == 1
     assert connections(redis_client, label) >= 1
     second.close()
-    assert settles(lambda: connections(redis_client, label) == 0)
+    wait_until(lambda: connections(redis_client, label) == 0, what="connections gone")
 
 
 def test_closing_one_of_two_asyncio_breakers_leaves_the_other_working(
@@ -125,7 +115,7 @@ def test_closing_one_of_two_asyncio_breakers_leaves_the_other_working(
         assert (await second.metrics()).in_use == 0
         assert connections(redis_client, label) >= 1
         await second.aclose()
-        assert settles(lambda: connections(redis_client, label) == 0)
+        wait_until(lambda: connections(redis_client, label) == 0, what="connections gone")
 
     asyncio.run(scenario())
 

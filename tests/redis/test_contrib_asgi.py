@@ -44,7 +44,7 @@ def test_an_open_breaker_is_a_503_with_retry_after(redis_url: str) -> None:
     registry.breaker("payments").trip("gateway down")
     response = client.get("/pay")
     assert response.status_code == 503
-    assert 29 <= int(response.headers["Retry-After"]) <= 30
+    assert 20 <= int(response.headers["Retry-After"]) <= 30  # the rest of the 30 s wait
     assert response.headers["X-Distbreaker-Rejected"] == "circuit-open"
     assert "payments" in response.text
     assert client.get("/boom").status_code == 500   # other errors are not ours to answer

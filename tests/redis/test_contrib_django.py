@@ -61,7 +61,7 @@ def test_rejections_are_503_with_retry_after(registry: Registry) -> None:
     registry.breaker("payments").trip()
     response = client.get("/pay")
     assert response.status_code == 503
-    assert 11 <= int(response["Retry-After"]) <= 12
+    assert 7 <= int(response["Retry-After"]) <= 12  # the rest of the 12 s wait
     assert response["X-Distbreaker-Rejected"] == "circuit-open"
     held = registry.bulkhead("payments").acquire()
     full = client.get("/reserve")

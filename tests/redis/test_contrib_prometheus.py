@@ -88,7 +88,7 @@ def test_fleet_state_rates_and_process_counters(redis_url: str, name: str,
     assert value(samples, "distbreaker_breaker_state", name=name, state="CLOSED") == 0
     assert value(samples, "distbreaker_breaker_failure_rate_percent", name=name) == 75
     assert value(samples, "distbreaker_breaker_window_calls", name=name) == 4
-    assert 29 < value(samples, "distbreaker_breaker_retry_in_seconds", name=name) <= 30
+    assert 20 < value(samples, "distbreaker_breaker_retry_in_seconds", name=name) <= 30
     assert value(samples, "distbreaker_breaker_fleet_rejections_total", name=name) == 1
     # per process: only what this process did
     assert value(samples, "distbreaker_calls_total", name=name, outcome="success") == 1

@@ -6,7 +6,6 @@ has is in test_policy_aio.py."""
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any
 
 import pytest
@@ -68,11 +67,9 @@ def test_default_policy_stops_at_the_breaker_without_retrying(name: str, redis_u
     dep = Dependency(ConnectionError("down"))
     policy = flavour.policy(name, redis=redis_url, breaker=ordering_breaker(name, redis_url),
                             retry={"max_attempts": 3, **NO_SLEEP}, sleep=flavour.no_sleep)
-    started = time.monotonic()
     outcomes = run_requests(lambda: policy.call(dep), 6)
-    assert dep.calls == 6
+    assert dep.calls == 6  # one attempt per request: no retry
     assert outcomes == ["failed", "failed", "rejected", "rejected", "rejected", "rejected"]
-    assert time.monotonic() - started < 2.0
     assert policy.breaker.state is State.OPEN
 
 

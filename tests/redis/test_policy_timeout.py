@@ -22,8 +22,9 @@ def run(coro: Any) -> Any:
 def test_a_late_attempt_is_cancelled_recorded_as_a_failure_and_slow(name: str,
                                                                    redis_url: str) -> None:
     async def scenario() -> None:
-        policy = Policy(name, redis=redis_url, timeout=0.05, bulkhead={"max_concurrent_calls": 1},
-                        breaker={"slow_call_duration": 0.02, "minimum_number_of_calls": 10})
+        # (a 1 s timeout, slow from 0.5 s: the quick call below stays quick when loaded)
+        policy = Policy(name, redis=redis_url, timeout=1.0, bulkhead={"max_concurrent_calls": 1},
+                        breaker={"slow_call_duration": 0.5, "minimum_number_of_calls": 10})
         cancelled = asyncio.Event()
 
         async def hangs() -> None:
@@ -36,7 +37,7 @@ def test_a_late_attempt_is_cancelled_recorded_as_a_failure_and_slow(name: str,
         with pytest.raises(TimeoutError) as raised:
             await policy.call(hangs)
         assert isinstance(raised.value, AttemptTimeout)
-        assert (raised.value.timeout, raised.value.attempt) == (0.05, 1)
+        assert (raised.value.timeout, raised.value.attempt) == (1.0, 1)
         assert cancelled.is_set()
         metrics = await policy.breaker.metrics()
         assert (metrics.calls, metrics.failed, metrics.slow) == (1, 1, 1)
@@ -79,7 +80,7 @@ def test_a_timed_out_attempt_is_retried(name: str, redis_url: str) -> None:
         async def no_sleep(seconds: float) -> None:
             return None
 
-        policy = Policy(name, redis=redis_url, timeout=0.03, retry={"max_attempts": 3},
+        policy = Policy(name, redis=redis_url, timeout=1.0, retry={"max_attempts": 3},
                         sleep=no_sleep, breaker={"minimum_number_of_calls": 10})
         retries: list[Any] = []
         policy.retry.add_listener(retries.append, kinds="retry")

@@ -29,6 +29,7 @@ from distbreaker.errors import CallNotPermitted
 from tests.helpers.dependency import SEED, Dependency, run_requests
 from tests.helpers.dependency import outcome as call_outcome
 from tests.helpers.flavours import Flavour
+from tests.helpers.waiting import wait_until
 
 TIMEOUT = 0.2
 FAST = {"sliding_window_size": 10, "minimum_number_of_calls": 5, "failure_rate_threshold": 50,
@@ -66,14 +67,13 @@ def outcome(breaker: CircuitBreaker, dep: Dependency) -> str:
     return call_outcome(lambda: breaker.call(dep), DependencyDown, with_state=True)
 
 
-def wait_until_redis_used(breaker: CircuitBreaker, client: redis.Redis,
-                          timeout: float = 3.0) -> None:
+def wait_until_redis_used(breaker: CircuitBreaker, client: redis.Redis) -> None:
     """Call until a call is recorded in Redis again (the backoff has ended)."""
-    deadline = time.monotonic() + timeout
-    while not client.exists(breaker.keys.state):
-        assert time.monotonic() < deadline, "the breaker never went back to Redis"
+    def used() -> int:
         breaker.call(lambda: None)
-        time.sleep(0.01)
+        return client.exists(breaker.keys.state)
+
+    wait_until(used, what="the breaker goes back to Redis")
 
 
 def test_fail_open_calls_continue_and_the_local_breaker_still_opens(server: RedisServer,
@@ -132,14 +132,11 @@ def test_a_dead_redis_is_retried_with_backoff_not_on_every_call(
 
     assert done == [per_thread] * threads  # every call ran (on the local breaker)
     # Threads already past the health check when Redis died each find out once (<= 4
-    # attempts in the first moment); after that one trial per backoff period (50 ms,
-    # doubling, jittered), not one or two attempts per call.
-    burst = [t for t in attempts if t - attempts[0] < 0.01]
-    later = attempts[len(burst):]
-    assert 1 <= len(burst) <= threads
-    assert len(later) <= 2 + int(elapsed / 0.025).bit_length(), (attempts, elapsed)
-    gaps = [b - a for a, b in zip(attempts[len(burst) - 1:], later, strict=False)]
-    assert all(gap >= 0.02 for gap in gaps), gaps
+    # attempts, however long a loaded machine takes to run them); after that one trial
+    # per backoff period (50 ms, doubling, jittered): a count that grows with the log of
+    # the time the calls took, not one or two attempts per call.
+    assert 1 <= len(attempts) <= threads + 2 + int(elapsed / 0.025).bit_length(), \
+        (attempts, elapsed)
     assert len(attempts) < threads * per_thread / 20
 
 
@@ -200,28 +197,34 @@ def test_a_hung_redis_costs_about_one_timeout_and_no_error(server: RedisServer,
     dep = dependency()
     assert breaker.call(dep) == "ok"
     pause(server, signal.SIGSTOP)
+    took: list[float] = []
     try:
-        slowest = 0.0
         for _ in range(30):
             started = time.monotonic()
             assert breaker.call(dep) == "ok"
-            slowest = max(slowest, time.monotonic() - started)
+            took.append(time.monotonic() - started)
         fresh = CircuitBreaker(name, redis=server.url, **config)  # must ask Redis first
         started = time.monotonic()
         assert fresh.call(dep) == "ok"
         fresh_took = time.monotonic() - started
     finally:
         pause(server, signal.SIGCONT)
-    assert TIMEOUT * 0.9 <= slowest <= TIMEOUT + 0.2
-    assert fresh_took <= 2 * TIMEOUT + 0.2  # connect handshake + one script, each bounded
+    # The first call waits out the timeout; later ones run on the local breaker while
+    # the backoff lasts (a retrial after it may wait once more): bounded waits, not a
+    # hang and not a timeout per call. (Generous bounds: how long a wait takes on a
+    # loaded machine is not the point.)
+    slow = [t for t in took if t >= TIMEOUT * 0.9]
+    assert took[0] >= TIMEOUT * 0.9 and max(took) < 5.0, took
+    assert len(slow) <= 10, took
+    assert fresh_took < 5.0  # connect handshake + one script, each bounded
 
-    client = redis.Redis.from_url(server.url)
     before = breaker.metrics().calls
-    time.sleep(0.25)  # the backoff (at most 0.2 s) ends
-    for _ in range(5):
+
+    def recorded_again() -> bool:
         assert breaker.call(dep) == "ok"
-    assert breaker.metrics().calls == before + 5  # recorded in Redis again
-    client.close()
+        return breaker.metrics().calls > before
+
+    wait_until(recorded_again, what="calls are recorded in Redis again")
 
 
 @pytest.mark.parametrize("form", ["function", "eval"])
@@ -312,15 +315,26 @@ def test_fallback_runtime_loads_in_the_background_without_blocking_calls() -> No
     from distbreaker.demo.embedded import free_port
 
     code = textwrap.dedent(f"""
-        import sys, time
+        import importlib.abc, sys, threading, time
         from distbreaker import CircuitBreaker, CallNotPermitted
         from distbreaker._runtime.local import LOCAL_RUNTIME
         assert "fakeredis" not in sys.modules
+
+        loading_may_end = threading.Event()
+
+        class HoldFakeredis(importlib.abc.MetaPathFinder):
+            # the fallback runtime's import waits until the first call is done
+            def find_spec(self, name, path, target=None):
+                if name == "fakeredis":
+                    loading_may_end.wait(600)  # (a call waiting for it hangs the test)
+                return None
+
+        sys.meta_path.insert(0, HoldFakeredis())
         breaker = CircuitBreaker("cold", redis="redis://127.0.0.1:{free_port()}/0",
                                  sliding_window_size=4, minimum_number_of_calls=4)
-        started = time.monotonic()
         assert breaker.call(lambda: "ok") == "ok"      # passes while the runtime loads
-        first = time.monotonic() - started
+        assert not LOCAL_RUNTIME.wait(0)
+        loading_may_end.set()
         assert LOCAL_RUNTIME.wait(30)
         outcomes = []
         for _ in range(6):
@@ -331,12 +345,10 @@ def test_fallback_runtime_loads_in_the_background_without_blocking_calls() -> No
                 outcomes.append("failed")
             except CallNotPermitted:
                 outcomes.append("rejected")
-        print(round(first, 3), outcomes)
+        print(outcomes)
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr
-    first, _, outcomes = done.stdout.strip().partition(" ")
-    assert float(first) < 1.0
     # the local breaker protects once loaded: 4 failures open it
-    assert outcomes == str(["failed"] * 4 + ["rejected"] * 2)
+    assert done.stdout.strip() == str(["failed"] * 4 + ["rejected"] * 2)

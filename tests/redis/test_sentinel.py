@@ -25,6 +25,7 @@ from distbreaker._runtime.scripts import library
 from distbreaker.demo.embedded import EmbeddedSentinel
 from distbreaker.policy.sync import Policy
 from tests.helpers.records import read_record
+from tests.helpers.waiting import wait_until
 
 # A window far larger than the calls made, so the stored `calls` only ever grows.
 WINDOW = {"sliding_window_size": 100_000, "minimum_number_of_calls": 100_000,
@@ -79,12 +80,14 @@ def test_clients_from_sentinel_urls_are_lazy_and_typed() -> None:
 
 
 def test_a_breaker_on_an_unreachable_sentinel_fails_open_at_once(name: str) -> None:
-    """No client-side retries: redis-py's default ones took ~4 s per lookup, in the call."""
+    """No client-side retry backoff: redis-py's default retries took ~4 s per lookup, in
+    the call. Refused connections fail in milliseconds, so 3 s is a generous bound that
+    still tells the two apart on a loaded machine."""
     url = "redis+sentinel://127.0.0.1:1,127.0.0.1:2/svc"
     breaker = CircuitBreaker(name, redis=url)
     started = time.monotonic()
     assert breaker.call(lambda: "served") == "served"
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 3.0
     assert breaker._health.down  # MasterNotFoundError is a ConnectionError
 
     async def served() -> str:
@@ -97,7 +100,7 @@ def test_a_breaker_on_an_unreachable_sentinel_fails_open_at_once(name: str) -> N
         assert abreaker._health.down
         return time.monotonic() - started
 
-    assert asyncio.run(scenario()) < 1.0
+    assert asyncio.run(scenario()) < 3.0
 
 
 # -- a real failover ----------------------------------------------------------------------------
@@ -140,14 +143,6 @@ def stored_calls(port: int, name: str) -> int:
         return int(read_record(client, BreakerKeys.build(name)).get("calls", 0))
 
 
-def wait_until(what: str, check: Callable[[], bool], timeout: float) -> float:
-    started = time.monotonic()
-    while not check():
-        assert time.monotonic() - started < timeout, f"{what} within {timeout}s"
-        time.sleep(0.05)
-    return time.monotonic() - started
-
-
 def test_protected_calls_survive_a_failover_and_return_to_redis(
         sentinel_env: EmbeddedSentinel, name: str) -> None:
     env = sentinel_env
@@ -169,18 +164,20 @@ def test_protected_calls_survive_a_failover_and_return_to_redis(
              Loop(lambda: policy.call(lambda: "ok")),
              Loop(lambda: loop.run_until_complete(abreaker.call(aio_ok)))]
     try:
-        wait_until("calls stored on the first primary",
-                   lambda: stored_calls(env.primary.port, name) > 20, 10)
+        wait_until(lambda: stored_calls(env.primary.port, name) > 20,
+                   what="calls stored on the first primary")
         env.primary.kill()  # SIGKILL: whatever was not yet replicated is lost
         killed = time.monotonic()
         env.wait_for_failover(timeout=30)
         promoted = time.monotonic() - killed
         after = {n: stored_calls(env.replica.port, n) for n in names}
-        recovered = wait_until(
-            "every breaker on Redis again, its calls written through the new primary",
-            lambda: (all(not b._health.down for b in breakers)
-                     and all(stored_calls(env.replica.port, n) > after[n] + 10 for n in names)),
-            15)
+        wait_until(lambda: (all(not b._health.down for b in breakers)
+                            and all(stored_calls(env.replica.port, n) > after[n] + 10
+                                    for n in names)),
+                   timeout=60, interval=0.05,
+                   what="every breaker on Redis again, its calls written through the new "
+                        "primary")
+        recovered = time.monotonic() - killed - promoted
     finally:
         for each in loops:
             each.stop()
@@ -189,7 +186,7 @@ def test_protected_calls_survive_a_failover_and_return_to_redis(
           f"{recovered:.1f}s later; worst protected call "
           f"{max(each.worst for each in loops) * 1000:.0f} ms")
     assert [each.escaped for each in loops] == [[], [], []]
-    assert all(each.done > 50 for each in loops)
+    assert all(each.done > 30 for each in loops)  # > 20 before, > 10 after the failover
     # The gap was served by the local fallback (Redis was tried again with backoff).
     assert all(breaker._health.trials > 0 for breaker in breakers)
     # The new primary serves the breakers' FCALLs: the library reached it (replicated,

@@ -20,7 +20,7 @@ $config = $job['config'] ?? [];
 function gate(Redis $redis, array $job): void
 {
     if (isset($job['gate'])) {
-        $redis->blPop([$job['gate']], 10);
+        $redis->blPop([$job['gate']], 50);  // long: a loaded machine starts workers slowly
     }
 }
 
