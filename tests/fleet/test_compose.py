@@ -110,7 +110,7 @@ def wait_for(check: Any, seconds: float, what: str, logs: list[Path]) -> Any:
     return wait_until(check, timeout=seconds, interval=0.1, what=what,
                       ignoring=(OSError, ValueError), describe=lambda: "\n".join(
                           f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
-                          for p in logs))
+                          for p in logs if p.exists()))
 
 
 #: The upstream's healthy phase, from its start (the warm-up below) and again from the
