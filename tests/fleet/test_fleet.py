@@ -110,8 +110,9 @@ def test_sigkilled_probe_holder_blocks_only_until_its_lease_ends(
         name: str, redis_url: str, redis_client: redis.Redis, reap: list[Any]) -> None:
     """The dead holder's probe slot frees up when its lease ends (server time), not
     before and not never. Judged by the server's clock around each attempt, so a slow
-    machine cannot make it pass or fail."""
-    lease = 0.5
+    machine cannot make it pass or fail. The lease is long enough (8 s) to outlast a
+    spawn, a SIGKILL and a join on a loaded machine, so it is still held when checked."""
+    lease = 8.0
     cfg = {"wait_duration_in_open_state": 0.2, "permitted_calls_in_half_open": 1,
            "half_open_lease": lease}
     breaker = CircuitBreaker(name, redis=redis_url, **cfg)

@@ -12,8 +12,10 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from click.testing import CliRunner, Result
 
@@ -21,6 +23,7 @@ from distbreaker import CircuitBreaker
 from distbreaker.cli.app import cli
 from distbreaker.demo.embedded import RedisServer
 from tests.helpers.cli import outcomes
+from tests.helpers.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = {"sliding_window_size": 10, "minimum_number_of_calls": 4,
@@ -130,27 +133,57 @@ def test_watch_in_a_real_terminal_redraws_in_place(redis_url: str) -> None:
 
 
 def test_watch_survives_redis_going_away_and_comes_back(name: str) -> None:
+    """Each step waits for what `watch` printed (a loaded machine may start the CLI
+    slowly): a table with the breaker, then the outage banner, then the new breaker
+    once Redis is back; the run ends after its iterations, exit 0."""
     server = RedisServer().start()
+    frames: list[str] = []
     try:
         outcomes(make(name, server.url), failed=4)
+        iterations = 150
         proc = subprocess.Popen([sys.executable, "-m", "distbreaker", "--url", server.url,
-                                 "watch", "--interval", "0.2", "--iterations", "40"],
-                                cwd=ROOT, env={**os.environ, "COLUMNS": "160"},
+                                 "watch", "--interval", "0.2", "--iterations", str(iterations)],
+                                cwd=ROOT, env={**os.environ, "COLUMNS": "160",
+                                               "PYTHONUNBUFFERED": "1"},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(1.5)
+        reader = threading.Thread(target=read_frames, args=(proc.stdout, frames), daemon=True)
+        reader.start()
+
+        def printed(text: str) -> bool:
+            return any(text in frame for frame in list(frames))
+
+        wait_until(lambda: printed(name), timeout=60, what="watch shows the breaker")
         server.kill()
-        time.sleep(2.0)
+        wait_until(lambda: printed("Redis unreachable since"), timeout=60,
+                   what="watch shows the outage")
         server.start()  # same port, empty: no persistence
         outcomes(make(name + "-after", server.url), failed=4)
-        out, err = proc.communicate(timeout=60)
+        wait_until(lambda: printed(name + "-after"), timeout=60,
+                   what="watch shows the breaker made after the outage")
+        proc.wait(timeout=120)
+        reader.join(10)
+        err = proc.stderr.read() if proc.stderr else ""
     finally:
+        if proc.poll() is None:
+            proc.kill()
         server.stop()
     assert proc.returncode == 0, err
-    frames = out.strip().split("\n\n")
     down = [f for f in frames if "Redis unreachable since" in f]
-    assert down, out
     assert re.search(r"Redis unreachable since \d\d:\d\d:\d\d \w+ \(\d+ attempts?; cannot "
                      r"reach Redis at ", down[-1])
     assert name in down[0]  # the last table read stays on screen
     assert "Redis unreachable" not in frames[-1] and name + "-after" in frames[-1]
-    assert len(frames) == 40
+    assert len(frames) == iterations
+
+
+def read_frames(stream: Any, frames: list[str]) -> None:
+    """Collect `watch`'s frames (separated by a blank line) as they are printed."""
+    lines: list[str] = []
+    for line in stream:
+        if line.strip():
+            lines.append(line.rstrip("\n"))
+        elif lines:
+            frames.append("\n".join(lines))
+            lines = []
+    if lines:
+        frames.append("\n".join(lines))
