@@ -34,7 +34,6 @@ Usage: ``.venv/bin/python scripts/bench.py [--seconds 3] [--calls N] [--rounds 1
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
@@ -42,7 +41,7 @@ import secrets
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -50,7 +49,7 @@ import redis
 import distbreaker
 from distbreaker import CircuitBreaker
 from distbreaker.breaker.state import State
-from distbreaker.demo.embedded import RedisServer
+from distbreaker.demo.embedded import bench_redis
 from distbreaker.errors import CallNotPermitted
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -265,17 +264,6 @@ def pybreaker_scenarios(url: str, tag: str) -> list[Scenario]:
 
 # -- running and reporting ---------------------------------------------------------
 
-@contextlib.contextmanager
-def redis_url(url: str | None) -> Iterator[tuple[str, str]]:
-    """The Redis to measure against, and where it came from."""
-    url = url or os.environ.get("REDIS_URL")
-    if url:
-        yield url, "given"
-        return
-    with RedisServer() as server:
-        yield server.url, "spawned"
-
-
 def run(url: str, seconds: float, calls: int | None, rounds: int) -> list[Scenario]:
     """Interleave the scenarios in `rounds` short slices, so load drift hits all alike."""
     admin = redis.Redis.from_url(url)
@@ -356,10 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     bench_redis_cost.add_arguments(parser)
     options = parser.parse_args(argv)
     if options.fleet:
-        return bench_fleet.main(options, redis_url)
+        return bench_fleet.main(options, bench_redis)
     if options.redis_cost or options.fleet_ceiling:
-        return bench_redis_cost.main(options, redis_url)
-    with redis_url(options.url) as (url, origin):
+        return bench_redis_cost.main(options, bench_redis)
+    with bench_redis(options.url) as (url, origin):
         scenarios = run(url, options.seconds, options.calls, max(1, options.rounds))
         detection = bench_batched.detection(options, url)
         version = redis.Redis.from_url(url).info("server").get("redis_version", "?")

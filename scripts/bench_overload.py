@@ -52,7 +52,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -60,7 +60,7 @@ import redis
 import distbreaker
 from distbreaker import Bulkhead, CircuitBreaker, HttpStatusError, Policy
 from distbreaker.breaker.config import BreakerConfig
-from distbreaker.demo.embedded import RedisServer
+from distbreaker.demo.embedded import bench_redis
 from distbreaker.demo.httpserver import ServerProcess
 from distbreaker.errors import BulkheadFull, CallNotPermitted
 
@@ -753,16 +753,6 @@ def plot(document: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
-@contextlib.contextmanager
-def redis_url(url: str | None) -> Iterator[tuple[str, str]]:
-    url = url or os.environ.get("REDIS_URL")
-    if url:
-        yield url, "given"
-        return
-    with RedisServer() as server:
-        yield server.url, "spawned"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--url", help="Redis URL (default: $REDIS_URL, else spawn redis-server)")
@@ -808,7 +798,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  running {text} ...", file=sys.stderr, flush=True)
 
     started = time.monotonic()
-    with redis_url(args.url) as (url, origin):
+    with bench_redis(args.url) as (url, origin):
         results = run_bench(url, options, only, progress)
     document: dict[str, Any] = {
         "run": {"distbreaker": distbreaker.__version__, "redis": origin,

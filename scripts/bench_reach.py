@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, cast
 
 import redis
@@ -36,7 +36,7 @@ import redis
 import distbreaker
 from distbreaker import CallNotPermitted, CircuitBreaker, State
 from distbreaker import aio as dbaio
-from distbreaker.demo.embedded import RedisServer
+from distbreaker.demo.embedded import bench_redis
 
 FLAVOURS = ("sync", "asyncio")
 #: The workers' breaker: a minute of OPEN and of trusting the local view.
@@ -218,16 +218,6 @@ def run_flavour(url: str, flavour: str, processes: int, threads: int, rounds: in
     return row
 
 
-@contextlib.contextmanager
-def redis_url(url: str | None) -> Iterator[tuple[str, str]]:
-    url = url or os.environ.get("REDIS_URL")
-    if url:
-        yield url, "given"
-        return
-    with RedisServer() as server:
-        yield server.url, "spawned"
-
-
 def print_table(document: dict[str, Any]) -> None:
     run = document["run"]
     print(f"distbreaker {run['distbreaker']}, redis {run['redis_version']} ({run['redis']}), "
@@ -270,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  running {text} ...", file=sys.stderr, flush=True)
 
     started = time.monotonic()
-    with redis_url(args.url) as (url, origin):
+    with bench_redis(args.url) as (url, origin):
         version = redis.Redis.from_url(url).info("server").get("redis_version", "?")
         results = [run_flavour(url, flavour, args.processes, args.threads, args.rounds, progress)
                    for flavour in flavours]

@@ -138,6 +138,19 @@ def embedded_redis(url: str | None = None) -> Iterator[str]:
         server.stop()
 
 
+@contextlib.contextmanager
+def bench_redis(url: str | None = None) -> Iterator[tuple[str, str]]:
+    """The Redis a benchmark measures against and where it came from: `url` or
+    $REDIS_URL ("given"), else a fresh real redis-server ("spawned"; never fakeredis,
+    whose figures would mean nothing)."""
+    url = url or os.environ.get("REDIS_URL")
+    if url:
+        yield url, "given"
+        return
+    with RedisServer() as server:
+        yield server.url, "spawned"
+
+
 # -- Redis Cluster and Sentinel, for tests and demos --------------------------------------
 CLUSTER_SLOTS = 16384
 
