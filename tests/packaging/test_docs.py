@@ -71,3 +71,18 @@ def test_the_site_includes_readme_install_and_changelog() -> None:
     assert "--8<-- [start:install]" in readme and "--8<-- [end:install]" in readme
     assert '--8<-- "README.md:install"' in (DOCS / "install.md").read_text()
     assert '--8<-- "CHANGELOG.md"' in (DOCS / "changelog.md").read_text()
+
+
+def test_the_install_section_names_every_extra() -> None:
+    """Every extra of pyproject.toml is named in README's install section (users
+    learn the extras there; one added without a word is invisible)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    readme = (ROOT / "README.md").read_text()
+    install = readme.split("--8<-- [start:install]")[1].split("--8<-- [end:install]")[0]
+    missing = sorted(name for name in extras if f"`{name}`" not in install)
+    assert not missing, f"README's install section does not name the extras {missing}"
