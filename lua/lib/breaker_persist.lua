@@ -90,7 +90,7 @@ local function write_probes(key, clear, add, rem, now, lease_ms)
 end
 
 -- Every key's TTL: key_ttl, or until key_ttl past a later end (`held`: an override, a
--- long OPEN wait).
+-- long OPEN wait); answers that TTL (the history gets it again after its XADD).
 local function refresh_ttls(state_key, meta_key, probes_key, hist_key, now, ttl_ms, held)
   local keep = ttl_ms
   if held > now then keep = max(ttl_ms, held - now + ttl_ms) end
@@ -98,6 +98,7 @@ local function refresh_ttls(state_key, meta_key, probes_key, hist_key, now, ttl_
   rcall('PEXPIRE', meta_key, keep)
   rcall('PEXPIRE', probes_key, keep)
   rcall('PEXPIRE', hist_key, keep)
+  return keep
 end
 
 return {header_state = header_state, header_counters = header_counters,

@@ -390,6 +390,24 @@ def test_every_key_has_a_ttl_after_a_call(make: Callable[..., CircuitBreaker],
         assert 0 < redis_client.pttl(key) <= 120_000, key
 
 
+def test_the_history_stream_a_first_transition_creates_expires(
+        make: Callable[..., CircuitBreaker], redis_client: redis.Redis) -> None:
+    """A breaker that trips once and goes idle leaves no history stream without a TTL
+    (the stream is created by the transition's XADD, after the other keys' TTLs were
+    set): by an operator's trip, and by a record's trip. An OPEN keeps its keys for
+    key_ttl past its wait (60 s here): up to 180 s."""
+    tripped = make(key_ttl=120, wait_duration_in_open_state=60)
+    tripped.trip()
+    assert 0 < redis_client.pttl(tripped.keys.history) <= 180_000
+    failing = make(name=tripped.name + "-r", key_ttl=120, wait_duration_in_open_state=60,
+                   sliding_window_size=2, minimum_number_of_calls=2)
+    for _ in range(2):
+        with pytest.raises(ZeroDivisionError):
+            failing.call(lambda: 1 / 0)
+    assert failing.get_state() is State.OPEN
+    assert 0 < redis_client.pttl(failing.keys.history) <= 180_000
+
+
 def _corrupt_cases(keys: BreakerKeys) -> list[tuple[str, Callable[[redis.Redis], Any], str]]:
     return [
         ("unknown state code", lambda r: corrupt(r, keys, state=99),

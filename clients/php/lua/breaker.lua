@@ -696,7 +696,7 @@ local function write_probes(key, clear, add, rem, now, lease_ms)
 end
 
 -- Every key's TTL: key_ttl, or until key_ttl past a later end (`held`: an override, a
--- long OPEN wait).
+-- long OPEN wait); answers that TTL (the history gets it again after its XADD).
 local function refresh_ttls(state_key, meta_key, probes_key, hist_key, now, ttl_ms, held)
   local keep = ttl_ms
   if held > now then keep = max(ttl_ms, held - now + ttl_ms) end
@@ -704,6 +704,7 @@ local function refresh_ttls(state_key, meta_key, probes_key, hist_key, now, ttl_
   rcall('PEXPIRE', meta_key, keep)
   rcall('PEXPIRE', probes_key, keep)
   rcall('PEXPIRE', hist_key, keep)
+  return keep
 end
 
 return {header_state = header_state, header_counters = header_counters,
@@ -1427,12 +1428,11 @@ local function write_others(refresh)
     -- an override or a long OPEN wait keeps the keys for key_ttl past its end
     local held, open_until = override_until, cold().open_until
     if s_state == 'OPEN' and open_until > held then held = open_until end
-    breaker_persist.refresh_ttls(K_STATE, K_META, K_PROBES, K_HIST, now, ttl_ms, held)
-  else
-    if probe_add and (live_count or 0) == 0 then rcall('PEXPIRE', K_PROBES, int(ttl_ms)) end
-    if events then rcall('PEXPIRE', K_HIST, ttl_ms) end
-    if meta_reason or meta_drift then rcall('PEXPIRE', K_META, ttl_ms) end
+    return breaker_persist.refresh_ttls(K_STATE, K_META, K_PROBES, K_HIST, now, ttl_ms, held)
   end
+  if probe_add and (live_count or 0) == 0 then rcall('PEXPIRE', K_PROBES, int(ttl_ms)) end
+  if meta_reason or meta_drift then rcall('PEXPIRE', K_META, ttl_ms) end
+  return ttl_ms
 end
 
 local function finish()
@@ -1474,8 +1474,13 @@ local function finish()
       and not quorum_blocked
       and drift == 0 and override_until == 0 and s_state ~= 'OPEN' and s_state ~= 'FORCED_OPEN'
   if not short then wait_ms, in_flight = reply_numbers() end
-  write_others(refresh)
-  local event_errors = events and breaker_events.publish(events, K_HIST, channel, name, now) or ''
+  local keep = write_others(refresh)
+  local event_errors = ''
+  if events then
+    event_errors = breaker_events.publish(events, K_HIST, channel, name, now)
+    -- after the XADD: a first event creates the stream, which a PEXPIRE before it missed
+    pcall_('PEXPIRE', K_HIST, keep)
+  end
   if short and event_errors == '' then return {s_state, now, since} end
   return reply_full(event_errors, wait_ms, in_flight)
 end
