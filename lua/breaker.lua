@@ -606,7 +606,7 @@ local function write_others(refresh)
     -- an override or a long OPEN wait keeps the keys for key_ttl past its end
     local held, open_until = override_until, cold().open_until
     if s_state == 'OPEN' and open_until > held then held = open_until end
-    return breaker_persist.refresh_ttls(K_STATE, K_META, K_PROBES, K_HIST, now, ttl_ms, held)
+    return breaker_persist.refresh_ttls(K_STATE, K_META, K_PROBES, now, ttl_ms, held)
   end
   if probe_add and (live_count or 0) == 0 then rcall('PEXPIRE', K_PROBES, int(ttl_ms)) end
   if meta_reason or meta_drift then rcall('PEXPIRE', K_META, ttl_ms) end
@@ -654,11 +654,9 @@ local function finish()
   if not short then wait_ms, in_flight = reply_numbers() end
   local keep = write_others(refresh)
   local event_errors = ''
-  if events then
-    event_errors = breaker_events.publish(events, K_HIST, channel, name, now)
-    -- after the XADD: a first event creates the stream, which a PEXPIRE before it missed
-    pcall_('PEXPIRE', K_HIST, keep)
-  end
+  if events then event_errors = breaker_events.publish(events, K_HIST, channel, name, now) end
+  -- after the XADD (a first event creates the stream), once per call
+  if events or refresh then pcall_('PEXPIRE', K_HIST, keep) end
   if short and event_errors == '' then return {s_state, now, since} end
   return reply_full(event_errors, wait_ms, in_flight)
 end

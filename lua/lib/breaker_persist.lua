@@ -89,15 +89,15 @@ local function write_probes(key, clear, add, rem, now, lease_ms)
   if add then rcall('ZADD', key, int(now + lease_ms), add) end
 end
 
--- Every key's TTL: key_ttl, or until key_ttl past a later end (`held`: an override, a
--- long OPEN wait); answers that TTL (the history gets it again after its XADD).
-local function refresh_ttls(state_key, meta_key, probes_key, hist_key, now, ttl_ms, held)
+-- The TTL of every key but the history: key_ttl, or until key_ttl past a later end
+-- (`held`: an override, a long OPEN wait); answers that TTL, which the caller gives
+-- the history after its XADD (a first event creates the stream).
+local function refresh_ttls(state_key, meta_key, probes_key, now, ttl_ms, held)
   local keep = ttl_ms
   if held > now then keep = max(ttl_ms, held - now + ttl_ms) end
   rcall('PEXPIRE', state_key, keep)
   rcall('PEXPIRE', meta_key, keep)
   rcall('PEXPIRE', probes_key, keep)
-  rcall('PEXPIRE', hist_key, keep)
   return keep
 end
 

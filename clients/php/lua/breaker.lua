@@ -695,15 +695,15 @@ local function write_probes(key, clear, add, rem, now, lease_ms)
   if add then rcall('ZADD', key, int(now + lease_ms), add) end
 end
 
--- Every key's TTL: key_ttl, or until key_ttl past a later end (`held`: an override, a
--- long OPEN wait); answers that TTL (the history gets it again after its XADD).
-local function refresh_ttls(state_key, meta_key, probes_key, hist_key, now, ttl_ms, held)
+-- The TTL of every key but the history: key_ttl, or until key_ttl past a later end
+-- (`held`: an override, a long OPEN wait); answers that TTL, which the caller gives
+-- the history after its XADD (a first event creates the stream).
+local function refresh_ttls(state_key, meta_key, probes_key, now, ttl_ms, held)
   local keep = ttl_ms
   if held > now then keep = max(ttl_ms, held - now + ttl_ms) end
   rcall('PEXPIRE', state_key, keep)
   rcall('PEXPIRE', meta_key, keep)
   rcall('PEXPIRE', probes_key, keep)
-  rcall('PEXPIRE', hist_key, keep)
   return keep
 end
 
@@ -1428,7 +1428,7 @@ local function write_others(refresh)
     -- an override or a long OPEN wait keeps the keys for key_ttl past its end
     local held, open_until = override_until, cold().open_until
     if s_state == 'OPEN' and open_until > held then held = open_until end
-    return breaker_persist.refresh_ttls(K_STATE, K_META, K_PROBES, K_HIST, now, ttl_ms, held)
+    return breaker_persist.refresh_ttls(K_STATE, K_META, K_PROBES, now, ttl_ms, held)
   end
   if probe_add and (live_count or 0) == 0 then rcall('PEXPIRE', K_PROBES, int(ttl_ms)) end
   if meta_reason or meta_drift then rcall('PEXPIRE', K_META, ttl_ms) end
@@ -1476,11 +1476,9 @@ local function finish()
   if not short then wait_ms, in_flight = reply_numbers() end
   local keep = write_others(refresh)
   local event_errors = ''
-  if events then
-    event_errors = breaker_events.publish(events, K_HIST, channel, name, now)
-    -- after the XADD: a first event creates the stream, which a PEXPIRE before it missed
-    pcall_('PEXPIRE', K_HIST, keep)
-  end
+  if events then event_errors = breaker_events.publish(events, K_HIST, channel, name, now) end
+  -- after the XADD (a first event creates the stream), once per call
+  if events or refresh then pcall_('PEXPIRE', K_HIST, keep) end
   if short and event_errors == '' then return {s_state, now, since} end
   return reply_full(event_errors, wait_ms, in_flight)
 end
