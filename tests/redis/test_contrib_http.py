@@ -138,6 +138,9 @@ def make(request: pytest.FixtureRequest, redis_url: str) -> Iterator[Make]:
     made: list[Driver] = []
 
     def build(**options: Any) -> Driver:
+        # A generous Redis timeout: a connect slower than the 0.25 s default on a busy CI
+        # machine would fail open and leave the breaker's metrics empty (seen once in CI).
+        options.setdefault("redis_timeout", 5.0)
         driver = DRIVERS[request.param](redis=redis_url, **options)
         made.append(driver)
         return driver
