@@ -44,10 +44,10 @@ from redis.exceptions import (
     OutOfMemoryError,
     ResponseError,
 )
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ..errors import SchemaError
 from .health import UNAVAILABLE_ERRORS
+from .outages import DB_RANGE, NOT_SENTINEL, RedisRefused, as_outage, cause_of
 
 logger = logging.getLogger("distbreaker")
 
@@ -265,6 +265,8 @@ def function_error(exc: ResponseError) -> str | None:
     lowered = text.lower()
     if "function not found" in lowered:
         return "missing"
+    if cause_of(exc) in (DB_RANGE, NOT_SENTINEL):  # a wrong URL: no command can run
+        return None
     if isinstance(exc, NoPermissionError) or "unknown command" in lowered \
             or "unknown subcommand" in lowered:
         return "unusable"
@@ -277,14 +279,10 @@ def loaded(exc: ResponseError | None) -> bool:
     return exc is None or "already exists" in str(exc)
 
 
-class RedisBusyError(RedisConnectionError):
-    """Redis answered but cannot serve us now (BUSY script, MISCONF, NOREPLICAS, ...).
-
-    A ConnectionError subclass, so every front end treats it as "Redis unavailable".
-    """
-
-
-_UNAVAILABLE_REPLIES = ("BUSY", "MISCONF", "NOREPLICAS", "LOADING", "MASTERDOWN", "READONLY")
+#: Redis answered but cannot serve us now (BUSY script, MISCONF, NOREPLICAS, a db out of
+#: range, ...): a ConnectionError subclass, so every front end treats it as "Redis
+#: unavailable" (outages.py names each cause and its fix).
+RedisBusyError = RedisRefused
 
 
 #: What redis-py makes of these error codes at the top level of a reply; an error
@@ -302,8 +300,9 @@ def translate_error(exc: ResponseError) -> Exception:
     if isinstance(exc, AskError):  # MOVED/ASK: a plain client talking to a cluster node
         return TypeError(f"Redis answered {type(exc).__name__} ({text}): it is a Redis Cluster "
                          "node; pass a redis.cluster.RedisCluster client as redis=")
-    if text.split(" ", 1)[0] in _UNAVAILABLE_REPLIES:
-        return RedisBusyError(text)
+    outage = as_outage(exc)
+    if outage is not exc:  # a refusal or misdirection (outages.py)
+        return outage
     marker = "DISTBREAKER_SCHEMA "
     if marker in text:
         detail = text.split(marker, 1)[1].split(" script:", 1)[0].strip()
@@ -606,6 +605,8 @@ def run_scripts_each(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
                       if step == "send" else _load_library_sync(client))
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+    except ResponseError as exc:  # the pipeline as a whole: e.g. a db out of range
+        _raise_translated(exc)
 
 
 async def run_scripts_each_async(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
@@ -619,6 +620,8 @@ async def run_scripts_each_async(client: Any, calls: Sequence[ScriptCallSpec]) -
                       if step == "send" else await _load_library_async(client))
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+    except ResponseError as exc:  # the pipeline as a whole: e.g. a db out of range
+        _raise_translated(exc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
