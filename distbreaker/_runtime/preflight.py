@@ -138,32 +138,35 @@ def _without_acl_check(error: ResponseError) -> bool:
 
 
 def preflight(client: Any, component: str, scripts: Sequence[str], key: str,
-          channel: str) -> None:
-    """Raise `CheckFailed` naming the cause and the fix unless Redis serves `component`."""
+              channel: str) -> bool:
+    """Raise `CheckFailed` naming the cause and the fix unless Redis serves `component`;
+    False when only the connection could be checked (Redis < 7)."""
     try:
         client.ping()
         denied = client.eval(CHECK_SOURCE, 1, key, *check_args(scripts, key, channel))
     except ResponseError as error:
         if cause_of(error) is None and _without_acl_check(error):
-            return
+            return False
         raise _failed(component, error) from error
     except Exception as error:
         raise _failed(component, error) from error
     if denied:
         raise _denied(component, denied, key, channel)
+    return True
 
 
 async def preflight_async(client: Any, component: str, scripts: Sequence[str], key: str,
-                      channel: str) -> None:
+                          channel: str) -> bool:
     """The asyncio twin of `preflight`."""
     try:
         await client.ping()
         denied = await client.eval(CHECK_SOURCE, 1, key, *check_args(scripts, key, channel))
     except ResponseError as error:
         if cause_of(error) is None and _without_acl_check(error):
-            return
+            return False
         raise _failed(component, error) from error
     except Exception as error:
         raise _failed(component, error) from error
     if denied:
         raise _denied(component, denied, key, channel)
+    return True

@@ -47,7 +47,7 @@ from redis.exceptions import (
 
 from ..errors import SchemaError
 from .health import UNAVAILABLE_ERRORS
-from .outages import DB_RANGE, NOT_SENTINEL, RedisRefused, as_outage, cause_of
+from .outages import DB_RANGE, NOT_REDIS, NOT_SENTINEL, RedisRefused, as_outage, cause_of
 
 logger = logging.getLogger("distbreaker")
 
@@ -461,6 +461,26 @@ class PendingCall:
     def spec(self) -> ScriptCallSpec:
         return (self.script, self.keys, self.args)
 
+    def reply(self, raw: Any) -> Any:
+        """`on_reply(raw)`; a reply no distbreaker script gives (a server that speaks the
+        Redis protocol but is not Redis: a proxy, a mock, a Sentinel...) takes the outage
+        path instead of escaping as an AttributeError or IndexError."""
+        try:
+            return self.on_reply(raw)
+        except MALFORMED as error:
+            return self.on_unavailable(malformed(raw, error))
+
+
+#: What decoding a reply of the wrong shape raises (foreign *data* raises SchemaError).
+MALFORMED = (AttributeError, IndexError, TypeError, KeyError)
+
+
+def malformed(raw: Any, error: BaseException | None = None) -> RedisRefused:
+    """The outage a reply of the wrong shape means."""
+    made = RedisRefused(f"a reply distbreaker's scripts never give: {raw!r:.120}", NOT_REDIS)
+    made.__cause__ = error
+    return made
+
 
 def send(client: Any, pending: PendingCall) -> Any:
     """Send one pending call on a sync client: the result of its reply handler, or of its
@@ -471,7 +491,7 @@ def send(client: Any, pending: PendingCall) -> Any:
         raw = run_script(client, pending.script, pending.keys, pending.args)
     except UNAVAILABLE_ERRORS as error:
         return pending.on_unavailable(error)
-    return pending.on_reply(raw)
+    return pending.reply(raw)
 
 
 async def send_async(client: Any, pending: PendingCall) -> Any:
@@ -482,7 +502,7 @@ async def send_async(client: Any, pending: PendingCall) -> Any:
         raw = await run_script_async(client, pending.script, pending.keys, pending.args)
     except UNAVAILABLE_ERRORS as error:
         return pending.on_unavailable(error)
-    return pending.on_reply(raw)
+    return pending.reply(raw)
 
 
 def text(value: Any) -> str:

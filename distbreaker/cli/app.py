@@ -27,6 +27,7 @@ from redis.sentinel import MasterNotFoundError
 from .. import __version__
 from .._runtime.connection import DEFAULT_URL, parse_sentinel_url, sync_client
 from .._runtime.keys import DEFAULT_PREFIX, SCHEMA_VERSION, validate_name, validate_prefix
+from .._runtime.outages import ACL, cause_of
 from ..errors import SchemaError
 
 SOCKET_TIMEOUT = 5.0
@@ -130,6 +131,9 @@ def explain(exc: BaseException, url: str) -> str | None:
     """One clear line for an expected failure, None for anything else."""
     where = redact(url)
     msg = str(exc).strip().rstrip(".")
+    cause = cause_of(exc)
+    if cause is not None and cause is not ACL:  # a refusal or misdirection: cause and fix
+        return f"{cause.what} ({where}: {msg}); fix: {cause.fix}"
     if isinstance(exc, redis.AuthenticationError) or re.match(r"(WRONGPASS|NOAUTH)", msg):
         return f"authentication failed at {where}: {msg}"
     if isinstance(exc, MasterNotFoundError):

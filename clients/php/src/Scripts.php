@@ -120,9 +120,41 @@ final class Scripts
         return $reply;
     }
 
+    /**
+     * A reply that is no array is no reply of distbreaker's scripts: what answers is
+     * not Redis (a proxy, a mock, a Sentinel...), an outage like any other
+     * (\RedisException: the caller's Redis-unavailable policy applies), not SchemaError.
+     *
+     * @phpstan-assert array<mixed> $raw
+     */
+    public static function expectArray(mixed $raw): void
+    {
+        if (!is_array($raw)) {
+            throw new \RedisException('not a Redis server running distbreaker\'s scripts: it answered '
+                . substr(var_export($raw, true), 0, 120));
+        }
+    }
+
+    /**
+     * A refusal or misdirection (an ACL refusal, also from inside a script; a full, read-only,
+     * loading, busy or primary-less Redis; a server without scripting): Redis cannot serve
+     * us, so the caller's Redis-unavailable policy applies (docs/OPERATIONS.md).
+     */
+    public static function refused(string $text): bool
+    {
+        $code = explode(' ', $text, 2)[0];
+        $lower = strtolower($text);
+        return in_array($code, ['NOPERM', 'OOM', 'READONLY', 'LOADING', 'MASTERDOWN', 'BUSY', 'MISCONF', 'NOREPLICAS'], true)
+            || str_contains($lower, "can't run this command") || str_contains($lower, 'no permissions to')
+            || str_contains($lower, 'unknown command');
+    }
+
     /** Turn a script's error reply into the client's own exception type. */
     public static function translate(string $text): \Throwable
     {
+        if (self::refused($text)) {
+            return new \RedisException("redis refused distbreaker's script: {$text}");
+        }
         $marker = 'DISTBREAKER_SCHEMA ';
         $at = strpos($text, $marker);
         if ($at !== false) {
