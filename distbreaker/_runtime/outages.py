@@ -60,6 +60,9 @@ NOT_SENTINEL = Cause("not-sentinel", "a redis+sentinel:// URL points at a plain 
                      "Sentinels' addresses (usually port 26379) in the sentinel URL")
 NOT_REDIS = Cause("not-redis", "what answers at the URL does not speak the Redis protocol",
                   "check the host and port of the URL (another service listens there)")
+NO_SCRIPTS = Cause("no-scripts", "the server at the URL does not run Lua scripts (a Sentinel's "
+                  "port? a proxy?)", "point the URL at a Redis server; for Sentinel use a "
+                  "redis+sentinel:// URL naming the service")
 READ_ONLY = Cause("read-only", "the URL points at a read-only replica: every script that "
                   "writes is refused, so the fleet shares nothing",
                   "point the URL at the primary, or use a redis+sentinel:// URL that "
@@ -108,6 +111,8 @@ def cause_of(error: BaseException) -> Cause | None:
         return DB_RANGE
     if "unknown command 'sentinel'" in lowered or "unknown command `sentinel`" in lowered:
         return NOT_SENTINEL
+    if "unknown command" in lowered and any(f"'{c}'" in lowered for c in ("evalsha", "eval")):
+        return NO_SCRIPTS
     if "can't run this command" in lowered or "no permissions to" in lowered:
         return ACL
     return None

@@ -19,8 +19,8 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from ..errors import RedisUnavailable
-from .outages import ACL, Cause, as_outage, cause_of
-from .scripts import lua_dir, sources, text
+from .outages import ACL, NOT_REDIS, Cause, as_outage, cause_of
+from .scripts import MALFORMED, lua_dir, malformed, sources, text
 
 #: Commands a worker sends itself besides the scripts, by script: a breaker's process
 #: listens on the transitions channel, a bulkhead waiter blocks on BLPOP.
@@ -107,7 +107,7 @@ class CheckFailed(RedisUnavailable):
 
 
 def _failed(component: str, error: BaseException) -> CheckFailed:
-    outage = as_outage(error)
+    outage = malformed(None, error) if isinstance(error, MALFORMED) else as_outage(error)
     cause = cause_of(outage)
     if cause is None:
         return CheckFailed(component, f"Redis unreachable ({type(error).__name__}: {error}); "
@@ -130,6 +130,16 @@ def _denied(component: str, denied: Sequence[Any], key: str, channel: str) -> Ch
                        "(docs/OPERATIONS.md, The minimal ACL)", ACL)
 
 
+def _verdict(component: str, pong: Any, denied: Any, key: str, channel: str) -> bool:
+    """True when PONG and the check script's list of refused commands say all is well."""
+    if pong is not True or not isinstance(denied, list):  # speaks RESP, is not Redis
+        raise CheckFailed(component, f"{NOT_REDIS.what} (PING answered {pong!r:.60}, a "
+                          f"script {denied!r:.60}); fix: {NOT_REDIS.fix}", NOT_REDIS)
+    if denied:
+        raise _denied(component, denied, key, channel)
+    return True
+
+
 def _without_acl_check(error: ResponseError) -> bool:
     """Redis < 7 (no `#!lua` scripts, no acl_check_cmd): the permissions go unchecked."""
     lowered = str(error).lower()
@@ -142,7 +152,7 @@ def preflight(client: Any, component: str, scripts: Sequence[str], key: str,
     """Raise `CheckFailed` naming the cause and the fix unless Redis serves `component`;
     False when only the connection could be checked (Redis < 7)."""
     try:
-        client.ping()
+        pong = client.ping()
         denied = client.eval(CHECK_SOURCE, 1, key, *check_args(scripts, key, channel))
     except ResponseError as error:
         if cause_of(error) is None and _without_acl_check(error):
@@ -150,16 +160,14 @@ def preflight(client: Any, component: str, scripts: Sequence[str], key: str,
         raise _failed(component, error) from error
     except Exception as error:
         raise _failed(component, error) from error
-    if denied:
-        raise _denied(component, denied, key, channel)
-    return True
+    return _verdict(component, pong, denied, key, channel)
 
 
 async def preflight_async(client: Any, component: str, scripts: Sequence[str], key: str,
                           channel: str) -> bool:
     """The asyncio twin of `preflight`."""
     try:
-        await client.ping()
+        pong = await client.ping()
         denied = await client.eval(CHECK_SOURCE, 1, key, *check_args(scripts, key, channel))
     except ResponseError as error:
         if cause_of(error) is None and _without_acl_check(error):
@@ -167,6 +175,4 @@ async def preflight_async(client: Any, component: str, scripts: Sequence[str], k
         raise _failed(component, error) from error
     except Exception as error:
         raise _failed(component, error) from error
-    if denied:
-        raise _denied(component, denied, key, channel)
-    return True
+    return _verdict(component, pong, denied, key, channel)

@@ -406,6 +406,8 @@ def run_script(client: Any, script: LuaScript, keys: Sequence[str],
         return done.value
     except ResponseError as exc:
         _raise_translated(exc)
+    except MALFORMED as exc:  # redis-py choking on a handshake reply: not a Redis server
+        raise malformed("(a reply to the connection's handshake)", exc) from exc
 
 
 async def run_script_async(client: Any, script: LuaScript, keys: Sequence[str],
@@ -428,6 +430,8 @@ async def run_script_async(client: Any, script: LuaScript, keys: Sequence[str],
         return done.value
     except ResponseError as exc:
         _raise_translated(exc)
+    except MALFORMED as exc:  # redis-py choking on a handshake reply: not a Redis server
+        raise malformed("(a reply to the connection's handshake)", exc) from exc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -627,6 +631,8 @@ def run_scripts_each(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
         return done.value  # type: ignore[no-any-return]
     except ResponseError as exc:  # the pipeline as a whole: e.g. a db out of range
         _raise_translated(exc)
+    except MALFORMED as exc:
+        raise malformed("(a reply to the connection's handshake)", exc) from exc
 
 
 async def run_scripts_each_async(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
@@ -642,6 +648,8 @@ async def run_scripts_each_async(client: Any, calls: Sequence[ScriptCallSpec]) -
         return done.value  # type: ignore[no-any-return]
     except ResponseError as exc:  # the pipeline as a whole: e.g. a db out of range
         _raise_translated(exc)
+    except MALFORMED as exc:
+        raise malformed("(a reply to the connection's handshake)", exc) from exc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
