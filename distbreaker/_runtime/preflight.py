@@ -18,8 +18,8 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from ..errors import RedisUnavailable
-from .outages import ACL, NOT_REDIS, Cause, as_outage, cause_of
+from ..errors import CheckFailed
+from .outages import ACL, NOT_REDIS, as_outage, cause_of
 from .scripts import MALFORMED, lua_dir, malformed, sources, text
 
 #: Commands a worker sends itself besides the scripts, by script: a breaker's process
@@ -94,16 +94,6 @@ def check_args(scripts: Sequence[str], key: str, channel: str) -> list[str]:
             line = [command, *[target] * _REPEAT]
         args += [str(len(line)), *line]
     return args
-
-
-class CheckFailed(RedisUnavailable):
-    """`check()`: Redis cannot serve this component; `cause` says why and how to fix it."""
-
-    _fields = ("component", "detail")
-
-    def __init__(self, component: str, detail: str = "", cause: Cause | None = None) -> None:
-        super().__init__(component, detail)
-        self.cause = cause
 
 
 def _failed(component: str, error: BaseException) -> CheckFailed:

@@ -28,9 +28,9 @@ import distbreaker
 import distbreaker.aio
 from distbreaker._runtime import outages
 from distbreaker._runtime.outages import Cause
-from distbreaker._runtime.preflight import CheckFailed
 from distbreaker.cli import cli
 from distbreaker.demo.embedded import RedisServer, free_port
+from distbreaker.errors import CheckFailed
 from tests.helpers.fake_servers import HTTP_REPLY, CannedServer
 from tests.helpers.flavours import Flavour
 from tests.helpers.waiting import wait_until

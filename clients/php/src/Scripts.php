@@ -130,9 +130,24 @@ final class Scripts
     public static function expectArray(mixed $raw): void
     {
         if (!is_array($raw)) {
-            throw new \RedisException('not a Redis server running distbreaker\'s scripts: it answered '
-                . substr(var_export($raw, true), 0, 120));
+            $text = 'not a Redis server running distbreaker\'s scripts: it answered ' . substr(var_export($raw, true), 0, 120);
+            self::logRefusal('not-redis', $text, 'check the host and port of the URL');
+            throw new \RedisException($text);
         }
+    }
+
+    /** @var array<string, true> causes logged by this process */
+    private static array $logged = [];
+
+    /** Log a refusal's cause once per process (it does not fix itself), with its fix. */
+    private static function logRefusal(string $cause, string $text, string $fix): void
+    {
+        if (isset(self::$logged[$cause])) {
+            return;
+        }
+        self::$logged[$cause] = true;
+        error_log("distbreaker: Redis refuses to serve distbreaker ({$text}); the Redis-unavailable "
+            . "policy applies until it is fixed. Fix: {$fix} (docs/OPERATIONS.md, A wrong target or a refusing Redis)");
     }
 
     /**
@@ -153,6 +168,10 @@ final class Scripts
     public static function translate(string $text): \Throwable
     {
         if (self::refused($text)) {
+            $code = explode(' ', $text, 2)[0];
+            $acl = str_contains(strtolower($text), 'permission') || str_contains($text, "can't run this command") || $code === 'NOPERM';
+            self::logRefusal($acl ? 'acl:' . explode(' script:', $text, 2)[0] : $code, explode(' script:', $text, 2)[0],
+                $acl ? 'grant what is missing: `distbreaker doctor --user NAME` prints the ACL SETUSER line' : 'see the table of causes');
             return new \RedisException("redis refused distbreaker's script: {$text}");
         }
         $marker = 'DISTBREAKER_SCHEMA ';
