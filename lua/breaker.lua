@@ -611,7 +611,8 @@ local function write_others(refresh)
     return breaker_persist.refresh_ttls(K_STATE, K_META, K_PROBES, now, ttl_ms, held)
   end
   if probe_add and (live_count or 0) == 0 then rcall('PEXPIRE', K_PROBES, int(ttl_ms)) end
-  if meta_reason or meta_drift then rcall('PEXPIRE', K_META, ttl_ms) end
+  -- (a stored config too: the first worker after an operator made the record creates meta)
+  if meta_reason or meta_drift or meta_cfg then rcall('PEXPIRE', K_META, ttl_ms) end
   return ttl_ms
 end
 
@@ -628,10 +629,10 @@ local function finish()
   -- Before the first write (no partial writes): the types of the keys this call
   -- writes beyond the record. The probes zset is checked by its reads instead; the
   -- quorum marks hash only when a mark is written (a quorum is configured).
-  local cold = meta_reason or meta_cfg or meta_drift or clear_drift or events or op == 'set'
+  local typed = meta_reason or meta_cfg or meta_drift or clear_drift or events or op == 'set'
   local marks = quorum_mark and not clear_quorum_marks
-  if cold or marks then
-    local err = (cold and foreign_keys()) or (marks and foreign_type(K_STATE .. ':fw', 'hash'))
+  if typed or marks then
+    local err = (typed and foreign_keys()) or (marks and foreign_type(K_STATE .. ':fw', 'hash'))
     if err then
       if undo_bit then rcall('BITFIELD', K_STATE, 'SET', 'u32', undo_bit, int(undo_value)) end
       return err
