@@ -28,6 +28,7 @@ from .bulkhead.core import BulkheadMetrics, BulkheadPermit
 from .errors import (
     BulkheadFull,
     CallNotPermitted,
+    CheckFailed,
     ConfigDriftWarning,
     DistbreakerError,
     Overloaded,
@@ -51,6 +52,7 @@ __all__ = [
     "BulkheadMetrics",
     "BulkheadPermit",
     "CallNotPermitted",
+    "CheckFailed",
     "ConfigDriftWarning",
     "DistbreakerError",
     "Event",

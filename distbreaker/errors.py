@@ -124,6 +124,18 @@ class RedisUnavailable(DistbreakerError, RedisConnectionError):
         super().__init__(f"Redis is unavailable to {component}" + (f": {detail}" if detail else ""))
 
 
+class CheckFailed(RedisUnavailable):
+    """`check()` (and ``Registry(strict=True)``): Redis cannot serve `component`. The
+    message names the cause and its fix; `cause` is the cause's description (kind, what,
+    fix), None for a Redis that is just unreachable."""
+
+    _fields = ("component", "detail")
+
+    def __init__(self, component: str, detail: str = "", cause: Any = None) -> None:
+        super().__init__(component, detail)
+        self.cause = cause
+
+
 class RetryBudgetExhausted(DistbreakerError):
     """The fleet-wide retry budget had no retry left for `name`.
 

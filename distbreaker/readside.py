@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -39,7 +40,8 @@ SCHEMAS = (V2, V1)
 _COMMON = {":cb": "breaker", ":cb:probes": "breaker", ":cb:events": "breaker",
            ":bh": "bulkhead", ":bh:meta": "bulkhead", ":bh:notify": "bulkhead",
            ":rb": "budget"}
-_SUFFIXES = {V2: {**_COMMON, ":cb:meta": "breaker"}, V1: {**_COMMON, ":cb:win": "breaker"}}
+_SUFFIXES = {V2: {**_COMMON, ":cb:meta": "breaker", ":cb:fw": "breaker"},
+             V1: {**_COMMON, ":cb:win": "breaker"}}
 _STATE_INTS = ("since", "open_until", "calls", "failures", "slow", "total_ms", "head",
                "wsec", "hp_issued", "hp_done", "hp_fail", "hp_slow", "rejected", "gen",
                "ov_until")
@@ -76,6 +78,7 @@ class NameKeys:
     bh_meta: str
     bh_notify: str
     rb: str
+    fw: str
 
     @classmethod
     def build(cls, name: str, prefix: str, schema: str = V2) -> NameKeys:
@@ -83,7 +86,7 @@ class NameKeys:
                       BudgetKeys.build(name, prefix))
         v2 = {"state": bk.state, "meta": bk.meta, "probes": bk.probes,
               "history": bk.history, "bh_leases": hk.leases, "bh_meta": hk.meta,
-              "bh_notify": hk.notify, "rb": rk.slices}
+              "bh_notify": hk.notify, "rb": rk.slices, "fw": f"{bk.state}:fw"}
         keys = {role: _in_schema(key, prefix, schema) for role, key in v2.items()}
         if schema == V1:
             keys["meta"] = keys["state"] + ":win"
@@ -94,7 +97,15 @@ class NameKeys:
         state, meta = ("string", "hash") if self.schema == V2 else ("hash", "hash")
         return {self.state: state, self.meta: meta, self.probes: "zset",
                 self.history: "stream", self.bh_leases: "zset", self.bh_meta: "hash",
-                self.bh_notify: "list", self.rb: "hash"}
+                self.bh_notify: "list", self.rb: "hash", self.fw: "hash"}
+
+    def unread(self, parts: Iterable[str]) -> dict[str, str]:
+        """The keys of `parts` a summary does not read (the history, the quorum marks,
+        the waiters' list), with their types: `ls` asks their TYPE so that a foreign
+        type there is an error row too."""
+        wanted = {"breaker": (self.history, self.fw), "bulkhead": (self.bh_notify,)}
+        types = self.expected_types()
+        return {key: types[key] for part in parts for key in wanted.get(part, ())}
 
 
 def _glob_escape(value: str) -> str:
@@ -496,12 +507,13 @@ def error_event(name: str, error: str) -> dict[str, Any]:
 
 
 def decode_bulkhead(leases: Sequence[tuple[Any, Any]], meta: Mapping[Any, Any],
-                    now_ms: int) -> dict[str, Any]:
+                    now_ms: int, leases_key: str = "") -> dict[str, Any]:
     """Bulkhead leases (holder, deadline) and meta hash; expired leases are not in use."""
     m = {text(k): text(v) for k, v in meta.items()}
-    holders = [{"token": text(tok), "deadline_ms": int(score),
-                "expires_in_s": (int(score) - now_ms) / 1000, "expired": int(score) <= now_ms}
-               for tok, score in leases]
+    holders = [{"token": text(tok), "deadline_ms": deadline,
+                "expires_in_s": (deadline - now_ms) / 1000, "expired": deadline <= now_ms}
+               for (tok, _), deadline in zip(leases, deadlines_of(leases_key, leases),
+                                             strict=True)]
 
     def counter(field: str) -> int | None:
         try:
@@ -553,6 +565,14 @@ def decode_adaptive(meta: Mapping[str, str], now_ms: int) -> dict[str, Any] | No
             "rtt_short_ms": rtt("a_rtt_s"), "rtt_long_ms": rtt("a_rtt_l")}
 
 
+def _budget_int(value: str) -> bool:
+    """An integer within the range the scripts keep exact (|x| < 2**53)."""
+    try:
+        return abs(int(value)) < MAX_MS
+    except ValueError:
+        return False
+
+
 def _int_or(value: str, default: int) -> int:
     try:
         return int(value)
@@ -571,18 +591,20 @@ def decode_budget(raw: Mapping[Any, Any], now_ms: int) -> dict[str, Any]:
     out: dict[str, Any] = {"deposits": None, "withdrawals": None, "balance": None,
                            "slice_ms": None, "slices": None,
                            "fields": dict(sorted(f.items()))}
-    try:
-        slice_ms, n = int(f["slice_ms"]), int(f["n"])
-    except (KeyError, ValueError):
+    counts = {k: v for k, v in f.items() if k in ("v", "slice_ms", "n", "head", "D", "W")
+              or k.partition(":")[0] in ("d", "w")}
+    for field, value in counts.items():  # what lua/budget.lua refuses too
+        if not _budget_int(value):
+            raise SchemaError(f"budget field {field} is not an integer count: {value!r:.40}")
+    if "slice_ms" not in f or "n" not in f or int(f["slice_ms"]) < 1:
         return out
-    if slice_ms < 1:
-        return out
+    slice_ms, n = int(f["slice_ms"]), int(f["n"])
     oldest = now_ms // slice_ms - n + 1
     live = {"d": 0, "w": 0}
     for key, value in f.items():
         kind, _, sid = key.partition(":")
         if kind in live and sid.lstrip("-").isdigit() and int(sid) >= oldest:
-            live[kind] += _int_or(value, 0)
+            live[kind] += int(value)
     out.update(deposits=live["d"], withdrawals=live["w"], slice_ms=slice_ms, slices=n)
     ppm, reserve = _int_or(f.get("ppm", ""), -1), _int_or(f.get("reserve", ""), -1)
     if ppm >= 0 and reserve >= 0:
@@ -660,10 +682,15 @@ def _summaries(client: Any, prefix: str, items: Sequence[tuple[str, frozenset[st
         if "bulkhead" in parts:
             pipe.zcount(keys.bh_leases, f"({now_ms}", "+inf")
             pipe.hmget(keys.bh_meta, ["limit", *ADAPTIVE_FIELDS])
-            steps += ["in_use", "limit"]
+            pipe.zrangebyscore(keys.bh_leases, f"({MAX_MS}", "+inf", start=0, num=1,
+                               withscores=True)  # a lease no worker wrote (e.g. inf)
+            steps += ["in_use", "limit", "far"]
         if "budget" in parts:
             pipe.hgetall(keys.rb)
             steps.append("budget")
+        for key in keys.unread(parts):
+            pipe.type(key)
+            steps.append(f"type {key}")
         plan.append(steps)
     replies = iter(pipe.execute(raise_on_error=False))
     rows = []
@@ -680,8 +707,14 @@ def _summary(client: Any, prefix: str, name: str, got: dict[str, Any],
         row["error"] = _explain_types(client, prefix, name, schema) or next(
             str(v) for v in got.values() if isinstance(v, Exception))
         return row
-    try:
-        deadlines = [int(score) for _, score in got.get("probe") or ()]
+    keys = NameKeys.build(name, prefix, schema)
+    expected = keys.expected_types()
+    errors = [f"key {step[5:]} holds a {text(found)}, expected a {expected[step[5:]]}"
+              for step, found in got.items() if step.startswith("type ")
+              and text(found) not in ("none", expected[step[5:]])]
+
+    def breaker() -> None:
+        deadlines = deadlines_of(keys.probes, got.get("probe") or ())
         if got.get("record"):
             meta = dict(zip(_META_FIELDS, got["meta"], strict=True))
             row["breaker"] = decode_state_record(
@@ -691,6 +724,9 @@ def _summary(client: Any, prefix: str, name: str, got: dict[str, Any],
         elif got.get("state"):
             row["breaker"] = decode_state_hash(name, got["state"], now_ms, deadlines)
             row["state"] = row["breaker"]["state"]
+
+    def bulkhead() -> None:
+        deadlines_of(keys.bh_leases, got.get("far") or ())
         if "in_use" in got:
             limit, *adaptive = got["limit"]
             fields = {f: text(v) for f, v in zip(ADAPTIVE_FIELDS, adaptive, strict=True)
@@ -698,21 +734,52 @@ def _summary(client: Any, prefix: str, name: str, got: dict[str, Any],
             row["bulkhead"] = {"in_use": int(got["in_use"]),
                                "limit": _int_or(text(limit), 0) or None if limit else None,
                                "adaptive": decode_adaptive(fields, now_ms)}
+
+    def budget() -> None:
         if got.get("budget"):
             row["budget"] = decode_budget(got["budget"], now_ms)
-    except _FOREIGN_CONTENT as exc:
-        row.update(_empty_row(name, schema), error=_content_error(name, exc))
+
+    for part, read, key in (("breaker", breaker, keys.state),
+                            ("bulkhead", bulkhead, keys.bh_meta), ("budget", budget, keys.rb)):
+        try:
+            read()
+        except _FOREIGN_CONTENT as exc:
+            row[part] = None
+            if part == "breaker":
+                row["state"] = None
+            errors.append(_content_error(name, exc, key))
+    row["error"] = "; ".join(errors) or None
     return row
 
 
-#: What decoding foreign content can raise (a SchemaError, or a value of the wrong shape).
-_FOREIGN_CONTENT = (SchemaError, ValueError, TypeError, KeyError, IndexError)
+#: Scores and counters above this are no server time nor count distbreaker writes.
+MAX_MS = 2 ** 53
 
 
-def _content_error(name: str, exc: Exception) -> str:
+def deadlines_of(key: str, members: Iterable[tuple[Any, Any]]) -> list[int]:
+    """The scores of a zset of deadlines (server ms), or a SchemaError naming the key."""
+    deadlines = []
+    for member, score in members:
+        if not (isinstance(score, int | float) and math.isfinite(score)
+                and abs(score) < MAX_MS):
+            raise SchemaError(f"key {key} holds member {text(member)!r} with score "
+                              f"{score!r}, expected a deadline in server ms", key=key)
+        deadlines.append(int(score))
+    return deadlines
+
+
+#: What decoding foreign content can raise (a SchemaError, or a value of the wrong shape or
+#: out of range: an infinite score is an OverflowError).
+_FOREIGN_CONTENT = (SchemaError, ValueError, TypeError, KeyError, IndexError, OverflowError)
+
+
+def _content_error(name: str, exc: Exception, key: str) -> str:
+    """The error row's text: it always names a key (the one read, unless the error
+    names its own)."""
     if isinstance(exc, SchemaError):
-        return str(exc)
-    return f"keys of {name!r} hold foreign content ({type(exc).__name__}: {exc})"
+        named = exc.key or key
+        return str(exc) if named in str(exc) else f"key {named}: {exc}"
+    return f"key {key} of {name!r} holds foreign content ({type(exc).__name__}: {exc})"
 
 
 def _explain_types(client: Any, prefix: str, name: str, schema: str = V2) -> str | None:
@@ -765,16 +832,17 @@ def read_detail(client: Any, prefix: str, name: str, schema: str = V2) -> dict[s
                               "exists": bool(state or leases or bh_meta or budget
                                              or history_len or errors),
                               "breaker": None, "bulkhead": None, "budget": None}
-    parts = {"breaker": lambda: _breaker_detail(name, state, meta, probes, history_len,
-                                                now_ms) if state else None,
-             "bulkhead": lambda: decode_bulkhead(leases, bh_meta, now_ms)
-             if leases or bh_meta else None,
-             "budget": lambda: decode_budget(budget, now_ms) if budget else None}
-    for part, read in parts.items():
+    parts = {"breaker": (lambda: _breaker_detail(name, state, meta, probes, history_len,
+                                                 now_ms, keys.probes) if state else None,
+                         keys.state),
+             "bulkhead": (lambda: decode_bulkhead(leases, bh_meta, now_ms, keys.bh_leases)
+                          if leases or bh_meta else None, keys.bh_meta),
+             "budget": (lambda: decode_budget(budget, now_ms) if budget else None, keys.rb)}
+    for part, (read, key) in parts.items():
         try:
             detail[part] = read()
         except _FOREIGN_CONTENT as exc:
-            errors.append(_content_error(name, exc))
+            errors.append(_content_error(name, exc, key))
     detail["ttls"] = {key: (int(ttl) / 1000 if int(ttl) >= 0 else None)
                       for key, ttl in zip(expected, ttls, strict=True) if int(ttl) != -2}
     detail["error"] = "; ".join(errors) or None
@@ -783,10 +851,10 @@ def read_detail(client: Any, prefix: str, name: str, schema: str = V2) -> dict[s
 
 def _breaker_detail(name: str, state: bytes | Mapping[Any, Any], meta: Mapping[Any, Any],
                     probes: Sequence[tuple[Any, Any]], history_len: int,
-                    now_ms: int) -> dict[str, Any]:
+                    now_ms: int, probes_key: str = "") -> dict[str, Any]:
     """`state` is a v2 record (bytes, `meta` its meta hash) or a v1 state hash (`meta`
     its window hash)."""
-    deadlines = [int(score) for _, score in probes]
+    deadlines = deadlines_of(probes_key, probes)
     if isinstance(state, (bytes, bytearray)):
         breaker = decode_state_record(name, state, meta, now_ms, deadlines)
         try:

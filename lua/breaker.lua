@@ -405,7 +405,9 @@ local function op_record()
     if override_until == 0 and calls >= min_calls and calls > 0
         and NEXT[st].rates_exceeded ~= IGNORE
         and exceeded(calls, failures, slow, failure_threshold, slow_threshold) then
-      if quorum_met(K_STATE, K_META, cfg_store, cfg_wire, quorum_mark, now) then
+      local met, foreign = quorum_met(K_STATE, K_META, cfg_store, cfg_wire, quorum_mark, now)
+      if foreign then return foreign end
+      if met then
         fire('rates_exceeded', rates_text(calls, failures, slow, failure_threshold,
                                           slow_threshold))
       else
@@ -609,7 +611,8 @@ local function write_others(refresh)
     return breaker_persist.refresh_ttls(K_STATE, K_META, K_PROBES, now, ttl_ms, held)
   end
   if probe_add and (live_count or 0) == 0 then rcall('PEXPIRE', K_PROBES, int(ttl_ms)) end
-  if meta_reason or meta_drift then rcall('PEXPIRE', K_META, ttl_ms) end
+  -- (a stored config too: the first worker after an operator made the record creates meta)
+  if meta_reason or meta_drift or meta_cfg then rcall('PEXPIRE', K_META, ttl_ms) end
   return ttl_ms
 end
 
@@ -624,9 +627,12 @@ local function finish()
                               or ttl_refreshed_at > now or not exists)
   if refresh then ttl_refreshed_at = now end
   -- Before the first write (no partial writes): the types of the keys this call
-  -- writes beyond the record. The probes zset is checked by its reads instead.
-  if meta_reason or meta_cfg or meta_drift or clear_drift or events or op == 'set' then
-    local err = foreign_keys()
+  -- writes beyond the record. The probes zset is checked by its reads instead; the
+  -- quorum marks hash only when a mark is written (a quorum is configured).
+  local typed = meta_reason or meta_cfg or meta_drift or clear_drift or events or op == 'set'
+  local marks = quorum_mark and not clear_quorum_marks
+  if typed or marks then
+    local err = (typed and foreign_keys()) or (marks and foreign_type(K_STATE .. ':fw', 'hash'))
     if err then
       if undo_bit then rcall('BITFIELD', K_STATE, 'SET', 'u32', undo_bit, int(undo_value)) end
       return err

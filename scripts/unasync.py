@@ -52,6 +52,7 @@ TOKENS: list[tuple[str, str]] = [
     (r"\brun_scripts_each_async\b", "run_scripts_each"),
     (r"\brun_script_async\b", "run_script"),
     (r"\bsend_async\b", "send"),
+    (r"\bpreflight_async\b", "preflight"),
     (r"\bdecorate_async\b", "decorate_sync"),
     (r"\brun_async\b", "run_sync"),
     (r"\bshared_async_client\b", "shared_sync_client"),

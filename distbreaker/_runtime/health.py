@@ -17,16 +17,19 @@ from collections.abc import Iterator
 
 from redis.exceptions import (
     ClusterDownError,
+    InvalidResponse,
     NoPermissionError,
     OutOfMemoryError,
     ReadOnlyError,
     RedisClusterException,
+    ResponseError,
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..errors import RedisUnavailable
+from .outages import as_outage, log_once
 
 logger = logging.getLogger("distbreaker")
 
@@ -36,13 +39,14 @@ logger = logging.getLogger("distbreaker")
 #: a bare RedisClusterException when no node answers; distbreaker's own keys never
 #: raise its other cases, e.g. keys in different slots.)
 #: An ACL refusal (NOPERM) or a full Redis (OOM) counts too: the documented
-#: on_redis_error policy applies, never a raw error out of a protected call.
+#: on_redis_error policy applies, never a raw error out of a protected call; so does
+#: a port that does not speak Redis (InvalidResponse). Refusals redis-py leaves a plain
+#: ResponseError (a db out of range, SENTINEL unknown, an ACL refusal inside a script)
+#: are turned into one of these by `outages.as_outage` where scripts are run.
 UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
     RedisConnectionError, RedisTimeoutError, ReadOnlyError, OutOfMemoryError,
-    NoPermissionError, ClusterDownError, TryAgainError, RedisClusterException, OSError)
-
-#: NOPERM messages already logged by this process (each missing permission once).
-_logged_refusals: set[str] = set()
+    NoPermissionError, ClusterDownError, TryAgainError, RedisClusterException, OSError,
+    InvalidResponse)
 
 _FIRST_BACKOFF = 0.05
 #: How long other callers keep skipping Redis while one caller's trial is in flight
@@ -117,8 +121,8 @@ class RedisHealth:
             self._backoff = ceiling
             backoff = ceiling / 2 + random.random() * ceiling / 2
             self._retry_at = (now if now is not None else time.monotonic()) + backoff
-        if isinstance(error, NoPermissionError):
-            _log_refusal(error)
+        if log_once(error):  # a refusal or misdirection: its cause and fix, once, at ERROR
+            pass
         elif first:
             logger.warning("distbreaker: Redis unavailable (%s: %s); using the on_redis_error "
                            "policy and retrying Redis with backoff", type(error).__name__, error)
@@ -136,17 +140,6 @@ class RedisHealth:
                 logger.info("distbreaker: Redis reachable again; the fleet state governs")
 
 
-def _log_refusal(error: NoPermissionError) -> None:
-    """Name a missing ACL permission once per process (it will not fix itself)."""
-    text = str(error).split(" script:", 1)[0]
-    if text in _logged_refusals:
-        return
-    _logged_refusals.add(text)
-    logger.error("distbreaker: the Redis user is missing a permission (%s); the "
-                 "on_redis_error policy applies until it is granted. `distbreaker doctor` "
-                 "prints the ACL SETUSER line that fixes it.", text)
-
-
 @contextlib.contextmanager
 def redis_unavailable_as(component: str) -> Iterator[None]:
     """Raise every "Redis cannot serve us" error inside as `RedisUnavailable`."""
@@ -154,5 +147,10 @@ def redis_unavailable_as(component: str) -> Iterator[None]:
         yield
     except RedisUnavailable:
         raise
+    except ResponseError as error:
+        outage = as_outage(error)
+        if outage is error and not isinstance(error, UNAVAILABLE_ERRORS):
+            raise
+        raise RedisUnavailable(component, f"{type(outage).__name__}: {error}") from error
     except UNAVAILABLE_ERRORS as error:
         raise RedisUnavailable(component, f"{type(error).__name__}: {error}") from error

@@ -14,6 +14,13 @@ from typing import Any, TypeVar
 
 Seconds = float | int | timedelta
 
+#: The longest duration any option takes: 100 years. Its milliseconds (added to the
+#: server time, or to other durations) go into Redis commands as integers and through
+#: Lua numbers, which print integers exactly only below 1e14; a larger value would be
+#: accepted here and then make every call fail with "value is not an integer or out of
+#: range".
+MAX_SECONDS = 100 * 365 * 86400
+
 
 def to_seconds(value: Any, field: str, *, positive: bool = False) -> float:
     """Convert a duration (seconds or timedelta) to float seconds, or raise naming `field`.
@@ -28,6 +35,9 @@ def to_seconds(value: Any, field: str, *, positive: bool = False) -> float:
         raise ValueError(f"{field} must be a finite duration >= 0 seconds, got {value!r}")
     if positive and value == 0:
         raise ValueError(f"{field} must be > 0 seconds, got {float(value)!r}")
+    if value > MAX_SECONDS:
+        raise ValueError(f"{field} must be at most {MAX_SECONDS} seconds (100 years): its "
+                         f"milliseconds go into Redis commands as integers, got {value!r}")
     return float(value)
 
 

@@ -44,10 +44,10 @@ from redis.exceptions import (
     OutOfMemoryError,
     ResponseError,
 )
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ..errors import SchemaError
 from .health import UNAVAILABLE_ERRORS
+from .outages import DB_RANGE, NOT_REDIS, NOT_SENTINEL, RedisRefused, as_outage, cause_of
 
 logger = logging.getLogger("distbreaker")
 
@@ -265,6 +265,8 @@ def function_error(exc: ResponseError) -> str | None:
     lowered = text.lower()
     if "function not found" in lowered:
         return "missing"
+    if cause_of(exc) in (DB_RANGE, NOT_SENTINEL):  # a wrong URL: no command can run
+        return None
     if isinstance(exc, NoPermissionError) or "unknown command" in lowered \
             or "unknown subcommand" in lowered:
         return "unusable"
@@ -277,14 +279,10 @@ def loaded(exc: ResponseError | None) -> bool:
     return exc is None or "already exists" in str(exc)
 
 
-class RedisBusyError(RedisConnectionError):
-    """Redis answered but cannot serve us now (BUSY script, MISCONF, NOREPLICAS, ...).
-
-    A ConnectionError subclass, so every front end treats it as "Redis unavailable".
-    """
-
-
-_UNAVAILABLE_REPLIES = ("BUSY", "MISCONF", "NOREPLICAS", "LOADING", "MASTERDOWN", "READONLY")
+#: Redis answered but cannot serve us now (BUSY script, MISCONF, NOREPLICAS, a db out of
+#: range, ...): a ConnectionError subclass, so every front end treats it as "Redis
+#: unavailable" (outages.py names each cause and its fix).
+RedisBusyError = RedisRefused
 
 
 #: What redis-py makes of these error codes at the top level of a reply; an error
@@ -302,8 +300,9 @@ def translate_error(exc: ResponseError) -> Exception:
     if isinstance(exc, AskError):  # MOVED/ASK: a plain client talking to a cluster node
         return TypeError(f"Redis answered {type(exc).__name__} ({text}): it is a Redis Cluster "
                          "node; pass a redis.cluster.RedisCluster client as redis=")
-    if text.split(" ", 1)[0] in _UNAVAILABLE_REPLIES:
-        return RedisBusyError(text)
+    outage = as_outage(exc)
+    if outage is not exc:  # a refusal or misdirection (outages.py)
+        return outage
     marker = "DISTBREAKER_SCHEMA "
     if marker in text:
         detail = text.split(marker, 1)[1].split(" script:", 1)[0].strip()
@@ -407,6 +406,8 @@ def run_script(client: Any, script: LuaScript, keys: Sequence[str],
         return done.value
     except ResponseError as exc:
         _raise_translated(exc)
+    except MALFORMED as exc:  # redis-py choking on a handshake reply: not a Redis server
+        raise malformed("(a reply to the connection's handshake)", exc) from exc
 
 
 async def run_script_async(client: Any, script: LuaScript, keys: Sequence[str],
@@ -429,6 +430,8 @@ async def run_script_async(client: Any, script: LuaScript, keys: Sequence[str],
         return done.value
     except ResponseError as exc:
         _raise_translated(exc)
+    except MALFORMED as exc:  # redis-py choking on a handshake reply: not a Redis server
+        raise malformed("(a reply to the connection's handshake)", exc) from exc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -462,6 +465,26 @@ class PendingCall:
     def spec(self) -> ScriptCallSpec:
         return (self.script, self.keys, self.args)
 
+    def reply(self, raw: Any) -> Any:
+        """`on_reply(raw)`; a reply no distbreaker script gives (a server that speaks the
+        Redis protocol but is not Redis: a proxy, a mock, a Sentinel...) takes the outage
+        path instead of escaping as an AttributeError or IndexError."""
+        try:
+            return self.on_reply(raw)
+        except MALFORMED as error:
+            return self.on_unavailable(malformed(raw, error))
+
+
+#: What decoding a reply of the wrong shape raises (foreign *data* raises SchemaError).
+MALFORMED = (AttributeError, IndexError, TypeError, KeyError)
+
+
+def malformed(raw: Any, error: BaseException | None = None) -> RedisRefused:
+    """The outage a reply of the wrong shape means."""
+    made = RedisRefused(f"a reply distbreaker's scripts never give: {raw!r:.120}", NOT_REDIS)
+    made.__cause__ = error
+    return made
+
 
 def send(client: Any, pending: PendingCall) -> Any:
     """Send one pending call on a sync client: the result of its reply handler, or of its
@@ -472,7 +495,7 @@ def send(client: Any, pending: PendingCall) -> Any:
         raw = run_script(client, pending.script, pending.keys, pending.args)
     except UNAVAILABLE_ERRORS as error:
         return pending.on_unavailable(error)
-    return pending.on_reply(raw)
+    return pending.reply(raw)
 
 
 async def send_async(client: Any, pending: PendingCall) -> Any:
@@ -483,7 +506,7 @@ async def send_async(client: Any, pending: PendingCall) -> Any:
         raw = await run_script_async(client, pending.script, pending.keys, pending.args)
     except UNAVAILABLE_ERRORS as error:
         return pending.on_unavailable(error)
-    return pending.on_reply(raw)
+    return pending.reply(raw)
 
 
 def text(value: Any) -> str:
@@ -606,6 +629,10 @@ def run_scripts_each(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
                       if step == "send" else _load_library_sync(client))
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+    except ResponseError as exc:  # the pipeline as a whole: e.g. a db out of range
+        _raise_translated(exc)
+    except MALFORMED as exc:
+        raise malformed("(a reply to the connection's handshake)", exc) from exc
 
 
 async def run_scripts_each_async(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
@@ -619,6 +646,10 @@ async def run_scripts_each_async(client: Any, calls: Sequence[ScriptCallSpec]) -
                       if step == "send" else await _load_library_async(client))
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+    except ResponseError as exc:  # the pipeline as a whole: e.g. a db out of range
+        _raise_translated(exc)
+    except MALFORMED as exc:
+        raise malformed("(a reply to the connection's handshake)", exc) from exc
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from .._runtime.decorate import decorate_async
 from .._runtime.health import redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.options import Seconds
+from .._runtime.preflight import preflight_async
 from .._runtime.scripts import PendingCall, run_script_async, send_async
 from .config import BreakerConfig
 from .core import (
@@ -70,6 +71,14 @@ class BreakerShell(BreakerCore):
         with redis_unavailable_as(f"circuit breaker {self.name!r}"):
             raw = await run_script_async(self._client, self._script, call.keys, call.args)
         return self._admin_reply(raw, call)
+
+    async def check(self) -> None:
+        """Raise `CheckFailed` (a `RedisUnavailable` naming the cause and its fix) unless
+        Redis can serve this breaker: for an app that would rather fail at start-up than
+        run on local fallbacks (a wrong URL, a replica, a missing ACL permission, a full
+        Redis). Writes nothing; protected calls never raise it."""
+        await preflight_async(self._client, f"circuit breaker {self.name!r}", ("breaker",),
+                              self.keys.state, self.keys.channel)
 
     async def aclose(self) -> None:
         """Send the batched outcomes (asyncio: the running loop's), then close the client

@@ -12,6 +12,7 @@ from typing import Any
 from .._runtime.connection import LoopClients
 from .._runtime.health import redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
+from .._runtime.preflight import preflight_async
 from .._runtime.scripts import send_async
 from .config import BudgetConfig
 from .core import BudgetCore, BudgetReply
@@ -60,6 +61,14 @@ class BudgetShell(BudgetCore):
         """Forget the window in Redis (the next writer's ttl/slices become the stored ones)."""
         with redis_unavailable_as(f"retry budget {self.name!r}"):
             await self._client.delete(self.keys.slices)
+
+    async def check(self) -> None:
+        """Raise `CheckFailed` (a `RedisUnavailable` naming the cause and its fix) unless
+        Redis can serve this budget: for an app that would rather fail at start-up than
+        run on local fallbacks (a wrong URL, a replica, a missing ACL permission, a full
+        Redis). Writes nothing; protected calls never raise it."""
+        await preflight_async(self._client, f"retry budget {self.name!r}", ("budget",),
+                              self.keys.slices, "")
 
     async def aclose(self) -> None:
         """Send the batched deposits, then close the client this budget built from a URL

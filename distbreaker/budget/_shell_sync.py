@@ -14,6 +14,7 @@ from typing import Any
 from .._runtime.connection import ProcessClient
 from .._runtime.health import redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
+from .._runtime.preflight import preflight
 from .._runtime.scripts import send
 from .config import BudgetConfig
 from .core import BudgetCore, BudgetReply
@@ -62,6 +63,14 @@ class BudgetShell(BudgetCore):
         """Forget the window in Redis (the next writer's ttl/slices become the stored ones)."""
         with redis_unavailable_as(f"retry budget {self.name!r}"):
             self._client.delete(self.keys.slices)
+
+    def check(self) -> None:
+        """Raise `CheckFailed` (a `RedisUnavailable` naming the cause and its fix) unless
+        Redis can serve this budget: for an app that would rather fail at start-up than
+        run on local fallbacks (a wrong URL, a replica, a missing ACL permission, a full
+        Redis). Writes nothing; protected calls never raise it."""
+        preflight(self._client, f"retry budget {self.name!r}", ("budget",),
+                  self.keys.slices, "")
 
     def close(self) -> None:
         """Send the batched deposits, then close the client this budget built from a URL

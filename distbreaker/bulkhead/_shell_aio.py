@@ -16,6 +16,7 @@ from .._runtime.connection import shared_async_client
 from .._runtime.decorate import decorate_async
 from .._runtime.health import UNAVAILABLE_ERRORS, redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
+from .._runtime.preflight import preflight_async
 from .._runtime.scripts import Owed, PendingCall, ScriptCall, run_script_async
 from .config import BulkheadConfig
 from .core import Acquisition, BulkheadCore, BulkheadMetrics, BulkheadPermit
@@ -190,6 +191,14 @@ class BulkheadShell(BulkheadCore):
         if self.config.adaptive is not None:
             with redis_unavailable_as(f"bulkhead {self.name!r}"):
                 await self._run(self._codec.restart_call())
+
+    async def check(self) -> None:
+        """Raise `CheckFailed` (a `RedisUnavailable` naming the cause and its fix) unless
+        Redis can serve this bulkhead: for an app that would rather fail at start-up than
+        run on local fallbacks (a wrong URL, a replica, a missing ACL permission, a full
+        Redis). Writes nothing; protected calls never raise it."""
+        await preflight_async(self._client, f"bulkhead {self.name!r}", ("bulkhead",),
+                              self.keys.leases, "")
 
     # -- metrics -------------------------------------------------------------------------
     async def metrics(self) -> BulkheadMetrics:

@@ -18,6 +18,7 @@ from .._runtime.connection import shared_sync_client
 from .._runtime.decorate import decorate_sync
 from .._runtime.health import UNAVAILABLE_ERRORS, redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
+from .._runtime.preflight import preflight
 from .._runtime.scripts import Owed, PendingCall, ScriptCall, run_script
 from .config import BulkheadConfig
 from .core import Acquisition, BulkheadCore, BulkheadMetrics, BulkheadPermit
@@ -192,6 +193,14 @@ class BulkheadShell(BulkheadCore):
         if self.config.adaptive is not None:
             with redis_unavailable_as(f"bulkhead {self.name!r}"):
                 self._run(self._codec.restart_call())
+
+    def check(self) -> None:
+        """Raise `CheckFailed` (a `RedisUnavailable` naming the cause and its fix) unless
+        Redis can serve this bulkhead: for an app that would rather fail at start-up than
+        run on local fallbacks (a wrong URL, a replica, a missing ACL permission, a full
+        Redis). Writes nothing; protected calls never raise it."""
+        preflight(self._client, f"bulkhead {self.name!r}", ("bulkhead",),
+                  self.keys.leases, "")
 
     # -- metrics -------------------------------------------------------------------------
     def metrics(self) -> BulkheadMetrics:

@@ -5,7 +5,11 @@ loads (EVAL form: SCRIPT LOAD; Redis 7+: the Functions library, FUNCTION LOAD, w
 every function registered), that the ACL user may run every command on every key and channel the
 library needs (ACL DRYRUN on Redis >= 7, nothing executed; the exact ACL SETUSER
 line that fixes what is missing), and memory (an evicting maxmemory-policy, used
-memory near maxmemory). Works for a user without INFO. Exit 1 on a failed check.
+memory near maxmemory); that the server is a writable primary and a worker's scripts
+may run there (`workers`: the same write-free check as a component's `check()`, for
+any user that may EVAL). Works for a least-privilege user: a check this user may not
+run is skipped, saying so, and the others still run. `--user NAME` checks another
+user's permissions from an admin connection (ACL DRYRUN). Exit 1 on a failed check.
 """
 
 from __future__ import annotations
@@ -14,15 +18,22 @@ import dataclasses
 import re
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import click
+from redis.connection import parse_url
+from redis.exceptions import NoPermissionError
 
 from .. import readside as view
 from .._runtime.connection import db_of
 from .._runtime.keys import BreakerKeys, events_channel, namespace
-from .._runtime.scripts import SCRIPT_NAMES, library, load_script, loaded, lua_dir, sources
+from .._runtime.outages import READ_ONLY
+from .._runtime.preflight import CheckFailed, commands_of, preflight, script_commands
+from .._runtime.scripts import SCRIPT_NAMES, library, load_script, loaded, lua_dir
 from .app import App, cli, emit_json
+
+__all__ = ["acl_checks", "commands_of", "run_checks", "script_commands"]
 
 MIN_VERSION = (5, 0)
 LATENCY_WARN_MS = 50.0
@@ -39,37 +50,11 @@ FUNCTION_COMMANDS = ("FCALL", "FUNCTION|LOAD")
 OPERATOR_COMMANDS = ("SCAN", "TYPE", "GET", "GETRANGE", "HGETALL", "HGET", "HMGET", "ZRANGE",
                      "ZRANGEBYSCORE", "ZCOUNT", "ZCARD", "XRANGE", "XREVRANGE", "XLEN", "PTTL",
                      "EXISTS", "TIME", "SUBSCRIBE", "INFO")
-#: Names a script binds `redis.call` / `redis.pcall` to (``local rcall = redis.call``).
-_ALIAS = re.compile(r"^\s*local\s+([\w\s,]+?)\s*=\s*([\w\s.,]+?)\s*$", re.M)
-#: A command built as a table before being unpacked into a call: ``{'XADD', K_HIST, ...}``.
-_TABLE_CALL = re.compile(r"\{\s*'([A-Z]+)'\s*,\s*K_")
-
-
 @dataclasses.dataclass
 class Check:
     name: str
     status: str  # ok | warn | fail | skip
     detail: str
-
-
-def commands_of(source: str) -> list[str]:
-    """Every Redis command a script calls: through ``redis.call`` / ``redis.pcall``, a local
-    alias of either, or a table unpacked into one."""
-    callers = ["redis.call", "redis.pcall"]
-    for names, values in _ALIAS.findall(source):
-        pairs = zip((n.strip() for n in names.split(",")),
-                    (v.strip() for v in values.split(",")), strict=False)
-        callers += [n for n, v in pairs if v in ("redis.call", "redis.pcall")]
-    call = re.compile(r"(?<![\w.])(?:" + "|".join(re.escape(c) for c in callers)
-                      + r")\(\s*['\"]([A-Za-z]+)['\"]")
-    return sorted({m.upper() for m in call.findall(source) + _TABLE_CALL.findall(source)})
-
-
-def script_commands() -> dict[str, list[str]]:
-    """Every Redis command each lua/*.lua script calls (itself or through the library
-    modules it uses, lua/lib/), by script name."""
-    return {path.stem: commands_of("\n".join(sources(path.stem)))
-            for path in sorted(lua_dir().glob("*.lua"))}
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -93,17 +78,22 @@ def _dryrun_args(command: str, arity: int, key: str, channel: str, sha: str) -> 
     return [key, *["0"] * (needed - 1)][:needed] if needed > 0 else []
 
 
-def acl_checks(client: Any, prefix: str, version: tuple[int, ...]) -> list[Check]:
-    """ACL DRYRUN every needed command as the connected user (Redis >= 7)."""
+def acl_checks(client: Any, prefix: str, version: tuple[int, ...],
+               user: str | None = None) -> list[Check]:
+    """ACL DRYRUN every needed command as `user` (default: the connected user; another
+    user's needs an admin connection), Redis >= 7."""
     if version < (7, 0):
         return [Check("acl", "skip", f"ACL DRYRUN needs Redis >= 7; not checked on "
                       f"{'.'.join(map(str, version))}")]
     try:
-        user = view.text(client.execute_command("ACL", "WHOAMI"))
+        user = user or view.text(client.execute_command("ACL", "WHOAMI"))
         client.execute_command("ACL", "DRYRUN", user, "PING")
-    except Exception as exc:  # NOPERM for ACL itself, or ACL disabled by a proxy
-        return [Check("acl", "skip", f"cannot run ACL DRYRUN as this user ({exc}); "
-                      "permissions not checked")]
+    except Exception as exc:  # NOPERM for ACL itself, a user that does not exist, a proxy
+        if user is not None and not _refused(exc):
+            return [Check("acl", "fail", f"cannot check ACL user {user!r}: {exc}")]
+        return [Check("acl", "skip", f"this user may not run ACL DRYRUN ({exc}): the "
+                      "commands a worker runs are checked by `workers` instead (run "
+                      "`doctor --user NAME` as an admin for the operator commands too)")]
     scripts = script_commands()
     needed = {c: "library" for c in LIBRARY_COMMANDS}
     needed.update((c, "functions") for c in FUNCTION_COMMANDS)
@@ -265,7 +255,62 @@ def memory_checks(client: Any) -> list[Check]:
     return checks
 
 
-def run_checks(app: App) -> list[Check]:
+def _refused(exc: BaseException) -> bool:
+    """An ACL refusal of the command itself (the check is skipped, not failed)."""
+    text = str(exc).lower()
+    return isinstance(exc, NoPermissionError) or text.startswith("noperm") \
+        or "no permissions to" in text
+
+
+def _guarded(name: str, what: str, run: Callable[[], list[Check]]) -> list[Check]:
+    """`run()`'s checks; a skip naming `what` when this user may not run it."""
+    try:
+        return run()
+    except Exception as exc:
+        if _refused(exc):
+            return [Check(name, "skip", f"this user may not run {what} ({exc}): not checked")]
+        raise
+
+
+def role_check(client: Any) -> list[Check]:
+    """A replica refuses every script that writes: workers then share nothing."""
+    if view.is_cluster(client):
+        return [Check("role", "ok", "cluster: scripts go to each slot's primary")]
+    reply = client.execute_command("ROLE")
+    role = view.text(reply[0]) if reply else "?"
+    if role in ("slave", "replica"):
+        return [Check("role", "fail", f"{READ_ONLY.what}; fix: {READ_ONLY.fix}")]
+    if role == "sentinel":
+        return [Check("role", "fail", "this is a Sentinel, not a Redis server; fix: use a "
+                      "redis+sentinel:// URL naming the service")]
+    return [Check("role", "ok", f"{role}: writable")]
+
+
+def workers_check(client: Any, prefix: str, user: str) -> list[Check]:
+    """What a component's `check()` does, for every script a worker runs."""
+    key = BreakerKeys.build("doctor", prefix).state
+    channel = events_channel(prefix, db_of(client))
+    try:
+        checked = preflight(client, "workers", [n for n in SCRIPT_NAMES if n != "ganesha"],
+                            key, channel)
+    except CheckFailed as failed:
+        return [Check("workers", "fail", str(failed.detail).replace("<user>", user))]
+    if not checked:
+        return [Check("workers", "skip", "Redis < 7: the scripts' permissions are not "
+                      "checkable without ACL DRYRUN")]
+    return [Check("workers", "ok", "a worker's scripts may run here as this user: writable "
+                  "primary, not full, every command they run inside Redis permitted")]
+
+
+def _url_user(url: str) -> str:
+    try:
+        return str(parse_url(url).get("username") or "default")
+    except (ValueError, TypeError):
+        return "<user>"
+
+
+def run_checks(app: App, user: str | None = None) -> list[Check]:
+    """Every check, in order; `user`: whose permissions (another user than the URL's)."""
     client = app.client
     checks: list[Check] = []
     server = _info(client, "server") or _server_without_info(client)
@@ -281,22 +326,40 @@ def run_checks(app: App) -> list[Check]:
     else:
         checks.append(Check("server", "ok", detail))
 
+    checks.extend(_guarded("role", "ROLE", lambda: role_check(client)))
+    checks.extend(_guarded("latency", "PING", lambda: latency_checks(client)))
+    checks.extend(_guarded("scripts", "SCRIPT LOAD (workers do not need it: EVAL loads a "
+                           "script the server lacks)", lambda: script_checks(client)))
+    checks.append(function_check(client, version))
+    checks.extend(workers_check(client, app.prefix, user or _url_user(app.url)))
+    checks.extend(acl_checks(client, app.prefix, version, user))
+    checks.extend(memory_checks(client))
+    checks.extend(_guarded("clock", "TIME", lambda: clock_checks(client)))
+    return checks
+
+
+def latency_checks(client: Any) -> list[Check]:
     samples = []
     for _ in range(5):
         started = time.perf_counter()
         client.ping()
         samples.append((time.perf_counter() - started) * 1000)
     median, worst = statistics.median(samples), max(samples)
-    checks.append(Check("latency", "warn" if median > LATENCY_WARN_MS else "ok",
-                        f"round trip median {median:.2f} ms, max {worst:.2f} ms over 5 PINGs"
-                        + (f" (above {LATENCY_WARN_MS:g} ms: raise redis_timeout)"
-                           if median > LATENCY_WARN_MS else "")))
+    return [Check("latency", "warn" if median > LATENCY_WARN_MS else "ok",
+                  f"round trip median {median:.2f} ms, max {worst:.2f} ms over 5 PINGs"
+                  + (f" (above {LATENCY_WARN_MS:g} ms: raise redis_timeout)"
+                     if median > LATENCY_WARN_MS else ""))]
 
+
+def script_checks(client: Any) -> list[Check]:
+    checks = []
     for path in sorted(lua_dir().glob("*.lua")):
         script = load_script(path.stem)
         try:
             sha = view.text(client.script_load(script.source))
         except Exception as exc:
+            if _refused(exc):
+                raise
             checks.append(Check(f"script {path.name}", "fail", f"SCRIPT LOAD failed: {exc}"))
             continue
         if sha != script.sha:
@@ -304,24 +367,25 @@ def run_checks(app: App) -> list[Check]:
                                 f"server SHA1 {sha} != client SHA1 {script.sha}"))
         else:
             checks.append(Check(f"script {path.name}", "ok", f"loaded, sha1 {sha[:12]}"))
-    checks.append(function_check(client, version))
-
-    checks.extend(acl_checks(client, app.prefix, version))
-    checks.extend(memory_checks(client))
-
-    skew = view.server_now_ms(client) - time.time() * 1000
-    checks.append(Check("clock", "ok", "state is timed by the Redis server clock only (TIME "
-                        "inside every script); worker clocks need not agree. This host is "
-                        f"{-skew:+.0f} ms from the server (informational)"))
     return checks
+
+
+def clock_checks(client: Any) -> list[Check]:
+    skew = view.server_now_ms(client) - time.time() * 1000
+    return [Check("clock", "ok", "state is timed by the Redis server clock only (TIME "
+                  "inside every script); worker clocks need not agree. This host is "
+                  f"{-skew:+.0f} ms from the server (informational)")]
 
 
 @cli.command("doctor")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--user", "user", default=None, metavar="NAME",
+              help="Check the ACL permissions of user NAME (ACL DRYRUN: connect as an admin) "
+              "and print the ACL SETUSER line that grants what it lacks.")
 @click.pass_obj
-def doctor_command(app: App, as_json: bool) -> None:
-    """Check Redis version and mode, latency, script load, ACL permissions."""
-    checks = run_checks(app)
+def doctor_command(app: App, as_json: bool, user: str | None) -> None:
+    """Check Redis version and mode, role, latency, scripts, ACL permissions, memory."""
+    checks = run_checks(app, user)
     failed = [c for c in checks if c.status == "fail"]
     if as_json:
         emit_json({"ok": not failed, "checks": [dataclasses.asdict(c) for c in checks]})

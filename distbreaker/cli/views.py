@@ -404,7 +404,8 @@ def recent_events(app: App, name: str | None, count: int) -> list[dict[str, Any]
         try:
             merged.extend(view.read_history(client, app.prefix, n, count, schema))
         except SchemaError as exc:  # the history stream holds another type
-            errors[n] = "; ".join(e for e in (errors.get(n), str(exc)) if e)
+            if str(exc) not in (errors.get(n) or ""):  # the summary names the type too
+                errors[n] = "; ".join(e for e in (errors.get(n), str(exc)) if e)
     merged.sort(key=lambda e: (e["at_ms"] or 0, e["id"] or ""))
     return [view.error_event(n, errors[n]) for n in sorted(errors)] + merged[-count:]
 

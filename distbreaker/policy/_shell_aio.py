@@ -138,5 +138,12 @@ class PolicyShell(PolicyCore):
     def __call__(self, fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
         return decorate_async(self.call, fn, "Policy")
 
+    async def check(self) -> None:
+        """Each component's `check()`: raise `CheckFailed` (naming the cause and its fix)
+        unless Redis can serve them all; for an app that would rather fail at start-up."""
+        for part in (self.breaker, self.bulkhead, self.budget):
+            if part is not None:
+                await part.check()
+
     def __repr__(self) -> str:
         return f"Policy({self.name!r})"

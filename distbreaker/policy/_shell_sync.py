@@ -140,5 +140,12 @@ class PolicyShell(PolicyCore):
     def __call__(self, fn: Callable[P, T]) -> Callable[P, T]:
         return decorate_sync(self.call, fn, "Policy")
 
+    def check(self) -> None:
+        """Each component's `check()`: raise `CheckFailed` (naming the cause and its fix)
+        unless Redis can serve them all; for an app that would rather fail at start-up."""
+        for part in (self.breaker, self.bulkhead, self.budget):
+            if part is not None:
+                part.check()
+
     def __repr__(self) -> str:
         return f"Policy({self.name!r})"

@@ -26,7 +26,15 @@ from .._runtime.classify import (
 from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import validate_name
 from .._runtime.options import to_seconds
-from .._runtime.scripts import LuaScript, Owed, PendingCall, each_result, load_script
+from .._runtime.scripts import (
+    MALFORMED,
+    LuaScript,
+    Owed,
+    PendingCall,
+    each_result,
+    load_script,
+    malformed,
+)
 from ..bulkhead.adaptive import priority_level
 from ..errors import BulkheadFull
 from ..retry.core import Decision, RetryFlow, retry_flow
@@ -304,7 +312,7 @@ def settle(ready: Sequence[PendingCall], results: Sequence[Any]) -> None:
         elif isinstance(result, BaseException):
             first_error = first_error or result
         else:
-            call.on_reply(result)
+            call.reply(result)
     if first_error is not None:
         raise first_error
 
@@ -342,10 +350,17 @@ class MergedCall(NamedTuple):
         component's call is refused (its outage path) and the others still run."""
         if isinstance(outcome, NoPermissionError):
             return False
+        if not isinstance(outcome, BaseException | list):  # not Redis (scripts.malformed)
+            outcome = malformed(outcome)
         if isinstance(outcome, BaseException):
             unreachable(self.ready, outcome)
+            return True
+        try:
+            replies = split_flat(outcome, len(self.ready))
+        except (*MALFORMED, ValueError) as error:
+            unreachable(self.ready, malformed(outcome, error))
         else:
-            settle(self.ready, each_result(split_flat(outcome, len(self.ready))))
+            settle(self.ready, each_result(replies))
         return True
 
 

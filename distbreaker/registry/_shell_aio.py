@@ -36,6 +36,16 @@ class RegistryShell(RegistryCore[CircuitBreaker, Bulkhead, RetryBudget, Retry, P
         reports = [await run_async(probe, seen, key) for key, probe in self.health_plans()]
         return RegistryHealth(reachable, tuple(reports))
 
+    async def check(self) -> None:
+        """Build every declared component and run its `check()`: raise `CheckFailed`
+        (naming the cause and its fix) unless Redis can serve them all. For an app that
+        would rather fail at start-up than run on local fallbacks (the sync Registry's
+        `strict=True` does this when it is built)."""
+        for _, component in self.components():
+            checker = getattr(component, "check", None)
+            if checker is not None:
+                await checker()
+
     async def aclose(self) -> None:
         """Close the Redis client if the registry built it from a URL (asyncio: the running
         loop's)."""

@@ -89,10 +89,17 @@ class Registry(RegistryShell):
     """The asyncio twin of `distbreaker.Registry` (same configuration, asyncio components).
 
     A given `redis` client is used as is (its loop binding is yours); a URL gets
-    one client per event loop (`LoopBoundClient`).
+    one client per event loop (`LoopBoundClient`). Building is not awaited, so
+    ``strict=True`` is refused: ``await registry.check()`` at start-up instead.
     """
 
     make_client = staticmethod(_loop_bound)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.strict:
+            raise ValueError("strict: the asyncio Registry cannot check Redis while it is "
+                             "built; `await registry.check()` at start-up instead")
 
     def __repr__(self) -> str:
         return f"aio.Registry({self.source!r})"

@@ -79,7 +79,7 @@ class RegistryCore(Generic[BreakerT, BulkheadT, BudgetT, RetryT, PolicyT]):
 
     def __init__(self, config: Mapping[str, Any] | RegistrySpec | None = None, *,
                  redis: Any = None, environ: Mapping[str, str] | None = None,
-                 source: str = "<dict>") -> None:
+                 source: str = "<dict>", strict: bool = False) -> None:
         spec = config if isinstance(config, RegistrySpec) else RegistrySpec(
             config or {}, source=source, environ=environ)
         #: What the client was built from (a URL, or the client given).
@@ -92,19 +92,22 @@ class RegistryCore(Generic[BreakerT, BulkheadT, BudgetT, RetryT, PolicyT]):
         self._named: dict[tuple[str, str], Any] = {}
         self._keyed: dict[str, OrderedDict[str, Any]] = {kind: OrderedDict() for kind in KINDS}
         self._hooks: list[ComponentHook] = []
+        #: Check every declared component against Redis when built (sync: `check()`).
+        self.strict = strict
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, redis: Any = None,
-                  environ: Mapping[str, str] | None = None) -> Self:
+                  environ: Mapping[str, str] | None = None, strict: bool = False) -> Self:
         """A registry from a mapping (environment overrides from `environ`, default
         ``os.environ``)."""
-        return cls(data, redis=redis, environ=environ)
+        return cls(data, redis=redis, environ=environ, strict=strict)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str], *, redis: Any = None,
-                  environ: Mapping[str, str] | None = None) -> Self:
+                  environ: Mapping[str, str] | None = None, strict: bool = False) -> Self:
         """A registry from a ``.yaml`` / ``.yml`` (needs PyYAML), ``.toml`` or ``.json`` file."""
-        return cls(load_file(path), redis=redis, environ=environ, source=str(path))
+        return cls(load_file(path), redis=redis, environ=environ, source=str(path),
+                   strict=strict)
 
     @property
     def client(self) -> Any:

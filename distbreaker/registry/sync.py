@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .._runtime.connection import sync_client
 from ._shell_sync import CLASSES, RegistryShell
 
@@ -20,9 +22,18 @@ class Registry(RegistryShell):
     Redis client. ``registry.breaker("payments")`` returns the same object on
     every call; ``registry.breaker("llm", key=tenant)`` the tenant's own breaker
     (named ``llm:<tenant>``) with the config of ``llm``.
+
+    ``strict=True`` runs `check()` when it is built: a wrong URL, a replica, a
+    missing ACL permission or a full Redis raise `CheckFailed` (naming the cause and
+    the fix) at start-up instead of every protected call running on local fallbacks.
     """
 
     make_client = staticmethod(sync_client)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.strict:
+            self.check()
 
     def __repr__(self) -> str:
         return f"Registry({self.source!r})"

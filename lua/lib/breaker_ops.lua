@@ -67,7 +67,8 @@ end
 -- the hash <state key>:fw (worker -> server ms of its last failure); marks older than
 -- the window are pruned here, and the hash is deleted whenever the window is
 -- cleared. The config is the one this call stores (`stored`), else the stored one
--- (meta hash), else the caller's (`wire`).
+-- (meta hash), else the caller's (`wire`). A marks key of a foreign type: nil and its
+-- schema error (nothing is written yet).
 local function quorum_met(state_key, meta_key, stored, wire, mark, now)
   local w = stored
   if not w then
@@ -80,7 +81,8 @@ local function quorum_met(state_key, meta_key, stored, wire, mark, now)
   if needed <= 1 then return true end
   local window = tonumber(wire_field(w, 21) or '') or 60000
   local k_fw = state_key .. ':fw'
-  local marks = redis.call('HGETALL', k_fw)
+  local marks = redis.pcall('HGETALL', k_fw)
+  if marks['err'] then return nil, prelude.failed_on(k_fw, 'hash', marks) end
   local seen, stale = {}, {}
   local count = 0
   if mark then seen[mark], count = true, 1 end

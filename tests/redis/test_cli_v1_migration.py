@@ -133,7 +133,8 @@ def test_foreign_v1_content_is_an_error_row_of_schema_v1(
     redis_client.set(v1_key("typed"), "a string where v1 kept a hash")
     rows = {r["name"]: r for r in json.loads(run(redis_url, "ls", "--json").stdout)["breakers"]}
     assert rows["weird"]["schema"] == "v1"
-    assert rows["weird"]["error"] == "breaker 'weird' has unknown state 'SIDEWAYS'"
+    assert rows["weird"]["error"] == (f"key {v1_key('weird')}: breaker 'weird' has unknown "
+                                      "state 'SIDEWAYS'")
     assert rows["typed"]["error"] == (f"key {v1_key('typed')} holds a string, "
                                       "expected a hash")
 

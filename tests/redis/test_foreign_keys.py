@@ -42,10 +42,12 @@ INVALID = {"bad name": "not a distbreaker name (name must not contain whitespace
            LONG: "not a distbreaker name (name must be 1-200 characters",
            "\ufffd": "not a distbreaker name (its key is not UTF-8"}
 #: Valid names whose keys hold a foreign type or content, with their row's error.
-FOREIGN = {"x": "breaker 'x': its state record is not a distbreaker v2 state record",
+FOREIGN = {"x": f"key {NS}:{{x}}:cb: breaker 'x': its state record is not a distbreaker v2 "
+                 "state record",
            "xh": f"key {NS}:{{xh}}:cb holds a hash, expected a string",
-           "garb": "breaker 'garb': its state record has an unknown state code 9",
-           "badcfg": "breaker 'badcfg': ",
+           "garb": f"key {NS}:{{garb}}:cb: breaker 'garb': its state record has an unknown "
+                   "state code 9",
+           "badcfg": f"key {NS}:{{badcfg}}:cb: breaker 'badcfg': ",
            "badmeta": f"key {NS}:{{badmeta}}:cb:meta holds a string, expected a hash",
            "bh": f"key {NS}:{{bh}}:bh holds a list, expected a zset"}
 ERRORS = {**INVALID, **FOREIGN}
@@ -333,5 +335,5 @@ def test_a_v2_record_with_an_impossible_window_is_named_by_show(
     assert (row["name"], row["state"], row["error"]) == ("huge", "CLOSED", None)
     detail = json.loads(run(redis_url, "show", "huge", "--json").stdout)
     assert detail["breaker"] is None
-    assert detail["error"] == ("breaker 'huge': the state record has window type 0 and size "
-                               "1000000000, which no config allows")
+    assert detail["error"] == (f"key {key}: breaker 'huge': the state record has window type 0 "
+                               "and size 1000000000, which no config allows")

@@ -21,6 +21,7 @@ from distbreaker.bulkhead.config import BulkheadConfig
 from distbreaker.bulkhead.sync import Bulkhead
 from distbreaker.ganesha.config import GaneshaConfig
 from distbreaker.ganesha.sync import GaneshaBreaker
+from distbreaker.retry.config import RetryConfig
 
 # (field, bad value, text the message must contain besides the field name)
 INVALID: list[tuple[str, Any, str]] = [
@@ -238,3 +239,19 @@ def test_ganesha_config_names_the_field() -> None:
         GaneshaConfig(failure_rate_threshold=150)
     with pytest.raises(ValueError, match="service"):
         GaneshaBreaker("has space", redis="redis://127.0.0.1:1")
+
+
+@pytest.mark.parametrize(("config", "field"), [
+    (lambda v: BreakerConfig(key_ttl=v), "key_ttl"),
+    (lambda v: BreakerConfig(wait_duration_in_open_state=v), "wait_duration_in_open_state"),
+    (lambda v: BreakerConfig(slow_call_duration=v), "slow_call_duration"),
+    (lambda v: BulkheadConfig(lease=v), "lease"),
+    (lambda v: BulkheadConfig(max_wait_duration=v), "max_wait_duration"),
+    (lambda v: RetryConfig(cap=v), "cap"),
+])
+def test_a_duration_whose_milliseconds_redis_cannot_take_is_refused_naming_it(
+        config: Any, field: str) -> None:
+    """key_ttl=1e15 used to be accepted, then every call failed with "value is not an
+    integer or out of range": its milliseconds go into Redis commands as integers."""
+    with pytest.raises(ValueError, match=rf"^{field} must be at most 3153600000 seconds"):
+        config(1e15)

@@ -97,6 +97,13 @@ local schema_error, failed_on, args_error = prelude.schema_error, prelude.failed
 -- the error on (an ACL refusal on a key of the right type).
 local function read_failed(key, reply) return failed_on(key, 'hash', reply) end
 
+-- Counts and ids the script keeps exact (and prints with %d): integers below 2^53. A
+-- field such as D = "1.5e400" (tonumber: inf) is foreign data, not a huge count.
+local BIG = 9007199254740992
+local function exact(x)
+  return x ~= nil and x == math.floor(x) and x > -BIG and x < BIG
+end
+
 local function bad_args(op)
   return args_error('bad budget arguments for ' .. tostring(op))
 end
@@ -146,7 +153,7 @@ local function fast_deposit(K, g, amount, now, quiet)
     return nil
   end
   local D, dh, W = tonumber(raw[5]), tonumber(raw[6] or 0), tonumber(raw[7])
-  if not (D and W and dh) then return nil end
+  if not (exact(D) and exact(W) and exact(dh)) then return nil end  -- the general path says why
   D, dh = D + amount, dh + amount
   redis.call('HSET', K, 'D', string.format('%d', D), dk, string.format('%d', dh))
   if quiet then return 0 end
@@ -196,7 +203,8 @@ return function(KEYS, ARGV, given_now)
     end
     slice_ms, n, head = tonumber(raw[2]), tonumber(raw[3]), tonumber(raw[4])
     D, W = tonumber(raw[5]), tonumber(raw[6])
-    if not (slice_ms and n and head and D and W) or slice_ms < 1 or n < 1 or n > 100 then
+    if not (exact(slice_ms) and exact(n) and exact(head) and exact(D) and exact(W))
+        or slice_ms < 1 or n < 1 or n > 100 then
       return schema_error(K, 'has corrupt budget fields')
     end
   else
@@ -231,6 +239,9 @@ return function(KEYS, ARGV, given_now)
   else  -- drift, or the server clock stepped back: count into the newest slice
     local got = redis.call('HMGET', K, 'd:' .. head, 'w:' .. head)
     dh, wh = tonumber(got[1]) or 0, tonumber(got[2]) or 0
+  end
+  if not (exact(D) and exact(W) and exact(dh) and exact(wh)) then
+    return schema_error(K, 'has corrupt budget fields')  -- (only dead slices were dropped)
   end
 
   local ok, wrote_d, wrote_w = 1, false, false

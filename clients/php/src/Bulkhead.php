@@ -313,7 +313,8 @@ final class Bulkhead
         if (is_int($raw)) {  // the hot paths (a granted acquire, a release) answer 1
             $raw = array_pad([$raw], 9, 0);
         }
-        if (!is_array($raw) || count($raw) < 9) {
+        Scripts::expectArray($raw);
+        if (count($raw) < 9) {
             throw new SchemaError('unexpected bulkhead script reply: ' . var_export($raw, true));
         }
         $v = array_map('intval', $raw);

@@ -337,7 +337,8 @@ final class CircuitBreaker
                 'probe_figures' => false,
             ];
         }
-        if (!is_array($raw) || count($raw) < 14) {
+        Scripts::expectArray($raw);
+        if (count($raw) < 14) {
             throw new SchemaError('unexpected breaker script reply: ' . var_export($raw, true));
         }
         return [

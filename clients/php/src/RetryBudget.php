@@ -121,7 +121,8 @@ final class RetryBudget
     private function run(string $op, int $amount = 1): array
     {
         $raw = Scripts::run($this->redis, $this->script, [$this->key], [$op, ...$this->args, (string) $amount]);
-        if (!is_array($raw) || count($raw) < 6) {
+        Scripts::expectArray($raw);
+        if (count($raw) < 6) {
             throw new SchemaError('unexpected budget script reply: ' . var_export($raw, true));
         }
         $reply = [

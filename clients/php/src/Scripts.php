@@ -120,9 +120,60 @@ final class Scripts
         return $reply;
     }
 
+    /**
+     * A reply that is no array is no reply of distbreaker's scripts: what answers is
+     * not Redis (a proxy, a mock, a Sentinel...), an outage like any other
+     * (\RedisException: the caller's Redis-unavailable policy applies), not SchemaError.
+     *
+     * @phpstan-assert array<mixed> $raw
+     */
+    public static function expectArray(mixed $raw): void
+    {
+        if (!is_array($raw)) {
+            $text = 'not a Redis server running distbreaker\'s scripts: it answered ' . substr(var_export($raw, true), 0, 120);
+            self::logRefusal('not-redis', $text, 'check the host and port of the URL');
+            throw new \RedisException($text);
+        }
+    }
+
+    /** @var array<string, true> causes logged by this process */
+    private static array $logged = [];
+
+    /** Log a refusal's cause once per process (it does not fix itself), with its fix. */
+    private static function logRefusal(string $cause, string $text, string $fix): void
+    {
+        if (isset(self::$logged[$cause])) {
+            return;
+        }
+        self::$logged[$cause] = true;
+        error_log("distbreaker: Redis refuses to serve distbreaker ({$text}); the Redis-unavailable "
+            . "policy applies until it is fixed. Fix: {$fix} (docs/OPERATIONS.md, A wrong target or a refusing Redis)");
+    }
+
+    /**
+     * A refusal or misdirection (an ACL refusal, also from inside a script; a full, read-only,
+     * loading, busy or primary-less Redis; a server without scripting): Redis cannot serve
+     * us, so the caller's Redis-unavailable policy applies (docs/OPERATIONS.md).
+     */
+    public static function refused(string $text): bool
+    {
+        $code = explode(' ', $text, 2)[0];
+        $lower = strtolower($text);
+        return in_array($code, ['NOPERM', 'OOM', 'READONLY', 'LOADING', 'MASTERDOWN', 'BUSY', 'MISCONF', 'NOREPLICAS'], true)
+            || str_contains($lower, "can't run this command") || str_contains($lower, 'no permissions to')
+            || str_contains($lower, 'unknown command');
+    }
+
     /** Turn a script's error reply into the client's own exception type. */
     public static function translate(string $text): \Throwable
     {
+        if (self::refused($text)) {
+            $code = explode(' ', $text, 2)[0];
+            $acl = str_contains(strtolower($text), 'permission') || str_contains($text, "can't run this command") || $code === 'NOPERM';
+            self::logRefusal($acl ? 'acl:' . explode(' script:', $text, 2)[0] : $code, explode(' script:', $text, 2)[0],
+                $acl ? 'grant what is missing: `distbreaker doctor --user NAME` prints the ACL SETUSER line' : 'see the table of causes');
+            return new \RedisException("redis refused distbreaker's script: {$text}");
+        }
         $marker = 'DISTBREAKER_SCHEMA ';
         $at = strpos($text, $marker);
         if ($at !== false) {

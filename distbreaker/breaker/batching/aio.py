@@ -78,7 +78,7 @@ class LoopFlusher(FlusherShell):
                     socket_connect_timeout=core.config.redis_timeout)
             pending = core.batch_pending(counts)
             try:
-                pending.on_reply(run_script(client, *pending.spec))
+                pending.reply(run_script(client, *pending.spec))
             except Exception as error:
                 self.failed_call(core, counts, error)
 

@@ -90,7 +90,7 @@ class FlushCore:
                 self.failed_call(batch.core, batch.counts, result)
             else:
                 self.sent += outcome_count(batch.counts)
-                batch.call.on_reply(result)
+                batch.call.reply(result)
 
     def pipeline_failed(self, batches: Sequence[Batch], error: Exception) -> None:
         """The whole pipeline failed: Redis unavailable (keep the counts), or anything
