@@ -2,7 +2,12 @@
 
 After a failure Redis is skipped for an exponential backoff with jitter; when
 it ends only *one* caller per process tries (the trial), so a dead or hung Redis
-costs each process about one attempt per backoff period. Fork-aware.
+costs each process about one attempt per backoff period. The backoff grows per
+failed trial, not per failed call: calls already in flight when Redis stopped
+answering are the same outage. Components of one process that talk to the same
+Redis (one URL, or one given client) share one `RedisHealth` (`shared_health`), so
+a call that crosses a breaker, a bulkhead and a budget discovers an outage once.
+Fork-aware.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ import os
 import random
 import threading
 import time
+import weakref
 from collections.abc import Iterator
+from typing import Any
 
 from redis.exceptions import (
     ClusterDownError,
@@ -64,6 +71,8 @@ class RedisHealth:
         self._failures = 0
         self._backoff = 0.0
         self._retry_at = 0.0
+        #: A trial was let through since the last failure: its failure grows the backoff.
+        self._trial_out = False
         self.last_error: BaseException | None = None
         #: Redis calls skipped because of the backoff (since this object was made).
         self.skipped = 0
@@ -98,6 +107,7 @@ class RedisHealth:
                 self.skipped += 1
                 return False
             self.trials += 1
+            self._trial_out = True
             self._retry_at = now + max(self._backoff, _TRIAL_HOLD)
             return True
 
@@ -108,15 +118,23 @@ class RedisHealth:
         return max(0.0, self._retry_at - (now if now is not None else time.monotonic()))
 
     def failed(self, error: BaseException, now: float | None = None) -> None:
-        """A Redis call failed: back off exponentially (full jitter on the upper half)."""
+        """A Redis call failed: back off exponentially (full jitter on the upper half).
+
+        Only the first failure and the failure of a trial move the backoff: the other
+        calls that were in flight when Redis stopped answering report the same outage
+        (16 callers of a frozen Redis are one failed attempt, not 16), so a process is
+        back on the shared state about one backoff step after Redis answers again."""
         with self._guard():
-            self._failures += 1
-            first = self._failures == 1
+            first = self._failures == 0
             self.last_error = error
-            ceiling = min(self._max_backoff, _FIRST_BACKOFF * 2 ** min(self._failures - 1, 16))
-            self._backoff = ceiling
-            backoff = ceiling / 2 + random.random() * ceiling / 2
-            self._retry_at = (now if now is not None else time.monotonic()) + backoff
+            if first or self._trial_out:
+                self._trial_out = False
+                self._failures += 1
+                ceiling = min(self._max_backoff,
+                              _FIRST_BACKOFF * 2 ** min(self._failures - 1, 16))
+                self._backoff = ceiling
+                backoff = ceiling / 2 + random.random() * ceiling / 2
+                self._retry_at = (now if now is not None else time.monotonic()) + backoff
         if isinstance(error, NoPermissionError):
             _log_refusal(error)
         elif first:
@@ -131,9 +149,48 @@ class RedisHealth:
                 self._failures = 0
                 self._backoff = 0.0
                 self._retry_at = 0.0
+                self._trial_out = False
                 self.last_error = None
             if was_down:
                 logger.info("distbreaker: Redis reachable again; the fleet state governs")
+
+
+    def share_with(self, max_backoff: float) -> None:
+        """Another component uses this health: the shortest longest backoff governs (no
+        component waits longer for Redis than its own config allows)."""
+        self._max_backoff = min(self._max_backoff, max_backoff)
+
+
+#: The health of each Redis target of this process: a URL, or a given client (by id;
+#: its components keep it alive). Entries go when no component holds them.
+_SHARED: weakref.WeakValueDictionary[tuple[str, Any], RedisHealth] = (
+    weakref.WeakValueDictionary())
+_shared_lock = threading.Lock()
+
+
+def _reset_lock_in_child() -> None:
+    global _shared_lock
+    _shared_lock = threading.Lock()  # the parent's may have been held by another thread
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_lock_in_child)
+
+
+def shared_health(target: Any, max_backoff: float) -> RedisHealth:
+    """The one `RedisHealth` of the components of this process that talk to `target`
+    (a URL, None for the default URL, or a client): one outage discovery and one trial
+    per backoff period for all of them (a Policy's breaker, bulkhead and budget)."""
+    key: tuple[str, Any] = ("url", target or "") if target is None or isinstance(
+        target, str) else ("client", id(target))
+    with _shared_lock:
+        health = _SHARED.get(key)
+        if health is None:
+            health = RedisHealth(max_backoff)
+            _SHARED[key] = health
+        else:
+            health.share_with(max_backoff)
+        return health
 
 
 def _log_refusal(error: NoPermissionError) -> None:

@@ -35,7 +35,7 @@ from .._runtime.classify import (
 )
 from .._runtime.connection import db_of
 from .._runtime.events import Event, Listeners
-from .._runtime.health import RedisHealth
+from .._runtime.health import RedisHealth, shared_health
 from .._runtime.keys import DEFAULT_PREFIX, BreakerKeys, validate_name
 from .._runtime.local import LocalScriptRunner
 from .._runtime.options import Seconds, to_ms, to_seconds
@@ -265,6 +265,8 @@ class BreakerCodec:
         self._slow_ms = to_ms(config.slow_call_duration)
         self._lock = threading.Lock()
         self._view: State | None = None          # None: unknown, ask Redis
+        #: The view Redis last gave before it became unreachable (the fallback inherits it).
+        self._last_known: State | None = None
         self._open_deadline = 0.0                # monotonic end of the OPEN wait
         self._view_until = 0.0                   # a rejecting view is used until then
         self._view_reason = ""
@@ -427,8 +429,42 @@ class BreakerCodec:
         return CallNotPermitted(self.name, state, wait, reason=reason, actor=actor)
 
     def forget_view(self) -> None:
-        """Redis could not be asked: the next call must ask (or use the fallback) again."""
+        """Redis could not be asked: the next call must ask (or use the fallback) again.
+        The view is kept as the last known fleet state, which the fallback inherits."""
+        if self._view is not None:
+            self._last_known = self._view
         self._view = None
+
+    def inherited(self, now: float) -> tuple[State | None, float, float | None]:
+        """The last fleet state this process saw before Redis became unreachable: the
+        state (None: none known), the seconds left of its OPEN wait, and of an
+        operator's override (None: no end)."""
+        state = self._view or self._last_known
+        left = self._override_deadline - now if self._override_deadline else None
+        return state, self._open_deadline - now, left
+
+    def inherited_rejection(self, state: State, wait: float) -> CallNotPermitted:
+        """A call the inherited state turns down while the local fallback loads."""
+        self._count_rejection(state.value)
+        return CallNotPermitted(self.name, state, max(0.0, wait),
+                                reason="last known fleet state (Redis unavailable)")
+
+    def seed_call(self, now: float) -> ScriptCall | None:
+        """The operator `set` that makes the local fallback start from the last known
+        fleet state (None: CLOSED or unknown, where a fresh local breaker starts): an
+        OPEN keeps its wait (then half-open probes, as configured), FORCED_OPEN,
+        DISABLED and METRICS_ONLY stay until their override ends."""
+        state, open_left, override_left = self.inherited(now)
+        hold: tuple[str, ...] = ()
+        if override_left is not None:
+            hold = hold_args(max(0.001, override_left), None)
+        if state in (State.OPEN, State.HALF_OPEN):
+            wait = open_left if state is State.OPEN else 0.0
+            return self._call("set", "TRIP", "last known fleet state", "local",
+                              *hold_args(max(0.001, wait), None))
+        if state in (State.FORCED_OPEN, State.DISABLED, State.METRICS_ONLY):
+            return self._call("set", state.value, "last known fleet state", "local", *hold)
+        return None
 
     def invalidate(self, at_ms: int, recovered: bool = False) -> bool:
         """A transition made elsewhere at server time `at_ms` (pub/sub): unless a reply
@@ -450,6 +486,7 @@ class BreakerCodec:
         """Refresh the local view from a Redis reply; return the transitions it made."""
         if source == "redis":
             with self._lock:
+                self._last_known = None  # Redis answers: its view governs
                 if reply.now_ms >= self._view_now_ms or (
                         reply.transitions and reply.now_ms == self._invalidated_at):
                     self._view_now_ms = reply.now_ms
@@ -636,8 +673,14 @@ class BreakerCore:
                                    0 if client is None else db_of(client))
         self._script = load_script(SCRIPT_NAME)
         self._listeners = Listeners(EVENT_KINDS)
-        self._health = RedisHealth(self.config.redis_retry_max_backoff)
+        #: Shared with the process's other components of the same Redis (one outage
+        #: discovery per call, one trial per backoff period).
+        self._health: RedisHealth = shared_health(redis, self.config.redis_retry_max_backoff)
         self._local = LocalScriptRunner()
+        #: The local fallback answered since Redis last did (its keys are seeded).
+        self._local_used = False
+        #: Records of calls passed while the fallback runtime loads (replayed into it).
+        self._unrecorded: list[ScriptCall] = []
         self._recovery_callbacks: list[Any] = []
         #: The flusher batched outcomes go to (record_mode "batched"; set by the front end).
         self._flusher: Any = None
@@ -655,8 +698,11 @@ class BreakerCore:
         return None
 
     def _after_fork(self) -> None:
-        """A forked child subscribes on its own first call (threads do not survive fork)."""
+        """A forked child subscribes on its own first call (threads do not survive fork),
+        and has a local fallback of its own (the parent's records stay the parent's)."""
         self._watching = False
+        self._local_used = False
+        self._unrecorded = []
 
     @property
     def name(self) -> str:
@@ -800,8 +846,7 @@ class BreakerCore:
             return self._admit(reply, token, sent_at) if acquiring else reply
 
         def unavailable(error: BaseException | None) -> Any:
-            if error is not None:
-                self._redis_failed(error)
+            self._redis_failed(error)
             reply = self._fallback(call, acquiring)
             return self._admit(reply, token, sent_at) if acquiring else reply
 
@@ -935,8 +980,7 @@ class BreakerCore:
         return True
 
     def _batch_unavailable(self, error: BaseException | None) -> None:
-        if error is not None:
-            self._redis_failed(error)
+        self._redis_failed(error)
 
     # -- replies --------------------------------------------------------------------
     def _redis_reply(self, raw: Any) -> Reply:
@@ -971,13 +1015,18 @@ class BreakerCore:
                 self._listeners.emit(event, "transition")
         return reply
 
-    def _redis_failed(self, error: BaseException) -> None:
-        self._health.failed(error)
+    def _redis_failed(self, error: BaseException | None) -> None:
+        """Redis failed this call (`error`), or is in backoff (None: another component
+        of the same Redis found it down): the next call asks again (or the fallback)."""
+        if error is not None:
+            self._health.failed(error)
         self._codec.forget_view()
 
     def _redis_ok(self) -> None:
-        if self._health.last_error is not None:
-            self._local.reset()
+        if self._local_used:  # Redis answers again: the fleet's state governs
+            self._local_used = False
+            self._unrecorded.clear()
+            self._local.reset(self.keys.script_keys)
         self._health.succeeded()
 
     def _fallback(self, call: ScriptCall, acquiring: bool) -> Reply | None:
@@ -987,8 +1036,41 @@ class BreakerCore:
                 error = self._health.last_error or ConnectionError("redis unavailable")
                 raise self._rejected(self._codec.redis_unavailable(error, self._health.retry_in()))
             return None
+        if not self._local.ready():
+            return self._loading_fallback(call, acquiring)
+        if not self._local_used:
+            self._start_local()
         reply = self._local_reply(call)
         return None if reply is None else self._publish(reply, "local")
 
+    def _start_local(self) -> None:
+        """The first fallback call since Redis answered: the local breaker starts from the
+        last fleet state this process saw, then takes the records of the calls passed
+        while it loaded."""
+        self._local_used = True
+        self._local.reset(self.keys.script_keys)
+        seed = self._codec.seed_call(time.monotonic())
+        if seed is not None:
+            self._local.run(self._script, seed.keys, seed.args)
+        unrecorded, self._unrecorded = self._unrecorded, []
+        for record in unrecorded:
+            self._local.run(self._script, record.keys, record.args)
+
+    def _loading_fallback(self, call: ScriptCall, acquiring: bool) -> Reply | None:
+        """The fallback runtime is still loading: the last known fleet state decides. A
+        known OPEN (its wait over or not), HALF_OPEN or FORCED_OPEN rejects (the local
+        breaker's probes start once it is ready); otherwise the call passes and its
+        record is kept for the local breaker (bounded)."""
+        if not acquiring:
+            if len(self._unrecorded) < _MAX_UNRECORDED:
+                self._unrecorded.append(call)
+            return None
+        state, open_left, _ = self._codec.inherited(time.monotonic())
+        if state in (State.OPEN, State.HALF_OPEN, State.FORCED_OPEN):
+            raise self._rejected(self._codec.inherited_rejection(state, open_left))
+        return None
+
 
 _NO_GUARD = contextlib.nullcontext()
+#: Records of calls passed while the fallback runtime loads, kept per breaker at most.
+_MAX_UNRECORDED = 10_000

@@ -19,7 +19,7 @@ from typing import Any
 from .._runtime import forking
 from .._runtime.connection import DEFAULT_URL, owns_client
 from .._runtime.events import Event, Listeners
-from .._runtime.health import RedisHealth
+from .._runtime.health import RedisHealth, shared_health
 from .._runtime.keys import DEFAULT_PREFIX, BulkheadKeys, validate_name
 from .._runtime.options import to_ms
 from .._runtime.scripts import LuaScript, PendingCall, ScriptCall, load_script
@@ -141,12 +141,14 @@ class BulkheadCodec:
     """One bulkhead's protocol state: script calls, the Redis health, orphaned tokens
     and this process's counts, and the decisions on renewals and releases."""
 
-    def __init__(self, name: str, config: BulkheadConfig, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(self, name: str, config: BulkheadConfig, prefix: str = DEFAULT_PREFIX,
+                 target: Any = None) -> None:
         self.name = validate_name(name)
         self.config = config
         self.keys = BulkheadKeys.build(name, prefix)
         self.script: LuaScript = load_script(SCRIPT_NAME)
-        self.health = RedisHealth(config.redis_retry_max_backoff)
+        #: Shared with the process's other components of the same Redis (`target`).
+        self.health: RedisHealth = shared_health(target, config.redis_retry_max_backoff)
         self._lease_ms = max(1, to_ms(config.lease))
         self._ttl_ms = max(1, to_ms(config.key_ttl))
         self._adaptive = config.adaptive.wire() if config.adaptive is not None else ""
@@ -465,7 +467,7 @@ class BulkheadCore:
     def __init__(self, name: str, redis: Any, config: BulkheadConfig | None, prefix: str,
                  overrides: dict[str, Any]) -> None:
         self.config = build_bulkhead_config(config, overrides)
-        self._codec = BulkheadCodec(name, self.config, prefix)
+        self._codec = BulkheadCodec(name, self.config, prefix, redis)
         #: A URL (the clients built from it are this bulkhead's) or a given client.
         self._target = DEFAULT_URL if redis is None else redis
         self._owns_clients = owns_client(redis)
