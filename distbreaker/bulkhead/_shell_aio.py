@@ -7,6 +7,7 @@ semaphore, and what a cancellation must hand back.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
@@ -125,7 +126,11 @@ class BulkheadShell(BulkheadCore):
     async def _acquire_redis(self, attempt: Acquisition) -> BulkheadPermit:
         while (permit := attempt.answer(await self._run(attempt.request()))) is None:
             client, cap = self._waiter()
-            await client.blpop([self.keys.notify], timeout=attempt.block_for(cap))
+            seconds = attempt.block_for(cap)
+            if seconds > 0:
+                await client.blpop([self.keys.notify], timeout=seconds)
+            else:  # the last stretch: Redis would end the BLPOP up to 100 ms late
+                await asyncio.sleep(attempt.pause())
         return permit
 
     async def _cancel(self, token: str) -> None:

@@ -10,6 +10,7 @@ semaphore, and what a cancellation must hand back.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -127,7 +128,11 @@ class BulkheadShell(BulkheadCore):
     def _acquire_redis(self, attempt: Acquisition) -> BulkheadPermit:
         while (permit := attempt.answer(self._run(attempt.request()))) is None:
             client, cap = self._waiter()
-            client.blpop([self.keys.notify], timeout=attempt.block_for(cap))
+            seconds = attempt.block_for(cap)
+            if seconds > 0:
+                client.blpop([self.keys.notify], timeout=seconds)
+            else:  # the last stretch: Redis would end the BLPOP up to 100 ms late
+                time.sleep(attempt.pause())
         return permit
 
     def _cancel(self, token: str) -> None:

@@ -37,6 +37,10 @@ WAITER_GRACE_MS = 1000
 MIN_BLOCK = 0.002
 #: Extra time after the next lease deadline before trying again (clock granularity).
 DEADLINE_SLACK = 0.005
+#: How late Redis may end a blocking wait: it checks blocked clients' timeouts on its
+#: timer (hz 10 by default, so up to 100 ms). The last stretch of a wait is slept
+#: client-side instead, so max_wait_duration is kept (issue 23).
+SERVER_TIMER = 0.1
 
 
 #: The event kinds a bulkhead's listeners get (per process): permitted (`duration`:
@@ -428,9 +432,18 @@ class Acquisition:
 
     def block_for(self, cap: float) -> float:
         """How long to block on the notify list after the last refusal (`cap`: the
-        longest one blocking call may take on the waiting client)."""
+        longest one blocking call may take on the waiting client); 0: do not block in
+        Redis, whose timeout may fire up to `SERVER_TIMER` late, but sleep `pause()`."""
         assert self._refusal is not None
-        return self._codec.block_for(self._remaining, self._refusal, cap)
+        seconds = self._codec.block_for(self.remaining(), self._refusal, cap)
+        return seconds - SERVER_TIMER if seconds > SERVER_TIMER + MIN_BLOCK else 0.0
+
+    def pause(self) -> float:
+        """The client-side sleep before asking again when `block_for` says 0: the end of
+        the wait (or the next lease deadline), at most `SERVER_TIMER`."""
+        assert self._refusal is not None
+        bound = self._codec.block_for(self.remaining(), self._refusal, SERVER_TIMER)
+        return max(0.0, min(bound, self.remaining()))
 
     def unavailable(self, error: BaseException) -> None:
         """Redis failed mid-acquire (the local fallback decides now); it may have granted
