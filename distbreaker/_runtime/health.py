@@ -13,6 +13,7 @@ Fork-aware.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import os
 import random
@@ -50,6 +51,10 @@ UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
 
 #: NOPERM messages already logged by this process (each missing permission once).
 _logged_refusals: set[str] = set()
+
+#: The healths (by id) found unavailable within the current `one_discovery` scope.
+_SEEN: contextvars.ContextVar[set[int] | None] = contextvars.ContextVar(
+    "distbreaker_outages_seen", default=None)
 
 _FIRST_BACKOFF = 0.05
 #: How long other callers keep skipping Redis while one caller's trial is in flight
@@ -100,10 +105,11 @@ class RedisHealth:
         if self._failures == 0:
             return True
         now = now if now is not None else time.monotonic()
+        seen = _SEEN.get()
         with self._guard():
             if self._failures == 0:
                 return True
-            if now < self._retry_at:
+            if now < self._retry_at or (seen is not None and id(self) in seen):
                 self.skipped += 1
                 return False
             self.trials += 1
@@ -124,6 +130,9 @@ class RedisHealth:
         calls that were in flight when Redis stopped answering report the same outage
         (16 callers of a frozen Redis are one failed attempt, not 16), so a process is
         back on the shared state about one backoff step after Redis answers again."""
+        seen = _SEEN.get()
+        if seen is not None:
+            seen.add(id(self))
         with self._guard():
             first = self._failures == 0
             self.last_error = error
@@ -191,6 +200,18 @@ def shared_health(target: Any, max_backoff: float) -> RedisHealth:
         else:
             health.share_with(max_backoff)
         return health
+
+
+@contextlib.contextmanager
+def one_discovery() -> Iterator[None]:
+    """Within (one Policy attempt, per thread or task): a Redis found unavailable is not
+    tried again, even when its backoff ends meanwhile (the local fallback's first use
+    can take longer than the first backoff step): one outage discovery per call."""
+    token = _SEEN.set(set())
+    try:
+        yield
+    finally:
+        _SEEN.reset(token)
 
 
 def _log_refusal(error: NoPermissionError) -> None:

@@ -108,9 +108,8 @@ class BulkheadShell(BulkheadCore):
         """Take one permit (waiting up to max_wait_duration); raises BulkheadFull."""
         attempt = self._codec.begin_acquire(priority)
         if attempt.via_redis:
-            for orphan in attempt.orphans:
-                await self._cancel(orphan)
             try:
+                await self._cancel_orphans(attempt)
                 permit = await self._acquire_redis(attempt)
             except UNAVAILABLE_ERRORS as error:
                 attempt.unavailable(error)
@@ -132,6 +131,20 @@ class BulkheadShell(BulkheadCore):
             else:  # the last stretch: Redis would end the BLPOP up to 100 ms late
                 await asyncio.sleep(attempt.pause())
         return permit
+
+    async def _cancel_orphans(self, attempt: Acquisition) -> None:
+        """Cancel earlier acquires whose reply was lost. Redis failing here fails this
+        acquire at once (one outage discovery per call, not one per request); the tokens
+        not cancelled stay orphaned for the next acquire that reaches Redis."""
+        for i, orphan in enumerate(attempt.orphans):
+            try:
+                await self._run(self._codec.cancel_call(orphan))
+            except UNAVAILABLE_ERRORS:
+                for token in attempt.orphans[i:]:
+                    self._codec.orphan(token)
+                raise
+            except Exception as error:
+                logger.debug("bulkhead %r: cancel failed: %r", self.name, error)
 
     async def _cancel(self, token: str) -> None:
         """Undo an interrupted acquire; best effort (leases and waiters expire anyway)."""
