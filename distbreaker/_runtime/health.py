@@ -23,6 +23,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+from redis.connection import parse_url
 from redis.exceptions import (
     ClusterDownError,
     NoPermissionError,
@@ -170,9 +171,9 @@ class RedisHealth:
         self._max_backoff = min(self._max_backoff, max_backoff)
 
 
-#: The health of each Redis target of this process: a URL, or a given client (by id;
-#: its components keep it alive). Entries go when no component holds them.
-_SHARED: weakref.WeakValueDictionary[tuple[str, Any], RedisHealth] = (
+#: The health of each Redis server of this process (see `_target_key`; a client known
+#: only by id is kept alive by its components). Entries go when no component holds them.
+_SHARED: weakref.WeakValueDictionary[tuple[Any, ...], RedisHealth] = (
     weakref.WeakValueDictionary())
 _shared_lock = threading.Lock()
 
@@ -186,12 +187,33 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_lock_in_child)
 
 
+def _target_key(target: Any) -> tuple[Any, ...]:
+    """Where `target` connects: host, port, database (or socket path) for a redis://
+    URL and for a client of one, so a Policy's client and a breaker's URL of the same
+    server share a health; the URL itself for other schemes; else the client's id."""
+    kwargs: Any = None
+    if target is None or isinstance(target, str):
+        url = target or "redis://localhost:6379/0"
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            return ("url", url)
+        try:
+            kwargs = parse_url(url)
+        except ValueError:
+            return ("url", url)
+    else:
+        kwargs = getattr(getattr(target, "connection_pool", None), "connection_kwargs", None)
+        if not isinstance(kwargs, dict) or type(target).__module__.startswith("fakeredis") \
+                or ("host" not in kwargs and "path" not in kwargs):
+            return ("client", id(target))
+    return ("server", kwargs.get("host", "localhost"), int(kwargs.get("port") or 6379),
+            kwargs.get("path"), int(kwargs.get("db") or 0))
+
+
 def shared_health(target: Any, max_backoff: float) -> RedisHealth:
     """The one `RedisHealth` of the components of this process that talk to `target`
     (a URL, None for the default URL, or a client): one outage discovery and one trial
     per backoff period for all of them (a Policy's breaker, bulkhead and budget)."""
-    key: tuple[str, Any] = ("url", target or "") if target is None or isinstance(
-        target, str) else ("client", id(target))
+    key = _target_key(target)
     with _shared_lock:
         health = _SHARED.get(key)
         if health is None:
