@@ -201,7 +201,10 @@ def _target_key(target: Any) -> tuple[Any, ...]:
         except ValueError:
             return ("url", url)
     else:
-        kwargs = getattr(getattr(target, "connection_pool", None), "connection_kwargs", None)
+        try:  # (a wrapper's __getattr__ may need a running event loop: its id, then)
+            kwargs = target.connection_pool.connection_kwargs
+        except Exception:
+            kwargs = None
         if not isinstance(kwargs, dict) or type(target).__module__.startswith("fakeredis") \
                 or ("host" not in kwargs and "path" not in kwargs):
             return ("client", id(target))

@@ -679,8 +679,9 @@ class BreakerCore:
         self._local = LocalScriptRunner()
         #: The local fallback answered since Redis last did (its keys are seeded).
         self._local_used = False
-        #: Records of calls passed while the fallback runtime loads (replayed into it).
-        self._unrecorded: list[ScriptCall] = []
+        #: Outcome counts of the calls passed while the fallback runtime loads (recorded
+        #: into it, as one batch, when it is ready).
+        self._unrecorded: Counts = (0, 0, 0, 0)
         self._recovery_callbacks: list[Any] = []
         #: The flusher batched outcomes go to (record_mode "batched"; set by the front end).
         self._flusher: Any = None
@@ -702,7 +703,7 @@ class BreakerCore:
         and has a local fallback of its own (the parent's records stay the parent's)."""
         self._watching = False
         self._local_used = False
-        self._unrecorded = []
+        self._unrecorded = (0, 0, 0, 0)
 
     @property
     def name(self) -> str:
@@ -1025,7 +1026,7 @@ class BreakerCore:
     def _redis_ok(self) -> None:
         if self._local_used:  # Redis answers again: the fleet's state governs
             self._local_used = False
-            self._unrecorded.clear()
+            self._unrecorded = (0, 0, 0, 0)
             self._local.reset(self.keys.script_keys)
         self._health.succeeded()
 
@@ -1052,18 +1053,21 @@ class BreakerCore:
         seed = self._codec.seed_call(time.monotonic())
         if seed is not None:
             self._local.run(self._script, seed.keys, seed.args)
-        unrecorded, self._unrecorded = self._unrecorded, []
-        for record in unrecorded:
-            self._local.run(self._script, record.keys, record.args)
+        unrecorded, self._unrecorded = self._unrecorded, (0, 0, 0, 0)
+        if any(unrecorded[:2]):
+            batch = self._codec.batch_call(unrecorded)
+            self._local.run(self._script, batch.keys, batch.args)
 
     def _loading_fallback(self, call: ScriptCall, acquiring: bool) -> Reply | None:
         """The fallback runtime is still loading: the last known fleet state decides. A
         known OPEN (its wait over or not), HALF_OPEN or FORCED_OPEN rejects (the local
         breaker's probes start once it is ready); otherwise the call passes and its
-        record is kept for the local breaker (bounded)."""
+        outcome is counted, for the local breaker to record once it is ready."""
         if not acquiring:
-            if len(self._unrecorded) < _MAX_UNRECORDED:
-                self._unrecorded.append(call)
+            counts = record_counts(call)
+            if counts is not None:
+                self._unrecorded = tuple(  # type: ignore[assignment]
+                    a + b for a, b in zip(self._unrecorded, counts, strict=True))
             return None
         state, open_left, _ = self._codec.inherited(time.monotonic())
         if state in (State.OPEN, State.HALF_OPEN, State.FORCED_OPEN):
@@ -1072,5 +1076,12 @@ class BreakerCore:
 
 
 _NO_GUARD = contextlib.nullcontext()
-#: Records of calls passed while the fallback runtime loads, kept per breaker at most.
-_MAX_UNRECORDED = 10_000
+
+
+def record_counts(call: ScriptCall) -> Counts | None:
+    """The outcome counts a record call without a probe token carries (None: another op
+    or a probe, which the local fallback cannot take before it exists)."""
+    args = call.args
+    if args[0] != "record" or args[5]:
+        return None
+    return (int(args[6]), int(args[7]), int(args[8]), int(args[9]))

@@ -105,7 +105,14 @@ class BulkheadShell(BulkheadCore):
 
     # -- permits ------------------------------------------------------------------------
     async def acquire(self, priority: str | int | None = None) -> BulkheadPermit:
-        """Take one permit (waiting up to max_wait_duration); raises BulkheadFull."""
+        """Take one permit (waiting up to max_wait_duration); raises BulkheadFull.
+
+        Driving the bulkhead yourself: call ``check_lease(permit)`` immediately before
+        invoking the protected function (it releases the permit and raises BulkheadFull
+        when its lease ended while this process was paused, e.g. SIGSTOP or a long GC),
+        then ``release(permit)``; `call()`, the decorator and ``with`` do both. The
+        fleet then runs at most `max_concurrent_calls` plus the number of holders frozen
+        *during* their calls past their lease (see docs/OPERATIONS.md)."""
         attempt = self._codec.begin_acquire(priority)
         if attempt.via_redis:
             try:
