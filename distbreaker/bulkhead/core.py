@@ -435,8 +435,12 @@ class Acquisition:
         longest one blocking call may take on the waiting client); 0: do not block in
         Redis, whose timeout may fire up to `SERVER_TIMER` late, but sleep `pause()`."""
         assert self._refusal is not None
-        seconds = self._codec.block_for(self.remaining(), self._refusal, cap)
-        return seconds - SERVER_TIMER if seconds > SERVER_TIMER + MIN_BLOCK else 0.0
+        remaining = self.remaining()
+        seconds = self._codec.block_for(remaining, self._refusal, cap)
+        if seconds <= remaining - SERVER_TIMER:
+            return seconds  # ends before the deadline even when Redis ends it late
+        left = remaining - SERVER_TIMER
+        return left if left > MIN_BLOCK else 0.0
 
     def pause(self) -> float:
         """The client-side sleep before asking again when `block_for` says 0: the end of
