@@ -682,6 +682,13 @@ class BreakerCore:
         #: Outcome counts of the calls passed while the fallback runtime loads (recorded
         #: into it, as one batch, when it is ready).
         self._unrecorded: Counts = (0, 0, 0, 0)
+        #: The local fallback's last answer let every call through (CLOSED, DISABLED,
+        #: METRICS_ONLY): acquires need no local script run, and plain successes are
+        #: summed and recorded `_LOCAL_BATCH` at a time (a failure or slow call at once,
+        #: with them): a full Redis must not cost more than a healthy one.
+        self._local_open_to_all = False
+        self._local_successes: Counts = (0, 0, 0, 0)
+        self._local_lock = threading.Lock()
         self._recovery_callbacks: list[Any] = []
         #: The flusher batched outcomes go to (record_mode "batched"; set by the front end).
         self._flusher: Any = None
@@ -704,6 +711,9 @@ class BreakerCore:
         self._watching = False
         self._local_used = False
         self._unrecorded = (0, 0, 0, 0)
+        self._local_open_to_all = False
+        self._local_successes = (0, 0, 0, 0)
+        self._local_lock = threading.Lock()
 
     @property
     def name(self) -> str:
@@ -1027,6 +1037,8 @@ class BreakerCore:
         if self._local_used:  # Redis answers again: the fleet's state governs
             self._local_used = False
             self._unrecorded = (0, 0, 0, 0)
+            self._local_open_to_all = False
+            self._local_successes = (0, 0, 0, 0)
             self._local.reset(self.keys.script_keys)
         self._health.succeeded()
 
@@ -1041,14 +1053,43 @@ class BreakerCore:
             return self._loading_fallback(call, acquiring)
         if not self._local_used:
             self._start_local()
+        if self._local_open_to_all:
+            if acquiring:
+                return None  # permitted, as the local breaker would answer
+            call = self._local_batch(call)  # type: ignore[assignment]
+            if call is None:
+                return None
         reply = self._local_reply(call)
-        return None if reply is None else self._publish(reply, "local")
+        if reply is None:
+            return None
+        self._local_open_to_all = reply.state in _OPEN_TO_ALL
+        return self._publish(reply, "local")
+
+    def _local_batch(self, call: ScriptCall) -> ScriptCall | None:
+        """The record to run on the local breaker now, or None: a plain success is summed
+        until `_LOCAL_BATCH` are pending; anything else carries the pending ones."""
+        counts = record_counts(call)
+        with self._local_lock:
+            pending = self._local_successes
+            if counts is not None and counts[1] == 0 and counts[2] == 0:
+                pending = tuple(a + b for a, b in zip(pending, counts, strict=True))  # type: ignore[assignment]
+                if pending[0] < _LOCAL_BATCH:
+                    self._local_successes = pending
+                    return None
+                self._local_successes = (0, 0, 0, 0)
+                return self._codec.batch_call(pending)
+            self._local_successes = (0, 0, 0, 0)
+        if pending[0]:
+            batch = self._codec.batch_call(pending)
+            self._local.run(self._script, batch.keys, batch.args)
+        return call
 
     def _start_local(self) -> None:
         """The first fallback call since Redis answered: the local breaker starts from the
         last fleet state this process saw, then takes the records of the calls passed
         while it loaded."""
         self._local_used = True
+        self._local_open_to_all = False
         self._local.reset(self.keys.script_keys)
         seed = self._codec.seed_call(time.monotonic())
         if seed is not None:
@@ -1076,6 +1117,10 @@ class BreakerCore:
 
 
 _NO_GUARD = contextlib.nullcontext()
+#: States in which a breaker lets every call through.
+_OPEN_TO_ALL = frozenset({State.CLOSED, State.DISABLED, State.METRICS_ONLY})
+#: Plain successes summed before the local fallback records them (see `_local_batch`).
+_LOCAL_BATCH = 100
 
 
 def record_counts(call: ScriptCall) -> Counts | None:
