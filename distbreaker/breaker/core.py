@@ -688,6 +688,7 @@ class BreakerCore:
         #: with them): a full Redis must not cost more than a healthy one.
         self._local_open_to_all = False
         self._local_successes: Counts = (0, 0, 0, 0)
+        self._local_successes_since = 0.0
         self._local_lock = threading.Lock()
         self._recovery_callbacks: list[Any] = []
         #: The flusher batched outcomes go to (record_mode "batched"; set by the front end).
@@ -1067,13 +1068,17 @@ class BreakerCore:
 
     def _local_batch(self, call: ScriptCall) -> ScriptCall | None:
         """The record to run on the local breaker now, or None: a plain success is summed
-        until `_LOCAL_BATCH` are pending; anything else carries the pending ones."""
+        until `_LOCAL_BATCH` are pending or the first of them is 1 s old (a time window
+        must not see old successes as new); anything else carries the pending ones."""
         counts = record_counts(call)
+        now = time.monotonic()
         with self._local_lock:
             pending = self._local_successes
             if counts is not None and counts[1] == 0 and counts[2] == 0:
-                pending = tuple(a + b for a, b in zip(pending, counts, strict=True))  # type: ignore[assignment]
-                if pending[0] < _LOCAL_BATCH:
+                if not pending[0]:
+                    self._local_successes_since = now
+                pending = _added(pending, counts)
+                if pending[0] < _LOCAL_BATCH and now - self._local_successes_since < 1.0:
                     self._local_successes = pending
                     return None
                 self._local_successes = (0, 0, 0, 0)
@@ -1094,7 +1099,8 @@ class BreakerCore:
         seed = self._codec.seed_call(time.monotonic())
         if seed is not None:
             self._local.run(self._script, seed.keys, seed.args)
-        unrecorded, self._unrecorded = self._unrecorded, (0, 0, 0, 0)
+        with self._local_lock:
+            unrecorded, self._unrecorded = self._unrecorded, (0, 0, 0, 0)
         if any(unrecorded[:2]):
             batch = self._codec.batch_call(unrecorded)
             self._local.run(self._script, batch.keys, batch.args)
@@ -1107,8 +1113,8 @@ class BreakerCore:
         if not acquiring:
             counts = record_counts(call)
             if counts is not None:
-                self._unrecorded = tuple(  # type: ignore[assignment]
-                    a + b for a, b in zip(self._unrecorded, counts, strict=True))
+                with self._local_lock:
+                    self._unrecorded = _added(self._unrecorded, counts)
             return None
         state, open_left, _ = self._codec.inherited(time.monotonic())
         if state in (State.OPEN, State.HALF_OPEN, State.FORCED_OPEN):
@@ -1121,6 +1127,10 @@ _NO_GUARD = contextlib.nullcontext()
 _OPEN_TO_ALL = frozenset({State.CLOSED, State.DISABLED, State.METRICS_ONLY})
 #: Plain successes summed before the local fallback records them (see `_local_batch`).
 _LOCAL_BATCH = 100
+
+
+def _added(a: Counts, b: Counts) -> Counts:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
 
 
 def record_counts(call: ScriptCall) -> Counts | None:
