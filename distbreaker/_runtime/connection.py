@@ -1,7 +1,8 @@
 """Turning the `redis=` argument (a URL or a redis-py client) into a client.
 
-A URL builds a client with the config's short `redis_timeout` that never retries on
-its own (distbreaker's backoff decides); a given client is used as it is, timeouts and
+A URL builds a client with the config's short `redis_timeout` per command, a separate
+connect timeout (`CONNECT_TIMEOUT`) and pool wait (`ASYNC_POOL_WAIT`), that never
+retries on its own (distbreaker's backoff decides); a given client is used as it is, timeouts and
 all. redis-py's pools open fresh connections in a forked child by themselves.
 
 Components built from the same URL and timeouts in one process share one client (one
@@ -40,7 +41,15 @@ from redis.retry import Retry
 
 DEFAULT_URL = "redis://localhost:6379/0"
 ASYNC_MAX_CONNECTIONS = 32
-ASYNC_POOL_WAIT = 1.0  # seconds a call may queue for a free asyncio connection
+#: Seconds a call may queue for a free asyncio connection. Queueing is local: a burst
+#: of coroutines waits its turn (each command is bounded by `redis_timeout`), it is not
+#: an outage; only a pool that stays exhausted this long counts as one.
+ASYNC_POOL_WAIT = 5.0
+#: Seconds a new connection may take (TCP connect and handshake), at least: a burst of
+#: threads or coroutines opening connections on a busy machine is not an outage. A
+#: command on an open connection is bounded by `redis_timeout`. The URL's
+#: ``?socket_connect_timeout=`` overrides it.
+CONNECT_TIMEOUT = 1.0
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 DEFAULT_SENTINEL_PORT = 26379
 
@@ -54,8 +63,13 @@ _SYNC_TYPES: tuple[type, ...] = (redis.Redis, redis.cluster.RedisCluster)
 _ASYNC_TYPES: tuple[type, ...] = (redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster)
 
 
+def connect_timeout(timeout: float) -> float:
+    """The connect timeout of URL-built clients whose command timeout is `timeout`."""
+    return max(timeout, CONNECT_TIMEOUT)
+
+
 def _url_options(timeout: float) -> dict[str, Any]:
-    return {"socket_timeout": timeout, "socket_connect_timeout": timeout,
+    return {"socket_timeout": timeout, "socket_connect_timeout": connect_timeout(timeout),
             "retry_on_timeout": False, "health_check_interval": 0}
 
 
@@ -88,7 +102,7 @@ class SentinelURL:
 
     def sentinel_options(self, timeout: float, asyncio: bool = False) -> dict[str, Any]:
         """Connection options of the connections to the sentinels themselves."""
-        return {"socket_timeout": timeout, "socket_connect_timeout": timeout,
+        return {"socket_timeout": timeout, "socket_connect_timeout": connect_timeout(timeout),
                 "username": self.sentinel_username, "password": self.sentinel_password,
                 "retry": _no_retry(asyncio)}
 

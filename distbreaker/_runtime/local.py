@@ -1,8 +1,11 @@
-"""The in-process fallback: the very same Lua scripts on a private fakeredis.
+"""The in-process fallback: the very same Lua scripts on an in-process fakeredis.
 
 Used while Redis is unreachable (fail_open), so the local breaker has the fleet
-semantics scoped to this process: no second state machine. Loaded in the
-background, wiped when Redis answers again, fresh in every forked child.
+semantics scoped to this process: no second state machine. One fakeredis per
+process holds every component's fallback keys (building a component costs nothing);
+a component's keys there are seeded from the last fleet state it saw (the breaker)
+and deleted when Redis answers again. Loaded in the background, fresh in every
+forked child.
 """
 
 from __future__ import annotations
@@ -64,37 +67,65 @@ class _LocalRuntime:
 LOCAL_RUNTIME = _LocalRuntime()
 
 
-class LocalScriptRunner:
-    """Runs distbreaker's scripts on a private in-process fakeredis (created lazily).
+class _LocalStore:
+    """The process's one in-process fakeredis (made on first use, fresh after a fork).
 
-    `run` returns None while the fakeredis runtime is still loading (see
-    `_LocalRuntime`); callers then fail open without local accounting.
-    """
+    Every fallback of the process keeps its keys there (each component's own keys, as
+    in Redis), so building a component costs nothing and the first outage pays for
+    one fakeredis client, not one per breaker."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self._pid = os.getpid()
         self._client: Any = None
 
-    def _guard(self) -> threading.Lock:
+    def client(self) -> Any:
+        """The client (call with `guard()` held)."""
+        if self._client is None:
+            import fakeredis
+
+            self._client = fakeredis.FakeStrictRedis(server=fakeredis.FakeServer())
+        return self._client
+
+    def delete(self, keys: Sequence[str]) -> None:
+        """Delete `keys` if the client exists (call with `guard()` held)."""
+        if self._client is not None:
+            self._client.delete(*keys)
+
+    def guard(self) -> threading.Lock:
         if self._pid != os.getpid():  # forked: fresh lock, and a fallback of our own
             self._pid = os.getpid()
-            self._lock = threading.Lock()
+            self.lock = threading.Lock()
             self._client = None
-        return self._lock
+        return self.lock
+
+
+_STORE = _LocalStore()
+
+
+class LocalScriptRunner:
+    """Runs distbreaker's scripts on the process's in-process fakeredis.
+
+    `run` returns None while the fakeredis runtime is still loading (see
+    `_LocalRuntime`); callers then decide without it (the breaker from the last
+    state it knew, the budget on the safe side). Cheap to build: the fakeredis is
+    the process's, shared by every runner (each runs only its own component's keys).
+    """
+
+    @staticmethod
+    def ready() -> bool:
+        """True when scripts can run now (else the runtime starts loading)."""
+        return LOCAL_RUNTIME.ready()
 
     def run(self, script: LuaScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        if self._client is None and not LOCAL_RUNTIME.ready():
+        if not LOCAL_RUNTIME.ready():
             return None
-        with self._guard():
-            if self._client is None:
-                import fakeredis
+        with _STORE.guard():
+            return run_script(_STORE.client(), script, keys, args)
 
-                self._client = fakeredis.FakeStrictRedis(server=fakeredis.FakeServer())
-            return run_script(self._client, script, keys, args)
-
-    def reset(self) -> None:
-        """Forget local state (Redis is back: the fleet's state governs again)."""
-        with self._guard():
-            if self._client is not None:
-                self._client.flushall()
+    def reset(self, keys: Sequence[str]) -> None:
+        """Forget the local state of `keys` (Redis is back: the fleet's state governs)."""
+        if not keys or not LOCAL_RUNTIME.ready():
+            return
+        with _STORE.guard():
+            _STORE.delete(keys)

@@ -99,7 +99,14 @@ class BreakerShell(BreakerCore):
 
     # -- the protected call -------------------------------------------------------
     async def acquire(self) -> Permit:
-        """Ask for permission to make one call; raises CallNotPermitted."""
+        """Ask for permission to make one call; raises CallNotPermitted.
+
+        Driving the breaker yourself: call ``check_lease(permit)`` immediately before
+        invoking the protected function (it raises CallNotPermitted when a half-open
+        probe's lease ended while this process was paused, e.g. SIGSTOP or a long GC),
+        then ``record(permit, error, duration)``; `call()` and the decorator do both.
+        Without the check, a process paused past its lease may probe beside the probe
+        that took its slot: more than `permitted_calls_in_half_open` at once."""
         step = self._acquire_step()
         if step.call is None:
             return Permit()

@@ -35,7 +35,7 @@ from .._runtime.classify import (
 )
 from .._runtime.connection import db_of
 from .._runtime.events import Event, Listeners
-from .._runtime.health import RedisHealth
+from .._runtime.health import RedisHealth, shared_health
 from .._runtime.keys import DEFAULT_PREFIX, BreakerKeys, validate_name
 from .._runtime.local import LocalScriptRunner
 from .._runtime.options import Seconds, to_ms, to_seconds
@@ -265,6 +265,8 @@ class BreakerCodec:
         self._slow_ms = to_ms(config.slow_call_duration)
         self._lock = threading.Lock()
         self._view: State | None = None          # None: unknown, ask Redis
+        #: The view Redis last gave before it became unreachable (the fallback inherits it).
+        self._last_known: State | None = None
         self._open_deadline = 0.0                # monotonic end of the OPEN wait
         self._view_until = 0.0                   # a rejecting view is used until then
         self._view_reason = ""
@@ -427,8 +429,42 @@ class BreakerCodec:
         return CallNotPermitted(self.name, state, wait, reason=reason, actor=actor)
 
     def forget_view(self) -> None:
-        """Redis could not be asked: the next call must ask (or use the fallback) again."""
+        """Redis could not be asked: the next call must ask (or use the fallback) again.
+        The view is kept as the last known fleet state, which the fallback inherits."""
+        if self._view is not None:
+            self._last_known = self._view
         self._view = None
+
+    def inherited(self, now: float) -> tuple[State | None, float, float | None]:
+        """The last fleet state this process saw before Redis became unreachable: the
+        state (None: none known), the seconds left of its OPEN wait, and of an
+        operator's override (None: no end)."""
+        state = self._view or self._last_known
+        left = self._override_deadline - now if self._override_deadline else None
+        return state, self._open_deadline - now, left
+
+    def inherited_rejection(self, state: State, wait: float) -> CallNotPermitted:
+        """A call the inherited state turns down while the local fallback loads."""
+        self._count_rejection(state.value)
+        return CallNotPermitted(self.name, state, max(0.0, wait),
+                                reason="last known fleet state (Redis unavailable)")
+
+    def seed_call(self, now: float) -> ScriptCall | None:
+        """The operator `set` that makes the local fallback start from the last known
+        fleet state (None: CLOSED or unknown, where a fresh local breaker starts): an
+        OPEN keeps its wait (then half-open probes, as configured), FORCED_OPEN,
+        DISABLED and METRICS_ONLY stay until their override ends."""
+        state, open_left, override_left = self.inherited(now)
+        hold: tuple[str, ...] = ()
+        if override_left is not None:
+            hold = hold_args(max(0.001, override_left), None)
+        if state in (State.OPEN, State.HALF_OPEN):
+            wait = open_left if state is State.OPEN else 0.0
+            return self._call("set", "TRIP", "last known fleet state", "local",
+                              *hold_args(max(0.001, wait), None))
+        if state in (State.FORCED_OPEN, State.DISABLED, State.METRICS_ONLY):
+            return self._call("set", state.value, "last known fleet state", "local", *hold)
+        return None
 
     def invalidate(self, at_ms: int, recovered: bool = False) -> bool:
         """A transition made elsewhere at server time `at_ms` (pub/sub): unless a reply
@@ -450,6 +486,7 @@ class BreakerCodec:
         """Refresh the local view from a Redis reply; return the transitions it made."""
         if source == "redis":
             with self._lock:
+                self._last_known = None  # Redis answers: its view governs
                 if reply.now_ms >= self._view_now_ms or (
                         reply.transitions and reply.now_ms == self._invalidated_at):
                     self._view_now_ms = reply.now_ms
@@ -636,8 +673,23 @@ class BreakerCore:
                                    0 if client is None else db_of(client))
         self._script = load_script(SCRIPT_NAME)
         self._listeners = Listeners(EVENT_KINDS)
-        self._health = RedisHealth(self.config.redis_retry_max_backoff)
+        #: Shared with the process's other components of the same Redis (one outage
+        #: discovery per call, one trial per backoff period).
+        self._health: RedisHealth = shared_health(redis, self.config.redis_retry_max_backoff)
         self._local = LocalScriptRunner()
+        #: The local fallback answered since Redis last did (its keys are seeded).
+        self._local_used = False
+        #: Outcome counts of the calls passed while the fallback runtime loads (recorded
+        #: into it, as one batch, when it is ready).
+        self._unrecorded: Counts = (0, 0, 0, 0)
+        #: The local fallback's last answer let every call through (CLOSED, DISABLED,
+        #: METRICS_ONLY): acquires need no local script run, and plain successes are
+        #: summed and recorded `_LOCAL_BATCH` at a time (a failure or slow call at once,
+        #: with them): a full Redis must not cost more than a healthy one.
+        self._local_open_to_all = False
+        self._local_successes: Counts = (0, 0, 0, 0)
+        self._local_successes_since = 0.0
+        self._local_lock = threading.Lock()
         self._recovery_callbacks: list[Any] = []
         #: The flusher batched outcomes go to (record_mode "batched"; set by the front end).
         self._flusher: Any = None
@@ -655,8 +707,14 @@ class BreakerCore:
         return None
 
     def _after_fork(self) -> None:
-        """A forked child subscribes on its own first call (threads do not survive fork)."""
+        """A forked child subscribes on its own first call (threads do not survive fork),
+        and has a local fallback of its own (the parent's records stay the parent's)."""
         self._watching = False
+        self._local_used = False
+        self._unrecorded = (0, 0, 0, 0)
+        self._local_open_to_all = False
+        self._local_successes = (0, 0, 0, 0)
+        self._local_lock = threading.Lock()
 
     @property
     def name(self) -> str:
@@ -800,8 +858,7 @@ class BreakerCore:
             return self._admit(reply, token, sent_at) if acquiring else reply
 
         def unavailable(error: BaseException | None) -> Any:
-            if error is not None:
-                self._redis_failed(error)
+            self._redis_failed(error)
             reply = self._fallback(call, acquiring)
             return self._admit(reply, token, sent_at) if acquiring else reply
 
@@ -935,8 +992,7 @@ class BreakerCore:
         return True
 
     def _batch_unavailable(self, error: BaseException | None) -> None:
-        if error is not None:
-            self._redis_failed(error)
+        self._redis_failed(error)
 
     # -- replies --------------------------------------------------------------------
     def _redis_reply(self, raw: Any) -> Reply:
@@ -971,13 +1027,20 @@ class BreakerCore:
                 self._listeners.emit(event, "transition")
         return reply
 
-    def _redis_failed(self, error: BaseException) -> None:
-        self._health.failed(error)
+    def _redis_failed(self, error: BaseException | None) -> None:
+        """Redis failed this call (`error`), or is in backoff (None: another component
+        of the same Redis found it down): the next call asks again (or the fallback)."""
+        if error is not None:
+            self._health.failed(error)
         self._codec.forget_view()
 
     def _redis_ok(self) -> None:
-        if self._health.last_error is not None:
-            self._local.reset()
+        if self._local_used:  # Redis answers again: the fleet's state governs
+            self._local_used = False
+            self._unrecorded = (0, 0, 0, 0)
+            self._local_open_to_all = False
+            self._local_successes = (0, 0, 0, 0)
+            self._local.reset(self.keys.script_keys)
         self._health.succeeded()
 
     def _fallback(self, call: ScriptCall, acquiring: bool) -> Reply | None:
@@ -987,8 +1050,93 @@ class BreakerCore:
                 error = self._health.last_error or ConnectionError("redis unavailable")
                 raise self._rejected(self._codec.redis_unavailable(error, self._health.retry_in()))
             return None
+        if not self._local.ready():
+            return self._loading_fallback(call, acquiring)
+        if not self._local_used:
+            self._start_local()
+        if self._local_open_to_all:
+            if acquiring:
+                return None  # permitted, as the local breaker would answer
+            call = self._local_batch(call)  # type: ignore[assignment]
+            if call is None:
+                return None
         reply = self._local_reply(call)
-        return None if reply is None else self._publish(reply, "local")
+        if reply is None:
+            return None
+        self._local_open_to_all = reply.state in _OPEN_TO_ALL
+        return self._publish(reply, "local")
+
+    def _local_batch(self, call: ScriptCall) -> ScriptCall | None:
+        """The record to run on the local breaker now, or None: a plain success is summed
+        until `_LOCAL_BATCH` are pending or the first of them is 1 s old (a time window
+        must not see old successes as new); anything else carries the pending ones."""
+        counts = record_counts(call)
+        now = time.monotonic()
+        with self._local_lock:
+            pending = self._local_successes
+            if counts is not None and counts[1] == 0 and counts[2] == 0:
+                if not pending[0]:
+                    self._local_successes_since = now
+                pending = _added(pending, counts)
+                if pending[0] < _LOCAL_BATCH and now - self._local_successes_since < 1.0:
+                    self._local_successes = pending
+                    return None
+                self._local_successes = (0, 0, 0, 0)
+                return self._codec.batch_call(pending)
+            self._local_successes = (0, 0, 0, 0)
+        if pending[0]:
+            batch = self._codec.batch_call(pending)
+            self._local.run(self._script, batch.keys, batch.args)
+        return call
+
+    def _start_local(self) -> None:
+        """The first fallback call since Redis answered: the local breaker starts from the
+        last fleet state this process saw, then takes the records of the calls passed
+        while it loaded."""
+        self._local_used = True
+        self._local_open_to_all = False
+        self._local.reset(self.keys.script_keys)
+        seed = self._codec.seed_call(time.monotonic())
+        if seed is not None:
+            self._local.run(self._script, seed.keys, seed.args)
+        with self._local_lock:
+            unrecorded, self._unrecorded = self._unrecorded, (0, 0, 0, 0)
+        if any(unrecorded[:2]):
+            batch = self._codec.batch_call(unrecorded)
+            self._local.run(self._script, batch.keys, batch.args)
+
+    def _loading_fallback(self, call: ScriptCall, acquiring: bool) -> Reply | None:
+        """The fallback runtime is still loading: the last known fleet state decides. A
+        known OPEN (its wait over or not), HALF_OPEN or FORCED_OPEN rejects (the local
+        breaker's probes start once it is ready); otherwise the call passes and its
+        outcome is counted, for the local breaker to record once it is ready."""
+        if not acquiring:
+            counts = record_counts(call)
+            if counts is not None:
+                with self._local_lock:
+                    self._unrecorded = _added(self._unrecorded, counts)
+            return None
+        state, open_left, _ = self._codec.inherited(time.monotonic())
+        if state in (State.OPEN, State.HALF_OPEN, State.FORCED_OPEN):
+            raise self._rejected(self._codec.inherited_rejection(state, open_left))
+        return None
 
 
 _NO_GUARD = contextlib.nullcontext()
+#: States in which a breaker lets every call through.
+_OPEN_TO_ALL = frozenset({State.CLOSED, State.DISABLED, State.METRICS_ONLY})
+#: Plain successes summed before the local fallback records them (see `_local_batch`).
+_LOCAL_BATCH = 100
+
+
+def _added(a: Counts, b: Counts) -> Counts:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
+
+
+def record_counts(call: ScriptCall) -> Counts | None:
+    """The outcome counts a record call without a probe token carries (None: another op
+    or a probe, which the local fallback cannot take before it exists)."""
+    args = call.args
+    if args[0] != "record" or args[5]:
+        return None
+    return (int(args[6]), int(args[7]), int(args[8]), int(args[9]))

@@ -23,7 +23,7 @@ class BudgetShell(BudgetCore):
 
     def __init__(self, name: str, redis: Any = None, config: BudgetConfig | None = None, *,
                  prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
-        super().__init__(name, config, prefix, overrides)
+        super().__init__(name, config, prefix, overrides, redis)
         self._clients = LoopClients(redis, self.config.redis_timeout)
 
     @property

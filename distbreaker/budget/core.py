@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._runtime import forking
-from .._runtime.health import RedisHealth
+from .._runtime.health import shared_health
 from .._runtime.keys import DEFAULT_PREFIX, BudgetKeys, validate_name
 from .._runtime.local import LocalScriptRunner
 from .._runtime.options import check_int, to_ms
@@ -60,13 +60,15 @@ class BudgetCore:
     _client: Any
 
     def __init__(self, name: str, config: BudgetConfig | None, prefix: str,
-                 overrides: dict[str, Any]) -> None:
+                 overrides: dict[str, Any], redis: Any = None) -> None:
         self.name = validate_name(name)
         self.config = build_budget_config(config, overrides)
         self.keys = BudgetKeys.build(name, prefix or DEFAULT_PREFIX)
         self._script = load_script(SCRIPT_NAME)
-        self._health = RedisHealth(self.config.redis_retry_max_backoff)
+        #: Shared with the process's other components of the same Redis.
+        self._health = shared_health(redis, self.config.redis_retry_max_backoff)
         self._local = LocalScriptRunner()
+        self._local_used = False
         self._drift_warned = False
         self.last_source = "redis"   # where the last answer came from: "redis" or "local"
         self._pending_deposits = 0
@@ -110,6 +112,7 @@ class BudgetCore:
         def unavailable(error: BaseException | None) -> BudgetReply:
             if error is not None:
                 self._health.failed(error)
+            self._local_used = True
             return self._decode(self._local.run(self._script, [self.keys.slices], args),
                                 "local")
 
@@ -140,8 +143,9 @@ class BudgetCore:
         return self._health.down
 
     def _redis_ok(self) -> None:
-        if self._health.last_error is not None:
-            self._local.reset()
+        if self._local_used:  # Redis answers again: the fleet's budget governs
+            self._local_used = False
+            self._local.reset([self.keys.slices])
         self._health.succeeded()
 
     def _decode(self, raw: Sequence[Any] | None, source: str) -> BudgetReply:

@@ -10,6 +10,7 @@ semaphore, and what a cancellation must hand back.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -107,12 +108,18 @@ class BulkheadShell(BulkheadCore):
 
     # -- permits ------------------------------------------------------------------------
     def acquire(self, priority: str | int | None = None) -> BulkheadPermit:
-        """Take one permit (waiting up to max_wait_duration); raises BulkheadFull."""
+        """Take one permit (waiting up to max_wait_duration); raises BulkheadFull.
+
+        Driving the bulkhead yourself: call ``check_lease(permit)`` immediately before
+        invoking the protected function (it releases the permit and raises BulkheadFull
+        when its lease ended while this process was paused, e.g. SIGSTOP or a long GC),
+        then ``release(permit)``; `call()`, the decorator and ``with`` do both. The
+        fleet then runs at most `max_concurrent_calls` plus the number of holders frozen
+        *during* their calls past their lease (see docs/OPERATIONS.md)."""
         attempt = self._codec.begin_acquire(priority)
         if attempt.via_redis:
-            for orphan in attempt.orphans:
-                self._cancel(orphan)
             try:
+                self._cancel_orphans(attempt)
                 permit = self._acquire_redis(attempt)
             except UNAVAILABLE_ERRORS as error:
                 attempt.unavailable(error)
@@ -128,8 +135,26 @@ class BulkheadShell(BulkheadCore):
     def _acquire_redis(self, attempt: Acquisition) -> BulkheadPermit:
         while (permit := attempt.answer(self._run(attempt.request()))) is None:
             client, cap = self._waiter()
-            client.blpop([self.keys.notify], timeout=attempt.block_for(cap))
+            seconds = attempt.block_for(cap)
+            if seconds > 0:
+                client.blpop([self.keys.notify], timeout=seconds)
+            else:  # the last stretch: Redis would end the BLPOP up to 100 ms late
+                time.sleep(attempt.pause())
         return permit
+
+    def _cancel_orphans(self, attempt: Acquisition) -> None:
+        """Cancel earlier acquires whose reply was lost. Redis failing here fails this
+        acquire at once (one outage discovery per call, not one per request); the tokens
+        not cancelled stay orphaned for the next acquire that reaches Redis."""
+        for i, orphan in enumerate(attempt.orphans):
+            try:
+                self._run(self._codec.cancel_call(orphan))
+            except UNAVAILABLE_ERRORS:
+                for token in attempt.orphans[i:]:
+                    self._codec.orphan(token)
+                raise
+            except Exception as error:
+                logger.debug("bulkhead %r: cancel failed: %r", self.name, error)
 
     def _cancel(self, token: str) -> None:
         """Undo an interrupted acquire; best effort (leases and waiters expire anyway)."""

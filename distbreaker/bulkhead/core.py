@@ -19,7 +19,7 @@ from typing import Any
 from .._runtime import forking
 from .._runtime.connection import DEFAULT_URL, owns_client
 from .._runtime.events import Event, Listeners
-from .._runtime.health import RedisHealth
+from .._runtime.health import RedisHealth, shared_health
 from .._runtime.keys import DEFAULT_PREFIX, BulkheadKeys, validate_name
 from .._runtime.options import to_ms
 from .._runtime.scripts import LuaScript, PendingCall, ScriptCall, load_script
@@ -37,6 +37,10 @@ WAITER_GRACE_MS = 1000
 MIN_BLOCK = 0.002
 #: Extra time after the next lease deadline before trying again (clock granularity).
 DEADLINE_SLACK = 0.005
+#: How late Redis may end a blocking wait: it checks blocked clients' timeouts on its
+#: timer (hz 10 by default, so up to 100 ms). The last stretch of a wait is slept
+#: client-side instead, so max_wait_duration is kept (issue 23).
+SERVER_TIMER = 0.1
 
 
 #: The event kinds a bulkhead's listeners get (per process): permitted (`duration`:
@@ -141,12 +145,14 @@ class BulkheadCodec:
     """One bulkhead's protocol state: script calls, the Redis health, orphaned tokens
     and this process's counts, and the decisions on renewals and releases."""
 
-    def __init__(self, name: str, config: BulkheadConfig, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(self, name: str, config: BulkheadConfig, prefix: str = DEFAULT_PREFIX,
+                 target: Any = None) -> None:
         self.name = validate_name(name)
         self.config = config
         self.keys = BulkheadKeys.build(name, prefix)
         self.script: LuaScript = load_script(SCRIPT_NAME)
-        self.health = RedisHealth(config.redis_retry_max_backoff)
+        #: Shared with the process's other components of the same Redis (`target`).
+        self.health: RedisHealth = shared_health(target, config.redis_retry_max_backoff)
         self._lease_ms = max(1, to_ms(config.lease))
         self._ttl_ms = max(1, to_ms(config.key_ttl))
         self._adaptive = config.adaptive.wire() if config.adaptive is not None else ""
@@ -426,9 +432,22 @@ class Acquisition:
 
     def block_for(self, cap: float) -> float:
         """How long to block on the notify list after the last refusal (`cap`: the
-        longest one blocking call may take on the waiting client)."""
+        longest one blocking call may take on the waiting client); 0: do not block in
+        Redis, whose timeout may fire up to `SERVER_TIMER` late, but sleep `pause()`."""
         assert self._refusal is not None
-        return self._codec.block_for(self._remaining, self._refusal, cap)
+        remaining = self.remaining()
+        seconds = self._codec.block_for(remaining, self._refusal, cap)
+        if seconds <= remaining - SERVER_TIMER:
+            return seconds  # ends before the deadline even when Redis ends it late
+        left = remaining - SERVER_TIMER
+        return left if left > MIN_BLOCK else 0.0
+
+    def pause(self) -> float:
+        """The client-side sleep before asking again when `block_for` says 0: the end of
+        the wait (or the next lease deadline), at most `SERVER_TIMER`."""
+        assert self._refusal is not None
+        bound = self._codec.block_for(self.remaining(), self._refusal, SERVER_TIMER)
+        return max(0.0, min(bound, self.remaining()))
 
     def unavailable(self, error: BaseException) -> None:
         """Redis failed mid-acquire (the local fallback decides now); it may have granted
@@ -465,7 +484,7 @@ class BulkheadCore:
     def __init__(self, name: str, redis: Any, config: BulkheadConfig | None, prefix: str,
                  overrides: dict[str, Any]) -> None:
         self.config = build_bulkhead_config(config, overrides)
-        self._codec = BulkheadCodec(name, self.config, prefix)
+        self._codec = BulkheadCodec(name, self.config, prefix, redis)
         #: A URL (the clients built from it are this bulkhead's) or a given client.
         self._target = DEFAULT_URL if redis is None else redis
         self._owns_clients = owns_client(redis)

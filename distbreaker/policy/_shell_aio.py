@@ -14,7 +14,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from .._runtime.classify import Outcome
 from .._runtime.decorate import decorate_async
-from .._runtime.health import UNAVAILABLE_ERRORS
+from .._runtime.health import UNAVAILABLE_ERRORS, one_discovery
 from .._runtime.scripts import Owed, PendingCall, run_script_async, run_scripts_each_async
 from ..breaker.aio import CircuitBreaker
 from ..budget.aio import RetryBudget
@@ -95,6 +95,11 @@ class PolicyShell(PolicyCore):
     # -- one attempt, then the protected call -------------------------------------------
     async def _attempt(self, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any,
                        attempt: int) -> T:
+        with one_discovery():  # breaker, bulkhead and budget: one outage discovery
+            return await self._attempt_once(fn, args, kwargs, attempt)
+
+    async def _attempt_once(self, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any,
+                            attempt: int) -> T:
         breaker, bulkhead = self.breaker, self.bulkhead
         permit = await breaker.acquire() if breaker is not None else None
         try:

@@ -16,7 +16,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from .._runtime.classify import Outcome
 from .._runtime.decorate import decorate_sync
-from .._runtime.health import UNAVAILABLE_ERRORS
+from .._runtime.health import UNAVAILABLE_ERRORS, one_discovery
 from .._runtime.scripts import Owed, PendingCall, run_script, run_scripts_each
 from ..breaker.sync import CircuitBreaker
 from ..budget.sync import RetryBudget
@@ -97,6 +97,11 @@ class PolicyShell(PolicyCore):
     # -- one attempt, then the protected call -------------------------------------------
     def _attempt(self, fn: Callable[..., T], args: Any, kwargs: Any,
                  attempt: int) -> T:
+        with one_discovery():  # breaker, bulkhead and budget: one outage discovery
+            return self._attempt_once(fn, args, kwargs, attempt)
+
+    def _attempt_once(self, fn: Callable[..., T], args: Any, kwargs: Any,
+                      attempt: int) -> T:
         breaker, bulkhead = self.breaker, self.bulkhead
         permit = breaker.acquire() if breaker is not None else None
         try:

@@ -396,13 +396,20 @@ def split_flat(flat: Sequence[Any], calls: int) -> list[Any]:
 
 def group_ready(owed: Sequence[Owed | None]) -> list[tuple[Any, list[PendingCall]]]:
     """Owed calls grouped by client, in order; calls whose Redis is in backoff go
-    straight to their outage path (not tried)."""
+    straight to their outage path (not tried). Each health is asked once."""
     groups: dict[int, tuple[Any, list[PendingCall]]] = {}
+    # Components of one Redis share one health: asked once, so the one trial it lets
+    # through after a backoff carries all of them (not the first alone).
+    asked: dict[int, bool] = {}
     for item in owed:
         if item is None:
             continue
         client, call = item
-        if not call.usable():
+        health = id(getattr(call.usable, "__self__", call.usable))
+        usable = asked.get(health)
+        if usable is None:
+            usable = asked[health] = call.usable()
+        if not usable:
             call.on_unavailable(None)
             continue
         groups.setdefault(id(client), (client, []))[1].append(call)

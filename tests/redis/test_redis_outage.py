@@ -350,5 +350,6 @@ def test_fallback_runtime_loads_in_the_background_without_blocking_calls() -> No
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr
-    # the local breaker protects once loaded: 4 failures open it
-    assert done.stdout.strip() == str(["failed"] * 4 + ["rejected"] * 2)
+    # the local breaker protects once loaded, and the call passed while it loaded was
+    # recorded there: 1 success + 3 failures (75 % of the minimum 4) open it
+    assert done.stdout.strip() == str(["failed"] * 3 + ["rejected"] * 3)
