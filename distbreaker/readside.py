@@ -47,6 +47,8 @@ _STATE_INTS = ("since", "open_until", "calls", "failures", "slow", "total_ms", "
 UNSET_CONFIG = "unset"
 #: The v2 meta fields a summary needs (reason and actor are in the history).
 _META_FIELDS = ("cfg", "drift_cfg", "drift_at")
+#: The quorum trip's marks hash: the state key plus this (docs/KEY_SCHEMA.md).
+QUORUM_SUFFIX = ":fw"
 
 
 def schema_namespace(prefix: str, schema: str = V2) -> str:
@@ -259,6 +261,8 @@ def _config(wire: str) -> tuple[dict[str, Any], int]:
         "key_ttl_s": cfg.key_ttl,
         "initial_state": str(cfg.initial_state),
         "transition_after_max_wait_in_half_open": str(cfg.transition_after_max_wait_in_half_open),
+        "min_failing_workers": cfg.min_failing_workers,
+        "quorum_window_s": cfg.quorum_window,
     }, cfg.effective_minimum_calls
 
 
@@ -287,7 +291,8 @@ def decode_state_hash(name: str, raw: Mapping[Any, Any], now_ms: int,
 
 
 def decode_state_record(name: str, data: bytes, meta: Mapping[Any, Any], now_ms: int,
-                        probe_deadlines: Sequence[int] = ()) -> dict[str, Any]:
+                        probe_deadlines: Sequence[int] = (),
+                        quorum_marks: Mapping[Any, Any] | None = None) -> dict[str, Any]:
     """A v2 breaker's state record (bytes) and meta hash as the same dict as
     `decode_state_hash` makes of a v1 hash.
 
@@ -312,7 +317,29 @@ def decode_state_record(name: str, data: bytes, meta: Mapping[Any, Any], now_ms:
     # v2 keeps no issued-permit counter: the probes issued are the reported ones plus
     # the live leases (what admission counts)
     n["hp_issued"] = n["hp_done"] + sum(1 for d in probe_deadlines if d > now_ms)
-    return _breaker_view(name, State(fields["state"]), n, wire, m, now_ms, probe_deadlines)
+    view = _breaker_view(name, State(fields["state"]), n, wire, m, now_ms, probe_deadlines)
+    view["quorum"] = decode_quorum(view, quorum_marks or {}, now_ms)
+    return view
+
+
+def decode_quorum(breaker: Mapping[str, Any], marks: Mapping[Any, Any],
+                  now_ms: int) -> dict[str, Any] | None:
+    """The quorum trip's progress (config `min_failing_workers` > 1, else None): the
+    workers whose failures count (their last one within the quorum window: the marks
+    hash ``<state key>:fw``) and whether a fleet-wide trip waits for more of them."""
+    config = breaker["config"]
+    needed = int(config.get("min_failing_workers") or 1)
+    if needed <= 1:
+        return None
+    window_ms = round(float(config.get("quorum_window_s") or 60.0) * 1000)
+    failing = sorted(text(worker) for worker, at in marks.items()
+                     if now_ms - _int_or(text(at), 0) <= window_ms)
+    pending = breaker["state"] in (State.CLOSED.value, State.METRICS_ONLY.value) and 0 < len(
+        failing) < needed
+    return {"min_failing_workers": needed, "failing_workers": len(failing),
+            "workers": failing, "pending": pending,
+            "text": (f"quorum pending: {len(failing)} of {needed} workers failing"
+                     if pending else None)}
 
 
 def _breaker_view(name: str, state: State, n: Mapping[str, int], wire: str,
@@ -650,7 +677,8 @@ def _summaries(client: Any, prefix: str, items: Sequence[tuple[str, frozenset[st
             if schema == V2:
                 queue_raw(pipe, keys.state, state_record.WINDOW_OFFSET - 1)
                 pipe.hmget(keys.meta, list(_META_FIELDS))
-                steps += ["record", "meta"]
+                pipe.hgetall(keys.state + QUORUM_SUFFIX)
+                steps += ["record", "meta", "quorum"]
             else:
                 pipe.hgetall(keys.state)
                 steps.append("state")
@@ -686,7 +714,7 @@ def _summary(client: Any, prefix: str, name: str, got: dict[str, Any],
             meta = dict(zip(_META_FIELDS, got["meta"], strict=True))
             row["breaker"] = decode_state_record(
                 name, got["record"], {k: v for k, v in meta.items() if v is not None},
-                now_ms, deadlines)
+                now_ms, deadlines, got.get("quorum") or {})
             row["state"] = row["breaker"]["state"]
         elif got.get("state"):
             row["breaker"] = decode_state_hash(name, got["state"], now_ms, deadlines)
@@ -753,9 +781,14 @@ def read_detail(client: Any, prefix: str, name: str, schema: str = V2) -> dict[s
         reads[key](key)
     for key in expected:
         pipe.pttl(key)
+    extras = 0
+    if schema == V2 and keys.state in usable:
+        pipe.hgetall(keys.state + QUORUM_SUFFIX)
+        extras = 1
     replies = pipe.execute()
     got: dict[str, Any] = dict(zip(order, replies, strict=False))
-    ttls = replies[len(order):]
+    ttls = replies[len(order):len(replies) - extras]
+    marks = replies[-1] if extras and not isinstance(replies[-1], Exception) else {}
     state, meta = got.get(keys.state) or {}, got.get(keys.meta, {})
     probes, history_len = got.get(keys.probes, []), got.get(keys.history, 0)
     leases, bh_meta = got.get(keys.bh_leases, []), got.get(keys.bh_meta, {})
@@ -766,7 +799,7 @@ def read_detail(client: Any, prefix: str, name: str, schema: str = V2) -> dict[s
                                              or history_len or errors),
                               "breaker": None, "bulkhead": None, "budget": None}
     parts = {"breaker": lambda: _breaker_detail(name, state, meta, probes, history_len,
-                                                now_ms) if state else None,
+                                                now_ms, marks) if state else None,
              "bulkhead": lambda: decode_bulkhead(leases, bh_meta, now_ms)
              if leases or bh_meta else None,
              "budget": lambda: decode_budget(budget, now_ms) if budget else None}
@@ -783,12 +816,13 @@ def read_detail(client: Any, prefix: str, name: str, schema: str = V2) -> dict[s
 
 def _breaker_detail(name: str, state: bytes | Mapping[Any, Any], meta: Mapping[Any, Any],
                     probes: Sequence[tuple[Any, Any]], history_len: int,
-                    now_ms: int) -> dict[str, Any]:
+                    now_ms: int, quorum_marks: Mapping[Any, Any] | None = None
+                    ) -> dict[str, Any]:
     """`state` is a v2 record (bytes, `meta` its meta hash) or a v1 state hash (`meta`
     its window hash)."""
     deadlines = [int(score) for _, score in probes]
     if isinstance(state, (bytes, bytearray)):
-        breaker = decode_state_record(name, state, meta, now_ms, deadlines)
+        breaker = decode_state_record(name, state, meta, now_ms, deadlines, quorum_marks)
         try:
             buckets = decode_record_window(state, breaker["window"]["head"], now_ms)
         except SchemaError as exc:

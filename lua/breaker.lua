@@ -408,7 +408,10 @@ local function op_record()
       if quorum_met(K_STATE, K_META, cfg_store, cfg_wire, quorum_mark, now) then
         fire('rates_exceeded', rates_text(calls, failures, slow, failure_threshold,
                                           slow_threshold))
-      else
+      elseif quorum_mark then
+        -- quorum pending: only a record carrying this worker's own failures says so
+        -- (its worker may then open its own view, judged on its own outcomes); a
+        -- healthy worker's record changes nothing for it
         quorum_blocked = true
       end
     end

@@ -109,9 +109,12 @@ class BreakerConfig:
     from the events channel (with `subscribe`).
     `min_failing_workers` > 1 gates the failure-rate trip on a quorum: the breaker
     opens fleet-wide only when failures came from at least that many distinct workers
-    (process ids) within `quorum_window` seconds; until then the worker whose record
-    found the rates exceeded opens its own local view for one open wait (a worker
-    with a broken network path cannot open the breaker for everyone).
+    (process ids) within `quorum_window` seconds. Until then no worker is rejected
+    for other workers' failures: only a worker whose record carried failures and found
+    the fleet's rates exceeded, and whose OWN recent outcomes (this process's window of
+    the same shape) exceed the rates, opens its own local view for one open wait (a
+    worker with a broken network path cannot open the breaker for everyone, and a
+    healthy worker keeps serving).
     """
 
     failure_rate_threshold: float = 50.0

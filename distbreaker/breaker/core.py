@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 import warnings
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from enum import Enum
@@ -42,7 +42,13 @@ from .._runtime.options import Seconds, to_ms, to_seconds
 from .._runtime.scripts import Owed, PendingCall, ScriptCall, load_script, text
 from .._runtime.subscriber import SUBSCRIBERS, Subscription, listen_source
 from ..errors import CallNotPermitted, ConfigDriftWarning
-from .config import BreakerConfig, RedisErrorPolicy, build_config, config_differences
+from .config import (
+    BreakerConfig,
+    RedisErrorPolicy,
+    WindowType,
+    build_config,
+    config_differences,
+)
 from .events import Listener, Transition, log_transition
 from .state import State
 
@@ -171,6 +177,61 @@ class AcquireStep:
 _PERMITTED = AcquireStep(Step.PERMIT)
 
 
+class OwnOutcomes:
+    """This process's own recent outcomes, kept only when the quorum trip is on: a
+    quorum-pending reply opens this worker's own view only when its OWN outcomes, alone,
+    exceed the rates (Resilience4j's per-process rule), so a healthy worker is never
+    rejected because other workers fail. The same window shape as the breaker's: the
+    last `sliding_window_size` outcomes, or per-second buckets over that many seconds."""
+
+    def __init__(self, config: BreakerConfig) -> None:
+        self._size = config.sliding_window_size
+        self._time = config.sliding_window_type is WindowType.TIME_BASED
+        self._minimum = config.effective_minimum_calls
+        self._failure = config.failure_rate_threshold
+        self._slow = config.slow_call_rate_threshold
+        #: count window: (failed, slow) per outcome; time window: [second, calls,
+        #: failures, slow] per second
+        self._items: deque[Any] = deque(maxlen=None if self._time else self._size)
+
+    def add(self, failures: int, calls: int, slow: int, now: float) -> None:
+        if calls <= 0:
+            return
+        if not self._time:
+            for i in range(min(calls, self._size)):
+                self._items.append((i < failures, i < slow))
+            return
+        second = int(now)
+        if self._items and self._items[-1][0] == second:
+            bucket = self._items[-1]
+            bucket[1] += calls
+            bucket[2] += failures
+            bucket[3] += slow
+        else:
+            self._items.append([second, calls, failures, slow])
+        self._evict(now)
+
+    def _evict(self, now: float) -> None:
+        while self._items and self._items[0][0] <= int(now) - self._size:
+            self._items.popleft()
+
+    def exceeded(self, now: float) -> bool:
+        """Would this process's outcomes alone trip the breaker?"""
+        if self._time:
+            self._evict(now)
+            calls = sum(b[1] for b in self._items)
+            failures = sum(b[2] for b in self._items)
+            slow = sum(b[3] for b in self._items)
+        else:
+            calls = len(self._items)
+            failures = sum(1 for f, _ in self._items if f)
+            slow = sum(1 for _, s in self._items if s)
+        if calls <= 0 or calls < self._minimum:
+            return False
+        return (failures * 100.0 >= self._failure * calls
+                or slow * 100.0 >= self._slow * calls)
+
+
 def worker_id() -> str:
     """This process as a quorum counts it: host and pid (a forked child is another)."""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -278,6 +339,7 @@ class BreakerCodec:
         #: Quorum trip: this worker alone saw the rates exceeded; it rejects locally
         #: until then (monotonic, 0: not).
         self._local_open_until = 0.0
+        self._own = OwnOutcomes(config) if config.min_failing_workers > 1 else None
         self.ramp_enabled = config.ramp_duration > 0
         self._event_errors_logged = False
         self._view_now_ms = 0
@@ -299,6 +361,8 @@ class BreakerCodec:
         self.not_permitted = 0
         self.outcomes = Counter()
         self.rejections = Counter()
+        if self._own is not None:
+            self._own = OwnOutcomes(self.config)
 
     @property
     def view(self) -> State | None:
@@ -334,13 +398,24 @@ class BreakerCodec:
                 return None
             return self._call("record", permit.token, 0, 0, 0, 0)
         counts = self._counts(outcome, duration)
+        self._note_own(counts)
         return self._call("record", permit.token, *counts, *self._worker_mark(counts))
 
     def batched_counts(self, outcome: Outcome, duration: float) -> Counts | None:
         """Batched mode: the counts one finished call (no probe) adds, None when ignored."""
         with self._lock:
             self.outcomes[outcome.value] += 1
-        return None if outcome is Outcome.IGNORED else self._counts(outcome, duration)
+        if outcome is Outcome.IGNORED:
+            return None
+        counts = self._counts(outcome, duration)
+        self._note_own(counts)
+        return counts
+
+    def _note_own(self, counts: Counts) -> None:
+        """Quorum trip: this process's own outcomes (see `OwnOutcomes`)."""
+        if self._own is not None:
+            with self._lock:
+                self._own.add(counts[1], counts[0] + counts[1], counts[2], time.monotonic())
 
     def batch_call(self, counts: Counts) -> ScriptCall:
         """The record script call carrying accumulated counts (no probe token)."""
@@ -469,7 +544,7 @@ class BreakerCodec:
                     self._own_transition_ms = reply.now_ms
             if any(a is State.HALF_OPEN and b is State.CLOSED for a, b, _ in reply.transitions):
                 self.recovered(reply.now_ms, now, reply.now_ms)
-            if reply.quorum_blocked:
+            if reply.quorum_blocked and self._own_rates_exceeded(now):
                 self._local_open_until = now + self.config.wait_duration_in_open_state
                 logger.warning("circuit breaker %s: failure rates exceeded, but from fewer "
                                "than %d workers: open for this worker only for %.3fs",
@@ -484,6 +559,14 @@ class BreakerCodec:
         rates = reply.transition_rates or ((-1.0, -1.0),) * len(reply.transitions)
         return [Transition(self.name, a, b, why, reply.now_ms, source, *rate_pair)
                 for (a, b, why), rate_pair in zip(reply.transitions, rates, strict=True)]
+
+    def _own_rates_exceeded(self, now: float) -> bool:
+        """Quorum pending: does this worker's own view open (its own outcomes alone
+        exceed the rates)? A worker is never rejected for other workers' failures."""
+        if self._own is None:
+            return False
+        with self._lock:
+            return self._own.exceeded(now)
 
     def admission(self, reply: Reply, token: str, sent_at: float = 0.0) -> Permit:
         """Turn an acquire reply into a permit, or raise CallNotPermitted. A probe's

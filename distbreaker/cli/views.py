@@ -81,6 +81,9 @@ def state_cell(row: dict[str, Any]) -> str:
     b = row["breaker"] or {}
     if probe_due(b):
         return "OPEN (due)"
+    quorum = b.get("quorum") or {}
+    if quorum.get("pending"):
+        return f"{row['state']} ({quorum['text']})"
     return row["state"] or "-"
 
 
@@ -289,6 +292,13 @@ def show_text(d: dict[str, Any]) -> str:
             f"wire:      {c['wire']}",
         ]
         lines += drift_lines(d["name"], b)
+        quorum = b.get("quorum")
+        if quorum:
+            lines.append("quorum:    " + (quorum["text"] or (
+                f"{quorum['failing_workers']} of {quorum['min_failing_workers']} workers "
+                "failing")) + (f" ({', '.join(quorum['workers'])})" if quorum["workers"]
+                               else "") + "; only a worker whose own calls fail opens its "
+                         "own view until the quorum is met")
         buckets = w["buckets"]
         if c["sliding_window_type"] == "COUNT_BASED":
             lines.append(f"outcomes:  {_outcomes(buckets) or '(empty)'}  "

@@ -37,6 +37,8 @@ function render() {
         (p.expires_in_s > 0 ? "lease ends in " + duration(p.expires_in_s) : "expired") + ")").join(", ") : "none"],
       ["rejected by Redis", b.rejected + " (workers that know it is OPEN reject without asking)"],
       ["generation", b.generation],
+      ["quorum", b.quorum ? (b.quorum.text || b.quorum.failing_workers + " of " +
+        b.quorum.min_failing_workers + " workers failing") : "off"],
       ["config drift", b.config_drift ? "a worker runs " + b.config_drift.config.wire +
         " (stored governs until reset)" : "none"],
     ]);
