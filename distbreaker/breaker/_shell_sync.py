@@ -28,6 +28,7 @@ from .core import (
     ScriptCall,
     Until,
     hold_args,
+    logger,
 )
 from .state import State
 
@@ -78,7 +79,19 @@ class BreakerShell(BreakerCore):
         this breaker built from a URL (a client given to it is yours)."""
         self.flush()
         self._stop_watching()
+        self._goodbye()
         self._release_client()
+
+    def _goodbye(self) -> None:
+        """Leave the rollout hash (best effort: a worker that cannot say goodbye counts
+        as running its config for a minute after its last hello)."""
+        if not self._codec.said_hello:
+            return
+        call = self._codec.goodbye_call()
+        try:
+            run_script(self._client, self._script, call.keys, call.args)
+        except Exception:  # a goodbye must never fail a close
+            logger.debug("circuit breaker %s: goodbye not sent", self.name, exc_info=True)
 
     def flush(self) -> None:
         """Batched mode: send the pending outcomes now (all breakers' of this flavour:

@@ -232,6 +232,11 @@ class OwnOutcomes:
                 or slow * 100.0 >= self._slow * calls)
 
 
+#: Seconds between a worker's hellos (the rollout hash counts a worker as running its
+#: config for a minute after its last one: lua/lib/breaker_rollout.lua).
+HELLO_INTERVAL = 20.0
+
+
 def worker_id() -> str:
     """This process as a quorum counts it: host and pid (a forked child is another)."""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -346,6 +351,9 @@ class BreakerCodec:
         self._own_transition_ms = -1             # server ms of this process's last transition
         self._invalidated_at = -1                # server ms of the last pub/sub drop
         self._drift_warned = False
+        self._next_hello = 0.0                   # monotonic: when the next hello is due
+        self.said_hello = False                  # a goodbye is due at close()
+        self._instance = secrets.token_hex(4)
         self.config_drift: str | None = None     # stored config when it differs from ours
         self.not_permitted = 0
         self._counted_since = -1                 # since_ms of the state not_permitted counts in
@@ -356,8 +364,10 @@ class BreakerCodec:
         forking.register(self)
 
     def _after_fork(self) -> None:
-        """In a forked child: a fresh lock and this process's own (zero) counts."""
+        """In a forked child: a fresh lock and this process's own (zero) counts; it is
+        another worker, which says hello on its first call."""
         self._lock = threading.Lock()
+        self._next_hello = 0.0
         self.not_permitted = 0
         self.outcomes = Counter()
         self.rejections = Counter()
@@ -373,7 +383,36 @@ class BreakerCodec:
     def _call(self, op: str, *extra: Any) -> ScriptCall:
         keys = self.keys
         return ScriptCall(keys.script_keys,
-                          (op, self.fingerprint, self.wire, self.name, keys.channel, *extra))
+                          (op, self._fingerprint_arg(), self.wire, self.name, keys.channel,
+                           *extra))
+
+    def _fingerprint_arg(self) -> int | str:
+        """ARGV[2]: the fingerprint, or on this worker's first call and then every
+        `HELLO_INTERVAL` seconds a hello ``<fp>@<worker>`` that registers the worker
+        and its config in the rollout hash (docs/OPERATIONS.md, "Changing a breaker's
+        config"). Other calls send the bare fingerprint: the hot path is unchanged."""
+        now = time.monotonic()
+        if now < self._next_hello:
+            return self.fingerprint
+        with self._lock:
+            if now < self._next_hello:
+                return self.fingerprint
+            self._next_hello = now + HELLO_INTERVAL
+            self.said_hello = True
+        return f"{self.fingerprint}@{self.worker}"
+
+    def goodbye_call(self) -> ScriptCall:
+        """A `state` read that removes this worker from the rollout hash (`close()`): a
+        worker that leaves no longer counts as running its config."""
+        keys = self.keys
+        return ScriptCall(keys.script_keys, ("state", f"{self.fingerprint}@{self.worker}@bye",
+                                             self.wire, self.name, keys.channel))
+
+    @property
+    def worker(self) -> str:
+        """This worker instance as the rollout hash names it: host, pid and a random
+        suffix per breaker object (a restarted worker is a new instance)."""
+        return f"{worker_id()}:{self._instance}"
 
     def acquire_call(self) -> tuple[ScriptCall, str]:
         token = secrets.token_hex(8)
@@ -502,8 +541,10 @@ class BreakerCodec:
         return CallNotPermitted(self.name, state, wait, reason=reason, actor=actor)
 
     def forget_view(self) -> None:
-        """Redis could not be asked: the next call must ask (or use the fallback) again."""
+        """Redis could not be asked: the next call must ask (or use the fallback) again
+        (and say hello again: the last one may not have arrived)."""
         self._view = None
+        self._next_hello = 0.0
 
     def invalidate(self, at_ms: int, recovered: bool = False) -> bool:
         """A transition made elsewhere at server time `at_ms` (pub/sub): unless a reply
@@ -664,10 +705,19 @@ class BreakerCodec:
             fields = []
         differs = "; ".join(f"{f}: here {a!r}, stored {b!r}" for f, a, b in fields) or \
             f"wire {self.wire!r} vs stored {stored!r}"
-        warnings.warn(f"circuit breaker {self.name!r}: this process's config differs from "
-                      f"the fleet's stored config ({differs}); the stored config governs "
-                      f"until reset() (stored wire {stored})", ConfigDriftWarning,
-                      stacklevel=4)
+        try:
+            ours, theirs = self.config.config_version, BreakerConfig.from_wire(
+                stored).config_version
+        except ValueError:
+            ours = theirs = 0
+        why = (f"config_version {theirs} is in force, this process has {ours}"
+               if theirs > ours else "the config in force was deployed after this one")
+        warnings.warn(f"circuit breaker {self.name!r}: this process's config is not the one "
+                      f"in force and will not become it by itself ({why}; {differs}); the "
+                      f"config in force governs this process's calls (stored wire {stored}). "
+                      "Restart this worker with the config in force, raise config_version, or "
+                      f"promote this one: distbreaker config adopt {self.name} "
+                      f"--fingerprint {self.fingerprint}", ConfigDriftWarning, stacklevel=4)
 
 
 #: Drift already warned about in this process: (state key, our wire, stored wire).
