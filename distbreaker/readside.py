@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -49,6 +50,8 @@ UNSET_CONFIG = "unset"
 _META_FIELDS = ("cfg", "drift_cfg", "drift_at")
 #: The quorum trip's marks hash: the state key plus this (docs/KEY_SCHEMA.md).
 QUORUM_SUFFIX = ":fw"
+#: The config rollout hash: the state key plus this (docs/KEY_SCHEMA.md).
+ROLLOUT_SUFFIX = ":cfgs"
 
 
 def schema_namespace(prefix: str, schema: str = V2) -> str:
@@ -292,7 +295,8 @@ def decode_state_hash(name: str, raw: Mapping[Any, Any], now_ms: int,
 
 def decode_state_record(name: str, data: bytes, meta: Mapping[Any, Any], now_ms: int,
                         probe_deadlines: Sequence[int] = (),
-                        quorum_marks: Mapping[Any, Any] | None = None) -> dict[str, Any]:
+                        quorum_marks: Mapping[Any, Any] | None = None,
+                        rollout: Mapping[Any, Any] | None = None) -> dict[str, Any]:
     """A v2 breaker's state record (bytes) and meta hash as the same dict as
     `decode_state_hash` makes of a v1 hash.
 
@@ -319,7 +323,49 @@ def decode_state_record(name: str, data: bytes, meta: Mapping[Any, Any], now_ms:
     n["hp_issued"] = n["hp_done"] + sum(1 for d in probe_deadlines if d > now_ms)
     view = _breaker_view(name, State(fields["state"]), n, wire, m, now_ms, probe_deadlines)
     view["quorum"] = decode_quorum(view, quorum_marks or {}, now_ms)
+    view["configs"], view["config_in_force"] = decode_rollout(
+        rollout or {}, fields["fp"], wire, now_ms)
     return view
+
+
+#: A worker counts as running its config this long after its last hello
+#: (lua/lib/breaker_rollout.lua LIVE_MS).
+ROLLOUT_LIVE_MS = 60_000
+
+
+def decode_rollout(raw: Mapping[Any, Any], in_force: int, wire: str,
+                   now_ms: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The configs deployed (rollout hash ``<state key>:cfgs``): one entry per config
+    fingerprint the hash knows, with the workers that said hello with it in the last
+    minute, in force first, then newest deployment first; and how the config in force
+    got there (None for a record without one)."""
+    h = {text(k): text(v) for k, v in raw.items()}
+    workers: Counter[str] = Counter()
+    for field, value in h.items():
+        if field.startswith("w:"):
+            fp, _, seen = value.partition(":")
+            if now_ms - _int_or(seen, 0) <= ROLLOUT_LIVE_MS:
+                workers[fp] += 1
+    fps = {f[2:] for f in h if f.startswith(("c:", "d:"))} | set(workers)
+    if in_force:
+        fps.add(str(in_force))
+    configs = []
+    for fp in fps:
+        config_wire = h.get(f"c:{fp}") or (wire if fp == str(in_force) else "")
+        try:
+            version = BreakerConfig.from_wire(config_wire).config_version if config_wire \
+                else None
+        except ValueError:
+            version = None
+        configs.append({"fingerprint": fp, "wire": config_wire or None, "version": version,
+                        "deployed_at_ms": _int_or(h.get(f"d:{fp}", "0"), 0) or None,
+                        "workers": workers[fp], "in_force": fp == str(in_force)})
+    configs.sort(key=lambda c: (not c["in_force"], -(c["deployed_at_ms"] or 0)))
+    if not in_force:
+        return configs, None
+    return configs, {"fingerprint": str(in_force),
+                     "since_ms": _int_or(h.get("f:at", "0"), 0) or None,
+                     "why": h.get("f:why") or None, "actor": h.get("f:actor") or None}
 
 
 def decode_quorum(breaker: Mapping[str, Any], marks: Mapping[Any, Any],
@@ -678,7 +724,8 @@ def _summaries(client: Any, prefix: str, items: Sequence[tuple[str, frozenset[st
                 queue_raw(pipe, keys.state, state_record.WINDOW_OFFSET - 1)
                 pipe.hmget(keys.meta, list(_META_FIELDS))
                 pipe.hgetall(keys.state + QUORUM_SUFFIX)
-                steps += ["record", "meta", "quorum"]
+                pipe.hgetall(keys.state + ROLLOUT_SUFFIX)
+                steps += ["record", "meta", "quorum", "rollout"]
             else:
                 pipe.hgetall(keys.state)
                 steps.append("state")
@@ -714,7 +761,7 @@ def _summary(client: Any, prefix: str, name: str, got: dict[str, Any],
             meta = dict(zip(_META_FIELDS, got["meta"], strict=True))
             row["breaker"] = decode_state_record(
                 name, got["record"], {k: v for k, v in meta.items() if v is not None},
-                now_ms, deadlines, got.get("quorum") or {})
+                now_ms, deadlines, got.get("quorum") or {}, got.get("rollout") or {})
             row["state"] = row["breaker"]["state"]
         elif got.get("state"):
             row["breaker"] = decode_state_hash(name, got["state"], now_ms, deadlines)
@@ -784,11 +831,13 @@ def read_detail(client: Any, prefix: str, name: str, schema: str = V2) -> dict[s
     extras = 0
     if schema == V2 and keys.state in usable:
         pipe.hgetall(keys.state + QUORUM_SUFFIX)
-        extras = 1
-    replies = pipe.execute()
+        pipe.hgetall(keys.state + ROLLOUT_SUFFIX)
+        extras = 2
+    replies = pipe.execute(raise_on_error=False)
     got: dict[str, Any] = dict(zip(order, replies, strict=False))
     ttls = replies[len(order):len(replies) - extras]
-    marks = replies[-1] if extras and not isinstance(replies[-1], Exception) else {}
+    marks, rollout = ({} if isinstance(r, Exception) else r
+                      for r in (replies[-2:] if extras else ({}, {})))
     state, meta = got.get(keys.state) or {}, got.get(keys.meta, {})
     probes, history_len = got.get(keys.probes, []), got.get(keys.history, 0)
     leases, bh_meta = got.get(keys.bh_leases, []), got.get(keys.bh_meta, {})
@@ -799,7 +848,7 @@ def read_detail(client: Any, prefix: str, name: str, schema: str = V2) -> dict[s
                                              or history_len or errors),
                               "breaker": None, "bulkhead": None, "budget": None}
     parts = {"breaker": lambda: _breaker_detail(name, state, meta, probes, history_len,
-                                                now_ms, marks) if state else None,
+                                                now_ms, marks, rollout) if state else None,
              "bulkhead": lambda: decode_bulkhead(leases, bh_meta, now_ms)
              if leases or bh_meta else None,
              "budget": lambda: decode_budget(budget, now_ms) if budget else None}
@@ -816,13 +865,14 @@ def read_detail(client: Any, prefix: str, name: str, schema: str = V2) -> dict[s
 
 def _breaker_detail(name: str, state: bytes | Mapping[Any, Any], meta: Mapping[Any, Any],
                     probes: Sequence[tuple[Any, Any]], history_len: int,
-                    now_ms: int, quorum_marks: Mapping[Any, Any] | None = None
-                    ) -> dict[str, Any]:
+                    now_ms: int, quorum_marks: Mapping[Any, Any] | None = None,
+                    rollout: Mapping[Any, Any] | None = None) -> dict[str, Any]:
     """`state` is a v2 record (bytes, `meta` its meta hash) or a v1 state hash (`meta`
     its window hash)."""
     deadlines = [int(score) for _, score in probes]
     if isinstance(state, (bytes, bytearray)):
-        breaker = decode_state_record(name, state, meta, now_ms, deadlines, quorum_marks)
+        breaker = decode_state_record(name, state, meta, now_ms, deadlines, quorum_marks,
+                                      rollout)
         try:
             buckets = decode_record_window(state, breaker["window"]["head"], now_ms)
         except SchemaError as exc:

@@ -180,6 +180,12 @@ class BreakerShell(BreakerCore):
         """Back to CLOSED with an empty window; this process's config becomes the stored one."""
         return await self._set("RESET", reason, actor)
 
+    async def adopt_config(self, reason: str = "config adopted", actor: str = "") -> State:
+        """Make this object's config the one in force (an operator's `distbreaker config
+        adopt`): it counts as the newest deployment; the window is kept unless the
+        window's shape changes; the state is kept."""
+        return await self._set("ADOPT", reason, actor)
+
     async def trip(self, reason: str = "tripped", actor: str = "", *,
                    for_: Seconds | None = None, until: Until | None = None) -> State:
         """Force OPEN now; probes start after the wait, or after ``for_`` seconds / at

@@ -381,10 +381,12 @@ class BreakerCodec:
 
     # -- building script calls ------------------------------------------------
     def _call(self, op: str, *extra: Any) -> ScriptCall:
+        """A script call; protected calls (acquire, record) may carry a hello, reads and
+        operator actions never do (they are not a worker running this config)."""
         keys = self.keys
+        fp = self._fingerprint_arg() if op in ("acquire", "record") else self.fingerprint
         return ScriptCall(keys.script_keys,
-                          (op, self._fingerprint_arg(), self.wire, self.name, keys.channel,
-                           *extra))
+                          (op, fp, self.wire, self.name, keys.channel, *extra))
 
     def _fingerprint_arg(self) -> int | str:
         """ARGV[2]: the fingerprint, or on this worker's first call and then every

@@ -1681,6 +1681,10 @@ end
 
 -- After `load`: decides which config governs and what to store.
 local function settle_config()
+  if hello_bye then  -- a worker leaves: it no longer runs its config
+    local _, err = say_hello(arg_fp_text, '0', nil)
+    return err
+  end
   local adopt = (op == 'set' and argv[6] == 'RESET')
   local operator_adopt = (op == 'set' and argv[6] == 'ADOPT')
   if not exists then
