@@ -73,7 +73,8 @@ def test_a_rolling_restart_to_b_and_back_needs_no_reset_and_keeps_the_window(
         for i in range(6):
             workers[i].finish()
             workers[i] = Worker(redis_url, name, target, results, reap)
-            wait_until(lambda fp=fp, i=i: deployed(fp) == i + 1 and deployed(other) == 5 - i,
+            wait_until(lambda fp=fp, i=i, other=other: deployed(fp) == i + 1
+                       and deployed(other) == 5 - i,
                        what=f"{i + 1} workers restarted onto {fp}")
             if i == 0:  # the first worker's call put the new config in force
                 wait_until(lambda fp=fp: read()["config_in_force"]["fingerprint"] == fp,
