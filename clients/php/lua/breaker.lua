@@ -554,7 +554,7 @@ local function hold_from(now, hold_for, hold_until, target)
   if not v or v ~= floor(v) then return nil, args_error('hold ms must be an integer') end
   local hold = (hold_for ~= '') and (now + v) or v
   if hold <= now then return nil, args_error('the override would end in the past') end
-  if target == 'RESET' or target == 'HALF_OPEN' or target == 'OPEN' then
+  if target == 'RESET' or target == 'ADOPT' or target == 'HALF_OPEN' or target == 'OPEN' then
     return nil, args_error(tostring(target) .. ' takes no end')
   end
   return hold
@@ -1020,7 +1020,7 @@ local main = (function(prelude, record_layout, record_codec, breaker_config, bre
 -- then the history XADD and the PUBLISH (through pcall: their failure can
 -- neither abort nor undo the transition) follow.
 
-local floor, tonumber, tostring = math.floor, tonumber, tostring
+local floor, tonumber, tostring, find = math.floor, tonumber, tostring, string.find
 local max, min, unpack, rcall, pcall_ = math.max, math.min, unpack, redis.call, redis.pcall
 
 -- The state record's layout: declared once (distbreaker/_runtime/record_layout.py),
@@ -1789,8 +1789,15 @@ local function begin(keys, args, given_now, given_micros)
   K_HIST = keys[4] or derived_hist
   argv = args
   op, cfg_wire, name, channel = args[1], args[3], args[4], args[5]
-  arg_fp_text, hello_worker, hello_bye = breaker_rollout.split(args[2] or '')
-  rollout_writes, adopted_why, adopted_deploy = nil, nil, nil
+  arg_fp_text = args[2] or ''
+  if find(arg_fp_text, '@', 1, true) then  -- a hello (rare: no module call otherwise)
+    arg_fp_text, hello_worker, hello_bye = breaker_rollout.split(arg_fp_text)
+  elseif hello_worker then
+    hello_worker, hello_bye = nil, false
+  end
+  if rollout_writes or adopted_why then
+    rollout_writes, adopted_why, adopted_deploy = nil, nil, nil
+  end
   if given_now then  -- a merged call (lua/finish.lua) read TIME once for all its calls
     now, micros = given_now, given_micros
   else
