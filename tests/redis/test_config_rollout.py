@@ -133,3 +133,23 @@ def test_an_operator_adopts_a_deployed_config_keeping_window_and_state(
         newer.call(lambda: None)
     assert in_force(redis_url, name)["fp"] == str(older._codec.fingerprint)
     assert redis_client.exists(f"{DEFAULT_PREFIX}:v2:{{{name}}}:cb:cfgs")
+
+
+def test_prometheus_counts_the_workers_of_each_deployed_config(
+        name: str, redis_url: str) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from distbreaker.contrib.prometheus import DistbreakerCollector
+
+    older = make(name, redis_url, failure_rate_threshold=30.0)
+    older.call(lambda: None)
+    newer = [make(name, redis_url) for _ in range(2)]
+    for breaker in newer:
+        breaker.call(lambda: None)
+    registry = CollectorRegistry()
+    registry.register(DistbreakerCollector(redis_url, components=[name]))
+    samples = {(s.labels["fingerprint"], s.labels["in_force"]): s.value
+               for family in registry.collect() for s in family.samples
+               if s.name == "distbreaker_breaker_config_workers" and s.labels["name"] == name}
+    assert samples == {(str(newer[0]._codec.fingerprint), "1"): 2,
+                       (str(older._codec.fingerprint), "0"): 1}
