@@ -838,9 +838,10 @@ local function breaker_rollout()
 -- The rule, decided on hellos only (a worker's first call, then one every 20 s; its
 -- other calls cost nothing more): the caller's config replaces the one in force when
 -- it ranks higher (config field 22, the explicit version, first; then the deploy
--- time: the newest deployment wins), or when no live worker runs the one in force (a
--- worker is live for LIVE_MS after its last hello; `close()` says goodbye:
--- '<fp>@<worker>@bye').
+-- time: the newest deployment wins), or when no worker runs the one in force any more
+-- (each said goodbye, '<fp>@<worker>@bye' from `close()`, or has been silent for
+-- FORGET_MS). A worker counts as running its config (for deploys and for readers'
+-- counts) for LIVE_MS after its last hello.
 local tonumber, pairs, unpack, pcall_ = tonumber, pairs, unpack, redis.pcall
 local sub, find, match = string.sub, string.find, string.match
 local int, wire_field = record_codec.int, breaker_config.field
@@ -920,6 +921,7 @@ local function hello(key, worker, bye, mine, mine_wire, stored, stored_wire, now
   for id, w in pairs(state.workers) do
     if now - w[2] > FORGET_MS then
       hdel[#hdel + 1] = 'w:' .. id
+      state.workers[id] = nil
     else
       running[w[1]] = true
     end
@@ -931,7 +933,9 @@ local function hello(key, worker, bye, mine, mine_wire, stored, stored_wire, now
   end
   local writes = {hset = hset, hdel = hdel}
   if mine == stored or stored == '0' then return writes, nil end
-  if not live(state, stored, now, nil) then
+  -- orphaned: every worker that ran the config in force said goodbye or has been silent
+  -- for FORGET_MS (not merely LIVE_MS: a fleet waiting out a long OPEN makes no calls)
+  if not running[stored] then
     return writes, 'no live worker runs the config in force'
   end
   local vm, vs = version_of(mine_wire), version_of(stored_wire)
