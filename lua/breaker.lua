@@ -772,6 +772,7 @@ local function settle_config()
       -- the stored config changed: its window geometry may have, so start afresh
       clear_window()
       dirty_counters = true
+      adopted_why, adopted_deploy = 'reset', true  -- recorded in the rollout hash
     end
     if g.drift_fp ~= 0 then g.drift_fp, dirty_counters, clear_drift = 0, true, true end
     return
