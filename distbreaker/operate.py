@@ -197,3 +197,49 @@ def _run(breaker: CircuitBreaker, action: Action, reason: str, actor: str,
                "metrics_only": breaker.transition_to_metrics_only,
                "closed": breaker.transition_to_closed}
     return methods[action.id](reason, actor, for_=for_, until=until)
+
+
+class NoConfigToAdopt(LookupError):
+    """`config adopt` found no config other than the one in force (or not the one asked)."""
+
+
+def adopt_config(client: Any, prefix: str, name: str, reason: str, actor: str,
+                 fingerprint: str | None = None) -> dict[str, Any]:
+    """Promote a deployed config (docs/OPERATIONS.md, "Changing a breaker's config"):
+    the one with `fingerprint`, else the newest deployed one that is not in force. It
+    becomes the newest deployment, so the rollout rule keeps it in force; the window is
+    kept unless its shape changes, the state is kept. The CLI's `--json` line."""
+    config, _ = read_stored(client, prefix, name)
+    if config is None:
+        raise UnknownBreaker(name, prefix, close_names(name, breaker_names(client, prefix)))
+    keys = BreakerKeys.build(name, prefix)
+    record = view.read_record(client, keys.state, state_record.WINDOW_OFFSET - 1)
+    meta = client.hgetall(keys.meta)
+    rollout = client.hgetall(keys.state + view.ROLLOUT_SUFFIX)
+    breaker_view = view.decode_state_record(name, record or b"", meta, view.server_now_ms(
+        client), rollout=rollout)
+    candidates = [c for c in breaker_view["configs"] if c["wire"] and not c["in_force"]]
+    if fingerprint is not None:
+        candidates = [c for c in candidates if c["fingerprint"] == fingerprint]
+        if not candidates:
+            known = ", ".join(c["fingerprint"] for c in breaker_view["configs"]) or "none"
+            raise NoConfigToAdopt(f"no deployed config of {name!r} other than the one in "
+                                  f"force has fingerprint {fingerprint} (known: {known})")
+    elif not candidates:
+        raise NoConfigToAdopt(f"no config of {name!r} other than the one in force is "
+                              "deployed: nothing to adopt")
+    chosen = candidates[0]  # in force first, then the newest deployment first
+    try:
+        new = BreakerConfig.from_wire(chosen["wire"])
+    except ValueError as exc:
+        raise SchemaError(f"breaker {name!r}: deployed config {chosen['wire']!r}: {exc}") \
+            from None
+    breaker = CircuitBreaker(name, redis=client, config=new, prefix=prefix)
+    state = breaker.adopt_config(reason, actor)
+    return {"name": name, "action": "config_adopt", "state": str(state),
+            "fingerprint": chosen["fingerprint"], "wire": chosen["wire"],
+            "workers": chosen["workers"], "reason": reason, "actor": actor,
+            "changed": [{"field": f, "was": a, "now": b}
+                        for f, a, b in config_differences(config, new)],
+            "window_kept": (config.sliding_window_type, config.sliding_window_size)
+            == (new.sliding_window_type, new.sliding_window_size)}

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import json
 import math
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -49,6 +50,10 @@ _STATE_INTS = ("since", "open_until", "calls", "failures", "slow", "total_ms", "
 UNSET_CONFIG = "unset"
 #: The v2 meta fields a summary needs (reason and actor are in the history).
 _META_FIELDS = ("cfg", "drift_cfg", "drift_at")
+#: The quorum trip's marks hash: the state key plus this (docs/KEY_SCHEMA.md).
+QUORUM_SUFFIX = ":fw"
+#: The config rollout hash: the state key plus this (docs/KEY_SCHEMA.md).
+ROLLOUT_SUFFIX = ":cfgs"
 
 
 def schema_namespace(prefix: str, schema: str = V2) -> str:
@@ -270,6 +275,8 @@ def _config(wire: str) -> tuple[dict[str, Any], int]:
         "key_ttl_s": cfg.key_ttl,
         "initial_state": str(cfg.initial_state),
         "transition_after_max_wait_in_half_open": str(cfg.transition_after_max_wait_in_half_open),
+        "min_failing_workers": cfg.min_failing_workers,
+        "quorum_window_s": cfg.quorum_window,
     }, cfg.effective_minimum_calls
 
 
@@ -298,7 +305,9 @@ def decode_state_hash(name: str, raw: Mapping[Any, Any], now_ms: int,
 
 
 def decode_state_record(name: str, data: bytes, meta: Mapping[Any, Any], now_ms: int,
-                        probe_deadlines: Sequence[int] = ()) -> dict[str, Any]:
+                        probe_deadlines: Sequence[int] = (),
+                        quorum_marks: Mapping[Any, Any] | None = None,
+                        rollout: Mapping[Any, Any] | None = None) -> dict[str, Any]:
     """A v2 breaker's state record (bytes) and meta hash as the same dict as
     `decode_state_hash` makes of a v1 hash.
 
@@ -323,7 +332,71 @@ def decode_state_record(name: str, data: bytes, meta: Mapping[Any, Any], now_ms:
     # v2 keeps no issued-permit counter: the probes issued are the reported ones plus
     # the live leases (what admission counts)
     n["hp_issued"] = n["hp_done"] + sum(1 for d in probe_deadlines if d > now_ms)
-    return _breaker_view(name, State(fields["state"]), n, wire, m, now_ms, probe_deadlines)
+    view = _breaker_view(name, State(fields["state"]), n, wire, m, now_ms, probe_deadlines)
+    view["quorum"] = decode_quorum(view, quorum_marks or {}, now_ms)
+    view["configs"], view["config_in_force"] = decode_rollout(
+        rollout or {}, fields["fp"], wire, now_ms)
+    return view
+
+
+#: A worker counts as running its config this long after its last hello
+#: (lua/lib/breaker_rollout.lua LIVE_MS).
+ROLLOUT_LIVE_MS = 60_000
+
+
+def decode_rollout(raw: Mapping[Any, Any], in_force: int, wire: str,
+                   now_ms: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The configs deployed (rollout hash ``<state key>:cfgs``): one entry per config
+    fingerprint the hash knows, with the workers that said hello with it in the last
+    minute, in force first, then newest deployment first; and how the config in force
+    got there (None for a record without one)."""
+    h = {text(k): text(v) for k, v in raw.items()}
+    workers: Counter[str] = Counter()
+    for field, value in h.items():
+        if field.startswith("w:"):
+            fp, _, seen = value.partition(":")
+            if now_ms - _int_or(seen, 0) <= ROLLOUT_LIVE_MS:
+                workers[fp] += 1
+    fps = {f[2:] for f in h if f.startswith(("c:", "d:"))} | set(workers)
+    if in_force:
+        fps.add(str(in_force))
+    configs = []
+    for fp in fps:
+        config_wire = h.get(f"c:{fp}") or (wire if fp == str(in_force) else "")
+        try:
+            version = BreakerConfig.from_wire(config_wire).config_version if config_wire \
+                else None
+        except ValueError:
+            version = None
+        configs.append({"fingerprint": fp, "wire": config_wire or None, "version": version,
+                        "deployed_at_ms": _int_or(h.get(f"d:{fp}", "0"), 0) or None,
+                        "workers": workers[fp], "in_force": fp == str(in_force)})
+    configs.sort(key=lambda c: (not c["in_force"], -(c["deployed_at_ms"] or 0)))
+    if not in_force:
+        return configs, None
+    return configs, {"fingerprint": str(in_force),
+                     "since_ms": _int_or(h.get("f:at", "0"), 0) or None,
+                     "why": h.get("f:why") or None, "actor": h.get("f:actor") or None}
+
+
+def decode_quorum(breaker: Mapping[str, Any], marks: Mapping[Any, Any],
+                  now_ms: int) -> dict[str, Any] | None:
+    """The quorum trip's progress (config `min_failing_workers` > 1, else None): the
+    workers whose failures count (their last one within the quorum window: the marks
+    hash ``<state key>:fw``) and whether a fleet-wide trip waits for more of them."""
+    config = breaker["config"]
+    needed = int(config.get("min_failing_workers") or 1)
+    if needed <= 1:
+        return None
+    window_ms = round(float(config.get("quorum_window_s") or 60.0) * 1000)
+    failing = sorted(text(worker) for worker, at in marks.items()
+                     if now_ms - _int_or(text(at), 0) <= window_ms)
+    pending = breaker["state"] in (State.CLOSED.value, State.METRICS_ONLY.value) and 0 < len(
+        failing) < needed
+    return {"min_failing_workers": needed, "failing_workers": len(failing),
+            "workers": failing, "pending": pending,
+            "text": (f"quorum pending: {len(failing)} of {needed} workers failing"
+                     if pending else None)}
 
 
 def _breaker_view(name: str, state: State, n: Mapping[str, int], wire: str,
@@ -672,7 +745,9 @@ def _summaries(client: Any, prefix: str, items: Sequence[tuple[str, frozenset[st
             if schema == V2:
                 queue_raw(pipe, keys.state, state_record.WINDOW_OFFSET - 1)
                 pipe.hmget(keys.meta, list(_META_FIELDS))
-                steps += ["record", "meta"]
+                pipe.hgetall(keys.state + QUORUM_SUFFIX)
+                pipe.hgetall(keys.state + ROLLOUT_SUFFIX)
+                steps += ["record", "meta", "quorum", "rollout"]
             else:
                 pipe.hgetall(keys.state)
                 steps.append("state")
@@ -719,7 +794,7 @@ def _summary(client: Any, prefix: str, name: str, got: dict[str, Any],
             meta = dict(zip(_META_FIELDS, got["meta"], strict=True))
             row["breaker"] = decode_state_record(
                 name, got["record"], {k: v for k, v in meta.items() if v is not None},
-                now_ms, deadlines)
+                now_ms, deadlines, got.get("quorum") or {}, got.get("rollout") or {})
             row["state"] = row["breaker"]["state"]
         elif got.get("state"):
             row["breaker"] = decode_state_hash(name, got["state"], now_ms, deadlines)
@@ -820,9 +895,16 @@ def read_detail(client: Any, prefix: str, name: str, schema: str = V2) -> dict[s
         reads[key](key)
     for key in expected:
         pipe.pttl(key)
-    replies = pipe.execute()
+    extras = 0
+    if schema == V2 and keys.state in usable:
+        pipe.hgetall(keys.state + QUORUM_SUFFIX)
+        pipe.hgetall(keys.state + ROLLOUT_SUFFIX)
+        extras = 2
+    replies = pipe.execute(raise_on_error=False)
     got: dict[str, Any] = dict(zip(order, replies, strict=False))
-    ttls = replies[len(order):]
+    ttls = replies[len(order):len(replies) - extras]
+    marks, rollout = ({} if isinstance(r, Exception) else r
+                      for r in (replies[-2:] if extras else ({}, {})))
     state, meta = got.get(keys.state) or {}, got.get(keys.meta, {})
     probes, history_len = got.get(keys.probes, []), got.get(keys.history, 0)
     leases, bh_meta = got.get(keys.bh_leases, []), got.get(keys.bh_meta, {})
@@ -833,8 +915,8 @@ def read_detail(client: Any, prefix: str, name: str, schema: str = V2) -> dict[s
                                              or history_len or errors),
                               "breaker": None, "bulkhead": None, "budget": None}
     parts = {"breaker": (lambda: _breaker_detail(name, state, meta, probes, history_len,
-                                                 now_ms, keys.probes) if state else None,
-                         keys.state),
+                                                 now_ms, keys.probes, marks, rollout)
+                         if state else None, keys.state),
              "bulkhead": (lambda: decode_bulkhead(leases, bh_meta, now_ms, keys.bh_leases)
                           if leases or bh_meta else None, keys.bh_meta),
              "budget": (lambda: decode_budget(budget, now_ms) if budget else None, keys.rb)}
@@ -851,12 +933,15 @@ def read_detail(client: Any, prefix: str, name: str, schema: str = V2) -> dict[s
 
 def _breaker_detail(name: str, state: bytes | Mapping[Any, Any], meta: Mapping[Any, Any],
                     probes: Sequence[tuple[Any, Any]], history_len: int,
-                    now_ms: int, probes_key: str = "") -> dict[str, Any]:
+                    now_ms: int, probes_key: str = "",
+                    quorum_marks: Mapping[Any, Any] | None = None,
+                    rollout: Mapping[Any, Any] | None = None) -> dict[str, Any]:
     """`state` is a v2 record (bytes, `meta` its meta hash) or a v1 state hash (`meta`
     its window hash)."""
     deadlines = deadlines_of(probes_key, probes)
     if isinstance(state, (bytes, bytearray)):
-        breaker = decode_state_record(name, state, meta, now_ms, deadlines)
+        breaker = decode_state_record(name, state, meta, now_ms, deadlines, quorum_marks,
+                                      rollout)
         try:
             buckets = decode_record_window(state, breaker["window"]["head"], now_ms)
         except SchemaError as exc:

@@ -1,4 +1,4 @@
---!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events breaker_window breaker_ops breaker_persist breaker_hot
+--!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events breaker_window breaker_ops breaker_persist breaker_hot breaker_rollout
 -- distbreaker circuit breaker, key schema v2. The single source of truth for
 -- the fleet-wide state machine (docs/KEY_SCHEMA.md documents every byte).
 --
@@ -49,7 +49,7 @@
 -- then the history XADD and the PUBLISH (through pcall: their failure can
 -- neither abort nor undo the transition) follow.
 
-local floor, tonumber, tostring = math.floor, tonumber, tostring
+local floor, tonumber, tostring, find = math.floor, tonumber, tostring, string.find
 local max, min, unpack, rcall, pcall_ = math.max, math.min, unpack, redis.call, redis.pcall
 
 -- The state record's layout: declared once (distbreaker/_runtime/record_layout.py),
@@ -101,6 +101,9 @@ local clear_ring, n_count_slots, count_slots_from, time_slot_at, time_slot_value
 local clear_probes, probe_add, probe_rem, live_count, undo_bit, undo_value
 local transitions, events, permitted, quorum_mark, quorum_blocked, clear_quorum_marks
 local count_slot_values, evicted_slots_at = {}, {}
+-- config rollouts (lua/lib/breaker_rollout.lua): ARGV[2] split into the fingerprint's
+-- text and a hello's worker; the rollout hash's writes; an adoption's reason
+local arg_fp_text, hello_worker, hello_bye, rollout_writes, adopted_why, adopted_deploy
 
 -- Run only on error paths and before cold-path writes (TYPE costs a command).
 local schema_error, foreign_type, args_error = prelude.schema_error, prelude.foreign_type,
@@ -132,7 +135,7 @@ end
 -- The fingerprint of a wire string (what ARGV[2] should be). fakeredis's EVAL
 -- has no redis.sha1hex: there (one in-process server) the caller's ARGV[2] is taken.
 local function fingerprint(wire)
-  if not redis.sha1hex then return tonumber(argv[2]) or -1 end
+  if not redis.sha1hex then return tonumber(arg_fp_text) or -1 end
   return tonumber(string.sub(redis.sha1hex(wire), 1, 12), 16)
 end
 
@@ -410,7 +413,10 @@ local function op_record()
       if met then
         fire('rates_exceeded', rates_text(calls, failures, slow, failure_threshold,
                                           slow_threshold))
-      else
+      elseif quorum_mark then
+        -- quorum pending: only a record carrying this worker's own failures says so
+        -- (its worker may then open its own view, judged on its own outcomes); a
+        -- healthy worker's record changes nothing for it
         quorum_blocked = true
       end
     end
@@ -461,12 +467,15 @@ local function op_set()
   local target, reason, actor = argv[6], argv[7], argv[8]
   local hold, bad = hold_from(now, argv[9] or '', argv[10] or '', target)
   if not hold then return bad end
-  if not (target == 'RESET' or target == 'TRIP' or (CODE[target] and target ~= 'OPEN'
-          and target ~= 'HALF_OPEN')) then
+  if not (target == 'RESET' or target == 'TRIP' or target == 'ADOPT' or (CODE[target]
+          and target ~= 'OPEN' and target ~= 'HALF_OPEN')) then
     return args_error('unknown target state ' .. tostring(target))
   end
   advance()
-  if target == 'RESET' then
+  if target == 'ADOPT' then
+    -- `config adopt`: settle_config adopted the caller's config (or it was in force)
+    return nil
+  elseif target == 'RESET' then
     if fire('reset', reason, actor) == CLEAR then
       clear_window()
       clear_probes = true
@@ -598,6 +607,11 @@ end
 
 -- Quorum marks, probes and TTLs (after the state record and the meta hash).
 local function write_others(refresh)
+  if rollout_writes or adopted_why then
+    breaker_rollout.write(K_STATE .. ':cfgs', rollout_writes, adopted_why,
+                          op == 'set' and argv[8] or '',
+                          int(fp), cfg_wire, adopted_deploy, now, ttl_ms)
+  end
   if clear_quorum_marks or quorum_mark then
     breaker_persist.write_quorum_marks(K_STATE, clear_quorum_marks, quorum_mark, now, ttl_ms)
   end
@@ -669,9 +683,45 @@ end
 
 -- Adopting or comparing configs --------------------------------------------------
 local fp_compared, fp_text = nil, nil
+
+-- The caller's config replaces the stored one (a rollout's rule, or an operator's
+-- `config adopt`): thresholds, waits and probes take effect at once and keep the
+-- window; a new window shape (type or size) starts a new window; the state stays.
+local function adopt_config(why, deploy)
+  local g = cold()
+  local old_type, old_size = window_type, window_size
+  if not parse_config(cfg_wire) then
+    return redis.error_reply('DISTBREAKER_ARGS bad config ' .. cfg_wire)
+  end
+  fp, dirty_config, meta_cfg, cfg_store = fingerprint(cfg_wire), true, true, cfg_wire
+  if window_type ~= old_type or window_size ~= old_size then
+    clear_window()
+    dirty_counters = true
+  end
+  if g.drift_fp ~= 0 then g.drift_fp, dirty_counters, clear_drift = 0, true, true end
+  adopted_why, adopted_deploy = why, deploy
+  return nil
+end
+
+-- A worker's hello (ARGV[2] '<fp>@<worker>'): registers it in the rollout hash and
+-- answers why its config `mine` replaces the stored one `stored` (nil: it does not),
+-- or nil and an error reply.
+local function say_hello(mine, stored, stored_wire)
+  local writes, why, err = breaker_rollout.hello(K_STATE .. ':cfgs', hello_worker, hello_bye,
+                                                 mine, cfg_wire, stored, stored_wire, now)
+  if err then return nil, foreign_keys() or schema_error(K_STATE .. ':cfgs', 'is not a hash') end
+  rollout_writes = writes
+  return why, nil
+end
+
 -- After `load`: decides which config governs and what to store.
-local function settle_config(arg_fp)
+local function settle_config()
+  if hello_bye then  -- a worker leaves: it no longer runs its config
+    local _, err = say_hello(arg_fp_text, '0', nil)
+    return err
+  end
   local adopt = (op == 'set' and argv[6] == 'RESET')
+  local operator_adopt = (op == 'set' and argv[6] == 'ADOPT')
   if not exists then
     s_state, since = 'CLOSED', now
     calls, failures, slow, total_ms, head, window_sec = 0, 0, 0, 0, 0, 0
@@ -687,6 +737,11 @@ local function settle_config(arg_fp)
         s_state, reason_now, actor_now, meta_reason = parsed.initial_state, 'initial state', '',
                                                       true
       end
+      if hello_worker then
+        local _, err = say_hello(int(fp), int(fp), cfg_wire)
+        if err then return err end
+        adopted_why = 'first config'
+      end
     end
     return
   end
@@ -694,13 +749,24 @@ local function settle_config(arg_fp)
     -- unset: the caller's config governs this call; only a protected call stores it
     if op == 'acquire' or op == 'record' then
       fp, dirty_config, meta_cfg, cfg_store = fingerprint(cfg_wire), true, true, cfg_wire
+      if hello_worker then
+        local _, err = say_hello(int(fp), int(fp), cfg_wire)
+        if err then return err end
+        adopted_why = 'first config'
+      end
     end
     return
   end
   -- the usual call: the same config (compared as the decimal string the caller sent;
   -- the last fingerprint's text is kept across calls)
   if fp ~= fp_compared then fp_compared, fp_text = fp, int(fp) end
-  if fp_text == arg_fp and not adopt then return end
+  if fp_text == arg_fp_text and not adopt and not operator_adopt then
+    if hello_worker then
+      local _, err = say_hello(fp_text, fp_text, cfg_wire)
+      return err
+    end
+    return
+  end
   local mine = fingerprint(cfg_wire)
   local g = cold()
   if adopt then
@@ -712,11 +778,29 @@ local function settle_config(arg_fp)
       -- the stored config changed: its window geometry may have, so start afresh
       clear_window()
       dirty_counters = true
+      adopted_why, adopted_deploy = 'reset', true  -- recorded in the rollout hash
     end
     if g.drift_fp ~= 0 then g.drift_fp, dirty_counters, clear_drift = 0, true, true end
     return
   end
-  if mine == fp then return end  -- the caller's fingerprint was wrong, not its config
+  if operator_adopt then
+    if mine == fp then return nil end
+    return adopt_config('operator', true)
+  end
+  if mine == fp then  -- the caller's fingerprint was wrong, not its config
+    if hello_worker then
+      local _, err = say_hello(fp_text, fp_text, cfg_wire)
+      return err
+    end
+    return
+  end
+  if hello_worker then
+    local stored_wire = pcall_('HGET', K_META, 'cfg')
+    if type(stored_wire) ~= 'string' then stored_wire = nil end
+    local why, err = say_hello(int(mine), fp_text, stored_wire)
+    if err then return err end
+    if why then return adopt_config(why, false) end
+  end
   drift = 1
   if g.drift_fp ~= mine then g.drift_fp, dirty_counters, meta_drift = mine, true, true end
 end
@@ -741,6 +825,15 @@ local function begin(keys, args, given_now, given_micros)
   K_HIST = keys[4] or derived_hist
   argv = args
   op, cfg_wire, name, channel = args[1], args[3], args[4], args[5]
+  arg_fp_text = args[2] or ''
+  if find(arg_fp_text, '@', 1, true) then  -- a hello (rare: no module call otherwise)
+    arg_fp_text, hello_worker, hello_bye = breaker_rollout.split(arg_fp_text)
+  elseif hello_worker then
+    hello_worker, hello_bye = nil, false
+  end
+  if rollout_writes or adopted_why then
+    rollout_writes, adopted_why, adopted_deploy = nil, nil, nil
+  end
   if given_now then  -- a merged call (lua/finish.lua) read TIME once for all its calls
     now, micros = given_now, given_micros
   else
@@ -781,7 +874,7 @@ return function(KEYS, ARGV, given_now, given_micros)
   if not exists and op == 'state' then
     return {parsed.initial_state, 0, 1, {}, 0, 0, 0, 0, 0, 0, '', now, now, 0}
   end
-  err = settle_config(ARGV[2] or '')
+  err = settle_config()
   if err then return err end
   if op == 'record' then
     err = op_record()

@@ -27,6 +27,7 @@ from .core import (
     ScriptCall,
     Until,
     hold_args,
+    logger,
 )
 from .state import State
 
@@ -85,7 +86,19 @@ class BreakerShell(BreakerCore):
         this breaker built from a URL (a client given to it is yours)."""
         await self.flush()
         self._stop_watching()
+        await self._goodbye()
         await self._release_client()
+
+    async def _goodbye(self) -> None:
+        """Leave the rollout hash (best effort: a worker that cannot say goodbye counts
+        as running its config for a minute after its last hello)."""
+        if not self._codec.said_hello:
+            return
+        call = self._codec.goodbye_call()
+        try:
+            await run_script_async(self._client, self._script, call.keys, call.args)
+        except Exception:  # a goodbye must never fail a close
+            logger.debug("circuit breaker %s: goodbye not sent", self.name, exc_info=True)
 
     async def flush(self) -> None:
         """Batched mode: send the pending outcomes now (all breakers' of this flavour:
@@ -182,6 +195,12 @@ class BreakerShell(BreakerCore):
     async def reset(self, reason: str = "reset", actor: str = "") -> State:
         """Back to CLOSED with an empty window; this process's config becomes the stored one."""
         return await self._set("RESET", reason, actor)
+
+    async def adopt_config(self, reason: str = "config adopted", actor: str = "") -> State:
+        """Make this object's config the one in force (an operator's `distbreaker config
+        adopt`): it counts as the newest deployment; the window is kept unless the
+        window's shape changes; the state is kept."""
+        return await self._set("ADOPT", reason, actor)
 
     async def trip(self, reason: str = "tripped", actor: str = "", *,
                    for_: Seconds | None = None, until: Until | None = None) -> State:

@@ -29,6 +29,7 @@ from .core import (
     ScriptCall,
     Until,
     hold_args,
+    logger,
 )
 from .state import State
 
@@ -87,7 +88,19 @@ class BreakerShell(BreakerCore):
         this breaker built from a URL (a client given to it is yours)."""
         self.flush()
         self._stop_watching()
+        self._goodbye()
         self._release_client()
+
+    def _goodbye(self) -> None:
+        """Leave the rollout hash (best effort: a worker that cannot say goodbye counts
+        as running its config for a minute after its last hello)."""
+        if not self._codec.said_hello:
+            return
+        call = self._codec.goodbye_call()
+        try:
+            run_script(self._client, self._script, call.keys, call.args)
+        except Exception:  # a goodbye must never fail a close
+            logger.debug("circuit breaker %s: goodbye not sent", self.name, exc_info=True)
 
     def flush(self) -> None:
         """Batched mode: send the pending outcomes now (all breakers' of this flavour:
@@ -184,6 +197,12 @@ class BreakerShell(BreakerCore):
     def reset(self, reason: str = "reset", actor: str = "") -> State:
         """Back to CLOSED with an empty window; this process's config becomes the stored one."""
         return self._set("RESET", reason, actor)
+
+    def adopt_config(self, reason: str = "config adopted", actor: str = "") -> State:
+        """Make this object's config the one in force (an operator's `distbreaker config
+        adopt`): it counts as the newest deployment; the window is kept unless the
+        window's shape changes; the state is kept."""
+        return self._set("ADOPT", reason, actor)
 
     def trip(self, reason: str = "tripped", actor: str = "", *,
              for_: Seconds | None = None, until: Until | None = None) -> State:

@@ -107,11 +107,18 @@ class BreakerConfig:
     (CallNotPermitted with reason "ramping"), so a recovering dependency is not hit by
     every worker at once. Workers learn of the recovery from the reply that made it or
     from the events channel (with `subscribe`).
+    `config_version` (wire field 22; 0: none) orders configs in a rollout: a config
+    with a higher version replaces the one in force at its first worker's call, one
+    with a lower version never does by itself; equal versions go by deploy time (the
+    newest deployment wins). See docs/OPERATIONS.md, "Changing a breaker's config".
     `min_failing_workers` > 1 gates the failure-rate trip on a quorum: the breaker
     opens fleet-wide only when failures came from at least that many distinct workers
-    (process ids) within `quorum_window` seconds; until then the worker whose record
-    found the rates exceeded opens its own local view for one open wait (a worker
-    with a broken network path cannot open the breaker for everyone).
+    (process ids) within `quorum_window` seconds. Until then no worker is rejected
+    for other workers' failures: only a worker whose record carried failures and found
+    the fleet's rates exceeded, and whose OWN recent outcomes (this process's window of
+    the same shape) exceed the rates, opens its own local view for one open wait (a
+    worker with a broken network path cannot open the breaker for everyone, and a
+    healthy worker keeps serving).
     """
 
     failure_rate_threshold: float = 50.0
@@ -148,6 +155,7 @@ class BreakerConfig:
     ramp_start: float = 0.1
     min_failing_workers: int = 1
     quorum_window: Seconds = 60.0
+    config_version: int = 0
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -232,6 +240,7 @@ class BreakerConfig:
             raise ValueError(f"ramp_start must be a number in (0, 1], got {ramp!r}")
         put(self, "ramp_start", float(ramp))
         check_int(self.min_failing_workers, "min_failing_workers", 1, 10_000)
+        check_int(self.config_version, "config_version", 0, 2**53)
         put(self, "quorum_window", to_seconds(self.quorum_window, "quorum_window",
                                               positive=True))
         try:
@@ -301,8 +310,9 @@ class BreakerConfig:
                  str(to_ms(self.max_wait_duration_in_open_state)),
                  _num(self.wait_randomization_factor),
                  str(to_ms(self.ramp_duration)), _num(self.ramp_start),
-                 str(self.min_failing_workers), str(to_ms(self.quorum_window))]
-        defaults = ["C", "O", "1", "0", "0", "0", "0.1", "1", "60000"]
+                 str(self.min_failing_workers), str(to_ms(self.quorum_window)),
+                 str(self.config_version)]
+        defaults = ["C", "O", "1", "0", "0", "0", "0.1", "1", "60000", "0"]
         while extra and extra[-1] == defaults[len(extra) - 1]:
             extra.pop()
         return ";".join(parts + extra)
@@ -333,6 +343,7 @@ class BreakerConfig:
             ramp_start = float(parts[18]) if len(parts) > 18 else 0.1
             quorum = int(parts[19]) if len(parts) > 19 else 1
             quorum_ms = int(parts[20]) if len(parts) > 20 else 60000
+            version = int(parts[21]) if len(parts) > 21 else 0
         except (ValueError, KeyError):
             raise ValueError(f"not a v{WIRE_VERSION} breaker config wire string: "
                              f"{wire!r}") from None
@@ -348,6 +359,7 @@ class BreakerConfig:
             max_wait_duration_in_open_state=cap, wait_randomization_factor=spread,
             ramp_duration=ramp_ms / 1000, ramp_start=ramp_start,
             min_failing_workers=quorum, quorum_window=quorum_ms / 1000,
+            config_version=version,
         )
 
 
@@ -363,7 +375,7 @@ WIRE_FIELDS = ("sliding_window_type", "sliding_window_size", "minimum_number_of_
                "initial_state", "transition_after_max_wait_in_half_open",
                "wait_interval_multiplier", "max_wait_duration_in_open_state",
                "wait_randomization_factor", "ramp_duration", "ramp_start",
-               "min_failing_workers", "quorum_window")
+               "min_failing_workers", "quorum_window", "config_version")
 
 
 def config_differences(ours: BreakerConfig,

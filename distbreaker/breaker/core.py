@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 import warnings
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from enum import Enum
@@ -42,7 +42,13 @@ from .._runtime.options import Seconds, to_ms, to_seconds
 from .._runtime.scripts import Owed, PendingCall, ScriptCall, load_script, text
 from .._runtime.subscriber import SUBSCRIBERS, Subscription, listen_source
 from ..errors import CallNotPermitted, ConfigDriftWarning
-from .config import BreakerConfig, RedisErrorPolicy, build_config, config_differences
+from .config import (
+    BreakerConfig,
+    RedisErrorPolicy,
+    WindowType,
+    build_config,
+    config_differences,
+)
 from .events import Listener, Transition, log_transition
 from .state import State
 
@@ -171,6 +177,66 @@ class AcquireStep:
 _PERMITTED = AcquireStep(Step.PERMIT)
 
 
+class OwnOutcomes:
+    """This process's own recent outcomes, kept only when the quorum trip is on: a
+    quorum-pending reply opens this worker's own view only when its OWN outcomes, alone,
+    exceed the rates (Resilience4j's per-process rule), so a healthy worker is never
+    rejected because other workers fail. The same window shape as the breaker's: the
+    last `sliding_window_size` outcomes, or per-second buckets over that many seconds."""
+
+    def __init__(self, config: BreakerConfig) -> None:
+        self._size = config.sliding_window_size
+        self._time = config.sliding_window_type is WindowType.TIME_BASED
+        self._minimum = config.effective_minimum_calls
+        self._failure = config.failure_rate_threshold
+        self._slow = config.slow_call_rate_threshold
+        #: count window: (failed, slow) per outcome; time window: [second, calls,
+        #: failures, slow] per second
+        self._items: deque[Any] = deque(maxlen=None if self._time else self._size)
+
+    def add(self, failures: int, calls: int, slow: int, now: float) -> None:
+        if calls <= 0:
+            return
+        if not self._time:
+            for i in range(min(calls, self._size)):
+                self._items.append((i < failures, i < slow))
+            return
+        second = int(now)
+        if self._items and self._items[-1][0] == second:
+            bucket = self._items[-1]
+            bucket[1] += calls
+            bucket[2] += failures
+            bucket[3] += slow
+        else:
+            self._items.append([second, calls, failures, slow])
+        self._evict(now)
+
+    def _evict(self, now: float) -> None:
+        while self._items and self._items[0][0] <= int(now) - self._size:
+            self._items.popleft()
+
+    def exceeded(self, now: float) -> bool:
+        """Would this process's outcomes alone trip the breaker?"""
+        if self._time:
+            self._evict(now)
+            calls = sum(b[1] for b in self._items)
+            failures = sum(b[2] for b in self._items)
+            slow = sum(b[3] for b in self._items)
+        else:
+            calls = len(self._items)
+            failures = sum(1 for f, _ in self._items if f)
+            slow = sum(1 for _, s in self._items if s)
+        if calls <= 0 or calls < self._minimum:
+            return False
+        return (failures * 100.0 >= self._failure * calls
+                or slow * 100.0 >= self._slow * calls)
+
+
+#: Seconds between a worker's hellos (the rollout hash counts a worker as running its
+#: config for a minute after its last one: lua/lib/breaker_rollout.lua).
+HELLO_INTERVAL = 20.0
+
+
 def worker_id() -> str:
     """This process as a quorum counts it: host and pid (a forked child is another)."""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -280,12 +346,16 @@ class BreakerCodec:
         #: Quorum trip: this worker alone saw the rates exceeded; it rejects locally
         #: until then (monotonic, 0: not).
         self._local_open_until = 0.0
+        self._own = OwnOutcomes(config) if config.min_failing_workers > 1 else None
         self.ramp_enabled = config.ramp_duration > 0
         self._event_errors_logged = False
         self._view_now_ms = 0
         self._own_transition_ms = -1             # server ms of this process's last transition
         self._invalidated_at = -1                # server ms of the last pub/sub drop
         self._drift_warned = False
+        self._next_hello = 0.0                   # monotonic: when the next hello is due
+        self.said_hello = False                  # a goodbye is due at close()
+        self._instance = secrets.token_hex(4)
         self.config_drift: str | None = None     # stored config when it differs from ours
         self.not_permitted = 0
         self._counted_since = -1                 # since_ms of the state not_permitted counts in
@@ -296,11 +366,15 @@ class BreakerCodec:
         forking.register(self)
 
     def _after_fork(self) -> None:
-        """In a forked child: a fresh lock and this process's own (zero) counts."""
+        """In a forked child: a fresh lock and this process's own (zero) counts; it is
+        another worker, which says hello on its first call."""
         self._lock = threading.Lock()
+        self._next_hello = 0.0
         self.not_permitted = 0
         self.outcomes = Counter()
         self.rejections = Counter()
+        if self._own is not None:
+            self._own = OwnOutcomes(self.config)
 
     @property
     def view(self) -> State | None:
@@ -309,9 +383,40 @@ class BreakerCodec:
 
     # -- building script calls ------------------------------------------------
     def _call(self, op: str, *extra: Any) -> ScriptCall:
+        """A script call; protected calls (acquire, record) may carry a hello, reads and
+        operator actions never do (they are not a worker running this config)."""
         keys = self.keys
+        fp = self._fingerprint_arg() if op in ("acquire", "record") else self.fingerprint
         return ScriptCall(keys.script_keys,
-                          (op, self.fingerprint, self.wire, self.name, keys.channel, *extra))
+                          (op, fp, self.wire, self.name, keys.channel, *extra))
+
+    def _fingerprint_arg(self) -> int | str:
+        """ARGV[2]: the fingerprint, or on this worker's first call and then every
+        `HELLO_INTERVAL` seconds a hello ``<fp>@<worker>`` that registers the worker
+        and its config in the rollout hash (docs/OPERATIONS.md, "Changing a breaker's
+        config"). Other calls send the bare fingerprint: the hot path is unchanged."""
+        now = time.monotonic()
+        if now < self._next_hello:
+            return self.fingerprint
+        with self._lock:
+            if now < self._next_hello:
+                return self.fingerprint
+            self._next_hello = now + HELLO_INTERVAL
+            self.said_hello = True
+        return f"{self.fingerprint}@{self.worker}"
+
+    def goodbye_call(self) -> ScriptCall:
+        """A `state` read that removes this worker from the rollout hash (`close()`): a
+        worker that leaves no longer counts as running its config."""
+        keys = self.keys
+        return ScriptCall(keys.script_keys, ("state", f"{self.fingerprint}@{self.worker}@bye",
+                                             self.wire, self.name, keys.channel))
+
+    @property
+    def worker(self) -> str:
+        """This worker instance as the rollout hash names it: host, pid and a random
+        suffix per breaker object (a restarted worker is a new instance)."""
+        return f"{worker_id()}:{self._instance}"
 
     def acquire_call(self) -> tuple[ScriptCall, str]:
         token = secrets.token_hex(8)
@@ -336,13 +441,24 @@ class BreakerCodec:
                 return None
             return self._call("record", permit.token, 0, 0, 0, 0)
         counts = self._counts(outcome, duration)
+        self._note_own(counts)
         return self._call("record", permit.token, *counts, *self._worker_mark(counts))
 
     def batched_counts(self, outcome: Outcome, duration: float) -> Counts | None:
         """Batched mode: the counts one finished call (no probe) adds, None when ignored."""
         with self._lock:
             self.outcomes[outcome.value] += 1
-        return None if outcome is Outcome.IGNORED else self._counts(outcome, duration)
+        if outcome is Outcome.IGNORED:
+            return None
+        counts = self._counts(outcome, duration)
+        self._note_own(counts)
+        return counts
+
+    def _note_own(self, counts: Counts) -> None:
+        """Quorum trip: this process's own outcomes (see `OwnOutcomes`)."""
+        if self._own is not None:
+            with self._lock:
+                self._own.add(counts[1], counts[0] + counts[1], counts[2], time.monotonic())
 
     def batch_call(self, counts: Counts) -> ScriptCall:
         """The record script call carrying accumulated counts (no probe token)."""
@@ -429,11 +545,13 @@ class BreakerCodec:
         return CallNotPermitted(self.name, state, wait, reason=reason, actor=actor)
 
     def forget_view(self) -> None:
-        """Redis could not be asked: the next call must ask (or use the fallback) again.
-        The view is kept as the last known fleet state, which the fallback inherits."""
+        """Redis could not be asked: the next call must ask (or use the fallback) again
+        (and say hello again: the last one may not have arrived). The view is kept as
+        the last known fleet state, which the fallback inherits."""
         if self._view is not None:
             self._last_known = self._view
         self._view = None
+        self._next_hello = 0.0
 
     def inherited(self, now: float) -> tuple[State | None, float, float | None]:
         """The last fleet state this process saw before Redis became unreachable: the
@@ -506,7 +624,7 @@ class BreakerCodec:
                     self._own_transition_ms = reply.now_ms
             if any(a is State.HALF_OPEN and b is State.CLOSED for a, b, _ in reply.transitions):
                 self.recovered(reply.now_ms, now, reply.now_ms)
-            if reply.quorum_blocked:
+            if reply.quorum_blocked and self._own_rates_exceeded(now):
                 self._local_open_until = now + self.config.wait_duration_in_open_state
                 logger.warning("circuit breaker %s: failure rates exceeded, but from fewer "
                                "than %d workers: open for this worker only for %.3fs",
@@ -521,6 +639,14 @@ class BreakerCodec:
         rates = reply.transition_rates or ((-1.0, -1.0),) * len(reply.transitions)
         return [Transition(self.name, a, b, why, reply.now_ms, source, *rate_pair)
                 for (a, b, why), rate_pair in zip(reply.transitions, rates, strict=True)]
+
+    def _own_rates_exceeded(self, now: float) -> bool:
+        """Quorum pending: does this worker's own view open (its own outcomes alone
+        exceed the rates)? A worker is never rejected for other workers' failures."""
+        if self._own is None:
+            return False
+        with self._lock:
+            return self._own.exceeded(now)
 
     def admission(self, reply: Reply, token: str, sent_at: float = 0.0) -> Permit:
         """Turn an acquire reply into a permit, or raise CallNotPermitted. A probe's
@@ -618,10 +744,19 @@ class BreakerCodec:
             fields = []
         differs = "; ".join(f"{f}: here {a!r}, stored {b!r}" for f, a, b in fields) or \
             f"wire {self.wire!r} vs stored {stored!r}"
-        warnings.warn(f"circuit breaker {self.name!r}: this process's config differs from "
-                      f"the fleet's stored config ({differs}); the stored config governs "
-                      f"until reset() (stored wire {stored})", ConfigDriftWarning,
-                      stacklevel=4)
+        try:
+            ours, theirs = self.config.config_version, BreakerConfig.from_wire(
+                stored).config_version
+        except ValueError:
+            ours = theirs = 0
+        why = (f"config_version {theirs} is in force, this process has {ours}"
+               if theirs > ours else "the config in force was deployed after this one")
+        warnings.warn(f"circuit breaker {self.name!r}: this process's config is not the one "
+                      f"in force and will not become it by itself ({why}; {differs}); the "
+                      f"config in force governs this process's calls (stored wire {stored}). "
+                      "Restart this worker with the config in force, raise config_version, or "
+                      f"promote this one: distbreaker config adopt {self.name} "
+                      f"--fingerprint {self.fingerprint}", ConfigDriftWarning, stacklevel=4)
 
 
 #: Drift already warned about in this process: (state key, our wire, stored wire).

@@ -275,3 +275,39 @@ def release_stale_command(app: App, name: str, as_json: bool) -> None:
     else:
         click.echo(f"{name}: released {result['released']} expired lease(s); "
                    f"{in_use}/{result['limit']} in use, {result['waiting']} waiting")
+
+
+@cli.group("config")
+def config_group() -> None:
+    """A breaker's config in a rollout (docs/OPERATIONS.md, "Changing a breaker's config")."""
+
+
+@config_group.command("adopt")
+@click.argument("name", callback=check_name)
+@click.option("--fingerprint", help="The deployed config to adopt (as `show` lists them); "
+              "default: the newest deployed config that is not in force.")
+@_REASON
+@_ACTOR
+@_JSON
+@click.pass_obj
+def config_adopt_command(app: App, name: str, fingerprint: str | None, reason: str | None,
+                         actor: str, as_json: bool) -> None:
+    """Put a deployed config in force now, keeping the state and (unless the window's type
+    or size changes) the window; it then counts as the newest deployment."""
+    try:
+        result = operate.adopt_config(app.client, app.prefix, name,
+                                      reason or default_reason("config adopt"), actor,
+                                      fingerprint)
+    except operate.UnknownBreaker as exc:
+        raise NotFound(f"unknown breaker {name!r} under prefix {app.prefix!r}"
+                       + did_you_mean(exc.suggestions)) from None
+    except operate.NoConfigToAdopt as exc:
+        raise NotFound(str(exc)) from None
+    if as_json:
+        emit_json(result, lines=True)
+        return
+    changed = ", ".join(f"{c['field']} {c['was']} -> {c['now']}" for c in result["changed"])
+    click.echo(f"{name}: config {result['fingerprint']} in force "
+               f"({result['workers']} workers run it), state {coloured(result['state'])} kept, "
+               + ("window kept" if result["window_kept"] else "new window (its shape changed)")
+               + (f": {changed}" if changed else ""))

@@ -81,6 +81,9 @@ def state_cell(row: dict[str, Any]) -> str:
     b = row["breaker"] or {}
     if probe_due(b):
         return "OPEN (due)"
+    quorum = b.get("quorum") or {}
+    if quorum.get("pending"):
+        return f"{row['state']} ({quorum['text']})"
     return row["state"] or "-"
 
 
@@ -252,8 +255,35 @@ def drift_lines(name: str, b: dict[str, Any]) -> list[str]:
     except (KeyError, ValueError):
         differs = f"wire {drift['config'].get('wire')!r}"
     return [f"drift:     a worker runs another config (last seen {seen}): {differs}",
-            f"           the stored config governs until `distbreaker reset {name}` "
-            "(--adopt-drift stores the worker's)"]
+            f"           the config in force governs it; `distbreaker config adopt {name}` "
+            "promotes a deployed config (window and state kept)"]
+
+
+def config_lines(name: str, b: dict[str, Any]) -> list[str]:
+    """`show`'s rollout lines: which config is in force (since when, why) and every
+    config deployed, by how many workers (hellos in the last minute)."""
+    configs, in_force = b.get("configs") or [], b.get("config_in_force")
+    if not configs:
+        return []
+    lines = []
+    if in_force:
+        how = ", ".join(p for p in (
+            f"since {clock(in_force['since_ms'])}" if in_force["since_ms"] else "",
+            in_force["why"] or "", f"by {in_force['actor']}" if in_force["actor"] else "")
+            if p)
+        lines.append(f"in force:  config {in_force['fingerprint']}" + (f" ({how})" if how
+                                                                     else ""))
+    for c in configs:
+        deployed = clock(c["deployed_at_ms"]) if c["deployed_at_ms"] else "?"
+        version = f", config_version {c['version']}" if c["version"] else ""
+        lines.append(f"deployed:  config {c['fingerprint']}"
+                     f"{' (in force)' if c['in_force'] else ''}: "
+                     f"{plural(c['workers'], 'worker')} in the last minute, deployed "
+                     f"{deployed}{version}; wire {c['wire'] or '?'}")
+    if any(not c["in_force"] and c["workers"] for c in configs):
+        lines.append(f"           workers on another config obey the one in force; "
+                     f"`distbreaker config adopt {name}` promotes the newest")
+    return lines
 
 
 def show_text(d: dict[str, Any]) -> str:
@@ -289,6 +319,14 @@ def show_text(d: dict[str, Any]) -> str:
             f"wire:      {c['wire']}",
         ]
         lines += drift_lines(d["name"], b)
+        lines += config_lines(d["name"], b)
+        quorum = b.get("quorum")
+        if quorum:
+            lines.append("quorum:    " + (quorum["text"] or (
+                f"{quorum['failing_workers']} of {quorum['min_failing_workers']} workers "
+                "failing")) + (f" ({', '.join(quorum['workers'])})" if quorum["workers"]
+                               else "") + "; only a worker whose own calls fail opens its "
+                         "own view until the quorum is met")
         buckets = w["buckets"]
         if c["sliding_window_type"] == "COUNT_BASED":
             lines.append(f"outcomes:  {_outcomes(buckets) or '(empty)'}  "

@@ -316,6 +316,9 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
                      "name")
     unreadable = _gauge("distbreaker_unreadable", "1 when a name's keys hold foreign data",
                         "name")
+    configs = _gauge("distbreaker_breaker_config_workers", "Workers running each deployed "
+                     "config of a breaker (hellos in the last minute); in_force 1 for the "
+                     "config in force", "name", "fingerprint", "in_force")
     for row in rows:
         name = row["name"]
         if row["error"]:
@@ -331,6 +334,9 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
                 family.add((name,), -1 if value is None else value)
             fleet_rejected.add((name,), breaker["rejected"])
             state_seconds.add((name,), breaker["in_state_s"])
+            for c in breaker.get("configs") or ():
+                configs.add((name, c["fingerprint"], "1" if c["in_force"] else "0"),
+                            c["workers"])
         elif row.get("never_called"):
             for field, family in fields.items():
                 family.add((name,), -1 if field.endswith("rate") else 0)
@@ -358,4 +364,4 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
         elif budget.get("balance") is not None:  # with the settings stored in the hash
             balance.add((name,), budget["balance"])
     return [state, state_seconds, *fields.values(), fleet_rejected, in_use, limit, adaptive,
-            limit_info, moved, paused, deposits, withdrawals, balance, unreadable]
+            limit_info, moved, paused, deposits, withdrawals, balance, unreadable, configs]

@@ -55,7 +55,7 @@ local function hold_from(now, hold_for, hold_until, target)
   if not v or v ~= floor(v) then return nil, args_error('hold ms must be an integer') end
   local hold = (hold_for ~= '') and (now + v) or v
   if hold <= now then return nil, args_error('the override would end in the past') end
-  if target == 'RESET' or target == 'HALF_OPEN' or target == 'OPEN' then
+  if target == 'RESET' or target == 'ADOPT' or target == 'HALF_OPEN' or target == 'OPEN' then
     return nil, args_error(tostring(target) .. ' takes no end')
   end
   return hold

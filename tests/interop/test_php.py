@@ -20,7 +20,8 @@ import pytest
 import redis
 
 from distbreaker import CircuitBreaker
-from distbreaker._runtime.keys import BreakerKeys, BulkheadKeys, events_channel
+from distbreaker import readside as view
+from distbreaker._runtime.keys import DEFAULT_PREFIX, BreakerKeys, BulkheadKeys, events_channel
 from distbreaker._runtime.scripts import load_script, lua_dir, run_script
 from distbreaker._runtime.state_record import decode_record, encode_fields
 from distbreaker.breaker.config import BreakerConfig
@@ -102,6 +103,8 @@ WIRE_CASES: list[dict[str, Any]] = [
     {"wait_interval_multiplier": 1.5, "max_wait_duration_in_open_state": 600.0005,
      "wait_randomization_factor": 0.125},
     {"wait_randomization_factor": 1e-05},
+    {"config_version": 3},
+    {"config_version": 1, "ramp_start": 0.5, "failure_rate_threshold": 30},
 ]
 
 
@@ -130,6 +133,29 @@ def test_php_and_python_agree_on_the_stored_config(php_worker: Php, redis_client
     breaker = python_breaker(name, redis_url)
     breaker.call(lambda: "ok")
     assert breaker.config_drift is None
+
+
+def test_a_php_worker_with_a_newer_config_puts_it_in_force_keeping_the_window(
+        php_worker: Php, name: str, redis_url: str) -> None:
+    """The rollout rule holds for PHP (docs/OPERATIONS.md, "Changing a breaker's config"):
+    PHP says hello after its first drifting reply, so its newer config is in force from
+    its second call; the window is kept; the Python worker then drifts."""
+    python = CircuitBreaker(name, redis=redis_url, **SMALL)
+    python.call(lambda: "ok")
+    python.call(lambda: "ok")
+    newer = {**SMALL, "failure_rate_threshold": 30, "hello_rate": 0}
+    result = php_worker.run(action="calls", name=name, config=newer, counter="dep", n=3,
+                            fail=False)
+    assert [r["outcome"] for r in result] == ["ok"] * 3
+    php_config = {k: v for k, v in newer.items() if k != "hello_rate"}
+    php_fp = config_fingerprint(BreakerConfig(**php_config).to_wire())
+    shown = view.read_detail(redis.Redis.from_url(redis_url), DEFAULT_PREFIX, name)["breaker"]
+    assert shown["config_in_force"]["fingerprint"] == str(php_fp)
+    assert shown["config_in_force"]["why"] == "newest deployment"
+    assert shown["window"]["calls"] == 5
+    with pytest.warns(Warning):
+        python.call(lambda: "ok")
+    assert python.config_drift == BreakerConfig(**php_config).to_wire()
 
 
 def test_php_decodes_the_short_reply_of_a_record_that_changed_nothing(

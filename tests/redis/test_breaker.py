@@ -477,42 +477,49 @@ def test_count_window_slots_decode_as_documented(
 
 def test_config_drift_is_detected_warned_once_and_the_stored_config_governs(
         make: Callable[..., CircuitBreaker]) -> None:
+    """A newer config is adopted at its first call (a rollout, docs/OPERATIONS.md); the
+    worker left on the older one is the drifting one: warned once, governed by the
+    config in force."""
     first = make(sliding_window_size=4, minimum_number_of_calls=4)
     second = make(sliding_window_size=4, minimum_number_of_calls=2)
+    first.call(ok)
     first.call(ok)
     assert first.config_drift is None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        failures(second, 2)                         # 2 of 3 failed; second's own min is 2
-        second.metrics()
+        failures(second, 1)                         # second's config is now in force
+        assert second.config_drift is None
+        first.call(ok)                              # the window was kept: 4 calls
+        assert first.metrics().calls == 4
     drift = [w for w in caught if issubclass(w.category, ConfigDriftWarning)]
-    assert len(drift) == 1 and first.config.to_wire() in str(drift[0].message)
-    assert second.config_drift == first.config.to_wire()
-    assert second.state is State.CLOSED             # the stored minimum (4) governs
-
-    assert second.reset() is State.CLOSED           # reset adopts second's config
-    assert second.config_drift is None
-    failures(second, 2)
-    assert second.state is State.OPEN               # now 2 calls are enough
-    with pytest.warns(ConfigDriftWarning):
-        first.metrics()
+    assert len(drift) == 1 and second.config.to_wire() in str(drift[0].message)
+    assert "will not become it" in str(drift[0].message)
     assert first.config_drift == second.config.to_wire()
+    failures(first, 1)                              # 2 of 4 failed (the oldest left)
+    assert first.state is State.OPEN
+
+    assert first.reset() is State.CLOSED            # reset adopts the caller's config
+    assert first.config_drift is None
+    with pytest.warns(ConfigDriftWarning):
+        second.metrics()
+    assert second.config_drift == first.config.to_wire()
 
 
 def test_metrics_under_drift_use_the_governing_minimum(
         make: Callable[..., CircuitBreaker]) -> None:
-    """The stored config decides (minimum 4), so the rates a drifting worker reports are
-    -1 below that minimum, as the fleet's decision sees them, not below its own (2)."""
-    first = make(sliding_window_size=4, minimum_number_of_calls=4)
-    second = make(sliding_window_size=4, minimum_number_of_calls=2)
-    first.call(ok)
+    """The config in force decides (minimum 4), so the rates a drifting worker reports
+    are -1 below that minimum, as the fleet's decision sees them, not below its own (2)."""
+    old = make(sliding_window_size=4, minimum_number_of_calls=2)
+    new = make(sliding_window_size=4, minimum_number_of_calls=4)
+    old.call(ok)
+    new.call(ok)                                    # the newest deployment is in force
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConfigDriftWarning)
-        failures(second, 2)
-        metrics = second.metrics()
-    assert (metrics.calls, metrics.failed, metrics.failure_rate) == (3, 2, -1)
-    assert second.state is State.CLOSED
-    assert first.metrics().failure_rate == -1
+        failures(old, 1)
+        metrics = old.metrics()
+    assert (metrics.calls, metrics.failed, metrics.failure_rate) == (3, 1, -1)
+    assert old.state is State.CLOSED
+    assert new.metrics().failure_rate == -1
 
 
 # -- scripts, names --------------------------------------------------------------------------------

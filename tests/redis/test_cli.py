@@ -544,11 +544,13 @@ def test_show_and_ls_report_the_retry_budget_balance(redis_url: str, name: str) 
 def test_show_reports_config_drift_until_reset(redis_url: str, name: str) -> None:
     import warnings
 
+    # the older deployment (second) drifts once the newer one (first) is in force
+    second = CircuitBreaker(name, redis=redis_url, failure_rate_threshold=30)
+    second.call(lambda: None)
     first = CircuitBreaker(name, redis=redis_url, failure_rate_threshold=50)
     first.call(lambda: None)
     assert json.loads(run(redis_url, "show", name, "--json").stdout)["breaker"][
         "config_drift"] is None
-    second = CircuitBreaker(name, redis=redis_url, failure_rate_threshold=30)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         second.call(lambda: None)

@@ -251,12 +251,14 @@ def test_events_follow_prints_history_then_live(redis_url: str, name: str) -> No
 # -- config drift -------------------------------------------------------------------------
 def test_drift_is_warned_once_per_process_naming_each_field(redis_url: str,
                                                             name: str) -> None:
-    make(name, redis_url).call(lambda: None)
+    # two breaker objects of one process on the older deployment, same drift
+    others = [make(name, redis_url, failure_rate_threshold=30,
+                   wait_duration_in_open_state=10.0) for _ in range(2)]
+    others[0].call(lambda: None)
+    make(name, redis_url).call(lambda: None)  # the newest deployment: in force
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for _ in range(2):  # two breaker objects of one process, same drift
-            other = make(name, redis_url, failure_rate_threshold=30,
-                         wait_duration_in_open_state=10.0)
+        for other in others:
             other.call(lambda: None)
             other.call(lambda: None)
     drift = [str(w.message) for w in caught if issubclass(w.category, ConfigDriftWarning)]
@@ -269,8 +271,9 @@ def test_drift_is_warned_once_per_process_naming_each_field(redis_url: str,
 
 def test_cli_reset_clears_the_recorded_drift_or_adopts_it(redis_url: str,
                                                          name: str) -> None:
-    make(name, redis_url).call(lambda: None)
     drifting = make(name, redis_url, minimum_number_of_calls=2)
+    drifting.call(lambda: None)
+    make(name, redis_url).call(lambda: None)  # the newest deployment: in force
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConfigDriftWarning)
         drifting.call(lambda: None)

@@ -554,7 +554,7 @@ local function hold_from(now, hold_for, hold_until, target)
   if not v or v ~= floor(v) then return nil, args_error('hold ms must be an integer') end
   local hold = (hold_for ~= '') and (now + v) or v
   if hold <= now then return nil, args_error('the override would end in the past') end
-  if target == 'RESET' or target == 'HALF_OPEN' or target == 'OPEN' then
+  if target == 'RESET' or target == 'ADOPT' or target == 'HALF_OPEN' or target == 'OPEN' then
     return nil, args_error(tostring(target) .. ' takes no end')
   end
   return hold
@@ -821,8 +821,161 @@ return {record = record, server_time = server_time}
 end)(record_layout(), record_codec()) end
   return breaker_hot_value
 end
-local main = (function(prelude, record_layout, record_codec, breaker_config, breaker_transitions, breaker_events, breaker_window, breaker_ops, breaker_persist, breaker_hot)
---!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events breaker_window breaker_ops breaker_persist breaker_hot
+local breaker_rollout_value
+local function breaker_rollout()
+  if breaker_rollout_value == nil then breaker_rollout_value = (function(record_codec, breaker_config)
+--!lib needs record_codec breaker_config
+-- Config rollouts (docs/OPERATIONS.md, "Changing a breaker's config"): which config is
+-- in force while workers with different configs run side by side. Explicit data flow:
+-- lua/breaker.lua passes the values and applies the answer (adopting, writing after
+-- the state record).
+--
+-- The rollout hash <state key>:cfgs (docs/KEY_SCHEMA.md) holds, per worker instance
+-- that said hello (ARGV[2] '<fp>@<worker>'), 'w:<worker>' -> '<fp>:<last hello ms>';
+-- per config fingerprint, 'd:<fp>' -> when it was deployed (the hello of a new
+-- worker instance running it while no other live worker did: a first deploy, or a
+-- rollback after its workers had gone) and 'c:<fp>' -> its wire string; and 'f:at',
+-- 'f:why', 'f:actor': when, why and by whom the config in force was adopted.
+--
+-- The rule, decided on hellos only (a worker's first call, then one every 20 s; its
+-- other calls cost nothing more): the caller's config replaces the one in force when
+-- it ranks higher (config field 22, the explicit version, first; then the deploy
+-- time: the newest deployment wins), or when no worker runs the one in force any more
+-- (each said goodbye, '<fp>@<worker>@bye' from `close()`, or has been silent for
+-- FORGET_MS). A worker counts as running its config (for deploys and for readers'
+-- counts) for LIVE_MS after its last hello.
+local tonumber, pairs, unpack, pcall_ = tonumber, pairs, unpack, redis.pcall
+local sub, find, match = string.sub, string.find, string.match
+local int, wire_field = record_codec.int, breaker_config.field
+
+local LIVE_MS = 60000     -- a worker counts as running its config this long after a hello
+local FORGET_MS = 600000  -- a worker's entry is dropped this long after its last hello
+
+-- ARGV[2]: '<fp>', '<fp>@<worker>' (hello) or '<fp>@<worker>@bye'. Returns the
+-- fingerprint's text, the worker (nil: no hello) and whether it says goodbye.
+local function split(arg)
+  local at = find(arg, '@', 1, true)
+  if not at then return arg, nil, false end
+  local rest = sub(arg, at + 1)
+  if sub(rest, -4) == '@bye' then return sub(arg, 1, at - 1), sub(rest, 1, -5), true end
+  return sub(arg, 1, at - 1), rest, false
+end
+
+-- A wire string's explicit version (config field 22; 0 when absent).
+local function version_of(wire)
+  if not wire or wire == '' then return 0 end
+  return tonumber(wire_field(wire, 22) or '') or 0
+end
+
+-- The rollout hash as tables, or nil and the raw error (a foreign key type).
+local function read(key)
+  local raw = pcall_('HGETALL', key)
+  if type(raw) == 'table' and raw.err then return nil, raw.err end
+  local workers, deployed, wires = {}, {}, {}
+  for i = 1, #raw, 2 do
+    local field, value = raw[i], raw[i + 1]
+    local kind, id = sub(field, 1, 2), sub(field, 3)
+    if kind == 'w:' then
+      local fp, seen = match(value, '^(%d+):(%d+)$')
+      if fp then workers[id] = {fp, tonumber(seen)} end
+    elseif kind == 'd:' then
+      deployed[id] = tonumber(value) or 0
+    elseif kind == 'c:' then
+      wires[id] = value
+    end
+  end
+  return {workers = workers, deployed = deployed, wires = wires}
+end
+
+local function live(state, fp, now, except)
+  for id, w in pairs(state.workers) do
+    if id ~= except and w[1] == fp and now - w[2] <= LIVE_MS then return true end
+  end
+  return false
+end
+
+-- A hello (or goodbye) of `worker` running config `mine` (fingerprint text, wire)
+-- while `stored` (text, '0' for none; wire) is in force. Returns the writes to make
+-- after the state record (a table for `write`), why `mine` is adopted (nil: it is
+-- not), or nil, nil and an error reply.
+local function hello(key, worker, bye, mine, mine_wire, stored, stored_wire, now)
+  local state, err = read(key)
+  if not state then return nil, nil, err end
+  local hset, hdel = {}, {}
+  if bye then
+    hdel[1] = 'w:' .. worker
+    return {hset = hset, hdel = hdel}, nil
+  end
+  if not state.workers[worker] and not live(state, mine, now, worker) then
+    state.deployed[mine] = now
+    hset[#hset + 1], hset[#hset + 2] = 'd:' .. mine, int(now)
+  end
+  state.workers[worker] = {mine, now}
+  hset[#hset + 1], hset[#hset + 2] = 'w:' .. worker, mine .. ':' .. int(now)
+  if state.wires[mine] ~= mine_wire then
+    hset[#hset + 1], hset[#hset + 2] = 'c:' .. mine, mine_wire
+  end
+  if stored ~= '0' and stored_wire and not state.wires[stored] then
+    hset[#hset + 1], hset[#hset + 2] = 'c:' .. stored, stored_wire
+  end
+  -- forget workers gone long ago, and configs that no worker entry runs any more
+  local running = {}
+  for id, w in pairs(state.workers) do
+    if now - w[2] > FORGET_MS then
+      hdel[#hdel + 1] = 'w:' .. id
+      state.workers[id] = nil
+    else
+      running[w[1]] = true
+    end
+  end
+  for fp in pairs(state.wires) do
+    if not running[fp] and fp ~= stored and fp ~= mine then
+      hdel[#hdel + 1], hdel[#hdel + 2] = 'c:' .. fp, 'd:' .. fp
+    end
+  end
+  local writes = {hset = hset, hdel = hdel}
+  if mine == stored or stored == '0' then return writes, nil end
+  -- orphaned: every worker that ran the config in force said goodbye or has been silent
+  -- for FORGET_MS (not merely LIVE_MS: a fleet waiting out a long OPEN makes no calls)
+  if not running[stored] then
+    return writes, 'no live worker runs the config in force'
+  end
+  local vm, vs = version_of(mine_wire), version_of(stored_wire)
+  if vm > vs then return writes, 'higher config version' end
+  -- (deployed in the same millisecond: the later hello, this one, is the newer)
+  if vm == vs and (state.deployed[mine] or 0) >= (state.deployed[stored] or 0) then
+    return writes, 'newest deployment'
+  end
+  return writes, nil
+end
+
+-- The writes `hello` planned, plus the adoption's (`why`, `actor`; `deploy`: the
+-- adopted config's fingerprint text and wire, an operator's adoption making it the
+-- newest deployment). After the state record.
+local function write(key, writes, why, actor, adopted, adopted_wire, deploy, now, ttl_ms)
+  local hset = writes and writes.hset or {}
+  if why then
+    hset[#hset + 1], hset[#hset + 2] = 'f:at', int(now)
+    hset[#hset + 1], hset[#hset + 2] = 'f:why', why
+    hset[#hset + 1], hset[#hset + 2] = 'f:actor', actor or ''
+    hset[#hset + 1], hset[#hset + 2] = 'c:' .. adopted, adopted_wire
+    if deploy then hset[#hset + 1], hset[#hset + 2] = 'd:' .. adopted, int(now) end
+  end
+  if writes and #writes.hdel > 0 then redis.call('HDEL', key, unpack(writes.hdel)) end
+  if #hset > 0 then
+    redis.call('HSET', key, unpack(hset))
+    redis.call('PEXPIRE', key, int(ttl_ms))
+  end
+end
+
+return {split = split, version_of = version_of, hello = hello, write = write,
+        LIVE_MS = LIVE_MS}
+
+end)(record_codec(), breaker_config()) end
+  return breaker_rollout_value
+end
+local main = (function(prelude, record_layout, record_codec, breaker_config, breaker_transitions, breaker_events, breaker_window, breaker_ops, breaker_persist, breaker_hot, breaker_rollout)
+--!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events breaker_window breaker_ops breaker_persist breaker_hot breaker_rollout
 -- distbreaker circuit breaker, key schema v2. The single source of truth for
 -- the fleet-wide state machine (docs/KEY_SCHEMA.md documents every byte).
 --
@@ -873,7 +1026,7 @@ local main = (function(prelude, record_layout, record_codec, breaker_config, bre
 -- then the history XADD and the PUBLISH (through pcall: their failure can
 -- neither abort nor undo the transition) follow.
 
-local floor, tonumber, tostring = math.floor, tonumber, tostring
+local floor, tonumber, tostring, find = math.floor, tonumber, tostring, string.find
 local max, min, unpack, rcall, pcall_ = math.max, math.min, unpack, redis.call, redis.pcall
 
 -- The state record's layout: declared once (distbreaker/_runtime/record_layout.py),
@@ -925,6 +1078,9 @@ local clear_ring, n_count_slots, count_slots_from, time_slot_at, time_slot_value
 local clear_probes, probe_add, probe_rem, live_count, undo_bit, undo_value
 local transitions, events, permitted, quorum_mark, quorum_blocked, clear_quorum_marks
 local count_slot_values, evicted_slots_at = {}, {}
+-- config rollouts (lua/lib/breaker_rollout.lua): ARGV[2] split into the fingerprint's
+-- text and a hello's worker; the rollout hash's writes; an adoption's reason
+local arg_fp_text, hello_worker, hello_bye, rollout_writes, adopted_why, adopted_deploy
 
 -- Run only on error paths and before cold-path writes (TYPE costs a command).
 local schema_error, foreign_type, args_error = prelude.schema_error, prelude.foreign_type,
@@ -956,7 +1112,7 @@ end
 -- The fingerprint of a wire string (what ARGV[2] should be). fakeredis's EVAL
 -- has no redis.sha1hex: there (one in-process server) the caller's ARGV[2] is taken.
 local function fingerprint(wire)
-  if not redis.sha1hex then return tonumber(argv[2]) or -1 end
+  if not redis.sha1hex then return tonumber(arg_fp_text) or -1 end
   return tonumber(string.sub(redis.sha1hex(wire), 1, 12), 16)
 end
 
@@ -1234,7 +1390,10 @@ local function op_record()
       if met then
         fire('rates_exceeded', rates_text(calls, failures, slow, failure_threshold,
                                           slow_threshold))
-      else
+      elseif quorum_mark then
+        -- quorum pending: only a record carrying this worker's own failures says so
+        -- (its worker may then open its own view, judged on its own outcomes); a
+        -- healthy worker's record changes nothing for it
         quorum_blocked = true
       end
     end
@@ -1285,12 +1444,15 @@ local function op_set()
   local target, reason, actor = argv[6], argv[7], argv[8]
   local hold, bad = hold_from(now, argv[9] or '', argv[10] or '', target)
   if not hold then return bad end
-  if not (target == 'RESET' or target == 'TRIP' or (CODE[target] and target ~= 'OPEN'
-          and target ~= 'HALF_OPEN')) then
+  if not (target == 'RESET' or target == 'TRIP' or target == 'ADOPT' or (CODE[target]
+          and target ~= 'OPEN' and target ~= 'HALF_OPEN')) then
     return args_error('unknown target state ' .. tostring(target))
   end
   advance()
-  if target == 'RESET' then
+  if target == 'ADOPT' then
+    -- `config adopt`: settle_config adopted the caller's config (or it was in force)
+    return nil
+  elseif target == 'RESET' then
     if fire('reset', reason, actor) == CLEAR then
       clear_window()
       clear_probes = true
@@ -1422,6 +1584,11 @@ end
 
 -- Quorum marks, probes and TTLs (after the state record and the meta hash).
 local function write_others(refresh)
+  if rollout_writes or adopted_why then
+    breaker_rollout.write(K_STATE .. ':cfgs', rollout_writes, adopted_why,
+                          op == 'set' and argv[8] or '',
+                          int(fp), cfg_wire, adopted_deploy, now, ttl_ms)
+  end
   if clear_quorum_marks or quorum_mark then
     breaker_persist.write_quorum_marks(K_STATE, clear_quorum_marks, quorum_mark, now, ttl_ms)
   end
@@ -1493,9 +1660,45 @@ end
 
 -- Adopting or comparing configs --------------------------------------------------
 local fp_compared, fp_text = nil, nil
+
+-- The caller's config replaces the stored one (a rollout's rule, or an operator's
+-- `config adopt`): thresholds, waits and probes take effect at once and keep the
+-- window; a new window shape (type or size) starts a new window; the state stays.
+local function adopt_config(why, deploy)
+  local g = cold()
+  local old_type, old_size = window_type, window_size
+  if not parse_config(cfg_wire) then
+    return redis.error_reply('DISTBREAKER_ARGS bad config ' .. cfg_wire)
+  end
+  fp, dirty_config, meta_cfg, cfg_store = fingerprint(cfg_wire), true, true, cfg_wire
+  if window_type ~= old_type or window_size ~= old_size then
+    clear_window()
+    dirty_counters = true
+  end
+  if g.drift_fp ~= 0 then g.drift_fp, dirty_counters, clear_drift = 0, true, true end
+  adopted_why, adopted_deploy = why, deploy
+  return nil
+end
+
+-- A worker's hello (ARGV[2] '<fp>@<worker>'): registers it in the rollout hash and
+-- answers why its config `mine` replaces the stored one `stored` (nil: it does not),
+-- or nil and an error reply.
+local function say_hello(mine, stored, stored_wire)
+  local writes, why, err = breaker_rollout.hello(K_STATE .. ':cfgs', hello_worker, hello_bye,
+                                                 mine, cfg_wire, stored, stored_wire, now)
+  if err then return nil, foreign_keys() or schema_error(K_STATE .. ':cfgs', 'is not a hash') end
+  rollout_writes = writes
+  return why, nil
+end
+
 -- After `load`: decides which config governs and what to store.
-local function settle_config(arg_fp)
+local function settle_config()
+  if hello_bye then  -- a worker leaves: it no longer runs its config
+    local _, err = say_hello(arg_fp_text, '0', nil)
+    return err
+  end
   local adopt = (op == 'set' and argv[6] == 'RESET')
+  local operator_adopt = (op == 'set' and argv[6] == 'ADOPT')
   if not exists then
     s_state, since = 'CLOSED', now
     calls, failures, slow, total_ms, head, window_sec = 0, 0, 0, 0, 0, 0
@@ -1511,6 +1714,11 @@ local function settle_config(arg_fp)
         s_state, reason_now, actor_now, meta_reason = parsed.initial_state, 'initial state', '',
                                                       true
       end
+      if hello_worker then
+        local _, err = say_hello(int(fp), int(fp), cfg_wire)
+        if err then return err end
+        adopted_why = 'first config'
+      end
     end
     return
   end
@@ -1518,13 +1726,24 @@ local function settle_config(arg_fp)
     -- unset: the caller's config governs this call; only a protected call stores it
     if op == 'acquire' or op == 'record' then
       fp, dirty_config, meta_cfg, cfg_store = fingerprint(cfg_wire), true, true, cfg_wire
+      if hello_worker then
+        local _, err = say_hello(int(fp), int(fp), cfg_wire)
+        if err then return err end
+        adopted_why = 'first config'
+      end
     end
     return
   end
   -- the usual call: the same config (compared as the decimal string the caller sent;
   -- the last fingerprint's text is kept across calls)
   if fp ~= fp_compared then fp_compared, fp_text = fp, int(fp) end
-  if fp_text == arg_fp and not adopt then return end
+  if fp_text == arg_fp_text and not adopt and not operator_adopt then
+    if hello_worker then
+      local _, err = say_hello(fp_text, fp_text, cfg_wire)
+      return err
+    end
+    return
+  end
   local mine = fingerprint(cfg_wire)
   local g = cold()
   if adopt then
@@ -1536,11 +1755,29 @@ local function settle_config(arg_fp)
       -- the stored config changed: its window geometry may have, so start afresh
       clear_window()
       dirty_counters = true
+      adopted_why, adopted_deploy = 'reset', true  -- recorded in the rollout hash
     end
     if g.drift_fp ~= 0 then g.drift_fp, dirty_counters, clear_drift = 0, true, true end
     return
   end
-  if mine == fp then return end  -- the caller's fingerprint was wrong, not its config
+  if operator_adopt then
+    if mine == fp then return nil end
+    return adopt_config('operator', true)
+  end
+  if mine == fp then  -- the caller's fingerprint was wrong, not its config
+    if hello_worker then
+      local _, err = say_hello(fp_text, fp_text, cfg_wire)
+      return err
+    end
+    return
+  end
+  if hello_worker then
+    local stored_wire = pcall_('HGET', K_META, 'cfg')
+    if type(stored_wire) ~= 'string' then stored_wire = nil end
+    local why, err = say_hello(int(mine), fp_text, stored_wire)
+    if err then return err end
+    if why then return adopt_config(why, false) end
+  end
   drift = 1
   if g.drift_fp ~= mine then g.drift_fp, dirty_counters, meta_drift = mine, true, true end
 end
@@ -1565,6 +1802,15 @@ local function begin(keys, args, given_now, given_micros)
   K_HIST = keys[4] or derived_hist
   argv = args
   op, cfg_wire, name, channel = args[1], args[3], args[4], args[5]
+  arg_fp_text = args[2] or ''
+  if find(arg_fp_text, '@', 1, true) then  -- a hello (rare: no module call otherwise)
+    arg_fp_text, hello_worker, hello_bye = breaker_rollout.split(arg_fp_text)
+  elseif hello_worker then
+    hello_worker, hello_bye = nil, false
+  end
+  if rollout_writes or adopted_why then
+    rollout_writes, adopted_why, adopted_deploy = nil, nil, nil
+  end
   if given_now then  -- a merged call (lua/finish.lua) read TIME once for all its calls
     now, micros = given_now, given_micros
   else
@@ -1605,7 +1851,7 @@ return function(KEYS, ARGV, given_now, given_micros)
   if not exists and op == 'state' then
     return {parsed.initial_state, 0, 1, {}, 0, 0, 0, 0, 0, 0, '', now, now, 0}
   end
-  err = settle_config(ARGV[2] or '')
+  err = settle_config()
   if err then return err end
   if op == 'record' then
     err = op_record()
@@ -1620,5 +1866,5 @@ return function(KEYS, ARGV, given_now, given_micros)
   return finish()
 end
 
-end)(prelude(), record_layout(), record_codec(), breaker_config(), breaker_transitions(), breaker_events(), breaker_window(), breaker_ops(), breaker_persist(), breaker_hot())
+end)(prelude(), record_layout(), record_codec(), breaker_config(), breaker_transitions(), breaker_events(), breaker_window(), breaker_ops(), breaker_persist(), breaker_hot(), breaker_rollout())
 return main(KEYS, ARGV)

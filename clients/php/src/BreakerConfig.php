@@ -36,6 +36,7 @@ final class BreakerConfig
         'wait_randomization_factor' => 0.0,
         'ramp_duration' => 0.0,
         'ramp_start' => 0.1,
+        'config_version' => 0,
     ];
 
     /** Wire codes of the optional fields 13 and 14 (docs/KEY_SCHEMA.md). */
@@ -70,6 +71,8 @@ final class BreakerConfig
     /** Slow start after HALF_OPEN -> CLOSED (seconds; 0 = off), from the share ramp_start. */
     public readonly float $rampDuration;
     public readonly float $rampStart;
+    /** Orders configs in a rollout (wire field 22; docs/OPERATIONS.md, "Changing a breaker's config"). */
+    public readonly int $configVersion;
     /** @var list<class-string<\Throwable>> */
     public readonly array $recordExceptions;
     /** @var list<class-string<\Throwable>> */
@@ -151,6 +154,11 @@ final class BreakerConfig
             throw new \InvalidArgumentException('ramp_start must be a number in (0, 1], got ' . self::show($ramp));
         }
         $this->rampStart = (float) $ramp;
+        $version = $o['config_version'];
+        if (!is_int($version) || $version < 0) {
+            throw new \InvalidArgumentException('config_version must be an integer >= 0, got ' . self::show($version));
+        }
+        $this->configVersion = $version;
         $this->recordExceptions = self::classes($o['record_exceptions'], 'record_exceptions');
         $this->ignoreExceptions = self::classes($o['ignore_exceptions'], 'ignore_exceptions');
         foreach (['record_predicate', 'ignore_predicate'] as $field) {
@@ -187,8 +195,11 @@ final class BreakerConfig
             self::num($this->waitRandomizationFactor),
             (string) self::toMs($this->rampDuration),
             self::num($this->rampStart),
+            '1',     // min failing workers: the quorum trip is Python's only (PHP sends no worker mark)
+            '60000', // quorum window
+            (string) $this->configVersion,
         ];
-        $defaults = ['C', 'O', '1', '0', '0', '0', '0.1'];
+        $defaults = ['C', 'O', '1', '0', '0', '0', '0.1', '1', '60000', '0'];
         while ($extra !== [] && end($extra) === $defaults[count($extra) - 1]) {
             array_pop($extra);
         }

@@ -40,10 +40,14 @@ final class CircuitBreaker
     /** @var list<callable(array{name: string, from: string, to: string, reason: string, at_ms: int}): void> */
     private array $listeners = [];
     private static bool $driftWarned = false;
+    /** Whether the next acquire or record says hello (docs/KEY_SCHEMA.md, "Config rollouts"). */
+    private bool $helloDue;
+    private string $worker;
 
     /**
      * @param array<string, mixed> $config Python BreakerConfig option names, plus
-     *        'prefix' (default 'distbreaker') and 'lua_dir' (default: the package's lua/)
+     *        'prefix' (default 'distbreaker'), 'lua_dir' (default: the package's lua/) and 'hello_rate'
+     *        (default 0.125: the share of objects whose first call says hello; docs/OPERATIONS.md)
      */
     public function __construct(
         private readonly \Redis|\RedisCluster|Connection $redis,
@@ -52,7 +56,13 @@ final class CircuitBreaker
     ) {
         $prefix = $config['prefix'] ?? Keys::DEFAULT_PREFIX;
         $luaDir = $config['lua_dir'] ?? null;
-        unset($config['prefix'], $config['lua_dir']);
+        $helloRate = (float) ($config['hello_rate'] ?? 0.125);
+        unset($config['prefix'], $config['lua_dir'], $config['hello_rate']);
+        // A PHP-FPM child keeps no state between requests: it says hello on a sample of its
+        // objects' first calls (keeping its config counted as running), and always on the
+        // call after a reply showed drift (so a new config is adopted at its second call).
+        $this->worker = gethostname() . ':' . getmypid() . ':php';
+        $this->helloDue = $helloRate >= 1.0 || ($helloRate > 0.0 && mt_rand() / mt_getrandmax() < $helloRate);
         $this->config = new BreakerConfig($config);
         $this->wire = $this->config->toWire();
         $this->fingerprint = self::configFingerprint($this->wire);
@@ -299,7 +309,7 @@ final class CircuitBreaker
                 $this->redis,
                 $this->script,
                 [$k['state'], $k['meta'], $k['probes'], $k['history']],
-                [$op, $this->fingerprint, $this->wire, $this->name, $k['channel'], ...$extra],
+                [$op, $this->fingerprintArg($op), $this->wire, $this->name, $k['channel'], ...$extra],
             );
         } catch (\RedisException $e) {
             $this->view = null;
@@ -308,6 +318,16 @@ final class CircuitBreaker
         $reply = self::decode($raw);
         $this->apply($reply);
         return $reply;
+    }
+
+    /** ARGV[2]: the fingerprint, or a hello '<fp>@<worker>' on a protected call when one is due. */
+    private function fingerprintArg(string $op): string|int
+    {
+        if (!$this->helloDue || ($op !== 'acquire' && $op !== 'record')) {
+            return $this->fingerprint;
+        }
+        $this->helloDue = false;
+        return $this->fingerprint . '@' . $this->worker;
     }
 
     /**
@@ -370,11 +390,16 @@ final class CircuitBreaker
             $this->openDeadline = self::monotonic() + $reply['wait_ms'] / 1000.0;
         }
         if ($reply['drift']) {
+            $first = $this->configDrift === null;
             $this->configDrift = $reply['stored_config'];
-            if (!self::$driftWarned) {
+            if ($first) {
+                $this->helloDue = true; // the next call says hello: a newer config is adopted then
+            } elseif (!self::$driftWarned) {
+                // still drifting after a hello: this config is not in force and will not become it
                 self::$driftWarned = true;
-                error_log("distbreaker: circuit breaker '{$this->name}': this process's config '{$this->wire}' differs "
-                    . "from the fleet's stored config '{$reply['stored_config']}'; the stored config governs until reset()");
+                error_log("distbreaker: circuit breaker '{$this->name}': this process's config '{$this->wire}' is not "
+                    . "the one in force ('{$reply['stored_config']}') and will not become it by itself; the config "
+                    . "in force governs (docs/OPERATIONS.md, \"Changing a breaker's config\")");
             }
         } else {
             $this->configDrift = null;

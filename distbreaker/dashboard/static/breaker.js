@@ -37,8 +37,14 @@ function render() {
         (p.expires_in_s > 0 ? "lease ends in " + duration(p.expires_in_s) : "expired") + ")").join(", ") : "none"],
       ["rejected by Redis", b.rejected + " (workers that know it is OPEN reject without asking)"],
       ["generation", b.generation],
+      ["quorum", b.quorum ? (b.quorum.text || b.quorum.failing_workers + " of " +
+        b.quorum.min_failing_workers + " workers failing") : "off"],
       ["config drift", b.config_drift ? "a worker runs " + b.config_drift.config.wire +
-        " (stored governs until reset)" : "none"],
+        " (the config in force governs it; distbreaker config adopt promotes one)" : "none"],
+      ["config in force", b.config_in_force ? b.config_in_force.fingerprint +
+        (b.config_in_force.why ? " (" + b.config_in_force.why + ")" : "") : "unset"],
+      ["configs deployed", (b.configs || []).map((c) => c.fingerprint + (c.in_force ? " (in force)" : "") +
+        ": " + c.workers + " workers").join(", ") || "none"],
     ]);
     const c = b.config;
     facts("config", [

@@ -85,6 +85,7 @@ function rowElement(row) {
   tr.append(nameCell,
             el("td", {}, stateBadge(row.state),
                due ? el("span", {class: "dim", text: " probe due"}) : null,
+               b && b.quorum && b.quorum.pending ? el("span", {class: "dim", text: " " + b.quorum.text}) : null,
                overrideText(b, now) ? el("span", {class: "dim", text: " " + overrideText(b, now)}) : null),
             el("td", {class: "num", text: b ? duration(inState) : "-"}),
             failure,
