@@ -57,7 +57,7 @@ from ..retry.config import RetryConfig
 ENV_PREFIX = "DISTBREAKER_"
 DEFAULT_CONFIG = "default"
 #: Fields every instance may have besides its component's own.
-COMMON_FIELDS = ("base_config", "critical")
+COMMON_FIELDS = ("base_config", "critical", "fail_readiness_when_open")
 TOP_LEVEL = ("redis", "prefix", "redis_timeout", "max_keyed")
 DEFAULT_MAX_KEYED = 10_000
 
@@ -92,7 +92,8 @@ class Kind:
         """Field name -> annotation text (the dataclass's, plus the registry's own)."""
         found = {f.name: str(f.type) for f in dataclasses.fields(self.config_cls)} if (
             self.config_cls is not None) else {}
-        found.update({"base_config": "str", "critical": "bool"})
+        found.update({"base_config": "str", "critical": "bool",
+                      "fail_readiness_when_open": "bool"})
         found.update({name: _POLICY_FIELDS.get(name, "str") for name in self.extra})
         return found
 
@@ -121,6 +122,8 @@ class InstanceSpec:
     critical: bool = False
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     declared: bool = True
+    #: Opt-in: readiness also fails while the breaker is OPEN / FORCED_OPEN (fleet state).
+    fail_readiness_when_open: bool = False
 
 
 # -- reading -----------------------------------------------------------------------------
@@ -474,12 +477,13 @@ class RegistrySpec:
         if base is None and DEFAULT_CONFIG in section.configs:
             base = DEFAULT_CONFIG
         settings = {**(self._chain(kind, base, path) if base is not None else {}), **own}
-        critical = settings.pop("critical", False)
+        when_open = settings.pop("fail_readiness_when_open", False)
+        critical = settings.pop("critical", False) or when_open
         if kind == "policy":
-            return InstanceSpec(kind, name, None, critical, settings, declared)
+            return InstanceSpec(kind, name, None, critical, settings, declared, when_open)
         options = {k: settings.pop(k) for k in section.kind.extra if k in settings}
         return InstanceSpec(kind, name, self._build(section.kind, settings, path), critical,
-                            options, declared)
+                            options, declared, when_open)
 
     def _build(self, kind: Kind, settings: dict[str, Any], path: str) -> Any:
         assert kind.config_cls is not None
@@ -528,6 +532,7 @@ class RegistrySpec:
         settings = self._fields(KINDS["retry"], path, fields)
         base = settings.pop("base_config", None)
         settings.pop("critical", None)
+        settings.pop("fail_readiness_when_open", None)
         if base is None and DEFAULT_CONFIG in self._sections["retry"].configs:
             base = DEFAULT_CONFIG
         merged = {**(self._chain("retry", base, path) if base else {}), **settings}
