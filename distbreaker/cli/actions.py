@@ -60,12 +60,22 @@ def result_text(r: dict[str, Any]) -> str:
     """'payments: OPEN -> CLOSED  (closed by dana@box at 14:03:05 CET: deploy fixed it)'."""
     by = f"by {r['actor']}" if r["actor"] else "by an unnamed operator"
     when = f" at {clock(r['at_ms'], date=False)}" if r["at_ms"] else ""
-    if r["changed"]:
-        head = f"{coloured(r['previous'])} -> {coloured(r['state'])}"
-    elif r["action"] == "reset":
-        head = f"{coloured(r['state'])}, window emptied"
+    change = r.get("change")
+    state = coloured(r["state"])
+    until = clock(r["until_ms"]) if r.get("until_ms") else ""
+    if change == "transition":
+        head = f"{coloured(r['previous'])} -> {state}"
+    elif change is None:
+        head = f"already {state}, nothing changed (nothing recorded)"
     else:
-        head = f"already {coloured(r['state'])}, nothing changed"
+        head = state + ", " + {
+            "restarted": "OPEN wait restarted",
+            "extended": f"override extended to {until}",
+            "shortened": f"override shortened to {until}",
+            "indefinite": "override now indefinite (no end)",
+            "timed": f"override now ends at {until}",
+            "reset": "reset (window emptied, hold and drift record cleared)",
+        }.get(change, change)
     lines = [f"{r['name']}: {head}  ({r['action']} {by}{when}: {r['reason']})"]
     if r.get("until_ms"):
         lines.append(f"  until {clock(r['until_ms'])}, then "
