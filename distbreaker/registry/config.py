@@ -19,8 +19,9 @@ Field names are the config dataclasses' (`BreakerConfig`, `BulkheadConfig`,
 `BudgetConfig`, `RetryConfig`). As in Resilience4j, a config named ``default``
 is the base of every instance without `base_config` and of every name the
 file does not declare; a config may have a `base_config` of its own.
-Durations are numbers of seconds or strings with a unit (``500ms``, ``30s``,
-``5m``, ``1h``); exception classes and predicates are dotted import paths
+Durations are numbers of seconds or strings (``500ms``, ``30s``, ``1m30s``,
+``1h``, ISO 8601 ``PT30S``: `_runtime.options.to_seconds`, the one parser);
+exception classes and predicates are dotted import paths
 (``requests.exceptions.ConnectionError``, ``TimeoutError``). ``${VAR}`` (or
 ``${VAR:-default}``) in any string is replaced from the environment.
 
