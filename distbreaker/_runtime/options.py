@@ -113,6 +113,45 @@ def exception_types(value: Any, field: str) -> tuple[type[BaseException], ...]:
     return items
 
 
+#: Resilience4j's names for settings distbreaker names differently (after camelCase and
+#: kebab-case are read as snake_case, which covers the names both share), per component.
+R4J_ALIASES: dict[str, dict[str, str]] = {
+    "breaker": {"slow_call_duration_threshold": "slow_call_duration",
+                "permitted_number_of_calls_in_half_open_state": "permitted_calls_in_half_open",
+                "max_wait_duration_in_half_open_state": "max_wait_in_half_open",
+                "record_failure_predicate": "record_predicate",
+                "ignore_exception_predicate": "ignore_predicate"},
+    "retry": {"wait_duration": "base", "exponential_backoff_multiplier": "multiplier",
+              "exponential_max_wait_duration": "cap", "retry_exceptions": "retry_on",
+              "ignore_exceptions": "ignore", "retry_exception_predicate": "retry_predicate"},
+}
+
+
+def snake_name(field: str) -> str:
+    """camelCase and kebab-case setting names (Resilience4j's YAML and properties) as
+    snake_case: ``slowCallRateThreshold`` / ``slow-call-rate-threshold`` ->
+    ``slow_call_rate_threshold``."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", field).replace("-", "_").lower()
+
+
+def alias_of(what: str, field: str) -> str:
+    """The distbreaker name of a setting given in any of the accepted spellings (its
+    snake_case form, or a Resilience4j name); unknown names come back snake_cased."""
+    snake = snake_name(field)
+    return R4J_ALIASES.get(what, {}).get(snake, snake)
+
+
+def suggest_field(what: str, field: str, known: Any) -> str | None:
+    """The known setting `field` most likely means (its alias, else the closest name)."""
+    import difflib
+
+    named = alias_of(what, field)
+    if named in known:
+        return named
+    close = difflib.get_close_matches(named, sorted(known), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 C = TypeVar("C")
 
 
@@ -127,7 +166,9 @@ def merge_options(cls: type[C], config: C | None, overrides: dict[str, Any], wha
     known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(overrides) - known)
     if unknown:
-        raise TypeError(f"unknown {what} option(s): {', '.join(unknown)}")
+        hints = [f"{u} -> {m}" for u in unknown for m in [suggest_field(what, u, known)] if m]
+        raise TypeError(f"unknown {what} option(s): {', '.join(unknown)}"
+                        + (f" (did you mean: {', '.join(hints)}?)" if hints else ""))
     return dataclasses.replace(base, **overrides) if overrides else base  # type: ignore[type-var]
 
 
