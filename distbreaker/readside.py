@@ -49,8 +49,8 @@ _STATE_INTS = ("since", "open_until", "calls", "failures", "slow", "total_ms", "
                "ov_until")
 #: The stored `cfg` of a breaker only an operator has touched: the first worker stores its own.
 UNSET_CONFIG = "unset"
-#: The v2 meta fields a summary needs (reason and actor are in the history).
-_META_FIELDS = ("cfg", "drift_cfg", "drift_at")
+#: The v2 meta fields a summary needs (the current state's reason and actor too).
+_META_FIELDS = ("cfg", "drift_cfg", "drift_at", "reason", "actor")
 
 
 def schema_namespace(prefix: str, schema: str = V2) -> str:
@@ -387,6 +387,10 @@ def _breaker_view(name: str, state: State, n: Mapping[str, int], wire: str,
                       "failed": n["hp_fail"], "slow": n["hp_slow"]},
         "rejected": n["rejected"],
         "generation": n["gen"],
+        # why the breaker is in its state, and who put it there ('' for the breaker
+        # itself): a hard stop names the HTTP status and the breaker's key here
+        "reason": "override ended" if ended is not None else meta.get("reason"),
+        "actor": "" if ended is not None else meta.get("actor"),
         "config": config,
         "config_drift": _drift(meta),
     }

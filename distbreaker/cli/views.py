@@ -279,6 +279,9 @@ def show_text(d: dict[str, Any]) -> str:
             f"state:     {coloured(b['state'])} for {duration(b['in_state_s'])} "
             f"(since {clock(b['since_ms'])}, generation {b['generation']})",
             f"next call: {_next_call(b, now)}",
+            *([f"reason:    {printable(b['reason'])}"
+               + (f" (by {printable(b['actor'])})" if b.get("actor") else "")]
+              if b.get("reason") else []),
             *([f"override:  ended at {clock(b['override_ended_ms'])}; the next call records "
                "it in the history, stamped with that time"]
               if b.get("override_ended_ms") else []),
