@@ -215,8 +215,9 @@ def describe_change(recorded: list[dict[str, Any]], before: dict[str, Any]) -> s
     """What an action changed, from the history entries it wrote (None: nothing, and
     nothing was recorded): "transition", "restarted" (a trip restarted the OPEN wait),
     "extended" / "shortened" / "indefinite" / "timed" (an override's end moved, was
-    lifted or set on the state already held), "reset" (a CLOSED breaker's window
-    emptied, a held CLOSED released or a drift record cleared)."""
+    lifted or set on the state already held; "released": a held CLOSED's end lifted),
+    "reset" (a CLOSED breaker's window emptied, a held CLOSED released or a drift record
+    cleared)."""
     if not recorded:
         return None
     if any(e["kind"] == "" for e in recorded):
@@ -226,7 +227,7 @@ def describe_change(recorded: list[dict[str, Any]], before: dict[str, Any]) -> s
         return {"restart": "restarted"}.get(last["kind"], last["kind"])
     was, now = int(before.get("ov_until", 0)), last["until_ms"] or 0
     if not now:
-        return "indefinite"
+        return "released" if last["to"] == State.CLOSED.value else "indefinite"
     if not was:
         return "timed"
     return "extended" if now > was else "shortened"

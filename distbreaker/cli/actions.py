@@ -74,6 +74,7 @@ def result_text(r: dict[str, Any]) -> str:
             "extended": f"override extended to {until}",
             "shortened": f"override shortened to {until}",
             "indefinite": "override now indefinite (no end)",
+            "released": "hold released (its state machine runs again)",
             "timed": f"override now ends at {until}",
             "reset": "reset (window emptied, hold and drift record cleared)",
         }.get(change, change)

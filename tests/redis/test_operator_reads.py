@@ -120,6 +120,11 @@ def test_each_action_says_what_it_changed_and_records_only_changes(
     assert new[0]["actor"] and new[0]["reason"] == "reset"
     doc, new = act("reset")                                  # nothing left to clear
     assert (doc["change"], new) == (None, [])
+    doc, new = act("close", "--for", "1h")                   # hold it CLOSED for an hour
+    assert (doc["change"], [e["kind"] for e in new]) == ("timed", ["override"])
+    doc, new = act("close")                                  # and release it
+    assert (doc["change"], [(e["kind"], e["until_ms"]) for e in new]) == (
+        "released", [("override", None)])
 
 
 def test_events_shows_every_kind_with_kind_filters(redis_url: str, name: str) -> None:
