@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import redis
+
 from . import readside as view
 from ._runtime import state_record
 from ._runtime.keys import BreakerKeys
@@ -172,18 +174,63 @@ def act(client: Any, prefix: str, name: str, action: Action, reason: str, actor:
     breaker.add_listener(moves.append)
     if (for_ is not None or until is not None) and action.id == "reset":
         raise ValueError("reset takes no --for / --until")
+    before = {} if created else record_header(client, breaker.keys.state, name)
+    last_id = _last_history_id(client, breaker.keys.history)
     state = _run(breaker, action, reason, actor, for_, until)
     previous = moves[0].from_state.value if moves else str(state)
     header = record_header(client, breaker.keys.state, name)
     ends = header.get("ov_until", 0)
     if action.id == "trip" and state is State.OPEN:
         ends = header.get("open_until", 0)
+    recorded = _recorded(client, breaker.keys.history, last_id, reason, actor)
+    change = describe_change(recorded, before)
     return {"name": name, "action": action.id, "previous": previous, "state": str(state),
-            "changed": bool(moves), "created": created, "reason": reason, "actor": actor,
-            "at_ms": moves[-1].at_ms if moves else None,
+            "changed": change is not None, "change": change, "created": created,
+            "reason": reason, "actor": actor,
+            "at_ms": recorded[-1]["at_ms"] if recorded else None,
             "until_ms": int(ends) or None,
             "drift_cleared": action.id == "reset" and drift_wire is not None,
             "adopted": [{"field": f, "was": a, "now": b} for f, a, b in adopted]}
+
+
+def _last_history_id(client: Any, key: str) -> str:
+    """The newest history entry's id ("0-0" when there is none)."""
+    try:
+        newest = client.xrevrange(key, count=1)
+    except redis.ResponseError:  # foreign data: the action's script names the key
+        return "0-0"
+    return view.text(newest[0][0]) if newest else "0-0"
+
+
+def _recorded(client: Any, key: str, after: str, reason: str,
+              actor: str) -> list[dict[str, Any]]:
+    """The history entries this action wrote (after `after`, with its reason and actor;
+    the entries a worker's call wrote meanwhile carry neither)."""
+    entries = client.xrange(key, min=f"({after}", max="+")
+    found = [view.decode_history(entry_id, fields, "") for entry_id, fields in entries]
+    return [e for e in found if e["reason"] == reason and e["actor"] == actor]
+
+
+def describe_change(recorded: list[dict[str, Any]], before: dict[str, Any]) -> str | None:
+    """What an action changed, from the history entries it wrote (None: nothing, and
+    nothing was recorded): "transition", "restarted" (a trip restarted the OPEN wait),
+    "extended" / "shortened" / "indefinite" / "timed" (an override's end moved, was
+    lifted or set on the state already held; "released": a held CLOSED's end lifted),
+    "reset" (a CLOSED breaker's window emptied, a held CLOSED released or a drift record
+    cleared)."""
+    if not recorded:
+        return None
+    if any(e["kind"] == "" for e in recorded):
+        return "transition"
+    last = recorded[-1]
+    if last["kind"] != "override":
+        return {"restart": "restarted"}.get(last["kind"], last["kind"])
+    was, now = int(before.get("ov_until", 0)), last["until_ms"] or 0
+    if not now:
+        return "released" if last["to"] == State.CLOSED.value else "indefinite"
+    if not was:
+        return "timed"
+    return "extended" if now > was else "shortened"
 
 
 def _run(breaker: CircuitBreaker, action: Action, reason: str, actor: str,

@@ -2,7 +2,11 @@
 
 Only reads (SCAN, GET/GETRANGE, HGETALL, ZRANGE, XRANGE, PTTL, TIME), decoded into the
 JSON-friendly dicts of the CLI's ``--json`` schema (docs/CLI_JSON.md). Nothing here decides
-a transition: a stored OPEN whose wait has elapsed is OPEN with ``retry_in_s == 0``.
+a transition: a stored OPEN whose wait has elapsed is OPEN with ``retry_in_s == 0``. The
+one exception is an operator's override whose end has passed: every read shows the state
+it ended in (`AFTER_OVERRIDE`, the `override_ended` row of lua/lib/breaker_transitions.lua,
+a test keeps them equal) since its end time, without waiting for a call to record it, so
+an ended `open --for 5s` never looks active (``override_ended_ms`` says so).
 
 Two key schemas are read: v2 (the current one, ``<prefix>:v2``: the breaker's state is a
 binary record, see `distbreaker._runtime.state_record`) and, read-only during a rolling
@@ -48,8 +52,8 @@ _STATE_INTS = ("since", "open_until", "calls", "failures", "slow", "total_ms", "
                "ov_until")
 #: The stored `cfg` of a breaker only an operator has touched: the first worker stores its own.
 UNSET_CONFIG = "unset"
-#: The v2 meta fields a summary needs (reason and actor are in the history).
-_META_FIELDS = ("cfg", "drift_cfg", "drift_at")
+#: The v2 meta fields a summary needs (the current state's reason and actor too).
+_META_FIELDS = ("cfg", "drift_cfg", "drift_at", "reason", "actor")
 #: The quorum trip's marks hash: the state key plus this (docs/KEY_SCHEMA.md).
 QUORUM_SUFFIX = ":fw"
 #: The config rollout hash: the state key plus this (docs/KEY_SCHEMA.md).
@@ -399,10 +403,37 @@ def decode_quorum(breaker: Mapping[str, Any], marks: Mapping[Any, Any],
                      if pending else None)}
 
 
+#: The state an override ends in (lua/lib/breaker_transitions.lua, event override_ended):
+#: FORCED_OPEN goes on as an OPEN whose wait is over, the others resume CLOSED.
+AFTER_OVERRIDE = {State.FORCED_OPEN: State.HALF_OPEN, State.DISABLED: State.CLOSED,
+                  State.METRICS_ONLY: State.CLOSED, State.CLOSED: State.CLOSED}
+
+
+def _after_override(state: State, n: Mapping[str, int],
+                    now_ms: int) -> tuple[State, dict[str, int], int | None]:
+    """(state, counters, end) as the next call will record them when an override's end
+    has passed: the state it ends in, since its end; a new state's window and probes
+    empty, as the script's transition leaves them. `end` is None while none has passed."""
+    ended = n["ov_until"]
+    if not ended or now_ms < ended or state not in AFTER_OVERRIDE:
+        return state, dict(n), None
+    after = AFTER_OVERRIDE[state]
+    out = dict(n, ov_until=0)
+    if after is not state:
+        out.update(since=ended, gen=n["gen"] + 1, open_until=0, hp_issued=0, hp_done=0,
+                   hp_fail=0, hp_slow=0)
+        if after is State.CLOSED:
+            out.update(calls=0, failures=0, slow=0, total_ms=0, head=0, wsec=0)
+    return after, out, ended
+
+
 def _breaker_view(name: str, state: State, n: Mapping[str, int], wire: str,
                   meta: Mapping[str, str], now_ms: int,
                   probe_deadlines: Sequence[int]) -> dict[str, Any]:
     """The breaker dict of docs/CLI_JSON.md from decoded counters (either schema)."""
+    state, n, ended = _after_override(state, n, now_ms)
+    if ended is not None:
+        probe_deadlines = ()
     try:
         config, minimum = _config(BreakerConfig().to_wire() if wire == UNSET_CONFIG else wire)
     except SchemaError as exc:
@@ -428,6 +459,7 @@ def _breaker_view(name: str, state: State, n: Mapping[str, int], wire: str,
         "open_until_ms": n["open_until"] or None,
         "override_until_ms": n["ov_until"] or None,
         "override_left_s": max(0, n["ov_until"] - now_ms) / 1000 if n["ov_until"] else None,
+        "override_ended_ms": ended,
         "calls": shown[0],
         "failures": shown[1],
         "slow": shown[2],
@@ -439,6 +471,10 @@ def _breaker_view(name: str, state: State, n: Mapping[str, int], wire: str,
                       "failed": n["hp_fail"], "slow": n["hp_slow"]},
         "rejected": n["rejected"],
         "generation": n["gen"],
+        # why the breaker is in its state, and who put it there ('' for the breaker
+        # itself): a hard stop names the HTTP status and the breaker's key here
+        "reason": "override ended" if ended is not None else meta.get("reason"),
+        "actor": "" if ended is not None else meta.get("actor"),
         "config": config,
         "config_drift": _drift(meta),
     }
@@ -569,14 +605,17 @@ def _event(name: str, entry_id: str | None, f: Mapping[str, Any]) -> dict[str, A
             "generation": int(gen) if gen is not None else None,
             # '' for a transition; restart / override / override_end: history only
             "kind": str(f.get("kind", "")),
-            "until_ms": int(num("until_ms") or 0) or None, "error": None}
+            "until_ms": int(num("until_ms") or 0) or None,
+            # set when the entry was written after at_ms (an override's end, recorded by
+            # the first call after it)
+            "recorded_ms": int(num("recorded_ms") or 0) or None, "error": None}
 
 
 def error_event(name: str, error: str) -> dict[str, Any]:
     """An events line for a name whose keys could not be read: only `error` says why."""
     return {"name": name, "id": None, "at_ms": None, "from": "", "to": "", "reason": "",
             "actor": "", "failure_rate": None, "slow_rate": None, "generation": None,
-            "kind": "", "until_ms": None, "error": error}
+            "kind": "", "until_ms": None, "recorded_ms": None, "error": error}
 
 
 def decode_bulkhead(leases: Sequence[tuple[Any, Any]], meta: Mapping[Any, Any],
@@ -946,6 +985,9 @@ def _breaker_detail(name: str, state: bytes | Mapping[Any, Any], meta: Mapping[A
             buckets = decode_record_window(state, breaker["window"]["head"], now_ms)
         except SchemaError as exc:
             raise SchemaError(f"breaker {name!r}: {exc}") from None
+        if breaker["override_ended_ms"] and breaker["state"] == State.CLOSED.value \
+                and not breaker["window"]["calls"]:
+            buckets = []  # the override ended into a new CLOSED: an empty window
     else:
         breaker = decode_state_hash(name, state, now_ms, deadlines)
         buckets = decode_window(breaker["config"], meta, breaker["window"]["head"], now_ms)

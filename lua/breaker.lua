@@ -230,6 +230,7 @@ end
 -- `set`'s hold, the open wait, the quorum of failing workers.
 local record_counts, wait_in_open = breaker_ops.record_counts, breaker_ops.wait_in_open
 local hold_from, quorum_met = breaker_ops.hold_from, breaker_ops.quorum_met
+local reset_changes = breaker_ops.reset_changes
 
 local function transition(to, reason, actor)
   local g = cold()
@@ -292,15 +293,19 @@ end
 
 -- The operator's override ended (by server time): FORCED_OPEN goes on as an OPEN
 -- whose wait is over (HALF_OPEN); DISABLED and METRICS_ONLY return to CLOSED; a
--- held CLOSED simply resumes its state machine.
+-- held CLOSED simply resumes its state machine. Whoever calls first after the end
+-- records it, stamped with the end time (history at_ms, the new state's since), so
+-- the history and every read agree however late that call comes.
 local function end_override()
   local ended = override_until
   if fire('override_ended') == RESUME then
     override_until, dirty_state = 0, true
     note('override_end', REASON.override_ended, '', ended)
-    return
+  else
+    events[#events][9] = ended
+    since = ended
   end
-  events[#events][9] = ended
+  events[#events][10] = ended
 end
 
 -- Sliding window (lua/lib/breaker_window.lua) on this call's state -------------------
@@ -477,13 +482,15 @@ local function op_set()
     return nil
   elseif target == 'RESET' then
     if fire('reset', reason, actor) == CLEAR then
+      -- a CLOSED breaker: recorded (kind 'reset') when it changes anything: a window
+      -- emptied, a held CLOSED released, a drift record cleared, a config adopted
+      if reset_changes(calls, override_until, clear_drift, meta_cfg) then
+        reason_now, actor_now, meta_reason = reason, actor, true
+        note('reset', reason, actor, 0)
+      end
       clear_window()
       clear_probes = true
-      if override_until > 0 then  -- RESET lifts a held CLOSED too
-        override_until, dirty_state = 0, true
-        reason_now, actor_now, meta_reason = reason, actor, true
-        note('override', reason, actor, 0)
-      end
+      if override_until > 0 then override_until, dirty_state = 0, true end
     end
   elseif target == 'TRIP' then
     local to = fire('trip', reason, actor)

@@ -12,7 +12,7 @@ import re
 from datetime import timedelta
 from typing import Any, TypeVar
 
-Seconds = float | int | timedelta
+Seconds = float | int | timedelta | str
 
 #: The longest duration any option takes: 100 years. Its milliseconds (added to the
 #: server time, or to other durations) go into Redis commands as integers and through
@@ -23,14 +23,21 @@ MAX_SECONDS = 100 * 365 * 86400
 
 
 def to_seconds(value: Any, field: str, *, positive: bool = False) -> float:
-    """Convert a duration (seconds or timedelta) to float seconds, or raise naming `field`.
+    """A duration as float seconds, or a ValueError naming `field`: the ONE duration
+    parser of keyword arguments, config files, the environment and the CLI.
 
-    `positive`: 0 is refused too (a timeout, a lease).
+    Numbers are seconds; a `timedelta`; or a string: ``"30"`` (seconds), ``"30s"``,
+    ``"250ms"``, ``"1m30s"``, ``"1h 30m"``, ``"1.5h"``, ``"2d"``, or ISO 8601
+    (``"PT30S"``, ``"PT1M30S"``, ``"P1DT2H"``). `positive`: 0 is refused too (a
+    timeout, a lease).
     """
+    if isinstance(value, str):
+        value = _parse_text(value, field)
     if isinstance(value, timedelta):
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{field} must be a number of seconds or a timedelta, got {value!r}")
+        raise ValueError(f"{field} must be a duration: a number of seconds, a timedelta or "
+                         f"a string such as '30s', '1m30s', '250ms' or 'PT30S', got {value!r}")
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{field} must be a finite duration >= 0 seconds, got {value!r}")
     if positive and value == 0:
@@ -39,6 +46,32 @@ def to_seconds(value: Any, field: str, *, positive: bool = False) -> float:
         raise ValueError(f"{field} must be at most {MAX_SECONDS} seconds (100 years): its "
                          f"milliseconds go into Redis commands as integers, got {value!r}")
     return float(value)
+
+
+_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PART = re.compile(_NUMBER + r"\s*(ms|s|m|h|d)\s*", re.I)
+_PLAIN = re.compile(r"\s*[+]?" + _NUMBER + r"\s*")
+_ISO = re.compile(r"P(?:" + _NUMBER + r"W)?(?:" + _NUMBER + r"D)?(?:T(?:" + _NUMBER + r"H)?"
+                  r"(?:" + _NUMBER + r"M)?(?:" + _NUMBER + r"S)?)?", re.I)
+_ISO_UNITS = (604800.0, 86400.0, 3600.0, 60.0, 1.0)
+
+
+def _parse_text(text: str, field: str) -> float:
+    """The seconds a duration string says (see `to_seconds`)."""
+    plain = _PLAIN.fullmatch(text)
+    if plain:
+        return float(plain.group(1))
+    stripped = text.strip()
+    iso = _ISO.fullmatch(stripped)
+    if iso and stripped.upper() not in ("P", "PT") and not stripped.upper().endswith("T"):
+        return sum(float(n) * unit for n, unit in zip(iso.groups(), _ISO_UNITS, strict=True)
+                   if n is not None)
+    parts = list(_PART.finditer(stripped))
+    if parts and "".join(m.group(0) for m in parts).strip() == stripped:  # nothing between
+        return sum(float(m.group(1)) * _UNITS[m.group(2).lower()] for m in parts)
+    raise ValueError(f"{field} must be a duration such as 30 (seconds), '30s', '1m30s', "
+                     f"'250ms', '1h', '2d' or ISO 8601 'PT30S', got {text!r}")
 
 
 def check_redis_options(config: Any) -> None:
@@ -90,6 +123,45 @@ def exception_types(value: Any, field: str) -> tuple[type[BaseException], ...]:
     return items
 
 
+#: Resilience4j's names for settings distbreaker names differently (after camelCase and
+#: kebab-case are read as snake_case, which covers the names both share), per component.
+R4J_ALIASES: dict[str, dict[str, str]] = {
+    "breaker": {"slow_call_duration_threshold": "slow_call_duration",
+                "permitted_number_of_calls_in_half_open_state": "permitted_calls_in_half_open",
+                "max_wait_duration_in_half_open_state": "max_wait_in_half_open",
+                "record_failure_predicate": "record_predicate",
+                "ignore_exception_predicate": "ignore_predicate"},
+    "retry": {"wait_duration": "base", "exponential_backoff_multiplier": "multiplier",
+              "exponential_max_wait_duration": "cap", "retry_exceptions": "retry_on",
+              "ignore_exceptions": "ignore", "retry_exception_predicate": "retry_predicate"},
+}
+
+
+def snake_name(field: str) -> str:
+    """camelCase and kebab-case setting names (Resilience4j's YAML and properties) as
+    snake_case: ``slowCallRateThreshold`` / ``slow-call-rate-threshold`` ->
+    ``slow_call_rate_threshold``."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", field).replace("-", "_").lower()
+
+
+def alias_of(what: str, field: str) -> str:
+    """The distbreaker name of a setting given in any of the accepted spellings (its
+    snake_case form, or a Resilience4j name); unknown names come back snake_cased."""
+    snake = snake_name(field)
+    return R4J_ALIASES.get(what, {}).get(snake, snake)
+
+
+def suggest_field(what: str, field: str, known: Any) -> str | None:
+    """The known setting `field` most likely means (its alias, else the closest name)."""
+    import difflib
+
+    named = alias_of(what, field)
+    if named in known:
+        return named
+    close = difflib.get_close_matches(named, sorted(known), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 C = TypeVar("C")
 
 
@@ -104,26 +176,12 @@ def merge_options(cls: type[C], config: C | None, overrides: dict[str, Any], wha
     known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(overrides) - known)
     if unknown:
-        raise TypeError(f"unknown {what} option(s): {', '.join(unknown)}")
+        hints = [f"{u} -> {m}" for u in unknown for m in [suggest_field(what, u, known)] if m]
+        raise TypeError(f"unknown {what} option(s): {', '.join(unknown)}"
+                        + (f" (did you mean: {', '.join(hints)}?)" if hints else ""))
     return dataclasses.replace(base, **overrides) if overrides else base  # type: ignore[type-var]
 
 
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*")
-
-
 def parse_duration(value: Any, field: str) -> float:
-    """A duration written in a config file or the environment, as float seconds.
-
-    Numbers (and timedeltas) are seconds, as everywhere in distbreaker; strings
-    are a number with an optional unit: ``"500ms"``, ``"30s"``, ``"5m"``,
-    ``"1h"``, ``"2.5"`` (seconds). Raises a ValueError naming `field`.
-    """
-    if isinstance(value, str):
-        match = _DURATION.fullmatch(value)
-        if match is None:
-            raise ValueError(f"{field} must be a duration such as 30, '500ms', '30s', '5m' "
-                             f"or '1h', got {value!r}")
-        number, unit = match.groups()
-        value = float(number) * _DURATION_UNITS[unit or "s"]
+    """`to_seconds` (kept under this name for the registry's readers)."""
     return to_seconds(value, field)

@@ -13,6 +13,7 @@ import click
 from .. import operate
 from .. import readside as view
 from .._runtime.keys import BulkheadKeys
+from .._runtime.options import to_seconds
 from .._runtime.scripts import load_script, run_script
 from ..errors import SchemaError
 from .app import App, NotFound, check_name, cli, default_actor, default_reason, emit_json
@@ -60,12 +61,23 @@ def result_text(r: dict[str, Any]) -> str:
     """'payments: OPEN -> CLOSED  (closed by dana@box at 14:03:05 CET: deploy fixed it)'."""
     by = f"by {r['actor']}" if r["actor"] else "by an unnamed operator"
     when = f" at {clock(r['at_ms'], date=False)}" if r["at_ms"] else ""
-    if r["changed"]:
-        head = f"{coloured(r['previous'])} -> {coloured(r['state'])}"
-    elif r["action"] == "reset":
-        head = f"{coloured(r['state'])}, window emptied"
+    change = r.get("change")
+    state = coloured(r["state"])
+    until = clock(r["until_ms"]) if r.get("until_ms") else ""
+    if change == "transition":
+        head = f"{coloured(r['previous'])} -> {state}"
+    elif change is None:
+        head = f"already {state}, nothing changed (nothing recorded)"
     else:
-        head = f"already {coloured(r['state'])}, nothing changed"
+        head = state + ", " + {
+            "restarted": "OPEN wait restarted",
+            "extended": f"override extended to {until}",
+            "shortened": f"override shortened to {until}",
+            "indefinite": "override now indefinite (no end)",
+            "released": "hold released (its state machine runs again)",
+            "timed": f"override now ends at {until}",
+            "reset": "reset (window emptied, hold and drift record cleared)",
+        }.get(change, change)
     lines = [f"{r['name']}: {head}  ({r['action']} {by}{when}: {r['reason']})"]
     if r.get("until_ms"):
         lines.append(f"  until {clock(r['until_ms'])}, then "
@@ -89,20 +101,10 @@ _JSON = click.option("--json", "as_json", is_flag=True, help="Machine-readable o
                      "(docs/CLI_JSON.md).")
 
 
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
 def parse_duration(text: str) -> float:
-    """'30m', '1h30m', '90s', '1.5h', '45' (seconds) as seconds; ValueError otherwise."""
-    import re
-
-    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)?", text.strip().lower())
-    if not parts or "".join(n + u for n, u in parts) != text.strip().lower():
-        raise ValueError(f"not a duration: {text!r} (e.g. 30m, 1h30m, 90s)")
-    total = sum(float(n) * _UNITS[u or "s"] for n, u in parts)
-    if total <= 0:
-        raise ValueError(f"the duration must be > 0, got {text!r}")
-    return total
+    """--for: '30m', '1h30m', '90s', '1.5h', '45' (seconds), 'PT30M' as seconds (> 0), by
+    the library's one duration parser; ValueError otherwise."""
+    return to_seconds(text, "--for", positive=True)
 
 
 def parse_until(text: str) -> float:
@@ -127,8 +129,8 @@ def _hold_options(run: Any) -> Any:
     run = click.option("--until", "until_text", metavar="TIME",
                        help="End the override at TIME (ISO 8601, local zone unless given).")(run)
     return click.option("--for", "for_text", metavar="DURATION",
-                        help="End the override after DURATION (30m, 1h30m, 90s), by Redis "
-                        "server time.")(run)
+                        help="End the override after DURATION (30m, 1h30m, 90s, 250ms, "
+                        "PT30M), by Redis server time.")(run)
 
 
 def _hold(for_text: str | None, until_text: str | None) -> dict[str, float | None]:

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import click
+import redis
 
 from .. import operate
 from .. import readside as view
@@ -308,6 +309,12 @@ def show_text(d: dict[str, Any]) -> str:
             f"state:     {coloured(b['state'])} for {duration(b['in_state_s'])} "
             f"(since {clock(b['since_ms'])}, generation {b['generation']})",
             f"next call: {_next_call(b, now)}",
+            *([f"reason:    {printable(b['reason'])}"
+               + (f" (by {printable(b['actor'])})" if b.get("actor") else "")]
+              if b.get("reason") else []),
+            *([f"override:  ended at {clock(b['override_ended_ms'])}; the next call records "
+               "it in the history, stamped with that time"]
+              if b.get("override_ended_ms") else []),
             f"window:    {w['calls']} calls, {w['failures']} failed, {w['slow']} slow; "
             f"failure rate {percent(b['failure_rate'])}, slow rate {percent(b['slow_rate'])}"
             + ("" if b["failure_rate"] is None or b["failure_rate"] >= 0 else
@@ -395,16 +402,36 @@ def show_command(app: App, name: str, schema: str | None, as_json: bool) -> None
         click.echo(show_text(detail))
 
 
-# -- events --------------------------------------------------------------------------
+# -- events ----------------------------------------------------------------------------
+#: History kinds (`--kind`): "transition" (kind "" in the stream) and the entries that are
+#: not transitions (docs/CLI_JSON.md).
+KINDS = ("transition", "override", "override_end", "restart", "reset")
+
+
+def kind_of(event: dict[str, Any]) -> str:
+    return event.get("kind") or "transition"
+
+
 def event_line(e: dict[str, Any], name_width: int = 0) -> str:
-    """One aligned, coloured line: time with zone, name, from -> to, reason, actor."""
+    """One aligned, coloured line: time with zone, name, from -> to (or what an entry
+    that is not a transition did), reason, actor."""
     if e.get("error"):
         return (f"{'-':<27}  {printable(e['name']).ljust(name_width)}  ERROR  "
                 f"{printable(e['error'])}")
     who = f" by {e['actor']}" if e["actor"] else ""
+    kind = kind_of(e)
+    if kind == "transition":
+        what = f"{coloured(e['from'], STATE_WIDTH)} -> {coloured(e['to'], STATE_WIDTH)}"
+    else:
+        until = f" until {clock(e['until_ms'])}" if e.get("until_ms") else ""
+        if kind == "override" and not e.get("until_ms"):
+            until = " (no end)"
+        what = f"{coloured(e['to'], STATE_WIDTH)} [{kind}{until}]".ljust(2 * STATE_WIDTH + 4)
+    late = ""
+    if e.get("recorded_ms"):
+        late = f" (recorded {clock(e['recorded_ms'], millis=True)})"
     return (f"{clock(e['at_ms'], millis=True)}  {e['name'].ljust(name_width)}  "
-            f"{coloured(e['from'], STATE_WIDTH)} -> {coloured(e['to'], STATE_WIDTH)}  "
-            f"{e['reason']}{who}")
+            f"{what}  {e['reason']}{who}{late}")
 
 
 MAX_NAME_COLUMN = 40
@@ -414,10 +441,12 @@ def name_width(names: Iterable[str]) -> int:
     return min(MAX_NAME_COLUMN, max((len(n) for n in names), default=0))
 
 
-def recent_events(app: App, name: str | None, count: int) -> list[dict[str, Any]]:
-    """The last `count` transitions of NAME (or of every breaker, merged by time), after
-    one error line per breaker whose keys are foreign (and, without NAME, per name part
-    that is not a valid name): a foreign key never stops the history of the others."""
+def recent_events(app: App, name: str | None, count: int,
+                  kinds: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The last `count` history entries (of `kinds`, default all) of NAME (or of every
+    breaker, merged by time), after one error line per breaker whose keys are foreign
+    (and, without NAME, per name part that is not a valid name): a foreign key never
+    stops the history of the others."""
     client = app.client
     if count == 0:
         return []
@@ -438,28 +467,51 @@ def recent_events(app: App, name: str | None, count: int) -> list[dict[str, Any]
         client, app.prefix, {n: {"breaker"} for n in names}, schema=schema) if r["error"]}
     errors.update((n, view.invalid_row(n, keys)["error"]) for n, keys in invalid.items())
     merged: list[dict[str, Any]] = []
+    # a stream keeps at most 1000 entries: with a filter, read them all, then keep `count`
+    depth = count if not kinds else 1000
     for n in names:
         try:
-            merged.extend(view.read_history(client, app.prefix, n, count, schema))
+            merged.extend(e for e in view.read_history(client, app.prefix, n, depth, schema)
+                          if not kinds or kind_of(e) in kinds)
         except SchemaError as exc:  # the history stream holds another type
             if str(exc) not in (errors.get(n) or ""):  # the summary names the type too
                 errors[n] = "; ".join(e for e in (errors.get(n), str(exc)) if e)
-    merged.sort(key=lambda e: (e["at_ms"] or 0, e["id"] or ""))
+    merged.sort(key=lambda e: (_entry_ms(e), e["id"] or ""))
     return [view.error_event(n, errors[n]) for n in sorted(errors)] + merged[-count:]
 
 
-class EventPrinter:
-    """Prints events as JSON lines or aligned text, each at most once (by name, generation)."""
+def _entry_ms(e: dict[str, Any]) -> int:
+    """When an entry was written (its stream id; a live event: its time)."""
+    if e.get("id"):
+        return int(str(e["id"]).split("-")[0])
+    return e.get("at_ms") or 0
 
-    def __init__(self, as_json: bool, width: int) -> None:
-        self.as_json, self.width = as_json, width
-        self.seen: set[tuple[str, int | None]] = set()
+
+class EventPrinter:
+    """Prints events as JSON lines or aligned text, each at most once: a history entry by
+    its stream id; a transition (the only kind published) also by (name, generation),
+    as it may arrive twice (history and channel)."""
+
+    def __init__(self, as_json: bool, width: int, kinds: Sequence[str] = ()) -> None:
+        self.as_json, self.width, self.kinds = as_json, width, tuple(kinds)
+        self.seen: set[tuple[str, Any]] = set()
+        self.newest_ms = 0
 
     def __call__(self, event: dict[str, Any]) -> bool:
-        key = (event["name"], event["generation"])
-        if event["generation"] is not None and key in self.seen:
+        if self.kinds and not event.get("error") and kind_of(event) not in self.kinds:
             return False
-        self.seen.add(key)
+        keys = []
+        if event.get("id"):
+            keys.append((event["name"], event["id"]))
+        if kind_of(event) == "transition" and event["generation"] is not None:
+            # the channel's at_ms is when the script ran: the entry's recorded_ms (an
+            # override's end stamped earlier), else its at_ms
+            keys.append((event["name"], event["generation"],
+                         event.get("recorded_ms") or event["at_ms"]))
+        if any(k in self.seen for k in keys):
+            return False
+        self.seen.update(keys)
+        self.newest_ms = max(self.newest_ms, _entry_ms(event))
         if self.as_json:
             emit_json(event, lines=True)
         else:
@@ -468,76 +520,134 @@ class EventPrinter:
         return True
 
 
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError)
+#: Backoff between reconnection attempts of `events --follow` (seconds, doubling).
+RECONNECT_MIN, RECONNECT_MAX = 0.2, 5.0
+
+
 def follow(app: App, name: str | None, count: int, as_json: bool, max_events: int | None,
-           timeout: float | None) -> None:
-    """Print the last `count` transitions, then live ones from the channel, until
-    interrupted or a bound is reached. Subscribed before reading the history, so no
-    transition falls in between; one seen in both is printed once."""
-    pubsub = app.client.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(events_channel(app.prefix))
+           timeout: float | None, kinds: Sequence[str] = ()) -> None:
+    """Print the last `count` history entries, then live transitions from the channel,
+    until interrupted or a bound is reached. Subscribed before reading the history, so
+    no transition falls in between; one seen in both is printed once. When Redis goes
+    away it reconnects (as `watch` does, with backoff, saying so on stderr) and prints
+    the entries written meanwhile from the history before following again."""
+    show: EventPrinter | None = None
+    seen = 0
+    deadline = None if timeout is None else time.monotonic() + timeout
+    backoff, down_since = RECONNECT_MIN, None
+    first = True
+
+    def left() -> float:
+        return 1.0 if deadline is None else deadline - time.monotonic()
+
     try:
-        try:
-            history = recent_events(app, name, count)
-        except NotFound as exc:  # no keys yet: follow it all the same (planned maintenance)
-            history = []
-            if not as_json:
-                click.echo(f"{exc.message}; following it anyway", err=True)
-        width = name_width([name] if name else [e["name"] for e in history]
-                           or operate.breaker_names(app.client, app.prefix))
-        show = EventPrinter(as_json, width)
-        for event in history:
-            show(event)
-        if not as_json:
-            click.echo(f"-- live transitions on {events_channel(app.prefix)} "
-                       "(Ctrl-C to stop)", err=True)
-        seen = 0
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while max_events is None or seen < max_events:
-            wait = 1.0 if deadline is None else deadline - time.monotonic()
-            if wait <= 0:
-                break
-            message = pubsub.get_message(timeout=min(wait, 1.0))
-            if not message or message.get("type") != "message":
-                continue
-            event = view.decode_event_message(message["data"])
-            if event is None or (name is not None and event["name"] != name):
-                continue
-            if show(event):
-                seen += 1
+        while (max_events is None or seen < max_events) and left() > 0:
+            pubsub = None
+            try:
+                pubsub = app.client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(events_channel(app.prefix))
+                if first:
+                    show = _replay_history(app, name, count, as_json, kinds)
+                    if not as_json:
+                        click.echo(f"-- live transitions on {events_channel(app.prefix)} "
+                                   "(Ctrl-C to stop)", err=True)
+                    first = False
+                else:
+                    assert show is not None
+                    _catch_up(app, name, show, kinds)
+                if down_since is not None:
+                    click.echo("-- Redis answers again; following", err=True)
+                backoff, down_since = RECONNECT_MIN, None
+                while (max_events is None or seen < max_events) and left() > 0:
+                    message = pubsub.get_message(timeout=min(left(), 1.0))
+                    if not message or message.get("type") != "message":
+                        continue
+                    event = view.decode_event_message(message["data"])
+                    if event is None or (name is not None and event["name"] != name):
+                        continue
+                    assert show is not None
+                    if show(event):
+                        seen += 1
+            except UNREACHABLE as exc:
+                app.close()  # reconnect on the next attempt
+                if down_since is None:
+                    down_since = time.monotonic()
+                    click.echo(f"-- Redis unreachable ({type(exc).__name__}: {exc}); "
+                               "reconnecting", err=True)
+                time.sleep(max(0.0, min(backoff, left())))
+                backoff = min(RECONNECT_MAX, backoff * 2)
+            finally:
+                if pubsub is not None:
+                    try:
+                        pubsub.close()
+                    except UNREACHABLE:
+                        pass
     except KeyboardInterrupt:
         pass
-    finally:
-        pubsub.close()
+
+
+def _replay_history(app: App, name: str | None, count: int, as_json: bool,
+                    kinds: Sequence[str]) -> EventPrinter:
+    try:
+        history = recent_events(app, name, count, kinds)
+    except NotFound as exc:  # no keys yet: follow it all the same (planned maintenance)
+        history = []
+        if not as_json:
+            click.echo(f"{exc.message}; following it anyway", err=True)
+    width = name_width([name] if name else [e["name"] for e in history]
+                       or operate.breaker_names(app.client, app.prefix))
+    show = EventPrinter(as_json, width, kinds)
+    show.newest_ms = view.server_now_ms(app.client)
+    for event in history:
+        show(event)
+    return show
+
+
+def _catch_up(app: App, name: str | None, show: EventPrinter, kinds: Sequence[str]) -> None:
+    """After a reconnection: the entries written since the newest one printed."""
+    since = show.newest_ms
+    try:
+        missed = recent_events(app, name, 1000, kinds)
+    except NotFound:
+        return
+    for event in missed:
+        if not event.get("error") and _entry_ms(event) >= since:
+            show(event)
 
 
 @cli.command("events")
 @click.argument("name", required=False, callback=check_name)
 @click.option("-n", "--count", default=20, show_default=True, type=click.IntRange(0, 10_000),
-              help="How many past transitions to show (0 with --follow: none).")
+              help="How many past history entries to show (0 with --follow: none).")
 @click.option("-f", "--follow", "live", is_flag=True,
               help="After the history, print live transitions from every worker.")
 @click.option("--max-events", type=click.IntRange(1), help="With --follow: stop after N "
               "live events.")
 @click.option("--timeout", type=click.FloatRange(0, min_open=True),
               help="With --follow: stop after S seconds.")
+@click.option("--kind", "kinds", multiple=True, type=click.Choice(KINDS),
+              help="Only history entries of this kind (repeatable; default: every kind).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_obj
 def events_command(app: App, name: str | None, count: int, live: bool,
-                   max_events: int | None, timeout: float | None, as_json: bool) -> None:
-    """Transition history (oldest first, local time with its zone), then live ones with
-    --follow."""
+                   max_events: int | None, timeout: float | None, kinds: tuple[str, ...],
+                   as_json: bool) -> None:
+    """History (oldest first, local time with its zone): transitions and the entries that
+    are not (override, override_end, restart, reset); then live transitions with
+    --follow, reconnecting while Redis is unreachable."""
     if live:
-        follow(app, name, count, as_json, max_events, timeout)
+        follow(app, name, count, as_json, max_events, timeout, kinds)
         return
     if max_events is not None or timeout is not None:
         raise click.UsageError("--max-events and --timeout only apply with --follow")
     if count == 0:
         raise click.BadParameter("0 only applies with --follow (to skip the history)",
                                  param_hint="'-n' / '--count'")
-    events = recent_events(app, name, count)
+    events = recent_events(app, name, count, kinds)
     if not events and not as_json:
-        click.echo("no transitions recorded" + (f" for {name!r}" if name else
+        click.echo("no history recorded" + (f" for {name!r}" if name else
                    f" under prefix {app.prefix!r}"), err=True)
-    show = EventPrinter(as_json, name_width(e["name"] for e in events))
+    show = EventPrinter(as_json, name_width(e["name"] for e in events), kinds)
     for event in events:
         show(event)

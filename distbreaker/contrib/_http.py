@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 import threading
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from .._runtime.classify import HttpClassifier, HttpStatusError
@@ -194,6 +194,33 @@ def rejection_headers(error: BaseException) -> dict[str, str]:
 
 
 NameOption = str | Callable[[Any], str] | None
+#: `http_classifier=`: one classifier (or {status: verdict} table) for every host, a
+#: mapping of host (or breaker name) -> classifier or table (``"*"``: the others), or
+#: a callable of the breaker name.
+ClassifierOption = (HttpClassifier | Mapping[Any, Any] | Callable[[str], Any] | None)
+
+
+def _as_classifier(value: Any) -> HttpClassifier | None:
+    if value is None or isinstance(value, HttpClassifier):
+        return value
+    if isinstance(value, Mapping):
+        return HttpClassifier(value)
+    raise TypeError(f"http_classifier must be an HttpClassifier, a {{status: verdict}} "
+                    f"mapping, a mapping of hosts to those, or a callable, got {value!r}")
+
+
+def classifier_for(option: ClassifierOption, name: str) -> HttpClassifier | None:
+    """The classifier of breaker `name` (``host[:port]``, or a per-tenant name such as
+    ``host:tenant``): per host when `option` maps hosts (the longest key that is the
+    name or its part before a ``:``-separated suffix; ``"*"`` otherwise)."""
+    if callable(option) and not isinstance(option, HttpClassifier):
+        return _as_classifier(option(name))
+    if isinstance(option, Mapping) and option and all(
+            isinstance(k, str) and not k.strip().isdigit() for k in option):
+        hosts = sorted((k for k in option if k != "*"), key=len, reverse=True)
+        match = next((k for k in hosts if name == k or name.startswith(f"{k}:")), "*")
+        return _as_classifier(option.get(match))
+    return _as_classifier(option)
 
 
 class Protection:
@@ -208,7 +235,7 @@ class Protection:
     def __init__(self, policy_cls: type, make_client: Callable[[Any, float], Any], redis: Any,
                  *, name: NameOption, factory: Callable[[str], Any] | None, breaker: Any,
                  bulkhead: Any, retry: Any, budget: Any,
-                 http_classifier: HttpClassifier | None, prefix: str, redis_timeout: float,
+                 http_classifier: ClassifierOption, prefix: str, redis_timeout: float,
                  retry_methods: Iterable[str] | None, reject_as_response: bool,
                  transient: tuple[type[BaseException], ...],
                  local: tuple[type[BaseException], ...],
@@ -234,15 +261,17 @@ class Protection:
                 raise TypeError(f"give either factory or policy options, not both "
                                 f"(got factory and {', '.join(given)})")
         else:
+            classifier_for(http_classifier, "")  # checked now, not on the first request
             self.client = client = make_client(redis, redis_timeout)
             options = {"breaker": breaker_spec(breaker, local), "bulkhead": bulkhead,
                        "retry": retry_spec(retry, transient, local), "budget": budget,
-                       "http_classifier": http_classifier, "prefix": prefix}
+                       "prefix": prefix}
             if policy_timeout is not None:  # asyncio policies only: the attempt is cancelled
                 options["timeout"] = policy_timeout
 
             def factory(policy_name: str) -> Any:
-                return policy_cls(policy_name, redis=client, **options)
+                return policy_cls(policy_name, redis=client, **options,
+                                  http_classifier=classifier_for(http_classifier, policy_name))
 
         self.registry = PolicyRegistry(factory)
 

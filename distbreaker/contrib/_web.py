@@ -3,8 +3,9 @@
 A rejection (`CallNotPermitted`, `BulkheadFull`) that escapes a view becomes a
 503 with ``Retry-After`` (whole seconds until a probe may be tried, at least 1)
 and ``X-Distbreaker-Rejected: circuit-open|bulkhead-full``; the health
-endpoints serve a registry's report as JSON: readiness is 503 only while a
-critical component cannot serve, liveness is always 200 and reads nothing.
+endpoints serve a registry's report as JSON: readiness is 503 only while this
+process cannot serve a critical component (an OPEN breaker is shared by every
+pod, so it fails readiness only where opted in), liveness is always 200 and reads nothing.
 """
 
 from __future__ import annotations

@@ -39,12 +39,18 @@ from typing import Any
 import aiohttp
 from aiohttp import payload
 
-from .._runtime.classify import HttpClassifier
 from .._runtime.connection import async_client
 from .._runtime.keys import DEFAULT_PREFIX
 from ..policy.aio import Policy
 from ..policy.core import check_timeout
-from ._http import IDEMPOTENT_METHODS, REJECTIONS, NameOption, Protection, exchange_async
+from ._http import (
+    IDEMPOTENT_METHODS,
+    REJECTIONS,
+    ClassifierOption,
+    NameOption,
+    Protection,
+    exchange_async,
+)
 from ._web import note_rejection
 
 __all__ = ["LOCAL_ERRORS", "TRANSIENT_ERRORS", "BreakerMiddleware"]
@@ -66,7 +72,7 @@ class BreakerMiddleware:
     def __init__(self, redis: Any = None, *, name: NameOption = None,
                  factory: Callable[[str], Any] | None = None, breaker: Any = True,
                  bulkhead: Any = None, retry: Any = None, budget: Any = None,
-                 http_classifier: HttpClassifier | None = None, prefix: str = DEFAULT_PREFIX,
+                 http_classifier: ClassifierOption = None, prefix: str = DEFAULT_PREFIX,
                  redis_timeout: float = 0.25,
                  retry_methods: Iterable[str] | None = IDEMPOTENT_METHODS,
                  timeout: float | None = None) -> None:

@@ -11,8 +11,9 @@ app.add_middleware(DistbreakerMiddleware, registry=registry)   # or app = Middle
 A `CallNotPermitted` or `BulkheadFull` raised by the app before it started its
 response is answered with a 503, ``Retry-After`` and
 ``X-Distbreaker-Rejected``. With a `registry` (sync or asyncio), ``/health``
-and ``/health/ready`` serve its report (503 only while a critical component
-cannot serve) and ``/health/live`` answers 200 without reading anything
+and ``/health/ready`` serve its report (503 only while this process cannot
+serve a critical component; an OPEN breaker keeps it ready) and ``/health/live``
+answers 200 without reading anything
 (`health_prefix` moves them; None turns them off; ``details=False`` serves
 the status only). A sync registry's report is read in a worker thread.
 """

@@ -11,8 +11,9 @@ urlpatterns = [..., path("health/", include("distbreaker.contrib.django"))]
 
 The middleware answers a `CallNotPermitted` or `BulkheadFull` escaping a view
 with a 503, ``Retry-After`` and ``X-Distbreaker-Rejected``. The views serve
-``health/`` and ``health/ready`` (the registry's report; 503 only while a
-critical component cannot serve) and ``health/live`` (always 200, reads
+``health/`` and ``health/ready`` (the registry's report; 503 only while this
+process cannot serve a critical component, an OPEN breaker keeps it ready) and
+``health/live`` (always 200, reads
 nothing). `get_registry()` returns the registry the setting names (built once
 per setting value).
 """
@@ -89,7 +90,8 @@ def _json(status: int, body: bytes) -> HttpResponse:
 @never_cache
 @require_safe
 def readiness(request: HttpRequest) -> HttpResponse:
-    """The registry's report: 200 when ready, 503 while a critical component cannot serve."""
+    """The registry's report: 200 when ready, 503 while this process cannot serve a
+    critical component (an OPEN breaker is a fleet state and keeps every pod ready)."""
     return _json(*health_body(get_registry().health()))
 
 

@@ -12,8 +12,9 @@ def pay():
 
 A `CallNotPermitted` or `BulkheadFull` escaping a view is answered with a 503,
 ``Retry-After`` and ``X-Distbreaker-Rejected``. ``/health`` and
-``/health/ready`` serve the registry's report (503 only while a critical
-component cannot serve), ``/health/live`` answers 200 without reading anything
+``/health/ready`` serve the registry's report (503 only while this process
+cannot serve a critical component; an OPEN breaker keeps it ready),
+``/health/live`` answers 200 without reading anything
 (`health_prefix` moves them, None turns them off).
 """
 

@@ -39,7 +39,6 @@ from typing import Any
 
 import httpx
 
-from .._runtime.classify import HttpClassifier
 from .._runtime.connection import async_client, sync_client
 from .._runtime.keys import DEFAULT_PREFIX
 from ..policy.aio import Policy as AsyncPolicy
@@ -48,6 +47,7 @@ from ..policy.sync import Policy
 from ._http import (
     IDEMPOTENT_METHODS,
     REJECTIONS,
+    ClassifierOption,
     NameOption,
     Protection,
     exchange_async,
@@ -70,7 +70,7 @@ class _Protected:
     def __init__(self, transport: Any = None, redis: Any = None, *, name: NameOption = None,
                  factory: Callable[[str], Any] | None = None, breaker: Any = True,
                  bulkhead: Any = None, retry: Any = None, budget: Any = None,
-                 http_classifier: HttpClassifier | None = None, prefix: str = DEFAULT_PREFIX,
+                 http_classifier: ClassifierOption = None, prefix: str = DEFAULT_PREFIX,
                  redis_timeout: float = 0.25,
                  retry_methods: Iterable[str] | None = IDEMPOTENT_METHODS,
                  reject_as_response: bool = False, timeout: Any = None,

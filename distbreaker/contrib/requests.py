@@ -28,13 +28,13 @@ import requests.adapters
 import requests.exceptions
 from requests.structures import CaseInsensitiveDict
 
-from .._runtime.classify import HttpClassifier
 from .._runtime.connection import sync_client
 from .._runtime.keys import DEFAULT_PREFIX
 from ..policy.sync import Policy
 from ._http import (
     IDEMPOTENT_METHODS,
     REJECTIONS,
+    ClassifierOption,
     Exchange,
     NameOption,
     Protection,
@@ -58,7 +58,7 @@ class BreakerAdapter(requests.adapters.HTTPAdapter):
     def __init__(self, redis: Any = None, *, name: NameOption = None,
                  factory: Callable[[str], Any] | None = None, breaker: Any = True,
                  bulkhead: Any = None, retry: Any = None, budget: Any = None,
-                 http_classifier: HttpClassifier | None = None, prefix: str = DEFAULT_PREFIX,
+                 http_classifier: ClassifierOption = None, prefix: str = DEFAULT_PREFIX,
                  redis_timeout: float = 0.25,
                  retry_methods: Iterable[str] | None = IDEMPOTENT_METHODS,
                  reject_as_response: bool = False, timeout: Any = None,

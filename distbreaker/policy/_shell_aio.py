@@ -86,9 +86,9 @@ class PolicyShell(PolicyCore):
             logger.warning("policy %s: could not restart the adaptive limit: %s", self.name,
                            failure)
 
-    async def _trip(self, reason: str) -> None:
+    async def _trip(self, reason: str, for_: float | None = None) -> None:
         try:
-            await self.breaker.trip(reason)
+            await self.breaker.trip(reason, for_=for_)
         except UNAVAILABLE_ERRORS as failure:
             logger.warning("policy %s: could not trip the breaker: %s", self.name, failure)
 
@@ -125,7 +125,7 @@ class PolicyShell(PolicyCore):
         await self._flush(self.owed_after(ran, attempt, permit, release))
         reason = self.trip_reason(ran)
         if reason is not None:
-            await self._trip(reason)
+            await self._trip(reason, self.trip_for(ran))
         return ran.unwrap()  # type: ignore[no-any-return]
 
     async def call(self, fn: Callable[P, Awaitable[T]], /, *args: P.args,

@@ -88,9 +88,9 @@ class PolicyShell(PolicyCore):
             logger.warning("policy %s: could not restart the adaptive limit: %s", self.name,
                            failure)
 
-    def _trip(self, reason: str) -> None:
+    def _trip(self, reason: str, for_: float | None = None) -> None:
         try:
-            self.breaker.trip(reason)
+            self.breaker.trip(reason, for_=for_)
         except UNAVAILABLE_ERRORS as failure:
             logger.warning("policy %s: could not trip the breaker: %s", self.name, failure)
 
@@ -127,7 +127,7 @@ class PolicyShell(PolicyCore):
         self._flush(self.owed_after(ran, attempt, permit, release))
         reason = self.trip_reason(ran)
         if reason is not None:
-            self._trip(reason)
+            self._trip(reason, self.trip_for(ran))
         return ran.unwrap()  # type: ignore[no-any-return]
 
     def call(self, fn: Callable[P, T], /, *args: P.args,

@@ -21,6 +21,7 @@ from .._runtime.classify import (
     HttpVerdict,
     Outcome,
     headers_of,
+    retry_after_of,
     status_of,
 )
 from .._runtime.health import UNAVAILABLE_ERRORS
@@ -133,6 +134,10 @@ class PolicyCore:
         breaker, bulkhead, retry, budget = specs
         self.breaker = build_component(breaker, breaker_cls, name, client, prefix)
         self.bulkhead = build_component(bulkhead, bulkhead_cls, name, client, prefix)
+        if http_classifier is not None and (retry is True or (
+                isinstance(retry, dict) and "http_classifier" not in retry)):
+            # one classification per policy: what the breaker counts, the retry retries
+            retry = {**({} if retry is True else retry), "http_classifier": http_classifier}
         retry = build_retry(retry, retry_cls)
         budget = build_component(budget, budget_cls, name, client, prefix)
         self.name = validate_name(name)
@@ -274,11 +279,23 @@ class PolicyCore:
         return None
 
     def trip_reason(self, ran: Ran) -> str | None:
-        """Why the breaker must be tripped after this attempt (a hard stop), or None."""
+        """Why the breaker must be tripped after this attempt (a hard stop), or None. It
+        names the status and the breaker's key (a per-tenant name says whose request it
+        was): `distbreaker show` prints it while the breaker is OPEN."""
         error = self.settle_response(ran)
         if error is None or self.breaker is None or ran.verdict is not HttpVerdict.HARD_STOP:
             return None
-        return f"hard stop: HTTP {status_of(error)} without Retry-After"
+        wait = self.trip_for(ran)
+        advised = "without Retry-After" if wait is None else f"with Retry-After {wait:g}s"
+        return f"hard stop: HTTP {status_of(error)} {advised} (key {self.breaker.name!r})"
+
+    def trip_for(self, ran: Ran) -> float | None:
+        """How long a hard stop holds the breaker OPEN: the Retry-After the response gave
+        (a status classified HARD_STOP may carry one), else None (the open wait)."""
+        if ran.error is None or ran.verdict is not HttpVerdict.HARD_STOP:
+            return None
+        wait = retry_after_of(ran.error)
+        return wait if wait else None
 
     def decide(self, error: BaseException, attempt: int, started: float) -> Decision:
         if self.retry is None:

@@ -19,8 +19,9 @@ Field names are the config dataclasses' (`BreakerConfig`, `BulkheadConfig`,
 `BudgetConfig`, `RetryConfig`). As in Resilience4j, a config named ``default``
 is the base of every instance without `base_config` and of every name the
 file does not declare; a config may have a `base_config` of its own.
-Durations are numbers of seconds or strings with a unit (``500ms``, ``30s``,
-``5m``, ``1h``); exception classes and predicates are dotted import paths
+Durations are numbers of seconds or strings (``500ms``, ``30s``, ``1m30s``,
+``1h``, ISO 8601 ``PT30S``: `_runtime.options.to_seconds`, the one parser);
+exception classes and predicates are dotted import paths
 (``requests.exceptions.ConnectionError``, ``TimeoutError``). ``${VAR}`` (or
 ``${VAR:-default}``) in any string is replaced from the environment.
 
@@ -28,7 +29,12 @@ Environment variables ``DISTBREAKER_<KIND>_<NAME>_<FIELD>`` (KIND one of
 BREAKER, BULKHEAD, BUDGET, RETRY, POLICY; the name upper-cased with every
 character other than a letter or digit as ``_``) override the file, e.g.
 ``DISTBREAKER_BREAKER_PAYMENTS_MINIMUM_NUMBER_OF_CALLS=4``. The longest
-field name that ends the variable wins. A variable naming no field is an error.
+field name that ends the variable wins. NAME ``DEFAULT`` overrides
+``configs.default`` (the base config). A variable that looks like ours but names
+no kind, no field or a near-miss of a declared instance is an error naming the
+nearest valid one. ``redis`` falls back to ``DISTBREAKER_REDIS_URL`` then
+``REDIS_URL``. Setting names may be camelCase or kebab-case, and Resilience4j's
+own names are aliases (``R4J_ALIASES``).
 
 Everything is checked when the registry is built, and every error is a
 `RegistryConfigError` naming the source (file), the instance and the field.
@@ -38,6 +44,7 @@ No I/O here but reading the file.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import json
 import os
@@ -47,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from .._runtime.keys import DEFAULT_PREFIX
-from .._runtime.options import parse_duration
+from .._runtime.options import alias_of, parse_duration, suggest_field
 from ..breaker.config import BreakerConfig
 from ..budget.config import BudgetConfig
 from ..bulkhead.adaptive import AdaptiveLimit
@@ -57,7 +64,7 @@ from ..retry.config import RetryConfig
 ENV_PREFIX = "DISTBREAKER_"
 DEFAULT_CONFIG = "default"
 #: Fields every instance may have besides its component's own.
-COMMON_FIELDS = ("base_config", "critical")
+COMMON_FIELDS = ("base_config", "critical", "fail_readiness_when_open")
 TOP_LEVEL = ("redis", "prefix", "redis_timeout", "max_keyed")
 DEFAULT_MAX_KEYED = 10_000
 
@@ -92,7 +99,8 @@ class Kind:
         """Field name -> annotation text (the dataclass's, plus the registry's own)."""
         found = {f.name: str(f.type) for f in dataclasses.fields(self.config_cls)} if (
             self.config_cls is not None) else {}
-        found.update({"base_config": "str", "critical": "bool"})
+        found.update({"base_config": "str", "critical": "bool",
+                      "fail_readiness_when_open": "bool"})
         found.update({name: _POLICY_FIELDS.get(name, "str") for name in self.extra})
         return found
 
@@ -121,6 +129,8 @@ class InstanceSpec:
     critical: bool = False
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     declared: bool = True
+    #: Opt-in: readiness also fails while the breaker is OPEN / FORCED_OPEN (fleet state).
+    fail_readiness_when_open: bool = False
 
 
 # -- reading -----------------------------------------------------------------------------
@@ -257,9 +267,12 @@ def _mapping(value: Any) -> Any:
 
 
 def _ref(value: Any) -> Any:
-    """A policy's component: a name, true (the policy's own name), false, or a mapping."""
+    """A policy's component: a name, true (the policy's own name), false, or a mapping
+    (from the environment: a JSON object, e.g. ``{"max_attempts": 3}``)."""
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return _bool(value)
+    if isinstance(value, str) and value.strip().startswith("{"):
+        return _mapping(value)
     if value is None or isinstance(value, (bool, str, dict)):
         return value
     raise ValueError(f"must be an instance name, true, false or a mapping, got {value!r}")
@@ -317,6 +330,40 @@ def convert(annotation: str, value: Any) -> Any:
     return value
 
 
+#: First words after DISTBREAKER_ that distbreaker (or its tests and clients) uses for
+#: things other than components: never judged as typos of a kind.
+_OTHER_WORDS = frozenset({"REDIS", "REGISTRY", "LUA", "DASHBOARD", "CELERY", "CHAOS", "SOAK",
+                          "SCREENSHOT", "ON", "PREFIX", "SCHEMA", "ARGS"})
+
+
+def _did_you_mean(suggestion: str | None) -> str:
+    return f"; did you mean {suggestion}?" if suggestion else ""
+
+
+def _nearest_field(kind: Kind, rest: str) -> str | None:
+    """The variable a DISTBREAKER_<KIND>_<rest> with a misspelt setting most likely meant:
+    each split of `rest` into NAME_SETTING, the setting closest to a known one."""
+    parts = rest.split("_")
+    best: tuple[float, str] | None = None
+    fields = [f.upper() for f in kind.fields()]
+    for i in range(1, len(parts)):
+        name, tail = "_".join(parts[:i]), "_".join(parts[i:])
+        for match in difflib.get_close_matches(tail, fields, n=1, cutoff=0.6):
+            score = difflib.SequenceMatcher(None, tail, match).ratio()
+            if best is None or score > best[0]:
+                best = (score, f"{ENV_PREFIX}{kind.env}_{name}_{match}")
+    return best[1] if best else None
+
+
+def canonical_field(kind: Kind, field: str) -> str | None:
+    """The setting `field` names: itself, its snake_case form, or a Resilience4j alias."""
+    known = kind.fields()
+    if field in known:
+        return field
+    named = alias_of(kind.name, field)
+    return named if named in known else None
+
+
 # -- the whole configuration -----------------------------------------------------------------
 @dataclasses.dataclass
 class _Section:
@@ -340,7 +387,9 @@ class RegistrySpec:
         if unknown:
             raise RegistryConfigError(source, unknown[0], None, "unknown section (expected "
                                       f"{', '.join((*TOP_LEVEL, *_BY_SECTION))})")
-        self.redis: Any = data.get("redis")
+        # the file's redis, else the environment's (the CLI's order); `redis=` wins over both
+        self.redis: Any = data.get("redis") or environ.get("DISTBREAKER_REDIS_URL") \
+            or environ.get("REDIS_URL") or None
         self.prefix = self._top(data, "prefix", DEFAULT_PREFIX, str)
         self.redis_timeout = self._timeout(data)
         self.max_keyed = self._top(data, "max_keyed", DEFAULT_MAX_KEYED, int)
@@ -404,12 +453,19 @@ class RegistrySpec:
             raise RegistryConfigError(self.source, path, None,
                                       f"must be a mapping of settings, got {raw!r}")
         known = kind.fields()
-        out = {}
-        for field, value in raw.items():
-            field = str(field)
-            if field not in known:
-                raise RegistryConfigError(self.source, path, field,
-                                          f"unknown {kind.name} setting")
+        out: dict[str, Any] = {}
+        for given, value in raw.items():
+            given = str(given)
+            field = canonical_field(kind, given)
+            if field is None:
+                close = suggest_field(kind.name, given, known)
+                raise RegistryConfigError(self.source, path, given,
+                                          f"unknown {kind.name} setting"
+                                          + _did_you_mean(repr(close) if close else None))
+            if field in out:
+                raise RegistryConfigError(self.source, path, given,
+                                          f"sets {field!r} a second time (an alias of it is "
+                                          "given too)")
             out[field] = self._convert(known[field], value, path, field)
         return out
 
@@ -422,28 +478,68 @@ class RegistrySpec:
 
     # -- environment ------------------------------------------------------------------------
     def _environment(self, environ: Mapping[str, str]) -> dict[str, dict[str, dict[str, Any]]]:
-        """{kind: {ENV_NAME: {field: value}}} from DISTBREAKER_<KIND>_<NAME>_<FIELD>."""
+        """{kind: {ENV_NAME: {field: value}}} from DISTBREAKER_<KIND>_<NAME>_<FIELD>;
+        NAME ``DEFAULT`` overrides ``configs.default`` (the base config; created when the
+        file has none) unless the file declares an instance named ``default``. A variable
+        that looks like ours but names no kind, no setting, or a name one typo away from a
+        declared instance is an error naming the nearest valid variable."""
         found: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in KINDS}
-        for variable, value in environ.items():
+        for variable, value in sorted(environ.items()):
             if not variable.startswith(ENV_PREFIX):
                 continue
             rest = variable[len(ENV_PREFIX):]
             kind = next((k for k in KINDS.values() if rest.startswith(f"{k.env}_")), None)
             if kind is None:
+                self._check_kind_word(variable, rest)
                 continue
             rest = rest[len(kind.env) + 1:]
             known = kind.fields()
             field = max((f for f in known if rest.endswith(f"_{f.upper()}")
                          and len(rest) > len(f) + 1), key=len, default=None)
             if field is None:
-                raise RegistryConfigError(self.source, f"environment variable {variable}", None,
-                                          f"names no {kind.name} setting (expected "
-                                          f"{ENV_PREFIX}{kind.env}_<NAME>_<SETTING>)")
+                raise RegistryConfigError(
+                    self.source, f"environment variable {variable}", None,
+                    f"names no {kind.name} setting (expected {ENV_PREFIX}{kind.env}_<NAME>_"
+                    f"<SETTING>){_did_you_mean(_nearest_field(kind, rest))}")
             name = rest[:-len(field) - 1]
+            section = self._sections[kind.name]
+            declared = {env_name(n): n for n in section.instances}
+            if name == env_name(DEFAULT_CONFIG) and name not in declared:
+                path = f"{kind.section}.configs.{DEFAULT_CONFIG} (from {variable})"
+                section.configs.setdefault(DEFAULT_CONFIG, {})[field] = self._convert(
+                    known[field], value, path, field)
+                continue
+            if name not in declared:
+                close = difflib.get_close_matches(name, list(declared), n=1, cutoff=0.8)
+                if close:
+                    meant = f"{ENV_PREFIX}{kind.env}_{close[0]}_{field.upper()}"
+                    raise RegistryConfigError(
+                        self.source, f"environment variable {variable}", None,
+                        f"names no declared {kind.name} ({kind.section}.instances has no "
+                        f"{name.lower()!r}){_did_you_mean(meant)} (to configure an undeclared "
+                        f"{kind.name} so close to a declared one, declare it in the file: "
+                        f"{kind.section}.instances.{name.lower()}: {{}})")
             path = f"{kind.section}.instances.<{name}> (from {variable})"
             found[kind.name].setdefault(name, {})[field] = self._convert(
                 known[field], value, path, field)
         return found
+
+    def _check_kind_word(self, variable: str, rest: str) -> None:
+        """A DISTBREAKER_ variable whose first word is almost a kind (BREAKERS, BREAKR) is a
+        typo of ours: an error naming the kind. Other words (REDIS_URL, REGISTRY, your own)
+        are not ours to judge."""
+        word = rest.split("_", 1)[0]
+        if word in _OTHER_WORDS:
+            return
+        words = {**{k.env: k for k in KINDS.values()},
+                 **{k.section.upper(): k for k in KINDS.values()}}
+        close = difflib.get_close_matches(word, list(words), n=1, cutoff=0.8)
+        if close:
+            kind = words[close[0]]
+            fixed = f"{ENV_PREFIX}{kind.env}{rest[len(word):]}"
+            raise RegistryConfigError(self.source, f"environment variable {variable}", None,
+                                      f"names no kind of component{_did_you_mean(fixed)} "
+                                      f"(kinds: {', '.join(k.env for k in KINDS.values())})")
 
     # -- resolving an instance ----------------------------------------------------------------
     def _chain(self, kind: str, name: str, path: str,
@@ -474,12 +570,13 @@ class RegistrySpec:
         if base is None and DEFAULT_CONFIG in section.configs:
             base = DEFAULT_CONFIG
         settings = {**(self._chain(kind, base, path) if base is not None else {}), **own}
-        critical = settings.pop("critical", False)
+        when_open = settings.pop("fail_readiness_when_open", False)
+        critical = settings.pop("critical", False) or when_open
         if kind == "policy":
-            return InstanceSpec(kind, name, None, critical, settings, declared)
+            return InstanceSpec(kind, name, None, critical, settings, declared, when_open)
         options = {k: settings.pop(k) for k in section.kind.extra if k in settings}
         return InstanceSpec(kind, name, self._build(section.kind, settings, path), critical,
-                            options, declared)
+                            options, declared, when_open)
 
     def _build(self, kind: Kind, settings: dict[str, Any], path: str) -> Any:
         assert kind.config_cls is not None
@@ -528,6 +625,7 @@ class RegistrySpec:
         settings = self._fields(KINDS["retry"], path, fields)
         base = settings.pop("base_config", None)
         settings.pop("critical", None)
+        settings.pop("fail_readiness_when_open", None)
         if base is None and DEFAULT_CONFIG in self._sections["retry"].configs:
             base = DEFAULT_CONFIG
         merged = {**(self._chain("retry", base, path) if base else {}), **settings}

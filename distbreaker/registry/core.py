@@ -247,15 +247,24 @@ class RegistryCore(Generic[BreakerT, BulkheadT, BudgetT, RetryT, PolicyT]):
         order = {kind: i for i, kind in enumerate(KINDS)}
         items = sorted((pair for pair in self.components() if pair[0] != "retry"),
                        key=lambda pair: order[pair[0]])
-        return [(id(component), plan(component, self.critical(kind, component.name),
-                                     self._critical_part)) for kind, component in items]
+        plans = []
+        for kind, component in items:
+            critical, when_open = self._readiness(kind, component.name)
+            plans.append((id(component),
+                          plan(component, critical, self._critical_part, when_open)))
+        return plans
 
-    def _critical_part(self, kind: str, name: str) -> bool:
+    def _readiness(self, kind: str, name: str) -> tuple[bool, bool]:
+        spec = self.spec.resolve(kind, name)
+        return spec.critical, spec.fail_readiness_when_open
+
+    def _critical_part(self, kind: str, name: str) -> tuple[bool, bool]:
         base = name.split(":", 1)[0] if name not in self.spec.instances[kind] else name
-        return self.critical(kind, base)
+        return self._readiness(kind, base)
 
     def critical(self, kind: str, name: str) -> bool:
-        """Whether `name` is declared critical (readiness fails while it cannot serve)."""
+        """Whether `name` is declared critical (readiness fails while this process cannot
+        serve it; with ``fail_readiness_when_open``, also while it is OPEN)."""
         return self.spec.resolve(kind, name).critical
 
     def names(self) -> dict[str, list[str]]:

@@ -1,12 +1,18 @@
 """Health reports of components and registries: what a readiness probe needs to know.
 
-A report says, per component, whether it lets calls through now (`ok`), the
-fleet-wide state, whether Redis answered, whether this process's local
-fallback is in charge and whether an operator override is in force. A
-registry's report is *ready* unless a component declared ``critical`` cannot
-serve: an optional dependency's OPEN breaker never fails readiness (the lesson
-of Resilience4j users whose pods were restarted by an OPEN breaker), and
-liveness never depends on a dependency or on Redis at all.
+A report says, per component, whether it lets calls through now (`ok`), whether
+*this process* can serve it (`serving`: Redis answered, or the local fallback
+is in charge; false e.g. for Redis unreachable under ``fail_closed``), the
+fleet-wide state, whether this process's local fallback is in charge and
+whether an operator override is in force.
+
+A registry's report is *ready* unless a component declared ``critical`` is not
+`serving`. An OPEN or FORCED_OPEN breaker is a fleet-wide state: every pod
+sees it at the same moment, so failing readiness on it would take every
+endpoint out of the load balancer at once and replace the app's own fast 503 +
+Retry-After with load-balancer errors. It fails readiness only for a component
+declared ``fail_readiness_when_open`` (opt-in). Liveness never depends on a
+dependency or on Redis at all.
 
 The probes (`plan`) and the verdicts are pure; `run_sync` / `run_async` (and
 the registries) do the reads.
@@ -45,12 +51,25 @@ class ComponentHealth:
     error: str | None = None
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
     parts: tuple[ComponentHealth, ...] = ()
+    #: This process can serve the component (its own ability; the fleet state aside).
+    serving: bool = True
+    #: Opt-in: readiness also fails while the component is not `ok` (OPEN, FORCED_OPEN).
+    fail_readiness_when_open: bool = False
+
+    @property
+    def fails_readiness(self) -> bool:
+        """Whether this component takes the process out of rotation."""
+        if not self.critical:
+            return False
+        return not (self.ok if self.fail_readiness_when_open else self.serving)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form (what the framework integrations serve)."""
         out: dict[str, Any] = {
             "kind": self.kind, "name": self.name, "status": "UP" if self.ok else "DOWN",
-            "critical": self.critical, "redis_reachable": self.redis_reachable,
+            "critical": self.critical, "serving": self.serving,
+            "fail_readiness_when_open": self.fail_readiness_when_open,
+            "redis_reachable": self.redis_reachable,
             "local_fallback_active": self.local_fallback_active, "state": self.state,
             "override": self.override, "details": dict(self.details)}
         if self.error is not None:
@@ -62,7 +81,8 @@ class ComponentHealth:
 
 @dataclasses.dataclass(frozen=True)
 class RegistryHealth:
-    """Every component of a registry; `ready` fails only for critical components."""
+    """Every component of a registry; `ready` fails only for critical components this
+    process cannot serve (or, opted in, that are OPEN)."""
 
     redis_reachable: bool
     components: tuple[ComponentHealth, ...]
@@ -74,8 +94,8 @@ class RegistryHealth:
 
     @property
     def failing(self) -> tuple[ComponentHealth, ...]:
-        """The critical components that cannot serve now."""
-        return tuple(c for c in self.components if c.critical and not c.ok)
+        """The critical components that take this process out of rotation now."""
+        return tuple(c for c in self.components if c.fails_readiness)
 
     def to_dict(self) -> dict[str, Any]:
         return {"status": "UP" if self.ready else "DOWN", "ready": self.ready,
@@ -94,21 +114,25 @@ def _error_text(error: BaseException | None) -> str | None:
 
 
 def judge_breaker(breaker: Any, metrics: Any, error: BaseException | None,
-                  critical: bool) -> ComponentHealth:
-    """OPEN / FORCED_OPEN (or Redis unreachable under fail_closed) cannot serve."""
+                  critical: bool, when_open: bool = False) -> ComponentHealth:
+    """OPEN / FORCED_OPEN let nothing through (`ok` false) but the process still serves
+    (its own 503s); Redis unreachable under fail_closed (or foreign data) is this
+    process's own inability (`serving` false)."""
     reachable = not _unreachable(error)
     fallback = bool(breaker.local_fallback_active)
     if metrics is None:
         ok = not reachable and not breaker.fail_closed
         return ComponentHealth("breaker", breaker.name, ok, critical, reachable, fallback,
-                               error=_error_text(error))
+                               error=_error_text(error), serving=ok,
+                               fail_readiness_when_open=when_open)
     state = State(metrics.state)
     return ComponentHealth(
         "breaker", breaker.name, state not in REJECTING, critical, True, fallback,
         state.value, state.value if state in OVERRIDES else None,
         details={"failure_rate": metrics.failure_rate, "slow_call_rate": metrics.slow_call_rate,
                  "calls": metrics.calls, "not_permitted": metrics.not_permitted,
-                 "config_drift": breaker.config_drift is not None})
+                 "config_drift": breaker.config_drift is not None},
+        fail_readiness_when_open=when_open)
 
 
 def judge_bulkhead(bulkhead: Any, metrics: Any, error: BaseException | None,
@@ -121,32 +145,37 @@ def judge_bulkhead(bulkhead: Any, metrics: Any, error: BaseException | None,
     if metrics is None:
         ok = not reachable and limit > 0
         return ComponentHealth("bulkhead", bulkhead.name, ok, critical, reachable, fallback,
-                               error=_error_text(error), details={"fallback_limit": limit})
+                               error=_error_text(error), details={"fallback_limit": limit},
+                               serving=ok)
+    ok = not (fallback and limit == 0)
     return ComponentHealth(
-        "bulkhead", bulkhead.name, not (fallback and limit == 0), critical, True, fallback,
+        "bulkhead", bulkhead.name, ok, critical, True, fallback,
         details={"in_use": metrics.in_use, "max_concurrent_calls": metrics.max_concurrent_calls,
                  "limit": metrics.limit, "waiting": metrics.waiting,
-                 "rejected": metrics.rejected})
+                 "rejected": metrics.rejected}, serving=ok)
 
 
 def judge_budget(budget: Any, balance: Any, error: BaseException | None,
                  critical: bool) -> ComponentHealth:
     """An exhausted budget is healthy: it only makes failures final."""
     reachable = error is None and budget.last_source == "redis"
-    return ComponentHealth("budget", budget.name, error is None or _unreachable(error),
+    ok = error is None or _unreachable(error)
+    return ComponentHealth("budget", budget.name, ok,
                            critical, reachable, bool(budget.local_fallback_active),
                            error=_error_text(error),
-                           details={} if balance is None else {"balance": balance})
+                           details={} if balance is None else {"balance": balance}, serving=ok)
 
 
-def judge_policy(name: str, parts: list[ComponentHealth], critical: bool) -> ComponentHealth:
-    """A policy serves when each of its parts does."""
+def judge_policy(name: str, parts: list[ComponentHealth], critical: bool,
+                 when_open: bool = False) -> ComponentHealth:
+    """A policy lets calls through (serves) when each of its parts does."""
     breaker = next((p for p in parts if p.kind == "breaker"), None)
     return ComponentHealth(
         "policy", name, all(p.ok for p in parts), critical,
         all(p.redis_reachable for p in parts), any(p.local_fallback_active for p in parts),
         breaker.state if breaker else None, breaker.override if breaker else None,
-        parts=tuple(parts))
+        parts=tuple(parts), serving=all(p.serving for p in parts),
+        fail_readiness_when_open=when_open)
 
 
 # -- probes ----------------------------------------------------------------------------------
@@ -163,6 +192,7 @@ class PolicyProbe:
     name: str
     parts: tuple[tuple[int, Any], ...]   # (id, probe) per component
     critical: bool
+    when_open: bool = False
 
 
 def kind_of(component: Any) -> str:
@@ -180,19 +210,21 @@ def kind_of(component: Any) -> str:
 
 
 def plan(component: Any, critical: bool = False,
-         critical_of: Callable[[str, str], bool] | None = None) -> Probe | PolicyProbe:
+         critical_of: Callable[[str, str], tuple[bool, bool]] | None = None,
+         when_open: bool = False) -> Probe | PolicyProbe:
     """The read a component's health needs, and its verdict. A policy's parts are
-    critical as `critical_of(kind, name)` says (default: not)."""
+    (critical, fail_readiness_when_open) as `critical_of(kind, name)` says (default: not)."""
     kind = kind_of(component)
     if kind == "policy":
         parts = [p for p in (component.breaker, component.bulkhead, component.budget)
                  if p is not None]
         return PolicyProbe(component.name, tuple(
-            (id(p), plan(p, critical_of(kind_of(p), p.name) if critical_of else False))
-            for p in parts), critical)
+            (id(p), plan(p, *(critical_of(kind_of(p), p.name) if critical_of
+                              else (False, False))))
+            for p in parts), critical, when_open)
     if kind == "breaker":
-        return Probe(component.metrics,
-                     lambda value, error: judge_breaker(component, value, error, critical))
+        return Probe(component.metrics, lambda value, error: judge_breaker(
+            component, value, error, critical, when_open))
     if kind == "bulkhead":
         return Probe(component.metrics,
                      lambda value, error: judge_bulkhead(component, value, error, critical))
@@ -208,7 +240,7 @@ def run_sync(probe: Probe | PolicyProbe, seen: dict[int, ComponentHealth] | None
         return seen[key]
     if isinstance(probe, PolicyProbe):
         report = judge_policy(probe.name, [run_sync(p, seen, k) for k, p in probe.parts],
-                              probe.critical)
+                              probe.critical, probe.when_open)
     else:
         try:
             value, error = probe.read(), None
@@ -228,7 +260,7 @@ async def run_async(probe: Probe | PolicyProbe, seen: dict[int, ComponentHealth]
         return seen[key]
     if isinstance(probe, PolicyProbe):
         report = judge_policy(probe.name, [await run_async(p, seen, k) for k, p in probe.parts],
-                              probe.critical)
+                              probe.critical, probe.when_open)
     else:
         try:
             value, error = await _awaited(probe.read), None
@@ -244,12 +276,14 @@ async def _awaited(read: Callable[[], Awaitable[Any]]) -> Any:
     return await read()
 
 
-def health(component: Any, *, critical: bool = False) -> ComponentHealth:
+def health(component: Any, *, critical: bool = False,
+           fail_readiness_when_open: bool = False) -> ComponentHealth:
     """The health of one sync breaker, bulkhead, retry budget or policy (reads Redis once
     per component). For a registry use ``registry.health()``."""
-    return run_sync(plan(component, critical))
+    return run_sync(plan(component, critical, when_open=fail_readiness_when_open))
 
 
-async def ahealth(component: Any, *, critical: bool = False) -> ComponentHealth:
+async def ahealth(component: Any, *, critical: bool = False,
+                  fail_readiness_when_open: bool = False) -> ComponentHealth:
     """The health of one asyncio component (`distbreaker.aio.health`)."""
-    return await run_async(plan(component, critical))
+    return await run_async(plan(component, critical, when_open=fail_readiness_when_open))

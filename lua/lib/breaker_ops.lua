@@ -61,6 +61,13 @@ local function hold_from(now, hold_for, hold_until, target)
   return hold
 end
 
+-- Whether a RESET of a CLOSED breaker changes anything (then it is recorded): a
+-- window with calls, a held CLOSED, a drift record, a config adopted. A reset that
+-- changes nothing records nothing.
+local function reset_changes(calls, override_until, clear_drift, adopted)
+  return calls > 0 or override_until > 0 or clear_drift or adopted
+end
+
 -- Quorum-gated trip: with config field 20 (min failing workers) above 1, a
 -- failure-rate trip needs failures from that many distinct workers within field 21
 -- ms (default 60000). A record whose ARGV[11] names its worker (`mark`) marks it in
@@ -99,4 +106,4 @@ local function quorum_met(state_key, meta_key, stored, wire, mark, now)
 end
 
 return {record_counts = record_counts, wait_in_open = wait_in_open, hold_from = hold_from,
-        quorum_met = quorum_met}
+        quorum_met = quorum_met, reset_changes = reset_changes}

@@ -52,7 +52,7 @@ BREAKER_FIELDS: list[tuple[str, Any]] = [
     ("sliding_window_size", 10.5), ("sliding_window_size", True),
     ("sliding_window_size", 100_001),
     ("minimum_number_of_calls", 0), ("minimum_number_of_calls", "5"),
-    ("wait_duration_in_open_state", -1), ("wait_duration_in_open_state", "30s"),
+    ("wait_duration_in_open_state", -1), ("wait_duration_in_open_state", "30x"),
     ("wait_duration_in_open_state", 0), ("wait_duration_in_open_state", math.inf),
     ("wait_duration_in_open_state", timedelta(seconds=-1)),
     ("permitted_calls_in_half_open", 0), ("permitted_calls_in_half_open", -3),
@@ -60,20 +60,20 @@ BREAKER_FIELDS: list[tuple[str, Any]] = [
     ("max_wait_in_half_open", -1), ("half_open_lease", 0), ("key_ttl", -1),
     ("key_ttl", 1.0), ("record_exceptions", [ValueError, "x"]),
     ("ignore_exceptions", 3), ("record_predicate", 3), ("ignore_predicate", "x"),
-    ("on_redis_error", "ignore"), ("redis_timeout", 0), ("redis_timeout", "0.25"),
+    ("on_redis_error", "ignore"), ("redis_timeout", 0), ("redis_timeout", "quick"),
     ("redis_retry_max_backoff", -1),
 ]
 BULKHEAD_FIELDS: list[tuple[str, Any]] = [
     ("max_concurrent_calls", 0), ("max_concurrent_calls", -1),
     ("max_concurrent_calls", "5"), ("max_concurrent_calls", 2.5),
-    ("max_concurrent_calls", None), ("max_wait_duration", -1), ("max_wait_duration", "1s"),
-    ("lease", 0), ("lease", 0.001), ("lease", "30"), ("expected_workers", 0),
+    ("max_concurrent_calls", None), ("max_wait_duration", -1), ("max_wait_duration", "1m30"),
+    ("lease", 0), ("lease", 0.001), ("lease", "PT"), ("expected_workers", 0),
     ("expected_workers", "8"), ("fallback_limit", -1), ("fallback_limit", 1.5),
     ("key_ttl", 1.0), ("redis_timeout", 0), ("redis_retry_max_backoff", "x"),
 ]
 RETRY_FIELDS: list[tuple[str, Any]] = [
     ("max_attempts", 0), ("max_attempts", "3"), ("max_attempts", -1),
-    ("base", -1), ("base", "0.1"), ("multiplier", 0.5), ("multiplier", "2"),
+    ("base", -1), ("base", "0.1x"), ("multiplier", 0.5), ("multiplier", "2"),
     ("cap", -1), ("jitter", "random"), ("retry_on", ["x"]), ("retry_on", 3), ("ignore", [1]),
     ("deadline", 0), ("deadline", "soon"), ("max_retry_after", -1),
     ("retry_predicate", 1), ("respect_retry_after", "yes"), ("http_classifier", 3),
@@ -81,7 +81,7 @@ RETRY_FIELDS: list[tuple[str, Any]] = [
 BUDGET_FIELDS: list[tuple[str, Any]] = [
     ("percent_can_retry", -0.1), ("percent_can_retry", 11), ("percent_can_retry", "0.2"),
     ("min_retries_per_sec", -1), ("min_retries_per_sec", math.nan),
-    ("ttl", 0), ("ttl", "10s"), ("ttl", 100_000), ("slices", 0), ("slices", 101),
+    ("ttl", 0), ("ttl", "10 seconds"), ("ttl", 100_000), ("slices", 0), ("slices", 101),
     ("slices", "10"), ("deposit_batch", 0), ("redis_timeout", 0),
 ]
 GANESHA_FIELDS: list[tuple[str, Any]] = [

@@ -215,7 +215,7 @@ def test_cli_open_for_shows_the_remaining_time(name: str, redis_url: str) -> Non
     assert 1790 < as_json["override_left_s"] <= 1800
     assert as_json["config"]["unset"] is True
     bad = run("open", name, "--for", "soon")
-    assert bad.exit_code == 2 and "not a duration" in bad.output
+    assert bad.exit_code == 2 and "must be a duration" in bad.output
     back = run("close", name, "--until", "2000-01-01T00:00+00:00")
     assert back.exit_code == 2 and "in the past" in back.output
 

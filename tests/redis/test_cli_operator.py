@@ -112,7 +112,7 @@ def test_empty_results_say_what_there_is(redis_url: str) -> None:
     nothing = run(redis_url, "--prefix", "elsewhere", "ls")
     assert "no breakers, bulkheads or budgets under prefix 'elsewhere'" in nothing.stderr
     quiet = run(redis_url, "events", "a")
-    assert quiet.exit_code == 0 and "no transitions recorded for 'a'" in quiet.stderr
+    assert quiet.exit_code == 0 and "no history recorded for 'a'" in quiet.stderr
 
 
 # -- actions ------------------------------------------------------------------------------

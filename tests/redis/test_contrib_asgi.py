@@ -16,7 +16,8 @@ from distbreaker.contrib.asgi import DistbreakerMiddleware
 
 CONFIG = {
     "breakers": {"instances": {"payments": {"critical": True, "wait_duration_in_open_state": 30},
-                               "recommendations": {}}},
+                               "recommendations": {},
+                               "ledger": {"fail_readiness_when_open": True}}},
     "bulkheads": {"instances": {"payments": {"max_concurrent_calls": 1}}},
 }
 
@@ -62,19 +63,35 @@ def test_a_full_bulkhead_is_a_503(redis_url: str) -> None:
     assert client.get("/reserve").text == "reserved"
 
 
-def test_readiness_fails_only_for_a_critical_dependency(redis_url: str) -> None:
+def test_an_open_breaker_never_fails_readiness_unless_opted_in(redis_url: str) -> None:
     registry = Registry.from_dict(CONFIG, redis=redis_url, environ={})
     client = TestClient(_starlette(registry))
+    registry.breaker("ledger")
     registry.breaker("recommendations").trip()
+    registry.breaker("payments").trip()       # critical, but a fleet state: the app serves
     ready = client.get("/health/ready")
     assert ready.status_code == 200
-    assert ready.json()["components"]["breaker:recommendations"]["status"] == "DOWN"
+    assert ready.json()["components"]["breaker:payments"]["status"] == "DOWN"
+    assert ready.json()["components"]["breaker:payments"]["serving"] is True
     assert ready.headers["Cache-Control"] == "no-store"
-    registry.breaker("payments").trip()
+    assert client.get("/pay").headers["X-Distbreaker-Rejected"] == "circuit-open"
+    registry.breaker("payments").transition_to_forced_open("maintenance")
+    assert client.get("/health/ready").status_code == 200
+    registry.breaker("ledger").transition_to_forced_open("maintenance")   # opted in
     assert client.get("/health/ready").status_code == 503
-    assert client.get("/health").json()["failing"] == ["breaker:payments"]
+    assert client.get("/health").json()["failing"] == ["breaker:ledger"]
     live = client.get("/health/live")
     assert (live.status_code, live.json()) == (200, {"status": "UP"})
+
+
+def test_readiness_fails_when_this_process_cannot_serve(dead_redis_url: str) -> None:
+    for policy, status in (("fail_open", 200), ("fail_closed", 503)):
+        config = {"breakers": {"instances": {"payments": {"critical": True,
+                                                          "on_redis_error": policy}}}}
+        registry = Registry.from_dict(config, redis=dead_redis_url, environ={})
+        report = TestClient(_starlette(registry)).get("/health/ready")
+        assert report.status_code == status, policy
+        assert report.json()["components"]["breaker:payments"]["serving"] is (status == 200)
 
 
 def test_health_prefix_and_details_options(redis_url: str) -> None:
@@ -112,5 +129,5 @@ def test_fastapi_with_the_asyncio_registry(redis_url: str) -> None:
         assert rejected.status_code == 503
         assert rejected.headers["X-Distbreaker-Rejected"] == "circuit-open"
         report = client.get("/health/ready")
-        assert report.status_code == 503
+        assert report.status_code == 200        # the pod keeps serving its own 503s
         assert report.json()["components"]["breaker:payments"]["state"] == "OPEN"

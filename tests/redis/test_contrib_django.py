@@ -25,7 +25,8 @@ from distbreaker.contrib.django import get_registry
 
 CONFIG = {
     "breakers": {"instances": {"payments": {"critical": True, "wait_duration_in_open_state": 12},
-                               "recommendations": {}}},
+                               "recommendations": {},
+                               "ledger": {"fail_readiness_when_open": True}}},
     "bulkheads": {"instances": {"payments": {"max_concurrent_calls": 1}}},
 }
 #: The registry the views below use (set by each test).
@@ -73,16 +74,31 @@ def test_rejections_are_503_with_retry_after(registry: Registry) -> None:
 
 def test_health_views(registry: Registry) -> None:
     client = Client()
+    registry.breaker("ledger")
     registry.breaker("recommendations").trip()
+    registry.breaker("payments").trip()       # critical, but a fleet state: the app serves
     ready = client.get("/health/ready")
     assert ready.status_code == 200
-    assert ready.json()["components"]["breaker:recommendations"]["state"] == "OPEN"
+    assert ready.json()["components"]["breaker:payments"]["state"] == "OPEN"
     assert "no-cache" in ready["Cache-Control"]
-    registry.breaker("payments").trip()
+    registry.breaker("payments").transition_to_forced_open("maintenance")
+    assert client.get("/health/").status_code == 200
+    registry.breaker("ledger").trip()                                      # opted in
     assert client.get("/health/").status_code == 503
-    assert client.get("/health/ready").json()["failing"] == ["breaker:payments"]
+    assert client.get("/health/ready").json()["failing"] == ["breaker:ledger"]
     assert client.get("/health/live").status_code == 200
     assert client.post("/health/ready").status_code == 405
+
+
+def test_readiness_fails_when_this_process_cannot_serve(dead_redis_url: str) -> None:
+    for policy, status in (("fail_open", 200), ("fail_closed", 503)):
+        config = {"breakers": {"instances": {"payments": {"critical": True,
+                                                          "on_redis_error": policy}}}}
+        registry = Registry.from_dict(config, redis=dead_redis_url, environ={})
+        with override_settings(DISTBREAKER_REGISTRY=registry):
+            report = Client().get("/health/ready")
+        assert report.status_code == status, policy
+        assert report.json()["components"]["breaker:payments"]["serving"] is (status == 200)
 
 
 def test_the_setting_may_name_a_file_or_a_dotted_path(redis_url: str, tmp_path: Path,

@@ -12,7 +12,8 @@ from distbreaker.contrib.flask import Distbreaker
 
 CONFIG = {
     "breakers": {"instances": {"payments": {"critical": True, "wait_duration_in_open_state": 7},
-                               "recommendations": {}}},
+                               "recommendations": {},
+                               "ledger": {"fail_readiness_when_open": True}}},
     "bulkheads": {"instances": {"payments": {"max_concurrent_calls": 1}}},
 }
 
@@ -55,13 +56,28 @@ def test_health_endpoints(redis_url: str) -> None:
     registry = Registry.from_dict(CONFIG, redis=redis_url, environ={})
     app, _ = _app(registry)
     client = app.test_client()
+    registry.breaker("ledger")
     registry.breaker("recommendations").trip()
+    registry.breaker("payments").trip()       # critical, but a fleet state: the app serves
     ready = client.get("/health/ready")
     assert ready.status_code == 200
-    assert ready.json["components"]["breaker:recommendations"]["status"] == "DOWN"
-    registry.breaker("payments").trip()
+    assert ready.json["components"]["breaker:payments"]["status"] == "DOWN"
+    registry.breaker("payments").transition_to_forced_open("maintenance")
+    assert client.get("/health").status_code == 200
+    registry.breaker("ledger").trip()                                      # opted in
     assert client.get("/health").status_code == 503
+    assert client.get("/health").json["failing"] == ["breaker:ledger"]
     assert client.get("/health/live").json == {"status": "UP"}
+
+
+def test_readiness_fails_when_this_process_cannot_serve(dead_redis_url: str) -> None:
+    for policy, status in (("fail_open", 200), ("fail_closed", 503)):
+        config = {"breakers": {"instances": {"payments": {"critical": True,
+                                                          "on_redis_error": policy}}}}
+        registry = Registry.from_dict(config, redis=dead_redis_url, environ={})
+        report = _app(registry)[0].test_client().get("/health/ready")
+        assert report.status_code == status, policy
+        assert report.json["components"]["breaker:payments"]["serving"] is (status == 200)
 
 
 def test_config_file_prefix_and_details(redis_url: str, tmp_path: Path) -> None:

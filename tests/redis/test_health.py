@@ -1,9 +1,9 @@
-"""Health reports: readiness fails only for critical components; Redis and fallback status."""
+"""Health reports: readiness fails only for critical components this process cannot serve
+(or, opted in, that are OPEN); Redis and fallback status."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 
@@ -15,6 +15,7 @@ CONFIG = {
         "payments": {"critical": True},
         "recommendations": {},
         "ledger": {"critical": True, "on_redis_error": "fail_closed"},
+        "audit": {"fail_readiness_when_open": True},
     }},
     "bulkheads": {"instances": {"payments": {"max_concurrent_calls": 3, "critical": True},
                                 "exports": {"fallback_limit": 0, "critical": True}}},
@@ -22,13 +23,6 @@ CONFIG = {
     "policies": {"instances": {"checkout": {"breaker": "payments", "bulkhead": "payments",
                                             "budget": "payments", "critical": True}}},
 }
-
-
-def _dead_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"redis://127.0.0.1:{port}/0"
 
 
 def test_an_optional_dependency_open_keeps_the_service_ready(redis_url: str) -> None:
@@ -45,20 +39,36 @@ def test_an_optional_dependency_open_keeps_the_service_ready(redis_url: str) -> 
     assert report.to_dict()["status"] == "UP"
 
 
-def test_a_critical_dependency_open_fails_readiness_not_liveness(redis_url: str) -> None:
+def test_a_critical_dependency_open_keeps_readiness(redis_url: str) -> None:
+    """OPEN is a fleet state: failing readiness on it would drop every pod at once."""
     registry = Registry.from_dict(CONFIG, redis=redis_url, environ={})
     registry.breaker("payments").trip("upstream down")
+    registry.breaker("ledger").transition_to_forced_open("maintenance")
     report = registry.health()
-    assert not report.ready
-    assert report.live
-    assert {f"{c.kind}:{c.name}" for c in report.failing} == {"breaker:payments",
-                                                              "policy:checkout"}
+    assert report.ready and report.live
+    assert report.failing == ()
     checkout = next(c for c in report.components if c.name == "checkout")
-    assert checkout.state == "OPEN"
+    assert (checkout.state, checkout.ok, checkout.serving) == ("OPEN", False, True)
     assert [p.kind for p in checkout.parts] == ["breaker", "bulkhead", "budget"]
+    assert report.to_dict()["status"] == "UP"
+
+
+def test_failing_readiness_on_open_is_opt_in(redis_url: str) -> None:
+    registry = Registry.from_dict(CONFIG, redis=redis_url, environ={})
+    assert registry.critical("breaker", "audit")          # the opt-in implies critical
+    registry.breaker("audit").trip("upstream down")
+    report = registry.health()
+    assert not report.ready and report.live
     payload = report.to_dict()
-    assert payload["status"] == "DOWN"
-    assert payload["failing"] == ["breaker:payments", "policy:checkout"]
+    assert (payload["status"], payload["failing"]) == ("DOWN", ["breaker:audit"])
+    assert payload["components"]["breaker:audit"]["fail_readiness_when_open"] is True
+    env = {"DISTBREAKER_BREAKER_PAYMENTS_FAIL_READINESS_WHEN_OPEN": "true"}
+    registry = Registry.from_dict(CONFIG, redis=redis_url, environ=env)
+    registry.breaker("payments")
+    assert [c.name for c in registry.health().failing] == ["audit"]    # still OPEN (shared)
+    registry.breaker("payments").trip("upstream down")
+    assert {f"{c.kind}:{c.name}" for c in registry.health().failing} == {
+        "breaker:audit", "breaker:payments"}
 
 
 def test_overrides_are_reported(redis_url: str) -> None:
@@ -72,8 +82,8 @@ def test_overrides_are_reported(redis_url: str) -> None:
     assert report["ledger"].override is None
 
 
-def test_redis_unreachable_fail_open_is_ready_fail_closed_is_not() -> None:
-    registry = Registry.from_dict(CONFIG, redis=_dead_url(), environ={})
+def test_redis_unreachable_fail_open_is_ready_fail_closed_is_not(dead_redis_url: str) -> None:
+    registry = Registry.from_dict(CONFIG, redis=dead_redis_url, environ={})
     assert registry.breaker("payments").call(lambda: "served locally") == "served locally"
     with pytest.raises(CallNotPermitted):
         registry.breaker("ledger").call(lambda: "never")
@@ -116,4 +126,4 @@ def test_asyncio_health(redis_url: str, name: str) -> None:
         await registry.aclose()
         return report.ready, single.ok, single.state
 
-    assert asyncio.run(main()) == (False, True, "CLOSED")
+    assert asyncio.run(main()) == (True, True, "CLOSED")

@@ -247,6 +247,8 @@ class Model:
             if self.state != "CLOSED":
                 self.transition("CLOSED")
             else:
+                if self.totals()[0] > 0:  # a reset that empties a window is audited
+                    self.history += 1
                 self.clear_window()
                 self.probes.clear()
         elif target == "TRIP":

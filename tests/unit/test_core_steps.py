@@ -198,7 +198,7 @@ def test_every_config_validates_the_redis_options_alike(config: Any) -> None:
     with pytest.raises(ValueError, match="redis_retry_max_backoff"):
         config(redis_retry_max_backoff=-1)
     with pytest.raises(ValueError, match="redis_retry_max_backoff"):
-        config(redis_retry_max_backoff="5s")
+        config(redis_retry_max_backoff="5 s later")
 
 
 def test_ganesha_backs_off_as_configured() -> None:

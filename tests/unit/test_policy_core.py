@@ -14,6 +14,8 @@ from distbreaker.retry.sync import Retry
 
 
 class FakeBreaker:
+    name = "api.example.com:tenant-a"
+
     def owed_record(self, permit: Any, error: BaseException | None, duration: float,
                     outcome: Outcome | None) -> tuple[Any, ...]:
         return ("record", permit, error, outcome)
@@ -89,13 +91,28 @@ def test_a_returned_client_error_response_is_returned_and_ignored_by_the_breaker
     assert record == ("record", "permit", None, Outcome.IGNORED)
 
 
+def make_hard_stop_503() -> Core:
+    """A policy whose host says 503 + Retry-After when a quota is spent: a hard stop."""
+    core = Core()
+    core._setup("payments", None, "test", (FakeBreaker(), None, None, FakeBudget()),
+                None, False, HttpClassifier({503: "hard_stop"}))
+    return core
+
+
 def test_a_429_without_retry_after_trips_the_breaker_and_is_ignored_by_its_window() -> None:
     core, attempt = make(), ran(error=HttpStatusError(429))
     _, _, record = core.owed_after(attempt, 1, "permit", None)
     assert record[3] is Outcome.IGNORED
-    assert core.trip_reason(attempt) == "hard stop: HTTP 429 without Retry-After"
+    assert core.trip_reason(attempt) == ("hard stop: HTTP 429 without Retry-After "
+                                         f"(key {core.breaker.name!r})")
+    assert core.trip_for(attempt) is None                         # the open wait
     assert make(breaker=None).trip_reason(attempt) is None        # nothing to trip
     assert core.trip_reason(ran(error=HttpStatusError(429, {"Retry-After": "2"}))) is None
+    held = make_hard_stop_503()
+    attempt = ran(error=HttpStatusError(503, {"Retry-After": "30"}))
+    assert held.trip_reason(attempt) == ("hard stop: HTTP 503 with Retry-After 30s "
+                                         "(key 'api.example.com:tenant-a')")
+    assert held.trip_for(attempt) == 30.0                        # OPEN for that long
     assert core.trip_reason(ran(error=ConnectionError())) is None
     assert core.trip_reason(ran("ok")) is None
 

@@ -97,12 +97,13 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
 
 @pytest.mark.parametrize(("value", "seconds"), [
     (30, 30.0), (0.5, 0.5), ("500ms", 0.5), ("30s", 30.0), ("5m", 300.0), ("1h", 3600.0),
-    ("2.5", 2.5), (" 10 s ", 10.0), (".5s", 0.5)])
+    ("2.5", 2.5), (" 10 s ", 10.0), (".5s", 0.5), ("1d", 86400.0), ("1m30s", 90.0),
+    ("PT30S", 30.0), ("P1DT1H", 90000.0)])
 def test_durations_are_seconds_or_strings_with_a_unit(value: Any, seconds: float) -> None:
     assert parse_duration(value, "wait") == seconds
 
 
-@pytest.mark.parametrize("value", ["5 minutes", "ms", "-1s", "1d", "", True, [1]])
+@pytest.mark.parametrize("value", ["5 minutes", "ms", "-1s", "1m30", "PT", "", True, [1]])
 def test_bad_durations_name_the_field(value: Any) -> None:
     with pytest.raises(ValueError, match="wait"):
         parse_duration(value, "wait")

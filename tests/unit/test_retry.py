@@ -271,7 +271,7 @@ def test_decorator_form_and_coroutine_refusal() -> None:
 @pytest.mark.parametrize(("options", "field"), [
     ({"max_attempts": 0}, "max_attempts"), ({"base": -1}, "base"),
     ({"multiplier": 0.5}, "multiplier"), ({"jitter": "gaussian"}, "jitter"),
-    ({"deadline": 0}, "deadline"), ({"cap": "1s"}, "cap"),
+    ({"deadline": 0}, "deadline"), ({"cap": "1x"}, "cap"),
     ({"retry_on": (int,)}, "retry_on"), ({"retry_predicate": 3}, "retry_predicate"),
     ({"http_classifier": 5}, "http_classifier"),
 ])

@@ -269,7 +269,10 @@ local function breaker_events()
 --!lib
 -- The breaker's history entries and pub/sub messages (docs/KEY_SCHEMA.md, "History
 -- stream" and "Transitions channel"). An event is {from, to, reason, failure rate,
--- slow rate, gen, actor, kind ('' for a transition), until_ms}. Written after the
+-- slow rate, gen, actor, kind ('' for a transition), until_ms[, at_ms]}: at_ms (an
+-- override's end, recorded by the first call after it) stamps the history entry,
+-- which then also carries recorded_ms (now); the pub/sub message keeps now (its
+-- receivers compare it with the replies they saw). Written after the
 -- state, through pcall: their failure can neither abort nor undo the transition.
 local pcall_, tostring, unpack = redis.pcall, tostring, unpack
 
@@ -284,11 +287,13 @@ end
 local function publish(events, K_HIST, channel, name, now)
   local event_errors = ''
   for _, e in ipairs(events) do
+    local at = e[10] or now
     local entry = {'XADD', K_HIST, 'MAXLEN', '1000', '*', 'from', e[1], 'to', e[2],
-         'reason', e[3], 'at_ms', now, 'failure_rate', tostring(e[4]),
+         'reason', e[3], 'at_ms', at, 'failure_rate', tostring(e[4]),
          'slow_rate', tostring(e[5]), 'gen', e[6], 'actor', e[7]}
     if e[8] ~= '' then entry[#entry + 1] = 'kind'; entry[#entry + 1] = e[8] end
     if e[9] and e[9] > 0 then entry[#entry + 1] = 'until_ms'; entry[#entry + 1] = e[9] end
+    if at ~= now then entry[#entry + 1] = 'recorded_ms'; entry[#entry + 1] = now end
     local added = pcall_(unpack(entry))
     if type(added) == 'table' and added.err then
       event_errors = event_errors .. 'history: ' .. added.err .. '; '
@@ -560,6 +565,13 @@ local function hold_from(now, hold_for, hold_until, target)
   return hold
 end
 
+-- Whether a RESET of a CLOSED breaker changes anything (then it is recorded): a
+-- window with calls, a held CLOSED, a drift record, a config adopted. A reset that
+-- changes nothing records nothing.
+local function reset_changes(calls, override_until, clear_drift, adopted)
+  return calls > 0 or override_until > 0 or clear_drift or adopted
+end
+
 -- Quorum-gated trip: with config field 20 (min failing workers) above 1, a
 -- failure-rate trip needs failures from that many distinct workers within field 21
 -- ms (default 60000). A record whose ARGV[11] names its worker (`mark`) marks it in
@@ -598,7 +610,7 @@ local function quorum_met(state_key, meta_key, stored, wire, mark, now)
 end
 
 return {record_counts = record_counts, wait_in_open = wait_in_open, hold_from = hold_from,
-        quorum_met = quorum_met}
+        quorum_met = quorum_met, reset_changes = reset_changes}
 
 end)(prelude(), breaker_config()) end
   return breaker_ops_value
@@ -1207,6 +1219,7 @@ end
 -- `set`'s hold, the open wait, the quorum of failing workers.
 local record_counts, wait_in_open = breaker_ops.record_counts, breaker_ops.wait_in_open
 local hold_from, quorum_met = breaker_ops.hold_from, breaker_ops.quorum_met
+local reset_changes = breaker_ops.reset_changes
 
 local function transition(to, reason, actor)
   local g = cold()
@@ -1269,15 +1282,19 @@ end
 
 -- The operator's override ended (by server time): FORCED_OPEN goes on as an OPEN
 -- whose wait is over (HALF_OPEN); DISABLED and METRICS_ONLY return to CLOSED; a
--- held CLOSED simply resumes its state machine.
+-- held CLOSED simply resumes its state machine. Whoever calls first after the end
+-- records it, stamped with the end time (history at_ms, the new state's since), so
+-- the history and every read agree however late that call comes.
 local function end_override()
   local ended = override_until
   if fire('override_ended') == RESUME then
     override_until, dirty_state = 0, true
     note('override_end', REASON.override_ended, '', ended)
-    return
+  else
+    events[#events][9] = ended
+    since = ended
   end
-  events[#events][9] = ended
+  events[#events][10] = ended
 end
 
 -- Sliding window (lua/lib/breaker_window.lua) on this call's state -------------------
@@ -1454,13 +1471,15 @@ local function op_set()
     return nil
   elseif target == 'RESET' then
     if fire('reset', reason, actor) == CLEAR then
+      -- a CLOSED breaker: recorded (kind 'reset') when it changes anything: a window
+      -- emptied, a held CLOSED released, a drift record cleared, a config adopted
+      if reset_changes(calls, override_until, clear_drift, meta_cfg) then
+        reason_now, actor_now, meta_reason = reason, actor, true
+        note('reset', reason, actor, 0)
+      end
       clear_window()
       clear_probes = true
-      if override_until > 0 then  -- RESET lifts a held CLOSED too
-        override_until, dirty_state = 0, true
-        reason_now, actor_now, meta_reason = reason, actor, true
-        note('override', reason, actor, 0)
-      end
+      if override_until > 0 then override_until, dirty_state = 0, true end
     end
   elseif target == 'TRIP' then
     local to = fire('trip', reason, actor)
