@@ -70,6 +70,7 @@ import os
 import re
 import secrets
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -210,6 +211,74 @@ def exact_closed_time(client: redis.Redis, name: str) -> CostScenario:
                         lambda: breaker.call(ok))
 
 
+#: The longest TIME window (BreakerConfig's limit) and the idle gaps its first call
+#: after a pause is measured at: 1 h (the whole window left: reset in one write),
+#: 30 min and 59 min 59 s (half the window, and all of it but one second, were busy
+#: seconds that leave: the largest reads there are).
+LONG_WINDOW = 3600
+IDLE_GAPS = ((3600, "after 1 h idle"), (1800, "after 30 min idle"),
+             (3599, "after 59 min 59 s idle"))
+
+
+def time_breaker(client: redis.Redis, name: str) -> CircuitBreaker:
+    return CircuitBreaker(name, redis=client, sliding_window_type="TIME_BASED",
+                          sliding_window_size=LONG_WINDOW, key_ttl=2 * LONG_WINDOW,
+                          subscribe=False)
+
+
+def steady_long_window(client: redis.Redis, name: str) -> CostScenario:
+    breaker = time_breaker(client, name)
+    breaker.reset()
+    return CostScenario("closed_time_3600", "TIME window of 3,600 s, steady calls",
+                        lambda: breaker.call(ok))
+
+
+def age_time_record(client: redis.Redis, key: str, gap: int) -> None:
+    """Rewrite a TIME record as if its last call was `gap` seconds ago, after a window
+    whose every second saw 10 successful calls of 5 ms (the most there is to evict);
+    its TTL refresh is as old as that last call, as it would be."""
+    from distbreaker._runtime.state_record import WINDOW_OFFSET, encode_fields
+
+    data = client.get(key)
+    assert isinstance(data, bytes)
+    seconds, _ = client.time()
+    last = int(seconds) - gap
+    size = LONG_WINDOW
+    slots = bytearray()
+    for i in range(size):
+        slots += struct.pack(">5I", last - (last - i) % size, 10, 0, 0, 50)
+    header = encode_fields(data, wsec=last, ttl_at=last * 1000, calls=10 * size, failures=0,
+                           slow=0, total_ms=50 * size)
+    client.set(key, header[:WINDOW_OFFSET] + bytes(slots), keepttl=True)
+
+
+def idle_long_window(client: redis.Redis, name: str, gap: int, label: str,
+                     calls: int) -> CostScenario:
+    """The first call on a TIME-3600 breaker after an idle `gap`: each call of a batch
+    is made on its own breaker, every one aged by `prepare` (outside the measurement)."""
+    pool = [time_breaker(client, f"{name}-{i}") for i in range(max(calls, WARM_UP_CALLS))]
+    made = False
+    turn = 0
+
+    def prepare() -> None:
+        nonlocal made, turn
+        if not made:
+            for breaker in pool:
+                breaker.call(ok)
+            made = True
+        for breaker in pool:
+            age_time_record(client, breaker.keys.state, gap)
+        turn = 0
+
+    def call() -> None:
+        nonlocal turn
+        pool[turn % len(pool)].call(ok)
+        turn += 1
+
+    return CostScenario(f"closed_time_idle_{gap}", f"TIME window of 3,600 s, first call {label}",
+                        call, prepare=prepare)
+
+
 def half_open_probe(client: redis.Redis, name: str) -> CostScenario:
     """acquire + record of one probe; re-tripped before each batch, the first probe
     (OPEN -> HALF_OPEN, a transition) made there, so batches see steady HALF_OPEN."""
@@ -315,7 +384,7 @@ def record_wire(scenario: CostScenario) -> tuple[Any, ...]:
     return CountingConnection.last_script
 
 
-def build_scenarios(url: str, tag: str) -> list[CostScenario]:
+def build_scenarios(url: str, tag: str, calls: int = DEFAULT_CALLS) -> list[CostScenario]:
     """Every measured path, each on its own keys (names start with `tag`)."""
     client = counting_client(url)
     closed = exact_closed(client, f"{tag}-closed")
@@ -325,6 +394,9 @@ def build_scenarios(url: str, tag: str) -> list[CostScenario]:
     except ImportError:  # pybreaker: in the bench and test extras
         print("pybreaker is not installed: skipping its scenario", file=sys.stderr)
     return [*scenarios, closed, exact_closed_time(client, f"{tag}-time"),
+            steady_long_window(client, f"{tag}-time3600"),
+            *(idle_long_window(client, f"{tag}-idle{gap}", gap, label, calls)
+              for gap, label in IDLE_GAPS),
             half_open_probe(client, f"{tag}-half"), open_fast_fail(client, f"{tag}-open"),
             *(batched_closed(client, f"{tag}-batched-{k}", k) for k in BATCH_SIZES),
             policy_attempt(client, f"{tag}-policy"),
@@ -446,6 +518,13 @@ def ensure_valgrind() -> None:
                    stdout=subprocess.DEVNULL)
 
 
+#: A Functions library of the bench's own: a full GC of the Functions VM through FCALL
+#: (EVAL's collectgarbage cleans only EVAL's VM).
+GC_FUNCTION = "distbreaker_bench_gc"
+GC_LIBRARY = (f"#!lua name={GC_FUNCTION}\nredis.register_function('{GC_FUNCTION}', "
+              "function() collectgarbage('collect') return 1 end)")
+
+
 class CallgrindServer:
     """``redis-server`` under callgrind, collecting only inside `TOGGLES`; a `Meter`."""
 
@@ -457,6 +536,7 @@ class CallgrindServer:
         self.process: subprocess.Popen[bytes] | None = None
         self.version = "?"
         self._seen: set[str] = set()
+        self._gc_loaded = False
 
     @property
     def url(self) -> str:
@@ -499,10 +579,17 @@ class CallgrindServer:
                                f"{done.stdout}{done.stderr}")
 
     def zero(self) -> None:
-        """A full Lua GC first (uncounted): the GC steps Redis runs every 50 script calls
-        then collect this batch's garbage, not the previous scenario's."""
+        """A full Lua GC first (uncounted) in both of Redis's Lua VMs: EVAL's, and the
+        Functions VM that FCALL runs in (one VM for every library, so a tiny library of
+        the bench's own collects distbreaker's garbage too). The GC steps Redis runs
+        every 50 script calls then collect this batch's garbage, not the previous
+        scenario's."""
         with redis.Redis(port=self.port, socket_timeout=SLOW_SERVER_TIMEOUT) as admin:
             admin.eval("collectgarbage('collect')", 0)
+            if not self._gc_loaded:
+                admin.function_load(GC_LIBRARY, replace=True)
+                self._gc_loaded = True
+            admin.fcall(GC_FUNCTION, 0)
         self._control("-z")
 
     def dump(self, label: str) -> Cost:
@@ -559,7 +646,7 @@ def run_redis_cost(binary: str, calls: int, batches: int,
     ensure_valgrind()
     with CallgrindServer(binary, keep) as server:
         tag = f"cost-{secrets.token_hex(3)}"
-        results = measure(build_scenarios(server.url, tag), server, calls, batches)
+        results = measure(build_scenarios(server.url, tag, calls), server, calls, batches)
     if not any(m.per_call() for m in results):
         raise SystemExit(f"callgrind collected nothing: does {binary} have the symbols "
                          f"{', '.join(TOGGLES)}? (nm -D {binary})")
