@@ -8,7 +8,8 @@ hits all scenarios alike and the ratios stay meaningful on a noisy machine:
 
 * raw ``PING`` with redis-py (the floor: one round trip, no logic),
 * distbreaker CLOSED success path (budget: 1 round trip per call),
-* distbreaker OPEN rejection path while the wait is known (budget: 0),
+* distbreaker OPEN rejection path while the wait is known (budget: 0), also with one
+  event listener of every kind, and FORCED_OPEN's,
 * distbreaker HALF_OPEN probe path (budget: 2),
 * pybreaker with ``CircuitRedisStorage``, success path and OPEN rejection path,
 * distbreaker ``record_mode="batched"`` CLOSED success path and interlock-cb
@@ -205,6 +206,31 @@ def opened(url: str, name: str) -> Scenario:
     return Scenario("open", "distbreaker OPEN rejection", rejected)
 
 
+def rejecting(url: str, name: str, forced: bool = False, listener: bool = False) -> Scenario:
+    """An OPEN (or FORCED_OPEN) rejection from the local view (0 round trips), with no
+    event listener or with one listening to every kind (events are built only then)."""
+    breaker = CircuitBreaker(name, redis=counting_client(url),
+                             wait_duration_in_open_state=3600.0, revalidate_interval=60.0)
+    if forced:
+        breaker.transition_to_forced_open("bench")
+    else:
+        breaker.trip("bench")
+    if listener:
+        breaker.add_listener(lambda event: None, kinds="*")
+
+    def rejected() -> None:
+        try:
+            breaker.call(ok)
+        except CallNotPermitted:
+            return
+        raise AssertionError("the rejecting breaker let a call through")
+
+    state = "FORCED_OPEN" if forced else "OPEN"
+    key = ("forced_open" if forced else "open") + ("_listener" if listener else "")
+    return Scenario(key, f"distbreaker {state} rejection" + (", 1 listener" if listener else ""),
+                    rejected)
+
+
 HALF_OPEN_PROBES = 10_000  # the largest quota the config allows
 MAX_SLICE_CALLS = 4_000    # so one slice never uses up the probes
 
@@ -270,6 +296,8 @@ def run(url: str, seconds: float, calls: int | None, rounds: int) -> list[Scenar
     tag = f"bench-{os.getpid()}-{secrets.token_hex(3)}"
     try:
         scenarios = [ping(url), closed(url, f"{tag}-closed"), opened(url, f"{tag}-open"),
+                     rejecting(url, f"{tag}-open-listener", listener=True),
+                     rejecting(url, f"{tag}-forced", forced=True),
                      half_open(url, f"{tag}-half"), *pybreaker_scenarios(url, tag),
                      *bench_batched.batched_scenarios(url, f"{tag}-batched", Scenario,
                                                       counting_client),
@@ -299,6 +327,7 @@ RATIOS = {
     "batched CLOSED / interlock-cb CLOSED": ("batched_closed", "interlock_closed"),
     "batched CLOSED / pybreaker CLOSED": ("batched_closed", "pybreaker_closed"),
     "distbreaker OPEN / interlock-cb CLOSED": ("open", "interlock_closed"),
+    "distbreaker OPEN / OPEN with 1 listener": ("open", "open_listener"),
 }
 
 
