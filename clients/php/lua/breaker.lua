@@ -1434,7 +1434,7 @@ local function write_record()
     -- groups are contiguous from byte 0; zeros up to the window, the empty window),
     -- so Redis allocates the string exactly (grown piece by piece it over-allocates)
     seq = (seq + 1) % 4294967296
-    local refused = put(0, header_counters(cold()) .. header_config(
+    local refused = put(layout.COUNTERS_AT, header_counters(cold()) .. header_config(
       cold(), hp_done, hp_fail, hp_slow, probes_max, lease_ms, max_half_open, fp, window_type,
       window_size, min_calls, failure_threshold, slow_threshold, ttl_ms)
       .. header_state(CODE[s_state], since, override_until, ttl_refreshed_at, calls, failures,
