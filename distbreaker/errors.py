@@ -52,16 +52,20 @@ class CallNotPermitted(DistbreakerError):
 
     def __init__(self, name: str, state: str, retry_after: float = 0.0,
                  reason: str = "", actor: str = "") -> None:
+        # No message built here: a rejection is raised on the hot path of an OPEN
+        # breaker (hundreds of thousands a second) and most are caught unread; the
+        # message is made when shown (__str__).
         self.name = name
         self.state = state
-        self.retry_after = max(0.0, retry_after)
+        self.retry_after = retry_after if retry_after > 0.0 else 0.0
         self.reason = reason
         self.actor = actor
+
+    def __str__(self) -> str:
+        reason, actor = self.reason, self.actor
         detail = f" ({reason}{', by ' + actor if actor else ''})" if reason else ""
-        super().__init__(
-            f"circuit breaker {name!r} is {state}{detail}; "
-            f"retry after {self.retry_after:.3f}s"
-        )
+        return (f"circuit breaker {self.name!r} is {self.state}{detail}; "
+                f"retry after {self.retry_after:.3f}s")
 
 
 class SchemaError(DistbreakerError):

@@ -999,12 +999,17 @@ def _breaker_detail(name: str, state: bytes | Mapping[Any, Any], meta: Mapping[A
     return breaker
 
 
+#: Entries one XRANGE reads: more than a stream trimmed with `MAXLEN ~ 1000` holds.
+HISTORY_READ = 2000
+
+
 def read_history_after(client: Any, prefix: str, after: Mapping[str, str],
                        batch: int = 500, schema: str = V2) -> dict[str, list[dict[str, Any]]]:
     """For each name, its history entries after stream id ``after[name]`` (``"0"``: all),
-    oldest first, read in pipelined batches. A stream holds at most 1000 entries
-    (MAXLEN), so one XRANGE per name reads all that is new. A name whose history key
-    holds another type is left out (its row in `read_summaries` carries the error)."""
+    oldest first, read in pipelined batches. A stream holds about 1000 entries (trimmed
+    with `MAXLEN ~ 1000`: whole nodes of up to 100 entries go, so up to ~1100 stay), so
+    one XRANGE per name of up to HISTORY_READ entries reads all that is new. A name whose
+    history key holds another type is left out (its row in `read_summaries` carries the error)."""
     names = list(after)
     found: dict[str, list[dict[str, Any]]] = {}
     for i in range(0, len(names), batch):
@@ -1014,7 +1019,7 @@ def read_history_after(client: Any, prefix: str, after: Mapping[str, str],
             last = after[name]
             pipe.xrange(NameKeys.build(name, prefix, schema).history,
                         min="-" if last in ("", "0", "0-0") else f"({last}", max="+",
-                        count=1000)
+                        count=HISTORY_READ)
         for name, reply in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
             if isinstance(reply, Exception):
                 if not str(reply).startswith("WRONGTYPE"):

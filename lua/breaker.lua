@@ -100,7 +100,7 @@ local meta_reason, meta_cfg, meta_drift, clear_drift, cfg_store, drift
 local clear_ring, n_count_slots, count_slots_from, time_slot_at, time_slot_values, n_evict
 local clear_probes, probe_add, probe_rem, live_count, undo_bit, undo_value
 local transitions, events, permitted, quorum_mark, quorum_blocked, clear_quorum_marks
-local count_slot_values, evicted_slots_at = {}, {}
+local count_slot_values, evict_from = {}, 0
 -- config rollouts (lua/lib/breaker_rollout.lua): ARGV[2] split into the fingerprint's
 -- text and a hello's worker; the rollout hash's writes; an adoption's reason
 local arg_fp_text, hello_worker, hello_bye, rollout_writes, adopted_why, adopted_deploy
@@ -217,6 +217,9 @@ local record_one, record_many, evicted = breaker_window.record_one, breaker_wind
                                          breaker_window.evicted
 local write_window, exceeded, rates_text = breaker_window.write, breaker_window.exceeded,
                                           breaker_window.describe
+local window_empty = breaker_window.empty
+-- the bytes between the header's last field and the window (a new record's)
+local HEADER_PAD = string.rep('\0', layout.WINDOW_AT - 8 * layout.HEADER_FIELDS)
 
 local function clear_window()
   clear_ring, n_count_slots, time_slot_at, time_slot_values, n_evict = true, 0, nil, nil, 0
@@ -314,9 +317,8 @@ local function evict_time_buckets()
   local sec = floor(now / 1000)
   if window_sec == sec then return end
   local whole
-  whole, calls, failures, slow, total_ms, n_evict = evict_time(
-    K_STATE, sec, window_sec, window_size, calls, failures, slow, total_ms, evicted_slots_at,
-    n_evict)
+  whole, calls, failures, slow, total_ms, evict_from, n_evict = evict_time(
+    K_STATE, sec, window_sec, window_size, calls, failures, slow, total_ms)
   if whole then clear_window() end
   window_sec, dirty_window = sec, true
 end
@@ -350,8 +352,7 @@ local function record_window(ok, fails, slows, ms)
   if ok + fails <= 0 then return end
   if window_type == 0 then return record_count(ok, fails, slows, ms) end
   time_slot_at, time_slot_values = record_time(
-    K_STATE, now, window_size, clear_ring, evicted_slots_at, n_evict, ok + fails, fails, slows,
-    ms)
+    K_STATE, now, window_size, clear_ring, n_evict, ok + fails, fails, slows, ms)
   calls, failures, slow, total_ms = calls + ok + fails, failures + fails, slow + slows,
                                     total_ms + ms
   dirty_window = true
@@ -538,7 +539,19 @@ end
 
 local function write_record()
   first_write = true
-  if not exists or dirty_config then
+  if not exists then
+    -- a new record: written whole, in one SETRANGE at its full length (the header
+    -- groups are contiguous from byte 0; zeros up to the window, the empty window),
+    -- so Redis allocates the string exactly (grown piece by piece it over-allocates)
+    seq = (seq + 1) % 4294967296
+    local refused = put(layout.COUNTERS_AT, header_counters(cold()) .. header_config(
+      cold(), hp_done, hp_fail, hp_slow, probes_max, lease_ms, max_half_open, fp, window_type,
+      window_size, min_calls, failure_threshold, slow_threshold, ttl_ms)
+      .. header_state(CODE[s_state], since, override_until, ttl_refreshed_at, calls, failures,
+                      slow, total_ms, head, window_sec, seq)
+      .. HEADER_PAD .. window_empty(window_type, window_size))
+    if refused then return refused end
+  elseif dirty_config then
     local refused = put(layout.CONFIG_AT, header_config(
       cold(), hp_done, hp_fail, hp_slow, probes_max, lease_ms, max_half_open, fp, window_type,
       window_size, min_calls, failure_threshold, slow_threshold, ttl_ms))
@@ -547,20 +560,20 @@ local function write_record()
     local refused = put(layout.HALF_OPEN_AT, header_half_open(hp_done, hp_fail, hp_slow))
     if refused then return refused end
   end
-  if not exists or dirty_counters then
+  if exists and dirty_counters then
     local refused = put(layout.COUNTERS_AT, header_counters(cold()))
     if refused then return refused end
   end
-  if dirty_state or dirty_window or ttl_refreshed_at == now or not exists then
+  if exists and (dirty_state or dirty_window or ttl_refreshed_at == now) then
     seq = (seq + 1) % 4294967296
     local refused = put(STATE_AT, header_state(CODE[s_state], since, override_until,
                                                ttl_refreshed_at, calls, failures, slow,
                                                total_ms, head, window_sec, seq))
     if refused then return refused end
   end
-  write_window(K_STATE, clear_ring or not exists, window_type, window_size,
-                       evicted_slots_at, n_evict, time_slot_at, time_slot_values, n_count_slots,
-                       count_slots_from, count_slot_values)
+  write_window(K_STATE, clear_ring and exists, window_type, window_size, evict_from, n_evict,
+               time_slot_at, time_slot_values, n_count_slots, count_slots_from,
+               count_slot_values)
   return nil
 end
 

@@ -8,7 +8,8 @@ hits all scenarios alike and the ratios stay meaningful on a noisy machine:
 
 * raw ``PING`` with redis-py (the floor: one round trip, no logic),
 * distbreaker CLOSED success path (budget: 1 round trip per call),
-* distbreaker OPEN rejection path while the wait is known (budget: 0),
+* distbreaker OPEN rejection path while the wait is known (budget: 0), also with one
+  event listener of every kind, and FORCED_OPEN's,
 * distbreaker HALF_OPEN probe path (budget: 2),
 * pybreaker with ``CircuitRedisStorage``, success path and OPEN rejection path,
 * distbreaker ``record_mode="batched"`` CLOSED success path and interlock-cb
@@ -110,6 +111,7 @@ class Scenario:
     finish: Callable[[], None] | None = None  # after each slice: untimed, but counted
     calls: int = 0
     seconds: float = 0.0
+    cpu: float = 0.0  # this thread's CPU time in the timed region
     best: float = 0.0
     round_trips: int = 0
     sent: Counter[str] = dataclasses.field(default_factory=Counter)
@@ -130,13 +132,14 @@ class Scenario:
         CountingConnection.round_trips = 0
         CountingConnection.commands = Counter()
         calls_before, usec_before = command_stats(admin)
-        done, elapsed, call = 0, 0.0, self.call
+        done, elapsed, cpu, call = 0, 0.0, 0.0, self.call
         while calls is None or done < calls:
             batch = 100 if calls is None else min(100, calls - done)
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.thread_time()
             for _ in range(batch):
                 call()
             elapsed += time.perf_counter() - started
+            cpu += time.thread_time() - cpu_started
             done += batch
             if calls is None and elapsed >= seconds:
                 break
@@ -149,6 +152,7 @@ class Scenario:
         self.sent += CountingConnection.commands
         self.calls += done
         self.seconds += elapsed
+        self.cpu += cpu
         self.best = max(self.best, done / elapsed if elapsed else 0.0)
 
     def result(self) -> dict[str, Any]:
@@ -158,6 +162,7 @@ class Scenario:
             "seconds": round(self.seconds, 3),
             "calls_per_second": round(self.calls_per_second, 1),
             "best_slice_calls_per_second": round(self.best, 1),
+            "calls_per_cpu_second": round(self.calls_per_cpu_second, 1),
             "round_trips_per_call": round(self.round_trips / calls, 3),
             "top_level_commands_per_call": round(
                 sum(self.server[name] for name in self.sent) / calls, 3),
@@ -172,6 +177,13 @@ class Scenario:
     @property
     def calls_per_second(self) -> float:
         return self.calls / self.seconds if self.seconds else 0.0
+
+    @property
+    def calls_per_cpu_second(self) -> float:
+        """Calls per second of this thread's CPU: for the paths without a round trip
+        (rejections, batched records) the client's own cost, less moved by other
+        programs' load than wall-clock calls/s."""
+        return self.calls / self.cpu if self.cpu else 0.0
 
 
 # -- scenarios ------------------------------------------------------------------
@@ -203,6 +215,31 @@ def opened(url: str, name: str) -> Scenario:
         raise AssertionError("the OPEN breaker let a call through")
 
     return Scenario("open", "distbreaker OPEN rejection", rejected)
+
+
+def rejecting(url: str, name: str, forced: bool = False, listener: bool = False) -> Scenario:
+    """An OPEN (or FORCED_OPEN) rejection from the local view (0 round trips), with no
+    event listener or with one listening to every kind (events are built only then)."""
+    breaker = CircuitBreaker(name, redis=counting_client(url),
+                             wait_duration_in_open_state=3600.0, revalidate_interval=60.0)
+    if forced:
+        breaker.transition_to_forced_open("bench")
+    else:
+        breaker.trip("bench")
+    if listener:
+        breaker.add_listener(lambda event: None, kinds="*")
+
+    def rejected() -> None:
+        try:
+            breaker.call(ok)
+        except CallNotPermitted:
+            return
+        raise AssertionError("the rejecting breaker let a call through")
+
+    state = "FORCED_OPEN" if forced else "OPEN"
+    key = ("forced_open" if forced else "open") + ("_listener" if listener else "")
+    return Scenario(key, f"distbreaker {state} rejection" + (", 1 listener" if listener else ""),
+                    rejected)
 
 
 HALF_OPEN_PROBES = 10_000  # the largest quota the config allows
@@ -270,6 +307,8 @@ def run(url: str, seconds: float, calls: int | None, rounds: int) -> list[Scenar
     tag = f"bench-{os.getpid()}-{secrets.token_hex(3)}"
     try:
         scenarios = [ping(url), closed(url, f"{tag}-closed"), opened(url, f"{tag}-open"),
+                     rejecting(url, f"{tag}-open-listener", listener=True),
+                     rejecting(url, f"{tag}-forced", forced=True),
                      half_open(url, f"{tag}-half"), *pybreaker_scenarios(url, tag),
                      *bench_batched.batched_scenarios(url, f"{tag}-batched", Scenario,
                                                       counting_client),
@@ -299,6 +338,7 @@ RATIOS = {
     "batched CLOSED / interlock-cb CLOSED": ("batched_closed", "interlock_closed"),
     "batched CLOSED / pybreaker CLOSED": ("batched_closed", "pybreaker_closed"),
     "distbreaker OPEN / interlock-cb CLOSED": ("open", "interlock_closed"),
+    "distbreaker OPEN / OPEN with 1 listener": ("open", "open_listener"),
 }
 
 
@@ -312,17 +352,20 @@ def ratios(scenarios: list[Scenario]) -> dict[str, float]:
 def print_table(scenarios: list[Scenario], info: dict[str, Any]) -> None:
     print(f"distbreaker {info['distbreaker']}, redis {info['redis_version']} ({info['redis']}), "
           f"python {info['python']}, {info['run']}")
-    header = (f"{'scenario':32} {'calls/s':>9} {'best':>9} {'round trips':>12} "
+    header = (f"{'scenario':40} {'calls/s':>9} {'best':>9} {'per CPU-s':>10} {'round trips':>12} "
               f"{'top-level':>10} {'server cmds':>12} {'server us':>10}")
     print(header)
     print("-" * len(header))
     for s in scenarios:
         r = s.result()
-        print(f"{s.title:32} {s.calls_per_second:9,.0f} {s.best:9,.0f} "
+        print(f"{s.title:40} {s.calls_per_second:9,.0f} {s.best:9,.0f} "
+              f"{s.calls_per_cpu_second:10,.0f} "
               f"{r['round_trips_per_call']:12.2f} {r['top_level_commands_per_call']:10.2f} "
               f"{r['server_commands_per_call']:12.2f} {r['server_usec_per_call']:10.1f}")
-    print("\ncalls/s: over all slices; best: the fastest slice. round trips: requests the client "
-          "sent per call;\ntop-level: the same counted by the server (INFO commandstats); "
+    print("\ncalls/s: over all slices; best: the fastest slice; per CPU-s: calls per second of "
+          "the bench\nthread's CPU (for the paths without a round trip, the client's own cost, "
+          "steadier under load).\nround trips: requests the client sent per call;\n"
+          "top-level: the same counted by the server (INFO commandstats); "
           "server cmds: every command\nRedis ran per call, including those inside Lua scripts; "
           "server us: Redis CPU time per call.")
     print("\nratios (calls/s):")

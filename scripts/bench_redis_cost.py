@@ -34,17 +34,21 @@ writing the reply. Counts are for the server binary measured
 not counted: the fleet ceiling includes it.
 
 Determinism: each scenario is measured in ``--cost-batches`` (default 2)
-separate batches of ``--calls`` (default 200) calls, interleaved; "spread" is
-(max - min) / mean of their per-call counts. Before each batch a full Lua GC
-runs (uncounted), so the GC step Redis takes every 50 script calls collects
-that batch's garbage, not the previous scenario's. Measured here (redis-server
-7.0.15, four runs of ``--redis-cost``): batches of one run agree within 0.6 %,
-except where a batch makes few script calls (batched flushes, 1.9 %) or rolls
-time slices (budget deposit, 1.3 %); separate runs agree within 0.9 % for
-every script call. Cheap plain commands differ up to 5 % between runs (PING
-2,933-3,068, pybreaker 10.1-10.5k) though not between batches: the server
-draws a random hash seed at start-up, which changes the bucket chains its
-command table and keyspace lookups walk.
+separate batches of ``--calls`` (default 200) calls, interleaved; the table gives
+the mean, the cheapest and the dearest batch (JSON: min, median and max too) and
+"spread", (max - min) / mean. Before each batch a full Lua GC runs (uncounted) in
+both of Redis's Lua VMs: EVAL's (through EVAL) and the Functions VM that FCALL runs
+in (through FCALL of a one-line library of the bench's own: a GC through EVAL
+does not touch the Functions VM), so the GC step Redis takes every 50 script calls
+collects that batch's garbage, not the previous scenario's. Batches of one run
+agree within about 1 % (less where a batch makes few script calls: batched
+flushes); separate runs differ by up to ~4 % (exact CLOSED 86.0-89.7k over 12
+runs of an earlier version): the server draws a random hash seed at start-up,
+which changes the bucket chains its command table, keyspace and Lua string table
+walk. Compare figures of one run. callgrind counts a ``rep movsb`` copy (glibc's
+memcpy of large buffers) as one instruction per byte, so calls that copy tens of
+kilobytes (a TIME-3600 window cleared whole: 72 KB, twice) count more than their
+CPU time would say.
 
 ``--fleet-ceiling`` (no valgrind): P client processes (``--processes``,
 default 4) call one plain ``redis-server`` for ``--seconds`` per scenario,
@@ -70,6 +74,8 @@ import os
 import re
 import secrets
 import shutil
+import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -210,6 +216,74 @@ def exact_closed_time(client: redis.Redis, name: str) -> CostScenario:
                         lambda: breaker.call(ok))
 
 
+#: The longest TIME window (BreakerConfig's limit) and the idle gaps its first call
+#: after a pause is measured at: 1 h (the whole window left: reset in one write),
+#: 30 min and 59 min 59 s (half the window, and all of it but one second, were busy
+#: seconds that leave: the largest reads there are).
+LONG_WINDOW = 3600
+IDLE_GAPS = ((3600, "after 1 h idle"), (1800, "after 30 min idle"),
+             (3599, "after 59 min 59 s idle"))
+
+
+def time_breaker(client: redis.Redis, name: str) -> CircuitBreaker:
+    return CircuitBreaker(name, redis=client, sliding_window_type="TIME_BASED",
+                          sliding_window_size=LONG_WINDOW, key_ttl=2 * LONG_WINDOW,
+                          subscribe=False)
+
+
+def steady_long_window(client: redis.Redis, name: str) -> CostScenario:
+    breaker = time_breaker(client, name)
+    breaker.reset()
+    return CostScenario("closed_time_3600", "TIME window of 3,600 s, steady calls",
+                        lambda: breaker.call(ok))
+
+
+def age_time_record(client: redis.Redis, key: str, gap: int) -> None:
+    """Rewrite a TIME record as if its last call was `gap` seconds ago, after a window
+    whose every second saw 10 successful calls of 5 ms (the most there is to evict);
+    its TTL refresh is as old as that last call, as it would be."""
+    from distbreaker._runtime.state_record import WINDOW_OFFSET, encode_fields
+
+    data = client.get(key)
+    assert isinstance(data, bytes)
+    seconds, _ = client.time()
+    last = int(seconds) - gap
+    size = LONG_WINDOW
+    slots = bytearray()
+    for i in range(size):
+        slots += struct.pack(">5I", last - (last - i) % size, 10, 0, 0, 50)
+    header = encode_fields(data, wsec=last, ttl_at=last * 1000, calls=10 * size, failures=0,
+                           slow=0, total_ms=50 * size)
+    client.set(key, header[:WINDOW_OFFSET] + bytes(slots), keepttl=True)
+
+
+def idle_long_window(client: redis.Redis, name: str, gap: int, label: str,
+                     calls: int) -> CostScenario:
+    """The first call on a TIME-3600 breaker after an idle `gap`: each call of a batch
+    is made on its own breaker, every one aged by `prepare` (outside the measurement)."""
+    pool = [time_breaker(client, f"{name}-{i}") for i in range(max(calls, WARM_UP_CALLS))]
+    made = False
+    turn = 0
+
+    def prepare() -> None:
+        nonlocal made, turn
+        if not made:
+            for breaker in pool:
+                breaker.call(ok)
+            made = True
+        for breaker in pool:
+            age_time_record(client, breaker.keys.state, gap)
+        turn = 0
+
+    def call() -> None:
+        nonlocal turn
+        pool[turn % len(pool)].call(ok)
+        turn += 1
+
+    return CostScenario(f"closed_time_idle_{gap}", f"TIME window of 3,600 s, first call {label}",
+                        call, prepare=prepare)
+
+
 def half_open_probe(client: redis.Redis, name: str) -> CostScenario:
     """acquire + record of one probe; re-tripped before each batch, the first probe
     (OPEN -> HALF_OPEN, a transition) made there, so batches see steady HALF_OPEN."""
@@ -315,7 +389,7 @@ def record_wire(scenario: CostScenario) -> tuple[Any, ...]:
     return CountingConnection.last_script
 
 
-def build_scenarios(url: str, tag: str) -> list[CostScenario]:
+def build_scenarios(url: str, tag: str, calls: int = DEFAULT_CALLS) -> list[CostScenario]:
     """Every measured path, each on its own keys (names start with `tag`)."""
     client = counting_client(url)
     closed = exact_closed(client, f"{tag}-closed")
@@ -325,6 +399,9 @@ def build_scenarios(url: str, tag: str) -> list[CostScenario]:
     except ImportError:  # pybreaker: in the bench and test extras
         print("pybreaker is not installed: skipping its scenario", file=sys.stderr)
     return [*scenarios, closed, exact_closed_time(client, f"{tag}-time"),
+            steady_long_window(client, f"{tag}-time3600"),
+            *(idle_long_window(client, f"{tag}-idle{gap}", gap, label, calls)
+              for gap, label in IDLE_GAPS),
             half_open_probe(client, f"{tag}-half"), open_fast_fail(client, f"{tag}-open"),
             *(batched_closed(client, f"{tag}-batched-{k}", k) for k in BATCH_SIZES),
             policy_attempt(client, f"{tag}-policy"),
@@ -383,6 +460,15 @@ class Measured:
         if not scripts or any(s is None for s in scripts):
             return None
         return sum(s for s in scripts if s is not None) / (self.calls * len(scripts))
+
+    def batch_range(self) -> dict[str, int | None]:
+        """Min, median and max of the batches' per-call counts."""
+        values = sorted(c.total / self.calls for c in self.costs)
+        if not values:
+            return {"min_per_call": None, "median_per_call": None, "max_per_call": None}
+        return {"min_per_call": round(values[0]),
+                "median_per_call": round(statistics.median(values)),
+                "max_per_call": round(values[-1])}
 
     def spread(self) -> float | None:
         """(max - min) / mean of the batches' per-call counts."""
@@ -446,6 +532,13 @@ def ensure_valgrind() -> None:
                    stdout=subprocess.DEVNULL)
 
 
+#: A Functions library of the bench's own: a full GC of the Functions VM through FCALL
+#: (EVAL's collectgarbage cleans only EVAL's VM).
+GC_FUNCTION = "distbreaker_bench_gc"
+GC_LIBRARY = (f"#!lua name={GC_FUNCTION}\nredis.register_function('{GC_FUNCTION}', "
+              "function() collectgarbage('collect') return 1 end)")
+
+
 class CallgrindServer:
     """``redis-server`` under callgrind, collecting only inside `TOGGLES`; a `Meter`."""
 
@@ -457,6 +550,7 @@ class CallgrindServer:
         self.process: subprocess.Popen[bytes] | None = None
         self.version = "?"
         self._seen: set[str] = set()
+        self._gc_loaded = False
 
     @property
     def url(self) -> str:
@@ -499,10 +593,17 @@ class CallgrindServer:
                                f"{done.stdout}{done.stderr}")
 
     def zero(self) -> None:
-        """A full Lua GC first (uncounted): the GC steps Redis runs every 50 script calls
-        then collect this batch's garbage, not the previous scenario's."""
+        """A full Lua GC first (uncounted) in both of Redis's Lua VMs: EVAL's, and the
+        Functions VM that FCALL runs in (one VM for every library, so a tiny library of
+        the bench's own collects distbreaker's garbage too). The GC steps Redis runs
+        every 50 script calls then collect this batch's garbage, not the previous
+        scenario's."""
         with redis.Redis(port=self.port, socket_timeout=SLOW_SERVER_TIMEOUT) as admin:
             admin.eval("collectgarbage('collect')", 0)
+            if not self._gc_loaded:
+                admin.function_load(GC_LIBRARY, replace=True)
+                self._gc_loaded = True
+            admin.fcall(GC_FUNCTION, 0)
         self._control("-z")
 
     def dump(self, label: str) -> Cost:
@@ -559,7 +660,7 @@ def run_redis_cost(binary: str, calls: int, batches: int,
     ensure_valgrind()
     with CallgrindServer(binary, keep) as server:
         tag = f"cost-{secrets.token_hex(3)}"
-        results = measure(build_scenarios(server.url, tag), server, calls, batches)
+        results = measure(build_scenarios(server.url, tag, calls), server, calls, batches)
     if not any(m.per_call() for m in results):
         raise SystemExit(f"callgrind collected nothing: does {binary} have the symbols "
                          f"{', '.join(TOGGLES)}? (nm -D {binary})")
@@ -585,6 +686,7 @@ def cost_rows(results: Sequence[Measured]) -> list[dict[str, Any]]:
             "instructions_per_call": None if value is None else round(value),
             "in_script_per_call": None if script is None else round(script),
             "spread": None if spread is None else round(spread, 4),
+            **m.batch_range(),
             "round_trips_per_call": round(m.round_trips_per_call(), 3),
             "commands_per_call": {name: round(n, 3)
                                   for name, n in m.commands_per_call().items()},
@@ -600,20 +702,23 @@ def _k(value: float | None) -> str:
 
 
 def print_cost_table(rows: Sequence[dict[str, Any]]) -> None:
-    header = (f"{'call':52} {'instr/call':>10} {'in script':>10} {'x PING':>7} "
-              f"{'x pybreaker':>11} {'round trips':>11} {'spread':>7}")
+    header = (f"{'call':52} {'instr/call':>10} {'min..max':>17} {'in script':>10} "
+              f"{'x PING':>7} {'x pybreaker':>11} {'round trips':>11} {'spread':>7}")
     print(header)
     print("-" * len(header))
     for r in rows:
         spread = "-" if r["spread"] is None else f"{r['spread'] * 100:.1f}%"
         ping_ratio = r.get("x_PING")
         pyb_ratio = r.get("x_pybreaker")
-        print(f"{r['scenario']:52} {_k(r['instructions_per_call']):>10} "
+        span = (f"{_k(r.get('min_per_call'))}..{_k(r.get('max_per_call'))}"
+                if r.get("min_per_call") is not None else "-")
+        print(f"{r['scenario']:52} {_k(r['instructions_per_call']):>10} {span:>17} "
               f"{_k(r['in_script_per_call']):>10} "
               f"{'-' if ping_ratio is None else f'{ping_ratio:.2f}':>7} "
               f"{'-' if pyb_ratio is None else f'{pyb_ratio:.2f}':>11} "
               f"{r['round_trips_per_call']:11.2f} {spread:>7}")
-    print(f"\ninstr/call: server instructions per call (callgrind, collected in "
+    print(f"\ninstr/call: server instructions per call, the mean of the batches (min..max: "
+          "the cheapest and the\ndearest batch; callgrind, collected in "
           f"{' and '.join(TOGGLES)} only);\nin script: of which inside {SCRIPT_FUNCTION} "
           "(KEYS/ARGV, body, its commands, reply); round trips: requests\nthe client sent per call "
           "(a pipeline is one); spread: (max - min) / mean over the batches.")
@@ -678,9 +783,10 @@ def settle(idle: Any, processes: int, timeout: float = 30.0) -> None:
         time.sleep(0.005)
 
 
-def server_cpu(admin: redis.Redis) -> float:
+def server_cpu(admin: redis.Redis) -> tuple[float, float]:
+    """The server's CPU seconds so far: (user space, kernel)."""
     info = admin.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    return float(info["used_cpu_user"]), float(info["used_cpu_sys"])
 
 
 def command_calls(admin: redis.Redis) -> Counter[str]:
@@ -697,7 +803,8 @@ def run_ceiling(url: str, processes: int, seconds: float, rounds: int) -> list[d
     ready = ctx.Semaphore(0)
     tag = f"ceiling-{secrets.token_hex(3)}"
     admin = redis.Redis.from_url(url)
-    totals = [{"calls": 0, "cpu": 0.0, "wall": 0.0, "requests": 0} for _ in CEILING_SCENARIOS]
+    totals = [{"calls": 0, "cpu": 0.0, "user": 0.0, "wall": 0.0, "requests": 0}
+              for _ in CEILING_SCENARIOS]
     workers = [ctx.Process(target=ceiling_worker,
                            args=(url, tag, i, phase, counts, idle, ready), daemon=True)
                for i in range(processes)]
@@ -719,7 +826,9 @@ def run_ceiling(url: str, processes: int, seconds: float, rounds: int) -> list[d
                 wall = time.perf_counter() - started
                 settle(idle, processes)
                 after = command_calls(admin)
-                totals[s]["cpu"] += server_cpu(admin) - cpu
+                user, kernel = server_cpu(admin)
+                totals[s]["cpu"] += user + kernel - sum(cpu)
+                totals[s]["user"] += user - cpu[0]
                 totals[s]["calls"] += sum(counts[i * width + s] for i in range(processes)) - done
                 totals[s]["wall"] += wall
                 totals[s]["requests"] += sum(after[n] - commands[n] for n in sent)
@@ -738,7 +847,7 @@ def run_ceiling(url: str, processes: int, seconds: float, rounds: int) -> list[d
 def ceiling_rows(totals: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for (key, title, _), t in zip(CEILING_SCENARIOS, totals, strict=True):
-        calls, cpu = t["calls"], t["cpu"]
+        calls, cpu, user = t["calls"], t["cpu"], t.get("user", 0.0)
         rows.append({
             "key": key, "scenario": title, "calls": calls, "seconds": round(t["wall"], 3),
             "calls_per_second": round(calls / t["wall"], 1) if t["wall"] else 0.0,
@@ -746,13 +855,20 @@ def ceiling_rows(totals: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "server_cpu_share": round(cpu / t["wall"], 3) if t["wall"] else 0.0,
             "server_us_per_call": round(cpu / calls * 1e6, 2) if calls else None,
             "ceiling_calls_per_server_cpu_second": round(calls / cpu) if cpu > 0 else None,
+            # Redis's own work only (portable across hosts: the kernel's share of a
+            # request's socket work depends on the machine, a VM's especially)
+            "server_user_cpu_seconds": round(user, 3),
+            "kernel_share": round(1 - user / cpu, 3) if cpu > 0 else None,
+            "ceiling_calls_per_user_cpu_second": round(calls / user) if user > 0 else None,
             "requests_per_call": round(t["requests"] / calls, 3) if calls else None,
         })
     return rows
 
 
-def ceiling_ratio(rows: Sequence[dict[str, Any]]) -> float | None:
-    ceiling = {r["key"]: r["ceiling_calls_per_server_cpu_second"] for r in rows}
+def ceiling_ratio(rows: Sequence[dict[str, Any]],
+                  field: str = "ceiling_calls_per_server_cpu_second") -> float | None:
+    """distbreaker exact CLOSED's ceiling over pybreaker's (by total or user-space CPU)."""
+    ceiling = {r["key"]: r.get(field) for r in rows}
     if ceiling.get("closed") and ceiling.get("pybreaker_closed"):
         return round(ceiling["closed"] / ceiling["pybreaker_closed"], 3)
     return None
@@ -762,21 +878,31 @@ def print_ceiling_table(rows: Sequence[dict[str, Any]], processes: int) -> None:
     print(f"\nfleet ceiling: {processes} client processes, one redis-server "
           "(server CPU from INFO cpu)")
     header = (f"{'call':52} {'calls/s':>9} {'server CPU':>10} {'us/call':>8} "
-              f"{'ceiling calls/s':>15} {'requests':>8}")
+              f"{'ceiling calls/s':>15} {'kernel':>6} {'user-CPU ceiling':>16} {'requests':>8}")
     print(header)
     print("-" * len(header))
     for r in rows:
         us = r["server_us_per_call"]
         ceiling = r["ceiling_calls_per_server_cpu_second"]
+        user = r.get("ceiling_calls_per_user_cpu_second")
+        kernel = r.get("kernel_share")
         print(f"{r['scenario']:52} {r['calls_per_second']:9,.0f} "
               f"{r['server_cpu_share'] * 100:9.0f}% {'-' if us is None else f'{us:.1f}':>8} "
               f"{'-' if ceiling is None else f'{ceiling:,}':>15} "
+              f"{'-' if kernel is None else f'{kernel * 100:.0f}%':>6} "
+              f"{'-' if user is None else f'{user:,}':>16} "
               f"{r['requests_per_call'] or 0:8.2f}")
-    ratio = ceiling_ratio(rows)
-    if ratio is not None:
-        print(f"  distbreaker exact / pybreaker ceiling: {ratio:.2f}x")
+    for label, field in (("server CPU", "ceiling_calls_per_server_cpu_second"),
+                         ("Redis user-space CPU", "ceiling_calls_per_user_cpu_second")):
+        ratio = ceiling_ratio(rows, field)
+        if ratio is not None:
+            print(f"  distbreaker exact / pybreaker ceiling, by {label}: {ratio:.2f}x")
     print("ceiling: calls per second of server CPU (user + sys), i.e. what one Redis core "
-          "sustains;\nrequests: commands the clients sent per call, counted by the server.")
+          "sustains here;\nkernel: the share of that CPU spent in the kernel (socket reads and "
+          "writes: a cheap command's\nceiling is set by it, and it depends on the host, a VM's "
+          "especially); user-CPU ceiling: calls\nper second of Redis's own user-space CPU, "
+          "portable across hosts; requests: commands the\nclients sent per call, counted by "
+          "the server.")
 
 
 # -- bench.py's command line -----------------------------------------------------------------

@@ -1,11 +1,18 @@
 #!/usr/bin/env python3
-"""Memory per breaker in Redis (MEMORY USAGE of every key), for docs/OPERATIONS.md.
+"""Memory per breaker, bulkhead, budget and Policy in Redis (MEMORY USAGE of every key),
+for docs/OPERATIONS.md.
 
-Usage: python scripts/measure_memory.py [REDIS_URL] [--window N] [--trips N] [--json]
-(default: an embedded redis-server, a window of 100, 10 trips).
+Usage: python scripts/measure_memory.py [REDIS_URL] [--window N] [--trips N]
+[--transitions N] [--json] (default: an embedded redis-server, a window of 100, 10
+trips, 1,000 transitions).
 
 Every key of the breaker's key schema (`BreakerKeys`, the pub/sub channel aside) is
-measured, so a key added to or renamed in the schema is measured too, not missed.
+measured, so a key added to or renamed in the schema is measured too, not missed; the
+bulkhead, budget and Policy rows measure every key of their name's hash tag. Each
+breaker row also gives the state record's content (its length) and the ratio of its
+MEMORY USAGE to it: a record grown piece by piece is over-allocated by Redis (up to
+twice its length); written whole when created it is sized exactly, and what remains is
+the allocator's size class and the key's own overhead (~70 bytes).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from typing import Any
 
 import redis
 
-from distbreaker import CircuitBreaker
+from distbreaker import Bulkhead, CircuitBreaker, Policy, RetryBudget
 from distbreaker._runtime.keys import BreakerKeys
 from distbreaker.demo.embedded import RedisServer
 
@@ -30,15 +37,26 @@ def key_sizes(client: redis.Redis, keys: BreakerKeys) -> dict[str, int]:
             for field in dataclasses.fields(keys) if field.name != "channel"}
 
 
-def measure(url: str, window: int, trips: int) -> list[dict[str, Any]]:
-    """One row per breaker shape: what it is, its keys' bytes and their total."""
+def component_row(client: redis.Redis, rows: list[dict[str, Any]], what: str,
+                  name: str) -> None:
+    """A row of every key of `name`'s hash tag (a bulkhead, a budget, a Policy's three)."""
+    sizes = {key.decode(): int(client.memory_usage(key) or 0)
+             for key in sorted(client.scan_iter(match=f"*{{{name}}}*"))}
+    rows.append({"breaker": what, "keys": sizes, "bytes": sum(sizes.values())})
+
+
+def measure(url: str, window: int, trips: int, transitions: int = 1000) -> list[dict[str, Any]]:
+    """One row per shape: what it is, its keys' bytes and their total."""
     client = redis.Redis.from_url(url)
     rows = []
     breakers: list[CircuitBreaker] = []
     try:
         def row(what: str, breaker: CircuitBreaker) -> None:
             sizes = key_sizes(client, breaker.keys)
-            rows.append({"breaker": what, "keys": sizes, "bytes": sum(sizes.values())})
+            content = int(client.strlen(breaker.keys.state))
+            rows.append({"breaker": what, "keys": sizes, "bytes": sum(sizes.values()),
+                         "record_content": content,
+                         "record_ratio": round(sizes["state"] / content, 3) if content else None})
 
         count = CircuitBreaker("mem-count", redis=url, sliding_window_size=window,
                                subscribe=False)
@@ -63,6 +81,33 @@ def measure(url: str, window: int, trips: int) -> list[dict[str, Any]]:
             tripped.reset()
         tripped.trip()
         row(f"COUNT {window}, tripped, {2 * trips + 1} history entries", tripped)
+
+        churned = CircuitBreaker("mem-churned", redis=url, sliding_window_size=window,
+                                 subscribe=False)
+        breakers.append(churned)
+        churned.call(lambda: None)
+        for i in range(transitions):
+            churned.trip() if i % 2 == 0 else churned.reset()
+        row(f"COUNT {window}, after {transitions:,} transitions", churned)
+
+        bulkhead = Bulkhead("mem-bulkhead", redis=url, max_concurrent_calls=25)
+        bulkhead.release(bulkhead.acquire())
+        component_row(client, rows, "bulkhead of 25, after one call", "mem-bulkhead")
+        bulkhead.close()
+
+        budget = RetryBudget("mem-budget", redis=url)
+        budget.deposit()
+        component_row(client, rows, "retry budget, after one deposit", "mem-budget")
+        budget.close()
+
+        policy = Policy("mem-policy", redis=url, bulkhead={"max_concurrent_calls": 25},
+                        retry={"max_attempts": 3}, budget=True)
+        policy.call(lambda: None)
+        component_row(client, rows, "Policy (breaker + bulkhead + budget), one call",
+                      "mem-policy")
+        for part in (policy.breaker, policy.bulkhead, policy.budget):
+            if part is not None:
+                part.close()
     finally:
         for breaker in breakers:
             breaker.close()
@@ -75,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("url", nargs="?", help="Redis URL (default: an embedded redis-server)")
     parser.add_argument("--window", type=int, default=100, help="count window size")
     parser.add_argument("--trips", type=int, default=10, help="trip/reset cycles")
+    parser.add_argument("--transitions", type=int, default=1000,
+                        help="trips and resets of the churned breaker")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
     server = None
@@ -83,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server = RedisServer().start()
         url = server.url
     try:
-        rows = measure(url, args.window, args.trips)
+        rows = measure(url, args.window, args.trips, args.transitions)
     finally:
         if server is not None:
             server.stop()
@@ -92,7 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     for r in rows:
         detail = ", ".join(f"{k} {v}" for k, v in r["keys"].items())
-        print(f"{r['breaker']:45s} {r['bytes']:6d} bytes  ({detail})")
+        record = (f"; record {r['record_content']} B of content, x{r['record_ratio']}"
+                  if r.get("record_content") else "")
+        print(f"{r['breaker']:50s} {r['bytes']:6d} bytes  ({detail}{record})")
     return 0
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from .name_chars import REFUSED_CHAR
+
 SCHEMA_VERSION = "2"
 DEFAULT_PREFIX = "distbreaker"
 MAX_NAME_LENGTH = 200
@@ -21,10 +23,10 @@ def validate_name(name: object) -> str:
         raise ValueError(f"name must be a str, got {type(name).__name__}")
     if not 1 <= len(name) <= MAX_NAME_LENGTH:
         raise ValueError(f"name must be 1-{MAX_NAME_LENGTH} characters, got {len(name)}")
-    bad = [c for c in name if not c.isprintable() or c.isspace()]
+    bad = REFUSED_CHAR.search(name)  # Unicode 14.0's rule, whatever Python's Unicode
     if bad:
         raise ValueError(f"name must not contain whitespace or control characters, "
-                         f"got {bad[0]!r} in {name!r}")
+                         f"got {bad.group()!r} in {name!r}")
     if name.startswith("}"):  # "{}...": an empty hash tag, so each key would get its own slot
         raise ValueError(f"name must not start with '}}' (Redis Cluster would spread its "
                          f"keys over several slots), got {name!r}")
@@ -37,7 +39,7 @@ def validate_prefix(prefix: object) -> str:
         raise ValueError(f"prefix must be a str, got {type(prefix).__name__}")
     if not 1 <= len(prefix) <= MAX_PREFIX_LENGTH:
         raise ValueError(f"prefix must be 1-{MAX_PREFIX_LENGTH} characters, got {len(prefix)}")
-    if any(c in "{}" or not c.isprintable() or c.isspace() for c in prefix):
+    if "{" in prefix or "}" in prefix or REFUSED_CHAR.search(prefix):
         raise ValueError(f"prefix must not contain braces, whitespace or control "
                          f"characters, got {prefix!r}")
     return prefix

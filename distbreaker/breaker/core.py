@@ -34,7 +34,7 @@ from .._runtime.classify import (
     classify_result,
 )
 from .._runtime.connection import db_of
-from .._runtime.events import Event, Listeners
+from .._runtime.events import Event, Listeners, rejection_event
 from .._runtime.health import RedisHealth, shared_health
 from .._runtime.keys import DEFAULT_PREFIX, BreakerKeys, validate_name
 from .._runtime.local import LocalScriptRunner
@@ -531,7 +531,7 @@ class BreakerCodec:
     def local_rejection(self, now: float) -> CallNotPermitted:
         """The rejection of a call the local view turned down (no round trip)."""
         state = self._view or State.OPEN
-        self._count_rejection(state.value)
+        self._count_rejection(str.__str__(state))  # its value (.value: a slower property)
         left = self._override_deadline - now if self._override_deadline else None
         return self._rejection(state, self._open_deadline - now, self._view_reason,
                                self._view_actor, left)
@@ -1070,10 +1070,12 @@ class BreakerCore:
 
     def _rejected(self, rejection: CallNotPermitted) -> CallNotPermitted:
         """Emit not_permitted for `rejection` (returned, for the caller to raise)."""
-        if "not_permitted" in self._listeners.wanted:
+        listeners = self._listeners
+        if "not_permitted" in listeners.wanted:
             state = rejection.state
-            why = rejection.reason or getattr(state, "value", str(state))
-            self._event("not_permitted", reason=why, error=rejection, state=state)
+            why = rejection.reason or str.__str__(state)  # a State is a str: its value
+            listeners.emit(rejection_event("not_permitted", "breaker", self.name, rejection,
+                                           why, state), "not_permitted")
         return rejection
 
     def _transition_events(self, event: Transition) -> None:

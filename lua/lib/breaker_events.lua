@@ -20,7 +20,7 @@ local function publish(events, K_HIST, channel, name, now)
   local event_errors = ''
   for _, e in ipairs(events) do
     local at = e[10] or now
-    local entry = {'XADD', K_HIST, 'MAXLEN', '1000', '*', 'from', e[1], 'to', e[2],
+    local entry = {'XADD', K_HIST, 'MAXLEN', '~', '1000', '*', 'from', e[1], 'to', e[2],
          'reason', e[3], 'at_ms', at, 'failure_rate', tostring(e[4]),
          'slow_rate', tostring(e[5]), 'gen', e[6], 'actor', e[7]}
     if e[8] ~= '' then entry[#entry + 1] = 'kind'; entry[#entry + 1] = e[8] end

@@ -9,7 +9,7 @@
 -- Time window: slot s (epoch second % size) is 5 u32 at byte WIN + 20 * slot:
 -- second, calls, failures, slow, ms.
 local floor, min, max = math.floor, math.min, math.max
-local rcall, pcall_, rep = redis.call, redis.pcall, string.rep
+local rcall, pcall_, rep, sub = redis.call, redis.pcall, string.rep, string.sub
 local layout = record_layout
 local WIN, COUNT_SLOT, TIME_SLOT = layout.WINDOW_AT, layout.COUNT_SLOT_BYTES,
                                    layout.TIME_SLOT_BYTES
@@ -40,39 +40,107 @@ local function read_bytes(key, off, count, width)
   return decode(rcall('GETRANGE', key, int(off), int(off + count * width - 1)), count, width)
 end
 
--- Time window: the seconds between the window's (window_sec) and this one (sec)
--- leave it. Answers true when the whole window is to be cleared (too old, or the
--- clock went back); else false and the totals less the evicted slots, whose offsets
--- are appended to `evicted_at` (zeroed when the record is written) up to n_evict.
-local function evict_time(key, sec, window_sec, window_size, calls, failures, slow, total_ms,
-                          evicted_at, n_evict)
-  if window_sec == 0 or sec - window_sec >= window_size or sec < window_sec then
-    return calls ~= 0 or window_sec ~= 0, calls, failures, slow, total_ms, n_evict
-  end
-  if calls > 0 then
-    for s = window_sec + 1, sec do
-      local off = WIN + TIME_SLOT * (s % window_size)
-      local old = read_bytes(key, off, 5, 4)
-      calls, failures, slow, total_ms = calls - old[2], failures - old[3], slow - old[4],
-                                        total_ms - old[5]
-      n_evict = n_evict + 1
-      evicted_at[n_evict] = off
+-- Zero runs of `n` bytes. string.rep builds a string byte by byte (about 20
+-- instructions a byte); a cut of one long zero string kept for the library's life is
+-- one copy. The last few lengths are kept too (a worker sees few window sizes and
+-- idle gaps): a kept string costs no allocation, which Lua's collector would pay
+-- for again in proportion. Longer runs than the longest TIME ring (a large COUNT
+-- window's reset) are built.
+local ZERO_KEPT, ZERO_LONG = 32, TIME_SLOT * 3600
+local zero_long = nil
+local zero_runs, n_zero_runs = {}, 0
+local function zeros(n)
+  local z = zero_runs[n]
+  if z then return z end
+  if n > ZERO_LONG then return rep('\0', n) end
+  if not zero_long then zero_long = rep('\0', ZERO_LONG) end
+  z = sub(zero_long, 1, n)
+  if n_zero_runs >= ZERO_KEPT then zero_runs, n_zero_runs = {}, 0 end
+  zero_runs[n], n_zero_runs = z, n_zero_runs + 1
+  return z
+end
+
+-- Time window eviction: the fields calls, failures, slow, ms (2-5 of each slot)
+-- summed over the `count` slots of the string s. Blocks of zero slots (seconds
+-- without calls) are skipped by one comparison with a kept string of zeros: Lua
+-- strings are interned, so the block's `sub` finds that string (no allocation) and
+-- the comparison is of two pointers. Other slots are decoded one by one, without
+-- tables.
+local BLOCK = 64
+local ZERO_BLOCK = rep('\0', TIME_SLOT * BLOCK)
+local SLOT_FORMAT = '>I4I4I4I4I4'
+local function sum_run(s, count, c, f, sl, ms)
+  if #s < count * TIME_SLOT then s = s .. rep('\0', count * TIME_SLOT - #s) end
+  local pos = 1
+  while count > 0 do
+    local k = min(count, BLOCK)
+    local bytes = k * TIME_SLOT
+    if k < BLOCK or sub(s, pos, pos + bytes - 1) ~= ZERO_BLOCK then
+      for at = pos, pos + bytes - 1, TIME_SLOT do
+        if packer then
+          local _, n, nf, ns, nms = packer.unpack(SLOT_FORMAT, s, at)
+          c, f, sl, ms = c + n, f + nf, sl + ns, ms + nms
+        else
+          local v = decode(s, 5, 4, at)
+          c, f, sl, ms = c + v[2], f + v[3], sl + v[4], ms + v[5]
+        end
+      end
     end
+    pos, count = pos + bytes, count - k
   end
-  return false, calls, failures, slow, total_ms, n_evict
+  return c, f, sl, ms
+end
+
+local function sum_slots(key, first, count, window_size)
+  local tail = min(count, window_size - first)
+  local at = WIN + TIME_SLOT * first
+  local c, f, sl, ms = sum_run(rcall('GETRANGE', key, int(at), int(at + TIME_SLOT * tail - 1)),
+                               tail, 0, 0, 0, 0)
+  if count > tail then
+    c, f, sl, ms = sum_run(rcall('GETRANGE', key, int(WIN),
+                                 int(WIN + TIME_SLOT * (count - tail) - 1)),
+                           count - tail, c, f, sl, ms)
+  end
+  return c, f, sl, ms
+end
+
+-- Time window: the seconds in (window_sec, sec] leave it: the slots of that run
+-- (from slot (window_sec + 1) % size, wrapping; the last one is this second's) are
+-- zeroed when the record is written, in one SETRANGE (two when the ring wraps).
+-- The totals lose what those slots held: read in one GETRANGE (two when it wraps),
+-- or, when the run is the larger part of the ring, the totals are the sum of the
+-- slots that stay. So any gap reads at most half the ring and writes one run, and
+-- idle seconds cost next to nothing (sum_run). Answers true when the whole window is
+-- to be cleared (the gap is >= the window, or the clock went back); else false, the
+-- totals and the evicted run's first slot and length (length 0 when the window held
+-- nothing: its slots hold no counts, a stale second is recognised by its second).
+local function evict_time(key, sec, window_sec, window_size, calls, failures, slow, total_ms)
+  if window_sec == 0 or sec - window_sec >= window_size or sec < window_sec then
+    return calls ~= 0 or window_sec ~= 0, calls, failures, slow, total_ms, 0, 0
+  end
+  if calls <= 0 then return false, calls, failures, slow, total_ms, 0, 0 end
+  local gap = sec - window_sec
+  local first = (window_sec + 1) % window_size
+  if gap * 2 <= window_size then
+    local c, f, sl, ms = sum_slots(key, first, gap, window_size)
+    calls, failures, slow, total_ms = calls - c, failures - f, slow - sl, total_ms - ms
+  else
+    calls, failures, slow, total_ms = sum_slots(key, (sec + 1) % window_size,
+                                                window_size - gap, window_size)
+  end
+  return false, calls, failures, slow, total_ms, first, gap
 end
 
 -- Time window record: this second's slot with the outcomes added (read first unless
--- cleared or evicted by this call, in which case it starts from zero); answers its
--- offset and its 5 values.
-local function record_time(key, now, window_size, cleared, evicted_at, n_evict, n, fails,
-                           slows, ms)
+-- cleared or evicted by this call, in which case it starts from zero: an evicted run
+-- ends with this second's slot); answers its offset and its 5 values.
+local function record_time(key, now, window_size, cleared, n_evict, n, fails, slows, ms)
   local sec = floor(now / 1000)
   local off = WIN + TIME_SLOT * (sec % window_size)
-  local cur = nil
-  for i = 1, n_evict do if evicted_at[i] == off then cur = {sec, 0, 0, 0, 0} end end
-  if cleared then cur = {sec, 0, 0, 0, 0} end
-  if not cur then
+  local cur
+  if cleared or n_evict > 0 then
+    cur = {sec, 0, 0, 0, 0}
+  else
     cur = read_bytes(key, off, 5, 4)
     if cur[1] ~= sec then cur = {sec, 0, 0, 0, 0} end
   end
@@ -145,20 +213,31 @@ local function record_many(key, head, window_size, ok, fails, slows, ms, values)
   return k, head, dn, df, ds, dms
 end
 
--- The window's writes (after the header): cleared whole (a new record is written at
--- full length, so record_one's BITFIELD SET never grows the string: its undo could
--- not shrink it back), the evicted time slots zeroed, this second's slot, the count
--- slots (from slot `from`, wrapping).
-local function write(key, whole, window_type, window_size, evicted_at, n_evict, time_slot_at,
-                     time_slot_values, n_count_slots, from, values)
+-- The time window's writes: the ring cleared whole, or the evicted run zeroed (one
+-- SETRANGE, two when the run wraps; its last slot is this second's), both with kept
+-- zero strings; then this second's slot.
+local function write_time(key, whole, window_size, evict_from, n_evict, slot_at, slot_values)
   if whole then
-    rcall('SETRANGE', key, WIN, rep('\0', (window_type == 0 and COUNT_SLOT or TIME_SLOT)
-                                          * window_size))
+    rcall('SETRANGE', key, WIN, zeros(TIME_SLOT * window_size))
+  elseif n_evict > 0 then
+    local tail = min(n_evict, window_size - evict_from)
+    rcall('SETRANGE', key, int(WIN + TIME_SLOT * evict_from), zeros(TIME_SLOT * tail))
+    if n_evict > tail then rcall('SETRANGE', key, WIN, zeros(TIME_SLOT * (n_evict - tail))) end
   end
-  for i = 1, n_evict do rcall('SETRANGE', key, evicted_at[i], rep('\0', TIME_SLOT)) end
-  if time_slot_at then
-    rcall('SETRANGE', key, time_slot_at, encode(time_slot_values, 1, 5, 4))
+  if slot_at then rcall('SETRANGE', key, int(slot_at), encode(slot_values, 1, 5, 4)) end
+end
+
+-- The window's writes (after the header): a time window's (write_time); a count
+-- window cleared whole (a new record is created at full length by the caller, so
+-- record_one's BITFIELD SET never grows the string: its undo could not shrink it
+-- back), then its slots (from slot `from`, wrapping).
+local function write(key, whole, window_type, window_size, evict_from, n_evict, time_slot_at,
+                     time_slot_values, n_count_slots, from, values)
+  if window_type ~= 0 then
+    return write_time(key, whole, window_size, evict_from, n_evict, time_slot_at,
+                      time_slot_values)
   end
+  if whole then rcall('SETRANGE', key, WIN, zeros(COUNT_SLOT * window_size)) end
   if n_count_slots > 0 then
     local tail = min(n_count_slots, window_size - from)
     local bytes = (tail == 1 and packer) and packer.pack('>I4', values[1])
@@ -170,6 +249,13 @@ local function write(key, whole, window_type, window_size, evicted_at, n_evict, 
   end
 end
 
+-- A new record's window, all zero (the caller writes the record in one piece, at
+-- its full length, so Redis sizes the string exactly).
+local function empty(window_type, window_size)
+  return zeros((window_type == 0 and COUNT_SLOT or TIME_SLOT) * window_size)
+end
+
 return {rate = rate, exceeded = exceeded, describe = describe, evict_time = evict_time,
         record_time = record_time, evicted = evicted, record_one = record_one,
-        record_many = record_many, write = write}
+        record_many = record_many, write = write,
+        empty = empty}

@@ -58,3 +58,26 @@ def corrupt(client: Any, keys: BreakerKeys, **fields: int) -> None:
     data = record_bytes(client, keys)
     assert data is not None, "no record to corrupt"
     raw_client(client).set(keys.state, encode_fields(data, **fields), keepttl=True)
+
+
+def age_time_window(client: Any, keys: BreakerKeys, gap: int, per_second: int = 10,
+                    ms: int = 50) -> None:
+    """Rewrite a TIME window's record as if its last call was `gap` seconds ago (by the
+    server's clock), after a window whose every second saw `per_second` successful
+    calls taking `ms` in all: the most a first call after that gap has to evict.
+    Keeps the TTL; the TTL refresh is as old as that last call."""
+    import struct
+
+    from distbreaker._runtime.state_record import WINDOW_OFFSET
+
+    raw = raw_client(client)
+    data = raw.get(keys.state)
+    assert isinstance(data, bytes), "no record to age"
+    size = decode_record(data)["window_size"]
+    seconds, _ = raw.time()
+    last = int(seconds) - gap
+    slots = b"".join(struct.pack(">5I", last - (last - i) % size, per_second, 0, 0, ms)
+                     for i in range(size))
+    header = encode_fields(data, wsec=last, ttl_at=last * 1000, calls=per_second * size,
+                           failures=0, slow=0, total_ms=ms * size)
+    raw.set(keys.state, header[:WINDOW_OFFSET] + slots, keepttl=True)

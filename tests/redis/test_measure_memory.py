@@ -16,7 +16,8 @@ SCRIPT = ROOT / "scripts" / "measure_memory.py"
 
 
 def measure(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), url, "--trips", "2", *args],
+    return subprocess.run([sys.executable, str(SCRIPT), url, "--trips", "2", "--transitions",
+                           "200", *args],
                           capture_output=True, text=True, timeout=120, check=False, cwd=ROOT)
 
 
@@ -28,17 +29,27 @@ def rows(url: str, window: int) -> list[dict[str, Any]]:
 
 def test_measures_every_key_of_each_breaker_shape(redis_url: str,
                                                   redis_client: redis.Redis) -> None:
-    idle, timed, tripped = rows(redis_url, 10)
-    assert [r["breaker"] for r in (idle, timed, tripped)] == [
+    idle, timed, tripped, churned, bulkhead, budget, policy = rows(redis_url, 10)
+    assert [r["breaker"] for r in (idle, timed, tripped, churned)] == [
         "COUNT window of 10, idle (full window)", "TIME window of 60 s, one call",
-        "COUNT 10, tripped, 5 history entries"]
-    for row in (idle, timed, tripped):
+        "COUNT 10, tripped, 5 history entries", "COUNT 10, after 200 transitions"]
+    for row in (idle, timed, tripped, churned):
         assert set(row["keys"]) == {"state", "meta", "probes", "history"}
         assert row["bytes"] == sum(row["keys"].values())
         assert row["keys"]["state"] > 0 and row["keys"]["meta"] > 0
         assert row["keys"]["probes"] == 0  # no probe in flight
     assert idle["keys"]["history"] == timed["keys"]["history"] == 0
     assert tripped["keys"]["history"] > 0  # the trips and resets are in the history
+    assert churned["keys"]["history"] > tripped["keys"]["history"]
+    for row in (idle, timed, tripped, churned):
+        # written whole when created, the record is sized exactly: what MEMORY USAGE
+        # adds to its content is the allocator's size class and the key's own
+        # overhead, not the up-to-2x of a string grown piece by piece
+        assert row["keys"]["state"] - row["record_content"] < 160, row
+    assert [list(r["keys"]) for r in (bulkhead, budget)] == [
+        ["distbreaker:v2:{mem-bulkhead}:bh:meta"], ["distbreaker:v2:{mem-budget}:rb"]]
+    assert {k.split(":", 3)[3] for k in policy["keys"]} == {"bh:meta", "cb", "cb:meta", "rb"}
+    assert all(v > 0 for r in (bulkhead, budget, policy) for v in r["keys"].values())
     # A bigger window is a bigger state record.
     redis_client.flushall()
     bigger = rows(redis_url, 200)[0]
@@ -49,4 +60,5 @@ def test_prints_one_line_per_breaker(redis_url: str) -> None:
     done = measure(redis_url, "--window", "10")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert len(lines) == 3 and all(" bytes  (state " in line for line in lines), done.stdout
+    assert len(lines) == 7 and all(" bytes  (" in line for line in lines), done.stdout
+    assert all(" bytes  (state " in line for line in lines[:4]), done.stdout

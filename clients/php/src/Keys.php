@@ -16,7 +16,10 @@ final class Keys
     public const MAX_NAME_LENGTH = 200;
     public const MAX_PREFIX_LENGTH = 100;
 
-    /** A protected name: 1-200 printable characters, no whitespace or control characters, not starting with '}'. */
+    /**
+     * A protected name: 1-200 printable characters, no whitespace or control characters, not starting with '}'.
+     * "Printable" is fixed on Unicode 14.0 (NameChars, generated with the Python client's table), not PCRE's.
+     */
     public static function validateName(string $name): string
     {
         $length = preg_match('//u', $name) === 1 ? preg_match_all('/./us', $name) : -1;
@@ -27,7 +30,7 @@ final class Keys
                 $length < 0 ? 'invalid UTF-8' : (string) $length,
             ));
         }
-        if (preg_match('/[\p{C}\p{Z}\s]/u', $name) === 1) {
+        if (preg_match(NameChars::REFUSED, $name) === 1) {
             throw new \InvalidArgumentException("name must not contain whitespace or control characters, got '{$name}'");
         }
         if (str_starts_with($name, '}')) {
@@ -44,7 +47,7 @@ final class Keys
         if ($length < 1 || $length > self::MAX_PREFIX_LENGTH) {
             throw new \InvalidArgumentException(sprintf('prefix must be 1-%d characters, got %s', self::MAX_PREFIX_LENGTH, (string) $length));
         }
-        if (preg_match('/[{}\p{C}\p{Z}\s]/u', $prefix) === 1) {
+        if (str_contains($prefix, '{') || str_contains($prefix, '}') || preg_match(NameChars::REFUSED, $prefix) === 1) {
             throw new \InvalidArgumentException("prefix must not contain braces, whitespace or control characters, got '{$prefix}'");
         }
         return $prefix;
