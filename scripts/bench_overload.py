@@ -92,6 +92,10 @@ ADAPTIVE_DEFAULTS: dict[str, Any] = {"min_limit": 1}
 
 # -- per-process limiters (the baselines) ---------------------------------------------
 
+class LocalFull(Exception):
+    """A per-process limiter refused a call."""
+
+
 class LocalLimiter:
     """A per-process concurrency limiter: non-blocking acquire, `on_sample` moves it."""
 
@@ -241,7 +245,7 @@ class Protection:
 
     def _call_local(self, local: LocalLimiter, fn: Callable[[], int], arrived: float) -> int:
         if not local.acquire():
-            raise BulkheadFull("per-process limit")  # type: ignore[call-arg]
+            raise LocalFull("per-process limit")
         started = time.time()
         dropped = True
         try:
@@ -333,7 +337,7 @@ def call_loop(protection: Protection, caller: Caller, tally: Tally, begin: float
         outcome, ran = "ok", True
         try:
             protection.call(caller, arrival)
-        except BulkheadFull:
+        except (BulkheadFull, LocalFull):
             outcome, ran = "rejected", False
         except CallNotPermitted:
             outcome, ran = "not_permitted", False
@@ -395,6 +399,7 @@ class Options:
     slo: float
     timeout: float
     tuning: tuple[tuple[str, Any], ...] = ()
+    limits: tuple[int, ...] = ()    # the fixed limits swept (default C/2 .. 2C)
 
     @property
     def warmup(self) -> float:
@@ -442,6 +447,7 @@ class LimitPoller:
 
     def __init__(self, admin: redis.Redis, name: str, start: float, end: float) -> None:
         self.points: list[tuple[float, float]] = []
+        self.detail: list[list[str]] = []   # a_rtt_s, a_rtt_l, a_why per point
         self._admin, self._key, self._start, self._end = admin, None, start, end
         for key in admin.scan_iter(match=f"*{{{name}}}:bh:meta", count=1000):
             self._key = key
@@ -457,9 +463,11 @@ class LimitPoller:
                     self._key = key
             if self._key is not None and now >= self._start:
                 with contextlib.suppress(redis.RedisError, TypeError, ValueError):
-                    value = self._admin.hget(self._key, "a_limit")
+                    value, *more = self._admin.hmget(self._key, "a_limit", "a_rtt_s",
+                                                     "a_rtt_l", "a_why")
                     if value is not None:
                         self.points.append((round(now - self._start, 3), float(value)))
+                        self.detail.append([m.decode() if m else "" for m in more])
             time.sleep(POLL)
 
     def join(self) -> list[tuple[float, float]]:
@@ -544,9 +552,12 @@ class Fleet:
         redis_after = command_stats(self.admin)
         stats = self.upstream.get("/stats")
         limits = poller.join() if poller is not None else None
-        return summarize(spec, tallies, stats, seconds, measure_from,
-                         (redis_after[0] - redis_before[0], redis_after[1] - redis_before[1]),
-                         limits)
+        result = summarize(spec, tallies, stats, seconds, measure_from,
+                           (redis_after[0] - redis_before[0], redis_after[1] - redis_before[1]),
+                           limits)
+        if poller is not None:
+            result["series"]["limit_detail"] = poller.detail
+        return result
 
 
 def summarize(spec: Spec, tallies: list[dict[str, Any]], stats: dict[str, Any],
@@ -679,11 +690,12 @@ class Bench:
             r["none"] = self.run(self.spec("none", "none"), o.seconds, o.warmup)
         if self.wanted("fixed"):
             fixed = {limit: self.run(self.spec(f"fixed_{limit}", "fixed", limit), o.seconds,
-                                     o.warmup) for limit in sweep_limits(C)}
+                                     o.warmup) for limit in o.limits or sweep_limits(C)}
             best = max(fixed, key=lambda limit: fixed[limit].get("goodput", -1.0))
             r["best_fixed"] = {**fixed[best], "sweep": {
                 str(limit): fixed[limit].get("goodput") for limit in sorted(fixed)}}
-            r["fixed_2x"] = fixed[2 * C]
+            if 2 * C in fixed:
+                r["fixed_2x"] = fixed[2 * C]
         for kind in ("adaptive", "aimd", "gradient"):
             if self.wanted(kind):
                 r[kind] = self.run(self.spec(kind, kind), o.seconds, o.warmup)
@@ -906,6 +918,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=4.0,
                         help="seconds per steady scenario and per phase of the others "
                              "(default 4)")
+    parser.add_argument("--limits", default="",
+                        help="comma-separated fixed limits to sweep (default C/2 .. 2C)")
     parser.add_argument("--adaptive", default="{}", metavar="JSON",
                         help='AdaptiveLimit fields for the adaptive scenarios, e.g. '
                              '\'{"tolerance": 1.3}\' (default: min 1, max 4C, the SLO as '
@@ -930,7 +944,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--adaptive: want a JSON object of AdaptiveLimit fields")
     options = Options(args.capacity, args.processes, args.threads, args.seconds,
                       args.base_latency, args.queue, args.sigma, args.load, args.slo,
-                      args.timeout, tuple(sorted(tuning.items())))
+                      args.timeout, tuple(sorted(tuning.items())),
+                      tuple(int(x) for x in args.limits.split(",") if x.strip()))
     try:
         adaptive_limit(options.capacity, options.slo, options.tuning)
     except (TypeError, ValueError) as error:

@@ -45,8 +45,8 @@ class AdaptiveLimit:
     max_limit: int = 200
     initial_limit: int | None = None
     backoff_ratio: float = 0.9
-    tolerance: float = 1.25
-    smoothing: float = 0.05
+    tolerance: float = 1.5
+    smoothing: float = 0.5
     sample_rate: float = 0.25
     latency_target: float | None = None
     probe_interval: float = 10.0

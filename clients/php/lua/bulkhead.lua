@@ -205,67 +205,95 @@ local function adaptive_state(raw, first, p)
 end
 
 -- Windows need this many successes (and `window` ms) before they close.
-local MIN_SAMPLES = 16
+local MIN_SAMPLES = 24
 
 -- A window closes: its mean latency `rtt` moves the limit (docs/ADAPTIVE.md). The
 -- reference is the mean latency at a limit the dependency cannot queue behind: the
--- first window's (at the initial limit), then one re-measured every `probe` ms at half
--- the limit. Above `tolerance` x the reference (or above the target) the limit is cut
--- to what the reference says holds no queue (limit x reference / rtt, at least half);
--- clearly below it (half the tolerance) and in use, it grows by smoothing x sqrt(limit)
--- x the growth windows in a row (slow after a cut, faster while nothing queues).
+-- first window's, averaged with the next ones that stay within the tolerance while the
+-- limit first grows (slow start, before any cut), then one re-measured every `probe`
+-- ms at half the limit. Above `tolerance` x the reference
+-- (or above the target) the limit is cut to what the reference says holds no queue
+-- (limit x reference / rtt, at least half); at the reference (within half the
+-- tolerance) and in use, it grows: x (1 + smoothing x 6) per window in slow start,
+-- then by smoothing x sqrt(limit) x the growth windows in a row (slow right after a
+-- cut, faster while nothing queues).
 local function close_window(st, p, rtt, in_use, now)
   st.rtt_s = rtt
-  local drain = 0
+  local starting = st.dec <= 0               -- slow start: nothing cut the limit yet
   if st.saved > 0 then                      -- a probe ends: the reference re-measured
     st.ref, st.limit, st.saved = rtt, st.saved, 0
     st.probe, st.why = now + p.probe, 'no-load latency re-measured'
   elseif st.ref <= 0 then
     st.ref, st.probe, st.why = rtt, now + p.probe, 'no-load latency measured'
+  elseif starting and rtt < st.ref * 1.05 then  -- no queue yet in slow start: averaged in
+    st.ref = (st.ref + rtt) / 2
   elseif now >= st.probe and st.probe > 0 then  -- a probe starts: half the limit
     st.saved = st.limit
     st.limit = math.max(p.min, st.limit / 2)
-    st.why, drain = 'measuring no-load latency', rtt
+    st.why = 'measuring no-load latency'
+  end
+  -- the next window counts calls that start after it opens: after a cut or at a
+  -- probe, once the calls of the old limit had time to leave the dependency's queue
+  local settle = math.floor(math.min(rtt, 4 * st.ref))
+  if st.saved > 0 or st.why == 'no-load latency re-measured' then
+    st.ws, st.wn, st.wsum = now + (st.saved > 0 and settle or 0), 0, 0
+    return
+  end
+  local target = p.target > 0 and p.target
+  if target and rtt > target then
+    st.limit = st.limit * math.max(0.5, target / rtt)
+    st.why, st.dec, st.streak = 'latency above the target', now, 0
+  elseif rtt > st.ref * p.tolerance then
+    st.limit = st.limit * math.max(0.5, st.ref / rtt)
+    st.why, st.dec, st.streak = 'latency far above the no-load level', now, 0
   else
-    local target = p.target > 0 and p.target < st.ref * p.tolerance and p.target
-    if target and rtt > target then
-      st.limit = st.limit * math.max(0.5, target / rtt)
-      st.why, st.dec, st.streak, drain = 'latency above the target', now, 0, rtt
-    elseif not target and rtt > st.ref * p.tolerance then
-      st.limit = st.limit * math.max(0.5, st.ref / rtt)
-      st.why, st.dec, st.streak, drain = 'latency above the no-load level', now, 0, rtt
-    elseif rtt <= st.ref * (1 + (p.tolerance - 1) / 2) and now >= st.pause
-        and in_use * 4 >= st.limit * 3 then
-      st.streak = math.min(st.streak + 1, 16)
-      st.limit = st.limit + p.smoothing * math.sqrt(st.limit) * st.streak
+    -- the queue the latency shows (Little: limit x (1 - reference / latency)), held
+    -- at `headroom`: a window above it takes part of the excess off, one below adds
+    local queued = st.limit * (1 - st.ref / rtt)
+    local headroom = math.max(0.5, 0.05 * st.limit)
+    if queued > headroom then
+      st.limit = st.limit - p.smoothing * (queued - headroom)
+      st.why, st.dec, st.streak = 'latency above the no-load level', now, 0
+    elseif now >= st.pause and in_use * 4 >= math.floor(st.limit) * 3 then
+      if starting then
+        st.limit = st.limit * 1.3
+      else
+        st.streak = math.min(st.streak + 1, 8)
+        st.limit = st.limit + p.smoothing * (headroom - math.max(0, queued))
+                   * (1 + st.streak / 2)
+      end
       st.why = 'latency at the no-load level: growing'
     end
   end
-  st.ws, st.wn, st.wsum = now + drain, 0, 0
+  st.ws, st.wn, st.wsum = now + (st.dec == now and settle or 0), 0, 0
 end
 
 -- One reported outcome: a failure, timeout or 429 multiplies the limit by `backoff`,
 -- at most once per window or last mean latency (a burst is one signal), and restarts
 -- the window; a 429's Retry-After also pauses increases. Successes (`weight` of them,
--- of mean latency `latency`) add to the open window, which closes once it has lasted
--- `window` ms and holds MIN_SAMPLES successes.
+-- of mean latency `latency`) add to the open window, which closes once it holds
+-- MIN_SAMPLES successes and has lasted `window` ms, or sooner when its mean is already
+-- above 1.5 x the tolerated latency (or the target): a queue building fast is cut fast.
 local function adapt(st, p, outcome, latency, retry_after, in_use, now, weight)
   local before = st.limit
   if outcome == 'drop' or outcome == '429' then
     if now - st.dec >= math.max(p.window, st.rtt_s) then
       st.limit, st.dec, st.streak = math.max(p.min, st.limit * p.backoff), now, 0
       st.why = outcome == '429' and 'overload (429)' or 'failure or timeout'
-      st.ws, st.wn, st.wsum = now + math.floor(st.rtt_s), 0, 0
+      st.ws, st.wn, st.wsum = now, 0, 0
     end
     if outcome == '429' and retry_after > 0 and now + retry_after > st.pause then
       st.pause = now + retry_after
       st.why = 'overload (429): increases paused'
     end
-  elseif outcome == 'ok' and now >= st.ws then
-    if st.wn <= 0 then st.ws = now end
+  elseif outcome == 'ok' and now - latency >= st.ws then
     st.wn, st.wsum = st.wn + weight, st.wsum + latency * weight
-    if st.wn >= MIN_SAMPLES and now - st.ws >= p.window then
-      close_window(st, p, st.wsum / st.wn, in_use, now)
+    if st.wn >= MIN_SAMPLES then
+      local rtt = st.wsum / st.wn
+      if now - st.ws >= p.window or (st.ref > 0 and (rtt > st.ref * p.tolerance * 1.5
+          or (p.target > 0 and rtt > p.target))) then
+        close_window(st, p, rtt, in_use, now)
+      end
     end
   end
   if st.limit < p.min then st.limit = p.min end
