@@ -134,13 +134,14 @@ end
 -- the no-load reference (a_rtt_l, 0: not measured yet), the server ms of the last
 -- decrease and until which increases are paused, why it last moved and when, the
 -- open window (start ms, successes, their latency sum), when the next probe of the
--- reference is due, the limit a probe restores (0: not probing), growth windows in a row.
+-- reference is due, the limit a probe restores (0: not probing), growth windows in a row,
+-- the server ms of the last 429.
 local A_FIELDS = {'a_limit', 'a_rtt_s', 'a_rtt_l', 'a_dec', 'a_pause', 'a_why', 'a_moved',
-                  'a_ws', 'a_wn', 'a_wsum', 'a_probe', 'a_saved', 'a_streak'}
+                  'a_ws', 'a_wn', 'a_wsum', 'a_probe', 'a_saved', 'a_streak', 'a_429'}
 local A_NUMERIC = {'%.3f', '%.3f', '%.3f', '%d', '%d', nil, '%d', '%d', '%d', '%d', '%d',
-                   '%.3f', '%d'}
+                   '%.3f', '%d', '%d'}
 local A_KEYS = {'limit', 'rtt_s', 'ref', 'dec', 'pause', 'why', 'moved', 'ws', 'wn', 'wsum',
-                'probe', 'saved', 'streak'}
+                'probe', 'saved', 'streak', 'r429'}
 local N_A = #A_FIELDS
 
 -- The adaptive state (meta a_* fields, `raw[first..]` in A_FIELDS order) as numbers.
@@ -196,30 +197,30 @@ local function close_window(st, p, rtt, in_use, now)
     return
   end
   local target = p.target > 0 and p.target
+  -- the queue the latency shows (Little: limit x (1 - reference / latency))
+  local queued = st.limit * (1 - st.ref / rtt)
+  local headroom = math.max(0.5, 0.05 * st.limit)
+  local growing = now >= st.pause and in_use * 4 >= math.floor(st.limit) * 3
   if target and rtt > target then
     st.limit = st.limit * math.max(0.5, target / rtt)
     st.why, st.dec, st.streak = 'latency above the target', now, 0
   elseif rtt > st.ref * p.tolerance then
     st.limit = st.limit * math.max(0.5, st.ref / rtt)
     st.why, st.dec, st.streak = 'latency far above the no-load level', now, 0
-  else
-    -- the queue the latency shows (Little: limit x (1 - reference / latency)), held
-    -- at `headroom`: a window above it takes part of the excess off, one below adds
-    local queued = st.limit * (1 - st.ref / rtt)
-    local headroom = math.max(0.5, 0.05 * st.limit)
-    if queued > headroom then
-      st.limit = st.limit - p.smoothing * (queued - headroom)
-      st.why, st.dec, st.streak = 'latency above the no-load level', now, 0
-    elseif now >= st.pause and in_use * 4 >= math.floor(st.limit) * 3 then
-      if starting then
-        st.limit = st.limit * 1.3
-      else
-        st.streak = math.min(st.streak + 1, 8)
-        st.limit = st.limit + p.smoothing * (headroom - math.max(0, queued))
-                   * (1 + st.streak / 2)
-      end
-      st.why = 'latency at the no-load level: growing'
+  elseif starting then                       -- slow start: x1.3 per window
+    if growing then
+      st.limit, st.why = st.limit * 1.3, 'slow start'
     end
+  elseif queued > headroom and not (st.r429 > 0 and now - st.r429 < 3 * p.probe) then
+    -- a dependency that queues (it answered no 429 lately): the queue is held at
+    -- `headroom`; a window above it takes part of the excess off
+    st.limit = st.limit - p.smoothing * (queued - headroom)
+    st.why, st.dec, st.streak = 'latency above the no-load level', now, 0
+  elseif growing then                        -- one below adds, faster window after window
+    st.streak = math.min(st.streak + 1, 8)
+    st.limit = st.limit + p.smoothing * math.max(headroom - math.max(0, queued), 0.1)
+               * (1 + st.streak / 2)
+    st.why = 'latency at the no-load level: growing'
   end
   st.ws, st.wn, st.wsum = now + (st.dec == now and settle or 0), 0, 0
 end
@@ -238,6 +239,7 @@ local function adapt(st, p, outcome, latency, retry_after, in_use, now, weight)
       st.why = outcome == '429' and 'overload (429)' or 'failure or timeout'
       st.ws, st.wn, st.wsum = now, 0, 0
     end
+    if outcome == '429' then st.r429 = now end
     if outcome == '429' and retry_after > 0 and now + retry_after > st.pause then
       st.pause = now + retry_after
       st.why = 'overload (429): increases paused'
@@ -246,7 +248,7 @@ local function adapt(st, p, outcome, latency, retry_after, in_use, now, weight)
     st.wn, st.wsum = st.wn + weight, st.wsum + latency * weight
     if st.wn >= MIN_SAMPLES then
       local rtt = st.wsum / st.wn
-      if now - st.ws >= p.window or (st.ref > 0 and (rtt > st.ref * p.tolerance * 1.5
+      if now - st.ws >= p.window or (st.ref > 0 and (rtt > st.ref * p.tolerance
           or (p.target > 0 and rtt > p.target))) then
         close_window(st, p, rtt, in_use, now)
       end
