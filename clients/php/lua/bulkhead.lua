@@ -245,6 +245,7 @@ local function close_window(st, p, rtt, in_use, now)
   local queued = st.limit * (1 - st.ref / rtt)
   local headroom = math.max(0.5, 0.05 * st.limit)
   local growing = now >= st.pause and in_use * 4 >= math.floor(st.limit) * 3
+  local refusing = st.r429 > 0 and now - st.r429 < 3 * p.probe   -- it answered 429 lately
   if target and rtt > target then
     st.limit = st.limit * math.max(0.5, target / rtt)
     st.why, st.dec, st.streak = 'latency above the target', now, 0
@@ -255,15 +256,16 @@ local function close_window(st, p, rtt, in_use, now)
     if growing then
       st.limit, st.why = st.limit * 1.3, 'slow start'
     end
-  elseif queued > headroom and not (st.r429 > 0 and now - st.r429 < 3 * p.probe) then
+  elseif queued > headroom and not refusing then
     -- a dependency that queues (it answered no 429 lately): the queue is held at
     -- `headroom`; a window above it takes part of the excess off
     st.limit = st.limit - p.smoothing * (queued - headroom)
     st.why, st.dec, st.streak = 'latency above the no-load level', now, 0
   elseif growing then                        -- one below adds, faster window after window
     st.streak = math.min(st.streak + 1, 8)
-    st.limit = st.limit + p.smoothing * math.max(headroom - math.max(0, queued), 0.1)
-               * (1 + st.streak / 2)
+    local room = headroom
+    if not refusing then room = math.max(headroom - math.max(0, queued), 0.2 * headroom) end
+    st.limit = st.limit + p.smoothing * room * (1 + st.streak / 2)
     st.why = 'latency at the no-load level: growing'
   end
   st.ws, st.wn, st.wsum = now + (st.dec == now and settle or 0), 0, 0
