@@ -389,6 +389,47 @@ end
 -- registered: the general path's lease removal, adapt() and writes, without its reads
 -- of the counters and the earliest lease. `in_use` for adapt() counts the live leases
 -- before this release (this one included), as the general path does.
+-- The usual success report: it adds to the open window without closing it. Only the
+-- window's fields are read and written; nil (nothing written) when the window closes
+-- or anything is unusual, and the full report below runs.
+local function window_add(k_leases, k_meta, token, ap, argv, now, ttl_ms, ttl_s)
+  local m = redis.pcall('HMGET', k_meta, 'waiters', 'ttl_until', 'a_limit', 'a_ws', 'a_wn',
+                        'a_wsum', 'a_rtt_l')
+  if m['err'] or (m[1] and m[1] ~= '0') or not tonumber(m[3]) then return nil end
+  local until_ms, ws, wn = tonumber(m[2] or 0), tonumber(m[4] or 0), tonumber(m[5] or 0)
+  local wsum, ref = tonumber(m[6] or 0), tonumber(m[7] or 0)
+  if not (until_ms and ws and wn and wsum and ref) then return nil end
+  local latency, weight = tonumber(argv[9]) or 0, math.max(1, tonumber(argv[11]) or 1)
+  local counted = now - latency >= ws
+  if counted then
+    wn, wsum = wn + weight, wsum + latency * weight
+    if wn >= MIN_SAMPLES then   -- adapt()'s test: does this report close the window?
+      local rtt = wsum / wn
+      if now - ws >= ap.window or (ref > 0 and (rtt > ref * ap.tolerance
+          or (ap.target > 0 and rtt > ap.target))) then
+        return nil
+      end
+    end
+  end
+  if not live_lease(k_leases, token, now) then return nil end
+  redis.call('ZREM', k_leases, token)
+  local refresh = refresh_due(until_ms, now, 0, ttl_ms)
+  local wn_s, wsum_s = string.format('%d', wn), string.format('%d', wsum)
+  if counted and refresh then
+    redis.call('HSET', k_meta, 'a_wn', wn_s, 'a_wsum', wsum_s, 'ttl_until',
+               string.format('%d', now + ttl_ms))
+  elseif counted then
+    redis.call('HSET', k_meta, 'a_wn', wn_s, 'a_wsum', wsum_s)
+  elseif refresh then
+    redis.call('HSET', k_meta, 'ttl_until', string.format('%d', now + ttl_ms))
+  end
+  if refresh then
+    redis.call('PEXPIRE', k_meta, ttl_s)
+    redis.call('PEXPIRE', k_leases, ttl_s)
+  end
+  return 1
+end
+
 local function fast_report(k_leases, k_meta, token, ap, argv, now, ttl_ms, ttl_s)
   local m = redis.pcall('HMGET', k_meta, 'waiters', 'ttl_until', 'limit', unpack(A_FIELDS))
   if m['err'] or (m[1] and m[1] ~= '0') or not tonumber(m[4]) then return nil end
@@ -741,7 +782,12 @@ return function(KEYS, ARGV, given_now)
   elseif op == 'release' and not reports then
     fast = fast_release(K_LEASES, K_META, token, now, ap)
   elseif op == 'release' and ap then
-    fast = fast_report(K_LEASES, K_META, token, ap, ARGV, now, ttl_ms, ttl_s)
+    if ARGV[8] == 'ok' then
+      fast = window_add(K_LEASES, K_META, token, ap, ARGV, now, ttl_ms, ttl_s)
+    end
+    if not fast then
+      fast = fast_report(K_LEASES, K_META, token, ap, ARGV, now, ttl_ms, ttl_s)
+    end
   end
   if fast then return fast end
   -- the general path; KEYS[3] may be left out: the leases key plus ':notify' (only
