@@ -58,6 +58,7 @@ import http.client
 import json
 import math
 import multiprocessing
+import os
 import queue
 import random
 import secrets
@@ -893,6 +894,57 @@ def print_table(document: dict[str, Any]) -> None:
         console.print(f"targets: {json.dumps(results['targets'])}")
 
 
+def check_plot_path(path: str) -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install matplotlib "
+                         "(or, in a distbreaker checkout: pip install '.[plot]')") from None
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise SystemExit(f"--plot {path}: cannot write into {folder}")
+
+
+def plot(document: dict[str, Any], path: str) -> None:
+    """Per upstream: the fleet limit through the capacity step (adaptive and the
+    per-process limiters' sums) and goodput over time at steady 2x overload."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = [kind for kind in UPSTREAMS if document.get(kind)]
+    capacity = document["run"]["capacity"]
+    fig, axes = plt.subplots(len(kinds), 2, figsize=(14, 4.5 * len(kinds)), squeeze=False)
+    for row, kind in enumerate(kinds):
+        results = document[kind]
+        step_axis, steady_axis = axes[row]
+        for key in STEP:
+            series = (results.get(key) or {}).get("series") or {}
+            if series.get("limit"):
+                step_axis.step(series["limit_t"], series["limit"], where="post",
+                               label=key.removeprefix("step_"), lw=1.2)
+        phase = document["run"]["seconds"]
+        low = max(1, round(capacity / 3))
+        step_axis.hlines([capacity, low, capacity], [0, phase, 2 * phase],
+                         [phase, 2 * phase, 3 * phase], colors="black", linestyles="--",
+                         lw=0.8, label="capacity")
+        step_axis.set_title(f"{kind}: fleet limit through C -> C/3 -> C")
+        step_axis.set_ylim(0, 4 * capacity)
+        for key in ("best_fixed", "fixed_2x", "adaptive", "aimd", "gradient"):
+            series = (results.get(key) or {}).get("series") or {}
+            if series.get("t"):
+                steady_axis.step(series["t"], series["goodput"], where="post", label=key,
+                                 lw=1.2)
+        steady_axis.set_title(f"{kind}: goodput (within the SLO) at 2x overload")
+        for axis in (step_axis, steady_axis):
+            axis.set_xlabel("seconds")
+            axis.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--url", help="Redis URL (default: $REDIS_URL, else spawn redis-server)")
@@ -929,7 +981,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--series", action="store_true",
                         help="keep the per-scenario time series in the JSON")
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="draw the fleet limit through the step and goodput over time")
     args = parser.parse_args(argv)
+    if args.plot:
+        check_plot_path(args.plot)
     only = {key.strip() for key in args.only.split(",") if key.strip()}
     unknown = only - set(SCENARIOS)
     if unknown:
@@ -965,6 +1021,9 @@ def main(argv: list[str] | None = None) -> int:
                 "wall_seconds": round(time.monotonic() - started, 1)},
         **results,
     }
+    if args.plot:
+        plot(document, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
     if not args.series:
         for results_of in results.values():
             for value in results_of.values():
