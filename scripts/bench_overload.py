@@ -29,7 +29,7 @@ within ``--slo`` per second. Protections compared:
 
 Scenarios, per upstream (``--upstream refusing|queueing|both``):
 
-- ``steady``: ``--load`` x capacity for ``--seconds`` (the first quarter a warm-up);
+- ``steady``: ``--load`` x capacity for ``--seconds``, after ``--warmup`` seconds;
 - ``step``: capacity C -> C/3 -> C, a third of the run each (3 x ``--seconds``);
   reports how long the fleet limit took to come within [C'/2, 1.5 C'] of the new
   capacity C' after each step (the adaptive limit is read from Redis every 50 ms;
@@ -402,10 +402,7 @@ class Options:
     tuning: tuple[tuple[str, Any], ...] = ()
     limits: tuple[int, ...] = ()    # the fixed limits swept (default C/2 .. 2C)
 
-    @property
-    def warmup(self) -> float:
-        """The unmeasured start of a steady scenario (whole buckets)."""
-        return max(BUCKET, round(self.seconds / 4 / BUCKET) * BUCKET)
+    warmup: float = 2.0             # a steady scenario's unmeasured start (seconds)
 
     def calls_per_second(self, upstream: str, capacity: int | None = None) -> float:
         """The upstream's capacity in calls/s (C calls in flight each take base_latency)."""
@@ -688,10 +685,11 @@ class Bench:
     def steady(self) -> None:
         o, C, r = self.options, self.options.capacity, self.results
         if self.wanted("none"):
-            r["none"] = self.run(self.spec("none", "none"), o.seconds, o.warmup)
+            r["none"] = self.run(self.spec("none", "none"), o.warmup + o.seconds, o.warmup)
         if self.wanted("fixed"):
-            fixed = {limit: self.run(self.spec(f"fixed_{limit}", "fixed", limit), o.seconds,
-                                     o.warmup) for limit in o.limits or sweep_limits(C)}
+            fixed = {limit: self.run(self.spec(f"fixed_{limit}", "fixed", limit),
+                                     o.warmup + o.seconds, o.warmup)
+                     for limit in o.limits or sweep_limits(C)}
             best = max(fixed, key=lambda limit: fixed[limit].get("goodput", -1.0))
             r["best_fixed"] = {**fixed[best], "sweep": {
                 str(limit): fixed[limit].get("goodput") for limit in sorted(fixed)}}
@@ -699,7 +697,7 @@ class Bench:
                 r["fixed_2x"] = fixed[2 * C]
         for kind in ("adaptive", "aimd", "gradient"):
             if self.wanted(kind):
-                r[kind] = self.run(self.spec(kind, kind), o.seconds, o.warmup)
+                r[kind] = self.run(self.spec(kind, kind), o.warmup + o.seconds, o.warmup)
 
     def step(self) -> None:
         o, C = self.options, self.options.capacity
@@ -970,6 +968,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=4.0,
                         help="seconds per steady scenario and per phase of the others "
                              "(default 4)")
+    parser.add_argument("--warmup", type=float, default=2.0,
+                        help="seconds before a steady scenario is measured (default 2)")
     parser.add_argument("--limits", default="",
                         help="comma-separated fixed limits to sweep (default C/2 .. 2C)")
     parser.add_argument("--adaptive", default="{}", metavar="JSON",
@@ -1001,7 +1001,7 @@ def main(argv: list[str] | None = None) -> int:
     options = Options(args.capacity, args.processes, args.threads, args.seconds,
                       args.base_latency, args.queue, args.sigma, args.load, args.slo,
                       args.timeout, tuple(sorted(tuning.items())),
-                      tuple(int(x) for x in args.limits.split(",") if x.strip()))
+                      tuple(int(x) for x in args.limits.split(",") if x.strip()), args.warmup)
     try:
         adaptive_limit(options.capacity, options.slo, options.tuning)
     except (TypeError, ValueError) as error:
@@ -1017,7 +1017,7 @@ def main(argv: list[str] | None = None) -> int:
     document: dict[str, Any] = {
         "run": {"distbreaker": distbreaker.__version__, "redis": origin,
                 **{k: v for k, v in dataclasses.asdict(options).items() if k != "tuning"},
-                "adaptive": dict(options.tuning), "warmup": options.warmup,
+                "adaptive": dict(options.tuning),
                 "wall_seconds": round(time.monotonic() - started, 1)},
         **results,
     }

@@ -205,8 +205,19 @@ local function adaptive_state(raw, first, p)
   return st
 end
 
--- Windows need this many successes (and `window` ms) before they close.
+-- Windows need this many successes (and `window` ms) before they close, or a third
+-- of them and three windows' time (little traffic).
 local MIN_SAMPLES = 24
+
+-- Whether a window (opened at `ws`, `wn` successes of mean `rtt`) closes now: it is
+-- full, or its mean is already above the tolerated latency or the target.
+local function window_closes(p, ws, wn, rtt, ref, now)
+  if wn < MIN_SAMPLES / 3 then return false end
+  local age = now - ws
+  if wn < MIN_SAMPLES then return age >= 3 * p.window end
+  return age >= p.window or (ref > 0 and (rtt > ref * p.tolerance
+                                          or (p.target > 0 and rtt > p.target)))
+end
 
 -- A window closes: its mean latency `rtt` moves the limit (docs/ADAPTIVE.md). The
 -- reference is the mean latency at a limit the dependency cannot queue behind: the
@@ -219,6 +230,7 @@ local MIN_SAMPLES = 24
 -- then by smoothing x sqrt(limit) x the growth windows in a row (slow right after a
 -- cut, faster while nothing queues).
 local function close_window(st, p, rtt, in_use, now)
+  local previous = st.rtt_s
   st.rtt_s = rtt
   local starting = st.dec <= 0               -- slow start: nothing cut the limit yet
   if st.saved > 0 then                      -- a probe ends: the reference re-measured
@@ -243,13 +255,15 @@ local function close_window(st, p, rtt, in_use, now)
   local target = p.target > 0 and p.target
   -- the queue the latency shows (Little: limit x (1 - reference / latency))
   local queued = st.limit * (1 - st.ref / rtt)
-  local headroom = math.max(0.5, 0.05 * st.limit)
+  local headroom = math.max(1, 0.05 * st.limit)
   local growing = now >= st.pause and in_use * 4 >= math.floor(st.limit) * 3
   local refusing = st.r429 > 0 and now - st.r429 < 3 * p.probe   -- it answered 429 lately
   if target and rtt > target then
     st.limit = st.limit * math.max(0.5, target / rtt)
     st.why, st.dec, st.streak = 'latency above the target', now, 0
-  elseif rtt > st.ref * p.tolerance then
+  elseif rtt > st.ref * p.tolerance and (starting or previous > st.ref * p.tolerance
+                                         or rtt > 2 * st.ref * p.tolerance) then
+    -- (two windows in a row, or one twice as far: one noisy window is only trimmed)
     st.limit = st.limit * math.max(0.5, st.ref / rtt)
     st.why, st.dec, st.streak = 'latency far above the no-load level', now, 0
   elseif starting then                       -- slow start: x1.3 per window
@@ -259,13 +273,16 @@ local function close_window(st, p, rtt, in_use, now)
   elseif queued > headroom and not refusing then
     -- a dependency that queues (it answered no 429 lately): the queue is held at
     -- `headroom`; a window above it takes part of the excess off
-    st.limit = st.limit - p.smoothing * (queued - headroom)
+    st.limit = st.limit - math.min(p.smoothing * (queued - headroom), 0.25 * st.limit)
     st.why, st.dec, st.streak = 'latency above the no-load level', now, 0
   elseif growing then                        -- one below adds, faster window after window
     st.streak = math.min(st.streak + 1, 8)
     local room = headroom
     if not refusing then room = math.max(headroom - math.max(0, queued), 0.2 * headroom) end
     st.limit = st.limit + p.smoothing * room * (1 + st.streak / 2)
+    if st.streak >= 3 and queued <= 0 then   -- no queue window after window: capacity
+      st.limit = st.limit * (1 + 0.05 * (st.streak - 2))   -- came back, find it sooner
+    end
     st.why = 'latency at the no-load level: growing'
   end
   st.ws, st.wn, st.wsum = now + (st.dec == now and settle or 0), 0, 0
@@ -292,12 +309,8 @@ local function adapt(st, p, outcome, latency, retry_after, in_use, now, weight)
     end
   elseif outcome == 'ok' and now - latency >= st.ws then
     st.wn, st.wsum = st.wn + weight, st.wsum + latency * weight
-    if st.wn >= MIN_SAMPLES then
-      local rtt = st.wsum / st.wn
-      if now - st.ws >= p.window or (st.ref > 0 and (rtt > st.ref * p.tolerance
-          or (p.target > 0 and rtt > p.target))) then
-        close_window(st, p, rtt, in_use, now)
-      end
+    if st.wn > 0 and window_closes(p, st.ws, st.wn, st.wsum / st.wn, st.ref, now) then
+      close_window(st, p, st.wsum / st.wn, in_use, now)
     end
   end
   if st.limit < p.min then st.limit = p.min end
@@ -447,13 +460,7 @@ local function window_add(k_leases, k_meta, token, ap, argv, now, ttl_ms, ttl_s)
   local counted = now - latency >= ws
   if counted then
     wn, wsum = wn + weight, wsum + latency * weight
-    if wn >= MIN_SAMPLES then   -- adapt()'s test: does this report close the window?
-      local rtt = wsum / wn
-      if now - ws >= ap.window or (ref > 0 and (rtt > ref * ap.tolerance
-          or (ap.target > 0 and rtt > ap.target))) then
-        return nil
-      end
-    end
+    if window_closes(ap, ws, wn, wsum / wn, ref, now) then return nil end  -- adapt() closes it
   end
   if not live_lease(k_leases, token, now) then return nil end
   redis.call('ZREM', k_leases, token)
