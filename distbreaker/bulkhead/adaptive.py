@@ -26,19 +26,20 @@ class AdaptiveLimit:
 
     It starts at `initial_limit` (default: `min_limit` x 4, within the bounds) and
     stays in [`min_limit`, `max_limit`]. Successes are gathered fleet-wide in windows
-    (`window` seconds and at least 16 calls); each window's mean latency is compared
-    with a **no-load reference**: the mean latency at a limit the dependency does not
-    queue behind (the first window's, re-measured every `probe_interval` seconds at
-    half the limit), which a standing queue therefore cannot become. Above `tolerance`
-    x the reference, or above `latency_target` (an SLO the limit never trades away),
-    the limit is cut to limit x reference / latency (at least half); at the reference
-    (within half the tolerance) and in use, it grows by `smoothing` x sqrt(limit) per
-    window, faster the more windows in a row grew. A failure, timeout or overload
-    answer multiplies it by `backoff_ratio` (at most once per window); an `Overloaded`
-    error's retry_after also pauses increases. `sample_rate`: a worker reports its
-    successes in batches of 1 / sample_rate (their count and mean latency), which
-    keeps the Redis cost of an adaptive limit close to a fixed one's. Failures,
-    timeouts and 429s are reported at once.
+    (`window` seconds and 24 calls); each window's mean latency is compared with a
+    **no-load reference**: the mean latency at a limit the dependency does not queue
+    behind (the first windows', re-measured every `probe_interval` seconds at half the
+    limit), which a standing queue therefore cannot become. Slow start grows it x1.3
+    per window. Above `tolerance` x the reference, or above `latency_target` (an SLO
+    the limit never trades away), it is cut to limit x reference / latency (at least
+    half); otherwise the queue the latency shows is held at a small headroom, with
+    `smoothing` as the gain. A failure, timeout or overload answer multiplies it by
+    `backoff_ratio` (at most once per window); an `Overloaded` error's retry_after
+    also pauses increases, and after a 429 the 429s, not the latency, mark the
+    capacity. `sample_rate`: a worker reports its successes in batches of
+    1 / sample_rate (count and mean latency), which keeps the Redis cost of an
+    adaptive limit close to a fixed one's. Failures, timeouts and 429s are reported
+    at once. docs/ADAPTIVE.md has the algorithm and when each parameter matters.
     """
 
     min_limit: int = 1

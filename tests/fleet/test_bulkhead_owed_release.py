@@ -27,10 +27,10 @@ from tests.helpers.waiting import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 LEASE = 60.0
 
-WORKER = """
+WORKER = f"""
 import sys
 from distbreaker import Bulkhead
-bulkhead = Bulkhead(sys.argv[2], redis=sys.argv[1], max_concurrent_calls=5, lease=%r,
+bulkhead = Bulkhead(sys.argv[2], redis=sys.argv[1], max_concurrent_calls=5, lease={LEASE!r},
                     redis_timeout=0.2, redis_retry_max_backoff=0.5)
 permits = [bulkhead.acquire() for _ in range(3)]
 print("held", flush=True)
@@ -39,13 +39,13 @@ for permit in permits:
     bulkhead.release(permit)
 print("released", flush=True)
 sys.stdin.readline()      # stays alive (its retry runs) until told to exit
-""" % LEASE
+"""
 
-AIO_WORKER = """
+AIO_WORKER = f"""
 import asyncio, sys
 from distbreaker.aio import Bulkhead
 async def main():
-    bulkhead = Bulkhead(sys.argv[2], redis=sys.argv[1], max_concurrent_calls=5, lease=%r,
+    bulkhead = Bulkhead(sys.argv[2], redis=sys.argv[1], max_concurrent_calls=5, lease={LEASE!r},
                         redis_timeout=0.2, redis_retry_max_backoff=0.5)
     permits = [await bulkhead.acquire() for _ in range(3)]
     print("held", flush=True)
@@ -56,7 +56,7 @@ async def main():
     print("released", flush=True)
     await loop.run_in_executor(None, sys.stdin.readline)
 asyncio.run(main())
-""" % LEASE
+"""
 
 
 @pytest.fixture

@@ -6,10 +6,9 @@ same real redis-server as the Python side; php-cli and php-redis are required.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
-
-import time
 
 import pytest
 import redis

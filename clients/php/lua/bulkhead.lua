@@ -219,16 +219,15 @@ local function window_closes(p, ws, wn, rtt, ref, now)
                                           or (p.target > 0 and rtt > p.target)))
 end
 
--- A window closes: its mean latency `rtt` moves the limit (docs/ADAPTIVE.md). The
--- reference is the mean latency at a limit the dependency cannot queue behind: the
--- first window's, averaged with the next ones that stay within the tolerance while the
--- limit first grows (slow start, before any cut), then one re-measured every `probe`
--- ms at half the limit. Above `tolerance` x the reference
--- (or above the target) the limit is cut to what the reference says holds no queue
--- (limit x reference / rtt, at least half); at the reference (within half the
--- tolerance) and in use, it grows: x (1 + smoothing x 6) per window in slow start,
--- then by smoothing x sqrt(limit) x the growth windows in a row (slow right after a
--- cut, faster while nothing queues).
+-- A window closes: its mean latency `rtt` moves the limit (docs/ADAPTIVE.md has the
+-- why). The reference is the mean latency at a limit the dependency cannot queue
+-- behind: the first window's, averaged with the next ones below 1.05 x it while the
+-- limit first grows (slow start, x1.3 per window), then re-measured every `probe` ms
+-- at half the limit. Above the target, or `tolerance` x the reference (two windows in
+-- a row, or twice that far, or in slow start), the limit is cut to what holds no queue
+-- (limit x reference / rtt, at least half). Otherwise the queue the latency shows
+-- (Little) is held at a headroom: trimmed above it, grown below it (faster window
+-- after window). After a 429 the 429s mark the capacity, not latency below tolerance.
 local function close_window(st, p, rtt, in_use, now)
   local previous = st.rtt_s
   st.rtt_s = rtt
