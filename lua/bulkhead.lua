@@ -107,12 +107,21 @@ local function memoized(parse)
   end
 end
 
+-- "min,max,initial,backoff,tolerance,smoothing[,target_ms,probe_ms,window_ms]"; the
+-- last three default to none, 10000 and 200 (strings of six fields stay valid).
 local function parse_params(s)
-  local a, b, c, d, e, f = string.match(s, '^(%d+),(%d+),(%d+),(%d+),(%d+),(%d+)$')
+  local a, b, c, d, e, f, rest = string.match(s, '^(%d+),(%d+),(%d+),(%d+),(%d+),(%d+)(.*)$')
   a, b, c = tonumber(a), tonumber(b), tonumber(c)
   if not a or a < 1 or b < a or c < a or c > b then return false end
+  local target, probe, window = 0, 10000, 200
+  if rest ~= '' then
+    target, probe, window = string.match(rest, '^,(%d+),(%d+),(%d+)$')
+    target, probe, window = tonumber(target), tonumber(probe), tonumber(window)
+    if not target or probe < 1 or window < 1 then return false end
+  end
   return {min = a, max = b, initial = c, backoff = tonumber(d) / 1000000,
-          tolerance = tonumber(e) / 1000000, smoothing = tonumber(f) / 1000000}
+          tolerance = tonumber(e) / 1000000, smoothing = tonumber(f) / 1000000,
+          target = target, probe = probe, window = window}
 end
 
 local parsed_params = memoized(parse_params)
@@ -121,66 +130,142 @@ local function adaptive_params(s)
   return parsed_params(s)
 end
 
-local A_FIELDS = {'a_limit', 'a_rtt_s', 'a_rtt_l', 'a_dec', 'a_pause', 'a_why', 'a_moved'}
+-- The adaptive state in meta: the limit, the last window's mean latency (a_rtt_s) and
+-- the no-load reference (a_rtt_l, 0: not measured yet), the server ms of the last
+-- decrease and until which increases are paused, why it last moved and when, the
+-- open window (start ms, successes, their latency sum), when the next probe of the
+-- reference is due, the limit a probe restores (0: not probing), growth windows in a row,
+-- the server ms of the last 429.
+local A_FIELDS = {'a_limit', 'a_rtt_s', 'a_rtt_l', 'a_dec', 'a_pause', 'a_why', 'a_moved',
+                  'a_ws', 'a_wn', 'a_wsum', 'a_probe', 'a_saved', 'a_streak', 'a_429'}
+local A_NUMERIC = {'%.3f', '%.3f', '%.3f', '%d', '%d', nil, '%d', '%d', '%d', '%d', '%d',
+                   '%.3f', '%d', '%d'}
+local A_KEYS = {'limit', 'rtt_s', 'ref', 'dec', 'pause', 'why', 'moved', 'ws', 'wn', 'wsum',
+                'probe', 'saved', 'streak', 'r429'}
+local N_A = #A_FIELDS
 
--- The adaptive state (meta a_* fields, read with the counters: m[7..13]) as numbers.
-local function adaptive_state(raw, p)
-  local m = {raw[7], raw[8], raw[9], raw[10], raw[11], raw[12], raw[13]}
-  local st = {raw = m, limit = tonumber(m[1]), rtt_s = tonumber(m[2]) or 0, rtt_l = tonumber(m[3]) or 0,
-              dec = tonumber(m[4]) or 0, pause = tonumber(m[5]) or 0, why = m[6] or '',
-              moved = tonumber(m[7]) or 0}
-  -- the values as read (nil: absent), so the writes compare numbers without parsing again
-  st.old = {st.limit, m[2] and st.rtt_s, m[3] and st.rtt_l, m[4] and st.dec, m[5] and st.pause,
-            m[6], m[7] and st.moved}
-  if not st.limit then st.limit, st.why, st.fresh = p.initial, 'initial', true end
+-- The adaptive state (meta a_* fields, `raw[first..]` in A_FIELDS order) as numbers.
+local function adaptive_state(raw, first, p)
+  local st = {raw = {}, old = {}}
+  for i = 1, N_A do
+    local text = raw[first + i - 1]
+    st.raw[i] = text
+    local v = text
+    if A_NUMERIC[i] then v = tonumber(text) end
+    st.old[i] = v
+    st[A_KEYS[i]] = v or (A_NUMERIC[i] and 0 or '')
+  end
+  if not st.old[1] then st.limit, st.why, st.fresh = p.initial, 'initial', true end
   if st.limit < p.min then st.limit = p.min end
   if st.limit > p.max then st.limit = p.max end
   return st
 end
 
--- One reported outcome moves the limit (Netflix concurrency-limits' Gradient2 with an
--- AIMD backoff): a failure, timeout or 429 multiplies it by `backoff`, at most once
--- per short-term RTT (a burst of failures is one signal); a 429's Retry-After also
--- pauses increases. A success feeds two moving averages of the latency (short: 1/10,
--- long: 1/100 per sample); the gradient min(1, max(0.5, tolerance * long / short))
--- shrinks the limit while latency rises above its long-run level, and, while the
--- limit is in use (in_use >= limit / 2) and not paused, sqrt(limit) of headroom is
--- added: limit = limit * (1 - smoothing) + (limit * gradient + sqrt(limit)) * smoothing.
--- `weight`: how many successful calls one reported success stands for (the client
--- reports a sample of them): the averages and the smoothing step as for that many.
+-- Windows need this many successes (and `window` ms) before they close, or a third
+-- of them and three windows' time (little traffic).
+local MIN_SAMPLES = 24
+
+-- Whether a window (opened at `ws`, `wn` successes of mean `rtt`) closes now: it is
+-- full, or its mean is already above the tolerated latency or the target.
+local function window_closes(p, ws, wn, rtt, ref, now)
+  if wn < MIN_SAMPLES / 3 then return false end
+  local age = now - ws
+  if wn < MIN_SAMPLES then return age >= 3 * p.window end
+  return age >= p.window or (ref > 0 and (rtt > ref * p.tolerance
+                                          or (p.target > 0 and rtt > p.target)))
+end
+
+-- A window closes: its mean latency `rtt` moves the limit (docs/ADAPTIVE.md has the
+-- why). The reference is the mean latency at a limit the dependency cannot queue
+-- behind: the first window's, averaged with the next ones below 1.05 x it while the
+-- limit first grows (slow start, x1.3 per window), then re-measured every `probe` ms
+-- at half the limit. Above the target, or `tolerance` x the reference (two windows in
+-- a row, or twice that far, or in slow start), the limit is cut to what holds no queue
+-- (limit x reference / rtt, at least half). Otherwise the queue the latency shows
+-- (Little) is held at a headroom: trimmed above it, grown below it (faster window
+-- after window). After a 429 the 429s mark the capacity, not latency below tolerance.
+local function close_window(st, p, rtt, in_use, now)
+  local previous = st.rtt_s
+  st.rtt_s = rtt
+  local starting = st.dec <= 0               -- slow start: nothing cut the limit yet
+  if st.saved > 0 then                      -- a probe ends: the reference re-measured
+    st.ref, st.limit, st.saved = rtt, st.saved, 0
+    st.probe, st.why = now + p.probe, 'no-load latency re-measured'
+  elseif st.ref <= 0 then
+    st.ref, st.probe, st.why = rtt, now + p.probe, 'no-load latency measured'
+  elseif starting and rtt < st.ref * 1.05 then  -- no queue yet in slow start: averaged in
+    st.ref = (st.ref + rtt) / 2
+  elseif now >= st.probe and st.probe > 0 then  -- a probe starts: half the limit
+    st.saved = st.limit
+    st.limit = math.max(p.min, st.limit / 2)
+    st.why = 'measuring no-load latency'
+  end
+  -- the next window counts calls that start after it opens: after a cut or at a
+  -- probe, once the calls of the old limit had time to leave the dependency's queue
+  local settle = math.floor(math.min(rtt, 4 * st.ref))
+  if st.saved > 0 or st.why == 'no-load latency re-measured' then
+    st.ws, st.wn, st.wsum = now + (st.saved > 0 and settle or 0), 0, 0
+    return
+  end
+  local target = p.target > 0 and p.target
+  -- the queue the latency shows (Little: limit x (1 - reference / latency))
+  local queued = st.limit * (1 - st.ref / rtt)
+  local headroom = math.max(1, 0.05 * st.limit)
+  local growing = now >= st.pause and in_use * 4 >= math.floor(st.limit) * 3
+  local refusing = st.r429 > 0 and now - st.r429 < 3 * p.probe   -- it answered 429 lately
+  if target and rtt > target then
+    st.limit = st.limit * math.max(0.5, target / rtt)
+    st.why, st.dec, st.streak = 'latency above the target', now, 0
+  elseif rtt > st.ref * p.tolerance and (starting or previous > st.ref * p.tolerance
+                                         or rtt > 2 * st.ref * p.tolerance) then
+    -- (two windows in a row, or one twice as far: one noisy window is only trimmed)
+    st.limit = st.limit * math.max(0.5, st.ref / rtt)
+    st.why, st.dec, st.streak = 'latency far above the no-load level', now, 0
+  elseif starting then                       -- slow start: x1.3 per window
+    if growing then
+      st.limit, st.why = st.limit * 1.3, 'slow start'
+    end
+  elseif queued > headroom and not refusing then
+    -- a dependency that queues (it answered no 429 lately): the queue is held at
+    -- `headroom`; a window above it takes part of the excess off
+    st.limit = st.limit - math.min(p.smoothing * (queued - headroom), 0.25 * st.limit)
+    st.why, st.dec, st.streak = 'latency above the no-load level', now, 0
+  elseif growing then                        -- one below adds, faster window after window
+    st.streak = math.min(st.streak + 1, 8)
+    local room = headroom
+    if not refusing then room = math.max(headroom - math.max(0, queued), 0.2 * headroom) end
+    st.limit = st.limit + p.smoothing * room * (1 + st.streak / 2)
+    if st.streak >= 3 and queued <= 0 then   -- no queue window after window: capacity
+      st.limit = st.limit * (1 + 0.05 * (st.streak - 2))   -- came back, find it sooner
+    end
+    st.why = 'latency at the no-load level: growing'
+  end
+  st.ws, st.wn, st.wsum = now + (st.dec == now and settle or 0), 0, 0
+end
+
+-- One reported outcome: a failure, timeout or 429 multiplies the limit by `backoff`,
+-- at most once per window or last mean latency (a burst is one signal), and restarts
+-- the window; a 429's Retry-After also pauses increases. Successes (`weight` of them,
+-- of mean latency `latency`) add to the open window, which closes once it holds
+-- MIN_SAMPLES successes and has lasted `window` ms, or sooner when its mean is already
+-- above 1.5 x the tolerated latency (or the target): a queue building fast is cut fast.
 local function adapt(st, p, outcome, latency, retry_after, in_use, now, weight)
   local before = st.limit
   if outcome == 'drop' or outcome == '429' then
-    if now - st.dec >= math.max(1, st.rtt_s) then
-      st.limit, st.dec = math.max(p.min, st.limit * p.backoff), now
+    if now - st.dec >= math.max(p.window, st.rtt_s) then
+      st.limit, st.dec, st.streak = math.max(p.min, st.limit * p.backoff), now, 0
       st.why = outcome == '429' and 'overload (429)' or 'failure or timeout'
+      st.ws, st.wn, st.wsum = now, 0, 0
     end
+    if outcome == '429' then st.r429 = now end
     if outcome == '429' and retry_after > 0 and now + retry_after > st.pause then
       st.pause = now + retry_after
       st.why = 'overload (429): increases paused'
     end
-  elseif outcome == 'ok' then
-    if st.rtt_l <= 0 then st.rtt_s, st.rtt_l = latency, latency end
-    local a_short, a_long, smoothing = 0.1, 0.01, p.smoothing
-    if weight > 1 then  -- the steps for `weight` reports, computed once per weight
-      local steps = p.steps
-      if not steps or p.n_steps >= 16 then steps, p.n_steps = {}, 0; p.steps = steps end
-      local w = steps[weight]
-      if not w then
-        w = {1 - 0.9 ^ weight, 1 - 0.99 ^ weight, 1 - (1 - smoothing) ^ weight}
-        steps[weight], p.n_steps = w, p.n_steps + 1
-      end
-      a_short, a_long, smoothing = w[1], w[2], w[3]
-    end
-    st.rtt_s = st.rtt_s + (latency - st.rtt_s) * a_short
-    st.rtt_l = st.rtt_l + (latency - st.rtt_l) * a_long
-    local short = math.max(st.rtt_s, 0.001)
-    local gradient = math.min(1, math.max(0.5, p.tolerance * math.max(st.rtt_l, 0.001) / short))
-    local grow = now >= st.pause and in_use * 2 >= st.limit
-    local target = st.limit * gradient + (grow and math.sqrt(st.limit) or 0)
-    if target < st.limit or grow then
-      st.limit = st.limit * (1 - smoothing) + target * smoothing
-      st.why = gradient < 1 and 'latency above its long-run level' or 'latency normal: growing'
+  elseif outcome == 'ok' and now - latency >= st.ws then
+    st.wn, st.wsum = st.wn + weight, st.wsum + latency * weight
+    if st.wn > 0 and window_closes(p, st.ws, st.wn, st.wsum / st.wn, st.ref, now) then
+      close_window(st, p, st.wsum / st.wn, in_use, now)
     end
   end
   if st.limit < p.min then st.limit = p.min end
@@ -188,25 +273,19 @@ local function adapt(st, p, outcome, latency, retry_after, in_use, now, weight)
   if math.floor(st.limit) ~= math.floor(before) then st.moved = now end
 end
 
--- Append field, value to `out` unless the stored one (st.old[i] as read, st.raw[i] as
--- text) is the same.
-local function changed(out, st, i, field, value, fmt)
-  if fmt then
-    if st.old[i] == value then return end
-    value = string.format(fmt, value)
-    if st.raw[i] == value then return end
-  elseif st.raw[i] == value then
-    return
-  end
-  out[#out + 1] = field; out[#out + 1] = value
-end
-
 local function adaptive_writes(st)
-  local out = {}
-  changed(out, st, 1, 'a_limit', st.limit, '%.3f'); changed(out, st, 2, 'a_rtt_s', st.rtt_s, '%.3f')
-  changed(out, st, 3, 'a_rtt_l', st.rtt_l, '%.3f'); changed(out, st, 4, 'a_dec', st.dec, '%d')
-  changed(out, st, 5, 'a_pause', st.pause, '%d'); changed(out, st, 6, 'a_why', st.why, nil)
-  changed(out, st, 7, 'a_moved', st.moved, '%d')
+  local out, raw, old = {}, st.raw, st.old
+  for i = 1, N_A do
+    local value, fmt = st[A_KEYS[i]], A_NUMERIC[i]
+    if fmt then
+      if old[i] ~= value then
+        local text = string.format(fmt, value)
+        if raw[i] ~= text then out[#out + 1] = A_FIELDS[i]; out[#out + 1] = text end
+      end
+    elseif raw[i] ~= value then
+      out[#out + 1] = A_FIELDS[i]; out[#out + 1] = value
+    end
+  end
   return out
 end
 
@@ -322,17 +401,50 @@ end
 -- registered: the general path's lease removal, adapt() and writes, without its reads
 -- of the counters and the earliest lease. `in_use` for adapt() counts the live leases
 -- before this release (this one included), as the general path does.
+-- The usual success report: it adds to the open window without closing it. Only the
+-- window's fields are read and written; nil (nothing written) when the window closes
+-- or anything is unusual, and the full report below runs.
+local function window_add(k_leases, k_meta, token, ap, argv, now, ttl_ms, ttl_s)
+  local m = redis.pcall('HMGET', k_meta, 'waiters', 'ttl_until', 'a_limit', 'a_ws', 'a_wn',
+                        'a_wsum', 'a_rtt_l')
+  if m['err'] or (m[1] and m[1] ~= '0') or not tonumber(m[3]) then return nil end
+  local until_ms, ws, wn = tonumber(m[2] or 0), tonumber(m[4] or 0), tonumber(m[5] or 0)
+  local wsum, ref = tonumber(m[6] or 0), tonumber(m[7] or 0)
+  if not (until_ms and ws and wn and wsum and ref) then return nil end
+  local latency, weight = tonumber(argv[9]) or 0, math.max(1, tonumber(argv[11]) or 1)
+  local counted = now - latency >= ws
+  if counted then
+    wn, wsum = wn + weight, wsum + latency * weight
+    if window_closes(ap, ws, wn, wsum / wn, ref, now) then return nil end  -- adapt() closes it
+  end
+  if not live_lease(k_leases, token, now) then return nil end
+  redis.call('ZREM', k_leases, token)
+  local refresh = refresh_due(until_ms, now, 0, ttl_ms)
+  local wn_s, wsum_s = string.format('%d', wn), string.format('%d', wsum)
+  if counted and refresh then
+    redis.call('HSET', k_meta, 'a_wn', wn_s, 'a_wsum', wsum_s, 'ttl_until',
+               string.format('%d', now + ttl_ms))
+  elseif counted then
+    redis.call('HSET', k_meta, 'a_wn', wn_s, 'a_wsum', wsum_s)
+  elseif refresh then
+    redis.call('HSET', k_meta, 'ttl_until', string.format('%d', now + ttl_ms))
+  end
+  if refresh then
+    redis.call('PEXPIRE', k_meta, ttl_s)
+    redis.call('PEXPIRE', k_leases, ttl_s)
+  end
+  return 1
+end
+
 local function fast_report(k_leases, k_meta, token, ap, argv, now, ttl_ms, ttl_s)
-  local m = redis.pcall('HMGET', k_meta, 'waiters', 'ttl_until', 'limit', 'a_limit', 'a_rtt_s',
-                        'a_rtt_l', 'a_dec', 'a_pause', 'a_why', 'a_moved')
+  local m = redis.pcall('HMGET', k_meta, 'waiters', 'ttl_until', 'limit', unpack(A_FIELDS))
   if m['err'] or (m[1] and m[1] ~= '0') or not tonumber(m[4]) then return nil end
   local until_ms, stored_limit = tonumber(m[2] or 0), tonumber(m[3] or 0)
   if not until_ms or not stored_limit then return nil end
   if not live_lease(k_leases, token, now) then return nil end
   local in_use = redis.call('ZCOUNT', k_leases, string.format('%d', now + 1), '+inf')
   redis.call('ZREM', k_leases, token)
-  local st = adaptive_state({nil, nil, nil, nil, nil, nil, m[4], m[5], m[6], m[7], m[8], m[9],
-                             m[10]}, ap)
+  local st = adaptive_state(m, 4, ap)
   adapt(st, ap, argv[8], tonumber(argv[9]) or 0, tonumber(argv[10]) or 0, in_use, now,
         math.max(1, tonumber(argv[11]) or 1))
   local w = adaptive_writes(st)
@@ -433,8 +545,7 @@ local function read_meta(c)
                                                                       m[5]
   if m[6] > 0 then c.until_ms = m[6] end
   if c.ap then
-    c.ast = adaptive_state({nil, nil, nil, nil, nil, nil, m[7], m[8], m[9], m[10], m[11], m[12],
-                            m[13]}, c.ap)
+    c.ast = adaptive_state(m, 7, c.ap)
     c.limit, c.limit_s = math.floor(c.ast.limit), string.format('%d', math.floor(c.ast.limit))
   end
   c.adapted = c.ast ~= nil and c.ast.fresh == true  -- a new limit is stored once
@@ -569,6 +680,7 @@ function OP.restart(c)
   local ast, ap = c.ast, c.ap
   if ast then
     ast.limit, ast.why, ast.moved, ast.pause = ap.min, 'restart after a recovery', c.now, 0
+    ast.saved, ast.streak, ast.ws, ast.wn, ast.wsum = 0, 0, c.now, 0, 0
     c.limit, c.limit_s = ap.min, string.format('%d', ap.min)
     c.adapted, c.wrote, c.meta_written = true, true, true
   end
@@ -676,7 +788,12 @@ return function(KEYS, ARGV, given_now)
   elseif op == 'release' and not reports then
     fast = fast_release(K_LEASES, K_META, token, now, ap)
   elseif op == 'release' and ap then
-    fast = fast_report(K_LEASES, K_META, token, ap, ARGV, now, ttl_ms, ttl_s)
+    if ARGV[8] == 'ok' then
+      fast = window_add(K_LEASES, K_META, token, ap, ARGV, now, ttl_ms, ttl_s)
+    end
+    if not fast then
+      fast = fast_report(K_LEASES, K_META, token, ap, ARGV, now, ttl_ms, ttl_s)
+    end
   end
   if fast then return fast end
   -- the general path; KEYS[3] may be left out: the leases key plus ':notify' (only

@@ -91,6 +91,27 @@ class BulkheadShell(BulkheadCore):
         """Permits of the fallback semaphore held now (in this process / event loop)."""
         raise NotImplementedError
 
+    def _retry_owed_later(self) -> None:
+        """Make sure `flush_owed_releases` runs every OWED_RETRY_EVERY seconds while
+        releases are owed (a thread, or a task of the running loop)."""
+        raise NotImplementedError
+
+    async def flush_owed_releases(self) -> int:
+        """Send the releases an outage kept from Redis (each as soon as Redis is usable
+        again); how many are still owed."""
+        codec = self._codec
+        for token in codec.owed_tokens():
+            if not codec.health.usable():
+                break
+            try:
+                await self._run(codec.cancel_call(token))
+            except UNAVAILABLE_ERRORS as error:
+                codec.health.failed(error)
+                break
+            codec.health.succeeded()
+            codec.release_delivered(token)
+        return codec.releases_owed
+
     async def _release_pending(self, permit: BulkheadPermit,
                                error: BaseException | None = None) -> PendingCall | None:
         """The local part of a release; the script call still owed to Redis, if any."""
@@ -115,6 +136,8 @@ class BulkheadShell(BulkheadCore):
         fleet then runs at most `max_concurrent_calls` plus the number of holders frozen
         *during* their calls past their lease (see docs/OPERATIONS.md)."""
         attempt = self._codec.begin_acquire(priority)
+        if self._codec.releases_owed:  # (a Policy's pipelined release may have failed)
+            self._retry_owed_later()
         if attempt.via_redis:
             try:
                 await self._cancel_orphans(attempt)
@@ -174,6 +197,8 @@ class BulkheadShell(BulkheadCore):
         pending = await self._release_pending(permit, error)
         if pending is not None:
             await self._send_release(permit, pending)
+        if self._codec.releases_owed:
+            self._retry_owed_later()
 
     # -- the protected call ---------------------------------------------------------------
     async def check_lease(self, permit: BulkheadPermit) -> None:

@@ -8,6 +8,7 @@ only turns settings and outcomes into the script's arguments.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any
 
 from .._runtime.classify import parse_retry_after, status_of
@@ -24,17 +25,21 @@ class AdaptiveLimit:
     """A fleet-wide concurrency limit that finds the dependency's capacity.
 
     It starts at `initial_limit` (default: `min_limit` x 4, within the bounds) and
-    stays in [`min_limit`, `max_limit`]. A failure, timeout or overload answer
-    multiplies it by `backoff_ratio` (at most once per short-term latency: a burst is
-    one signal); an `Overloaded` error's retry_after also pauses increases. Successes
-    feed a short and a long moving average of the latency: while the short one stays
-    below `tolerance` x the long one and the limit is in use, it grows by about
-    sqrt(limit) per `1 / smoothing` successes; when latency rises above that, it
-    shrinks in proportion (Netflix concurrency-limits' Gradient2).
-    `sample_rate` is the share of successful calls whose outcome a worker reports (each
-    report weighs 1 / sample_rate successes in the averages and the growth step): it
-    keeps the Redis cost of an adaptive limit close to a fixed one's. Failures, timeouts
-    and 429s are always reported.
+    stays in [`min_limit`, `max_limit`]. Successes are gathered fleet-wide in windows
+    (`window` seconds and 24 calls); each window's mean latency is compared with a
+    **no-load reference**: the mean latency at a limit the dependency does not queue
+    behind (the first windows', re-measured every `probe_interval` seconds at half the
+    limit), which a standing queue therefore cannot become. Slow start grows it x1.3
+    per window. Above `tolerance` x the reference, or above `latency_target` (an SLO
+    the limit never trades away), it is cut to limit x reference / latency (at least
+    half); otherwise the queue the latency shows is held at a small headroom, with
+    `smoothing` as the gain. A failure, timeout or overload answer multiplies it by
+    `backoff_ratio` (at most once per window); an `Overloaded` error's retry_after
+    also pauses increases, and after a 429 the 429s, not the latency, mark the
+    capacity. `sample_rate`: a worker reports its successes in batches of
+    1 / sample_rate (count and mean latency), which keeps the Redis cost of an
+    adaptive limit close to a fixed one's. Failures, timeouts and 429s are reported
+    at once. docs/ADAPTIVE.md has the algorithm and when each parameter matters.
     """
 
     min_limit: int = 1
@@ -42,8 +47,11 @@ class AdaptiveLimit:
     initial_limit: int | None = None
     backoff_ratio: float = 0.9
     tolerance: float = 1.5
-    smoothing: float = 0.05
+    smoothing: float = 0.5
     sample_rate: float = 0.25
+    latency_target: float | None = None
+    probe_interval: float = 10.0
+    window: float = 0.2
 
     def __post_init__(self) -> None:
         check_int(self.min_limit, "min_limit", 1, 1_000_000)
@@ -53,11 +61,17 @@ class AdaptiveLimit:
                                min(self.max_limit, max(self.min_limit, 4 * self.min_limit)))
         check_int(self.initial_limit, "initial_limit", self.min_limit, self.max_limit)
         for field, low, high in (("backoff_ratio", 0.1, 0.999), ("tolerance", 1.0, 10.0),
-                                 ("smoothing", 0.001, 1.0), ("sample_rate", 0.01, 1.0)):
+                                 ("smoothing", 0.001, 1.0), ("sample_rate", 0.01, 1.0),
+                                 ("probe_interval", 0.1, 86400.0), ("window", 0.01, 60.0)):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not low <= value <= high:
                 raise ValueError(f"{field} must be a number in [{low}, {high}], got {value!r}")
+        target = self.latency_target
+        if target is not None and (isinstance(target, bool) or not isinstance(
+                target, (int, float)) or not 0.001 <= target <= 3600):
+            raise ValueError(f"latency_target must be None or seconds in [0.001, 3600], "
+                             f"got {target!r}")
 
     @classmethod
     def build(cls, value: AdaptiveLimit | dict[str, Any] | None) -> AdaptiveLimit | None:
@@ -71,19 +85,47 @@ class AdaptiveLimit:
             return cls(**value)
         raise TypeError(f"adaptive must be an AdaptiveLimit or a mapping, got {value!r}")
 
-    def report_weight(self, outcome: str, draw: float) -> float | None:
-        """How many successes a release's report stands for: None when this release
-        reports nothing (an unsampled success; `draw` is uniform in [0, 1))."""
-        if outcome != "ok" or self.sample_rate >= 1:
-            return 1.0
-        return 1.0 / self.sample_rate if draw < self.sample_rate else None
+    @property
+    def batch(self) -> int:
+        """Successes a worker gathers before it reports them (count and mean latency)."""
+        return max(1, round(1 / self.sample_rate))
 
     def wire(self) -> str:
         """ARGV[7] of the bulkhead script."""
+        target = 0 if self.latency_target is None else max(1, round(self.latency_target * 1000))
         return ",".join(str(v) for v in (
             self.min_limit, self.max_limit, self.initial_limit,
             round(self.backoff_ratio * _MILLION), round(self.tolerance * _MILLION),
-            round(self.smoothing * _MILLION)))
+            round(self.smoothing * _MILLION), target, max(1, round(self.probe_interval * 1000)),
+            max(1, round(self.window * 1000))))
+
+
+class SuccessBatch:
+    """One process's successes not reported yet: a report carries their count and mean
+    latency, every `size` of them (so the fleet's windows see every success)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.lock = threading.Lock()
+        self.count = 0
+        self.total_ms = 0.0
+
+    def add(self, latency_ms: float) -> tuple[int, int] | None:
+        """Add one success; (count, mean latency ms) when the batch is due, else None."""
+        with self.lock:
+            self.count += 1
+            self.total_ms += latency_ms
+            if self.count < self.size:
+                return None
+            count, mean = self.count, round(self.total_ms / self.count)
+            self.count, self.total_ms = 0, 0.0
+            return count, mean
+
+    def put_back(self, count: int, mean_ms: int) -> None:
+        """A report that did not reach Redis: its successes go with the next one."""
+        with self.lock:
+            self.count += count
+            self.total_ms += count * mean_ms
 
 
 def priority_level(priority: str | int | None) -> int:

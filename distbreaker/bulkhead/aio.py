@@ -19,6 +19,9 @@ from .core import Acquisition, BulkheadPermit, blocking_cap
 
 __all__ = ["Bulkhead"]
 
+#: How often releases an outage kept from Redis are tried again (when Redis is usable).
+OWED_RETRY_EVERY = 0.02
+
 
 class _PerLoop:
     """What belongs to one event loop: clients and the fallback semaphore."""
@@ -29,6 +32,7 @@ class _PerLoop:
         self.blocking_cap = 0.0
         self.fallback = asyncio.Semaphore(fallback_limit)
         self.fallback_in_use = 0
+        self.retrier: asyncio.Task[None] | None = None
 
 
 class Bulkhead(BulkheadShell):
@@ -134,6 +138,21 @@ class Bulkhead(BulkheadShell):
                     if codec.take_release(permit) and codec.health.usable():
                         self._in_background(self._cancel(permit.token))
                     raise
+
+    def _retry_owed_later(self) -> None:
+        """One task per event loop tries the owed releases until none is left."""
+        state = self._loop()
+        if state.retrier is None or state.retrier.done():
+            state.retrier = asyncio.get_running_loop().create_task(self._retry_owed())
+
+    async def _retry_owed(self) -> None:
+        while True:
+            try:
+                if not await self.flush_owed_releases():
+                    return
+            except Exception:
+                logger.exception("bulkhead %r: sending an owed release failed", self.name)
+            await asyncio.sleep(OWED_RETRY_EVERY)
 
     def _in_background(self, work: Awaitable[None]) -> None:
         """Finish `work` (a release cut short by a cancellation) in a kept task."""

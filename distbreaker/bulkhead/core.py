@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import random
 import secrets
 import threading
 import time
@@ -24,7 +23,7 @@ from .._runtime.keys import DEFAULT_PREFIX, BulkheadKeys, validate_name
 from .._runtime.options import to_ms
 from .._runtime.scripts import LuaScript, PendingCall, ScriptCall, load_script
 from ..errors import BulkheadFull
-from .adaptive import outcome_of, priority_level, priority_share
+from .adaptive import SuccessBatch, outcome_of, priority_level, priority_share
 from .config import BulkheadConfig, build_bulkhead_config
 
 logger = logging.getLogger("distbreaker")
@@ -161,6 +160,8 @@ class BulkheadCodec:
         self.lost_here = 0
         self._orphans_lock = threading.Lock()
         self._orphans: list[str] = []
+        self._owed: dict[str, float] = {}   # releases Redis did not get: token -> when
+        self._successes = SuccessBatch(config.adaptive.batch if config.adaptive else 1)
         self.listeners = Listeners(EVENT_KINDS, default=EVENT_KINDS)
         forking.register(self)
 
@@ -176,6 +177,8 @@ class BulkheadCodec:
         self.lost_here = 0
         self._orphans_lock = threading.Lock()
         self._orphans = []  # the parent's to cancel, not ours
+        self._owed = {}
+        self._successes = SuccessBatch(self._successes.size)
 
     # -- script calls -------------------------------------------------------------
     def _call(self, op: str, token: str, extra: int = 0, *tail: Any) -> ScriptCall:
@@ -265,6 +268,28 @@ class BulkheadCodec:
             if len(self._orphans) < 1000:
                 self._orphans.append(token)
 
+    def owe_release(self, token: str) -> None:
+        """A release that did not reach Redis (an outage): its lease would be held until
+        it expires, so it is sent again (`owed_releases`) as soon as Redis answers."""
+        with self._orphans_lock:
+            if len(self._owed) < 10_000:
+                self._owed.setdefault(token, time.monotonic())
+
+    def owed_tokens(self) -> list[str]:
+        """The tokens whose release is still owed to Redis (sent as a cancel: it drops the
+        lease without counting it lost if it expired meanwhile, and the outcome is not
+        reported twice); `release_delivered` forgets one once Redis had it."""
+        with self._orphans_lock:
+            return list(self._owed)
+
+    def release_delivered(self, token: str) -> None:
+        with self._orphans_lock:
+            self._owed.pop(token, None)
+
+    @property
+    def releases_owed(self) -> int:
+        return len(self._owed)
+
     def take_orphans(self) -> list[str]:
         with self._orphans_lock:
             tokens, self._orphans = self._orphans, []
@@ -313,10 +338,15 @@ class BulkheadCodec:
             return None
         adaptive = self.config.adaptive
         outcome, retry_after_ms = outcome_of(error) if adaptive is not None else ("", 0)
-        weight = adaptive.report_weight(outcome, random.random()) if adaptive else None
-        if outcome and weight is not None:
+        batch: tuple[int, int] | None = None
+        if outcome == "ok":
+            batch = self._successes.add(max(0.0, (time.monotonic() - permit.acquired_at)
+                                            * 1000))
+            call = (self.release_call(permit.token) if batch is None else
+                    self.release_call(permit.token, "ok", batch[1], 0, batch[0]))
+        elif outcome:
             latency_ms = max(0, to_ms(time.monotonic() - permit.acquired_at))
-            call = self.release_call(permit.token, outcome, latency_ms, retry_after_ms, weight)
+            call = self.release_call(permit.token, outcome, latency_ms, retry_after_ms)
         else:
             call = self.release_call(permit.token)
 
@@ -326,7 +356,10 @@ class BulkheadCodec:
 
         def unavailable(error: BaseException | None) -> None:
             if error is not None:
-                self.health.failed(error)  # the lease expires on its own
+                self.health.failed(error)
+            if batch is not None:
+                self._successes.put_back(*batch)
+            self.owe_release(permit.token)   # sent again once Redis answers
 
         return PendingCall(self.script, call.keys, call.args, self.health.usable, released,
                            unavailable)

@@ -24,6 +24,8 @@ __all__ = ["Bulkhead", "BulkheadConfig", "BulkheadMetrics", "BulkheadPermit"]
 
 #: A renewal thread with nothing to renew exits after this many seconds.
 _RENEWER_IDLE_EXIT = 5.0
+#: How often releases an outage kept from Redis are tried again (when Redis is usable).
+OWED_RETRY_EVERY = 0.02
 
 
 class _Renewer:
@@ -132,12 +134,32 @@ class Bulkhead(BulkheadShell):
         self._fallback_pid = -1
         self._fallback = threading.Semaphore(0)
         self._fallback_in_use = 0
+        self._retrier: threading.Thread | None = None
         forking.register(self)
 
     def _after_fork(self) -> None:
         """In a forked child: a fresh lock (the renewer and the local semaphore
         notice the new pid themselves; the parent's permits are not the child's)."""
         self._lock = threading.Lock()
+        self._retrier = None
+
+    def _retry_owed_later(self) -> None:
+        with self._lock:
+            if self._retrier is not None and self._retrier.is_alive():
+                return
+            self._retrier = threading.Thread(target=self._retry_owed, daemon=True,
+                                             name="distbreaker-bulkhead-release-retry")
+            self._retrier.start()
+
+    def _retry_owed(self) -> None:
+        """Until nothing is owed: try the owed releases every OWED_RETRY_EVERY seconds."""
+        while True:
+            try:
+                if not self.flush_owed_releases():
+                    return
+            except Exception:
+                logger.exception("bulkhead %r: sending an owed release failed", self.name)
+            time.sleep(OWED_RETRY_EVERY)
 
     def _waiter(self) -> tuple[Any, float]:
         with self._lock:

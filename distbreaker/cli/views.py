@@ -142,8 +142,8 @@ def adaptive_line(a: dict[str, Any], now_ms: int) -> str:
     if a["paused_until_ms"] is not None:
         parts.append(f"increases paused for {duration((a['paused_until_ms'] - now_ms) / 1000)}")
     if a["rtt_short_ms"] is not None and a["rtt_long_ms"] is not None:
-        parts.append(f"latency {a['rtt_short_ms']:g} ms short-term, "
-                     f"{a['rtt_long_ms']:g} ms long-term")
+        parts.append(f"latency {a['rtt_short_ms']:g} ms last window, "
+                     f"{a['rtt_long_ms']:g} ms no-load")
     return "; ".join(parts)
 
 

@@ -14,6 +14,13 @@ concurrency per account at a capacity C that only its operator (the bench) knows
 - while failing (``POST /admin {"fail_for": seconds}``) every call answers 503 after
   `reject_latency` (an outage, not overload: not counted as overload calls).
 
+With ``queue`` > 0 it plays a thread-pool server instead, one that never refuses
+early: C slots, each serving one call for a lognormal time of mean `base_latency`
+(spread `sigma`, independent of the load); a call finding every slot busy waits in
+a FIFO queue of at most `queue` calls (an **overload call**: it had to queue), and
+only a call finding the queue full is answered 503 at once (an overload call too).
+Latency climbs with the queue; nothing says "too many" before the queue is full.
+
 Operator endpoints (not counted as calls):
 
 - ``GET /stats``: counts since the last restart (calls, ok, overload_calls, failed,
@@ -34,10 +41,11 @@ import argparse
 import dataclasses
 import json
 import math
+import random
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from typing import Any
 
 from .httpserver import Answer, JsonServer, serve_until_interrupted
@@ -56,12 +64,16 @@ class Settings:
     retry_after: float = 1.0
     reject_latency: float = 0.005
     bucket: float = 0.25
+    queue: int = 0            # > 0: queue beyond C (FIFO, this long), 503 when full
+    sigma: float = 0.5        # queueing: the lognormal spread of the service time
 
     def __post_init__(self) -> None:
         if isinstance(self.capacity, bool) or not isinstance(self.capacity, int) \
                 or self.capacity < 1:
             raise ValueError(f"capacity must be an integer >= 1, got {self.capacity!r}")
-        for field in ("base_latency", "exponent", "retry_after", "reject_latency"):
+        if isinstance(self.queue, bool) or not isinstance(self.queue, int) or self.queue < 0:
+            raise ValueError(f"queue must be an integer >= 0, got {self.queue!r}")
+        for field in ("base_latency", "exponent", "retry_after", "reject_latency", "sigma"):
             value = getattr(self, field)
             if not isinstance(value, (int, float)) or not 0 <= value < math.inf:
                 raise ValueError(f"{field} must be a number >= 0, got {value!r}")
@@ -80,6 +92,13 @@ class Settings:
         progress."""
         return self.base_latency * self.slowdown(in_flight)
 
+    def service_time(self) -> float:
+        """A queueing upstream's service time: lognormal, mean `base_latency`."""
+        if self.sigma <= 0:
+            return self.base_latency
+        mu = math.log(max(self.base_latency, 1e-9)) - self.sigma ** 2 / 2
+        return random.lognormvariate(mu, self.sigma)
+
     def replace(self, changes: dict[str, Any]) -> Settings:
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
@@ -94,6 +113,7 @@ class Tally:
         self._lock = threading.Lock()
         self.in_flight = 0
         self.admitted = 0
+        self.waiting: deque[threading.Event] = deque()   # queueing: FIFO of waiting calls
         self.restart()
 
     def restart(self) -> None:
@@ -110,37 +130,59 @@ class Tally:
     def elapsed(self) -> float:
         return time.monotonic() - self._t0
 
-    def arrive(self, settings: Settings, failing: bool) -> tuple[str, int]:
-        """Count one arriving call; its fate (ok, overload, failed) and the in-flight
-        count it sees (itself included)."""
+    def arrive(self, settings: Settings,
+               failing: bool) -> tuple[str, int, threading.Event | None]:
+        """Count one arriving call; its fate (ok, queued, overload, failed), the in-flight
+        count it sees (itself included) and, when queued, the event that gives it a slot."""
         with self._lock:
             self.in_flight += 1
             in_flight = self.in_flight
+            wait: threading.Event | None = None
             if failing:
                 fate = "failed"
-            elif in_flight > settings.capacity:
+            elif settings.queue and self.admitted >= settings.capacity:
+                if len(self.waiting) < settings.queue:
+                    fate, wait = "queued", threading.Event()
+                    self.waiting.append(wait)
+                    self.totals["queued"] += 1
+                else:
+                    fate = "overload"
+            elif in_flight > settings.capacity and not settings.queue:
                 fate = "overload"
             else:
                 fate = "ok"
                 self.admitted += 1
                 self.max_admitted = max(self.max_admitted, self.admitted)
             self.max_in_flight = max(self.max_in_flight, in_flight)
+            counted = "overload" if fate == "queued" else fate  # a queued call is beyond C
             self.totals["calls"] += 1
-            self.totals[fate] += 1
+            self.totals[counted] += 1
             at = self._bucket(settings)
             at["calls"] += 1
-            at[fate] += 1
+            at[counted] += 1
             at["max_in_flight"] = max(at["max_in_flight"], in_flight)
             if fate == "ok":
                 at["max_admitted"] = max(at["max_admitted"], self.admitted)
-            return fate, in_flight
+            return fate, in_flight, wait
 
-    def leave(self, fate: str, status: int) -> None:
+    def leave(self, fate: str, status: int, settings: Settings | None = None) -> None:
         with self._lock:
             self.in_flight -= 1
-            if fate == "ok":
+            if fate in ("ok", "queued"):
                 self.admitted -= 1
             self.statuses[status] += 1
+            if settings is not None:
+                self._hand_over(settings)
+
+    def _hand_over(self, settings: Settings) -> None:
+        """Queueing: free slots go to the longest-waiting calls (under the lock)."""
+        while self.waiting and self.admitted < settings.capacity:
+            self.admitted += 1
+            self.waiting.popleft().set()
+
+    def capacity_changed(self, settings: Settings) -> None:
+        with self._lock:
+            self._hand_over(settings)
 
     def _bucket(self, settings: Settings) -> Counter[str]:
         return self.series.setdefault(int(self.elapsed() / settings.bucket), Counter())
@@ -187,6 +229,7 @@ class CapacityUpstream(JsonServer):
             self.settings = self.settings.replace(changes)
             if fail_for is not None:
                 self.fail_until = time.monotonic() + fail_for
+        self.tally.capacity_changed(self.settings)  # queueing: more slots serve the queue
 
     def handle(self, method: str, path: str, body: bytes) -> Answer:
         if method == "GET" and path == "/stats":
@@ -209,19 +252,24 @@ class CapacityUpstream(JsonServer):
 
     def _call(self) -> Answer:
         settings = self.settings
-        fate, in_flight = self.tally.arrive(settings, self.failing())
+        fate, in_flight, wait = self.tally.arrive(settings, self.failing())
         status, headers = 200, {}
         try:
-            if fate == "ok":
+            if wait is not None:
+                wait.wait()
+            if fate in ("ok", "queued") and settings.queue:
+                time.sleep(settings.service_time())
+            elif fate == "ok":
                 self._serve(settings)
             else:
                 time.sleep(settings.reject_latency)
-                status = 503 if fate == "failed" else settings.over_status
+                status = 503 if fate == "failed" or settings.queue else settings.over_status
                 headers = {"Retry-After": f"{max(1, math.ceil(settings.retry_after))}"}
             return status, {"fate": fate, "in_flight": in_flight}, headers
         finally:
-            self.tally.leave(fate, status)  # before the answer is sent: a client that
-            # got its answer and calls again never finds itself still counted
+            # before the answer is sent: a client that got its answer and calls again
+            # never finds itself still counted
+            self.tally.leave(fate, status, self.settings)
 
 
     def _serve(self, settings: Settings) -> None:
@@ -255,13 +303,21 @@ def main(argv: list[str] | None = None) -> int:
                         choices=OVER_STATUSES, help="the answer beyond capacity (default 429)")
     parser.add_argument("--retry-after", type=float, default=defaults.retry_after,
                         help="Retry-After of refusals, seconds (default 1)")
+    parser.add_argument("--queue", type=int, default=defaults.queue,
+                        help="> 0: a queueing server: calls beyond C wait in a FIFO queue "
+                             "this long (503 when full) and service times are lognormal "
+                             "(default 0: refuse beyond C)")
+    parser.add_argument("--sigma", type=float, default=defaults.sigma,
+                        help=f"queueing: lognormal spread of service times (default "
+                             f"{defaults.sigma})")
     parser.add_argument("--bucket", type=float, default=defaults.bucket,
                         help=f"seconds per /stats series point (default {defaults.bucket})")
     options = parser.parse_args(argv)
     try:
         settings = Settings(capacity=options.capacity, base_latency=options.base_latency,
                             exponent=options.exponent, over_status=options.over_status,
-                            retry_after=options.retry_after, bucket=options.bucket)
+                            retry_after=options.retry_after, bucket=options.bucket,
+                            queue=options.queue, sigma=options.sigma)
     except ValueError as exc:
         parser.error(str(exc))
     upstream = CapacityUpstream(settings, options.host, options.port)

@@ -107,9 +107,10 @@ def test_the_adaptive_limit_follows_a_step_change_of_capacity(
 
     Stated: from 1 s after each step to the end of the phase (the limit sampled every
     50 ms), the median limit is within [C/2, 1.5C]: [8, 24] at 16, [3, 9] at 6, [8, 24]
-    again once the capacity is back. 1 s is 25-50 short-term RTTs (20-40 ms): a 429 backs
-    off x0.9 at most once per RTT, a success adds ~0.2 sqrt(limit). Measured on 2 busy
-    cores: 17 -> 6.6 within 0.4 s of the drop, 6.8 -> 17 within 0.6 s of the return.
+    again once the capacity is back. 1 s is about 5 fleet-wide windows (200 ms, 24
+    successes): slow start grows x1.3 per window, a 429 backs off x0.9 at most once per
+    window, growth after a 429 adds smoothing x headroom per window, faster window after
+    window (docs/ADAPTIVE.md).
     """
     upstream = ServerProcess("distbreaker.demo.capacity", [
         "--capacity", str(HIGH), "--base-latency", "0.02", "--exponent", "1"])

@@ -3,14 +3,14 @@
 The upstream runs in-process for its own tests; the bench runs as a user would, in a
 subprocess with tiny phases, its fleet real worker processes, against the session's
 redis-server. What is asserted holds whatever the machine's load: no-bulkhead runs
-overload a tiny capacity, a fixed limit at or under the capacity never does, the best
-fixed limit is the sweep's best, a failing upstream opens the breaker.
+overload a tiny capacity, a queueing upstream never answers 429, the best fixed limit
+is the sweep's best, every scenario reports its figures, a failing upstream opens the
+breaker.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -22,13 +22,10 @@ from typing import Any
 
 import pytest
 
-import distbreaker
 from distbreaker.demo.capacity import CapacityUpstream, Settings
 from tests.helpers.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-STEADY = ("none", "fixed_2x", "fixed_half", "best_fixed", "adaptive")
-RECOVERY = ("recovery_plain", "recovery_slow_start", "recovery_adaptive")
 
 
 def fetch(url: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any],
@@ -107,103 +104,95 @@ def test_capacity_upstream_command_line_rejects_bad_settings() -> None:
     assert bad.returncode == 2 and "capacity must be an integer >= 1" in bad.stderr
 
 
+def test_queueing_upstream_queues_beyond_capacity_in_order_and_503s_when_full() -> None:
+    """C=1, a queue of 1: the second call waits for the first (an overload call, served),
+    the third finds the queue full: 503 at once. No 429 ever."""
+    settings = Settings(capacity=1, base_latency=1.0, queue=1, sigma=0)
+    with CapacityUpstream(settings) as upstream:
+        assert fetch(upstream.url + "/restart", {})[0] == 200
+        answers: list[tuple[int, float]] = []
+
+        def call() -> None:
+            started = time.monotonic()
+            status, _, _ = fetch(upstream.url + "/call")
+            answers.append((status, time.monotonic() - started))
+
+        first = threading.Thread(target=call)
+        first.start()
+        wait_until(lambda: fetch(upstream.url + "/stats")[1]["in_flight"] >= 1,
+                   what="the first call is served")
+        second = threading.Thread(target=call)
+        second.start()
+        wait_until(lambda: fetch(upstream.url + "/stats")[1]["in_flight"] >= 2,
+                   what="the second call waits in the queue")
+        status, body, _ = fetch(upstream.url + "/call")          # the queue is full
+        assert (status, body["fate"]) == (503, "overload")
+        first.join()
+        second.join()
+        assert sorted(s for s, _ in answers) == [200, 200]
+        assert max(t for _, t in answers) >= 1.5                 # it waited for the first
+        stats = fetch(upstream.url + "/stats")[1]
+        assert stats["calls"] == 3 and stats["ok"] == 1 and stats["overload_calls"] == 2
+        assert stats["statuses"] == {"200": 2, "503": 1} and stats["max_admitted"] == 1
+    for bad in ({"queue": -1}, {"queue": 1.5}, {"sigma": -0.1}):
+        with pytest.raises(ValueError):
+            Settings(**bad)
+
+
 def run_bench(redis_url: str, *args: str) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, "scripts/bench_overload.py", "--url", redis_url, "--capacity", "2",
          "--processes", "2", "--threads", "3", "--seconds", "1", "--json", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=150)
+        cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, f"bench failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return dict(json.loads(proc.stdout))
 
 
-def test_bench_reports_every_scenario_and_the_basic_truths(redis_url: str,
-                                                           tmp_path: Path) -> None:
-    plot = tmp_path / "overload.png"
-    doc = run_bench(redis_url, "--plot", str(plot))
-    assert plot.stat().st_size > 10_000
-    assert doc["run"]["capacity"] == 2 and doc["run"]["processes"] == 2
-    ran = [key for key in (*STEADY, *RECOVERY) if "skipped" not in doc[key]]
-    for key in ran:
+def test_bench_steady_scenarios_on_the_queueing_upstream(redis_url: str) -> None:
+    doc = run_bench(redis_url, "--upstream", "queueing", "--limits", "1,4",
+                    "--only", "none,fixed,adaptive,aimd,gradient", "--base-latency", "0.02")
+    assert doc["run"]["capacity"] == 2 and doc["run"]["queue"] == 64
+    results = doc["queueing"]
+    assert "refusing" not in doc
+    for key in ("none", "best_fixed", "fixed_2x", "adaptive", "aimd", "gradient"):
         for field in ("goodput", "p50_ms", "p99_ms", "overload_calls", "rejected",
-                      "status_429"):
-            assert isinstance(doc[key][field], (int, float)), (key, field)
-        assert "series" not in doc[key]            # only with --series
-    for key in ("none", "fixed_2x", "fixed_half", "best_fixed", "recovery_plain"):
-        assert key in ran
-    # No bulkhead against a capacity of 2 from 6 callers: overloaded, answered 429.
-    assert doc["none"]["overload_calls"] > 0 and doc["none"]["status_429"] > 0
-    assert doc["none"]["rejected"] == 0
-    # A fleet-wide limit under the capacity never lets the upstream exceed it.
-    assert doc["fixed_half"]["limit"] == 1 and doc["fixed_half"]["overload_calls"] == 0
-    assert doc["fixed_half"]["status_429"] == 0 and doc["fixed_half"]["max_in_flight"] <= 1
-    assert doc["fixed_half"]["rejected"] > 0                   # 6 callers, 1 permit
-    assert doc["fixed_2x"]["limit"] == 4 and doc["fixed_2x"]["overload_calls"] > 0
-    # The best fixed limit is the sweep's best, and the sweep spans C/2 .. 2C.
-    sweep = {int(limit): goodput for limit, goodput in doc["best_fixed"]["sweep"].items()}
-    assert min(sweep) == 1 and max(sweep) == 4
-    assert doc["best_fixed"]["goodput"] == max(sweep.values())
-    assert sweep[doc["best_fixed"]["limit"]] == doc["best_fixed"]["goodput"]
-    # Recovery: the outage's 503s opened the breaker (it rejected), then the upstream
-    # came back at half capacity.
-    plain = doc["recovery_plain"]
+                      "status_503", "timeouts"):
+            assert isinstance(results[key][field], (int, float)), (key, field)
+        assert results[key]["status_429"] == 0          # a queueing upstream never 429s
+        assert "series" not in results[key]             # only with --series
+    # Open-loop arrivals at 2x a capacity of 2 with no limit: calls queue.
+    assert results["none"]["overload_calls"] > 0 and results["none"]["rejected"] == 0
+    # A fleet-wide limit of 1 never lets a call queue; 2C does.
+    sweep = {int(limit): goodput for limit, goodput in results["best_fixed"]["sweep"].items()}
+    assert sorted(sweep) == [1, 4] and results["best_fixed"]["goodput"] == max(sweep.values())
+    assert results["fixed_2x"]["limit"] == 4
+    # The per-process limiters ran and moved their limits.
+    for key in ("aimd", "gradient", "adaptive"):
+        assert results[key]["attempts"] > 0 and results[key]["limit"] is not None
+    met = results["targets"]["met"]
+    assert all(isinstance(met[k], bool) for k in (
+        "adaptive_goodput_ge_90pct", "adaptive_overload_le_10pct",
+        "adaptive_ahead_of_per_process"))
+
+
+def test_bench_step_growth_and_recovery_on_the_refusing_upstream(redis_url: str) -> None:
+    doc = run_bench(redis_url, "--upstream", "refusing", "--series",
+                    "--only", "step_adaptive,growth_adaptive,recovery_plain")
+    results = doc["refusing"]
+    step = results["step_adaptive"]
+    assert [c["capacity"] for c in step["convergence"]] == [1, 2]   # C -> C/3 -> C
+    assert step["series"]["limit"] and len(step["series"]["limit"]) == len(
+        step["series"]["limit_t"])
+    assert results["growth_adaptive"]["goodput"] > 0
+    plain = results["recovery_plain"]
     assert plain["status_503"] > 0 and plain["rejected_breaker"] > 0
     assert plain["after_recovery"]["capacity"] == 1
-    assert plain["goodput"] > 0 and plain["after_recovery"]["goodput"] > 0
-    # The adaptive limit and slow start run (issue 18), each reporting its targets.
-    if hasattr(distbreaker, "AdaptiveLimit"):
-        for key in ("adaptive", "recovery_slow_start", "recovery_adaptive"):
-            assert key in ran and doc[key]["goodput"] > 0, (key, doc[key])
-        assert doc["recovery_adaptive"]["after_recovery"]["capacity"] == 1
-        met = doc["targets"]["met"]
-        assert all(isinstance(met[k], bool) for k in (
-            "adaptive_goodput_ge_90pct", "adaptive_overload_le_10pct",
-            "slow_start_at_or_under_capacity", "adaptive_restart_at_or_under_capacity"))
-    # What is not built yet says so instead of a number.
-    if not hasattr(distbreaker, "AdaptiveLimit"):
-        assert doc["adaptive"] == {"skipped": "AdaptiveLimit not available"}
-        assert doc["targets"]["adaptive_goodput_vs_best_fixed"] is None
-    from distbreaker.breaker.config import BreakerConfig
-
-    if "ramp_duration" not in BreakerConfig.__dataclass_fields__:
-        assert doc["recovery_slow_start"]["skipped"].startswith("slow start not available")
 
 
-def test_bench_only_runs_the_scenarios_asked_and_rejects_unknown_ones(redis_url: str) -> None:
-    doc = run_bench(redis_url, "--only", "fixed_half", "--series")
-    assert [key for key in doc if key not in ("run", "targets")] == ["fixed_half"]
-    series = doc["fixed_half"]["series"]
-    assert len(series["t"]) == len(series["goodput"]) and max(series["in_flight"]) <= 1
+def test_bench_rejects_unknown_scenarios(redis_url: str) -> None:
     bad = subprocess.run([sys.executable, "scripts/bench_overload.py", "--only", "nope"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown scenarios: nope" in bad.stderr
-
-
-def test_a_scenario_the_library_cannot_build_reports_its_error_and_the_rest_runs(
-        redis_url: str, tmp_path: Path) -> None:
-    """An `AdaptiveLimit` the Bulkhead does not take (a stand-in, installed in every
-    process by sitecustomize while the library has none) fails that scenario only."""
-    (tmp_path / "sitecustomize.py").write_text(
-        "import distbreaker\n"
-        "class AdaptiveLimit:\n"
-        "    def __init__(self, min_limit=1, max_limit=10):\n"
-        "        self.min_limit, self.max_limit = min_limit, max_limit\n"
-        "if not hasattr(distbreaker, 'AdaptiveLimit'):\n"
-        "    distbreaker.AdaptiveLimit = AdaptiveLimit\n"
-        "    distbreaker.STAND_IN = True\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(
-        [sys.executable, "scripts/bench_overload.py", "--url", redis_url, "--capacity", "2",
-         "--processes", "2", "--threads", "2", "--seconds", "0.5", "--json",
-         "--only", "fixed_half,adaptive"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    doc = json.loads(proc.stdout)
-    if hasattr(distbreaker, "AdaptiveLimit"):    # the real one: no stand-in, it runs
-        assert doc["adaptive"]["goodput"] > 0
-    else:
-        assert "unknown bulkhead option(s): adaptive" in doc["adaptive"]["error"]
-    assert doc["fixed_half"]["goodput"] > 0 and doc["fixed_half"]["overload_calls"] == 0
 
 
 def test_a_restart_keeps_the_calls_in_progress_in_flight() -> None:

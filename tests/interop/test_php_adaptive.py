@@ -6,6 +6,7 @@ same real redis-server as the Python side; php-cli and php-redis are required.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,13 +23,16 @@ from distbreaker.demo.embedded import RedisServer
 from distbreaker.errors import BulkheadFull
 from tests.interop.test_php import Php
 
-ADAPTIVE = {"min_limit": 1, "max_limit": 20, "initial_limit": 8, "backoff_ratio": 0.5}
+ADAPTIVE = {"min_limit": 1, "max_limit": 20, "initial_limit": 8, "backoff_ratio": 0.5,
+            "window": 0.01}
 
 ADAPTIVE_CASES: list[dict[str, Any]] = [
     {}, ADAPTIVE, {"min_limit": 3}, {"min_limit": 60},
     {"min_limit": 2, "max_limit": 9, "initial_limit": 9, "backoff_ratio": 0.999,
      "tolerance": 10, "smoothing": 0.001},
     {"backoff_ratio": 0.1234565, "tolerance": 1.0000005, "smoothing": 0.3333333333},
+    {"latency_target": 0.2, "probe_interval": 2.5, "window": 0.05},
+    {"latency_target": 0.0015, "probe_interval": 0.1, "window": 0.01},
 ]
 
 RAMP_CASES: list[dict[str, Any]] = [
@@ -64,7 +68,8 @@ def test_php_builds_the_same_adaptive_argument_and_priority_shares_as_python(
               [{"critical_reserve": 0.333333, "sheddable_share": 0.0000001}, "sheddable"]]
     out = php_worker.run(action="adaptive_wire", adaptive=ADAPTIVE_CASES, shares=shares)
     assert out["wires"] == [AdaptiveLimit(**case).wire() for case in ADAPTIVE_CASES]
-    assert out["wires"][1] == "1,20,8,500000,1500000,50000"
+    assert out["wires"][1] == "1,20,8,500000,1500000,500000,0,10000,10"
+    assert out["wires"][6].endswith(",200,2500,50")
     python_shares = [BulkheadCodec("x", BulkheadConfig(**options)).share(priority)
                      for options, priority in shares]
     assert out["shares"] == python_shares
@@ -73,7 +78,8 @@ def test_php_builds_the_same_adaptive_argument_and_priority_shares_as_python(
 
 @pytest.mark.parametrize("bad", [{"min_limit": 0}, {"min_limit": 5, "max_limit": 4},
                                  {"initial_limit": 300}, {"backoff_ratio": 1},
-                                 {"tolerance": 0.5}, {"smoothing": 0}, {"limit": 3}])
+                                 {"tolerance": 0.5}, {"smoothing": 0}, {"limit": 3},
+                                 {"latency_target": 0}, {"window": 0}])
 def test_php_refuses_what_python_refuses(php_worker: Php, bad: dict[str, Any]) -> None:
     with pytest.raises((ValueError, TypeError)) as python_error:
         AdaptiveLimit.build(bad)  # a mapping, as PHP gets it
@@ -99,16 +105,17 @@ def test_php_and_python_workers_move_one_adaptive_limit(
     assert python_side.metrics().limit == 4
 
     # Python: a 429 with Retry-After halves it again and pauses increases fleet-wide
+    time.sleep(0.05)     # (one decrease per window: a burst of failures is one signal)
     permit = python_side.acquire()
     python_side.release(permit, Overloaded("slow down", retry_after=30))
     assert python_side.metrics().limit == 2
-    # PHP's successes while paused do not grow it, and feed the shared latency averages
+    # PHP's successes while paused do not grow it, and go into the fleet's window
     out = php_worker.run(action="adaptive", name=name, config=config,
                          steps=[{"op": "hold"}, {"op": "ok", "hold": 0.02}])
     assert out["steps"] == ["held", "ok"] and out["metrics"]["limit"] == 2
     fields = meta(redis_client, name)
     assert fields["a_why"] == "overload (429): increases paused"
-    assert float(fields["a_rtt_s"]) >= 15  # PHP's 20 ms call reached the averages
+    assert int(fields["a_wn"]) == 1 and float(fields["a_wsum"]) >= 15  # PHP's 20 ms call
 
     # Python holds the two permits: PHP is refused, and told the adaptive limit
     held = [python_side.acquire(), python_side.acquire()]
@@ -120,6 +127,7 @@ def test_php_and_python_workers_move_one_adaptive_limit(
     # PHP's Overloaded is a 429 (not a plain failure): 2 -> 1; its 5 s Retry-After ends
     # before Python's 30 s pause, which stays
     paused = meta(redis_client, name)["a_pause"]
+    time.sleep(0.05)
     out = php_worker.run(action="adaptive", name=name, config=config,
                          steps=[{"op": "429", "retry_after": 5}])
     assert out["steps"] == ["429"] and out["metrics"]["limit"] == 1

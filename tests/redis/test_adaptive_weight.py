@@ -1,7 +1,15 @@
-"""A sampled success report (bulkhead.lua ARGV[11], the weight) moves an adaptive limit's
-latency averages as that many reports of the same latency do."""
+"""The adaptive limit's windows, driven through bulkhead.lua with synthetic reports.
+
+A report of weight n (ARGV[11]) counts as n successes of its mean latency; a window
+closes once it holds 24 successes and has lasted `window` ms; its mean latency is
+compared with the no-load reference, which a standing queue cannot become. Windows are
+10 ms here and each report waits out its own latency first (a window counts only calls
+that started after it opened), so the tests follow server time, never a tight bound.
+"""
 
 from __future__ import annotations
+
+import time
 
 import redis
 
@@ -9,34 +17,90 @@ from distbreaker import AdaptiveLimit
 from distbreaker._runtime.keys import BulkheadKeys
 from distbreaker._runtime.scripts import load_script, run_script
 
-LIMIT = AdaptiveLimit(min_limit=1, max_limit=50, initial_limit=10).wire()
 SCRIPT = load_script("bulkhead")
+WINDOW = 24   # MIN_SAMPLES in lua/bulkhead.lua
 
 
-def _release(client: redis.Redis, keys: BulkheadKeys, token: str, latency: int,
-             weight: int | None = None) -> None:
-    run_script(client, SCRIPT, (keys.leases, keys.meta, keys.notify),
-               ("acquire", token, 25, 30_000, 3_600_000, 0, LIMIT))
-    tail = () if weight is None else (weight,)
-    run_script(client, SCRIPT, (keys.leases, keys.meta, keys.notify),
-               ("release", token, 25, 30_000, 3_600_000, 0, LIMIT, "ok", latency, 0, *tail))
+def _wire(**fields: object) -> str:
+    return AdaptiveLimit(**{"min_limit": 1, "max_limit": 100, "initial_limit": 40,
+                            "window": 0.01, "probe_interval": 3600, **fields}).wire()
 
 
-def _averages(client: redis.Redis, keys: BulkheadKeys) -> tuple[float, float]:
-    short, long = client.hmget(keys.meta, ["a_rtt_s", "a_rtt_l"])
-    return float(short), float(long)
+def _report(client: redis.Redis, keys: BulkheadKeys, wire: str, latency: int,
+            weight: int = WINDOW, outcome: str = "ok", retry_after: int = 0) -> dict[str, str]:
+    """One acquire and one release reporting `weight` successes of `latency` ms, after
+    waiting out the window and the latency (the calls started after the window opened)."""
+    time.sleep((latency + 15) / 1000)
+    args = (keys.leases, keys.meta, keys.notify)
+    run_script(client, SCRIPT, args, ("acquire", "t", 200, 30_000, 3_600_000, 0, wire))
+    run_script(client, SCRIPT, args, ("release", "t", 200, 30_000, 3_600_000, 0, wire,
+                                      outcome, latency, retry_after, weight))
+    return {k.decode(): v.decode() for k, v in client.hgetall(keys.meta).items()}
 
 
-def test_one_report_of_weight_four_moves_the_averages_as_four_reports(
-        name: str, redis_client: redis.Redis) -> None:
+def test_a_report_of_weight_n_counts_as_n_successes(name: str,
+                                                    redis_client: redis.Redis) -> None:
     weighted, single = BulkheadKeys.build(f"{name}-w"), BulkheadKeys.build(f"{name}-s")
+    wire = _wire(window=60)   # a window that stays open
+    _report(redis_client, weighted, wire, 20, weight=4)
+    for _ in range(4):
+        _report(redis_client, single, wire, 20, weight=1)
     for keys in (weighted, single):
-        _release(redis_client, keys, "seed", 10)          # seeds both averages at 10 ms
-        assert _averages(redis_client, keys) == (10.0, 10.0)
-    _release(redis_client, weighted, "w", 20, weight=4)
-    for i in range(4):
-        _release(redis_client, single, f"s{i}", 20)
-    short, long = _averages(redis_client, weighted)
-    assert (short, long) == _averages(redis_client, single)
-    assert short == round(20 - 10 * 0.9 ** 4, 3)          # 1 - 0.9^4 of the way to 20
-    assert long == round(20 - 10 * 0.99 ** 4, 3)
+        meta = {k.decode(): v.decode() for k, v in redis_client.hgetall(keys.meta).items()}
+        assert (meta["a_wn"], float(meta["a_wsum"])) == ("4", 80.0)
+
+
+def test_a_standing_queue_never_becomes_the_reference(name: str,
+                                                       redis_client: redis.Redis) -> None:
+    keys, wire = BulkheadKeys.build(name), _wire()
+    meta = _report(redis_client, keys, wire, 10)           # the first window: no load
+    assert float(meta["a_rtt_l"]) == 10.0 and meta["a_why"] == "no-load latency measured"
+    meta = _report(redis_client, keys, wire, 30)           # 3x: far above, a fast cut
+    assert float(meta["a_limit"]) == 20.0                   # x max(0.5, 10 / 30)
+    assert meta["a_why"] == "latency far above the no-load level"
+    limits = []
+    for _ in range(8):                                      # a queue that stays: 12 ms
+        meta = _report(redis_client, keys, wire, 12)
+        limits.append(float(meta["a_limit"]))
+        assert float(meta["a_rtt_l"]) == 10.0               # the reference is kept
+    assert limits == sorted(limits, reverse=True) and limits[-1] < limits[0]
+    assert meta["a_why"] == "latency above the no-load level"
+
+
+def test_the_latency_target_is_never_traded_away(name: str,
+                                                 redis_client: redis.Redis) -> None:
+    keys, wire = BulkheadKeys.build(name), _wire(latency_target=0.015, tolerance=10)
+    _report(redis_client, keys, wire, 10)
+    meta = _report(redis_client, keys, wire, 30)            # within the tolerance of 10x
+    assert meta["a_why"] == "latency above the target"
+    assert float(meta["a_limit"]) == 20.0                    # x max(0.5, 15 / 30)
+
+
+def test_a_probe_remeasures_the_reference_at_half_the_limit(
+        name: str, redis_client: redis.Redis) -> None:
+    keys, wire = BulkheadKeys.build(name), _wire(probe_interval=0.1)
+    _report(redis_client, keys, wire, 20)                   # reference 20 ms
+    _report(redis_client, keys, wire, 40)                   # a cut ends slow start
+    limit = float(redis_client.hget(keys.meta, "a_limit"))
+    time.sleep(0.15)
+    meta = _report(redis_client, keys, wire, 20)            # the probe starts
+    assert meta["a_why"] == "measuring no-load latency"
+    assert float(meta["a_limit"]) == limit / 2 and float(meta["a_saved"]) == limit
+    time.sleep(0.03)       # the probe's window opens once the old calls could leave
+    meta = _report(redis_client, keys, wire, 8)             # the dependency got faster
+    assert meta["a_why"] == "no-load latency re-measured"
+    assert float(meta["a_rtt_l"]) == 8.0 and float(meta["a_limit"]) == limit
+
+
+def test_after_a_429_the_limit_follows_the_429s_not_the_latency(
+        name: str, redis_client: redis.Redis) -> None:
+    keys, wire = BulkheadKeys.build(name), _wire()
+    _report(redis_client, keys, wire, 10)
+    _report(redis_client, keys, wire, 30)                   # ends slow start
+    time.sleep(0.04)      # one decrease per window or last mean latency (30 ms)
+    meta = _report(redis_client, keys, wire, 0, weight=1, outcome="429")
+    assert meta["a_why"] == "overload (429)" and int(meta["a_429"]) > 0
+    limit = float(meta["a_limit"])
+    for _ in range(3):   # latency above the reference, within the tolerance: no cut
+        meta = _report(redis_client, keys, wire, 13)
+        assert float(meta["a_limit"]) >= limit

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from distbreaker import AdaptiveLimit, BulkheadFull, CallNotPermitted, HttpStatusError, Overloaded
-from distbreaker.bulkhead.adaptive import outcome_of, priority_level, priority_share
+from distbreaker.bulkhead.adaptive import SuccessBatch, outcome_of, priority_level, priority_share
 
 
 class _Response:
@@ -54,7 +54,12 @@ def test_priorities_and_shares() -> None:
 
 
 def test_adaptive_limit_validates_and_builds_its_wire() -> None:
-    assert AdaptiveLimit(min_limit=2, max_limit=40).wire() == "2,40,8,900000,1500000,50000"
+    assert AdaptiveLimit(min_limit=2, max_limit=40).wire() == \
+        "2,40,8,900000,1500000,500000,0,10000,200"
+    assert AdaptiveLimit(latency_target=0.2, probe_interval=5, window=0.1).wire().endswith(
+        ",200,5000,100")
+    with pytest.raises(ValueError, match="latency_target"):
+        AdaptiveLimit(latency_target=0)
     assert AdaptiveLimit.build({"min_limit": 3}) == AdaptiveLimit(min_limit=3)
     with pytest.raises(ValueError, match="max_limit"):
         AdaptiveLimit(min_limit=5, max_limit=4)
@@ -64,12 +69,13 @@ def test_adaptive_limit_validates_and_builds_its_wire() -> None:
         AdaptiveLimit.build({"min": 1})
 
 
-def test_successes_are_reported_by_sample_with_their_weight() -> None:
+def test_successes_are_reported_in_batches_of_their_count_and_mean_latency() -> None:
     limit = AdaptiveLimit(sample_rate=0.25)
-    assert limit.report_weight("ok", 0.1) == 4.0      # reported, standing for 4 successes
-    assert limit.report_weight("ok", 0.3) is None     # not this one
-    assert limit.report_weight("drop", 0.9) == 1.0    # failures and 429s always
-    assert limit.report_weight("429", 0.9) == 1.0
-    assert AdaptiveLimit(sample_rate=1.0).report_weight("ok", 0.99) == 1.0
+    assert limit.batch == 4 and AdaptiveLimit(sample_rate=1.0).batch == 1
+    batch = SuccessBatch(limit.batch)
+    assert [batch.add(ms) for ms in (10, 20, 30)] == [None, None, None]
+    assert batch.add(40) == (4, 25)                   # every success counted, none lost
+    batch.put_back(4, 25)                             # a report Redis did not get
+    assert batch.add(50) == (5, 30)                   # goes with the next one
     with pytest.raises(ValueError, match="sample_rate"):
         AdaptiveLimit(sample_rate=0)

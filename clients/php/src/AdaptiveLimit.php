@@ -17,7 +17,10 @@ final class AdaptiveLimit
         'initial_limit' => null,   // min_limit x 4, within the bounds
         'backoff_ratio' => 0.9,
         'tolerance' => 1.5,
-        'smoothing' => 0.05,
+        'smoothing' => 0.5,
+        'latency_target' => null,  // seconds: the limit is cut whenever latency is above it
+        'probe_interval' => 10.0,  // seconds between re-measures of the no-load latency
+        'window' => 0.2,           // seconds (and 24 successes) per fleet-wide window
     ];
     private const MILLION = 1000000;
 
@@ -27,6 +30,9 @@ final class AdaptiveLimit
     public readonly float $backoffRatio;
     public readonly float $tolerance;
     public readonly float $smoothing;
+    public readonly ?float $latencyTarget;
+    public readonly float $probeInterval;
+    public readonly float $window;
 
     /** @param array<string, mixed> $options Python AdaptiveLimit field names */
     public function __construct(array $options = [])
@@ -41,7 +47,8 @@ final class AdaptiveLimit
         $this->maxLimit = self::integer($o['max_limit'], 'max_limit', $this->minLimit, self::MILLION);
         $initial = $o['initial_limit'] ?? min($this->maxLimit, max($this->minLimit, 4 * $this->minLimit));
         $this->initialLimit = self::integer($initial, 'initial_limit', $this->minLimit, $this->maxLimit);
-        $ranges = ['backoff_ratio' => [0.1, 0.999], 'tolerance' => [1.0, 10.0], 'smoothing' => [0.001, 1.0]];
+        $ranges = ['backoff_ratio' => [0.1, 0.999], 'tolerance' => [1.0, 10.0], 'smoothing' => [0.001, 1.0],
+            'probe_interval' => [0.1, 86400.0], 'window' => [0.01, 60.0]];
         $numbers = [];
         foreach ($ranges as $field => [$low, $high]) {
             $v = $o[$field];
@@ -53,9 +60,17 @@ final class AdaptiveLimit
         $this->backoffRatio = $numbers['backoff_ratio'];
         $this->tolerance = $numbers['tolerance'];
         $this->smoothing = $numbers['smoothing'];
+        $this->probeInterval = $numbers['probe_interval'];
+        $this->window = $numbers['window'];
+        $target = $o['latency_target'];
+        if ($target !== null && (!(is_int($target) || is_float($target)) || $target < 0.001 || $target > 3600)) {
+            throw new \InvalidArgumentException('latency_target must be null or seconds in [0.001, 3600], got ' . var_export($target, true));
+        }
+        $this->latencyTarget = $target === null ? null : (float) $target;
     }
 
-    /** ARGV[7] of the bulkhead script: "min,max,initial,backoff,tolerance,smoothing" (millionths). */
+    /** ARGV[7] of the bulkhead script: "min,max,initial,backoff,tolerance,smoothing,target_ms,probe_ms,window_ms"
+     * (backoff, tolerance, smoothing in millionths; target 0 = none). */
     public function wire(): string
     {
         return implode(',', [
@@ -63,6 +78,9 @@ final class AdaptiveLimit
             BreakerConfig::roundHalfEven($this->backoffRatio * self::MILLION),
             BreakerConfig::roundHalfEven($this->tolerance * self::MILLION),
             BreakerConfig::roundHalfEven($this->smoothing * self::MILLION),
+            $this->latencyTarget === null ? 0 : max(1, BreakerConfig::roundHalfEven($this->latencyTarget * 1000)),
+            max(1, BreakerConfig::roundHalfEven($this->probeInterval * 1000)),
+            max(1, BreakerConfig::roundHalfEven($this->window * 1000)),
         ]);
     }
 

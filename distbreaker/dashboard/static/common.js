@@ -130,7 +130,7 @@ function adaptiveText(a, nowMs) {
     parts.push("increases paused for " + duration((a.paused_until_ms - nowMs) / 1000));
   }
   if (a.rtt_short_ms && a.rtt_long_ms) {
-    parts.push("latency " + a.rtt_short_ms + " ms short-term, " + a.rtt_long_ms + " ms long-term");
+    parts.push("latency " + a.rtt_short_ms + " ms last window, " + a.rtt_long_ms + " ms no-load");
   }
   return parts.join("; ");
 }
