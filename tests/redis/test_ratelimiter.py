@@ -1,0 +1,289 @@
+"""The fleet-wide rate limiter on a real redis-server (lua/ratelimiter.lua). Tests taking
+`flavour` run with the sync and the asyncio RateLimiter."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+
+import distbreaker
+import distbreaker.aio
+from distbreaker._runtime.scripts import load_script, run_script
+from distbreaker.demo.embedded import RedisServer, free_port
+from distbreaker.errors import RedisUnavailable, RequestNotPermitted, SchemaError
+from distbreaker.ratelimiter.config import RateLimiterConfig
+from tests.helpers.flavours import Flavour
+from tests.helpers.waiting import wait_until
+
+SCRIPT = load_script("ratelimiter")
+
+
+def granted(limiter: Any, tries: int, permits: int = 1, **kw: Any) -> int:
+    """How many of `tries` immediate acquires (timeout 0) were granted."""
+    return sum(bool(limiter.try_acquire(permits, timeout=0, **kw)) for _ in range(tries))
+
+
+def test_a_full_bucket_grants_the_limit_at_once_then_refuses(redis_url: str, name: str,
+                                                            flavour: Flavour) -> None:
+    limiter = flavour.rate_limiter(name, redis_url, limit_for_period=10,
+                                   limit_refresh_period=60, timeout_duration=0,
+                                   redis_timeout=5)
+    assert granted(limiter, 25) == 10
+    with pytest.raises(RequestNotPermitted) as refused:
+        limiter.acquire()
+    assert refused.value.permits == 1 and not refused.value.local
+    assert 5.0 < refused.value.retry_after <= 6.0   # one permit per 6 s
+    m = limiter.metrics()
+    assert (m.calls, m.permits, m.rejected, m.available_permissions) == (10, 10, 16, 0)
+    assert m.rejected_here == 16
+
+
+def test_a_waiting_call_is_granted_within_its_timeout(redis_url: str, name: str,
+                                                      flavour: Flavour) -> None:
+    limiter = flavour.rate_limiter(name, redis_url, limit_for_period=2,
+                                   limit_refresh_period=0.4, timeout_duration=5,
+                                   redis_timeout=5)
+    assert granted(limiter, 2) == 2
+    started = time.monotonic()
+    limiter.acquire()                      # waits for the refill (0.2 s per permit)
+    assert time.monotonic() - started >= 0.19
+    m = limiter.metrics()
+    assert (m.calls, m.waited) == (3, 1)
+
+
+def test_reservations_queue_in_the_order_they_reached_redis(redis_url: str, name: str,
+                                                            flavour: Flavour) -> None:
+    limiter = flavour.rate_limiter(name, redis_url, limit_for_period=1,
+                                   limit_refresh_period=1, timeout_duration=30,
+                                   redis_timeout=5)
+    waits = [limiter.reserve() for _ in range(5)]
+    assert waits[0] == 0
+    assert all(b > a for a, b in itertools.pairwise(waits))      # first come, first served
+    m = limiter.metrics()
+    assert m.available_permissions <= -3                     # reserved by the waiters
+    with pytest.raises(RequestNotPermitted):
+        limiter.reserve(timeout=1)                           # the queue is longer than 1 s
+    assert limiter.metrics().calls == 5
+
+
+def test_weighted_permits_spend_their_weight(redis_url: str, name: str,
+                                             flavour: Flavour) -> None:
+    limiter = flavour.rate_limiter(name, redis_url, limit_for_period=1000,
+                                   limit_refresh_period=60, timeout_duration=0,
+                                   redis_timeout=5)
+    assert granted(limiter, 5, permits=300) == 3             # 900 of 1000 tokens
+    assert granted(limiter, 1, permits=100) == 1
+    assert granted(limiter, 1, permits=1) == 0
+    with pytest.raises(RequestNotPermitted) as too_big:
+        limiter.acquire(1001)
+    assert "burst" in too_big.value.reason and too_big.value.retry_after == 0
+    assert limiter.metrics().permits == 1000
+
+
+def test_drain_spends_what_the_bucket_holds(redis_url: str, name: str,
+                                            flavour: Flavour) -> None:
+    limiter = flavour.rate_limiter(name, redis_url, limit_for_period=10,
+                                   limit_refresh_period=60, timeout_duration=0,
+                                   redis_timeout=5)
+    assert granted(limiter, 3) == 3
+    assert limiter.drain().available_permissions == 0
+    assert granted(limiter, 3) == 0
+
+
+def test_a_changed_limit_governs_every_worker_until_reset(redis_url: str, name: str,
+                                                          flavour: Flavour) -> None:
+    one = flavour.rate_limiter(name, redis_url, limit_for_period=5, limit_refresh_period=60,
+                               timeout_duration=0, redis_timeout=5)
+    other = flavour.rate_limiter(name, redis_url, limit_for_period=50,
+                                 limit_refresh_period=60, timeout_duration=0,
+                                 redis_timeout=5)
+    changed = one.change_limit_for_period(2)
+    assert changed.overridden and changed.limit_for_period == 2 and changed.burst == 2
+    assert granted(other, 10) == 2                  # the stored limit, not other's own 50
+    assert other.reset_limit().limit_for_period == 50
+    assert not other.metrics().overridden
+
+
+def test_keyed_instances_have_their_own_buckets(redis_url: str, name: str,
+                                                flavour: Flavour) -> None:
+    limiter = flavour.rate_limiter(name, redis_url, limit_for_period=2,
+                                   limit_refresh_period=60, timeout_duration=0,
+                                   redis_timeout=5)
+    assert granted(limiter, 5, key="tenant-a") == 2
+    assert granted(limiter, 5, key="tenant-b") == 2
+    assert granted(limiter, 5) == 2
+    assert limiter.metrics(key="tenant-a").calls == 2
+    assert limiter.bucket_key("tenant-a").endswith(f"{{{name}:tenant-a}}:rl")
+
+
+def test_fail_open_limits_each_process_to_its_share(name: str, flavour: Flavour) -> None:
+    limiter = flavour.rate_limiter(name, f"redis://127.0.0.1:{free_port()}/0",
+                                   limit_for_period=12, limit_refresh_period=60,
+                                   timeout_duration=0, expected_workers=4)
+    assert granted(limiter, 10) == 3                 # 12 // 4 while Redis is unreachable
+    assert limiter.local_fallback_active
+    with pytest.raises(RequestNotPermitted) as refused:
+        limiter.acquire()
+    assert refused.value.local
+    with pytest.raises(RedisUnavailable):
+        limiter.metrics()
+
+
+def test_fail_closed_refuses_while_redis_is_unreachable(name: str, flavour: Flavour) -> None:
+    limiter = flavour.rate_limiter(name, f"redis://127.0.0.1:{free_port()}/0",
+                                   on_redis_error="fail_closed")
+    with pytest.raises(RequestNotPermitted) as refused:
+        limiter.acquire()
+    assert "fail_closed" in refused.value.reason
+
+
+def test_back_on_redis_after_an_outage(name: str, flavour: Flavour) -> None:
+    with RedisServer() as server:
+        limiter = flavour.rate_limiter(name, server.url, limit_for_period=3,
+                                       limit_refresh_period=60, timeout_duration=0,
+                                       redis_timeout=5)
+        assert granted(limiter, 5) == 3
+        server.kill()
+        assert granted(limiter, 1) == 1 and limiter.local_fallback_active   # fresh local bucket
+        server.start()
+
+        def back() -> bool:
+            limiter.try_acquire(timeout=0)
+            return not limiter.local_fallback_active
+
+        wait_until(back, interval=0.05, what="the limiter uses Redis again")
+        assert limiter.metrics().calls >= 1
+
+
+def test_foreign_data_is_a_schema_error(redis_url: str, redis_client: redis.Redis,
+                                        name: str, flavour: Flavour) -> None:
+    limiter = flavour.rate_limiter(name, redis_url, redis_timeout=5)
+    redis_client.set(limiter.keys.bucket, "x")
+    with pytest.raises(SchemaError):
+        limiter.acquire()
+    redis_client.delete(limiter.keys.bucket)
+    redis_client.hset(limiter.keys.bucket, mapping={"v": "9", "tat": "0"})
+    with pytest.raises(SchemaError):
+        limiter.acquire()
+
+
+def test_script_rejects_bad_arguments(redis_client: redis.Redis) -> None:
+    key = "distbreaker:v2:{x}:rl"
+    for args in (["acquire", "0", "1000", "1", "60000", "1", "0"],
+                 ["acquire", "10", "1000", "10", "60000", "0", "0"],
+                 ["acquire", "10000000", "10000000", "1", "60000", "1", "0"],  # > 9e12
+                 ["nope", "10", "1000", "10", "60000"],
+                 ["set", "10", "1000", "10", "60000", "0", "1", "1"]):
+        with pytest.raises(ValueError):
+            run_script(redis_client, SCRIPT, [key], args)
+    assert not redis_client.exists(key)
+
+
+def test_the_key_expires_when_idle(redis_url: str, redis_client: redis.Redis, name: str,
+                                   flavour: Flavour) -> None:
+    limiter = flavour.rate_limiter(name, redis_url, redis_timeout=5, key_ttl=20,
+                                   timeout_duration=1, limit_refresh_period=1)
+    limiter.acquire()
+    assert 0 < redis_client.pttl(limiter.keys.bucket) <= 20_000
+
+
+def test_events_reach_listeners(redis_url: str, name: str, flavour: Flavour) -> None:
+    limiter = flavour.rate_limiter(name, redis_url, limit_for_period=1,
+                                   limit_refresh_period=60, timeout_duration=0,
+                                   redis_timeout=5)
+    seen: list[distbreaker.Event] = []
+    limiter.add_listener(seen.append)
+    limiter.try_acquire()
+    limiter.try_acquire()
+    assert [e.kind for e in seen] == ["permitted", "rejected"]
+    assert isinstance(seen[1].error, RequestNotPermitted) and seen[0].component == "ratelimiter"
+
+
+def test_change_timeout_duration_applies_to_this_process(redis_url: str, name: str,
+                                                         flavour: Flavour) -> None:
+    limiter = flavour.rate_limiter(name, redis_url, limit_for_period=1,
+                                   limit_refresh_period=0.5, timeout_duration=0,
+                                   redis_timeout=5)
+    assert granted(limiter, 1) == 1
+    assert not limiter.try_acquire()
+    limiter.change_timeout_duration(5)
+    assert limiter.try_acquire()
+
+
+def test_config_validation_names_the_field() -> None:
+    with pytest.raises(ValueError, match="limit_for_period"):
+        RateLimiterConfig(limit_for_period=0)
+    with pytest.raises(ValueError, match="key_ttl"):
+        RateLimiterConfig(timeout_duration=3600)
+    with pytest.raises(ValueError, match="on_redis_error"):
+        RateLimiterConfig(on_redis_error="maybe")
+    assert RateLimiterConfig(limit_for_period=7).effective_burst == 7
+
+
+def test_sync_decorator_and_with_block(redis_url: str, name: str) -> None:
+    limiter = distbreaker.RateLimiter(name, redis_url, limit_for_period=2,
+                                      limit_refresh_period=60, timeout_duration=0,
+                                      redis_timeout=5)
+
+    @limiter
+    def work(x: int) -> int:
+        return x * 2
+
+    assert work(2) == 4
+    with limiter:
+        pass
+    with pytest.raises(RequestNotPermitted):
+        work(3)
+
+
+def test_sync_threads_waiting_are_all_served(redis_url: str, name: str) -> None:
+    limiter = distbreaker.RateLimiter(name, redis_url, limit_for_period=5,
+                                      limit_refresh_period=0.5, timeout_duration=10,
+                                      redis_timeout=5)
+    done: list[float] = []
+
+    def one() -> None:
+        limiter.acquire()
+        done.append(time.monotonic())
+
+    threads = [threading.Thread(target=one) for _ in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(done) == 12 and limiter.metrics().calls == 12
+
+
+def test_asyncio_decorator_context_and_cancelled_waiter(redis_url: str, name: str) -> None:
+    async def main() -> None:
+        limiter = distbreaker.aio.RateLimiter(name, redis_url, limit_for_period=1,
+                                              limit_refresh_period=60, timeout_duration=120,
+                                              redis_timeout=5)
+
+        @limiter
+        async def work() -> str:
+            return "ok"
+
+        assert await work() == "ok"
+        waiter = asyncio.ensure_future(limiter.acquire())
+        await asyncio.sleep(0.2)
+        assert limiter.waiting_here == 1
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert limiter.waiting_here == 0
+        other = distbreaker.aio.RateLimiter(name + "-b", redis_url, redis_timeout=5)
+        async with other:
+            pass
+        assert (await other.metrics()).calls == 1
+        await limiter.aclose()
+        await other.aclose()
+
+    asyncio.run(main())
+
