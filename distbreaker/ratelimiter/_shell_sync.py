@@ -20,7 +20,7 @@ from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import run_script, send
 from ..errors import RequestNotPermitted
 from .config import RateLimiterConfig
-from .core import RateLimiterCore, RateLimiterMetrics
+from .core import RateLimiterCore, RateLimiterMetrics, Reservation
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -41,10 +41,11 @@ class RateLimiterShell(RateLimiterCore):
 
     # -- permits ------------------------------------------------------------------------
     def reserve(self, permits: int = 1, *, key: Any = None,
-                timeout: float | None = None) -> float:
-        """Reserve `permits` (Resilience4j's reservePermission): the seconds to wait before
-        using them, or `RequestNotPermitted` when that would exceed `timeout` (default
-        `timeout_duration`). The permits are spent whether or not they are used."""
+                timeout: float | None = None) -> Reservation:
+        """Reserve `permits` (Resilience4j's reservePermission): use them after the
+        reservation's `wait` seconds; `RequestNotPermitted` when that would exceed
+        `timeout` (default `timeout_duration`). The permits are spent whether or not
+        they are used."""
         started = self.clock()
         grant = send(self._client, self.acquire_pending(permits, timeout, key))
         return self.decide(grant, permits, started)
@@ -53,7 +54,7 @@ class RateLimiterShell(RateLimiterCore):
                 timeout: float | None = None) -> None:
         """Take `permits` (waiting up to `timeout`, default `timeout_duration`, for them);
         raises `RequestNotPermitted`. `key`: the limiter's instance for that key."""
-        wait = self.reserve(permits, key=key, timeout=timeout)
+        wait = (self.reserve(permits, key=key, timeout=timeout)).wait
         if wait > 0:
             self.waiting(1)
             try:

@@ -36,14 +36,31 @@ _MAX_KEYS_KEPT = 1024
 
 @dataclasses.dataclass(frozen=True)
 class Grant:
-    """A decoded acquire reply: `ok`, the wait before running (seconds), the limit in
-    force; `source` "redis", "local" (the fallback limiter) or "none" (no accounting:
-    the fallback is still loading)."""
+    """A decoded acquire reply: `ok`, the wait before running (seconds; -1: more permits
+    than the burst), the limit in force, the server time (ms) the reply was made at;
+    `source` "redis", "local" (the fallback limiter), "none" (no accounting: the
+    fallback is still loading) or "closed" (fail_closed)."""
 
     ok: bool
     wait: float
     limit: int
     source: str = "redis"
+    now_ms: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Reservation:
+    """Permits reserved by `reserve()`: use them after `wait` seconds (from the reply).
+
+    `run_at_ms` is the server time (ms, Redis's clock; ``now + wait``) from which they
+    are usable; `source` "redis", or "local" / "none" when the fallback granted them
+    (Redis unreachable; `run_at_ms` is then the fallback's clock, or 0).
+    """
+
+    permits: int
+    wait: float
+    run_at_ms: int
+    source: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +89,8 @@ class RateLimiterMetrics:
 
 
 def decode_grant(raw: Sequence[Any], source: str = "redis") -> Grant:
-    ok, wait_ms, _now_ms, limit = (int(x) for x in raw[:4])
-    return Grant(bool(ok), wait_ms / 1000.0 if wait_ms >= 0 else -1.0, limit, source)
+    ok, wait_ms, now_ms, limit = (int(x) for x in raw[:4])
+    return Grant(bool(ok), wait_ms / 1000.0 if wait_ms >= 0 else -1.0, limit, source, now_ms)
 
 
 def decode_metrics(raw: Sequence[Any]) -> RateLimiterMetrics:
@@ -194,15 +211,16 @@ class RateLimiterCore:
                                changed.effective_burst)
 
     # -- decisions -------------------------------------------------------------------
-    def decide(self, grant: Grant, permits: int, started: float) -> float:
-        """The seconds to wait before running, or raise `RequestNotPermitted` (`retry_after`:
-        the wait those permits would have needed; 0 for more permits than the burst)."""
+    def decide(self, grant: Grant, permits: int, started: float) -> Reservation:
+        """The reservation granted, or raise `RequestNotPermitted` (`retry_after`: the
+        wait those permits would have needed; 0 for more permits than the burst)."""
         if grant.ok:
             if "permitted" in self.listeners.wanted:
                 self.event("permitted", duration=grant.wait + time.monotonic() - started,
                            attempt=permits, reason="" if grant.source == "redis" else
                            "local fallback")
-            return grant.wait
+            run_at = grant.now_ms + round(grant.wait * 1000) if grant.now_ms else 0
+            return Reservation(permits, grant.wait, run_at, grant.source)
         local = grant.source != "redis"
         if grant.source == "closed":
             refusal = RequestNotPermitted(self.name, permits, self._health.retry_in(),

@@ -62,8 +62,11 @@ def test_reservations_queue_in_the_order_they_reached_redis(redis_url: str, name
     limiter = flavour.rate_limiter(name, redis_url, limit_for_period=1,
                                    limit_refresh_period=1, timeout_duration=30,
                                    redis_timeout=5)
-    waits = [limiter.reserve() for _ in range(5)]
-    assert waits[0] == 0
+    reservations = [limiter.reserve() for _ in range(5)]
+    waits = [r.wait for r in reservations]
+    assert waits[0] == 0 and all(r.source == "redis" for r in reservations)
+    runs = [r.run_at_ms for r in reservations]
+    assert all(b - a >= 999 for a, b in itertools.pairwise(runs))   # one per second
     assert all(b > a for a, b in itertools.pairwise(waits))      # first come, first served
     m = limiter.metrics()
     assert m.available_permissions <= -3                     # reserved by the waiters
