@@ -290,3 +290,68 @@ def test_asyncio_decorator_context_and_cancelled_waiter(redis_url: str, name: st
 
     asyncio.run(main())
 
+
+
+# -- in a Policy: Retry( CircuitBreaker( RateLimiter( Bulkhead( call ) ) ) ) --------------
+def test_policy_refusals_are_neither_retried_nor_counted_by_the_breaker(
+        redis_url: str, name: str, flavour: Flavour) -> None:
+    calls: list[int] = []
+    policy = flavour.policy(name, redis=redis_url,
+                            breaker={"sliding_window_size": 10, "minimum_number_of_calls": 2},
+                            rate_limiter={"limit_for_period": 3, "limit_refresh_period": 60,
+                                          "timeout_duration": 0},
+                            bulkhead={"max_concurrent_calls": 5},
+                            retry={"max_attempts": 3}, sleep=flavour.no_sleep)
+    outcomes = []
+    for i in range(6):
+        try:
+            outcomes.append(policy.call(lambda i=i: calls.append(i) or "ok"))
+        except RequestNotPermitted:
+            outcomes.append("limited")
+    assert outcomes == ["ok"] * 3 + ["limited"] * 3
+    assert len(calls) == 3                                   # no retry of a refusal
+    breaker = policy.breaker.metrics()
+    assert breaker.calls == 3 and breaker.failed == 0         # refusals are not failures
+    assert policy.rate_limiter.metrics().rejected == 3
+
+
+def test_an_open_breaker_takes_no_rate_limiter_permit(redis_url: str, name: str,
+                                                      flavour: Flavour) -> None:
+    policy = flavour.policy(name, redis=redis_url,
+                            rate_limiter={"limit_for_period": 3, "limit_refresh_period": 60,
+                                          "timeout_duration": 0})
+    policy.breaker.transition_to_forced_open()
+    with pytest.raises(distbreaker.CallNotPermitted):
+        policy.call(lambda: "ok")
+    m = policy.rate_limiter.metrics()
+    assert m.calls == 0 and m.rejected == 0
+
+
+def test_a_weighted_policy_takes_its_weight_per_attempt(redis_url: str, name: str) -> None:
+    policy = distbreaker.Policy(name, redis=redis_url, redis_timeout=5,
+                                rate_limiter={"limit_for_period": 1000,
+                                              "limit_refresh_period": 60,
+                                              "timeout_duration": 0})
+    heavy = policy.weighted(400)
+    assert heavy.call(lambda: 1) == 1 and heavy.call(lambda: 2) == 2
+    with pytest.raises(RequestNotPermitted):
+        heavy.call(lambda: 3)
+    assert policy.rate_limiter.metrics().permits == 800
+    with pytest.raises(ValueError):
+        distbreaker.Policy(name + "-x", redis=redis_url).weighted(2)
+
+    async def main() -> None:
+        apolicy = distbreaker.aio.Policy(name + "-a", redis=redis_url, redis_timeout=5,
+                                         rate_limiter={"limit_for_period": 10,
+                                                       "limit_refresh_period": 60,
+                                                       "timeout_duration": 0})
+        assert await apolicy.weighted(7).call(_answer) == 42
+        assert (await apolicy.rate_limiter.metrics()).permits == 7
+        await apolicy.rate_limiter.aclose()
+        await apolicy.breaker.aclose()
+
+    asyncio.run(main())
+
+
+async def _answer() -> int:
+    return 42
