@@ -355,3 +355,61 @@ def test_a_weighted_policy_takes_its_weight_per_attempt(redis_url: str, name: st
 
 async def _answer() -> int:
     return 42
+
+
+# -- from a registry (YAML) ------------------------------------------------------------------
+REGISTRY_YAML = """
+redis: ${REDIS_URL}
+rate_limiters:
+  configs:
+    default: {limit_refresh_period: 1m, timeout_duration: 0s}
+  instances:
+    llm: {limit_for_period: 10000, burst: 10000, critical: true}
+    partner: {limit_for_period: 2}
+policies:
+  instances:
+    llm: {rate_limiter: llm, breaker: true}
+"""
+
+
+def test_a_registry_builds_rate_limiters_and_policies_from_yaml(
+        redis_url: str, tmp_path: Any) -> None:
+    path = tmp_path / "distbreaker.yaml"
+    path.write_text(REGISTRY_YAML)
+    environ = {"REDIS_URL": redis_url, "DISTBREAKER_RATE_LIMITER_PARTNER_LIMIT_FOR_PERIOD": "3"}
+    registry = distbreaker.Registry.from_file(path, environ=environ)
+    llm = registry.rate_limiter("llm")
+    assert llm.config.limit_for_period == 10000 and llm.config.limit_refresh_period == 60
+    assert registry.rate_limiter("llm") is llm
+    partner = registry.rate_limiter("partner")
+    assert partner.config.limit_for_period == 3            # the environment wins
+    assert granted(partner, 5) == 3
+    keyed = registry.rate_limiter("partner", key="tenant-9")
+    assert keyed.name == "partner:tenant-9" and granted(keyed, 5) == 3
+    policy = registry.policy("llm")
+    assert policy.rate_limiter is llm
+    assert policy.weighted(4000).call(lambda: "ok") == "ok"
+    assert llm.metrics().permits == 4000
+    health = registry.health()
+    report = health.to_dict()["components"]["rate_limiter:llm"]
+    assert report["status"] == "UP" and report["details"]["calls"] == 1
+    assert health.ready
+
+    async def main() -> None:
+        aregistry = distbreaker.aio.Registry.from_file(path, environ=environ)
+        limiter = aregistry.rate_limiter("partner")
+        assert isinstance(limiter, distbreaker.aio.RateLimiter)
+        assert not await limiter.try_acquire()              # the 3 of the sync one are spent
+        await aregistry.aclose()
+
+    asyncio.run(main())
+    registry.close()
+
+
+def test_a_registry_names_a_bad_rate_limiter_setting(redis_url: str) -> None:
+    with pytest.raises(distbreaker.RegistryConfigError, match="limit_for_period"):
+        distbreaker.Registry({"redis": redis_url,
+                              "rate_limiters": {"instances": {"x": {"limit_for_period": 0}}}})
+    with pytest.raises(distbreaker.RegistryConfigError, match="rate_limiter"):
+        distbreaker.Registry({"redis": redis_url,
+                              "policies": {"instances": {"p": {"rate_limiter": "nope"}}}})
