@@ -26,6 +26,8 @@
 --   calls     calls granted         permits   permits granted (their weights' sum)
 --   waited    calls granted after a wait     rejected  calls refused (the wait was too long)
 --   x         server ms of the last PEXPIRE
+--   cl, cp, cb  ARGV[2..4] of the call that last set the TTL (informational: lets
+--               operator tools show the bucket; each call uses its own)
 --   TTL: PEXPIRE ARGV[5] (key ttl ms) by a write when the last one is older than a
 --   quarter of it; clients keep key ttl >= 2 * (longest timeout + period), so a key
 --   never expires while a reservation in it lies in the future.
@@ -120,7 +122,7 @@ return function(KEYS, ARGV)
   local function expire(ahead_us)
     local need = math.ceil(ahead_us / 500)  -- twice the reach, in ms
     if now_ms - x >= ttl / 4 or need > ttl then
-      redis.call('HSET', K, 'x', fmt(now_ms))
+      redis.call('HSET', K, 'x', fmt(now_ms), 'cl', ARGV[2], 'cp', ARGV[3], 'cb', ARGV[4])
       redis.call('PEXPIRE', K, need > ttl and need or ttl)
     end
   end

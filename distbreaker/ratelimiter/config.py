@@ -39,7 +39,8 @@ class RateLimiterConfig:
     to ``limit_for_period // expected_workers`` (and the burst likewise, at least 1)
     with the same script on an in-process fakeredis; ``fail_closed`` refuses every
     call. `key_ttl`: an idle limiter's key (its counters, an operator's limit) expires
-    after it; it is at least twice the longest reservation (timeout + period).
+    after it; at least twice the longest reservation (timeout + period); by default an
+    hour, or that floor when it is longer.
     """
 
     limit_for_period: int = 50
@@ -48,7 +49,7 @@ class RateLimiterConfig:
     burst: int | None = None
     on_redis_error: RedisErrorPolicy | str = RedisErrorPolicy.FAIL_OPEN
     expected_workers: int = 1
-    key_ttl: Seconds = 3600.0
+    key_ttl: Seconds | None = None
     redis_timeout: Seconds = 0.25
     redis_retry_max_backoff: Seconds = 5.0
 
@@ -57,7 +58,7 @@ class RateLimiterConfig:
         check_int(self.limit_for_period, "limit_for_period", 1, _MAX_LIMIT)
         if self.burst is not None:
             check_int(self.burst, "burst", 1, _MAX_LIMIT)
-        for field in ("limit_refresh_period", "timeout_duration", "key_ttl"):
+        for field in ("limit_refresh_period", "timeout_duration"):
             put(self, field, to_seconds(getattr(self, field), field))
         if self.limit_refresh_period < 0.001:
             raise ValueError("limit_refresh_period must be >= 0.001 seconds (Redis time is "
@@ -69,10 +70,23 @@ class RateLimiterConfig:
         check_int(self.expected_workers, "expected_workers", 1, 1_000_000)
         put(self, "on_redis_error", RedisErrorPolicy.check(self.on_redis_error))
         check_redis_options(self)
-        floor = 2 * (self.timeout_duration + self.limit_refresh_period)
-        if self.key_ttl < floor:
-            raise ValueError(f"key_ttl must be >= {floor:g} seconds (twice timeout_duration "
-                             f"+ limit_refresh_period), got {self.key_ttl!r}")
+        if self.key_ttl is not None:
+            put(self, "key_ttl", to_seconds(self.key_ttl, "key_ttl"))
+            if self.key_ttl < self._ttl_floor:
+                raise ValueError(f"key_ttl must be >= {self._ttl_floor:g} seconds (twice "
+                                 f"timeout_duration + limit_refresh_period), got "
+                                 f"{self.key_ttl!r}")
+
+    @property
+    def _ttl_floor(self) -> float:
+        return 2 * (float(self.timeout_duration) + float(self.limit_refresh_period))
+
+    @property
+    def effective_key_ttl(self) -> float:
+        """`key_ttl`, or by default an hour (longer when the floor is: see the class)."""
+        if self.key_ttl is None:
+            return max(3600.0, self._ttl_floor)
+        return float(self.key_ttl)
 
     @property
     def period_ms(self) -> int:

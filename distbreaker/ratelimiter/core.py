@@ -123,9 +123,9 @@ class RateLimiterCore:
         self.listeners = Listeners(EVENT_KINDS, default=EVENT_KINDS)
         cfg = self.config
         self._geometry = (str(cfg.limit_for_period), str(cfg.period_ms),
-                          str(cfg.effective_burst), str(to_ms(cfg.key_ttl)))
+                          str(cfg.effective_burst), str(to_ms(cfg.effective_key_ttl)))
         self._local_geometry = (str(cfg.fallback_limit), str(cfg.period_ms),
-                                str(cfg.fallback_burst), str(to_ms(cfg.key_ttl)))
+                                str(cfg.fallback_burst), str(to_ms(cfg.effective_key_ttl)))
         forking.register(self)
 
     def _after_fork(self) -> None:
@@ -206,7 +206,7 @@ class RateLimiterCore:
             followed = base is None or base.burst == base.limit_for_period
             burst = limit if followed else base.burst  # type: ignore[union-attr]
         changed = self.config.replace(limit_for_period=limit, limit_refresh_period=period,
-                                      burst=burst)  # validated like a config
+                                      burst=burst, key_ttl=None)  # validated as a config
         return self.admin_args("set", changed.limit_for_period, changed.period_ms,
                                changed.effective_burst)
 

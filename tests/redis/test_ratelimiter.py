@@ -223,7 +223,7 @@ def test_config_validation_names_the_field() -> None:
     with pytest.raises(ValueError, match="limit_for_period"):
         RateLimiterConfig(limit_for_period=0)
     with pytest.raises(ValueError, match="key_ttl"):
-        RateLimiterConfig(timeout_duration=3600)
+        RateLimiterConfig(timeout_duration=3600, key_ttl=60)
     with pytest.raises(ValueError, match="on_redis_error"):
         RateLimiterConfig(on_redis_error="maybe")
     assert RateLimiterConfig(limit_for_period=7).effective_burst == 7
@@ -413,3 +413,28 @@ def test_a_registry_names_a_bad_rate_limiter_setting(redis_url: str) -> None:
     with pytest.raises(distbreaker.RegistryConfigError, match="rate_limiter"):
         distbreaker.Registry({"redis": redis_url,
                               "policies": {"instances": {"p": {"rate_limiter": "nope"}}}})
+
+
+# -- the CLI's rows (readside) ------------------------------------------------------------------
+def test_ls_and_show_report_the_rate_limiter(redis_url: str, name: str) -> None:
+    import json
+
+    from tests.helpers.cli import run
+
+    limiter = distbreaker.RateLimiter(name, redis_url, limit_for_period=10,
+                                      limit_refresh_period=3600, timeout_duration=0,
+                                      redis_timeout=5)
+    assert granted(limiter, 12, permits=2) == 5
+    listed = json.loads(run(redis_url, "ls", "--json").stdout)
+    row = next(r for r in listed["breakers"] if r["name"] == name)
+    rl = row["rate_limiter"]
+    assert (rl["limit_for_period"], rl["limit_refresh_period_ms"], rl["burst"]) == \
+        (10, 3_600_000, 10)
+    assert (rl["available"], rl["calls"], rl["permits"], rl["rejected"]) == (0, 5, 10, 7)
+    assert row["state"] is None and row["breaker"] is None
+    text = run(redis_url, "ls").stdout
+    assert "RATE" in text and "0/10 per 1h" in text
+    limiter.change_limit_for_period(20)
+    shown = json.loads(run(redis_url, "show", name, "--json").stdout)
+    assert shown["rate_limiter"]["overridden"] and shown["rate_limiter"]["limit_for_period"] == 20
+    assert "changed by an operator" in run(redis_url, "show", name).stdout
