@@ -2,13 +2,8 @@
 tasks, with workers SIGKILLed mid-run; and waiting callers of several processes served
 in the order they asked.
 
-Each permitted call is logged by one atomic script (the "protected call"): the
-reservation's server run time, its weight and the server time it actually ran. The
-fleet conforms exactly to the rate limiter's guarantee (lua/ratelimiter.lua): for any
-two logged calls i <= j (by run time), the weights of the calls i..j total at most
-``burst + (run_j - run_i + 2 ms) * limit / period`` (2 ms: the run times are the server
-clock's milliseconds; the script works in microseconds); and no call ran before its
-run time.
+Each permitted call is logged by one atomic script (the "protected call"), and the log
+is checked against the rate limiter's exact guarantee (tests/helpers/ratelimits.py).
 """
 
 from __future__ import annotations
@@ -27,18 +22,13 @@ import redis.asyncio
 from distbreaker.errors import RequestNotPermitted
 from distbreaker.ratelimiter.aio import RateLimiter as AsyncRateLimiter
 from distbreaker.ratelimiter.sync import RateLimiter
+from tests.helpers.ratelimits import LOG, busiest_period, read_log, violations
 from tests.helpers.waiting import wait_until
 
 FORK = multiprocessing.get_context("fork")
 LIMIT, PERIOD_MS = 30, 1000
 SETTINGS = {"limit_for_period": LIMIT, "limit_refresh_period": PERIOD_MS / 1000,
             "timeout_duration": 1.0, "redis_timeout": 5}
-
-#: KEYS[1] the log; ARGV[1] "run_at_ms,weight": appends "run_at_ms,weight,ran_ms".
-LOG = """local t = redis.call('TIME')
-local ran = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return redis.call('RPUSH', KEYS[1], ARGV[1] .. ',' .. string.format('%d', ran))"""
-
 
 def weight_of(i: int) -> int:
     return 1 + i % 3          # weighted permits: 1, 2, 3 tokens
@@ -103,22 +93,6 @@ def start(kind: str, url: str, name: str, reap: list[Any]) -> Any:
     return process
 
 
-def conformance_violations(entries: list[tuple[int, int, int]], burst: int) -> list[str]:
-    """Every (i, j) whose weights exceed the guarantee, and every call that ran early."""
-    runs = sorted(entries)
-    found = [f"ran at {ran} before its run time {at}" for at, _, ran in runs if ran < at]
-    for i in range(len(runs)):
-        total = 0
-        for j in range(i, len(runs)):
-            total += runs[j][1]
-            allowed = burst + (runs[j][0] - runs[i][0] + 2) * LIMIT / PERIOD_MS
-            if total > allowed:
-                found.append(f"calls {i}..{j}: {total} permits in "
-                             f"{runs[j][0] - runs[i][0]} ms, allowed {allowed:.1f}")
-                break
-    return found
-
-
 def test_the_fleet_never_exceeds_the_limit_even_when_workers_are_killed(
         redis_url: str, redis_client: redis.Redis, name: str, reap: list[Any]) -> None:
     log = f"{name}:log"
@@ -136,13 +110,10 @@ def test_the_fleet_never_exceeds_the_limit_even_when_workers_are_killed(
     for process in fleet[2:]:
         process.join(30)
         assert process.exitcode == 0
-    entries = [tuple(int(x) for x in raw.split(b",")) for raw in redis_client.lrange(log, 0, -1)]
-    assert conformance_violations(entries, burst=LIMIT) == []   # type: ignore[arg-type]
+    entries = read_log(redis_client, log)
+    assert violations(entries, LIMIT, PERIOD_MS, burst=LIMIT) == []
     # the limit was the bottleneck: some period's worth of calls used the whole limit
-    runs = sorted(entries)
-    busiest = max(sum(w for at, w, _ in runs[i:] if at < runs[i][0] + PERIOD_MS)
-                  for i in range(len(runs)))
-    assert busiest >= LIMIT
+    assert busiest_period(entries, PERIOD_MS) >= LIMIT
 
 
 def _queued(url: str, name: str, flavour: str, log: str, asked: Any) -> None:
@@ -182,7 +153,7 @@ def test_waiting_callers_of_several_processes_are_served_in_the_order_they_asked
     for process in reap:
         process.join(60)
         assert process.exitcode == 0
-    entries = [tuple(int(x) for x in raw.split(b",")) for raw in redis_client.lrange(log, 0, -1)]
+    entries = read_log(redis_client, log)
     by_run_time = [pid for _, pid, _ in sorted(entries)]
     assert by_run_time == order                          # first asked, first served
     assert all(ran >= at for at, _, ran in entries)      # none ran before its turn
