@@ -48,7 +48,8 @@
 --   could grant now (negative while reservations wait), overridden 1 when an
 --   operator's limit governs.
 -- Errors: "DISTBREAKER_SCHEMA <key> ..." (foreign data), "DISTBREAKER_ARGS ...".
--- Commands on the hot path: TIME, HMGET, HSET (and PEXPIRE once per ttl / 4).
+-- Commands on the hot path (a granted acquire): TIME, HMGET, HSET (and PEXPIRE once per
+-- ttl / 4). ARGV[2..5] are parsed once per distinct strings (kept by the library).
 
 local schema_error, failed_on, args_error = prelude.schema_error, prelude.failed_on,
                                            prelude.args_error
@@ -64,27 +65,76 @@ local function bad_args(op) return args_error('bad rate limiter arguments for ' 
 
 local function fmt(n) return string.format('%d', n) end
 
--- The bucket geometry of (limit, period, burst), or nil when malformed.
-local function geometry(lim, per, bur)
+-- The bucket of (limit, period, burst): {limit, period, burst, cap µs, cost of one permit
+-- µs}, or nil when malformed.
+local function bucket(lim, per, bur)
   if not (lim and per and bur) or lim < 1 or per < 1 or bur < 1 or lim * per > MAX_PRODUCT then
     return nil
   end
-  return math.floor(bur * per * 1000 / lim)
+  return {lim, per, bur, math.floor(bur * per * 1000 / lim), math.ceil(per * 1000 / lim)}
 end
 
-local function cost_us(n, lim, per) return math.ceil(n * per * 1000 / lim) end
+-- ARGV[2..5] as {limit, period, burst, cap, cost1, ttl}, false when malformed; parsed
+-- once per distinct strings (a function library keeps them; looked up by the four
+-- strings in turn: cheaper than a key made by concatenation).
+local PARSED, PARSED_N = {}, 0
+local function parse(a2, a3, a4, a5)
+  a2, a3, a4, a5 = a2 or '', a3 or '', a4 or '', a5 or ''
+  local t2 = PARSED[a2]
+  local t3 = t2 and t2[a3]
+  local t4 = t3 and t3[a4]
+  local g = t4 and t4[a5]
+  if g == nil then
+    local ttl = int(a5)
+    g = bucket(int(a2), int(a3), int(a4)) or false
+    if g and ttl and ttl >= 1 then g[6] = ttl else g = false end
+    if PARSED_N >= 64 then PARSED, PARSED_N, t2, t3, t4 = {}, 0, nil, nil, nil end
+    if not t2 then t2 = {}; PARSED[a2] = t2 end
+    if not t3 then t3 = {}; t2[a3] = t3 end
+    if not t4 then t4 = {}; t3[a4] = t4 end
+    t4[a5], PARSED_N = g, PARSED_N + 1
+  end
+  return g
+end
+
+local function cost_us(n, b)
+  if n == 1 then return b[5] end
+  return math.ceil(n * b[2] * 1000 / b[1])
+end
+
+-- Refresh the TTL when the last refresh (x) is a quarter of it old, or when the bucket
+-- reaches further ahead than half of it (an operator's long period); the fields to add
+-- to the op's own HSET, appended to `fields`.
+local function expire_fields(K, fields, now_ms, x, ttl, ahead_us, ARGV)
+  local need = math.ceil(ahead_us / 500)  -- twice the reach, in ms
+  if now_ms - x >= ttl / 4 or need > ttl then
+    local i = #fields
+    fields[i + 1], fields[i + 2] = 'x', fmt(now_ms)
+    fields[i + 3], fields[i + 4] = 'cl', ARGV[2]
+    fields[i + 5], fields[i + 6] = 'cp', ARGV[3]
+    fields[i + 7], fields[i + 8] = 'cb', ARGV[4]
+    return need > ttl and need or ttl
+  end
+  return nil
+end
+
+local function write(K, fields, pexpire)
+  redis.call('HSET', K, unpack(fields))
+  if pexpire then redis.call('PEXPIRE', K, pexpire) end
+end
 
 return function(KEYS, ARGV)
   local K, op = KEYS[1], ARGV[1]
-  local lim, per, bur, ttl = int(ARGV[2]), int(ARGV[3]), int(ARGV[4]), int(ARGV[5])
-  if not geometry(lim, per, bur) or not ttl or ttl < 1 then return bad_args(op) end
+  local g = parse(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+  if not g then return bad_args(op) end
+  local ttl = g[6]
   local n, max_wait_ms
   if op == 'acquire' then
-    n, max_wait_ms = int(ARGV[6]), int(ARGV[7] or '0')
+    n = ARGV[6] == '1' and 1 or int(ARGV[6])
+    max_wait_ms = (ARGV[7] == nil or ARGV[7] == '0') and 0 or int(ARGV[7])
     if not n or n < 1 or not max_wait_ms then return bad_args(op) end
   elseif op == 'set' then
-    local l2, p2, b2 = int(ARGV[6]), int(ARGV[7]), int(ARGV[8])
-    if not geometry(l2, p2, b2) then return bad_args(op) end
+    if not bucket(int(ARGV[6]), int(ARGV[7]), int(ARGV[8])) then return bad_args(op) end
   elseif op ~= 'drain' and op ~= 'unset' and op ~= 'metrics' then
     return bad_args(op)
   end
@@ -98,6 +148,7 @@ return function(KEYS, ARGV)
   if raw['err'] then return failed_on(K, 'hash', raw) end
   local exists = raw[1] ~= false
   local tat, x = 0, 0
+  local b = g
   if exists then
     if raw[1] ~= '1' then
       return schema_error(K, 'has layout version ' .. tostring(raw[1]) .. ', this client speaks 1')
@@ -105,84 +156,63 @@ return function(KEYS, ARGV)
     tat, x = int(raw[2]), int(raw[6] or '0')
     if not tat or not x then return schema_error(K, 'has corrupt rate limiter fields') end
     if raw[3] then  -- an operator's limit governs
-      lim, per, bur = int(raw[3]), int(raw[4]), int(raw[5])
-      if not geometry(lim, per, bur) then
-        return schema_error(K, 'has a corrupt operator limit')
-      end
+      b = bucket(int(raw[3]), int(raw[4]), int(raw[5]))
+      if not b then return schema_error(K, 'has a corrupt operator limit') end
     end
   elseif redis.call('EXISTS', K) == 1 then
     return schema_error(K, 'is a hash without a version')
   end
-  local cap = geometry(lim, per, bur)
+  local lim, cap = b[1], b[4]
   local backlog = tat - now_us
   if backlog < 0 then backlog = 0 end
 
-  -- The TTL is refreshed by a write when the last refresh is a quarter of it old, or
-  -- when the bucket reaches further ahead than half of it (an operator's long period).
-  local function expire(ahead_us)
-    local need = math.ceil(ahead_us / 500)  -- twice the reach, in ms
-    if now_ms - x >= ttl / 4 or need > ttl then
-      redis.call('HSET', K, 'x', fmt(now_ms), 'cl', ARGV[2], 'cp', ARGV[3], 'cb', ARGV[4])
-      redis.call('PEXPIRE', K, need > ttl and need or ttl)
-    end
-  end
-
   if op == 'acquire' then
-    if n > bur then
-      redis.call('HINCRBY', K, 'rejected', 1)
-      if not exists then redis.call('HSET', K, 'v', '1', 'tat', '0') end
-      expire(backlog)
-      return {0, -1, now_ms, lim}
+    local fields, wait_ms, c = nil, -1, 0
+    if n <= b[3] then
+      c = cost_us(n, b)
+      local wait_us = backlog + c - cap
+      wait_ms = wait_us > 0 and math.ceil(wait_us / 1000) or 0
     end
-    local c = cost_us(n, lim, per)
-    local wait_us = backlog + c - cap
-    if wait_us < 0 then wait_us = 0 end
-    local wait_ms = math.ceil(wait_us / 1000)
-    if wait_ms > max_wait_ms then
+    if wait_ms < 0 or wait_ms > max_wait_ms then  -- refused: nothing reserved
       redis.call('HINCRBY', K, 'rejected', 1)
-      if not exists then redis.call('HSET', K, 'v', '1', 'tat', '0') end
-      expire(backlog)
+      fields = exists and {} or {'v', '1', 'tat', '0'}
+      local pexpire = expire_fields(K, fields, now_ms, x, ttl, backlog, ARGV)
+      if fields[1] then write(K, fields, pexpire) end
       return {0, wait_ms, now_ms, lim}
     end
-    local tat_new = fmt(now_us + backlog + c)
-    local calls, permits = (tonumber(raw[7]) or 0) + 1, (tonumber(raw[8]) or 0) + n
-    if not exists then
-      redis.call('HSET', K, 'v', '1', 'tat', tat_new, 'calls', 1, 'permits', n,
-                 'waited', wait_ms > 0 and 1 or 0, 'rejected', 0)
-    elseif wait_ms > 0 then
-      redis.call('HSET', K, 'tat', tat_new, 'calls', fmt(calls), 'permits', fmt(permits),
-                 'waited', fmt((tonumber(raw[9]) or 0) + 1))
-    else
-      redis.call('HSET', K, 'tat', tat_new, 'calls', fmt(calls), 'permits', fmt(permits))
-    end
-    expire(backlog + c)
+    local waited = tonumber(raw[9]) or 0
+    if wait_ms > 0 then waited = waited + 1 end
+    fields = {'tat', fmt(now_us + backlog + c), 'calls', (tonumber(raw[7]) or 0) + 1,
+              'permits', (tonumber(raw[8]) or 0) + n, 'waited', waited}
+    if not exists then fields[9], fields[10] = 'v', '1' end
+    write(K, fields, expire_fields(K, fields, now_ms, x, ttl, backlog + c, ARGV))
     return {1, wait_ms, now_ms, lim}
   end
 
   if op == 'drain' then  -- the bucket is empty now: what it held is spent
     if backlog < cap then
       backlog = cap
-      redis.call('HSET', K, 'v', '1', 'tat', fmt(now_us + cap))
-      expire(cap)
+      local fields = {'v', '1', 'tat', fmt(now_us + cap)}
+      write(K, fields, expire_fields(K, fields, now_ms, x, ttl, cap, ARGV))
     end
   elseif op == 'set' then
-    lim, per, bur = int(ARGV[6]), int(ARGV[7]), int(ARGV[8])
-    cap = geometry(lim, per, bur)
-    redis.call('HSET', K, 'v', '1', 'tat', fmt(tat), 'lim', fmt(lim), 'per', fmt(per),
-               'bur', fmt(bur))
-    x = 0
-    expire(backlog > cap and backlog or cap)
+    b = bucket(int(ARGV[6]), int(ARGV[7]), int(ARGV[8]))
+    lim, cap = b[1], b[4]
+    local fields = {'v', '1', 'tat', fmt(tat), 'lim', fmt(b[1]), 'per', fmt(b[2]),
+                    'bur', fmt(b[3])}
+    write(K, fields, expire_fields(K, fields, now_ms, 0, ttl,
+                                   backlog > cap and backlog or cap, ARGV))
   elseif op == 'unset' then
     if exists then
       redis.call('HDEL', K, 'lim', 'per', 'bur')
-      lim, per, bur = int(ARGV[2]), int(ARGV[3]), int(ARGV[4])
-      cap = geometry(lim, per, bur)
+      b = g
+      lim, cap = b[1], b[4]
     end
   end
 
   local counts = redis.call('HMGET', K, 'calls', 'permits', 'waited', 'rejected', 'lim')
-  local available = math.floor((cap - backlog) / cost_us(1, lim, per))
-  return {available, lim, per, bur, tonumber(counts[1] or 0) or 0,
+  local available = math.floor((cap - backlog) / b[5])
+  return {available, lim, b[2], b[3], tonumber(counts[1] or 0) or 0,
           tonumber(counts[2] or 0) or 0, tonumber(counts[3] or 0) or 0,
           tonumber(counts[4] or 0) or 0, now_ms, counts[5] and 1 or 0}
 end
