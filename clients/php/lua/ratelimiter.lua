@@ -187,8 +187,7 @@ return function(KEYS, ARGV)
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local now_ms = math.floor(now_us / 1000)
 
-  local raw = redis.pcall('HMGET', K, 'v', 'tat', 'lim', 'per', 'bur', 'x', 'calls', 'permits',
-                          'waited')
+  local raw = redis.pcall('HMGET', K, 'v', 'tat', 'x', 'calls', 'permits', 'waited', 'lim')
   if raw['err'] then return failed_on(K, 'hash', raw) end
   local exists = raw[1] ~= false
   local tat, x = 0, 0
@@ -197,10 +196,11 @@ return function(KEYS, ARGV)
     if raw[1] ~= '1' then
       return schema_error(K, 'has layout version ' .. tostring(raw[1]) .. ', this client speaks 1')
     end
-    tat, x = int(raw[2]), int(raw[6] or '0')
+    tat, x = int(raw[2]), int(raw[3] or '0')
     if not tat or not x then return schema_error(K, 'has corrupt rate limiter fields') end
-    if raw[3] then  -- an operator's limit governs
-      b = bucket(int(raw[3]), int(raw[4]), int(raw[5]))
+    if raw[7] then  -- an operator's limit governs
+      local o = redis.call('HMGET', K, 'per', 'bur')
+      b = bucket(int(raw[7]), int(o[1]), int(o[2]))
       if not b then return schema_error(K, 'has a corrupt operator limit') end
     end
   elseif redis.call('EXISTS', K) == 1 then
@@ -224,10 +224,17 @@ return function(KEYS, ARGV)
       if fields[1] then write(K, fields, pexpire) end
       return {0, wait_ms, now_ms, lim}
     end
-    local waited = tonumber(raw[9]) or 0
-    if wait_ms > 0 then waited = waited + 1 end
-    fields = {'tat', fmt(now_us + backlog + c), 'calls', (tonumber(raw[7]) or 0) + 1,
-              'permits', (tonumber(raw[8]) or 0) + n, 'waited', waited}
+    local tat_new, calls = fmt(now_us + backlog + c), (tonumber(raw[4]) or 0) + 1
+    local permits = (tonumber(raw[5]) or 0) + n
+    -- numbers go to Redis in their shortest form: beyond 1e14 that could be "1e+15"
+    if permits >= 1e14 then calls, permits = fmt(calls), fmt(permits) end
+    if exists and wait_ms == 0 and now_ms - x < ttl / 4 and backlog + c <= ttl * 500 then
+      -- the hot path: one HSET of what changed, no TTL due
+      redis.call('HSET', K, 'tat', tat_new, 'calls', calls, 'permits', permits)
+      return {1, 0, now_ms, lim}
+    end
+    fields = {'tat', tat_new, 'calls', calls, 'permits', permits,
+              'waited', (tonumber(raw[6]) or 0) + (wait_ms > 0 and 1 or 0)}
     if not exists then fields[9], fields[10] = 'v', '1' end
     write(K, fields, expire_fields(K, fields, now_ms, x, ttl, backlog + c, ARGV))
     return {1, wait_ms, now_ms, lim}
