@@ -438,3 +438,14 @@ def test_ls_and_show_report_the_rate_limiter(redis_url: str, name: str) -> None:
     shown = json.loads(run(redis_url, "show", name, "--json").stdout)
     assert shown["rate_limiter"]["overridden"] and shown["rate_limiter"]["limit_for_period"] == 20
     assert "changed by an operator" in run(redis_url, "show", name).stdout
+    from click.testing import CliRunner
+
+    from distbreaker.cli import cli
+
+    watched = CliRunner(env={"COLUMNS": "200"}).invoke(
+        cli, ["--url", redis_url, "watch", "--interval", "0.05", "--iterations", "1"])
+    assert watched.exit_code == 0, watched.output
+    header = next(line for line in watched.stdout.splitlines() if line.startswith("NAME"))
+    assert "RATE" in header.split()
+    row = next(line for line in watched.stdout.splitlines() if line.startswith(name))
+    assert "/20 per 1h" in row and row.rstrip().endswith("-")   # RATE, then BUDGET
