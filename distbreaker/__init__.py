@@ -7,10 +7,11 @@ from .budget.sync import RetryBudget
 from .bulkhead.sync import Bulkhead
 from .ganesha.sync import GaneshaBreaker
 from .policy.sync import Policy
+from .ratelimiter.sync import RateLimiter
 from .registry import ComponentHealth, Registry, RegistryConfigError, RegistryHealth, health
 from .retry.sync import Retry
 
 __all__ = [*_shared, "Bulkhead", "CircuitBreaker", "ComponentHealth", "GaneshaBreaker",
-           "Policy", "Registry", "RegistryConfigError", "RegistryHealth", "Retry", "RetryBudget",
-           "health"]
+           "Policy", "RateLimiter", "Registry", "RegistryConfigError", "RegistryHealth", "Retry",
+           "RetryBudget", "health"]
 __version__ = "0.1.0"

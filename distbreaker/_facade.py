@@ -33,11 +33,14 @@ from .errors import (
     DistbreakerError,
     Overloaded,
     RedisUnavailable,
+    RequestNotPermitted,
     RetryBudgetExhausted,
     SchemaError,
 )
 from .ganesha.config import GaneshaConfig, GaneshaEvent
 from .policy.core import AttemptTimeout
+from .ratelimiter.config import RateLimiterConfig
+from .ratelimiter.core import RateLimiterMetrics
 from .retry.config import Jitter, RetryConfig
 
 __all__ = [
@@ -65,9 +68,12 @@ __all__ = [
     "Metrics",
     "Outcome",
     "Overloaded",
+    "RateLimiterConfig",
+    "RateLimiterMetrics",
     "RecordMode",
     "RedisErrorPolicy",
     "RedisUnavailable",
+    "RequestNotPermitted",
     "ResultRecordedAsFailure",
     "RetryBudgetExhausted",
     "RetryConfig",

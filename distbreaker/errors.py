@@ -2,9 +2,10 @@
 
 On its own account (besides whatever the protected function raised) a protected
 call raises only rejections: `CallNotPermitted` (the breaker; also a Redis outage
-under fail_closed) and `BulkheadFull` (the bulkhead). `RetryBudgetExhausted` is
-raised only by `RetryBudget.withdraw()`, for callers driving the budget themselves
-(`Retry` and `Policy` re-raise the original error instead). `SchemaError` means
+under fail_closed), `BulkheadFull` (the bulkhead) and `RequestNotPermitted` (the rate
+limiter). `RetryBudgetExhausted` is raised only by `RetryBudget.withdraw()`, for
+callers driving the budget themselves (`Retry` and `Policy` re-raise the original
+error instead). `SchemaError` means
 foreign data in Redis; misuse raises ValueError or TypeError.
 
 Reads and operator actions, which go to Redis only (`breaker.state`, `get_state()`,
@@ -109,6 +110,28 @@ class BulkheadFull(DistbreakerError):
         detail = f" after waiting {waited:.3f}s" if waited > 0 else ""
         super().__init__(f"bulkhead {name!r} is full ({in_use}/{limit} permits in use, "
                          f"{scope}){detail}")
+
+
+class RequestNotPermitted(DistbreakerError):
+    """The rate limiter gave no permit within `timeout_duration`; the call did not run.
+
+    `permits` is what the call asked for, `retry_after` the seconds after which that
+    many would have been granted (0 when unknown: more permits than the burst, or Redis
+    unavailable under fail_closed), `local` True when this process's fallback limiter
+    refused (Redis unreachable), `reason` what refused (Resilience4j's name).
+    """
+
+    _fields = ("name", "permits", "retry_after", "local", "reason")
+
+    def __init__(self, name: str, permits: int = 1, retry_after: float = 0.0,
+                 local: bool = False, reason: str = "") -> None:
+        self.name = name
+        self.permits = permits
+        self.retry_after = max(0.0, retry_after)
+        self.local = local
+        self.reason = reason or ("local fallback limit" if local else "fleet-wide limit")
+        super().__init__(f"rate limiter {name!r} refused {permits} permit(s) ({self.reason}); "
+                         f"retry after {self.retry_after:.3f}s")
 
 
 class RedisUnavailable(DistbreakerError, RedisConnectionError):

@@ -27,7 +27,14 @@ from typing import Any
 from redis.client import NEVER_DECODE
 
 from ._runtime import state_record
-from ._runtime.keys import BreakerKeys, BudgetKeys, BulkheadKeys, namespace, validate_name
+from ._runtime.keys import (
+    BreakerKeys,
+    BudgetKeys,
+    BulkheadKeys,
+    RateLimiterKeys,
+    namespace,
+    validate_name,
+)
 from ._runtime.scripts import text
 from .breaker.config import MAX_COUNT_WINDOW, MAX_TIME_WINDOW, BreakerConfig, WindowType
 from .breaker.core import config_fingerprint, rate
@@ -45,7 +52,8 @@ SCHEMAS = (V2, V1)
 _COMMON = {":cb": "breaker", ":cb:probes": "breaker", ":cb:events": "breaker",
            ":bh": "bulkhead", ":bh:meta": "bulkhead", ":bh:notify": "bulkhead",
            ":rb": "budget"}
-_SUFFIXES = {V2: {**_COMMON, ":cb:meta": "breaker", ":cb:fw": "breaker"},
+_SUFFIXES = {V2: {**_COMMON, ":cb:meta": "breaker", ":cb:fw": "breaker",
+                  ":rl": "rate_limiter"},
              V1: {**_COMMON, ":cb:win": "breaker"}}
 _STATE_INTS = ("since", "open_until", "calls", "failures", "slow", "total_ms", "head",
                "wsec", "hp_issued", "hp_done", "hp_fail", "hp_slow", "rejected", "gen",
@@ -88,6 +96,7 @@ class NameKeys:
     bh_notify: str
     rb: str
     fw: str
+    rl: str
 
     @classmethod
     def build(cls, name: str, prefix: str, schema: str = V2) -> NameKeys:
@@ -95,7 +104,8 @@ class NameKeys:
                       BudgetKeys.build(name, prefix))
         v2 = {"state": bk.state, "meta": bk.meta, "probes": bk.probes,
               "history": bk.history, "bh_leases": hk.leases, "bh_meta": hk.meta,
-              "bh_notify": hk.notify, "rb": rk.slices, "fw": f"{bk.state}:fw"}
+              "bh_notify": hk.notify, "rb": rk.slices, "fw": f"{bk.state}:fw",
+              "rl": RateLimiterKeys.build(name, prefix).bucket}
         keys = {role: _in_schema(key, prefix, schema) for role, key in v2.items()}
         if schema == V1:
             keys["meta"] = keys["state"] + ":win"
@@ -106,7 +116,8 @@ class NameKeys:
         state, meta = ("string", "hash") if self.schema == V2 else ("hash", "hash")
         return {self.state: state, self.meta: meta, self.probes: "zset",
                 self.history: "stream", self.bh_leases: "zset", self.bh_meta: "hash",
-                self.bh_notify: "list", self.rb: "hash", self.fw: "hash"}
+                self.bh_notify: "list", self.rb: "hash", self.fw: "hash",
+                self.rl: "hash"}
 
     def unread(self, parts: Iterable[str]) -> dict[str, str]:
         """The keys of `parts` a summary does not read (the history, the quorum marks,
@@ -236,7 +247,7 @@ def invalid_row(name: str, keys: Sequence[str], prefix: str | None = None) -> di
 
 def _empty_row(name: str, schema: str = V2) -> dict[str, Any]:
     return {"name": name, "schema": schema, "state": None, "breaker": None,
-            "bulkhead": None, "budget": None, "error": None}
+            "bulkhead": None, "budget": None, "rate_limiter": None, "error": None}
 
 
 def read_rows(client: Any, prefix: str, found: Scan) -> list[dict[str, Any]]:
@@ -724,6 +735,32 @@ def decode_budget(raw: Mapping[Any, Any], now_ms: int) -> dict[str, Any]:
     return out
 
 
+def decode_rate_limiter(raw: Mapping[Any, Any], now_ms: int) -> dict[str, Any]:
+    """The rate limiter hash (lua/ratelimiter.lua): its limit (an operator's, else the one
+    the last TTL-setting worker sent), permits available now (negative: reserved by
+    waiting calls), how far ahead reservations reach, and the fleet-wide counters."""
+    f = {text(k): text(v) for k, v in raw.items()}
+
+    def num(field: str) -> int | None:
+        return _int_or(f[field], -1) if field in f else None
+
+    overridden = "lim" in f
+    limit, period, burst = (num(k) for k in (("lim", "per", "bur") if overridden
+                                             else ("cl", "cp", "cb")))
+    out: dict[str, Any] = {
+        "limit_for_period": limit, "limit_refresh_period_ms": period, "burst": burst,
+        "overridden": overridden, "available": None, "reserved_ahead_ms": None,
+        "calls": num("calls") or 0, "permits": num("permits") or 0,
+        "waited": num("waited") or 0, "rejected": num("rejected") or 0}
+    tat = num("tat")
+    if limit and period and burst and limit > 0 and period > 0 and tat is not None:
+        backlog = max(0, tat - now_ms * 1000)
+        cap = burst * period * 1000 // limit
+        out["available"] = (cap - backlog) // max(1, -(-period * 1000 // limit))
+        out["reserved_ahead_ms"] = max(0, backlog - cap) // 1000
+    return out
+
+
 # -- reading ------------------------------------------------------------------------
 
 def _check_type(client: Any, key: str, expected: str) -> None:
@@ -769,7 +806,7 @@ def read_summaries(client: Any, prefix: str,
         yield from (rows[n] for n, _ in chunk)
 
 
-_ALL = frozenset({"breaker", "bulkhead", "budget"})
+_ALL = frozenset({"breaker", "bulkhead", "budget", "rate_limiter"})
 
 
 def _summaries(client: Any, prefix: str, items: Sequence[tuple[str, frozenset[str]]],
@@ -802,6 +839,9 @@ def _summaries(client: Any, prefix: str, items: Sequence[tuple[str, frozenset[st
         if "budget" in parts:
             pipe.hgetall(keys.rb)
             steps.append("budget")
+        if "rate_limiter" in parts and schema == V2:
+            pipe.hgetall(keys.rl)
+            steps.append("rate_limiter")
         for key in keys.unread(parts):
             pipe.type(key)
             steps.append(f"type {key}")
@@ -853,8 +893,13 @@ def _summary(client: Any, prefix: str, name: str, got: dict[str, Any],
         if got.get("budget"):
             row["budget"] = decode_budget(got["budget"], now_ms)
 
+    def rate_limiter() -> None:
+        if got.get("rate_limiter"):
+            row["rate_limiter"] = decode_rate_limiter(got["rate_limiter"], now_ms)
+
     for part, read, key in (("breaker", breaker, keys.state),
-                            ("bulkhead", bulkhead, keys.bh_meta), ("budget", budget, keys.rb)):
+                            ("bulkhead", bulkhead, keys.bh_meta), ("budget", budget, keys.rb),
+                            ("rate_limiter", rate_limiter, keys.rl)):
         try:
             read()
         except _FOREIGN_CONTENT as exc:
@@ -926,6 +971,7 @@ def read_detail(client: Any, prefix: str, name: str, schema: str = V2) -> dict[s
     pipe = client.pipeline(transaction=False)
     reads = {keys.state: (lambda k: queue_raw(pipe, k)) if schema == V2 else pipe.hgetall,
              keys.meta: pipe.hgetall, keys.bh_meta: pipe.hgetall, keys.rb: pipe.hgetall,
+             keys.rl: pipe.hgetall,
              keys.probes: lambda k: pipe.zrange(k, 0, -1, withscores=True),
              keys.bh_leases: lambda k: pipe.zrange(k, 0, -1, withscores=True),
              keys.history: pipe.xlen}
@@ -947,18 +993,21 @@ def read_detail(client: Any, prefix: str, name: str, schema: str = V2) -> dict[s
     state, meta = got.get(keys.state) or {}, got.get(keys.meta, {})
     probes, history_len = got.get(keys.probes, []), got.get(keys.history, 0)
     leases, bh_meta = got.get(keys.bh_leases, []), got.get(keys.bh_meta, {})
-    budget = got.get(keys.rb, {})
+    budget, limiter = got.get(keys.rb, {}), got.get(keys.rl, {})
     detail: dict[str, Any] = {"name": name, "prefix": prefix, "schema": schema,
                               "server_time_ms": now_ms,
-                              "exists": bool(state or leases or bh_meta or budget
+                              "exists": bool(state or leases or bh_meta or budget or limiter
                                              or history_len or errors),
-                              "breaker": None, "bulkhead": None, "budget": None}
+                              "breaker": None, "bulkhead": None, "budget": None,
+                              "rate_limiter": None}
     parts = {"breaker": (lambda: _breaker_detail(name, state, meta, probes, history_len,
                                                  now_ms, keys.probes, marks, rollout)
                          if state else None, keys.state),
              "bulkhead": (lambda: decode_bulkhead(leases, bh_meta, now_ms, keys.bh_leases)
                           if leases or bh_meta else None, keys.bh_meta),
-             "budget": (lambda: decode_budget(budget, now_ms) if budget else None, keys.rb)}
+             "budget": (lambda: decode_budget(budget, now_ms) if budget else None, keys.rb),
+             "rate_limiter": (lambda: decode_rate_limiter(limiter, now_ms) if limiter else None,
+                              keys.rl)}
     for part, (read, key) in parts.items():
         try:
             detail[part] = read()

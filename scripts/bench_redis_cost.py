@@ -94,6 +94,7 @@ from distbreaker import (
     CallNotPermitted,
     CircuitBreaker,
     Policy,
+    RateLimiter,
     RetryBudget,
     State,
 )
@@ -380,6 +381,13 @@ def budget_deposit(client: redis.Redis, name: str) -> CostScenario:
     return CostScenario("budget", "retry budget deposit", budget.deposit)
 
 
+def ratelimiter_acquire(client: redis.Redis, name: str) -> CostScenario:
+    """A granted permit (a limit no batch reaches: the usual call, no wait)."""
+    limiter = RateLimiter(name, redis=client, limit_for_period=1_000_000,
+                          limit_refresh_period=1, timeout_duration=0)
+    return CostScenario("ratelimiter", "rate limiter acquire (granted)", limiter.acquire)
+
+
 def record_wire(scenario: CostScenario) -> tuple[Any, ...]:
     """The script call (command, sha or function, numkeys, keys..., args...) one call sends."""
     CountingConnection.last_script = None
@@ -407,7 +415,8 @@ def build_scenarios(url: str, tag: str, calls: int = DEFAULT_CALLS) -> list[Cost
             policy_attempt(client, f"{tag}-policy"),
             bulkhead_slot(client, f"{tag}-bulkhead"),
             adaptive_bulkhead_slot(client, f"{tag}-adaptive-bulkhead"),
-            budget_deposit(client, f"{tag}-budget")]
+            budget_deposit(client, f"{tag}-budget"),
+            ratelimiter_acquire(client, f"{tag}-ratelimiter")]
 
 
 # -- measuring -------------------------------------------------------------------------

@@ -113,3 +113,14 @@ class BudgetKeys:
     @classmethod
     def build(cls, name: str, prefix: str = DEFAULT_PREFIX) -> BudgetKeys:
         return cls(slices=f"{_base(name, prefix)}:rb")
+
+
+@dataclasses.dataclass(frozen=True)
+class RateLimiterKeys:
+    """Keys of one fleet-wide rate limiter (same hash tag as the breaker of that name)."""
+
+    bucket: str   # hash: the GCRA arrival time, counters, an operator's limit
+
+    @classmethod
+    def build(cls, name: str, prefix: str = DEFAULT_PREFIX) -> RateLimiterKeys:
+        return cls(bucket=f"{_base(name, prefix)}:rl")

@@ -10,6 +10,7 @@ import dataclasses
 import math
 import re
 from datetime import timedelta
+from enum import Enum
 from typing import Any, TypeVar
 
 Seconds = float | int | timedelta | str
@@ -20,6 +21,23 @@ Seconds = float | int | timedelta | str
 #: accepted here and then make every call fail with "value is not an integer or out of
 #: range".
 MAX_SECONDS = 100 * 365 * 86400
+
+
+class RedisErrorPolicy(str, Enum):
+    """What a protected call does while Redis is unreachable (every component that
+    protects calls has an `on_redis_error` of this type)."""
+
+    FAIL_OPEN = "fail_open"
+    FAIL_CLOSED = "fail_closed"
+
+    @classmethod
+    def check(cls, value: Any) -> RedisErrorPolicy:
+        """`value` as a policy, or a ValueError naming `on_redis_error`."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError("on_redis_error must be 'fail_open' or 'fail_closed', "
+                             f"got {value!r}") from None
 
 
 def to_seconds(value: Any, field: str, *, positive: bool = False) -> float:

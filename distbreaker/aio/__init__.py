@@ -7,6 +7,7 @@ from ..budget.aio import RetryBudget
 from ..bulkhead.aio import Bulkhead
 from ..ganesha.aio import GaneshaBreaker
 from ..policy.aio import Policy
+from ..ratelimiter.aio import RateLimiter
 from ..registry.aio import Registry
 from ..registry.config import RegistryConfigError
 from ..registry.health import ComponentHealth, RegistryHealth
@@ -14,5 +15,5 @@ from ..registry.health import ahealth as health
 from ..retry.aio import Retry
 
 __all__ = [*_shared, "Bulkhead", "CircuitBreaker", "ComponentHealth", "GaneshaBreaker",
-           "Policy", "Registry", "RegistryConfigError", "RegistryHealth", "Retry", "RetryBudget",
-           "health"]
+           "Policy", "RateLimiter", "Registry", "RegistryConfigError", "RegistryHealth", "Retry",
+           "RetryBudget", "health"]

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any
 
 from .._runtime.options import (
+    RedisErrorPolicy,
     Seconds,
     check_int,
     check_percent,
@@ -39,13 +40,6 @@ class RecordMode(str, Enum):
 
     EXACT = "exact"
     BATCHED = "batched"
-
-
-class RedisErrorPolicy(str, Enum):
-    """What a protected call does while Redis is unreachable."""
-
-    FAIL_OPEN = "fail_open"
-    FAIL_CLOSED = "fail_closed"
 
 
 _WINDOW_ALIASES = {"COUNT": WindowType.COUNT_BASED, "TIME": WindowType.TIME_BASED}

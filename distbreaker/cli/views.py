@@ -112,6 +112,16 @@ def budget_cell(rb: dict[str, Any] | None) -> str:
     return f"+{rb['deposits']} -{rb['withdrawals']}{left}"
 
 
+def rate_cell(rl: dict[str, Any] | None) -> str:
+    """permits available now/limit per period: 12/50 per 1s; ! when an operator changed the
+    limit; negative while waiting calls hold reservations."""
+    if rl is None or rl["limit_for_period"] is None:
+        return "-"
+    available = "?" if rl["available"] is None else rl["available"]
+    per = duration((rl["limit_refresh_period_ms"] or 0) / 1000)
+    return f"{available}/{rl['limit_for_period']} per {per}" + ("!" if rl["overridden"] else "")
+
+
 def name_cell(r: dict[str, Any]) -> str:
     """The name, marked ``[v1]`` for a row read from key schema v1 (workers not yet
     upgraded; v2 rows are unmarked)."""
@@ -152,11 +162,11 @@ def row_cells(r: dict[str, Any]) -> list[str]:
     bulk = bulkhead_cell(bh)
     if r["error"]:
         # the error goes last, so its length widens no other column
-        return [name_cell(r), "ERROR", "", "", "", "", "", "", printable(r["error"])]
+        return [name_cell(r), "ERROR", "", "", "", "", "", "", "", printable(r["error"])]
     return [name_cell(r), state_cell(r), duration(b.get("in_state_s")),
             percent(b.get("failure_rate")), percent(b.get("slow_rate")),
             str(b.get("calls", "-")), retry_in(b) if b else "-", bulk,
-            budget_cell(r["budget"])]
+            rate_cell(r.get("rate_limiter")), budget_cell(r["budget"])]
 
 
 def ls_rows(doc: dict[str, Any]) -> list[list[str]]:
@@ -164,13 +174,13 @@ def ls_rows(doc: dict[str, Any]) -> list[list[str]]:
 
 
 LS_HEADERS = ["NAME", "STATE", "IN STATE", "FAIL", "SLOW", "CALLS", "RETRY IN", "BULKHEAD",
-              "BUDGET"]
+              "RATE", "BUDGET"]
 
 
 def empty_message(app: App, doc: dict[str, Any], states: Sequence[str]) -> str:
     counts = doc["_counts"]
     if not states or not counts:
-        return f"no breakers, bulkheads or budgets under prefix {app.prefix!r}"
+        return f"no breakers, bulkheads, rate limiters or budgets under prefix {app.prefix!r}"
     wanted = " or ".join(s.upper() for s in states)
     return (f"no breaker is {wanted} under prefix {app.prefix!r} "
             f"({plural(sum(counts.values()), 'name')}: {describe_counts(counts)})")
@@ -183,11 +193,13 @@ def empty_message(app: App, doc: dict[str, Any], states: Sequence[str]) -> str:
               "(docs/CLI_JSON.md).")
 @click.pass_obj
 def ls_command(app: App, states: tuple[str, ...], as_json: bool) -> None:
-    """List every breaker, bulkhead and retry budget under the prefix (SCAN, never KEYS).
+    """List every breaker, bulkhead, rate limiter and retry budget under the prefix (SCAN,
+    never KEYS).
 
-    BUDGET is +requests -retries =retries left; OPEN (due) is an OPEN whose wait
-    is over (the next call probes). Names marked [v1] are read from key schema v1
-    (workers not yet upgraded, read-only).
+    RATE is permits available now/limit per period (! an operator's limit; negative:
+    reserved by waiting calls); BUDGET is +requests -retries =retries left; OPEN (due)
+    is an OPEN whose wait is over (the next call probes). Names marked [v1] are read
+    from key schema v1 (workers not yet upgraded, read-only).
     """
     doc = collect(app, states)
     if as_json:
@@ -369,6 +381,13 @@ def show_text(d: dict[str, Any]) -> str:
                      f"the window ({rb['slices']} slices of {rb['slice_ms']} ms), "
                      f"balance {'?' if rb.get('balance') is None else rb['balance']} "
                      "retries left")
+    rl = d.get("rate_limiter")
+    if rl is not None:
+        lines.append(f"rate:      {rate_cell(rl)}, burst {rl['burst']}"
+                     f"{' (changed by an operator)' if rl['overridden'] else ''}; "
+                     f"{rl['calls']} calls granted ({rl['permits']} permits, {rl['waited']} "
+                     f"after a wait), {rl['rejected']} refused; reservations reach "
+                     f"{duration((rl['reserved_ahead_ms'] or 0) / 1000)} ahead")
     for key, ttl in d["ttls"].items():
         lines.append(f"ttl:       {key}  {'no expiry' if ttl is None else duration(ttl)}")
     return "\n".join(lines)

@@ -24,11 +24,12 @@ from .views import STATE_CHOICES, V1_LEGEND, collect, row_cells
 #: Severity rank of a row (smaller is worse); rows sort by it, then by failure rate.
 SEVERITY = {"FORCED_OPEN": 0, "OPEN": 1, "HALF_OPEN": 2, "ERROR": 3, "METRICS_ONLY": 4,
             "CLOSED": 5, "DISABLED": 6}
-HEADERS = ["NAME", "STATE", "FOR", "FAIL", "SLOW", "CALLS", "RETRY", "BULK", "BUDGET"]
+HEADERS = ["NAME", "STATE", "FOR", "FAIL", "SLOW", "CALLS", "RETRY", "BULK", "RATE", "BUDGET"]
 LEGEND = ("BUDGET +requests -retries =retries left   BULK in use/limit (adaptive: why it "
-          "last moved, how long ago)   "
+          "last moved, how long ago)   RATE permits now/limit per period (! changed)   "
           "OPEN (due): the wait is over, the next call probes   FAIL/SLOW -: too few calls")
 NAME_MIN, NAME_MAX = 12, 60
+RATE_COLUMN = 16  # the RATE column and its gap, when some row has a rate limiter
 MAX_ERROR_LINES = 10  # reasons of error rows shown under the table (foreign keys)
 OTHER_COLUMNS = 62  # what the columns after NAME need at most, with their gaps
 
@@ -65,15 +66,21 @@ def render(doc: dict[str, Any] | None, prefix: str, interval: float, width: int,
         return Group(*parts)
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold",
                   padding=(0, 1, 0, 0))
+    # RATE only when some row has a rate limiter (it would narrow the names for nothing)
+    rate = any(r.get("rate_limiter") for r in doc["breakers"])
+    skip = -1 if rate else HEADERS.index("RATE")
+    others = OTHER_COLUMNS + (RATE_COLUMN if rate else 0)
     for header in HEADERS:
+        if header == "RATE" and not rate:
+            continue
         if header == "NAME":
             table.add_column(header, no_wrap=True, overflow="ellipsis", min_width=NAME_MIN,
-                             max_width=max(NAME_MIN, min(NAME_MAX, width - OTHER_COLUMNS)))
+                             max_width=max(NAME_MIN, min(NAME_MAX, width - others)))
         else:
             table.add_column(header, no_wrap=True, overflow="ellipsis")
     errors: list[str] = []
     for row in sorted_rows(doc["breakers"]):
-        cells = row_cells(row)
+        cells = [c for i, c in enumerate(row_cells(row)) if i != skip]
         if row["error"]:  # the reason goes under the table, so the columns keep their width
             errors.append(f"{cells[0]}: {cells[-1]}")
             cells[-1] = "see below"

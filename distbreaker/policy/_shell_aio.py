@@ -19,6 +19,7 @@ from .._runtime.scripts import Owed, PendingCall, run_script_async, run_scripts_
 from ..breaker.aio import CircuitBreaker
 from ..budget.aio import RetryBudget
 from ..bulkhead.aio import Bulkhead
+from ..ratelimiter.aio import RateLimiter
 from ..retry.aio import Retry, run_flow
 from .core import PolicyCore, Ran, group_ready, merged, settle, unreachable
 
@@ -30,7 +31,7 @@ logger = logging.getLogger("distbreaker")
 class PolicyShell(PolicyCore):
     """The policy's attempt and its Redis calls, around the front end's own I/O."""
 
-    _kinds = (CircuitBreaker, Bulkhead, Retry, RetryBudget)
+    _kinds = (CircuitBreaker, Bulkhead, Retry, RetryBudget, RateLimiter)
     _sleep: Callable[[float], Awaitable[Any]]
 
     async def _within(self, awaitable: Awaitable[T], attempt: int) -> T:
@@ -100,11 +101,13 @@ class PolicyShell(PolicyCore):
 
     async def _attempt_once(self, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any,
                             attempt: int) -> T:
-        breaker, bulkhead = self.breaker, self.bulkhead
+        breaker, bulkhead, limiter = self.breaker, self.bulkhead, self.rate_limiter
         permit = await breaker.acquire() if breaker is not None else None
-        try:
+        try:  # Resilience4j's order: CircuitBreaker( RateLimiter( Bulkhead( call ) ) )
+            if limiter is not None:
+                await limiter.acquire(self.permits)
             slot = await bulkhead.acquire(self.priority) if bulkhead is not None else None
-        except BaseException as refused:  # BulkheadFull, or no answer: hand the probe back
+        except BaseException as refused:  # a rejection, or no answer: hand the probe back
             if breaker is not None:
                 await breaker.record(permit, refused, 0.0, Outcome.IGNORED)
             raise

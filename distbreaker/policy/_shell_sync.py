@@ -21,6 +21,7 @@ from .._runtime.scripts import Owed, PendingCall, run_script, run_scripts_each
 from ..breaker.sync import CircuitBreaker
 from ..budget.sync import RetryBudget
 from ..bulkhead.sync import Bulkhead
+from ..ratelimiter.sync import RateLimiter
 from ..retry.sync import Retry, run_flow
 from .core import PolicyCore, Ran, group_ready, merged, settle, unreachable
 
@@ -32,7 +33,7 @@ logger = logging.getLogger("distbreaker")
 class PolicyShell(PolicyCore):
     """The policy's attempt and its Redis calls, around the front end's own I/O."""
 
-    _kinds = (CircuitBreaker, Bulkhead, Retry, RetryBudget)
+    _kinds = (CircuitBreaker, Bulkhead, Retry, RetryBudget, RateLimiter)
     _sleep: Callable[[float], Any]
 
     def _within(self, awaitable: T, attempt: int) -> T:
@@ -102,11 +103,13 @@ class PolicyShell(PolicyCore):
 
     def _attempt_once(self, fn: Callable[..., T], args: Any, kwargs: Any,
                       attempt: int) -> T:
-        breaker, bulkhead = self.breaker, self.bulkhead
+        breaker, bulkhead, limiter = self.breaker, self.bulkhead, self.rate_limiter
         permit = breaker.acquire() if breaker is not None else None
-        try:
+        try:  # Resilience4j's order: CircuitBreaker( RateLimiter( Bulkhead( call ) ) )
+            if limiter is not None:
+                limiter.acquire(self.permits)
             slot = bulkhead.acquire(self.priority) if bulkhead is not None else None
-        except BaseException as refused:  # BulkheadFull, or no answer: hand the probe back
+        except BaseException as refused:  # a rejection, or no answer: hand the probe back
             if breaker is not None:
                 breaker.record(permit, refused, 0.0, Outcome.IGNORED)
             raise

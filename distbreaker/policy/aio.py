@@ -36,14 +36,15 @@ class Policy(PolicyShell):
 
     def __init__(self, name: str, redis: Any = None, *, breaker: Any = True,
                  bulkhead: Any = None, retry: Any = None, budget: Any = None,
-                 fallback: Fallback | None = None, fallback_on_client_error: bool = False,
+                 rate_limiter: Any = None, fallback: Fallback | None = None,
+                 fallback_on_client_error: bool = False,
                  http_classifier: HttpClassifier | None = None,
                  prefix: str = DEFAULT_PREFIX,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                  redis_timeout: float = 0.25, timeout: Any = None) -> None:
         self._setup(name, async_client(redis, redis_timeout), prefix,
-                    (breaker, bulkhead, retry, budget), fallback, fallback_on_client_error,
-                    http_classifier)
+                    (breaker, bulkhead, retry, budget, rate_limiter), fallback,
+                    fallback_on_client_error, http_classifier)
         self._sleep = sleep
         self.timeout = check_timeout(timeout)
         self._background: set[asyncio.Future[None]] = set()

@@ -37,7 +37,7 @@ from .._runtime.scripts import (
     malformed,
 )
 from ..bulkhead.adaptive import priority_level
-from ..errors import BulkheadFull
+from ..errors import BulkheadFull, RequestNotPermitted
 from ..retry.core import Decision, RetryFlow, retry_flow
 
 Fallback = Callable[[BaseException], Any]
@@ -123,16 +123,18 @@ class Ran:
 class PolicyCore:
     """The decisions of a policy: outcome for the breaker, owed calls, retry, fallback."""
 
-    _kinds: tuple[type, type, type, type]  # this flavour's breaker, bulkhead, retry, budget
+    #: This flavour's breaker, bulkhead, retry, budget and rate limiter classes.
+    _kinds: tuple[type, type, type, type, type]
 
-    def _setup(self, name: str, client: Any, prefix: str, specs: tuple[Any, Any, Any, Any],
-               fallback: Fallback | None, fallback_on_client_error: bool,
-               http_classifier: HttpClassifier | None) -> None:
+    def _setup(self, name: str, client: Any, prefix: str,
+               specs: tuple[Any, Any, Any, Any, Any], fallback: Fallback | None,
+               fallback_on_client_error: bool, http_classifier: HttpClassifier | None) -> None:
         """Build the components from what the user gave (`specs`: breaker, bulkhead,
-        retry, budget), sharing `client`, then check the other options."""
-        breaker_cls, bulkhead_cls, retry_cls, budget_cls = self._kinds
-        breaker, bulkhead, retry, budget = specs
+        retry, budget, rate limiter), sharing `client`, then check the other options."""
+        breaker_cls, bulkhead_cls, retry_cls, budget_cls, limiter_cls = self._kinds
+        breaker, bulkhead, retry, budget, rate_limiter = specs
         self.breaker = build_component(breaker, breaker_cls, name, client, prefix)
+        self.rate_limiter = build_component(rate_limiter, limiter_cls, name, client, prefix)
         self.bulkhead = build_component(bulkhead, bulkhead_cls, name, client, prefix)
         if http_classifier is not None and (retry is True or (
                 isinstance(retry, dict) and "http_classifier" not in retry)):
@@ -174,6 +176,19 @@ class PolicyCore:
         twin.priority = priority
         return twin
 
+    #: Rate limiter permits each attempt takes (see `weighted`).
+    permits: int = 1
+
+    def weighted(self, permits: int) -> Any:
+        """A copy sharing everything with this policy whose attempts each take `permits`
+        from its rate limiter (e.g. the LLM tokens a request will use)."""
+        if self.rate_limiter is None:
+            raise ValueError(f"policy {self.name!r} has no rate limiter to weigh calls for")
+        self.rate_limiter.check_permits(permits)
+        twin = copy.copy(self)
+        twin.permits = permits
+        return twin
+
     def without_retry(self) -> Any:
         """A copy sharing this policy's breaker, bulkhead and budget (still deposited
         to) that never retries (e.g. for a request that must not be sent twice)."""
@@ -202,8 +217,8 @@ class PolicyCore:
             if self.breaker is not None:
                 return self.breaker.result_outcome(result) or Outcome.SUCCESS
             return Outcome.SUCCESS
-        if isinstance(error, BulkheadFull):
-            return Outcome.IGNORED
+        if isinstance(error, (BulkheadFull, RequestNotPermitted)):
+            return Outcome.IGNORED  # our own limits refusing: not the dependency failing
         if isinstance(error, AttemptTimeout):
             return Outcome.FAILURE
         if verdict in (HttpVerdict.CLIENT_ERROR, HttpVerdict.HARD_STOP):

@@ -12,15 +12,17 @@ from ..breaker.aio import CircuitBreaker
 from ..budget.aio import RetryBudget
 from ..bulkhead.aio import Bulkhead
 from ..policy.aio import Policy
+from ..ratelimiter.aio import RateLimiter
 from ..retry.aio import Retry
 from .core import Classes, RegistryCore
 from .health import RegistryHealth, run_async
 
 CLASSES = Classes(breaker=CircuitBreaker, bulkhead=Bulkhead, budget=RetryBudget, retry=Retry,
-                  policy=Policy)
+                  policy=Policy, rate_limiter=RateLimiter)
 
 
-class RegistryShell(RegistryCore[CircuitBreaker, Bulkhead, RetryBudget, Retry, Policy]):
+class RegistryShell(RegistryCore[CircuitBreaker, Bulkhead, RetryBudget, Retry, Policy,
+                                 RateLimiter]):
     """The registry's health and close, over this flavour's components."""
 
     CLASSES = CLASSES

@@ -14,15 +14,17 @@ from ..breaker.sync import CircuitBreaker
 from ..budget.sync import RetryBudget
 from ..bulkhead.sync import Bulkhead
 from ..policy.sync import Policy
+from ..ratelimiter.sync import RateLimiter
 from ..retry.sync import Retry
 from .core import Classes, RegistryCore
 from .health import RegistryHealth, run_sync
 
 CLASSES = Classes(breaker=CircuitBreaker, bulkhead=Bulkhead, budget=RetryBudget, retry=Retry,
-                  policy=Policy)
+                  policy=Policy, rate_limiter=RateLimiter)
 
 
-class RegistryShell(RegistryCore[CircuitBreaker, Bulkhead, RetryBudget, Retry, Policy]):
+class RegistryShell(RegistryCore[CircuitBreaker, Bulkhead, RetryBudget, Retry, Policy,
+                                 RateLimiter]):
     """The registry's health and close, over this flavour's components."""
 
     CLASSES = CLASSES

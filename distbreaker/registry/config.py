@@ -10,13 +10,15 @@ breakers:
 bulkheads: {instances: {payments: {max_concurrent_calls: 25,
                                    adaptive: {min_limit: 2, max_limit: 50}}}}
 budgets:   {instances: {payments: {percent_can_retry: 0.2}}}
+rate_limiters: {instances: {llm: {limit_for_period: 100000, limit_refresh_period: 1m}}}
 retries:   {instances: {payments: {max_attempts: 3, budget: payments}}}
 policies:  {instances: {payments: {breaker: payments, bulkhead: payments,
-                                   budget: payments, retry: {max_attempts: 3}}}}
+                                   budget: payments, retry: {max_attempts: 3}},
+                        llm: {rate_limiter: llm}}}
 ```
 
 Field names are the config dataclasses' (`BreakerConfig`, `BulkheadConfig`,
-`BudgetConfig`, `RetryConfig`). As in Resilience4j, a config named ``default``
+`BudgetConfig`, `RateLimiterConfig`, `RetryConfig`). As in Resilience4j, a config named ``default``
 is the base of every instance without `base_config` and of every name the
 file does not declare; a config may have a `base_config` of its own.
 Durations are numbers of seconds or strings (``500ms``, ``30s``, ``1m30s``,
@@ -26,7 +28,7 @@ exception classes and predicates are dotted import paths
 ``${VAR:-default}``) in any string is replaced from the environment.
 
 Environment variables ``DISTBREAKER_<KIND>_<NAME>_<FIELD>`` (KIND one of
-BREAKER, BULKHEAD, BUDGET, RETRY, POLICY; the name upper-cased with every
+BREAKER, BULKHEAD, BUDGET, RATE_LIMITER, RETRY, POLICY; the name upper-cased with every
 character other than a letter or digit as ``_``) override the file, e.g.
 ``DISTBREAKER_BREAKER_PAYMENTS_MINIMUM_NUMBER_OF_CALLS=4``. The longest
 field name that ends the variable wins. NAME ``DEFAULT`` overrides
@@ -59,6 +61,7 @@ from ..breaker.config import BreakerConfig
 from ..budget.config import BudgetConfig
 from ..bulkhead.adaptive import AdaptiveLimit
 from ..bulkhead.config import BulkheadConfig
+from ..ratelimiter.config import RateLimiterConfig
 from ..retry.config import RetryConfig
 
 ENV_PREFIX = "DISTBREAKER_"
@@ -106,6 +109,7 @@ class Kind:
 
 
 _POLICY_FIELDS = {"breaker": "ref", "bulkhead": "ref", "budget": "ref", "retry": "ref",
+                  "rate_limiter": "ref",
                   "fallback": "Callable", "fallback_on_client_error": "bool",
                   "http_classifier": "mapping"}
 
@@ -113,6 +117,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("breaker", "breakers", BreakerConfig),
     Kind("bulkhead", "bulkheads", BulkheadConfig),
     Kind("budget", "budgets", BudgetConfig),
+    Kind("rate_limiter", "rate_limiters", RateLimiterConfig),
     Kind("retry", "retries", RetryConfig, ("budget",)),
     Kind("policy", "policies", None, tuple(_POLICY_FIELDS)),
 )}
@@ -605,7 +610,7 @@ class RegistrySpec:
                 raise RegistryConfigError(self.source, path, "budget",
                                           f"no budgets.instances.{budget}")
         for spec in self.instances["policy"].values():
-            for part in ("breaker", "bulkhead", "budget", "retry"):
+            for part in ("breaker", "bulkhead", "budget", "retry", "rate_limiter"):
                 ref = spec.options.get(part)
                 path = f"policies.instances.{spec.name}"
                 if isinstance(ref, dict):

@@ -33,6 +33,7 @@ BulkheadT = TypeVar("BulkheadT")
 BudgetT = TypeVar("BudgetT")
 RetryT = TypeVar("RetryT")
 PolicyT = TypeVar("PolicyT")
+LimiterT = TypeVar("LimiterT")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Classes:
     budget: type
     retry: type
     policy: type
+    rate_limiter: type
 
 
 def keyed_name(name: str, key: Any) -> str:
@@ -68,7 +70,7 @@ def client_for(spec: RegistrySpec, redis: Any, make: Any) -> Any:
         raise RegistryConfigError(spec.source, "redis", None, str(error)) from None
 
 
-class RegistryCore(Generic[BreakerT, BulkheadT, BudgetT, RetryT, PolicyT]):
+class RegistryCore(Generic[BreakerT, BulkheadT, BudgetT, RetryT, PolicyT, LimiterT]):
     """Named components, each built once; `client` is shared by all of them.
 
     Each flavour sets `CLASSES` (its components) and `make_client(target, timeout)`.
@@ -129,6 +131,11 @@ class RegistryCore(Generic[BreakerT, BulkheadT, BudgetT, RetryT, PolicyT]):
 
     def budget(self, name: str, *, key: Any = None) -> BudgetT:
         return cast(BudgetT, self._get("budget", name, key))
+
+    def rate_limiter(self, name: str, *, key: Any = None) -> LimiterT:
+        """The rate limiter `name` (for `key`: its own limiter with `name`'s config; or
+        one limiter's ``acquire(key=...)``, which shares its object)."""
+        return cast(LimiterT, self._get("rate_limiter", name, key))
 
     def retry(self, name: str) -> RetryT:
         """The Retry `name` (no key: a Retry keeps no state of its own)."""
@@ -235,6 +242,7 @@ class RegistryCore(Generic[BreakerT, BulkheadT, BudgetT, RetryT, PolicyT]):
             breaker=self._part(spec, "breaker", key, True),
             bulkhead=self._part(spec, "bulkhead", key, None),
             budget=self._part(spec, "budget", key, None),
+            rate_limiter=self._part(spec, "rate_limiter", key, None),
             retry=self._part(spec, "retry", key, None),
             fallback=options.get("fallback"),
             fallback_on_client_error=options.get("fallback_on_client_error", False),
@@ -242,7 +250,8 @@ class RegistryCore(Generic[BreakerT, BulkheadT, BudgetT, RetryT, PolicyT]):
             prefix=self.spec.prefix, redis_timeout=self.spec.redis_timeout)
 
     def health_plans(self) -> list[tuple[int, Any]]:
-        """(id, probe) of every unkeyed breaker, bulkhead, budget and policy, in that order
+        """(id, probe) of every unkeyed breaker, bulkhead, budget, rate limiter and policy, in
+        that order
         (a component shared by policies is read once per report)."""
         order = {kind: i for i, kind in enumerate(KINDS)}
         items = sorted((pair for pair in self.components() if pair[0] != "retry"),

@@ -29,6 +29,7 @@ from ..breaker.core import BreakerCore
 from ..breaker.state import State
 from ..budget.core import BudgetCore
 from ..policy.core import PolicyCore
+from ..ratelimiter.core import RateLimiterCore
 
 #: States an operator holds a breaker in (see `distbreaker.CircuitBreaker.transition_to_*`).
 OVERRIDES = (State.FORCED_OPEN, State.DISABLED, State.METRICS_ONLY)
@@ -166,6 +167,25 @@ def judge_budget(budget: Any, balance: Any, error: BaseException | None,
                            details={} if balance is None else {"balance": balance}, serving=ok)
 
 
+def judge_rate_limiter(limiter: Any, metrics: Any, error: BaseException | None,
+                       critical: bool) -> ComponentHealth:
+    """A limiter with no permit now still serves (they refill); one refusing everything
+    while Redis is unreachable (fail_closed) does not."""
+    reachable = not _unreachable(error)
+    fallback = bool(limiter.local_fallback_active)
+    if metrics is None:
+        ok = not reachable and limiter.config.on_redis_error.value == "fail_open"
+        return ComponentHealth("rate_limiter", limiter.name, ok, critical, reachable, fallback,
+                               error=_error_text(error))
+    return ComponentHealth(
+        "rate_limiter", limiter.name, True, critical, True, fallback,
+        override="LIMIT_CHANGED" if metrics.overridden else None,
+        details={"available_permissions": metrics.available_permissions,
+                 "limit_for_period": metrics.limit_for_period,
+                 "limit_refresh_period": metrics.limit_refresh_period,
+                 "calls": metrics.calls, "rejected": metrics.rejected})
+
+
 def judge_policy(name: str, parts: list[ComponentHealth], critical: bool,
                  when_open: bool = False) -> ComponentHealth:
     """A policy lets calls through (serves) when each of its parts does."""
@@ -196,9 +216,12 @@ class PolicyProbe:
 
 
 def kind_of(component: Any) -> str:
-    """"breaker", "bulkhead", "budget" or "policy"; TypeError for anything else."""
+    """"breaker", "bulkhead", "budget", "rate_limiter" or "policy"; TypeError for anything
+    else."""
     if isinstance(component, BreakerCore):
         return "breaker"
+    if isinstance(component, RateLimiterCore):
+        return "rate_limiter"
     if isinstance(component, BudgetCore):
         return "budget"
     if isinstance(component, PolicyCore):
@@ -206,7 +229,7 @@ def kind_of(component: Any) -> str:
     if hasattr(component, "local_fallback_active") and hasattr(component, "metrics"):
         return "bulkhead"
     raise TypeError(f"cannot report the health of {component!r}: expected a breaker, "
-                    "bulkhead, retry budget or policy")
+                    "bulkhead, retry budget, rate limiter or policy")
 
 
 def plan(component: Any, critical: bool = False,
@@ -216,8 +239,8 @@ def plan(component: Any, critical: bool = False,
     (critical, fail_readiness_when_open) as `critical_of(kind, name)` says (default: not)."""
     kind = kind_of(component)
     if kind == "policy":
-        parts = [p for p in (component.breaker, component.bulkhead, component.budget)
-                 if p is not None]
+        parts = [p for p in (component.breaker, component.rate_limiter, component.bulkhead,
+                             component.budget) if p is not None]
         return PolicyProbe(component.name, tuple(
             (id(p), plan(p, *(critical_of(kind_of(p), p.name) if critical_of
                               else (False, False))))
@@ -228,6 +251,9 @@ def plan(component: Any, critical: bool = False,
     if kind == "bulkhead":
         return Probe(component.metrics,
                      lambda value, error: judge_bulkhead(component, value, error, critical))
+    if kind == "rate_limiter":
+        return Probe(component.metrics,
+                     lambda value, error: judge_rate_limiter(component, value, error, critical))
     return Probe(component.balance,
                  lambda value, error: judge_budget(component, value, error, critical))
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from .._runtime.classify import HttpClassifier
 from .._runtime.options import Seconds, check_int, exception_types, merge_options, to_seconds
-from ..errors import BulkheadFull, CallNotPermitted, SchemaError
+from ..errors import BulkheadFull, CallNotPermitted, RequestNotPermitted, SchemaError
 
 
 class Jitter(str, Enum):
@@ -22,10 +22,11 @@ class Jitter(str, Enum):
 
 
 def default_ignore() -> tuple[type[BaseException], ...]:
-    """Rejections by the breaker or the bulkhead: retrying them only adds load; and
+    """Rejections by the breaker, the bulkhead or the rate limiter (it already waited its
+    `timeout_duration`): retrying them only adds load; and
     foreign or corrupt data in Redis (SchemaError): a retry meets the same data, and
     would spend the retry budget on it."""
-    return (CallNotPermitted, BulkheadFull, SchemaError)
+    return (CallNotPermitted, BulkheadFull, RequestNotPermitted, SchemaError)
 
 
 @dataclasses.dataclass(frozen=True)

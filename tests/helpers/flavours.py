@@ -24,7 +24,8 @@ import distbreaker.aio
 from tests.helpers.dependency import AsyncDependency, Dependency
 
 _ASYNC_COMPONENTS = (distbreaker.aio.CircuitBreaker, distbreaker.aio.Bulkhead,
-                     distbreaker.aio.Policy, distbreaker.aio.RetryBudget)
+                     distbreaker.aio.Policy, distbreaker.aio.RetryBudget,
+                     distbreaker.aio.RateLimiter)
 
 
 class Blocking:
@@ -123,6 +124,9 @@ class Flavour:
     def budget(self, *args: Any, **kwargs: Any) -> Any:
         return self._make(distbreaker.RetryBudget, distbreaker.aio.RetryBudget, args, kwargs)
 
+    def rate_limiter(self, *args: Any, **kwargs: Any) -> Any:
+        return self._make(distbreaker.RateLimiter, distbreaker.aio.RateLimiter, args, kwargs)
+
     def dependency(self, *args: Any, **kwargs: Any) -> Dependency | AsyncDependency:
         """A dependency of this flavour (a coroutine one for asyncio, so tasks overlap)."""
         return AsyncDependency(*args, **kwargs) if self.is_async else Dependency(*args,
@@ -151,7 +155,8 @@ class Flavour:
         if self._loop is None:
             return
         for target in self._made:
-            for part in (target, *(getattr(target, a, None) for a in ("breaker", "bulkhead"))):
+            for part in (target, *(getattr(target, a, None)
+                                   for a in ("breaker", "bulkhead", "rate_limiter"))):
                 aclose = getattr(part, "aclose", None)
                 if aclose is not None:
                     self._loop.run_until_complete(aclose())

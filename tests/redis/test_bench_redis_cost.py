@@ -18,7 +18,8 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 ROUND_TRIPS = {
     "ping": 1, "empty_evalsha": 1, "pybreaker_closed": 2, "closed": 1, "closed_time": 1,
     "half_open": 2, "open": 0, "batched_closed_10": 0.1, "batched_closed_100": 0.01,
-    "policy": 2, "bulkhead": 2, "adaptive_bulkhead": 2, "budget": 1, "closed_time_3600": 1,
+    "policy": 2, "bulkhead": 2, "adaptive_bulkhead": 2, "budget": 1, "ratelimiter": 1,
+    "closed_time_3600": 1,
     "closed_time_idle_3600": 1, "closed_time_idle_1800": 1, "closed_time_idle_3599": 1,
 }
 
@@ -39,7 +40,8 @@ def test_every_scenario_makes_the_round_trips_of_its_path(bench: ModuleType,
     assert commands["ping"] == {"ping": 1.0}
     assert commands["pybreaker_closed"] == {"get": 1.0, "set": 1.0}
     assert commands["open"] == {}
-    for key in ("empty_evalsha", "closed", "closed_time", "budget", "closed_time_idle_1800"):
+    for key in ("empty_evalsha", "closed", "closed_time", "budget", "closed_time_idle_1800",
+                "ratelimiter"):
         assert set(commands[key]) <= {"evalsha", "fcall"}, key
         assert sum(commands[key].values()) == 1.0, key
     assert sum(commands["half_open"].values()) == 2.0  # the probe's acquire and its record

@@ -110,7 +110,8 @@ def test_empty_results_say_what_there_is(redis_url: str) -> None:
     assert result.stderr.strip() == ("no breaker is HALF_OPEN or DISABLED under prefix "
                                      "'distbreaker' (2 names: 1 CLOSED, 1 OPEN)")
     nothing = run(redis_url, "--prefix", "elsewhere", "ls")
-    assert "no breakers, bulkheads or budgets under prefix 'elsewhere'" in nothing.stderr
+    assert ("no breakers, bulkheads, rate limiters or budgets under prefix 'elsewhere'"
+            in nothing.stderr)
     quiet = run(redis_url, "events", "a")
     assert quiet.exit_code == 0 and "no history recorded for 'a'" in quiet.stderr
 

@@ -148,8 +148,10 @@ def test_watch_shows_error_rows_after_the_open_breakers(
     assert [row.split()[0] for row in rows[:5]] == GOOD  # worst first: OPEN before ERROR
     assert all(" ERROR " in row for row in rows[5:])
     assert len(rows) == len(GOOD) + len(ERRORS)
+    shown = next(line for line in lines if line.startswith("NAME")).split()
+    assert shown == [h for h in HEADERS if h != "RATE"]  # no rate limiter: no RATE column
     for row in rows[:5]:  # every column is still there beside the error rows
-        assert len(row.split()) == len(HEADERS) and row.split()[1] == "OPEN", row
+        assert len(row.split()) == len(shown) and row.split()[1] == "OPEN", row
     assert f"ERROR x: {FOREIGN['x']}" in lines
     assert f"{len(GOOD) + len(ERRORS)} names" in result.stdout
 

@@ -36,14 +36,14 @@ class FakeBudget:
 
 
 class Core(PolicyCore):
-    _kinds = (FakeBreaker, FakeBulkhead, Retry, FakeBudget)
+    _kinds = (FakeBreaker, FakeBulkhead, Retry, FakeBudget, object)
 
 
 def make(breaker: Any = True, retry: Any = None, budget: Any = True) -> Core:
     core = Core()
     core._setup("payments", None, "test",
                 (FakeBreaker() if breaker is True else breaker, None, retry,
-                 FakeBudget() if budget is True else budget),
+                 FakeBudget() if budget is True else budget, None),
                 None, False, None)
     return core
 
@@ -140,7 +140,7 @@ def test_each_attempt_is_classified_once(attempt: Any) -> None:
     verdict per attempt, in the order a policy's attempt asks them."""
     classifier = CountingClassifier()
     core = Core()
-    core._setup("payments", None, "test", (FakeBreaker(), None, None, FakeBudget()),
+    core._setup("payments", None, "test", (FakeBreaker(), None, None, FakeBudget(), None),
                 None, False, classifier)
     this = attempt()
     core.settle_response(this)

@@ -105,4 +105,10 @@ final class Keys
     {
         return ['slices' => self::base($name, $prefix) . ':rb'];
     }
+
+    /** @return array{bucket: string} */
+    public static function rateLimiter(string $name, string $prefix = self::DEFAULT_PREFIX): array
+    {
+        return ['bucket' => self::base($name, $prefix) . ':rl'];
+    }
 }

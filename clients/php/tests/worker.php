@@ -149,6 +149,41 @@ switch ($job['action']) {
         }
         break;
 
+    case 'ratelimit': // reserve, sleep until due, then log (run_at_ms, permits, ran_ms) atomically
+        $limiter = new Distbreaker\RateLimiter($redis, $job['name'], $config);
+        $log = <<<'LUA'
+local t = redis.call('TIME')
+local ran = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('RPUSH', KEYS[1], ARGV[1] .. ',' .. string.format('%d', ran))
+LUA;
+        gate($redis, $job);
+        $permits = (int) ($job['permits'] ?? 1);
+        for ($i = 0; $i < ($job['n'] ?? 1); $i++) {
+            try {
+                $r = $limiter->reserve($permits, $job['key'] ?? null, isset($job['timeout']) ? (float) $job['timeout'] : null);
+                if ($r['wait'] > 0) {
+                    usleep((int) ceil($r['wait'] * 1000000));
+                }
+                if (isset($job['log'])) {
+                    $redis->eval($log, [$job['log'], "{$r['run_at_ms']},{$permits}"], 1);
+                }
+                $out[] = ['outcome' => 'ok', 'wait' => $r['wait']];
+            } catch (Distbreaker\RequestNotPermitted $e) {
+                $out[] = ['outcome' => 'refused', 'retry_after' => $e->retryAfter, 'reason' => $e->reason];
+            }
+        }
+        break;
+
+    case 'ratelimit_admin': // an operator step: change the limit, drain, reset, or read
+        $limiter = new Distbreaker\RateLimiter($redis, $job['name'], $config);
+        $out = match ($job['op']) {
+            'change' => $limiter->changeLimitForPeriod((int) $job['limit']),
+            'drain' => $limiter->drain(),
+            'reset' => $limiter->resetLimit(),
+            default => $limiter->metrics(),
+        };
+        break;
+
     case 'budget': // deposit / withdraw on a fleet-wide retry budget
         $budget = new Distbreaker\RetryBudget($redis, $job['name'], $config);
         for ($i = 0; $i < ($job['deposits'] ?? 0); $i++) {
