@@ -33,11 +33,13 @@ from ..readside import (
     scan,
 )
 
-__all__ = ["Family", "MetricsSource", "catalog"]
+__all__ = ["REJECTION_REASONS", "Family", "MetricsSource", "catalog", "process_families"]
 
 _REJECTION_REASONS = {"OPEN": "open", "HALF_OPEN": "half_open_full",
                       "FORCED_OPEN": "forced_open", "UNKNOWN": "redis_unavailable",
                       "RAMPING": "ramping"}
+#: The `reason` label of a rejection, by the state that rejected it.
+REJECTION_REASONS = dict(_REJECTION_REASONS)
 _STATES = [s.value for s in State]
 
 
@@ -87,12 +89,28 @@ class MetricsSource:
         self._fleet_moves: Counter[tuple[str, str, str]] = Counter()
         self._history_ids: dict[str, str] = {}
         self._listeners: list[Any] = []
+        self._watchers: list[Any] = []
         self.register(*components)
 
     # -- registration ------------------------------------------------------------------
     def on_transition(self, listener: Any) -> None:
         """Also call `listener(Transition)` for the registered breakers' transitions."""
         self._listeners.append(listener)
+
+    def on_component(self, watcher: Any) -> None:
+        """Also call `watcher(component)` for each breaker and bulkhead registered, from
+        now on and for those already registered (an exporter hooks its events)."""
+        with self._lock:
+            self._watchers.append(watcher)
+            known = [*self._breakers, *self._bulkheads]
+        for component in known:
+            watcher(component)
+
+    def _watch(self, component: Any) -> None:
+        with self._lock:
+            watchers = list(self._watchers)
+        for watcher in watchers:
+            watcher(component)
 
     def register(self, *components: Any) -> None:
         """Export these breakers, bulkheads, retry budgets, policies (their parts) or
@@ -109,8 +127,11 @@ class MetricsSource:
             elif is_bulkhead(item):
                 self._add_name(item.name, "bulkhead")
                 with self._lock:
-                    if not any(b is item for b in self._bulkheads):
+                    new = not any(b is item for b in self._bulkheads)
+                    if new:
                         self._bulkheads.append(item)
+                if new:
+                    self._watch(item)
             elif any(hasattr(item, part) for part in ("breaker", "bulkhead", "budget")):
                 parts = [getattr(item, p, None) for p in ("breaker", "bulkhead", "budget")]
                 self.register(*(p for p in parts if p is not None))
@@ -129,6 +150,7 @@ class MetricsSource:
                 return
             self._breakers.append(breaker)
         breaker.add_listener(self._on_transition)
+        self._watch(breaker)
 
     def _on_transition(self, event: Any) -> None:
         if not isinstance(event, Transition):
@@ -250,6 +272,11 @@ def _local_families() -> list[Family]:
                      "name", "reason"),
             _counter("distbreaker_transitions", "Transitions made by this process's calls",
                      "name", "from_state", "to_state")]
+
+
+def process_families() -> list[Family]:
+    """The per-process families (calls, rejections, transitions), without samples."""
+    return _local_families()
 
 
 def catalog() -> list[Family]:
