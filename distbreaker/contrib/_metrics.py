@@ -324,6 +324,9 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
     fields = {key: _gauge(name, text, "name") for key, (name, text) in _BREAKER_FIELDS.items()}
     fleet_rejected = _counter("distbreaker_breaker_fleet_rejections", "Calls rejected "
                               "fleet-wide by Redis (since the key was created)", "name")
+    fleet_calls = _counter("distbreaker_breaker_fleet_calls", "Calls every worker recorded "
+                           "(since the key was created), by outcome: the same from any "
+                           "process's scrape", "name", "outcome")
     in_use = _gauge("distbreaker_bulkhead_in_use", "Bulkhead permits held fleet-wide", "name")
     limit = _gauge("distbreaker_bulkhead_limit", "Fleet-wide bulkhead limit (an adaptive "
                    "one's current integer limit)", "name")
@@ -357,10 +360,16 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
                 value = breaker[field]
                 family.add((name,), -1 if value is None else value)
             fleet_rejected.add((name,), breaker["rejected"])
+            if breaker.get("calls_total") is not None:
+                failed = breaker["failures_total"]
+                fleet_calls.add((name, "success"), breaker["calls_total"] - failed)
+                fleet_calls.add((name, "failure"), failed)
             state_seconds.add((name,), breaker["in_state_s"])
         elif row.get("never_called"):
             for field, family in fields.items():
                 family.add((name,), -1 if field.endswith("rate") else 0)
+            for outcome in ("success", "failure"):
+                fleet_calls.add((name, outcome), 0)
         bulkhead = row["bulkhead"]
         if bulkhead is not None:
             in_use.add((name,), bulkhead["in_use"])
@@ -384,5 +393,5 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
                         // MILLIONTHS - w)
         elif budget.get("balance") is not None:  # with the settings stored in the hash
             balance.add((name,), budget["balance"])
-    return [state, state_seconds, *fields.values(), fleet_rejected, in_use, limit, adaptive,
-            limit_info, moved, paused, deposits, withdrawals, balance, unreadable]
+    return [state, state_seconds, *fields.values(), fleet_rejected, fleet_calls, in_use, limit,
+            adaptive, limit_info, moved, paused, deposits, withdrawals, balance, unreadable]

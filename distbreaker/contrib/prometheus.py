@@ -41,8 +41,10 @@ class DistbreakerCollector(Collector):
       counter is monotonic even when the stream is trimmed or expires);
     - ``distbreaker_breaker_failure_rate_percent`` / ``_slow_call_rate_percent``
       (-1 below the minimum number of calls), ``distbreaker_breaker_window_calls``
-      / ``_window_failures`` / ``_window_slow_calls``, ``_retry_in_seconds``, and
-      ``distbreaker_breaker_fleet_rejections_total``;
+      / ``_window_failures`` / ``_window_slow_calls``, ``_retry_in_seconds``,
+      ``distbreaker_breaker_fleet_rejections_total`` and
+      ``distbreaker_breaker_fleet_calls_total{name,outcome}`` (success, failure: every
+      worker's calls since the keys were created, counted in the state record);
     - ``distbreaker_bulkhead_in_use`` / ``_limit`` (an adaptive bulkhead's current
       integer limit); for an adaptive bulkhead also ``_adaptive_limit`` (before
       rounding down), ``distbreaker_bulkhead_limit_info{name,why} 1`` (why it last

@@ -77,6 +77,29 @@ def test_every_scrape_of_any_worker_reports_the_fleets_calls(gunicorn: str, name
         found = samples(httpx.get(gunicorn + "/metrics", timeout=30).text)
         seen.append((found.get(("distbreaker_calls_total", labels)),
                      found.get(("distbreaker_calls_total", failure)),
+                     found.get(("distbreaker_breaker_fleet_calls_total", labels)),
+                     found.get(("distbreaker_breaker_fleet_calls_total", failure)),
                      found.get(("distbreaker_breaker_window_calls", (("name", name),))),
                      found.get(("distbreaker_breaker_window_failures", (("name", name),)))))
-    assert seen == [(OK, FAILED, OK + FAILED, FAILED)] * 6, seen
+    assert seen == [(OK, FAILED, OK, FAILED, OK + FAILED, FAILED)] * 6, seen
+
+
+def test_one_exporter_reports_the_fleets_calls(gunicorn: str, name: str,
+                                               redis_url: str) -> None:
+    """An exporter process that protects nothing (discover=True) reads the fleet's
+    per-call counters from Redis: what every worker recorded."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from distbreaker.contrib.prometheus import DistbreakerCollector
+
+    for i in range(OK + FAILED):
+        httpx.get(gunicorn + ("/call?fail=1" if i < FAILED else "/call"), timeout=30)
+    registry = CollectorRegistry()
+    registry.register(DistbreakerCollector(redis=redis_url, discover=True, timeout=5,
+                                           multiprocess=False))
+    for _ in range(3):
+        found = samples(generate_latest(registry).decode())
+        assert found[("distbreaker_breaker_fleet_calls_total",
+                      (("name", name), ("outcome", "success")))] == OK
+        assert found[("distbreaker_breaker_fleet_calls_total",
+                      (("name", name), ("outcome", "failure")))] == FAILED
