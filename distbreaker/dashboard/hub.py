@@ -35,7 +35,9 @@ from typing import Any
 import redis
 
 from .. import readside as view
-from .._runtime.keys import events_channel, namespace
+from .._runtime import state_record
+from .._runtime.keys import BreakerKeys, events_channel, namespace
+from .._runtime.record_layout import COUNT_SLOT_BYTES, WINDOW_OFFSET
 
 SPARK_STEP_MS = 4000
 SPARK_POINTS = 150  # 10 minutes at one point per 4 s
@@ -96,10 +98,50 @@ def rates(before: tuple[int, int, int, int] | None,
 
 def fleet_snapshot(client: Any, prefix: str) -> dict[str, Any]:
     """Every name under the prefix with its breaker, bulkhead and budget (docs/CLI_JSON.md
-    `ls` rows); a name whose keys hold foreign data, or a key whose name part is not a
-    valid name, is a row with an ``error``."""
+    `ls` rows, plus ``latency``); a name whose keys hold foreign data, or a key whose name
+    part is not a valid name, is a row with an ``error``."""
     rows = view.read_rows(client, prefix, view.scan(client, prefix))
+    add_latency(client, prefix, rows)
     return {"prefix": prefix, "server_time_ms": view.server_now_ms(client), "rows": rows}
+
+
+def percentile(values: list[int], share: float) -> int:
+    """The nearest-rank percentile of sorted `values` (share 0.5: the median)."""
+    return values[max(0, min(len(values) - 1, -(-int(share * 1000) * len(values) // 1000) - 1))]
+
+
+def add_latency(client: Any, prefix: str, rows: list[dict[str, Any]]) -> None:
+    """Each breaker row's fleet-wide call latency over its window, as ``latency``:
+    p50 and p99 of a count window (its ring keeps every call's ms: one pipelined
+    GETRANGE of the window per read), the mean of a time window (its per-second
+    slots keep sums only: the header's totals). None without calls."""
+    ring: list[tuple[dict[str, Any], int]] = []
+    for row in rows:
+        breaker = row.get("breaker")
+        if breaker is None or row.get("schema") == view.V1:
+            continue
+        window = breaker["window"]
+        row["latency"] = None
+        if not window["calls"]:
+            continue
+        if breaker["config"]["sliding_window_type"] == "COUNT_BASED":
+            ring.append((row, breaker["config"]["sliding_window_size"]))
+        else:
+            row["latency"] = {"mean_ms": window["total_ms"] / window["calls"]}
+    if not ring:
+        return
+    pipe = client.pipeline(transaction=False)
+    for row, size in ring:
+        pipe.getrange(BreakerKeys.build(row["name"], prefix).state, WINDOW_OFFSET,
+                      WINDOW_OFFSET + COUNT_SLOT_BYTES * size - 1)
+    for (row, size), raw in zip(ring, pipe.execute(raise_on_error=False), strict=True):
+        if not isinstance(raw, bytes):  # foreign data, a decoded client: no figure
+            continue
+        slots = state_record.count_slots(b"\0" * WINDOW_OFFSET + raw, size)
+        ms = sorted(slot[2] for slot in slots if slot is not None)
+        if ms:
+            row["latency"] = {"p50_ms": percentile(ms, 0.5), "p99_ms": percentile(ms, 0.99),
+                              "mean_ms": sum(ms) / len(ms), "calls": len(ms)}
 
 
 class Hub:

@@ -29,11 +29,13 @@ LOAD = textwrap.dedent("""
     i = 0
     while True:
         i += 1
+        def work(i=i):
+            time.sleep(0.02)               # every call takes 20 ms at least
+            return 1 / (i % 4)             # one call in four fails
         try:
-            b.call(lambda: 1 / (i % 4))   # one call in four fails
+            b.call(work)
         except ZeroDivisionError:
             pass
-        time.sleep(0.02)
 """)
 
 RATES = """
@@ -73,6 +75,12 @@ def test_fleet_rates_from_two_workers_show_on_both_pages(redis_url: str, load: A
         ok, failed = float(rest.split(" ok, ")[0]), float(rest.split(" ok, ")[1].split(" ")[0])
         assert float(calls) > 0 and ok > 0 and failed > 0, text   # one call in four fails
         assert ok > failed, text
+        latency = browser.execute_script(
+            "const row = [...document.querySelectorAll('#rows tr')]"
+            ".find(r => r.dataset.name === 'orders');"
+            "return row.querySelector('.latency').textContent")
+        p50, p99 = (int(part.split("ms")[0]) for part in latency[len("p50 "):].split(" · p99 "))
+        assert 20 <= p50 <= p99, latency                   # the calls sleep 20 ms
         browser.get(dashboard.base + "/breakers/orders")
         wait_for(lambda: browser.execute_script(
             "const e = document.getElementById('fleet-rates');"

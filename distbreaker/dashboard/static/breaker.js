@@ -8,6 +8,7 @@ const BUTTONS = [["forced_open", "Force open"], ["closed", "Close"], ["trip", "T
 let detail = null;
 let loading = null;
 let fleetRates = null;  // this name's fleet-wide calls/s, from its own event stream
+let fleetLatency = null;
 
 function facts(target, pairs) {
   document.getElementById(target).replaceChildren(...pairs.flatMap(([k, v]) =>
@@ -33,6 +34,7 @@ function render() {
       ["failure rate", percent(b.failure_rate)],
       ["slow-call rate", percent(b.slow_rate)],
       ["fleet calls/s", el("span", {id: "fleet-rates", text: ratesText(fleetRates)})],
+      ["latency (window)", el("span", {id: "fleet-latency", text: latencyText(fleetLatency)})],
       ["calls recorded", b.calls_total === null || b.calls_total === undefined ? "-"
         : b.calls_total + " (" + b.failures_total + " failed) by every worker since the keys were created"],
       ["half-open", b.half_open.issued + " probes issued, " + b.half_open.done + " reported, " +
@@ -139,8 +141,11 @@ async function setup() {
     update: (data) => {
       const row = data.rows.find((r) => r.name === NAME && r.schema !== "v1");
       fleetRates = row ? row.rates : null;
+      fleetLatency = row ? row.latency : null;
       const shown = document.getElementById("fleet-rates");
       if (shown) shown.textContent = ratesText(fleetRates);
+      const latency = document.getElementById("fleet-latency");
+      if (latency) latency.textContent = latencyText(fleetLatency);
     },
   }, "name=" + encodeURIComponent(NAME) + "&type=status&type=transition&type=update");
   setInterval(load, 3000);

@@ -50,6 +50,14 @@ function ratesText(rates) {
     perSecond(rates.failure) + " failed, " + perSecond(rates.rejected) + " rejected)";
 }
 
+// Fleet-wide call latency over the window: p50 / p99 of a count window, the mean of a
+// time window.
+function latencyText(latency) {
+  if (!latency) return "-";
+  if (latency.p50_ms === undefined) return "mean " + Math.round(latency.mean_ms) + "ms";
+  return "p50 " + latency.p50_ms + "ms · p99 " + latency.p99_ms + "ms";
+}
+
 function percent(value) {
   return value === null || value === undefined || value < 0 ? "-" : value + "%";
 }

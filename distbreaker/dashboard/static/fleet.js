@@ -71,7 +71,7 @@ function rowElement(row) {
   if (row.error) {
     tr.className = "error";
     tr.append(nameCell, el("td", {}, stateBadge("ERROR")),
-              el("td", {colspan: "9", text: row.error}));
+              el("td", {colspan: "10", text: row.error}));
     return tr;
   }
   const b = row.breaker;
@@ -92,6 +92,8 @@ function rowElement(row) {
             el("td", {class: "num", text: b ? String(b.calls) : "-"}),
             el("td", {class: "num rates", title: "fleet-wide, over the last read interval",
                       text: ratesText(row.rates)}),
+            el("td", {class: "num latency", title: "fleet-wide, over the window",
+                      text: latencyText(row.latency)}),
             el("td", {text: probes(b)}),
             el("td", {text: retryText(retry)}),
             bulkheadCell(row.bulkhead),
@@ -113,7 +115,7 @@ function render() {
     Object.entries(counts).sort((a, b) => b[1] - a[1]).map(([s, n]) => n + " " + s).join(", ");
   const body = document.getElementById("rows");
   body.replaceChildren(...(rows.length ? rows.map(rowElement)
-    : [el("tr", {}, el("td", {colspan: "11", class: "dim", text: "no breakers, bulkheads or budgets under this prefix"}))]));
+    : [el("tr", {}, el("td", {colspan: "12", class: "dim", text: "no breakers, bulkheads or budgets under this prefix"}))]));
   page.flash.clear();
 }
 
