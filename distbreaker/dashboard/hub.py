@@ -113,7 +113,7 @@ def percentile(values: list[int], share: float) -> int:
 def add_latency(client: Any, prefix: str, rows: list[dict[str, Any]]) -> None:
     """Each breaker row's fleet-wide call latency over its window, as ``latency``:
     p50 and p99 of a count window (its ring keeps every call's ms: one pipelined
-    GETRANGE of the window per read), the mean of a time window (its per-second
+    GETRANGE of the record up to its ring's end per read), the mean of a time window (its per-second
     slots keep sums only: the header's totals). None without calls."""
     ring: list[tuple[dict[str, Any], int]] = []
     for row in rows:
@@ -132,12 +132,13 @@ def add_latency(client: Any, prefix: str, rows: list[dict[str, Any]]) -> None:
         return
     pipe = client.pipeline(transaction=False)
     for row, size in ring:
-        pipe.getrange(BreakerKeys.build(row["name"], prefix).state, WINDOW_OFFSET,
-                      WINDOW_OFFSET + COUNT_SLOT_BYTES * size - 1)
+        # the record up to its ring's end, as bytes even on a client that decodes replies
+        view.queue_raw(pipe, BreakerKeys.build(row["name"], prefix).state,
+                       WINDOW_OFFSET + COUNT_SLOT_BYTES * size - 1)
     for (row, size), raw in zip(ring, pipe.execute(raise_on_error=False), strict=True):
         if not isinstance(raw, bytes):  # foreign data, a decoded client: no figure
             continue
-        slots = state_record.count_slots(b"\0" * WINDOW_OFFSET + raw, size)
+        slots = state_record.count_slots(raw, size)
         ms = sorted(slot[2] for slot in slots if slot is not None)
         if ms:
             row["latency"] = {"p50_ms": percentile(ms, 0.5), "p99_ms": percentile(ms, 0.99),
