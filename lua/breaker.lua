@@ -85,6 +85,7 @@ local now, micros
 -- the record's hot group (names as in record_layout) and `exists`
 local exists, s_state, fp, since, calls, failures, slow, total_ms, head, window_sec
 local ttl_refreshed_at, override_until, seq, hp_done, hp_fail, hp_slow
+local calls_total, failures_total  -- recorded since the record was created (counters)
 -- the governing config's hot part (the hot group's fields, or this call's parsed
 -- wire string: `parsed`)
 local window_type, window_size, min_calls, failure_threshold, slow_threshold, ttl_ms
@@ -189,7 +190,7 @@ local function load()
   hp_done, hp_fail, hp_slow, probes_max, lease_ms, max_half_open, magic, fp, window_type,
     window_size, min_calls, failure_threshold, slow_threshold, ttl_ms, code, since,
     override_until, ttl_refreshed_at, calls, failures, slow, total_ms, head, window_sec,
-    seq = decode_fields(raw, HOT_FIELDS)
+    seq, calls_total, failures_total = decode_fields(raw, HOT_FIELDS)
   if magic ~= MAGIC then
     if raw ~= '' or rcall('EXISTS', K_STATE) == 1 then
       return schema_error(K_STATE, 'is not a distbreaker v2 state record')
@@ -409,6 +410,7 @@ local function op_record()
   if st == 'CLOSED' or st == 'METRICS_ONLY' then
     local refused = record_window(ok, fails, slows, ms)
     if refused then return redis.error_reply(refused) end
+    calls_total, failures_total = calls_total + ok + fails, failures_total + fails
     local mark = argv[11]
     if mark and mark ~= '' and fails > 0 then quorum_mark = mark end
     if override_until == 0 and calls >= min_calls and calls > 0
@@ -431,6 +433,10 @@ local function op_record()
     probe_rem = token
     hp_done, hp_fail, hp_slow = hp_done + ok + fails, hp_fail + fails, hp_slow + slows
     dirty_half_open = true
+    if ok + fails > 0 then  -- the cumulative counters are in the state group
+      calls_total, failures_total = calls_total + ok + fails, failures_total + fails
+      dirty_state = true
+    end
     if hp_done >= probes_max then
       if exceeded(hp_done, hp_fail, hp_slow, failure_threshold, slow_threshold) then
         fire('probes_failed', 'half-open probes: '
@@ -568,7 +574,8 @@ local function write_record()
     seq = (seq + 1) % 4294967296
     local refused = put(STATE_AT, header_state(CODE[s_state], since, override_until,
                                                ttl_refreshed_at, calls, failures, slow,
-                                               total_ms, head, window_sec, seq))
+                                               total_ms, head, window_sec, seq,
+                                               calls_total, failures_total))
     if refused then return refused end
   end
   write_window(K_STATE, clear_ring and exists, window_type, window_size, evict_from, n_evict,

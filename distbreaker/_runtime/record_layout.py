@@ -114,8 +114,13 @@ FIELDS: tuple[Field, ...] = (
     Field("head", "count window: next ring slot to write"),
     Field("wsec", "time window: the last epoch second whose stale slots were evicted"),
     Field("seq", "write sequence number: +1 (mod 2^32) on every write of the `state` "
-                 "group; the hot read ends with it (Lua 5.1 hashes only some bytes of a "
-                 "long string: strings differing elsewhere would collide)"),
+                 "group; the hot read ends near it, with the cumulative counters (Lua 5.1 "
+                 "hashes only some bytes of a long string, the last one always: strings "
+                 "differing elsewhere would collide)"),
+    Field("calls_total", "calls recorded since the record was created (fleet-wide, every "
+                         "state that records: a counter, never reduced; the bytes were "
+                         "reserved, 0, before)"),
+    Field("failures_total", "failed calls recorded since the record was created (likewise)"),
 )
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in FIELDS)
 HEADER_FIELDS = len(FIELDS)
@@ -125,14 +130,14 @@ HEADER_FIELDS = len(FIELDS)
 GROUPS: tuple[Group, ...] = (
     Group("cold", 0, 12, "read: only by calls that need them (a transition, OPEN, a "
                          "rejection, a `set`, a full reply)"),
-    Group("hot", 13, 37, "read: by every call, one GETRANGE"),
+    Group("hot", 13, 39, "read: by every call, one GETRANGE"),
     Group("counters", 0, 5, "written when a counter changes"),
     Group("config", 6, 26, "written when the config changes (with the half-open figures, "
                            "magic and fingerprint between its fields)"),
     Group("half_open", 13, 15, "written alone when only the half-open figures change"),
-    Group("state", 27, 37, "written when the state or the window changes or the TTLs are "
+    Group("state", 27, 39, "written when the state or the window changes or the TTLs are "
                            "refreshed"),
-    Group("totals", 31, 37, "written alone by the hot path's CLOSED record (27-30 unchanged)"),
+    Group("totals", 31, 39, "written alone by the hot path's CLOSED record (27-30 unchanged)"),
 )
 GROUP = {g.name: g for g in GROUPS}
 HEADER_BYTES = FIELD_WIDTH * HEADER_FIELDS

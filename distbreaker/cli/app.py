@@ -10,27 +10,25 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import getpass
+import importlib
 import json
 import os
 import platform
 import re
 import socket
+import sys
 import traceback
 from collections.abc import Iterable
 from typing import Any
 
 import click
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-from redis.sentinel import MasterNotFoundError
 
 from .. import __version__
-from .._runtime.connection import DEFAULT_URL, parse_sentinel_url, sync_client
 from .._runtime.keys import DEFAULT_PREFIX, SCHEMA_VERSION, validate_name, validate_prefix
-from .._runtime.outages import ACL, NOT_REDIS, cause_of
-from .._runtime.scripts import MALFORMED
-from ..errors import SchemaError
+
+# redis-py (and the library's components) are imported where a command needs them, not
+# here: importing them costs most of a second on a busy machine, and `--version` or a
+# mistyped command should not pay it (scripts/bench_cli_start.py measures it).
 
 SOCKET_TIMEOUT = 5.0
 
@@ -59,6 +57,8 @@ def redact(url: str) -> str:
 
 
 def default_url() -> str:
+    from .._runtime.connection import DEFAULT_URL
+
     return os.environ.get("DISTBREAKER_REDIS_URL") or os.environ.get("REDIS_URL") or DEFAULT_URL
 
 
@@ -98,6 +98,9 @@ class App:
 
 
 def _options() -> dict[str, Any]:
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
     return {"socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": SOCKET_TIMEOUT,
             "retry": Retry(NoBackoff(), 0), "health_check_interval": 0}
 
@@ -109,6 +112,10 @@ def connect(url: str) -> Any:
     (the primary is looked up on the first command); any other URL names one
     server, and a server in cluster mode is used through a RedisCluster client.
     """
+    import redis
+
+    from .._runtime.connection import parse_sentinel_url, sync_client
+
     try:
         if parse_sentinel_url(url) is not None:
             client = sync_client(url, SOCKET_TIMEOUT)
@@ -131,6 +138,14 @@ def connect(url: str) -> Any:
 
 def explain(exc: BaseException, url: str) -> str | None:
     """One clear line for an expected failure, None for anything else."""
+    import redis
+    from redis.sentinel import MasterNotFoundError
+
+    from .._runtime.connection import parse_sentinel_url
+    from .._runtime.outages import ACL, NOT_REDIS, cause_of
+    from .._runtime.scripts import MALFORMED
+    from ..errors import SchemaError
+
     where = redact(url)
     msg = str(exc).strip().rstrip(".")
     cause = cause_of(exc)
@@ -165,16 +180,46 @@ def _raised_by_redis_py(exc: BaseException) -> bool:
     return bool(frames) and f"{os.sep}redis{os.sep}" in frames[-1].filename
 
 
+# Every command and the module of distbreaker.cli that defines it: a command's module
+# is imported only when that command runs (or help lists them all), so `--version` and
+# `ls` import what they use and no more. tests/unit/test_cli_lazy.py checks this table
+# against what the modules register.
+COMMAND_MODULES: dict[str, str] = {
+    "ls": "views", "show": "views", "events": "views", "watch": "watch",
+    "open": "actions", "trip": "actions", "disable": "actions", "metrics-only": "actions",
+    "close": "actions", "reset": "actions", "release-stale": "actions",
+    "doctor": "doctor", "ganesha": "ganesha_cmd", "dashboard": "dashboard_cmd",
+    "demo": "demo_cmd",
+}
+
+
 class Group(click.Group):
-    """Translates expected failures of any subcommand into one line and exit 1, and
-    suggests the closest command for a mistyped one (on every click version)."""
+    """Translates expected failures of any subcommand into one line and exit 1,
+    suggests the closest command for a mistyped one (on every click version), and
+    imports a command's module when the command is first asked for."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = COMMAND_MODULES.get(cmd_name)
+        if module is not None and cmd_name not in self.commands:
+            importlib.import_module(f"{__package__}.{module}")
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(self.commands) | set(COMMAND_MODULES))
+
+    def load_all(self) -> dict[str, click.Command]:
+        """Every command, all modules imported (for docs and tests)."""
+        for module in sorted(set(COMMAND_MODULES.values())):
+            importlib.import_module(f"{__package__}.{module}")
+        return dict(self.commands)
 
     def resolve_command(self, ctx: click.Context,
                         args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
         name = args[0] if args else ""
         if (name and not name.startswith("-") and not ctx.resilient_parsing
                 and self.get_command(ctx, name) is None):
-            raise click.UsageError(f"No such command {name!r}.{suggest(name, self.commands)}",
+            raise click.UsageError(f"No such command {name!r}."
+                                   f"{suggest(name, self.list_commands(ctx))}",
                                    ctx)
         return super().resolve_command(ctx, args)
 
@@ -213,8 +258,16 @@ def check_prefix(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 
 def version_text() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        redis_py = version("redis")  # its metadata: importing redis-py costs ~0.2 s
+    except PackageNotFoundError:
+        import redis
+
+        redis_py = redis.__version__
     return (f"distbreaker {__version__} (key schema v{SCHEMA_VERSION}, redis-py "
-            f"{redis.__version__}, Python {platform.python_version()})")
+            f"{redis_py}, Python {platform.python_version()})")
 
 
 def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
@@ -247,6 +300,25 @@ def emit_json(value: Any, lines: bool = False) -> None:
         click.echo(json.dumps(value, sort_keys=True, indent=2))
 
 
+def _import_redis_without_otel() -> None:
+    """Import redis-py with the OpenTelemetry SDK hidden, when it is not loaded yet.
+
+    redis-py 7+ imports the OpenTelemetry SDK at import time when it is installed
+    (the `otel` extra), only to note that it is available: a tenth of a second of
+    every command's start. The CLI never turns redis-py's own metrics on, so its
+    process imports redis-py without it; the SDK stays importable afterwards.
+    """
+    if "redis" in sys.modules or "opentelemetry" in sys.modules:
+        return
+    sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # import fails: skipped
+    try:
+        import redis  # noqa: F401
+    finally:
+        del sys.modules["opentelemetry"]
+
+
 def main() -> None:
     """Console-script entry point (`distbreaker`, `python -m distbreaker`)."""
+    if len(sys.argv) > 1 and sys.argv[1] not in ("--version", "-h", "--help"):
+        _import_redis_without_otel()
     cli(prog_name="distbreaker")

@@ -27,6 +27,7 @@ def dashboard_command(app: App, port: int, host: str, refresh: float, allow_acti
 
     Read-only by default. With --allow-actions, actions need the bearer token and
     are recorded in the history with the actor and reason given on the page.
+    Ctrl-C stops it and exits 0.
     """
     try:
         import uvicorn
@@ -43,8 +44,20 @@ def dashboard_command(app: App, port: int, host: str, refresh: float, allow_acti
     dashboard = Dashboard(lambda: connect(url), app.prefix, refresh=refresh,
                           allow_actions=allow_actions, token=token)
     mode = "operator actions enabled" if allow_actions else "read-only"
-    click.echo(f"distbreaker dashboard for {redact(url)} (prefix {app.prefix!r}, {mode}) "
-               f"on http://{host}:{port}/", err=True)
     config = uvicorn.Config(create_app(dashboard), host=host, port=port, log_level="warning",
                             timeout_graceful_shutdown=1, lifespan="on")
-    uvicorn.Server(config).run()
+    try:
+        sock = config.bind_socket()  # bound here, so the line below names the real port
+    except OSError as exc:
+        raise Failure(f"cannot listen on {host}:{port}: {exc}") from None
+    bound = sock.getsockname()[1]
+    where = f"[{host}]" if ":" in host else host
+    click.echo(f"distbreaker dashboard for {redact(url)} (prefix {app.prefix!r}, {mode}) "
+               f"on http://{where}:{bound}/", err=True)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled: a normal stop
+        pass
+    finally:
+        sock.close()
+    click.echo("distbreaker dashboard stopped", err=True)

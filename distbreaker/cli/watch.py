@@ -29,9 +29,10 @@ LEGEND = ("BUDGET +requests -retries =retries left   BULK in use/limit (adaptive
           "last moved, how long ago)   RATE permits now/limit per period (! changed)   "
           "OPEN (due): the wait is over, the next call probes   FAIL/SLOW -: too few calls")
 NAME_MIN, NAME_MAX = 12, 60
-RATE_COLUMN = 16  # the RATE column and its gap, when some row has a rate limiter
 MAX_ERROR_LINES = 10  # reasons of error rows shown under the table (foreign keys)
-OTHER_COLUMNS = 62  # what the columns after NAME need at most, with their gaps
+#: Columns hidden, first to last, while the table is wider than the terminal: a number
+#: is never cut (`10…` for 100 % reads as 10); NAME, STATE and FAIL always stay.
+DROP_ORDER = ("BUDGET", "RATE", "BULK", "SLOW", "RETRY", "FOR", "CALLS")
 
 
 def severity_key(row: dict[str, Any]) -> tuple[int, float, str]:
@@ -67,27 +68,27 @@ def render(doc: dict[str, Any] | None, prefix: str, interval: float, width: int,
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold",
                   padding=(0, 1, 0, 0))
     # RATE only when some row has a rate limiter (it would narrow the names for nothing)
-    rate = any(r.get("rate_limiter") for r in doc["breakers"])
-    skip = -1 if rate else HEADERS.index("RATE")
-    others = OTHER_COLUMNS + (RATE_COLUMN if rate else 0)
-    for header in HEADERS:
-        if header == "RATE" and not rate:
-            continue
-        if header == "NAME":
-            table.add_column(header, no_wrap=True, overflow="ellipsis", min_width=NAME_MIN,
-                             max_width=max(NAME_MIN, min(NAME_MAX, width - others)))
-        else:
-            table.add_column(header, no_wrap=True, overflow="ellipsis")
+    without = () if any(r.get("rate_limiter") for r in doc["breakers"]) else ("RATE",)
     errors: list[str] = []
+    rows: list[tuple[list[str], str]] = []
     for row in sorted_rows(doc["breakers"]):
-        cells = [c for i, c in enumerate(row_cells(row)) if i != skip]
+        cells = row_cells(row)
         if row["error"]:  # the reason goes under the table, so the columns keep their width
             errors.append(f"{cells[0]}: {cells[-1]}")
             cells[-1] = "see below"
         state = cells[1].split(" ")[0]
-        style = "bold red" if row["error"] else STATE_COLOURS.get(state, "")
-        table.add_row(*(Text(c, style=style) if i == 1 else Text(c)
-                        for i, c in enumerate(cells)))
+        rows.append((cells, "bold red" if row["error"] else STATE_COLOURS.get(state, "")))
+    shown = fitting_columns([cells for cells, _ in rows], width, without)
+    others = sum(column_width(i, [c for c, _ in rows]) + 1 for i in shown if i)
+    for i in shown:
+        if i == 0:
+            table.add_column(HEADERS[i], no_wrap=True, overflow="ellipsis", min_width=NAME_MIN,
+                             max_width=max(NAME_MIN, min(NAME_MAX, width - others)))
+        else:
+            table.add_column(HEADERS[i], no_wrap=True, overflow="fold")
+    for cells, style in rows:
+        table.add_row(*(Text(cells[i], style=style) if i == 1 else Text(cells[i])
+                        for i in shown))
     if not doc["breakers"]:
         parts.append(Text(f"no breakers under prefix {prefix!r}" if not doc["_filtered"]
                           else "no breaker in the chosen states", style="dim"))
@@ -98,10 +99,37 @@ def render(doc: dict[str, Any] | None, prefix: str, interval: float, width: int,
     if len(errors) > MAX_ERROR_LINES:
         parts.append(Text(f"ERROR and {len(errors) - MAX_ERROR_LINES} more (distbreaker ls)",
                           style="red"))
+    hidden = [h for i, h in enumerate(HEADERS) if i not in shown and h not in without]
+    if hidden and doc["breakers"]:
+        parts.append(Text(f"hidden at {width} columns: {', '.join(hidden)} (a wider "
+                          "terminal, or distbreaker ls, shows them)", style="dim"))
     parts.append(Text(LEGEND, style="dim"))
     if any(r.get("schema") == "v1" for r in doc["breakers"]):
         parts.append(Text(V1_LEGEND, style="dim"))
     return Group(*parts)
+
+
+def column_width(index: int, rows: Sequence[Sequence[str]]) -> int:
+    """The width column `index` needs for its header and every cell."""
+    return max([len(HEADERS[index]), *(len(cells[index]) for cells in rows)])
+
+
+def fitting_columns(rows: Sequence[Sequence[str]], width: int,
+                    without: Sequence[str] = ()) -> list[int]:
+    """The indexes of the columns shown at `width`: all of them (but `without`) when they
+    fit (NAME at its minimum), else without the columns of DROP_ORDER, one by one, until
+    they do."""
+    shown = [i for i, header in enumerate(HEADERS) if header not in without]
+
+    def needed() -> int:
+        return sum((NAME_MIN if i == 0 else column_width(i, rows)) + 1 for i in shown) - 1
+
+    for header in DROP_ORDER:
+        if needed() <= width:
+            break
+        if HEADERS.index(header) in shown:
+            shown.remove(HEADERS.index(header))
+    return shown
 
 
 class Outage:

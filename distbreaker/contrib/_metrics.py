@@ -33,11 +33,13 @@ from ..readside import (
     scan,
 )
 
-__all__ = ["Family", "MetricsSource", "catalog"]
+__all__ = ["REJECTION_REASONS", "Family", "MetricsSource", "catalog", "process_families"]
 
 _REJECTION_REASONS = {"OPEN": "open", "HALF_OPEN": "half_open_full",
                       "FORCED_OPEN": "forced_open", "UNKNOWN": "redis_unavailable",
                       "RAMPING": "ramping"}
+#: The `reason` label of a rejection, by the state that rejected it.
+REJECTION_REASONS = dict(_REJECTION_REASONS)
 _STATES = [s.value for s in State]
 
 
@@ -87,12 +89,28 @@ class MetricsSource:
         self._fleet_moves: Counter[tuple[str, str, str]] = Counter()
         self._history_ids: dict[str, str] = {}
         self._listeners: list[Any] = []
+        self._watchers: list[Any] = []
         self.register(*components)
 
     # -- registration ------------------------------------------------------------------
     def on_transition(self, listener: Any) -> None:
         """Also call `listener(Transition)` for the registered breakers' transitions."""
         self._listeners.append(listener)
+
+    def on_component(self, watcher: Any) -> None:
+        """Also call `watcher(component)` for each breaker and bulkhead registered, from
+        now on and for those already registered (an exporter hooks its events)."""
+        with self._lock:
+            self._watchers.append(watcher)
+            known = [*self._breakers, *self._bulkheads]
+        for component in known:
+            watcher(component)
+
+    def _watch(self, component: Any) -> None:
+        with self._lock:
+            watchers = list(self._watchers)
+        for watcher in watchers:
+            watcher(component)
 
     def register(self, *components: Any) -> None:
         """Export these breakers, bulkheads, retry budgets, policies (their parts) or
@@ -109,8 +127,11 @@ class MetricsSource:
             elif is_bulkhead(item):
                 self._add_name(item.name, "bulkhead")
                 with self._lock:
-                    if not any(b is item for b in self._bulkheads):
+                    new = not any(b is item for b in self._bulkheads)
+                    if new:
                         self._bulkheads.append(item)
+                if new:
+                    self._watch(item)
             elif any(hasattr(item, part) for part in ("breaker", "bulkhead", "budget")):
                 parts = [getattr(item, p, None) for p in ("breaker", "bulkhead", "budget")]
                 self.register(*(p for p in parts if p is not None))
@@ -129,6 +150,7 @@ class MetricsSource:
                 return
             self._breakers.append(breaker)
         breaker.add_listener(self._on_transition)
+        self._watch(breaker)
 
     def _on_transition(self, event: Any) -> None:
         if not isinstance(event, Transition):
@@ -252,6 +274,11 @@ def _local_families() -> list[Family]:
                      "name", "from_state", "to_state")]
 
 
+def process_families() -> list[Family]:
+    """The per-process families (calls, rejections, transitions), without samples."""
+    return _local_families()
+
+
 def catalog() -> list[Family]:
     """Every family distbreaker exports (no samples), in export order."""
     return [_up(), *_fleet_families([], {}), _fleet_transitions({}), _foreign(),
@@ -297,6 +324,9 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
     fields = {key: _gauge(name, text, "name") for key, (name, text) in _BREAKER_FIELDS.items()}
     fleet_rejected = _counter("distbreaker_breaker_fleet_rejections", "Calls rejected "
                               "fleet-wide by Redis (since the key was created)", "name")
+    fleet_calls = _counter("distbreaker_breaker_fleet_calls", "Calls every worker recorded "
+                           "(since the key was created), by outcome: the same from any "
+                           "process's scrape", "name", "outcome")
     in_use = _gauge("distbreaker_bulkhead_in_use", "Bulkhead permits held fleet-wide", "name")
     limit = _gauge("distbreaker_bulkhead_limit", "Fleet-wide bulkhead limit (an adaptive "
                    "one's current integer limit)", "name")
@@ -333,6 +363,10 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
                 value = breaker[field]
                 family.add((name,), -1 if value is None else value)
             fleet_rejected.add((name,), breaker["rejected"])
+            if breaker.get("calls_total") is not None:
+                failed = breaker["failures_total"]
+                fleet_calls.add((name, "success"), breaker["calls_total"] - failed)
+                fleet_calls.add((name, "failure"), failed)
             state_seconds.add((name,), breaker["in_state_s"])
             for c in breaker.get("configs") or ():
                 configs.add((name, c["fingerprint"], "1" if c["in_force"] else "0"),
@@ -340,6 +374,8 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
         elif row.get("never_called"):
             for field, family in fields.items():
                 family.add((name,), -1 if field.endswith("rate") else 0)
+            for outcome in ("success", "failure"):
+                fleet_calls.add((name, outcome), 0)
         bulkhead = row["bulkhead"]
         if bulkhead is not None:
             in_use.add((name,), bulkhead["in_use"])
@@ -363,5 +399,6 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
                         // MILLIONTHS - w)
         elif budget.get("balance") is not None:  # with the settings stored in the hash
             balance.add((name,), budget["balance"])
-    return [state, state_seconds, *fields.values(), fleet_rejected, in_use, limit, adaptive,
-            limit_info, moved, paused, deposits, withdrawals, balance, unreadable, configs]
+    return [state, state_seconds, *fields.values(), fleet_rejected, fleet_calls, in_use, limit,
+            adaptive, limit_info, moved, paused, deposits, withdrawals, balance, unreadable,
+            configs]

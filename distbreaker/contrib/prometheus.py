@@ -6,14 +6,19 @@ the metrics are listed on `DistbreakerCollector` and in the README.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from prometheus_client import Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .._runtime.keys import DEFAULT_PREFIX
-from ._metrics import Family, MetricsSource
+from ..breaker.core import BreakerCore
+from ..breaker.events import Transition
+from ..breaker.state import State
+from ._metrics import REJECTION_REASONS, Family, MetricsSource, process_families
 
 __all__ = ["DistbreakerCollector"]
 
@@ -36,8 +41,10 @@ class DistbreakerCollector(Collector):
       counter is monotonic even when the stream is trimmed or expires);
     - ``distbreaker_breaker_failure_rate_percent`` / ``_slow_call_rate_percent``
       (-1 below the minimum number of calls), ``distbreaker_breaker_window_calls``
-      / ``_window_failures`` / ``_window_slow_calls``, ``_retry_in_seconds``, and
-      ``distbreaker_breaker_fleet_rejections_total``;
+      / ``_window_failures`` / ``_window_slow_calls``, ``_retry_in_seconds``,
+      ``distbreaker_breaker_fleet_rejections_total`` and
+      ``distbreaker_breaker_fleet_calls_total{name,outcome}`` (success, failure: every
+      worker's calls since the keys were created, counted in the state record);
     - ``distbreaker_bulkhead_in_use`` / ``_limit`` (an adaptive bulkhead's current
       integer limit); for an adaptive bulkhead also ``_adaptive_limit`` (before
       rounding down), ``distbreaker_bulkhead_limit_info{name,why} 1`` (why it last
@@ -62,15 +69,29 @@ class DistbreakerCollector(Collector):
     half_open_full, forced_open, redis_unavailable, ramping: slow start after a recovery,
     bulkhead_full) and
     ``distbreaker_transitions_total{name,from_state,to_state}`` for the transitions
-    this process's calls made (each is counted by exactly one process). Under
-    prefork servers use prometheus_client's multiprocess mode or one target per worker.
+    this process's calls made (each is counted by exactly one process).
+
+    Under prefork servers (gunicorn, Celery prefork) with prometheus_client's
+    multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set, or ``multiprocess=True``),
+    the per-process counters are prometheus_client Counters each worker updates on
+    every call, in its own file of that directory; ``MultiProcessCollector`` adds
+    them up, so any worker's scrape reports the whole fleet's calls. This collector
+    then exports the fleet-wide figures only (see docs/guides/prometheus.md).
     """
 
     def __init__(self, redis: Any = None, *, prefix: str = DEFAULT_PREFIX,
                  discover: bool = False, timeout: float = 1.0,
-                 components: Iterable[Any] = ()) -> None:
-        self.source = MetricsSource(redis, prefix=prefix, discover=discover, timeout=timeout,
-                                    components=components)
+                 components: Iterable[Any] = (), multiprocess: bool | None = None) -> None:
+        self.source = MetricsSource(redis, prefix=prefix, discover=discover, timeout=timeout)
+        if multiprocess is None:
+            multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+                                or os.environ.get("prometheus_multiproc_dir"))
+        self.multiprocess = multiprocess
+        if multiprocess:
+            counters = _ProcessCounters()
+            self.source.on_component(counters.watch)
+            self.source.on_transition(counters.transition)
+        self.source.register(*components)
 
     @property
     def prefix(self) -> str:
@@ -96,8 +117,53 @@ class DistbreakerCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
-        for family in (*self.source.fleet(), *self.source.local()):
+        local = () if self.multiprocess else self.source.local()
+        for family in (*self.source.fleet(), *local):
             yield _prometheus(family)
+
+
+_OUTCOMES = {"success": "success", "error": "failure", "ignored_error": "ignored"}
+
+
+class _ProcessCounters:
+    """The per-process counters as prometheus_client Counters, for multiprocess mode.
+
+    Each is counted when it happens (a breaker's or bulkhead's event, a transition
+    this process made), into this process's file of ``PROMETHEUS_MULTIPROC_DIR``;
+    the custom collector's scrape-time reading would only ever see the scraped
+    worker's own counts. Not registered anywhere: ``MultiProcessCollector`` reads
+    the files.
+    """
+
+    def __init__(self) -> None:
+        calls, rejections, transitions = process_families()
+        self.calls = Counter(calls.name, calls.help, list(calls.labels), registry=None)
+        self.rejections = Counter(rejections.name, rejections.help, list(rejections.labels),
+                                  registry=None)
+        self.transitions = Counter(transitions.name, transitions.help,
+                                   list(transitions.labels), registry=None)
+
+    def watch(self, component: Any) -> None:
+        if isinstance(component, BreakerCore):
+            component.add_listener(self.breaker_event, kinds=(*_OUTCOMES, "not_permitted"))
+        else:
+            component.add_listener(self.bulkhead_event, kinds=("rejected",))
+
+    def breaker_event(self, event: Any) -> None:
+        if event.kind != "not_permitted":
+            self.calls.labels(event.name, _OUTCOMES[event.kind]).inc()
+            return
+        state = getattr(event.state, "value", str(event.state))
+        reason = "ramping" if state == State.CLOSED.value else REJECTION_REASONS.get(state)
+        if reason is not None:
+            self.rejections.labels(event.name, reason).inc()
+
+    def bulkhead_event(self, event: Any) -> None:
+        self.rejections.labels(event.name, "bulkhead_full").inc()
+
+    def transition(self, event: Transition) -> None:
+        self.transitions.labels(event.name, event.from_state.value,
+                                event.to_state.value).inc()
 
 
 def _prometheus(family: Family) -> Metric:

@@ -6,7 +6,10 @@ event stream.
 - ``GET /api/events``: server-sent events: ``status`` (Redis reachable or not),
   ``snapshot`` (the fleet, with each name's recent rates, on connect),
   ``update`` (the fleet, after each transition and every refresh),
-  ``transition`` (one transition from the channel, as it happens).
+  ``transition`` (one transition from the channel, as it happens). Filtered by
+  ``?name=NAME`` (repeatable: only these names' rows and transitions) and
+  ``?type=KIND`` (repeatable: only these kinds), e.g.
+  ``/api/events?name=payments&type=transition`` streams one breaker's transitions.
 - ``GET /api/breakers/{name}``: everything stored about one name (the CLI's
   ``show --json``) plus its last 200 transitions.
 - ``POST /api/breakers/{name}/actions/{action}``: an operator action (only with
@@ -40,12 +43,13 @@ from .. import operate
 from .. import readside as view
 from .._runtime.keys import validate_name
 from ..errors import SchemaError
-from .hub import Hub
+from .hub import Filter, Hub
 
 STATIC = Path(__file__).parent / "static"
 HISTORY = 200
 KEEPALIVE_S = 15.0
 MAX_TEXT = 500  # characters of a reason or actor
+EVENT_KINDS = ("status", "snapshot", "update", "transition")
 
 
 def unavailable(exc: BaseException) -> Response:
@@ -99,11 +103,23 @@ class Dashboard:
                              "action_ids": {a.id: a.command for a in operate.ACTIONS.values()}})
 
     async def events(self, request: Request) -> Response:
-        queue = self.hub.subscribe()
+        names = request.query_params.getlist("name")
+        kinds = request.query_params.getlist("type")
+        try:
+            for name in names:
+                validate_name(name)
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=422)
+        unknown = sorted(set(kinds) - set(EVENT_KINDS))
+        if unknown:
+            return JSONResponse({"error": f"unknown event type {unknown[0]!r}; one of "
+                                 + ", ".join(EVENT_KINDS)}, status_code=422)
+        wanted = Filter(frozenset(names), frozenset(kinds))
+        queue = self.hub.subscribe(wanted)
 
         async def stream() -> AsyncIterator[str]:
             try:
-                for kind, data in self.hub.first_messages():
+                for kind, data in self.hub.first_messages(wanted):
                     yield sse(kind, data)
                 while True:
                     try:

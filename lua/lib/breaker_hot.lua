@@ -49,7 +49,7 @@ local function record(keys, args, given_now, given_micros)
   local _, _, _, _, _, _, magic, stored_fp, window_type, window_size, minimum_calls,
         failure_threshold, slow_threshold, key_ttl, code, since_ms, override_until,
         ttl_refreshed_at, n_calls, n_failures, n_slow, sum_ms, ring_head, window_sec,
-        write_seq = packer.unpack(HOT_FORMAT, raw)
+        write_seq, calls_total, failures_total = packer.unpack(HOT_FORMAT, raw)
   if magic ~= MAGIC or code ~= 0 or window_type ~= 0 or window_size <= 0
       or override_until ~= 0 then
     return nil, raw, given_now, given_micros
@@ -87,10 +87,12 @@ local function record(keys, args, given_now, given_micros)
     rcall('BITFIELD', k, 'SET', 'u32', bit, int(o))
     return nil, raw, t_now, us
   end
-  -- the totals group (window totals, head, window_sec, seq); the state's own fields stay
+  -- the totals group (window totals, head, window_sec, seq, the cumulative counters);
+  -- the state's own fields stay
   rcall('SETRANGE', k, TOTALS_AT, packer.pack(TOTALS_FORMAT, n, f, sl, total,
                                               (ring_head + 1) % window_size, window_sec,
-                                              (write_seq + 1) % 4294967296))
+                                              (write_seq + 1) % 4294967296,
+                                              calls_total + 1, failures_total))
   return {'CLOSED', t_now, since_ms}
 end
 

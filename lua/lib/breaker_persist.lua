@@ -8,8 +8,9 @@
 -- Header groups, their fields in the layout's order (lua/lib/record_layout.lua):
 -- counters, config (with the half-open figures, magic and fingerprint between its
 -- fields), half_open alone, state (state and window totals). The state group ends
--- with `seq`, which changes on every write: Lua 5.1 hashes only some bytes of a long
--- string, and strings that differ only elsewhere would all collide in its string table.
+-- with `seq`, which changes on every write, and the cumulative counters, which change
+-- on every record: Lua 5.1 hashes only some bytes of a long string (the last one
+-- always), and strings that differ only elsewhere would all collide in its string table.
 local max, unpack, rep = math.max, unpack, string.rep
 local rcall = redis.call
 local layout = record_layout
@@ -20,13 +21,15 @@ for code, state_name in ipairs(layout.STATES) do CODE[state_name] = code - 1 end
 
 local STATE_FORMAT = '>' .. rep('i8', STATE_FIELDS)
 local function header_state(code, since, override_until, ttl_refreshed_at, calls, failures, slow,
-                            total_ms, head, window_sec, seq)
+                            total_ms, head, window_sec, seq, calls_total, failures_total)
   if packer then
     return packer.pack(STATE_FORMAT, code, since, override_until, ttl_refreshed_at, calls,
-                       failures, slow, total_ms, head, window_sec, seq)
+                       failures, slow, total_ms, head, window_sec, seq, calls_total,
+                       failures_total)
   end
   return encode({code, since, override_until, ttl_refreshed_at, calls, failures, slow,
-                 total_ms, head, window_sec, seq}, 1, STATE_FIELDS, 8)
+                 total_ms, head, window_sec, seq, calls_total, failures_total}, 1,
+                STATE_FIELDS, 8)
 end
 
 -- `g`: the cold group (lua/breaker.lua's `cold()`).

@@ -7,29 +7,29 @@
 --   cold 0-12: open_until, gen, opens, rejected, reserved_4, drift_fp, open_wait_ms,
 --     initial_state, after_half_open, wait_multiplier_e6, max_open_wait_ms,
 --     randomization_e6, slow_call_ms
---   hot 13-37: hp_done, hp_fail, hp_slow, permitted_probes, lease_ms, max_half_open_ms,
+--   hot 13-39: hp_done, hp_fail, hp_slow, permitted_probes, lease_ms, max_half_open_ms,
 --     magic, fp, window_type, window_size, minimum_calls, failure_threshold_e4,
 --     slow_threshold_e4, key_ttl_ms, state, since, ov_until, ttl_at, calls, failures,
---     slow, total_ms, head, wsec, seq
+--     slow, total_ms, head, wsec, seq, calls_total, failures_total
 return {
   MAGIC = 1684174386,
-  HEADER_FIELDS = 38,
+  HEADER_FIELDS = 40,
   WINDOW_AT = 320,  -- the window's first byte (a number)
   COLD_AT = '0', COLD_LAST = '103', COLD_FIELDS = 13,  -- fields 0-12
-  HOT_AT = '104', HOT_LAST = '303', HOT_FIELDS = 25,  -- fields 13-37
+  HOT_AT = '104', HOT_LAST = '319', HOT_FIELDS = 27,  -- fields 13-39
   COUNTERS_AT = '0', COUNTERS_LAST = '47', COUNTERS_FIELDS = 6,  -- fields 0-5
   CONFIG_AT = '48', CONFIG_LAST = '215', CONFIG_FIELDS = 21,  -- fields 6-26
   HALF_OPEN_AT = '104', HALF_OPEN_LAST = '127', HALF_OPEN_FIELDS = 3,  -- fields 13-15
-  STATE_AT = '216', STATE_LAST = '303', STATE_FIELDS = 11,  -- fields 27-37
-  TOTALS_AT = '248', TOTALS_LAST = '303', TOTALS_FIELDS = 7,  -- fields 31-37
-  HOT_BYTES = 200,
+  STATE_AT = '216', STATE_LAST = '319', STATE_FIELDS = 13,  -- fields 27-39
+  TOTALS_AT = '248', TOTALS_LAST = '319', TOTALS_FIELDS = 9,  -- fields 31-39
+  HOT_BYTES = 216,
   -- 1-based position, in the hot group's bytes, of each hot field's low byte
   HOT_LOW_BYTE = {hp_done = 8, hp_fail = 16, hp_slow = 24, permitted_probes = 32,
     lease_ms = 40, max_half_open_ms = 48, magic = 56, fp = 64, window_type = 72,
     window_size = 80, minimum_calls = 88, failure_threshold_e4 = 96,
     slow_threshold_e4 = 104, key_ttl_ms = 112, state = 120, since = 128, ov_until = 136,
     ttl_at = 144, calls = 152, failures = 160, slow = 168, total_ms = 176, head = 184,
-    wsec = 192, seq = 200},
+    wsec = 192, seq = 200, calls_total = 208, failures_total = 216},
   STATES = {'CLOSED', 'OPEN', 'HALF_OPEN', 'FORCED_OPEN', 'DISABLED', 'METRICS_ONLY'},  -- by code + 1
   PRESENT = 2147483648, FAILED = 1073741824, SLOW = 536870912, MS_MASK = 536870911,  -- a count slot's bits
   COUNT_SLOT_BYTES = 4, TIME_SLOT_BYTES = 20,

@@ -216,18 +216,22 @@ def test_lock_held_by_another_thread_at_fork_does_not_deadlock_the_child(
 def test_explicit_hook_resets_when_the_fork_hooks_did_not_run(redis_url: str,
                                                               name: str) -> None:
     """A server forking from C (uWSGI without py-call-osafterfork) skips Python's
-    fork hooks; calling forking.after_fork() in its post-fork hook does the work."""
+    fork hooks; calling the public distbreaker.after_fork() in its post-fork hook
+    does the work."""
+    import distbreaker
+
+    assert distbreaker.after_fork is forking.after_fork
     parts = Parts(redis_url, name)
     parts.work()
     codec = parts.breaker._codec
     assert codec.outcomes["success"] == CALLS
     before = codec._lock
     forking._handled_pid = -1          # as if this process were a child the hooks missed
-    forking.after_fork()
+    distbreaker.after_fork()
     assert codec._lock is not before and codec.outcomes["success"] == 0
     assert forking._handled_pid == os.getpid()
     again = codec._lock
-    forking.after_fork()
+    distbreaker.after_fork()
     assert codec._lock is again        # idempotent in the same process
 
 

@@ -235,6 +235,13 @@ def test_failures_recorded_by_python_reject_php(
     assert int(redis_client.get("dep") or 0) == 5
     # only the first PHP call asked Redis; the others were rejected from the local view
     assert breaker.metrics().rejected_fleet_wide == 1
+    # each PHP rejection says why, as Python's does (the reply's reason, then the view's)
+    with pytest.raises(CallNotPermitted) as python_rejection:
+        breaker.call(lambda: "never")
+    assert python_rejection.value.reason == "failure rate 100% >= 50%"
+    assert [(o["reason"], o["actor"]) for o in outcomes] == [
+        (python_rejection.value.reason, python_rejection.value.actor)] * 3
+    assert all("(failure rate 100% >= 50%)" in o["message"] for o in outcomes)
 
     fallback = php_worker.run(action="fallback", name=name, config=SMALL)
     assert fallback == {"status": "queued", "because": "Distbreaker\\CallNotPermitted"}
@@ -272,6 +279,8 @@ def test_php_override_that_ends_rejects_python_with_the_remaining_time(
     assert result["state"] == "FORCED_OPEN"
     assert result["call"]["outcome"] == "rejected"
     assert 0 < result["call"]["retry_after"] <= 5
+    assert (result["call"]["reason"], result["call"]["actor"]) == ("maintenance", "php")
+    assert "(maintenance, by php)" in result["call"]["message"]
     breaker = python_breaker(name, redis_url)
     assert redis_client.hget(breaker.keys.meta, "cfg").decode() == breaker.config.to_wire()
     with pytest.raises(CallNotPermitted) as rejected:

@@ -61,7 +61,7 @@ def test_every_integration_has_a_guide_and_an_api_entry() -> None:
 
 def test_every_cli_command_is_in_the_cli_guide() -> None:
     guide = (DOCS / "guides" / "cli.md").read_text()
-    for command in cli.commands:
+    for command in cli.load_all():
         assert re.search(rf"distbreaker (\S+ )*{re.escape(command)}\b", guide), \
             f"`distbreaker {command}` is not shown in docs/guides/cli.md"
 
@@ -86,3 +86,27 @@ def test_the_install_section_names_every_extra() -> None:
     install = readme.split("--8<-- [start:install]")[1].split("--8<-- [end:install]")[0]
     missing = sorted(name for name in extras if f"`{name}`" not in install)
     assert not missing, f"README's install section does not name the extras {missing}"
+
+
+def test_user_docs_name_no_internal_module() -> None:
+    """README and the guides send users to public names only (`distbreaker._runtime`
+    is internal, CHANGELOG's versioning policy): e.g. `distbreaker.after_fork()`."""
+    pages = [ROOT / "README.md", *sorted((DOCS / "guides").glob("*.md"))]
+    offenders = [p.name for p in pages if "distbreaker._runtime" in p.read_text()]
+    assert not offenders, offenders
+
+
+def test_web_framework_guides_are_not_copies() -> None:
+    """The ASGI, Django and Flask pages keep only what differs; what they share is
+    written once, in guides/web.md, which each of them links to."""
+    common = (DOCS / "guides" / "web.md").read_text()
+    assert "guides/web.md" in nav_pages(config()["nav"])
+    paragraphs: dict[str, list[str]] = {}
+    for framework in ("asgi", "django", "flask"):
+        page = (DOCS / "guides" / f"{framework}.md").read_text()
+        assert "(web.md)" in page, f"guides/{framework}.md does not link to web.md"
+        for paragraph in (p.strip() for p in page.split("\n\n") if len(p.strip()) > 60):
+            assert paragraph not in common, f"guides/{framework}.md copies web.md"
+            paragraphs.setdefault(paragraph, []).append(framework)
+    shared = {p[:60]: names for p, names in paragraphs.items() if len(names) > 1}
+    assert not shared, shared

@@ -58,7 +58,7 @@ def fleet(url: str) -> None:
 def table_rows(text: str) -> list[str]:
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("NAME"))
-    end = next(i for i, line in enumerate(lines) if line.startswith("BUDGET"))
+    end = next(i for i, line in enumerate(lines) if line.startswith(("BUDGET", "hidden")))
     return lines[start + 1:end]
 
 
@@ -77,6 +77,38 @@ def test_watch_fits_80_columns_with_an_ellipsis_and_sorts_by_severity(redis_url:
     assert "BUDGET +requests -retries =retries left" in result.stdout
     assert "now" not in " ".join(rows)
     assert re.search(r"server time \d\d:\d\d:\d\d \w+", result.stdout)
+
+
+def test_watch_at_60_columns_drops_columns_and_never_cuts_a_number(redis_url: str) -> None:
+    """A narrow terminal hides whole columns (named under the table), least useful
+    first; the cells it shows are whole (issue 28: `10…` was shown for 100 %)."""
+    from distbreaker import Bulkhead, RetryBudget
+
+    fleet(redis_url)
+    outcomes(make("f-all-failed", redis_url), failed=4)        # 100 %
+    bulkhead = Bulkhead("f-all-failed", redis=redis_url, max_concurrent_calls=100,
+                        redis_timeout=5)
+    permit = bulkhead.acquire()
+    budget = RetryBudget("f-all-failed", redis=redis_url, redis_timeout=5)
+    budget.deposit()
+    budget.flush()
+    wide = watch(redis_url, columns=200).stdout
+    assert "BULK" in wide and "BUDGET" in wide.splitlines()[2]
+    result = watch(redis_url, columns=60)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert all(len(line) <= 60 for line in lines), lines
+    header = next(line for line in lines if line.startswith("NAME")).split()
+    assert header[:3] == ["NAME", "STATE", "FOR"] and "FAIL" in header
+    assert "BUDGET" not in header and "BULK" not in header
+    assert "hidden at 60 columns: BULK, BUDGET" in result.stdout
+    row = next(r for r in table_rows(result.stdout) if r.startswith("f-all-failed"))
+    assert "100%" in row
+    for cells in (r.split()[1:] for r in table_rows(result.stdout)):  # all but NAME
+        assert not any(c.endswith("…") for c in cells), cells
+    bulkhead.release(permit)
+    for component in (bulkhead, budget):
+        component.close()
 
 
 def test_closed_rows_sort_by_failure_rate(redis_url: str) -> None:

@@ -52,7 +52,7 @@ def test_the_python_decoder_reads_through_the_declaration() -> None:
     values[record_layout.FIELD_NAMES.index("magic")] = record_layout.MAGIC
     for name in ("state", "initial_state", "after_half_open"):
         values[record_layout.FIELD_NAMES.index(name)] = 1
-    decoded = state_record.decode_record(struct.pack(">38q", *values))
+    decoded = state_record.decode_record(struct.pack(f">{record_layout.HEADER_FIELDS}q", *values))
     assert decoded["ttl_at"] == 30 and decoded["state"] == "OPEN"
 
 

@@ -53,29 +53,29 @@ local function record_layout()
 --   cold 0-12: open_until, gen, opens, rejected, reserved_4, drift_fp, open_wait_ms,
 --     initial_state, after_half_open, wait_multiplier_e6, max_open_wait_ms,
 --     randomization_e6, slow_call_ms
---   hot 13-37: hp_done, hp_fail, hp_slow, permitted_probes, lease_ms, max_half_open_ms,
+--   hot 13-39: hp_done, hp_fail, hp_slow, permitted_probes, lease_ms, max_half_open_ms,
 --     magic, fp, window_type, window_size, minimum_calls, failure_threshold_e4,
 --     slow_threshold_e4, key_ttl_ms, state, since, ov_until, ttl_at, calls, failures,
---     slow, total_ms, head, wsec, seq
+--     slow, total_ms, head, wsec, seq, calls_total, failures_total
 return {
   MAGIC = 1684174386,
-  HEADER_FIELDS = 38,
+  HEADER_FIELDS = 40,
   WINDOW_AT = 320,  -- the window's first byte (a number)
   COLD_AT = '0', COLD_LAST = '103', COLD_FIELDS = 13,  -- fields 0-12
-  HOT_AT = '104', HOT_LAST = '303', HOT_FIELDS = 25,  -- fields 13-37
+  HOT_AT = '104', HOT_LAST = '319', HOT_FIELDS = 27,  -- fields 13-39
   COUNTERS_AT = '0', COUNTERS_LAST = '47', COUNTERS_FIELDS = 6,  -- fields 0-5
   CONFIG_AT = '48', CONFIG_LAST = '215', CONFIG_FIELDS = 21,  -- fields 6-26
   HALF_OPEN_AT = '104', HALF_OPEN_LAST = '127', HALF_OPEN_FIELDS = 3,  -- fields 13-15
-  STATE_AT = '216', STATE_LAST = '303', STATE_FIELDS = 11,  -- fields 27-37
-  TOTALS_AT = '248', TOTALS_LAST = '303', TOTALS_FIELDS = 7,  -- fields 31-37
-  HOT_BYTES = 200,
+  STATE_AT = '216', STATE_LAST = '319', STATE_FIELDS = 13,  -- fields 27-39
+  TOTALS_AT = '248', TOTALS_LAST = '319', TOTALS_FIELDS = 9,  -- fields 31-39
+  HOT_BYTES = 216,
   -- 1-based position, in the hot group's bytes, of each hot field's low byte
   HOT_LOW_BYTE = {hp_done = 8, hp_fail = 16, hp_slow = 24, permitted_probes = 32,
     lease_ms = 40, max_half_open_ms = 48, magic = 56, fp = 64, window_type = 72,
     window_size = 80, minimum_calls = 88, failure_threshold_e4 = 96,
     slow_threshold_e4 = 104, key_ttl_ms = 112, state = 120, since = 128, ov_until = 136,
     ttl_at = 144, calls = 152, failures = 160, slow = 168, total_ms = 176, head = 184,
-    wsec = 192, seq = 200},
+    wsec = 192, seq = 200, calls_total = 208, failures_total = 216},
   STATES = {'CLOSED', 'OPEN', 'HALF_OPEN', 'FORCED_OPEN', 'DISABLED', 'METRICS_ONLY'},  -- by code + 1
   PRESENT = 2147483648, FAILED = 1073741824, SLOW = 536870912, MS_MASK = 536870911,  -- a count slot's bits
   COUNT_SLOT_BYTES = 4, TIME_SLOT_BYTES = 20,
@@ -714,8 +714,9 @@ local function breaker_persist()
 -- Header groups, their fields in the layout's order (lua/lib/record_layout.lua):
 -- counters, config (with the half-open figures, magic and fingerprint between its
 -- fields), half_open alone, state (state and window totals). The state group ends
--- with `seq`, which changes on every write: Lua 5.1 hashes only some bytes of a long
--- string, and strings that differ only elsewhere would all collide in its string table.
+-- with `seq`, which changes on every write, and the cumulative counters, which change
+-- on every record: Lua 5.1 hashes only some bytes of a long string (the last one
+-- always), and strings that differ only elsewhere would all collide in its string table.
 local max, unpack, rep = math.max, unpack, string.rep
 local rcall = redis.call
 local layout = record_layout
@@ -726,13 +727,15 @@ for code, state_name in ipairs(layout.STATES) do CODE[state_name] = code - 1 end
 
 local STATE_FORMAT = '>' .. rep('i8', STATE_FIELDS)
 local function header_state(code, since, override_until, ttl_refreshed_at, calls, failures, slow,
-                            total_ms, head, window_sec, seq)
+                            total_ms, head, window_sec, seq, calls_total, failures_total)
   if packer then
     return packer.pack(STATE_FORMAT, code, since, override_until, ttl_refreshed_at, calls,
-                       failures, slow, total_ms, head, window_sec, seq)
+                       failures, slow, total_ms, head, window_sec, seq, calls_total,
+                       failures_total)
   end
   return encode({code, since, override_until, ttl_refreshed_at, calls, failures, slow,
-                 total_ms, head, window_sec, seq}, 1, STATE_FIELDS, 8)
+                 total_ms, head, window_sec, seq, calls_total, failures_total}, 1,
+                STATE_FIELDS, 8)
 end
 
 -- `g`: the cold group (lua/breaker.lua's `cold()`).
@@ -869,7 +872,7 @@ local function record(keys, args, given_now, given_micros)
   local _, _, _, _, _, _, magic, stored_fp, window_type, window_size, minimum_calls,
         failure_threshold, slow_threshold, key_ttl, code, since_ms, override_until,
         ttl_refreshed_at, n_calls, n_failures, n_slow, sum_ms, ring_head, window_sec,
-        write_seq = packer.unpack(HOT_FORMAT, raw)
+        write_seq, calls_total, failures_total = packer.unpack(HOT_FORMAT, raw)
   if magic ~= MAGIC or code ~= 0 or window_type ~= 0 or window_size <= 0
       or override_until ~= 0 then
     return nil, raw, given_now, given_micros
@@ -907,10 +910,12 @@ local function record(keys, args, given_now, given_micros)
     rcall('BITFIELD', k, 'SET', 'u32', bit, int(o))
     return nil, raw, t_now, us
   end
-  -- the totals group (window totals, head, window_sec, seq); the state's own fields stay
+  -- the totals group (window totals, head, window_sec, seq, the cumulative counters);
+  -- the state's own fields stay
   rcall('SETRANGE', k, TOTALS_AT, packer.pack(TOTALS_FORMAT, n, f, sl, total,
                                               (ring_head + 1) % window_size, window_sec,
-                                              (write_seq + 1) % 4294967296))
+                                              (write_seq + 1) % 4294967296,
+                                              calls_total + 1, failures_total))
   return {'CLOSED', t_now, since_ms}
 end
 
@@ -1160,6 +1165,7 @@ local now, micros
 -- the record's hot group (names as in record_layout) and `exists`
 local exists, s_state, fp, since, calls, failures, slow, total_ms, head, window_sec
 local ttl_refreshed_at, override_until, seq, hp_done, hp_fail, hp_slow
+local calls_total, failures_total  -- recorded since the record was created (counters)
 -- the governing config's hot part (the hot group's fields, or this call's parsed
 -- wire string: `parsed`)
 local window_type, window_size, min_calls, failure_threshold, slow_threshold, ttl_ms
@@ -1264,7 +1270,7 @@ local function load()
   hp_done, hp_fail, hp_slow, probes_max, lease_ms, max_half_open, magic, fp, window_type,
     window_size, min_calls, failure_threshold, slow_threshold, ttl_ms, code, since,
     override_until, ttl_refreshed_at, calls, failures, slow, total_ms, head, window_sec,
-    seq = decode_fields(raw, HOT_FIELDS)
+    seq, calls_total, failures_total = decode_fields(raw, HOT_FIELDS)
   if magic ~= MAGIC then
     if raw ~= '' or rcall('EXISTS', K_STATE) == 1 then
       return schema_error(K_STATE, 'is not a distbreaker v2 state record')
@@ -1484,6 +1490,7 @@ local function op_record()
   if st == 'CLOSED' or st == 'METRICS_ONLY' then
     local refused = record_window(ok, fails, slows, ms)
     if refused then return redis.error_reply(refused) end
+    calls_total, failures_total = calls_total + ok + fails, failures_total + fails
     local mark = argv[11]
     if mark and mark ~= '' and fails > 0 then quorum_mark = mark end
     if override_until == 0 and calls >= min_calls and calls > 0
@@ -1506,6 +1513,10 @@ local function op_record()
     probe_rem = token
     hp_done, hp_fail, hp_slow = hp_done + ok + fails, hp_fail + fails, hp_slow + slows
     dirty_half_open = true
+    if ok + fails > 0 then  -- the cumulative counters are in the state group
+      calls_total, failures_total = calls_total + ok + fails, failures_total + fails
+      dirty_state = true
+    end
     if hp_done >= probes_max then
       if exceeded(hp_done, hp_fail, hp_slow, failure_threshold, slow_threshold) then
         fire('probes_failed', 'half-open probes: '
@@ -1643,7 +1654,8 @@ local function write_record()
     seq = (seq + 1) % 4294967296
     local refused = put(STATE_AT, header_state(CODE[s_state], since, override_until,
                                                ttl_refreshed_at, calls, failures, slow,
-                                               total_ms, head, window_sec, seq))
+                                               total_ms, head, window_sec, seq,
+                                               calls_total, failures_total))
     if refused then return refused end
   end
   write_window(K_STATE, clear_ring and exists, window_type, window_size, evict_from, n_evict,

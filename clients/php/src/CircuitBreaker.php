@@ -36,6 +36,8 @@ final class CircuitBreaker
     private ?string $view = null;      // null: unknown, ask Redis
     private float $openDeadline = 0.0; // monotonic seconds
     private int $viewNowMs = 0;
+    private string $viewReason = '';   // why the viewed state, who set it: for CallNotPermitted
+    private string $viewActor = '';
     private int $slowMs;
     /** @var list<callable(array{name: string, from: string, to: string, reason: string, at_ms: int}): void> */
     private array $listeners = [];
@@ -91,7 +93,7 @@ final class CircuitBreaker
         }
         if ($this->view === 'OPEN' && $now < $this->openDeadline) {
             $this->notPermitted++;
-            throw new CallNotPermitted($this->name, 'OPEN', $this->openDeadline - $now);
+            throw new CallNotPermitted($this->name, 'OPEN', $this->openDeadline - $now, $this->viewReason, null, $this->viewActor);
         }
         $token = bin2hex(random_bytes(8));
         try {
@@ -107,7 +109,7 @@ final class CircuitBreaker
         if ($reply['state'] === 'FORCED_OPEN' && $reply['override_until_ms'] > 0) {
             $wait = ($reply['override_until_ms'] - $reply['now_ms']) / 1000.0; // the override's remaining time
         }
-        throw new CallNotPermitted($this->name, $reply['state'], $wait);
+        throw new CallNotPermitted($this->name, $reply['state'], $wait, $reply['reason'], null, $reply['actor']);
     }
 
     /** Alias of acquire() (Ganesha / Resilience4j wording). */
@@ -299,7 +301,7 @@ final class CircuitBreaker
      * @return array{state: string, wait_ms: int, permitted: bool, transitions: list<array{0: string, 1: string, 2: string}>,
      *               calls: int, failures: int, slow: int, total_ms: int, rejected: int, drift: bool,
      *               stored_config: string, now_ms: int, since_ms: int, probes_in_flight: int,
-     *               override_until_ms: int, probe_figures: bool}
+     *               override_until_ms: int, probe_figures: bool, reason: string, actor: string}
      */
     public function execute(string $op, string|int ...$extra): array
     {
@@ -355,6 +357,8 @@ final class CircuitBreaker
                 'probes_in_flight' => 0,
                 'override_until_ms' => 0,
                 'probe_figures' => false,
+                'reason' => '',
+                'actor' => '',
             ];
         }
         Scripts::expectArray($raw);
@@ -379,6 +383,9 @@ final class CircuitBreaker
             'override_until_ms' => count($raw) > 17 ? (int) $raw[17] : 0,
             // calls..total_ms are the half-open probes' (HALF_OPEN, or OPEN after a failed verdict)
             'probe_figures' => count($raw) > 18 ? (int) $raw[18] === 1 : (string) $raw[0] === 'HALF_OPEN',
+            // why the breaker is in this state, and who put it there (an operator)
+            'reason' => count($raw) > 16 ? (string) $raw[14] : '',
+            'actor' => count($raw) > 16 ? (string) $raw[15] : '',
         ];
     }
 
@@ -388,6 +395,8 @@ final class CircuitBreaker
             $this->viewNowMs = $reply['now_ms'];
             $this->view = $reply['state'];
             $this->openDeadline = self::monotonic() + $reply['wait_ms'] / 1000.0;
+            $this->viewReason = $reply['reason'];
+            $this->viewActor = $reply['actor'];
         }
         if ($reply['drift']) {
             $first = $this->configDrift === null;

@@ -26,7 +26,8 @@ function gate(Redis $redis, array $job): void
 
 function rejection(CallNotPermitted $e): array
 {
-    return ['outcome' => 'rejected', 'state' => $e->state, 'retry_after' => $e->retryAfter, 'class' => get_class($e)];
+    return ['outcome' => 'rejected', 'state' => $e->state, 'retry_after' => $e->retryAfter, 'class' => get_class($e),
+        'reason' => $e->reason, 'actor' => $e->actor, 'message' => $e->getMessage()];
 }
 
 $out = [];

@@ -7,6 +7,8 @@ const BUTTONS = [["forced_open", "Force open"], ["closed", "Close"], ["trip", "T
                  ["reset", "Reset"], ["disabled", "Disable"], ["metrics_only", "Metrics only"]];
 let detail = null;
 let loading = null;
+let fleetRates = null;  // this name's fleet-wide calls/s, from its own event stream
+let fleetLatency = null;
 
 function facts(target, pairs) {
   document.getElementById(target).replaceChildren(...pairs.flatMap(([k, v]) =>
@@ -31,6 +33,10 @@ function render() {
       ["window", w.calls + " calls, " + w.failures + " failed, " + w.slow + " slow"],
       ["failure rate", percent(b.failure_rate)],
       ["slow-call rate", percent(b.slow_rate)],
+      ["fleet calls/s", el("span", {id: "fleet-rates", text: ratesText(fleetRates)})],
+      ["latency (window)", el("span", {id: "fleet-latency", text: latencyText(fleetLatency)})],
+      ["calls recorded", b.calls_total === null || b.calls_total === undefined ? "-"
+        : b.calls_total + " (" + b.failures_total + " failed) by every worker since the keys were created"],
       ["half-open", b.half_open.issued + " probes issued, " + b.half_open.done + " reported, " +
                     b.half_open.failed + " failed"],
       ["probes in flight", b.probes.length ? b.probes.map((p) => p.token + " (" +
@@ -134,10 +140,20 @@ async function setup() {
     }));
   }
   await load();
+  // this name's stream only: its transitions and its row of each fleet read
   connectEvents({
     status: showStatus,
     transition: (event) => { if (event.name === NAME) load(); },
-  });
+    update: (data) => {
+      const row = data.rows.find((r) => r.name === NAME && r.schema !== "v1");
+      fleetRates = row ? row.rates : null;
+      fleetLatency = row ? row.latency : null;
+      const shown = document.getElementById("fleet-rates");
+      if (shown) shown.textContent = ratesText(fleetRates);
+      const latency = document.getElementById("fleet-latency");
+      if (latency) latency.textContent = latencyText(fleetLatency);
+    },
+  }, "name=" + encodeURIComponent(NAME) + "&type=status&type=transition&type=update");
   setInterval(load, 3000);
 }
 

@@ -38,6 +38,26 @@ function clock(ms, withDate) {
   return new Date(ms).toLocaleString(undefined, options);
 }
 
+// Fleet-wide calls per second (rates: the dashboard's difference of two reads of the
+// state record's counters), with the failures and rejections per second.
+function perSecond(value) {
+  return value >= 10 ? value.toFixed(0) : value >= 1 ? value.toFixed(1) : value.toFixed(2);
+}
+
+function ratesText(rates) {
+  if (!rates) return "-";
+  return perSecond(rates.calls) + "/s (" + perSecond(rates.success) + " ok, " +
+    perSecond(rates.failure) + " failed, " + perSecond(rates.rejected) + " rejected)";
+}
+
+// Fleet-wide call latency over the window: p50 / p99 of a count window, the mean of a
+// time window.
+function latencyText(latency) {
+  if (!latency) return "-";
+  if (latency.p50_ms === undefined) return "mean " + Math.round(latency.mean_ms) + "ms";
+  return "p50 " + latency.p50_ms + "ms · p99 " + latency.p99_ms + "ms";
+}
+
 function percent(value) {
   return value === null || value === undefined || value < 0 ? "-" : value + "%";
 }
@@ -78,9 +98,9 @@ function sparkline(points) {
 }
 
 // The live stream: handlers by event kind; reconnects by itself (EventSource does).
-function connectEvents(handlers) {
+function connectEvents(handlers, query) {
   const live = document.getElementById("live");
-  const source = new EventSource("/api/events");
+  const source = new EventSource("/api/events" + (query ? "?" + query : ""));
   source.onopen = () => { live.textContent = "live"; live.className = "ok"; };
   source.onerror = () => { live.textContent = "reconnecting to the dashboard…"; live.className = "bad"; };
   for (const [kind, handler] of Object.entries(handlers)) {

@@ -71,7 +71,7 @@ function rowElement(row) {
   if (row.error) {
     tr.className = "error";
     tr.append(nameCell, el("td", {}, stateBadge("ERROR")),
-              el("td", {colspan: "8", text: row.error}));
+              el("td", {colspan: "10", text: row.error}));
     return tr;
   }
   const b = row.breaker;
@@ -91,6 +91,10 @@ function rowElement(row) {
             failure,
             el("td", {class: "num", text: percent(b && b.slow_rate)}),
             el("td", {class: "num", text: b ? String(b.calls) : "-"}),
+            el("td", {class: "num rates", title: "fleet-wide, over the last read interval",
+                      text: ratesText(row.rates)}),
+            el("td", {class: "num latency", title: "fleet-wide, over the window",
+                      text: latencyText(row.latency)}),
             el("td", {text: probes(b)}),
             el("td", {text: retryText(retry)}),
             bulkheadCell(row.bulkhead),
@@ -112,7 +116,7 @@ function render() {
     Object.entries(counts).sort((a, b) => b[1] - a[1]).map(([s, n]) => n + " " + s).join(", ");
   const body = document.getElementById("rows");
   body.replaceChildren(...(rows.length ? rows.map(rowElement)
-    : [el("tr", {}, el("td", {colspan: "10", class: "dim", text: "no breakers, bulkheads or budgets under this prefix"}))]));
+    : [el("tr", {}, el("td", {colspan: "12", class: "dim", text: "no breakers, bulkheads or budgets under this prefix"}))]));
   page.flash.clear();
 }
 
@@ -139,7 +143,8 @@ connectEvents({
       const points = page.spark.get(row.name) || [];
       const last = points[points.length - 1];
       if (!last || data.server_time_ms - last[0] >= 4000) {
-        points.push([data.server_time_ms, row.breaker.failure_rate, row.breaker.slow_rate]);
+        points.push([data.server_time_ms, row.breaker.failure_rate, row.breaker.slow_rate,
+                     row.rates ? row.rates.calls : null]);
         if (points.length > 150) points.shift();
       }
       page.spark.set(row.name, points);
