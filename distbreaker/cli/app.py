@@ -187,7 +187,7 @@ def _raised_by_redis_py(exc: BaseException) -> bool:
 COMMAND_MODULES: dict[str, str] = {
     "ls": "views", "show": "views", "events": "views", "watch": "watch",
     "open": "actions", "trip": "actions", "disable": "actions", "metrics-only": "actions",
-    "close": "actions", "reset": "actions", "release-stale": "actions",
+    "close": "actions", "reset": "actions", "release-stale": "actions", "config": "actions",
     "doctor": "doctor", "ganesha": "ganesha_cmd", "dashboard": "dashboard_cmd",
     "demo": "demo_cmd",
 }

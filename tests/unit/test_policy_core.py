@@ -94,7 +94,7 @@ def test_a_returned_client_error_response_is_returned_and_ignored_by_the_breaker
 def make_hard_stop_503() -> Core:
     """A policy whose host says 503 + Retry-After when a quota is spent: a hard stop."""
     core = Core()
-    core._setup("payments", None, "test", (FakeBreaker(), None, None, FakeBudget()),
+    core._setup("payments", None, "test", (FakeBreaker(), None, None, FakeBudget(), None),
                 None, False, HttpClassifier({503: "hard_stop"}))
     return core
 

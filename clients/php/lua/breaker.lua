@@ -1634,7 +1634,8 @@ local function write_record()
       cold(), hp_done, hp_fail, hp_slow, probes_max, lease_ms, max_half_open, fp, window_type,
       window_size, min_calls, failure_threshold, slow_threshold, ttl_ms)
       .. header_state(CODE[s_state], since, override_until, ttl_refreshed_at, calls, failures,
-                      slow, total_ms, head, window_sec, seq)
+                      slow, total_ms, head, window_sec, seq, calls_total or 0,
+                      failures_total or 0)
       .. HEADER_PAD .. window_empty(window_type, window_size))
     if refused then return refused end
   elseif dirty_config then
