@@ -103,7 +103,7 @@ def test_a_config_no_live_worker_runs_is_replaced_at_the_next_hello(
         older.call(lambda: None)
     state = in_force(redis_url, name)
     assert state["fp"] == str(older._codec.fingerprint)
-    assert state["why"] == "no live worker runs the config in force" and state["window"] == 3
+    assert state["why"] == "no worker runs the config in force" and state["window"] == 3
 
 
 def test_an_operator_adopts_a_deployed_config_keeping_window_and_state(
