@@ -49,7 +49,7 @@
 -- then the history XADD and the PUBLISH (through pcall: their failure can
 -- neither abort nor undo the transition) follow.
 
-local floor, tonumber, tostring, find = math.floor, tonumber, tostring, string.find
+local floor, tonumber, tostring = math.floor, tonumber, tostring
 local max, min, unpack, rcall, pcall_ = math.max, math.min, unpack, redis.call, redis.pcall
 
 -- The state record's layout: declared once (distbreaker/_runtime/record_layout.py),
@@ -854,7 +854,8 @@ local function begin(keys, args, given_now, given_micros)
   argv = args
   op, cfg_wire, name, channel = args[1], args[3], args[4], args[5]
   arg_fp_text = args[2] or ''
-  if find(arg_fp_text, '@', 1, true) then  -- a hello (rare: no module call otherwise)
+  -- a hello is longer than any fingerprint (48 bits: at most 15 digits); rare
+  if #arg_fp_text > 15 then
     arg_fp_text, hello_worker, hello_bye = breaker_rollout.split(arg_fp_text)
   elseif hello_worker then
     hello_worker, hello_bye = nil, false

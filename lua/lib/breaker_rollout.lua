@@ -112,7 +112,7 @@ local function hello(key, worker, bye, mine, mine_wire, stored, stored_wire, now
   -- orphaned: every worker that ran the config in force said goodbye or has been silent
   -- for FORGET_MS (not merely LIVE_MS: a fleet waiting out a long OPEN makes no calls)
   if not running[stored] then
-    return writes, 'no live worker runs the config in force'
+    return writes, 'no worker runs the config in force'
   end
   local vm, vs = version_of(mine_wire), version_of(stored_wire)
   if vm > vs then return writes, 'higher config version' end

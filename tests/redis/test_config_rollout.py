@@ -103,7 +103,7 @@ def test_a_config_no_live_worker_runs_is_replaced_at_the_next_hello(
         older.call(lambda: None)
     state = in_force(redis_url, name)
     assert state["fp"] == str(older._codec.fingerprint)
-    assert state["why"] == "no live worker runs the config in force" and state["window"] == 3
+    assert state["why"] == "no worker runs the config in force" and state["window"] == 3
 
 
 def test_an_operator_adopts_a_deployed_config_keeping_window_and_state(
@@ -153,3 +153,26 @@ def test_prometheus_counts_the_workers_of_each_deployed_config(
                if s.name == "distbreaker_breaker_config_workers" and s.labels["name"] == name}
     assert samples == {(str(newer[0]._codec.fingerprint), "1"): 2,
                        (str(older._codec.fingerprint), "0"): 1}
+
+
+def test_an_asyncio_breaker_says_hello_and_goodbye(name: str, redis_url: str,
+                                                   redis_client: redis.Redis) -> None:
+    import asyncio
+
+    from distbreaker.aio import CircuitBreaker as AsyncBreaker
+
+    key = f"{DEFAULT_PREFIX}:v2:{{{name}}}:cb:cfgs"
+
+    async def run() -> tuple[int, int]:
+        breaker = AsyncBreaker(name, redis=redis_url, **BASE)
+        await breaker.call(_ok)
+        workers = [f for f in redis_client.hkeys(key) if f.startswith(b"w:")]
+        await breaker.aclose()
+        left = [f for f in redis_client.hkeys(key) if f.startswith(b"w:")]
+        return len(workers), len(left)
+
+    assert asyncio.run(run()) == (1, 0)
+
+
+async def _ok() -> str:
+    return "ok"

@@ -1041,7 +1041,7 @@ local function hello(key, worker, bye, mine, mine_wire, stored, stored_wire, now
   -- orphaned: every worker that ran the config in force said goodbye or has been silent
   -- for FORGET_MS (not merely LIVE_MS: a fleet waiting out a long OPEN makes no calls)
   if not running[stored] then
-    return writes, 'no live worker runs the config in force'
+    return writes, 'no worker runs the config in force'
   end
   local vm, vs = version_of(mine_wire), version_of(stored_wire)
   if vm > vs then return writes, 'higher config version' end
@@ -1129,7 +1129,7 @@ local main = (function(prelude, record_layout, record_codec, breaker_config, bre
 -- then the history XADD and the PUBLISH (through pcall: their failure can
 -- neither abort nor undo the transition) follow.
 
-local floor, tonumber, tostring, find = math.floor, tonumber, tostring, string.find
+local floor, tonumber, tostring = math.floor, tonumber, tostring
 local max, min, unpack, rcall, pcall_ = math.max, math.min, unpack, redis.call, redis.pcall
 
 -- The state record's layout: declared once (distbreaker/_runtime/record_layout.py),
@@ -1934,7 +1934,8 @@ local function begin(keys, args, given_now, given_micros)
   argv = args
   op, cfg_wire, name, channel = args[1], args[3], args[4], args[5]
   arg_fp_text = args[2] or ''
-  if find(arg_fp_text, '@', 1, true) then  -- a hello (rare: no module call otherwise)
+  -- a hello is longer than any fingerprint (48 bits: at most 15 digits); rare
+  if #arg_fp_text > 15 then
     arg_fp_text, hello_worker, hello_bye = breaker_rollout.split(arg_fp_text)
   elseif hello_worker then
     hello_worker, hello_bye = nil, false
