@@ -42,7 +42,13 @@ from .._runtime.options import Seconds, to_ms, to_seconds
 from .._runtime.scripts import Owed, PendingCall, ScriptCall, load_script, text
 from .._runtime.subscriber import SUBSCRIBERS, Subscription, listen_source
 from ..errors import CallNotPermitted, ConfigDriftWarning
-from .config import BreakerConfig, RedisErrorPolicy, build_config, config_differences
+from .config import (
+    BreakerConfig,
+    RedisErrorPolicy,
+    WindowType,
+    build_config,
+    config_differences,
+)
 from .events import Listener, Transition, log_transition
 from .state import State
 
@@ -689,6 +695,7 @@ class BreakerCore:
         self._local_open_to_all = False
         self._local_successes: Counts = (0, 0, 0, 0)
         self._local_successes_since = 0.0
+        self._count_window = self.config.sliding_window_type is WindowType.COUNT_BASED
         self._local_lock = threading.Lock()
         self._recovery_callbacks: list[Any] = []
         #: The flusher batched outcomes go to (record_mode "batched"; set by the front end).
@@ -1068,8 +1075,9 @@ class BreakerCore:
 
     def _local_batch(self, call: ScriptCall) -> ScriptCall | None:
         """The record to run on the local breaker now, or None: a plain success is summed
-        until `_LOCAL_BATCH` are pending or the first of them is 1 s old (a time window
-        must not see old successes as new); anything else carries the pending ones."""
+        until `_LOCAL_BATCH` are pending (a time window: or the first of them is 1 s
+        old, so it does not see old successes as new); anything else carries the
+        pending ones (a count window gets the same outcomes in the same order)."""
         counts = record_counts(call)
         now = time.monotonic()
         with self._local_lock:
@@ -1078,7 +1086,8 @@ class BreakerCore:
                 if not pending[0]:
                     self._local_successes_since = now
                 pending = _added(pending, counts)
-                if pending[0] < _LOCAL_BATCH and now - self._local_successes_since < 1.0:
+                if pending[0] < _LOCAL_BATCH and (
+                        self._count_window or now - self._local_successes_since < 1.0):
                     self._local_successes = pending
                     return None
                 self._local_successes = (0, 0, 0, 0)
@@ -1099,11 +1108,16 @@ class BreakerCore:
         seed = self._codec.seed_call(time.monotonic())
         if seed is not None:
             self._local.run(self._script, seed.keys, seed.args)
+        # A fresh local breaker is CLOSED: it needs no script run until an outcome it
+        # must count now (per-tenant breakers cost nothing to fall back on).
+        self._local_open_to_all = seed is None
         with self._local_lock:
             unrecorded, self._unrecorded = self._unrecorded, (0, 0, 0, 0)
         if any(unrecorded[:2]):
             batch = self._codec.batch_call(unrecorded)
-            self._local.run(self._script, batch.keys, batch.args)
+            raw = self._local.run(self._script, batch.keys, batch.args)
+            if raw is not None:
+                self._local_open_to_all = decode_reply(raw).state in _OPEN_TO_ALL
 
     def _loading_fallback(self, call: ScriptCall, acquiring: bool) -> Reply | None:
         """The fallback runtime is still loading: the last known fleet state decides. A
