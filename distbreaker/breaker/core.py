@@ -450,10 +450,11 @@ class BreakerCodec:
         return state, self._open_deadline - now, left
 
     def inherited_rejection(self, state: State, wait: float) -> CallNotPermitted:
-        """A call the inherited state turns down while the local fallback loads."""
+        """A call turned down while Redis is unavailable by the last known fleet state
+        (the local fallback loading) or a known local OPEN, without a script run."""
         self._count_rejection(state.value)
         return CallNotPermitted(self.name, state, max(0.0, wait),
-                                reason="last known fleet state (Redis unavailable)")
+                                reason="open (Redis unavailable: local fallback)")
 
     def seed_call(self, now: float) -> ScriptCall | None:
         """The operator `set` that makes the local fallback start from the last known
@@ -693,6 +694,9 @@ class BreakerCore:
         #: summed and recorded `_LOCAL_BATCH` at a time (a failure or slow call at once,
         #: with them): a full Redis must not cost more than a healthy one.
         self._local_open_to_all = False
+        #: The local fallback answered OPEN: it rejects without a script run until then
+        #: (monotonic; 0: not known), as a fleet OPEN view does without a round trip.
+        self._local_open_until = 0.0
         self._local_successes: Counts = (0, 0, 0, 0)
         self._local_successes_since = 0.0
         self._count_window = self.config.sliding_window_type is WindowType.COUNT_BASED
@@ -720,6 +724,7 @@ class BreakerCore:
         self._local_used = False
         self._unrecorded = (0, 0, 0, 0)
         self._local_open_to_all = False
+        self._local_open_until = 0.0
         self._local_successes = (0, 0, 0, 0)
         self._local_lock = threading.Lock()
 
@@ -1046,6 +1051,7 @@ class BreakerCore:
             self._local_used = False
             self._unrecorded = (0, 0, 0, 0)
             self._local_open_to_all = False
+            self._local_open_until = 0.0
             self._local_successes = (0, 0, 0, 0)
             self._local.reset(self.keys.script_keys)
         self._health.succeeded()
@@ -1061,6 +1067,10 @@ class BreakerCore:
             return self._loading_fallback(call, acquiring)
         if not self._local_used:
             self._start_local()
+        if acquiring and self._local_open_until:
+            left = self._local_open_until - time.monotonic()
+            if left > 0:
+                raise self._rejected(self._codec.inherited_rejection(State.OPEN, left))
         if self._local_open_to_all:
             if acquiring:
                 return None  # permitted, as the local breaker would answer
@@ -1071,6 +1081,8 @@ class BreakerCore:
         if reply is None:
             return None
         self._local_open_to_all = reply.state in _OPEN_TO_ALL
+        self._local_open_until = time.monotonic() + reply.wait_ms / 1000.0 if (
+            reply.state is State.OPEN and reply.wait_ms > 0) else 0.0
         return self._publish(reply, "local")
 
     def _local_batch(self, call: ScriptCall) -> ScriptCall | None:
@@ -1104,6 +1116,7 @@ class BreakerCore:
         while it loaded."""
         self._local_used = True
         self._local_open_to_all = False
+        self._local_open_until = 0.0
         self._local.reset(self.keys.script_keys)
         seed = self._codec.seed_call(time.monotonic())
         if seed is not None:
