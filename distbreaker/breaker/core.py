@@ -562,10 +562,11 @@ class BreakerCodec:
         return state, self._open_deadline - now, left
 
     def inherited_rejection(self, state: State, wait: float) -> CallNotPermitted:
-        """A call the inherited state turns down while the local fallback loads."""
+        """A call turned down while Redis is unavailable by the last known fleet state
+        (the local fallback loading) or a known local OPEN, without a script run."""
         self._count_rejection(state.value)
         return CallNotPermitted(self.name, state, max(0.0, wait),
-                                reason="last known fleet state (Redis unavailable)")
+                                reason="open (Redis unavailable: local fallback)")
 
     def seed_call(self, now: float) -> ScriptCall | None:
         """The operator `set` that makes the local fallback start from the last known
@@ -822,8 +823,12 @@ class BreakerCore:
         #: summed and recorded `_LOCAL_BATCH` at a time (a failure or slow call at once,
         #: with them): a full Redis must not cost more than a healthy one.
         self._local_open_to_all = False
+        #: The local fallback answered OPEN: it rejects without a script run until then
+        #: (monotonic; 0: not known), as a fleet OPEN view does without a round trip.
+        self._local_open_until = 0.0
         self._local_successes: Counts = (0, 0, 0, 0)
         self._local_successes_since = 0.0
+        self._count_window = self.config.sliding_window_type is WindowType.COUNT_BASED
         self._local_lock = threading.Lock()
         self._recovery_callbacks: list[Any] = []
         #: The flusher batched outcomes go to (record_mode "batched"; set by the front end).
@@ -848,6 +853,7 @@ class BreakerCore:
         self._local_used = False
         self._unrecorded = (0, 0, 0, 0)
         self._local_open_to_all = False
+        self._local_open_until = 0.0
         self._local_successes = (0, 0, 0, 0)
         self._local_lock = threading.Lock()
 
@@ -1176,6 +1182,7 @@ class BreakerCore:
             self._local_used = False
             self._unrecorded = (0, 0, 0, 0)
             self._local_open_to_all = False
+            self._local_open_until = 0.0
             self._local_successes = (0, 0, 0, 0)
             self._local.reset(self.keys.script_keys)
         self._health.succeeded()
@@ -1191,6 +1198,10 @@ class BreakerCore:
             return self._loading_fallback(call, acquiring)
         if not self._local_used:
             self._start_local()
+        if acquiring and self._local_open_until:
+            left = self._local_open_until - time.monotonic()
+            if left > 0:
+                raise self._rejected(self._codec.inherited_rejection(State.OPEN, left))
         if self._local_open_to_all:
             if acquiring:
                 return None  # permitted, as the local breaker would answer
@@ -1201,12 +1212,15 @@ class BreakerCore:
         if reply is None:
             return None
         self._local_open_to_all = reply.state in _OPEN_TO_ALL
+        self._local_open_until = time.monotonic() + reply.wait_ms / 1000.0 if (
+            reply.state is State.OPEN and reply.wait_ms > 0) else 0.0
         return self._publish(reply, "local")
 
     def _local_batch(self, call: ScriptCall) -> ScriptCall | None:
         """The record to run on the local breaker now, or None: a plain success is summed
-        until `_LOCAL_BATCH` are pending or the first of them is 1 s old (a time window
-        must not see old successes as new); anything else carries the pending ones."""
+        until `_LOCAL_BATCH` are pending (a time window: or the first of them is 1 s
+        old, so it does not see old successes as new); anything else carries the
+        pending ones (a count window gets the same outcomes in the same order)."""
         counts = record_counts(call)
         now = time.monotonic()
         with self._local_lock:
@@ -1215,7 +1229,8 @@ class BreakerCore:
                 if not pending[0]:
                     self._local_successes_since = now
                 pending = _added(pending, counts)
-                if pending[0] < _LOCAL_BATCH and now - self._local_successes_since < 1.0:
+                if pending[0] < _LOCAL_BATCH and (
+                        self._count_window or now - self._local_successes_since < 1.0):
                     self._local_successes = pending
                     return None
                 self._local_successes = (0, 0, 0, 0)
@@ -1232,15 +1247,21 @@ class BreakerCore:
         while it loaded."""
         self._local_used = True
         self._local_open_to_all = False
+        self._local_open_until = 0.0
         self._local.reset(self.keys.script_keys)
         seed = self._codec.seed_call(time.monotonic())
         if seed is not None:
             self._local.run(self._script, seed.keys, seed.args)
+        # A fresh local breaker is CLOSED: it needs no script run until an outcome it
+        # must count now (per-tenant breakers cost nothing to fall back on).
+        self._local_open_to_all = seed is None
         with self._local_lock:
             unrecorded, self._unrecorded = self._unrecorded, (0, 0, 0, 0)
         if any(unrecorded[:2]):
             batch = self._codec.batch_call(unrecorded)
-            self._local.run(self._script, batch.keys, batch.args)
+            raw = self._local.run(self._script, batch.keys, batch.args)
+            if raw is not None:
+                self._local_open_to_all = decode_reply(raw).state in _OPEN_TO_ALL
 
     def _loading_fallback(self, call: ScriptCall, acquiring: bool) -> Reply | None:
         """The fallback runtime is still loading: the last known fleet state decides. A

@@ -7,6 +7,7 @@ process sends at most the configured probes, recorded by its local fallback.
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import time
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from distbreaker import CircuitBreaker, Policy
+from distbreaker import CircuitBreaker, Policy, aio
 from distbreaker.breaker.state import State
 from distbreaker.demo.embedded import RedisServer
 from distbreaker.errors import CallNotPermitted
@@ -58,6 +59,38 @@ def _worker(url: str, name: str, config: dict[str, Any], phase: Any, ready: Any,
     results.put(reached)
 
 
+def _worker_aio(url: str, name: str, config: dict[str, Any], phase: Any, ready: Any,
+                results: Any) -> None:
+    """`_worker` with the asyncio CircuitBreaker and Policy."""
+
+    async def main() -> None:
+        breaker = aio.CircuitBreaker(f"{name}-cb", redis=url, **config)
+        policy = aio.Policy(f"{name}-p", redis=url, breaker=config, retry=False)
+        reached = {"cb": [0, 0, 0], "policy": [0, 0, 0]}
+        calls = 0
+
+        async def dependency(kind: str) -> None:
+            reached[kind][min(phase.value, AFTER)] += 1
+            raise Down("dependency down")
+
+        while phase.value != STOP:
+            for kind, run in (("cb", breaker.call), ("policy", policy.call)):
+                try:
+                    await run(dependency, kind)
+                except (Down, CallNotPermitted):
+                    pass
+            calls += 1
+            if calls == 20:
+                ready.release()
+            await asyncio.sleep(0.002)
+        results.put(reached)
+
+    asyncio.run(main())
+
+
+WORKERS_OF = {"sync": _worker, "asyncio": _worker_aio}
+
+
 @pytest.fixture
 def server() -> Iterator[RedisServer]:
     srv = RedisServer().start()
@@ -66,12 +99,13 @@ def server() -> Iterator[RedisServer]:
 
 
 def _run_fleet(server: RedisServer, name: str, config: dict[str, Any],
-               fault: Any, heal: Any, down_for: float, reap_list: list[Any]) -> list[Any]:
+               fault: Any, heal: Any, down_for: float, reap_list: list[Any],
+               flavour: str = "sync") -> list[Any]:
     phase = FORK.Value("i", BEFORE)
     ready = FORK.Semaphore(0)
     results = FORK.Queue()
-    workers = [FORK.Process(target=_worker, args=(server.url, name, config, phase, ready,
-                                                  results)) for _ in range(WORKERS)]
+    workers = [FORK.Process(target=WORKERS_OF[flavour], args=(
+        server.url, name, config, phase, ready, results)) for _ in range(WORKERS)]
     reap_list += workers
     for process in workers:
         process.start()
@@ -89,8 +123,9 @@ def _run_fleet(server: RedisServer, name: str, config: dict[str, Any],
     return reached
 
 
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
 def test_a_known_open_survives_a_redis_kill(server: RedisServer, name: str,
-                                            reap: list[Any]) -> None:
+                                            reap: list[Any], flavour: str) -> None:
     """Both breakers OPEN with 60 s left; Redis killed for 2 s: no process sends more
     than 3 calls to the failing dependency (it was 76-137 per process)."""
     config = {"wait_duration_in_open_state": 60.0, "revalidate_interval": 0.2,
@@ -98,7 +133,8 @@ def test_a_known_open_survives_a_redis_kill(server: RedisServer, name: str,
               "redis_retry_max_backoff": 0.2}
     for suffix in ("cb", "p"):
         CircuitBreaker(f"{name}-{suffix}", redis=server.url, **config).trip("test")
-    reached = _run_fleet(server, name, config, server.kill, server.start, 2.0, reap)
+    reached = _run_fleet(server, name, config, server.kill, server.start, 2.0, reap,
+                         flavour)
     for process in reached:
         assert process["cb"][DOWN] <= 3, reached
         assert process["policy"][DOWN] <= 3, reached

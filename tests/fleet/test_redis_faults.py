@@ -236,8 +236,9 @@ def test_a_connection_burst_on_a_busy_machine_is_not_an_outage(
     assert result["outages"] == [] and not result["fallback"], result
     assert result["peak"] <= LIMIT, result
     assert result["full"] >= 1, result  # 150 calls of 0.2 s for 25 permits: some wait out
-    # (memory:// runs every script on this process's CPU, beside the hog: more slack)
-    assert result["longest_wait"] < MAX_WAIT + (0.5 if target == "redis" else 1.0), result
+    # Bounded, not a second or more (the hog and a shared machine starve the caller;
+    # scripts/bench_outage.py measures the overshoot: +0.01-0.03 s on an idle machine)
+    assert result["longest_wait"] < MAX_WAIT + 1.0, result
 
 
 # -- a frozen Redis: back on the shared state soon after it answers ----------------------

@@ -69,7 +69,7 @@ class Shared:
     requests: Any      # RawArray('i', buckets): logical requests started per bucket
     retries: Any       # RawArray('i', buckets): attempts after the first reaching the dependency
     redis_down: Any    # RawArray('i', slots): 1 while a component of that process is in backoff
-    degraded: Any      # RawArray('i', buckets): calls that ended with a component in backoff
+    degraded: Any      # RawArray('i', buckets): calls begun or ended with a component in backoff
     calls: Any         # RawArray('i', slots): protected calls finished, per process
     last_call: Any     # RawArray('d', slots): wall time the process's last call ended
     victim_hung: Any   # Event: the victim process holds a probe and a bulkhead permit
@@ -175,6 +175,10 @@ class Worker:
         tls.attempt, tls.dep, tls.slept = 0, 0.0, 0.0
         bucket = bucket_of(self.shared.t0_bucket)
         self._bump(self.shared.requests, bucket)
+        # Down when the call starts or ends: a call that took a local permit (Redis down
+        # at its start) still runs on it after the process's components (which share one
+        # health) are back on Redis.
+        down_at_start = self._components_down()
         started = time.perf_counter()
         try:
             self.policy.call(self.dependency)
@@ -192,8 +196,9 @@ class Worker:
         with self.lock:
             self.outcomes[(bucket, outcome)] += 1
             self.latency[bucket].append(round(added * 1000, 3))
-        down = self._components_down()
-        self.shared.redis_down[self.index] = int(down)
+        down_now = self._components_down()
+        down = down_now or down_at_start
+        self.shared.redis_down[self.index] = int(down_now)
         with self.shared.lock:
             self.shared.calls[self.index] += 1
             self.shared.last_call[self.index] = time.time()

@@ -100,6 +100,8 @@ def test_a_known_open_survives_the_failover_gap(sentinel_env: EmbeddedSentinel,
         for caller in callers:
             caller.stop()
         loop.close()
+    print(f"\ncalls reaching the dependency from kill to promotion: "
+          f"{[c.reached for c in callers]}")
     assert [c.escaped for c in callers] == [[], [], []]
     # kill -> promotion (and after: the promoted replica holds the same OPENs)
     assert all(c.reached <= 3 for c in callers), [c.reached for c in callers]
