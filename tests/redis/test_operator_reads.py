@@ -79,8 +79,14 @@ def test_the_end_is_recorded_by_the_first_call_stamped_with_its_end_time(
                                                            "override ended")
     assert ended["at_ms"] == ends and ended["recorded_ms"] > ends
     row = _json(redis_url, "ls")["breakers"][0]
-    assert (row["state"], row["breaker"]["since_ms"]) == ("HALF_OPEN", ends)
-    assert row["breaker"]["override_ended_ms"] is None     # recorded: nothing derived
+    assert (row["state"], row["breaker"]["override_ended_ms"]) == ("HALF_OPEN", None)
+    assert row["breaker"]["since_ms"] == ended["recorded_ms"]   # probes count from then
+    breaker.transition_to_disabled("short", "ops", for_=0.3)
+    ends = _history(redis_client, name)[-1]["until_ms"]
+    wait_until(lambda: view.server_now_ms(redis_client) > ends + 300, timeout=30,
+               what="the override's end passes")
+    assert breaker.metrics().state == "CLOSED"
+    assert _json(redis_url, "ls")["breakers"][0]["breaker"]["since_ms"] == ends
 
 
 def test_each_action_says_what_it_changed_and_records_only_changes(
