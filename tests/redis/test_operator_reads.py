@@ -120,7 +120,7 @@ def test_each_action_says_what_it_changed_and_records_only_changes(
     doc, new = act("trip")                                   # OPEN: the wait restarts
     assert (doc["change"], [e["kind"] for e in new]) == ("restarted", ["restart"])
     act("close")
-    breaker.call(lambda: None)
+    make(name, redis_url).call(lambda: None)   # a fresh worker (`breaker` keeps its OPEN view)
     doc, new = act("reset")                                  # CLOSED with calls: audited
     assert (doc["change"], [e["kind"] for e in new]) == ("reset", ["reset"])
     assert new[0]["actor"] and new[0]["reason"] == "reset"
@@ -141,7 +141,7 @@ def test_events_shows_every_kind_with_kind_filters(redis_url: str, name: str) ->
     fail(breaker, 4)
     run(redis_url, "trip", name)
     run(redis_url, "close", name)
-    breaker.call(lambda: None)
+    make(name, redis_url).call(lambda: None)   # a fresh worker (`breaker` keeps its OPEN view)
     run(redis_url, "reset", name)
     lines = run(redis_url, "events", name, "--json").stdout.splitlines()
     kinds = [json.loads(line)["kind"] or "transition" for line in lines]
