@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +153,27 @@ def test_events_shows_every_kind_with_kind_filters(redis_url: str, name: str) ->
         "override", "override", "reset"]
     text = run(redis_url, "events", name, "--kind", "restart").stdout
     assert "[restart" in text and text.count("\n") == 1
+
+
+def test_events_follow_shows_entries_that_are_not_published(redis_url: str,
+                                                           name: str) -> None:
+    breaker = make(name, redis_url)
+    breaker.call(lambda: None)
+
+    def act() -> None:  # the library's actions: a CliRunner captures stdout process-wide
+        time.sleep(0.5)
+        breaker.transition_to_forced_open("first", "ops", for_=3600)    # published
+        breaker.transition_to_forced_open("longer", "ops", for_=7200)   # history only
+        breaker.trip("ignored", "ops")                                   # changes nothing
+
+    thread = threading.Thread(target=act)
+    thread.start()
+    result = run(redis_url, "events", name, "--follow", "--json", "-n", "0",
+                 "--max-events", "2", "--timeout", "60")
+    thread.join()
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(e["reason"], e["kind"]) for e in events] == [("first", ""),
+                                                          ("longer", "override")]
 
 
 def test_events_follow_reconnects_when_redis_goes_away(name: str) -> None:
