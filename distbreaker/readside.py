@@ -424,8 +424,9 @@ AFTER_OVERRIDE = {State.FORCED_OPEN: State.HALF_OPEN, State.DISABLED: State.CLOS
 def _after_override(state: State, n: Mapping[str, int],
                     now_ms: int) -> tuple[State, dict[str, int], int | None]:
     """(state, counters, end) as the next call will record them when an override's end
-    has passed: the state it ends in, since its end; a new state's window and probes
-    empty, as the script's transition leaves them. `end` is None while none has passed."""
+    has passed: the state it ends in, since its end (a HALF_OPEN's `since` becomes the
+    time of that call); a new state's window and probes empty, as the script's
+    transition leaves them. `end` is None while none has passed."""
     ended = n["ov_until"]
     if not ended or now_ms < ended or state not in AFTER_OVERRIDE:
         return state, dict(n), None

@@ -298,16 +298,18 @@ end
 -- The operator's override ended (by server time): FORCED_OPEN goes on as an OPEN
 -- whose wait is over (HALF_OPEN); DISABLED and METRICS_ONLY return to CLOSED; a
 -- held CLOSED simply resumes its state machine. Whoever calls first after the end
--- records it, stamped with the end time (history at_ms, the new state's since), so
--- the history and every read agree however late that call comes.
+-- records it, stamped with the end time (the history's at_ms; a CLOSED's since), so
+-- the history and every read agree however late that call comes. A HALF_OPEN starts
+-- now, as after an OPEN wait: its max wait counts from the first call that can probe.
 local function end_override()
   local ended = override_until
-  if fire('override_ended') == RESUME then
+  local to = fire('override_ended')
+  if to == RESUME then
     override_until, dirty_state = 0, true
     note('override_end', REASON.override_ended, '', ended)
   else
     events[#events][9] = ended
-    since = ended
+    if to == 'CLOSED' then since = ended end
   end
   events[#events][10] = ended
 end

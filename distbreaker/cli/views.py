@@ -506,6 +506,30 @@ def _entry_ms(e: dict[str, Any]) -> int:
     return e.get("at_ms") or 0
 
 
+def _stream_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = str(entry_id).partition("-")
+    return int(ms), int(seq or 0)
+
+
+#: How often `events --follow` reads the history of the names it follows for the
+#: entries that are not published (override, override_end, restart, reset), seconds.
+HISTORY_POLL_S = 1.0
+
+
+def _poll_history(app: App, name: str | None, show: EventPrinter, since_ms: int) -> int:
+    """Print the history entries written since the last read of each followed name (one
+    pipelined XRANGE per name); how many were printed."""
+    names = [name] if name is not None else list(show.last_ids)
+    if not names:
+        return 0
+    after = {n: show.last_ids.get(n) or f"{since_ms}-0" for n in names}
+    printed = 0
+    for entries in view.read_history_after(app.client, app.prefix, after).values():
+        for entry in entries:
+            printed += bool(show(entry))
+    return printed
+
+
 class EventPrinter:
     """Prints events as JSON lines or aligned text, each at most once: a history entry by
     its stream id; a transition (the only kind published) also by (name, generation),
@@ -515,8 +539,16 @@ class EventPrinter:
         self.as_json, self.width, self.kinds = as_json, width, tuple(kinds)
         self.seen: set[tuple[str, Any]] = set()
         self.newest_ms = 0
+        #: per name, the newest history entry id read (where `--follow` polls from)
+        self.last_ids: dict[str, str] = {}
 
     def __call__(self, event: dict[str, Any]) -> bool:
+        if event.get("id") and not event.get("error"):
+            known = self.last_ids.get(event["name"])
+            if not known or _stream_key(event["id"]) > _stream_key(known):
+                self.last_ids[event["name"]] = event["id"]
+        elif not event.get("error"):
+            self.last_ids.setdefault(event["name"], "")
         if self.kinds and not event.get("error") and kind_of(event) not in self.kinds:
             return False
         keys = []
@@ -548,11 +580,13 @@ def follow(app: App, name: str | None, count: int, as_json: bool, max_events: in
            timeout: float | None, kinds: Sequence[str] = ()) -> None:
     """Print the last `count` history entries, then live transitions from the channel,
     until interrupted or a bound is reached. Subscribed before reading the history, so
-    no transition falls in between; one seen in both is printed once. When Redis goes
+    no transition falls in between; one seen in both is printed once. The entries that
+    are not published (override, restart, reset...) are read from the followed names'
+    history every `HISTORY_POLL_S`. When Redis goes
     away it reconnects (as `watch` does, with backoff, saying so on stderr) and prints
     the entries written meanwhile from the history before following again."""
     show: EventPrinter | None = None
-    seen = 0
+    seen, started_ms = 0, 0
     deadline = None if timeout is None else time.monotonic() + timeout
     backoff, down_since = RECONNECT_MIN, None
     first = True
@@ -568,6 +602,7 @@ def follow(app: App, name: str | None, count: int, as_json: bool, max_events: in
                 pubsub.subscribe(events_channel(app.prefix))
                 if first:
                     show = _replay_history(app, name, count, as_json, kinds)
+                    started_ms = show.newest_ms
                     if not as_json:
                         click.echo(f"-- live transitions on {events_channel(app.prefix)} "
                                    "(Ctrl-C to stop)", err=True)
@@ -578,8 +613,13 @@ def follow(app: App, name: str | None, count: int, as_json: bool, max_events: in
                 if down_since is not None:
                     click.echo("-- Redis answers again; following", err=True)
                 backoff, down_since = RECONNECT_MIN, None
+                poll_at = time.monotonic() + HISTORY_POLL_S
                 while (max_events is None or seen < max_events) and left() > 0:
-                    message = pubsub.get_message(timeout=min(left(), 1.0))
+                    message = pubsub.get_message(timeout=min(left(), HISTORY_POLL_S))
+                    assert show is not None
+                    if time.monotonic() >= poll_at:
+                        seen += _poll_history(app, name, show, started_ms)
+                        poll_at = time.monotonic() + HISTORY_POLL_S
                     if not message or message.get("type") != "message":
                         continue
                     event = view.decode_event_message(message["data"])

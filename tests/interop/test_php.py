@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import fakeredis
 import pytest
 import redis
 
-from distbreaker import CircuitBreaker
+from distbreaker import CircuitBreaker, Registry
 from distbreaker import readside as view
 from distbreaker._runtime.keys import DEFAULT_PREFIX, BreakerKeys, BulkheadKeys, events_channel
 from distbreaker._runtime.scripts import load_script, lua_dir, run_script
@@ -556,6 +557,20 @@ def test_registry_builds_one_instance_per_name_from_its_config(php_worker: Php,
     bulkhead = php_worker.run(action="registry", port=port, registry=REGISTRY, kind="bulkhead",
                               name="payments")
     assert bulkhead["options"]["max_concurrent_calls"] == 3
+
+
+def test_registry_durations_read_as_in_python(php_worker: Php,
+                                              redis_server: RedisServer) -> None:
+    """One duration grammar in both languages: a shared file means the same config."""
+    settings = {"wait_duration_in_open_state": "1m30s", "slow_call_duration": "PT2.5S",
+                "half_open_lease": "250ms", "key_ttl": "2d"}
+    config = {"breakers": {"instances": {"payments": settings}}}
+    php = php_worker.run(action="registry", port=redis_server.port, registry=config,
+                         kind="breaker", name="payments")
+    python = Registry.from_dict(config, redis=fakeredis.FakeRedis(), environ={})
+    assert php["wire"] == python.breaker("payments").config.to_wire() == BreakerConfig(
+        wait_duration_in_open_state=90, slow_call_duration=2.5, half_open_lease=0.25,
+        key_ttl=172800).to_wire()
 
 
 @pytest.mark.parametrize(("change", "expected"), [

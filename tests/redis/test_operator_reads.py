@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +80,14 @@ def test_the_end_is_recorded_by_the_first_call_stamped_with_its_end_time(
                                                            "override ended")
     assert ended["at_ms"] == ends and ended["recorded_ms"] > ends
     row = _json(redis_url, "ls")["breakers"][0]
-    assert (row["state"], row["breaker"]["since_ms"]) == ("HALF_OPEN", ends)
-    assert row["breaker"]["override_ended_ms"] is None     # recorded: nothing derived
+    assert (row["state"], row["breaker"]["override_ended_ms"]) == ("HALF_OPEN", None)
+    assert row["breaker"]["since_ms"] == ended["recorded_ms"]   # probes count from then
+    breaker.transition_to_disabled("short", "ops", for_=0.3)
+    ends = _history(redis_client, name)[-1]["until_ms"]
+    wait_until(lambda: view.server_now_ms(redis_client) > ends + 300, timeout=30,
+               what="the override's end passes")
+    assert breaker.metrics().state == "CLOSED"
+    assert _json(redis_url, "ls")["breakers"][0]["breaker"]["since_ms"] == ends
 
 
 def test_each_action_says_what_it_changed_and_records_only_changes(
@@ -114,7 +121,7 @@ def test_each_action_says_what_it_changed_and_records_only_changes(
     doc, new = act("trip")                                   # OPEN: the wait restarts
     assert (doc["change"], [e["kind"] for e in new]) == ("restarted", ["restart"])
     act("close")
-    breaker.call(lambda: None)
+    make(name, redis_url).call(lambda: None)   # a fresh worker (`breaker` keeps its OPEN view)
     doc, new = act("reset")                                  # CLOSED with calls: audited
     assert (doc["change"], [e["kind"] for e in new]) == ("reset", ["reset"])
     assert new[0]["actor"] and new[0]["reason"] == "reset"
@@ -135,7 +142,7 @@ def test_events_shows_every_kind_with_kind_filters(redis_url: str, name: str) ->
     fail(breaker, 4)
     run(redis_url, "trip", name)
     run(redis_url, "close", name)
-    breaker.call(lambda: None)
+    make(name, redis_url).call(lambda: None)   # a fresh worker (`breaker` keeps its OPEN view)
     run(redis_url, "reset", name)
     lines = run(redis_url, "events", name, "--json").stdout.splitlines()
     kinds = [json.loads(line)["kind"] or "transition" for line in lines]
@@ -146,6 +153,27 @@ def test_events_shows_every_kind_with_kind_filters(redis_url: str, name: str) ->
         "override", "override", "reset"]
     text = run(redis_url, "events", name, "--kind", "restart").stdout
     assert "[restart" in text and text.count("\n") == 1
+
+
+def test_events_follow_shows_entries_that_are_not_published(redis_url: str,
+                                                           name: str) -> None:
+    breaker = make(name, redis_url)
+    breaker.call(lambda: None)
+
+    def act() -> None:  # the library's actions: a CliRunner captures stdout process-wide
+        time.sleep(0.5)
+        breaker.transition_to_forced_open("first", "ops", for_=3600)    # published
+        breaker.transition_to_forced_open("longer", "ops", for_=7200)   # history only
+        breaker.trip("ignored", "ops")                                   # changes nothing
+
+    thread = threading.Thread(target=act)
+    thread.start()
+    result = run(redis_url, "events", name, "--follow", "--json", "-n", "0",
+                 "--max-events", "2", "--timeout", "60")
+    thread.join()
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(e["reason"], e["kind"]) for e in events] == [("first", ""),
+                                                          ("longer", "override")]
 
 
 def test_events_follow_reconnects_when_redis_goes_away(name: str) -> None:

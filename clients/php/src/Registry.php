@@ -23,7 +23,7 @@ namespace Distbreaker;
  *         'budgets' => ['instances' => ['payments' => ['percent_can_retry' => 0.2]]],
  *     ]);
  *
- * Durations are seconds or strings such as '500ms', '30s', '5m', '1h'.
+ * Durations are seconds or strings such as '500ms', '30s', '1m30s', '1h', 'PT30S'.
  * Errors name the kind, the instance and the option.
  */
 final class Registry
@@ -157,8 +157,11 @@ final class Registry
     }
 
     /**
-     * '500ms' / '30s' / '5m' / '1h' => seconds, a numeric string (from env())
-     * => its number; anything else unchanged (the component validates it).
+     * A duration string => seconds, by the same grammar as the Python library's one
+     * parser (distbreaker._runtime.options.to_seconds): '30' (seconds), '30s', '250ms',
+     * '1m30s', '1h 30m', '1.5h', '2d', ISO 8601 'PT30S' / 'P1DT2H'. A numeric string
+     * (from env()) => its number; any other string unchanged (the component validates
+     * it), except one starting with a digit: not a duration.
      */
     private static function duration(mixed $value, string $where): mixed
     {
@@ -168,13 +171,31 @@ final class Registry
         if (is_numeric($value)) {
             return preg_match('/^\s*-?\d+\s*$/', $value) ? (int) $value : (float) $value;
         }
-        if (!preg_match('/^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$/', $value, $m)) {
-            if (preg_match('/^\s*\d/', $value)) {
-                throw new \InvalidArgumentException("{$where}: '{$value}' is not a duration (a number of seconds, or e.g. '500ms', '30s', '5m')");
+        $text = trim($value);
+        $number = '(\d+(?:\.\d*)?|\.\d+)';
+        $iso = "/^P(?:{$number}W)?(?:{$number}D)?(?:T(?:{$number}H)?(?:{$number}M)?(?:{$number}S)?)?$/i";
+        if (preg_match($iso, $text, $m) && !preg_match('/^PT?$/i', $text) && !preg_match('/T$/i', $text)) {
+            $total = 0.0;
+            foreach ([1 => 604800.0, 86400.0, 3600.0, 60.0, 1.0] as $i => $unit) {
+                if (isset($m[$i]) && $m[$i] !== '') {
+                    $total += (float) $m[$i] * $unit;
+                }
             }
-            return $value;
+            return $total;
         }
-        $factor = ['ms' => 0.001, 's' => 1.0, 'm' => 60.0, 'h' => 3600.0][$m[2]];
-        return (float) $m[1] * $factor;
+        if (preg_match("/^(?:{$number}\s*(?:ms|s|m|h|d)\s*)+$/i", $text)) {
+            preg_match_all("/{$number}\s*(ms|s|m|h|d)/i", $text, $parts, PREG_SET_ORDER);
+            $factor = ['ms' => 0.001, 's' => 1.0, 'm' => 60.0, 'h' => 3600.0, 'd' => 86400.0];
+            $total = 0.0;
+            foreach ($parts as $part) {
+                $total += (float) $part[1] * $factor[strtolower($part[2])];
+            }
+            return $total;
+        }
+        if (preg_match('/^\s*\d/', $value)) {
+            throw new \InvalidArgumentException("{$where}: '{$value}' is not a duration (a number of seconds, "
+                . "or e.g. '500ms', '30s', '1m30s', 'PT30S')");
+        }
+        return $value;
     }
 }
