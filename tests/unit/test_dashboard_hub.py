@@ -23,11 +23,11 @@ def test_a_filter_keeps_the_names_and_kinds_asked_for() -> None:
 
 
 def test_rates_are_the_counters_difference_per_second() -> None:
-    assert rates(None, (1000, 5, 1, 0)) is None
-    found = rates((1000, 5, 1, 0), (3000, 25, 6, 4))
-    assert found == {"calls": 10.0, "success": 7.5, "failure": 2.5, "rejected": 2.0,
-                     "interval_s": 2.0}
-    assert rates((1000, 50, 1, 0), (3000, 3, 0, 0)) is None  # keys expired, counted anew
+    assert rates(None, (1000, 5, 1, 0, 0)) is None
+    found = rates((1000, 5, 1, 0, 0), (3000, 25, 6, 2, 4))
+    assert found == {"calls": 10.0, "success": 7.5, "failure": 2.5, "slow": 1.0,
+                     "rejected": 2.0, "interval_s": 2.0}
+    assert rates((1000, 50, 1, 0, 0), (3000, 3, 0, 0, 0)) is None  # keys expired
 
 
 def test_percentiles_by_nearest_rank() -> None:
