@@ -348,6 +348,7 @@ def decode_state_record(name: str, data: bytes, meta: Mapping[Any, Any], now_ms:
     # the live leases (what admission counts)
     n["hp_issued"] = n["hp_done"] + sum(1 for d in probe_deadlines if d > now_ms)
     n["calls_total"], n["failures_total"] = fields["calls_total"], fields["failures_total"]
+    n["slow_total"] = fields["slow_total"]
     view = _breaker_view(name, State(fields["state"]), n, wire, m, now_ms, probe_deadlines)
     view["quorum"] = decode_quorum(view, quorum_marks or {}, now_ms)
     view["configs"], view["config_in_force"] = decode_rollout(
@@ -486,6 +487,7 @@ def _breaker_view(name: str, state: State, n: Mapping[str, int], wire: str,
         # recorded since the keys were created, fleet-wide (v2; None from v1 keys)
         "calls_total": n.get("calls_total"),
         "failures_total": n.get("failures_total"),
+        "slow_total": n.get("slow_total"),
         "generation": n["gen"],
         # why the breaker is in its state, and who put it there ('' for the breaker
         # itself): a hard stop names the HTTP status and the breaker's key here

@@ -158,15 +158,16 @@ local function cold()
   local g = cold_group
   if g then return g end
   if exists then
-    local until_ms, gen, opens, rejected, _, drift_fp, wait, init, after, mult, max_open,
-          rnd, slow_call = decode_fields(rcall('GETRANGE', K_STATE, layout.COLD_AT,
-                                               layout.COLD_LAST), layout.COLD_FIELDS)
+    local until_ms, gen, opens, rejected, slow_total, drift_fp, wait, init, after, mult,
+          max_open, rnd, slow_call = decode_fields(rcall('GETRANGE', K_STATE, layout.COLD_AT,
+                                                         layout.COLD_LAST), layout.COLD_FIELDS)
     g = {open_until = until_ms, gen = gen, opens = opens, rejected = rejected,
-         drift_fp = drift_fp, open_wait = wait, initial_state = STATES[init + 1],
+         slow_total = slow_total, drift_fp = drift_fp, open_wait = wait,
+         initial_state = STATES[init + 1],
          after_half_open = STATES[after + 1], wait_mult = mult, max_open_wait = max_open,
          wait_rnd = rnd, slow_ms = slow_call}
   else
-    g = {open_until = 0, gen = 0, opens = 0, rejected = 0, drift_fp = 0}
+    g = {open_until = 0, gen = 0, opens = 0, rejected = 0, slow_total = 0, drift_fp = 0}
   end
   if parsed then
     for _, field in ipairs(COLD_CONFIG) do g[field] = parsed[field] end
@@ -413,6 +414,10 @@ local function op_record()
     local refused = record_window(ok, fails, slows, ms)
     if refused then return redis.error_reply(refused) end
     calls_total, failures_total = calls_total + ok + fails, failures_total + fails
+    if slows > 0 then  -- the slow-call counter is in the counters group (slow calls only)
+      local g = cold()
+      g.slow_total, dirty_counters = g.slow_total + slows, true
+    end
     local mark = argv[11]
     if mark and mark ~= '' and fails > 0 then quorum_mark = mark end
     if override_until == 0 and calls >= min_calls and calls > 0
@@ -438,6 +443,10 @@ local function op_record()
     if ok + fails > 0 then  -- the cumulative counters are in the state group
       calls_total, failures_total = calls_total + ok + fails, failures_total + fails
       dirty_state = true
+    end
+    if slows > 0 then
+      local g = cold()
+      g.slow_total, dirty_counters = g.slow_total + slows, true
     end
     if hp_done >= probes_max then
       if exceeded(hp_done, hp_fail, hp_slow, failure_threshold, slow_threshold) then

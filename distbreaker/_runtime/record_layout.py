@@ -74,8 +74,10 @@ FIELDS: tuple[Field, ...] = (
     Field("opens", "OPENs entered since the last CLOSED (the exponent of the open wait)"),
     Field("rejected", "calls rejected by the script (fleet-wide; local fast-fails are not "
                       "counted)"),
-    Field("reserved_4", "0 (v2 counts no issued permits: admission is live leases plus "
-                        "`hp_done`)"),
+    Field("slow_total", "slow calls recorded since the record was created (fleet-wide, "
+                        "every state that records: a counter, never reduced; written with "
+                        "the counters group by a record with slow calls; was reserved, 0, "
+                        "before)"),
     Field("drift_fp", "fingerprint of meta `drift_cfg` (0: none)"),
     Field("open_wait_ms", "open wait, ms (config field 7)"),
     Field("initial_state", "initial state, state code (config field 13)"),

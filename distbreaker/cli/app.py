@@ -313,6 +313,9 @@ def _import_redis_without_otel() -> None:
     sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # import fails: skipped
     try:
         import redis  # noqa: F401
+    except ImportError:  # a redis-py that needs the SDK after all: import it as usual
+        for module in [m for m in sys.modules if m == "redis" or m.startswith("redis.")]:
+            del sys.modules[module]
     finally:
         del sys.modules["opentelemetry"]
 

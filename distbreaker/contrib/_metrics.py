@@ -327,6 +327,8 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
     fleet_calls = _counter("distbreaker_breaker_fleet_calls", "Calls every worker recorded "
                            "(since the key was created), by outcome: the same from any "
                            "process's scrape", "name", "outcome")
+    fleet_slow = _counter("distbreaker_breaker_fleet_slow_calls", "Slow calls every worker "
+                          "recorded (since the key was created)", "name")
     in_use = _gauge("distbreaker_bulkhead_in_use", "Bulkhead permits held fleet-wide", "name")
     limit = _gauge("distbreaker_bulkhead_limit", "Fleet-wide bulkhead limit (an adaptive "
                    "one's current integer limit)", "name")
@@ -367,6 +369,7 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
                 failed = breaker["failures_total"]
                 fleet_calls.add((name, "success"), breaker["calls_total"] - failed)
                 fleet_calls.add((name, "failure"), failed)
+                fleet_slow.add((name,), breaker.get("slow_total") or 0)
             state_seconds.add((name,), breaker["in_state_s"])
             for c in breaker.get("configs") or ():
                 configs.add((name, c["fingerprint"], "1" if c["in_force"] else "0"),
@@ -376,6 +379,7 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
                 family.add((name,), -1 if field.endswith("rate") else 0)
             for outcome in ("success", "failure"):
                 fleet_calls.add((name, outcome), 0)
+            fleet_slow.add((name,), 0)
         bulkhead = row["bulkhead"]
         if bulkhead is not None:
             in_use.add((name,), bulkhead["in_use"])
@@ -399,6 +403,6 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
                         // MILLIONTHS - w)
         elif budget.get("balance") is not None:  # with the settings stored in the hash
             balance.add((name,), budget["balance"])
-    return [state, state_seconds, *fields.values(), fleet_rejected, fleet_calls, in_use, limit,
-            adaptive, limit_info, moved, paused, deposits, withdrawals, balance, unreadable,
-            configs]
+    return [state, state_seconds, *fields.values(), fleet_rejected, fleet_calls, fleet_slow,
+            in_use, limit, adaptive, limit_info, moved, paused, deposits, withdrawals, balance,
+            unreadable, configs]

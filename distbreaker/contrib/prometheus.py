@@ -44,7 +44,8 @@ class DistbreakerCollector(Collector):
       / ``_window_failures`` / ``_window_slow_calls``, ``_retry_in_seconds``,
       ``distbreaker_breaker_fleet_rejections_total`` and
       ``distbreaker_breaker_fleet_calls_total{name,outcome}`` (success, failure: every
-      worker's calls since the keys were created, counted in the state record);
+      worker's calls since the keys were created, counted in the state record) and
+      ``distbreaker_breaker_fleet_slow_calls_total``;
     - ``distbreaker_bulkhead_in_use`` / ``_limit`` (an adaptive bulkhead's current
       integer limit); for an adaptive bulkhead also ``_adaptive_limit`` (before
       rounding down), ``distbreaker_bulkhead_limit_info{name,why} 1`` (why it last

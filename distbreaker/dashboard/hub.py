@@ -11,9 +11,10 @@ messages through asyncio queues (one per server-sent-event stream, each with its
 own filter: names and message kinds); a browser too slow to keep up loses
 updates, never blocks the others.
 
-Fleet-wide rates: each breaker row gets ``rates`` (calls, successes, failures and
-rejections per second, fleet-wide) from the difference of the state record's
-counters (`calls_total`, `failures_total`, `rejected`) between two reads: no
+Fleet-wide rates: each breaker row gets ``rates`` (calls, successes, failures, slow
+calls and rejections per second, fleet-wide) from the difference of the state
+record's counters (`calls_total`, `failures_total`, `slow_total`, `rejected`)
+between two reads: no
 Redis cost beyond the read itself. The sparkline points (failure rate, slow rate,
 calls/s) are kept in one hash, ``<prefix>:v2:dashboard:spark`` (name -> JSON
 points; outside the ``{name}`` keys, so no reader takes it for a breaker), written
@@ -80,20 +81,22 @@ class Filter:
         return data
 
 
-def rates(before: tuple[int, int, int, int] | None,
-          now: tuple[int, int, int, int]) -> dict[str, float] | None:
+Counters = tuple[int, int, int, int, int]
+
+
+def rates(before: Counters | None, now: Counters) -> dict[str, float] | None:
     """Per-second fleet-wide figures between two reads of (server ms, calls_total,
-    failures_total, rejected); None without an earlier read, or when the counters went
-    back (the keys expired and were created again)."""
+    failures_total, slow_total, rejected); None without an earlier read, or when the
+    counters went back (the keys expired and were created again)."""
     if before is None or now[0] <= before[0]:
         return None
     seconds = (now[0] - before[0]) / 1000
-    calls, failures, rejected = (now[i] - before[i] for i in (1, 2, 3))
-    if calls < 0 or failures < 0 or rejected < 0:
+    calls, failures, slow, rejected = (now[i] - before[i] for i in (1, 2, 3, 4))
+    if min(calls, failures, slow, rejected) < 0:
         return None
     return {"calls": calls / seconds, "success": (calls - failures) / seconds,
-            "failure": failures / seconds, "rejected": rejected / seconds,
-            "interval_s": seconds}
+            "failure": failures / seconds, "slow": slow / seconds,
+            "rejected": rejected / seconds, "interval_s": seconds}
 
 
 def fleet_snapshot(client: Any, prefix: str) -> dict[str, Any]:
@@ -158,7 +161,7 @@ class Hub:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._spark: dict[str, collections.deque[list[float]]] = {}
-        self._counters: dict[str, tuple[int, int, int, int]] = {}
+        self._counters: dict[str, Counters] = {}
         self._rates: dict[str, dict[str, float]] = {}
         self._spark_loaded = False
         self._spark_saved = time.monotonic()
@@ -263,7 +266,7 @@ class Hub:
             name = row["name"]
             if breaker.get("calls_total") is not None:
                 counters = (now, breaker["calls_total"], breaker["failures_total"],
-                            breaker["rejected"])
+                            breaker.get("slow_total") or 0, breaker["rejected"])
                 before = self._counters.get(name)
                 # a rate needs a second of reads at least (a transition's read can follow
                 # the last one within milliseconds): until then the last rate stands

@@ -34,7 +34,7 @@ end
 
 -- `g`: the cold group (lua/breaker.lua's `cold()`).
 local function header_counters(g)
-  return encode({g.open_until, g.gen, g.opens, g.rejected, 0, g.drift_fp}, 1,
+  return encode({g.open_until, g.gen, g.opens, g.rejected, g.slow_total, g.drift_fp}, 1,
                 layout.COUNTERS_FIELDS, 8)
 end
 

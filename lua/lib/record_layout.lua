@@ -4,7 +4,7 @@
 -- Byte offsets are the decimal strings GETRANGE / SETRANGE take; <GROUP>_AT is a
 -- group's first byte, <GROUP>_LAST its last, <GROUP>_FIELDS its field count.
 -- Header fields (8-byte big-endian signed, field k at byte 8k), by read group:
---   cold 0-12: open_until, gen, opens, rejected, reserved_4, drift_fp, open_wait_ms,
+--   cold 0-12: open_until, gen, opens, rejected, slow_total, drift_fp, open_wait_ms,
 --     initial_state, after_half_open, wait_multiplier_e6, max_open_wait_ms,
 --     randomization_e6, slow_call_ms
 --   hot 13-39: hp_done, hp_fail, hp_slow, permitted_probes, lease_ms, max_half_open_ms,

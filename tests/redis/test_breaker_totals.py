@@ -16,10 +16,14 @@ from distbreaker import readside as view
 from distbreaker.errors import CallNotPermitted
 
 
-def totals(client: redis.Redis, name: str) -> tuple[int, int]:
+def breaker_row(client: redis.Redis, name: str) -> dict[str, Any]:
     rows = {r["name"]: r for r in view.read_rows(client, "distbreaker",
                                                   view.scan(client, "distbreaker"))}
-    b = rows[name]["breaker"]
+    return dict(rows[name]["breaker"])
+
+
+def totals(client: redis.Redis, name: str) -> tuple[int, int]:
+    b = breaker_row(client, name)
     return b["calls_total"], b["failures_total"]
 
 
@@ -70,3 +74,22 @@ def test_batched_outcomes_and_half_open_probes_count(redis_url: str,
     calls(exact, ok=1, failed=0)                  # the half-open probe closes it
     assert totals(redis_client, name) == (6 + 3, 2 + 2)
     exact.close()
+
+
+def test_slow_calls_are_counted_in_every_state_that_records(redis_url: str,
+                                                          redis_client: redis.Redis,
+                                                          name: str) -> None:
+    breaker = CircuitBreaker(name, redis=redis_url, redis_timeout=5, minimum_number_of_calls=100,
+                             slow_call_duration=0.01)
+    calls(breaker, ok=3, failed=0)
+    assert breaker_row(redis_client, name)["slow_total"] == 0
+    for _ in range(2):
+        breaker.call(time.sleep, 0.03)                      # slow successes
+    with pytest.raises(ConnectionError):
+        breaker.call(lambda: (time.sleep(0.03), (_ for _ in ()).throw(ConnectionError()))[1])
+    row = breaker_row(redis_client, name)
+    assert (row["calls_total"], row["failures_total"], row["slow_total"]) == (6, 1, 3)
+    breaker.reset()
+    breaker.call(time.sleep, 0.03)
+    assert breaker_row(redis_client, name)["slow_total"] == 4   # never lowered by a reset
+    breaker.close()

@@ -78,3 +78,25 @@ def test_the_lazy_facade_gives_the_same_objects() -> None:
         pass
     else:
         raise AssertionError("an unknown name must raise AttributeError")
+
+
+def test_a_redis_py_that_needs_the_sdk_is_imported_as_usual() -> None:
+    """If a redis-py release imported the OpenTelemetry SDK unconditionally, hiding it
+    must not break the CLI: redis-py is then imported with the SDK."""
+    probe = """
+import builtins, sys
+real = builtins.__import__
+def strict(name, *args, **kwargs):
+    if name == "redis" and sys.modules.get("opentelemetry", 0) is None:
+        raise ImportError("this redis-py needs opentelemetry")
+    return real(name, *args, **kwargs)
+builtins.__import__ = strict
+from distbreaker.cli.app import _import_redis_without_otel
+_import_redis_without_otel()
+builtins.__import__ = real
+import redis
+print("opentelemetry" in sys.modules and sys.modules["opentelemetry"] is None, redis.Redis)
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.startswith("False <class 'redis.client.Redis'>"), done.stdout

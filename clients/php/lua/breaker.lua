@@ -50,7 +50,7 @@ local function record_layout()
 -- Byte offsets are the decimal strings GETRANGE / SETRANGE take; <GROUP>_AT is a
 -- group's first byte, <GROUP>_LAST its last, <GROUP>_FIELDS its field count.
 -- Header fields (8-byte big-endian signed, field k at byte 8k), by read group:
---   cold 0-12: open_until, gen, opens, rejected, reserved_4, drift_fp, open_wait_ms,
+--   cold 0-12: open_until, gen, opens, rejected, slow_total, drift_fp, open_wait_ms,
 --     initial_state, after_half_open, wait_multiplier_e6, max_open_wait_ms,
 --     randomization_e6, slow_call_ms
 --   hot 13-39: hp_done, hp_fail, hp_slow, permitted_probes, lease_ms, max_half_open_ms,
@@ -740,7 +740,7 @@ end
 
 -- `g`: the cold group (lua/breaker.lua's `cold()`).
 local function header_counters(g)
-  return encode({g.open_until, g.gen, g.opens, g.rejected, 0, g.drift_fp}, 1,
+  return encode({g.open_until, g.gen, g.opens, g.rejected, g.slow_total, g.drift_fp}, 1,
                 layout.COUNTERS_FIELDS, 8)
 end
 
@@ -1238,15 +1238,16 @@ local function cold()
   local g = cold_group
   if g then return g end
   if exists then
-    local until_ms, gen, opens, rejected, _, drift_fp, wait, init, after, mult, max_open,
-          rnd, slow_call = decode_fields(rcall('GETRANGE', K_STATE, layout.COLD_AT,
-                                               layout.COLD_LAST), layout.COLD_FIELDS)
+    local until_ms, gen, opens, rejected, slow_total, drift_fp, wait, init, after, mult,
+          max_open, rnd, slow_call = decode_fields(rcall('GETRANGE', K_STATE, layout.COLD_AT,
+                                                         layout.COLD_LAST), layout.COLD_FIELDS)
     g = {open_until = until_ms, gen = gen, opens = opens, rejected = rejected,
-         drift_fp = drift_fp, open_wait = wait, initial_state = STATES[init + 1],
+         slow_total = slow_total, drift_fp = drift_fp, open_wait = wait,
+         initial_state = STATES[init + 1],
          after_half_open = STATES[after + 1], wait_mult = mult, max_open_wait = max_open,
          wait_rnd = rnd, slow_ms = slow_call}
   else
-    g = {open_until = 0, gen = 0, opens = 0, rejected = 0, drift_fp = 0}
+    g = {open_until = 0, gen = 0, opens = 0, rejected = 0, slow_total = 0, drift_fp = 0}
   end
   if parsed then
     for _, field in ipairs(COLD_CONFIG) do g[field] = parsed[field] end
@@ -1493,6 +1494,10 @@ local function op_record()
     local refused = record_window(ok, fails, slows, ms)
     if refused then return redis.error_reply(refused) end
     calls_total, failures_total = calls_total + ok + fails, failures_total + fails
+    if slows > 0 then  -- the slow-call counter is in the counters group (slow calls only)
+      local g = cold()
+      g.slow_total, dirty_counters = g.slow_total + slows, true
+    end
     local mark = argv[11]
     if mark and mark ~= '' and fails > 0 then quorum_mark = mark end
     if override_until == 0 and calls >= min_calls and calls > 0
@@ -1518,6 +1523,10 @@ local function op_record()
     if ok + fails > 0 then  -- the cumulative counters are in the state group
       calls_total, failures_total = calls_total + ok + fails, failures_total + fails
       dirty_state = true
+    end
+    if slows > 0 then
+      local g = cold()
+      g.slow_total, dirty_counters = g.slow_total + slows, true
     end
     if hp_done >= probes_max then
       if exceeded(hp_done, hp_fail, hp_slow, failure_threshold, slow_threshold) then

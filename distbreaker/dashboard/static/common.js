@@ -47,7 +47,8 @@ function perSecond(value) {
 function ratesText(rates) {
   if (!rates) return "-";
   return perSecond(rates.calls) + "/s (" + perSecond(rates.success) + " ok, " +
-    perSecond(rates.failure) + " failed, " + perSecond(rates.rejected) + " rejected)";
+    perSecond(rates.failure) + " failed, " + perSecond(rates.slow) + " slow, " +
+    perSecond(rates.rejected) + " rejected)";
 }
 
 // Fleet-wide call latency over the window: p50 / p99 of a count window, the mean of a
