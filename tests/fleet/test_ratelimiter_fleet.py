@@ -124,12 +124,14 @@ def _queued(url: str, name: str, flavour: str, log: str, asked: Any) -> None:
         limiter = RateLimiter(name, redis=url, **settings)
         reserved = limiter.reserve()
         asked.release()
+        assert reserved.wait <= settings["timeout_duration"]
         threading.Event().wait(reserved.wait)
     else:
         async def main() -> Any:
             limiter = AsyncRateLimiter(name, redis=url, **settings)
             reserved = await limiter.reserve()
             asked.release()
+            assert reserved.wait <= settings["timeout_duration"]
             await asyncio.sleep(reserved.wait)
             return reserved
         reserved = asyncio.run(main())
