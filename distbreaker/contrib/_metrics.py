@@ -24,6 +24,7 @@ from ..breaker.state import State
 from ..budget.config import MILLIONTHS
 from ..budget.core import BudgetCore
 from ..bulkhead.core import BulkheadCore
+from ..ratelimiter.core import RateLimiterCore
 from ..readside import (
     V1,
     Scan,
@@ -66,6 +67,10 @@ def _counter(name: str, help: str, *labels: str) -> Family:
     return Family(name, "counter", help, labels)
 
 
+#: The components a policy may hold, in export order.
+_PARTS = ("breaker", "bulkhead", "budget", "rate_limiter")
+
+
 def is_bulkhead(item: Any) -> bool:
     return isinstance(item, BulkheadCore)
 
@@ -84,6 +89,7 @@ class MetricsSource:
         self._breakers: list[BreakerCore] = []
         self._bulkheads: list[Any] = []
         self._budgets: dict[str, BudgetCore] = {}
+        self._limiters: list[RateLimiterCore] = []
         self._transitions: Counter[tuple[str, str, str]] = Counter()
         #: Fleet transitions counted from the history streams, and the last id counted.
         self._fleet_moves: Counter[tuple[str, str, str]] = Counter()
@@ -117,7 +123,7 @@ class MetricsSource:
         names (str: all three components) from now on, whether or not used yet."""
         for item in components:
             if isinstance(item, str):
-                self._add_name(item, "breaker", "bulkhead", "budget")
+                self._add_name(item, "breaker", "bulkhead", "budget", "rate_limiter")
             elif isinstance(item, BreakerCore):
                 self._add_breaker(item)
             elif isinstance(item, BudgetCore):
@@ -132,12 +138,17 @@ class MetricsSource:
                         self._bulkheads.append(item)
                 if new:
                     self._watch(item)
-            elif any(hasattr(item, part) for part in ("breaker", "bulkhead", "budget")):
-                parts = [getattr(item, p, None) for p in ("breaker", "bulkhead", "budget")]
+            elif isinstance(item, RateLimiterCore):
+                self._add_name(item.name, "rate_limiter")
+                with self._lock:
+                    if not any(r is item for r in self._limiters):
+                        self._limiters.append(item)
+            elif any(hasattr(item, part) for part in _PARTS):
+                parts = [getattr(item, p, None) for p in _PARTS]
                 self.register(*(p for p in parts if p is not None))
             else:
                 raise TypeError(f"cannot export {item!r}: expected a breaker, bulkhead, "
-                                "retry budget, policy or name")
+                                "retry budget, rate limiter, policy or name")
 
     def _add_name(self, name: str, *parts: str) -> None:
         with self._lock:
@@ -222,6 +233,7 @@ class MetricsSource:
         calls, rejections, transitions = _local_families()
         with self._lock:
             breakers, bulkheads = list(self._breakers), list(self._bulkheads)
+            limiters = list(self._limiters)
             moves = dict(self._transitions)
         outcome_sums: Counter[tuple[str, str]] = Counter()
         rejection_sums: Counter[tuple[str, str]] = Counter()
@@ -233,6 +245,8 @@ class MetricsSource:
                 rejection_sums[(breaker.name, reason)] += counts.rejections.get(state, 0)
         for bulkhead in bulkheads:
             rejection_sums[(bulkhead.name, "bulkhead_full")] += bulkhead.local_counts().rejected
+        for limiter in limiters:
+            rejection_sums[(limiter.name, "rate_limited")] += limiter.rejected_here
         for (name, outcome), value in sorted(outcome_sums.items()):
             calls.add((name, outcome), value)
         for (name, reason), value in sorted(rejection_sums.items()):
@@ -346,6 +360,7 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
                          "budget in its window", "name")
     balance = _gauge("distbreaker_budget_balance", "Retries the fleet may still make now",
                      "name")
+    limiter_families = _limiter_families()
     unreadable = _gauge("distbreaker_unreadable", "1 when a name's keys hold foreign data",
                         "name")
     configs = _gauge("distbreaker_breaker_config_workers", "Workers running each deployed "
@@ -403,6 +418,37 @@ def _fleet_families(rows: list[dict[str, Any]], budgets: dict[str, BudgetCore]) 
                         // MILLIONTHS - w)
         elif budget.get("balance") is not None:  # with the settings stored in the hash
             balance.add((name,), budget["balance"])
+        if row.get("rate_limiter") is not None:
+            _add_limiter(limiter_families, name, row["rate_limiter"])
     return [state, state_seconds, *fields.values(), fleet_rejected, fleet_calls, fleet_slow,
             in_use, limit, adaptive, limit_info, moved, paused, deposits, withdrawals, balance,
-            unreadable, configs]
+            *limiter_families.values(), unreadable, configs]
+
+
+#: A rate limiter row's field -> (family, kind, help); readside.decode_rate_limiter.
+_LIMITER_FIELDS = {
+    "available": ("distbreaker_ratelimiter_available_permissions", "gauge", "Permits the "
+                  "rate limiter could grant now (negative: reserved by waiting calls)"),
+    "limit_for_period": ("distbreaker_ratelimiter_limit", "gauge", "Permits per period in "
+                         "force (an operator's limit when one is set)"),
+    "limit_refresh_period_ms": ("distbreaker_ratelimiter_period_seconds", "gauge",
+                                "The rate limiter's period in force"),
+    "calls": ("distbreaker_ratelimiter_calls", "counter", "Calls granted fleet-wide (since "
+              "the key was created)"),
+    "permits": ("distbreaker_ratelimiter_permits", "counter", "Permits granted fleet-wide "
+                "(the calls' weights; since the key was created)"),
+    "rejected": ("distbreaker_ratelimiter_rejections", "counter", "Calls the rate limiter "
+                 "refused fleet-wide (since the key was created)"),
+}
+
+
+def _limiter_families() -> dict[str, Family]:
+    return {field: (_gauge if kind == "gauge" else _counter)(name, text, "name")
+            for field, (name, kind, text) in _LIMITER_FIELDS.items()}
+
+
+def _add_limiter(families: dict[str, Family], name: str, row: dict[str, Any]) -> None:
+    for field, family in families.items():
+        value = row.get(field)
+        if value is not None:
+            family.add((name,), value / 1000 if field.endswith("_ms") else value)

@@ -54,6 +54,9 @@ class DistbreakerCollector(Collector):
       (increases paused after a 429, 0 when not);
     - ``distbreaker_budget_deposits`` / ``_withdrawals`` over the window and
       ``distbreaker_budget_balance`` (for registered budgets, whose formula is known);
+    - ``distbreaker_ratelimiter_available_permissions`` (negative: reserved by waiting
+      calls), ``_limit`` and ``_period_seconds`` in force, and the fleet-wide counters
+      ``_calls_total`` / ``_permits_total`` / ``_rejections_total``;
     - ``distbreaker_up``: 1 when Redis answered this scrape, else 0 (the fleet
       metrics are then left out; a scrape never fails because of Redis);
     - ``distbreaker_foreign_keys``: keys under the prefix the scrape could not use,
@@ -68,7 +71,7 @@ class DistbreakerCollector(Collector):
     Per process, from the registered objects (no Redis): ``distbreaker_calls_total
     {name,outcome}``, ``distbreaker_rejections_total{name,reason}`` (open,
     half_open_full, forced_open, redis_unavailable, ramping: slow start after a recovery,
-    bulkhead_full) and
+    bulkhead_full, rate_limited) and
     ``distbreaker_transitions_total{name,from_state,to_state}`` for the transitions
     this process's calls made (each is counted by exactly one process).
 

@@ -143,6 +143,18 @@ def test_retry_budget_allowance(cluster_client: RedisCluster, name: str) -> None
     assert taken == 10 and budget.last_source == "redis"
 
 
+def test_rate_limiter_keyed_instances_on_the_cluster(cluster_client: RedisCluster,
+                                                     name: str) -> None:
+    from distbreaker import RateLimiter
+
+    limiter = RateLimiter(name, redis=cluster_client, limit_for_period=3,
+                          limit_refresh_period=3600, timeout_duration=0)
+    for key in (None, "a", "b", "c"):  # each instance its own hash tag, maybe another node
+        assert sum(limiter.try_acquire(key=key) for _ in range(5)) == 3
+        assert limiter.metrics(key=key).calls == 3
+    assert not limiter.local_fallback_active
+
+
 def test_policy_call_retries_within_the_budget(cluster_client: RedisCluster, name: str) -> None:
     attempts = 0
 

@@ -11,8 +11,14 @@ from typing import Any
 import pytest
 from redis.cluster import RedisCluster, key_slot
 
-from distbreaker import Bulkhead, CircuitBreaker, RetryBudget
-from distbreaker._runtime.keys import MAX_NAME_LENGTH, BreakerKeys, BudgetKeys, BulkheadKeys
+from distbreaker import Bulkhead, CircuitBreaker, RateLimiter, RetryBudget
+from distbreaker._runtime.keys import (
+    MAX_NAME_LENGTH,
+    BreakerKeys,
+    BudgetKeys,
+    BulkheadKeys,
+    RateLimiterKeys,
+)
 from distbreaker._runtime.scripts import load_script, lua_dir
 from distbreaker.ganesha.sync import GaneshaBreaker
 from distbreaker.policy.sync import Policy
@@ -44,13 +50,13 @@ def schema_keys(name: str) -> list[str]:
     breaker = BreakerKeys.build(name)
     return [breaker.state, breaker.meta, breaker.probes, breaker.history, bulkhead.leases,
             bulkhead.meta,
-            bulkhead.notify, BudgetKeys.build(name).slices]
+            bulkhead.notify, BudgetKeys.build(name).slices, RateLimiterKeys.build(name).bucket]
 
 
 @pytest.mark.parametrize("name", NAME_SHAPES)
 def test_all_keys_of_a_name_share_one_slot(name: str) -> None:
     keys = schema_keys(name)
-    assert len(set(keys)) == 8
+    assert len(set(keys)) == 9
     assert {slot(k) for k in keys} == {slot(keys[0])}
     # ...and it is the slot of the name's own tag: the text up to the first "}".
     assert slot(keys[0]) == slot("{" + name + "}" + ":anything")
@@ -59,7 +65,8 @@ def test_all_keys_of_a_name_share_one_slot(name: str) -> None:
 @pytest.mark.parametrize("name", ["}", "}x", "}{a}"])
 def test_a_name_starting_with_a_closing_brace_is_rejected(name: str) -> None:
     """`{}...` is an empty tag: Redis would hash every key on its own (CROSSSLOT)."""
-    for build in (BreakerKeys.build, BulkheadKeys.build, BudgetKeys.build):
+    for build in (BreakerKeys.build, BulkheadKeys.build, BudgetKeys.build,
+                  RateLimiterKeys.build):
         with pytest.raises(ValueError, match="must not start with '}'"):
             build(name)
     with pytest.raises(ValueError, match="must not start with '}'"):
@@ -144,12 +151,17 @@ def exercise(name: str, client: Any) -> None:
                     retry={"max_attempts": 2, "base": 0.0, "cap": 0.0},
                     budget={"min_retries_per_sec": 1})
     assert policy.call(lambda: "composed") == "composed"  # merged deposit+release+record
+    limiter = RateLimiter(name, redis=client, limit_for_period=2, limit_refresh_period=3600,
+                          timeout_duration=0)
+    assert limiter.try_acquire() and limiter.drain().available_permissions == 0
+    assert limiter.change_limit_for_period(5).overridden and not limiter.reset_limit().overridden
 
 
 def test_every_script_runs_on_the_cluster_with_one_slot_per_call(
         cluster_client: RedisCluster) -> None:
     scripts = {load_script(path.stem).sha: path.stem for path in lua_dir().glob("*.lua")}
-    assert set(scripts.values()) == {"breaker", "bulkhead", "budget", "ganesha", "finish"}
+    assert set(scripts.values()) == {"breaker", "bulkhead", "budget", "ganesha", "finish",
+                                     "ratelimiter"}
     seen: set[str] = set()
     for name in NAME_SHAPES:
         recorder = Recorder(cluster_client)

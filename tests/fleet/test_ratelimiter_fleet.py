@@ -124,12 +124,14 @@ def _queued(url: str, name: str, flavour: str, log: str, asked: Any) -> None:
         limiter = RateLimiter(name, redis=url, **settings)
         reserved = limiter.reserve()
         asked.release()
+        assert reserved.wait <= settings["timeout_duration"]
         threading.Event().wait(reserved.wait)
     else:
         async def main() -> Any:
             limiter = AsyncRateLimiter(name, redis=url, **settings)
             reserved = await limiter.reserve()
             asked.release()
+            assert reserved.wait <= settings["timeout_duration"]
             await asyncio.sleep(reserved.wait)
             return reserved
         reserved = asyncio.run(main())
@@ -159,3 +161,15 @@ def test_waiting_callers_of_several_processes_are_served_in_the_order_they_asked
     assert all(ran >= at for at, _, ran in entries)      # none ran before its turn
     runs = sorted(at for at, _, _ in entries)
     assert all(b - a >= 299 for a, b in itertools.pairwise(runs))  # one per 0.3 s
+
+
+def test_the_check_is_not_vacuous() -> None:
+    """The exact check flags one permit too many, and a call that ran early."""
+    period = 1000
+    # a full bucket of 10 at once, then one per 100 ms: exactly at the bound
+    at_limit = [(0, 1, 0)] * 10 + [(t * 100, 1, t * 100) for t in range(1, 10)]
+    assert violations(at_limit, 10, period, burst=10) == []
+    assert violations([*at_limit, (500, 1, 500)], 10, period, burst=10) != []
+    assert violations([(100, 1, 99)], 10, period, burst=10) == ["ran at 99 before its run "
+                                                                 "time 100"]
+    assert busiest_period(at_limit, period) == 19

@@ -29,12 +29,14 @@ bulkhead = distbreaker.Bulkhead("dep", redis=URL)
 retry = distbreaker.Retry()
 policy = distbreaker.Policy("dep", redis=URL)
 ganesha = distbreaker.GaneshaBreaker("svc", redis=URL)
+limiter = distbreaker.RateLimiter("dep", redis=URL)
 
 abreaker = distbreaker.aio.CircuitBreaker("dep", redis=URL)
 abulkhead = distbreaker.aio.Bulkhead("dep", redis=URL)
 aretry = distbreaker.aio.Retry()
 apolicy = distbreaker.aio.Policy("dep", redis=URL)
 aganesha = distbreaker.aio.GaneshaBreaker("svc", redis=URL)
+alimiter = distbreaker.aio.RateLimiter("dep", redis=URL)
 
 registry = distbreaker.Registry.from_dict({"redis": URL})
 aregistry = distbreaker.aio.Registry.from_dict({"redis": URL})
@@ -47,6 +49,11 @@ def breaker_fn(x: int, *, label: str = "") -> str:
 
 @bulkhead
 def bulkhead_fn(x: int) -> str:
+    return str(x)
+
+
+@limiter
+def limiter_fn(x: int) -> str:
     return str(x)
 
 
@@ -78,6 +85,11 @@ async def abreaker_fn(x: int, *, label: str = "") -> str:
 
 @abulkhead
 async def abulkhead_fn(x: int) -> str:
+    return str(x)
+
+
+@alimiter
+async def alimiter_fn(x: int) -> str:
     return str(x)
 
 
@@ -126,9 +138,9 @@ async def coroutine(x: int) -> str:
 
 # The decorated functions fit where the originals do (checked by assignment).
 sync_fns: list[Callable[[int], str]] = [bulkhead_fn, retry_fn, policy_fn, ganesha_fn,
-                                        breaker_fn]
+                                        breaker_fn, limiter_fn]
 async_fns: list[Callable[[int], Awaitable[str]]] = [abulkhead_fn, aretry_fn, apolicy_fn,
-                                                    aganesha_fn, abreaker_fn]
+                                                    aganesha_fn, abreaker_fn, alimiter_fn]
 task_fn: Callable[[Any, int], str] = celery_task
 
 
@@ -136,6 +148,9 @@ def sync_types_kept() -> None:
     """Never run (it would call Redis): mypy checks the exact types."""
     assert_type(breaker_fn(1, label="a"), str)
     assert_type(bulkhead_fn(1), str)
+    assert_type(limiter_fn(1), str)
+    assert_type(limiter.call(plain, 1), str)
+    assert_type(registry.rate_limiter("reg"), distbreaker.RateLimiter)
     assert_type(retry_fn(1), str)
     assert_type(policy_fn(1), str)
     assert_type(ganesha_fn(1), str)
@@ -159,9 +174,10 @@ def sync_types_kept() -> None:
 async def asyncio_types_kept() -> None:
     """Never run: a decorated coroutine function still returns a coroutine of its result."""
     coroutines = [abreaker_fn(1, label="a"), abulkhead_fn(1), aretry_fn(1), apolicy_fn(1),
-                  aganesha_fn(1), aregistry_policy_fn(1)]
+                  aganesha_fn(1), aregistry_policy_fn(1), alimiter_fn(1)]
     assert_type(coroutines, list[Coroutine[Any, Any, str]])
     results = [await abreaker.call(coroutine, 1), await abulkhead.call(coroutine, 1),
                await aretry.call(coroutine, 1), await apolicy.call(coroutine, 1),
-               await aganesha.call(coroutine, x=1), await coroutines[0]]
+               await aganesha.call(coroutine, x=1), await alimiter.call(coroutine, 1),
+               await coroutines[0]]
     assert_type(results, list[str])

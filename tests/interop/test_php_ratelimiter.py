@@ -86,3 +86,27 @@ def test_php_and_python_waiting_callers_stay_within_the_limit(
     assert len(entries) == 60
     assert violations(entries, limit, period_ms, burst=limit) == []
     assert busiest_period(entries, period_ms) >= limit
+
+
+def test_a_php_registry_builds_the_rate_limiter_python_builds(
+        php: str, redis_server: RedisServer, redis_url: str, name: str) -> None:
+    """The same `rate_limiters` section gives PHP and Python the same limiter (one
+    bucket); a bad option is named."""
+    worker = Php(php, redis_server)
+    section = {"configs": {"default": {"limit_refresh_period": "1h", "timeout_duration": 0}},
+               "instances": {name: {"limit_for_period": 5}}}
+    built = worker.run(action="registry", registry={"rate_limiters": section},
+                       kind="rate_limiter", name=name)
+    assert built["class"] == "Distbreaker\\RateLimiter" and built["same"] is True
+    assert built["options"] == {"limit_refresh_period": 3600.0, "timeout_duration": 0,
+                                "limit_for_period": 5}
+    from distbreaker import Registry
+
+    limiter = Registry({"redis": redis_url, "rate_limiters": section}).rate_limiter(name)
+    assert worker.run(action="ratelimit", name=name, config=built["options"], n=3)[0] == \
+        {"outcome": "ok", "wait": 0}
+    assert sum(limiter.try_acquire() for _ in range(5)) == 2     # 5 in all, one bucket
+    bad = worker.run(action="registry", kind="rate_limiter", name=name,
+                     registry={"rate_limiters": {"instances": {name: {"limit": 5}}}})
+    assert bad["error"] == (f"distbreaker config rate_limiters.instances.{name}: unknown "
+                            "rate limiter option(s): limit")

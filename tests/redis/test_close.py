@@ -15,7 +15,7 @@ import distbreaker.aio as aio
 from distbreaker.errors import BulkheadFull
 from tests.helpers.waiting import wait_until
 
-COMPONENTS = ["CircuitBreaker", "Bulkhead", "RetryBudget", "GaneshaBreaker"]
+COMPONENTS = ["CircuitBreaker", "Bulkhead", "RetryBudget", "GaneshaBreaker", "RateLimiter"]
 
 
 def connections(client: redis.Redis, label: str) -> int:

@@ -449,3 +449,29 @@ def test_ls_and_show_report_the_rate_limiter(redis_url: str, name: str) -> None:
     assert "RATE" in header.split()
     row = next(line for line in watched.stdout.splitlines() if line.startswith(name))
     assert "/20 per 1h" in row and row.rstrip().endswith("-")   # RATE, then BUDGET
+
+
+def test_prometheus_exports_the_rate_limiter(redis_url: str, name: str) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from distbreaker.contrib.prometheus import DistbreakerCollector
+
+    limiter = distbreaker.RateLimiter(name, redis_url, limit_for_period=4,
+                                      limit_refresh_period=3600, timeout_duration=0,
+                                      redis_timeout=5)
+    assert granted(limiter, 6, permits=2) == 2
+    registry = CollectorRegistry()
+    registry.register(DistbreakerCollector(redis_url, components=[limiter]))
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(generate_latest(registry).decode())
+               for s in family.samples}
+    one = (("name", name),)
+    assert samples[("distbreaker_ratelimiter_available_permissions", one)] == 0
+    assert samples[("distbreaker_ratelimiter_limit", one)] == 4
+    assert samples[("distbreaker_ratelimiter_period_seconds", one)] == 3600
+    assert samples[("distbreaker_ratelimiter_calls_total", one)] == 2
+    assert samples[("distbreaker_ratelimiter_permits_total", one)] == 4
+    assert samples[("distbreaker_ratelimiter_rejections_total", one)] == 4
+    assert samples[("distbreaker_rejections_total",
+                    (("name", name), ("reason", "rate_limited")))] == 4

@@ -12,6 +12,7 @@ from distbreaker.errors import (
     BulkheadFull,
     CallNotPermitted,
     DistbreakerError,
+    RequestNotPermitted,
     RetryBudgetExhausted,
     SchemaError,
 )
@@ -22,6 +23,7 @@ from distbreaker.errors import (
     BulkheadFull("payments", 3, 3, waited=0.5, local=True),
     BulkheadFull("payments", 3, -1, reason="permit lease expired before the call"),
     RetryBudgetExhausted("payments", balance=0, deposits=10, withdrawals=2),
+    RequestNotPermitted("llm", 300, 1.25, local=True, reason="local fallback limit"),
     SchemaError("foreign data", key="distbreaker:v1:{payments}:cb"),
 ])
 def test_round_trip_keeps_type_message_and_attributes(error: Exception) -> None:

@@ -67,4 +67,13 @@ return [
         'instances' => [],
     ],
 
+    // Fleet-wide rate limiters (PHP and Python share each bucket), e.g. LLM tokens per minute:
+    // 'llm' => ['limit_for_period' => 90000, 'limit_refresh_period' => '1m', 'timeout_duration' => '10s'].
+    'rate_limiters' => [
+        'configs' => [
+            'default' => ['limit_for_period' => 50, 'limit_refresh_period' => '500ms', 'timeout_duration' => '5s'],
+        ],
+        'instances' => [],
+    ],
+
 ];

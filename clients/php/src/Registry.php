@@ -5,7 +5,7 @@ declare(strict_types=1);
 namespace Distbreaker;
 
 /**
- * Named breakers, bulkheads and retry budgets built from one config, one
+ * Named breakers, bulkheads, retry budgets and rate limiters built from one config, one
  * shared instance per name per process, all on one connection.
  *
  * The config has Resilience4j's shape with the Python option names (the same
@@ -21,6 +21,7 @@ namespace Distbreaker;
  *         ],
  *         'bulkheads' => ['instances' => ['payments' => ['max_concurrent_calls' => 25]]],
  *         'budgets' => ['instances' => ['payments' => ['percent_can_retry' => 0.2]]],
+ *         'rate_limiters' => ['instances' => ['llm' => ['limit_for_period' => 90000, 'limit_refresh_period' => '1m']]],
  *     ]);
  *
  * Durations are seconds or strings such as '500ms', '30s', '1m30s', '1h', 'PT30S'.
@@ -33,8 +34,9 @@ final class Registry
         'breaker' => ['breakers', CircuitBreaker::class],
         'bulkhead' => ['bulkheads', Bulkhead::class],
         'budget' => ['budgets', RetryBudget::class],
+        'rate_limiter' => ['rate_limiters', RateLimiter::class],
     ];
-    private const TOP = ['prefix', 'lua_dir', 'redis', 'breakers', 'bulkheads', 'budgets'];
+    private const TOP = ['prefix', 'lua_dir', 'redis', 'breakers', 'bulkheads', 'budgets', 'rate_limiters'];
 
     /** @var array<string, array<string, object>> kind => name => instance */
     private array $instances = [];
@@ -82,6 +84,12 @@ final class Registry
     {
         /** @var RetryBudget */
         return $this->get('budget', $name);
+    }
+
+    public function rateLimiter(string $name): RateLimiter
+    {
+        /** @var RateLimiter */
+        return $this->get('rate_limiter', $name);
     }
 
     /**
@@ -151,7 +159,7 @@ final class Registry
     private static function kind(string $kind): array
     {
         if (!isset(self::KINDS[$kind])) {
-            throw new \InvalidArgumentException("unknown component kind '{$kind}' (expected breaker, bulkhead or budget)");
+            throw new \InvalidArgumentException("unknown component kind '{$kind}' (expected breaker, bulkhead, budget or rate_limiter)");
         }
         return self::KINDS[$kind];
     }

@@ -243,9 +243,10 @@ LUA;
     case 'registry': // options a Registry builds from a config, or the error naming what is wrong
         $registry = new Distbreaker\Registry(new Distbreaker\Connection(['port' => (int) $job['port']]), $job['registry']);
         try {
-            $component = $registry->{$job['kind']}($job['name']);
+            $method = lcfirst(str_replace('_', '', ucwords($job['kind'], '_'))); // rate_limiter: rateLimiter
+            $component = $registry->{$method}($job['name']);
             $out = ['options' => $registry->options($job['kind'], $job['name']), 'class' => get_class($component),
-                    'same' => $registry->{$job['kind']}($job['name']) === $component];
+                    'same' => $registry->{$method}($job['name']) === $component];
             if ($component instanceof CircuitBreaker) {
                 $out['wire'] = $component->wire;
             }
