@@ -20,6 +20,8 @@ from distbreaker.cli import cli
 from distbreaker.contrib.prometheus import DistbreakerCollector
 from distbreaker.dashboard.hub import fleet_snapshot
 
+pytestmark = pytest.mark.keys_without_ttl("it writes hostile keys by hand")
+
 NS = "distbreaker:v2"
 OPTIONS = {"redis_timeout": 5.0}
 
