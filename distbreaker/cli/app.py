@@ -15,7 +15,6 @@ import os
 import platform
 import re
 import socket
-import traceback
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,7 +28,7 @@ from .. import __version__
 from .._runtime.connection import DEFAULT_URL, parse_sentinel_url, sync_client
 from .._runtime.keys import DEFAULT_PREFIX, SCHEMA_VERSION, validate_name, validate_prefix
 from .._runtime.outages import ACL, NOT_REDIS, cause_of
-from .._runtime.scripts import MALFORMED
+from .._runtime.scripts import MALFORMED, raised_by_redis_py
 from ..errors import SchemaError
 
 SOCKET_TIMEOUT = 5.0
@@ -134,7 +133,7 @@ def explain(exc: BaseException, url: str) -> str | None:
     where = redact(url)
     msg = str(exc).strip().rstrip(".")
     cause = cause_of(exc)
-    if cause is None and isinstance(exc, MALFORMED) and _raised_by_redis_py(exc):
+    if cause is None and isinstance(exc, MALFORMED) and raised_by_redis_py(exc):
         cause = NOT_REDIS  # redis-py choking on a reply: what answers is not Redis
     if cause is not None and cause is not ACL:  # a refusal or misdirection: cause and fix
         return f"{cause.what} ({where}: {msg}); fix: {cause.fix}"
@@ -158,11 +157,6 @@ def explain(exc: BaseException, url: str) -> str | None:
     if isinstance(exc, redis.RedisError):
         return f"Redis error at {where}: {msg}"
     return None
-
-
-def _raised_by_redis_py(exc: BaseException) -> bool:
-    frames = traceback.extract_tb(exc.__traceback__)
-    return bool(frames) and f"{os.sep}redis{os.sep}" in frames[-1].filename
 
 
 class Group(click.Group):
