@@ -20,7 +20,7 @@ from redis.exceptions import ResponseError
 
 from ..errors import CheckFailed
 from .outages import ACL, NOT_REDIS, as_outage, cause_of
-from .scripts import MALFORMED, lua_dir, malformed, sources, text
+from .scripts import MALFORMED, lua_dir, malformed, raised_by_redis_py, sources, text
 
 #: Commands a worker sends itself besides the scripts, by script: a breaker's process
 #: listens on the transitions channel, a bulkhead waiter blocks on BLPOP.
@@ -97,7 +97,8 @@ def check_args(scripts: Sequence[str], key: str, channel: str) -> list[str]:
 
 
 def _failed(component: str, error: BaseException) -> CheckFailed:
-    outage = malformed(None, error) if isinstance(error, MALFORMED) else as_outage(error)
+    outage = (malformed(None, error) if isinstance(error, MALFORMED)
+              and raised_by_redis_py(error) else as_outage(error))
     cause = cause_of(outage)
     if cause is None:
         return CheckFailed(component, f"Redis unreachable ({type(error).__name__}: {error}); "

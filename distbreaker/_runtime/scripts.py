@@ -31,7 +31,9 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import os
 import threading
+import traceback
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -406,8 +408,8 @@ def run_script(client: Any, script: LuaScript, keys: Sequence[str],
         return done.value
     except ResponseError as exc:
         _raise_translated(exc)
-    except MALFORMED as exc:  # redis-py choking on a handshake reply: not a Redis server
-        raise malformed("(a reply to the connection's handshake)", exc) from exc
+    except MALFORMED as exc:
+        _raise_not_redis(exc)
 
 
 async def run_script_async(client: Any, script: LuaScript, keys: Sequence[str],
@@ -430,8 +432,8 @@ async def run_script_async(client: Any, script: LuaScript, keys: Sequence[str],
         return done.value
     except ResponseError as exc:
         _raise_translated(exc)
-    except MALFORMED as exc:  # redis-py choking on a handshake reply: not a Redis server
-        raise malformed("(a reply to the connection's handshake)", exc) from exc
+    except MALFORMED as exc:
+        _raise_not_redis(exc)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -466,17 +468,33 @@ class PendingCall:
         return (self.script, self.keys, self.args)
 
     def reply(self, raw: Any) -> Any:
-        """`on_reply(raw)`; a reply no distbreaker script gives (a server that speaks the
-        Redis protocol but is not Redis: a proxy, a mock, a Sentinel...) takes the outage
-        path instead of escaping as an AttributeError or IndexError."""
+        """`on_reply(raw)`; a reply no distbreaker script gives (not an array, where the
+        decoder expected one: a server that speaks the Redis protocol but is not Redis, a
+        proxy, a mock...) takes the outage path instead of escaping as an AttributeError or
+        IndexError. (An array it cannot decode is raised: a bug, or foreign data.)"""
         try:
             return self.on_reply(raw)
         except MALFORMED as error:
+            if isinstance(raw, list):
+                raise
             return self.on_unavailable(malformed(raw, error))
 
 
 #: What decoding a reply of the wrong shape raises (foreign *data* raises SchemaError).
 MALFORMED = (AttributeError, IndexError, TypeError, KeyError)
+
+
+def raised_by_redis_py(exc: BaseException) -> bool:
+    """Whether redis-py itself raised `exc` (e.g. choking on a connection handshake's reply
+    from a server that is not Redis), not distbreaker's code."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and f"{os.sep}redis{os.sep}" in frames[-1].filename
+
+
+def _raise_not_redis(exc: BaseException) -> NoReturn:
+    if not raised_by_redis_py(exc):
+        raise exc
+    raise malformed("(a reply to the connection's handshake)", exc) from exc
 
 
 def malformed(raw: Any, error: BaseException | None = None) -> RedisRefused:
@@ -632,7 +650,7 @@ def run_scripts_each(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
     except ResponseError as exc:  # the pipeline as a whole: e.g. a db out of range
         _raise_translated(exc)
     except MALFORMED as exc:
-        raise malformed("(a reply to the connection's handshake)", exc) from exc
+        _raise_not_redis(exc)
 
 
 async def run_scripts_each_async(client: Any, calls: Sequence[ScriptCallSpec]) -> list[Any]:
@@ -649,7 +667,7 @@ async def run_scripts_each_async(client: Any, calls: Sequence[ScriptCallSpec]) -
     except ResponseError as exc:  # the pipeline as a whole: e.g. a db out of range
         _raise_translated(exc)
     except MALFORMED as exc:
-        raise malformed("(a reply to the connection's handshake)", exc) from exc
+        _raise_not_redis(exc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

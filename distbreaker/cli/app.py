@@ -17,7 +17,6 @@ import platform
 import re
 import socket
 import sys
-import traceback
 from collections.abc import Iterable
 from typing import Any
 
@@ -143,13 +142,13 @@ def explain(exc: BaseException, url: str) -> str | None:
 
     from .._runtime.connection import parse_sentinel_url
     from .._runtime.outages import ACL, NOT_REDIS, cause_of
-    from .._runtime.scripts import MALFORMED
+    from .._runtime.scripts import MALFORMED, raised_by_redis_py
     from ..errors import SchemaError
 
     where = redact(url)
     msg = str(exc).strip().rstrip(".")
     cause = cause_of(exc)
-    if cause is None and isinstance(exc, MALFORMED) and _raised_by_redis_py(exc):
+    if cause is None and isinstance(exc, MALFORMED) and raised_by_redis_py(exc):
         cause = NOT_REDIS  # redis-py choking on a reply: what answers is not Redis
     if cause is not None and cause is not ACL:  # a refusal or misdirection: cause and fix
         return f"{cause.what} ({where}: {msg}); fix: {cause.fix}"
@@ -173,11 +172,6 @@ def explain(exc: BaseException, url: str) -> str | None:
     if isinstance(exc, redis.RedisError):
         return f"Redis error at {where}: {msg}"
     return None
-
-
-def _raised_by_redis_py(exc: BaseException) -> bool:
-    frames = traceback.extract_tb(exc.__traceback__)
-    return bool(frames) and f"{os.sep}redis{os.sep}" in frames[-1].filename
 
 
 # Every command and the module of distbreaker.cli that defines it: a command's module

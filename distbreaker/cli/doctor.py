@@ -97,17 +97,23 @@ def acl_checks(client: Any, prefix: str, version: tuple[int, ...],
     scripts = script_commands()
     needed = {c: "library" for c in LIBRARY_COMMANDS}
     needed.update((c, "functions") for c in FUNCTION_COMMANDS)
-    for script, commands in scripts.items():
-        for c in commands:
-            needed.setdefault(c, f"lua/{script}.lua")
+    for script, commands in sorted(scripts.items(), key=lambda item: item[0] == "ganesha"):
+        for c in commands:  # Ganesha's own commands last: only a GaneshaBreaker needs them
+            needed.setdefault(c, "ganesha" if script == "ganesha" else f"lua/{script}.lua")
     for c in OPERATOR_COMMANDS:
         needed.setdefault(c, "operator")
+    #: Each fix line's group, and the groups a command is in (GET: Ganesha's and the tools').
+    groups = {c: {_group(u)} for c, u in needed.items()}
+    for c in OPERATOR_COMMANDS:
+        groups[c].add("operator")
+    for c in scripts.get("ganesha", ()):
+        groups[c].add("ganesha")
     info = client.execute_command("COMMAND", "INFO", *(c.split("|")[0] for c in needed))
     key = BreakerKeys.build("doctor", prefix).state
     channel = events_channel(prefix, db_of(client))
     sha = load_script("breaker").sha
-    denied_lib, denied_ops, denied_fn = [], [], []
-    grants: list[str] = []
+    denied_lib, denied_ops, denied_fn, denied_gan = [], [], [], []
+    grants: dict[str, list[str]] = {"library": [], "operator": [], "ganesha": []}
     for command, used_by in needed.items():
         meta = info.get(command.split("|")[0].lower()) if isinstance(info, dict) else None
         if not meta:
@@ -120,22 +126,25 @@ def acl_checks(client: Any, prefix: str, version: tuple[int, ...],
         except Exception as exc:
             answer = str(exc)
         if answer != "OK":
-            denied = {"operator": denied_ops, "functions": denied_fn}.get(used_by, denied_lib)
+            denied = {"operator": denied_ops, "functions": denied_fn,
+                      "ganesha": denied_gan}.get(used_by, denied_lib)
             shown = command.replace("|", " ")
             denied.append(f"{shown} (needed by {used_by}: {answer})")
             grant = _grant(answer, command, prefix, channel)
-            if grant not in grants:
-                grants.append(grant)
+            for group in groups[command]:
+                if grant not in grants[group]:
+                    grants[group].append(grant)
     checks = []
-    if grants:
+    if grants["library"]:  # what a worker needs (Functions included: a warning alone)
         checks.append(Check("acl-fix", "warn" if not denied_lib else "fail",
-                            f"ACL SETUSER {user} " + " ".join(grants)))
+                            f"ACL SETUSER {user} " + " ".join(grants["library"])))
     if denied_lib:
         checks.append(Check("acl", "fail", f"ACL user {user!r} may not run: "
                             + "; ".join(denied_lib)))
     else:
         checks.append(Check("acl", "ok", f"ACL user {user!r} may run all "
-                            f"{sum(1 for v in needed.values() if v != 'operator')} commands "
+                            f"{sum(1 for v in needed.values() if _group(v) == 'library')} "
+                            "commands "
                             f"the library and lua/ scripts need on keys {namespace(prefix)}:*"))
     if denied_fn:
         checks.append(Check("acl-functions", "warn", "Redis Functions denied: workers run the "
@@ -143,8 +152,19 @@ def acl_checks(client: Any, prefix: str, version: tuple[int, ...],
                             + "; ".join(denied_fn)))
     if denied_ops:
         checks.append(Check("acl-operator", "warn", "operator commands denied (ls/show/events "
-                            "need them, workers do not): " + "; ".join(denied_ops)))
+                            "need them, workers do not): " + "; ".join(denied_ops)
+                            + f"; fix: ACL SETUSER {user} " + " ".join(grants["operator"])))
+    if denied_gan:
+        checks.append(Check("acl-ganesha", "warn", "a GaneshaBreaker (Ganesha's own keys) "
+                            "would be refused: " + "; ".join(denied_gan) + f"; fix: ACL "
+                            f"SETUSER {user} ~ganesha_* " + " ".join(
+                                g for g in grants["ganesha"] if not g.startswith("~"))))
     return checks
+
+
+def _group(used_by: str) -> str:
+    """Which fix line a command's grant goes to: a worker's, the operator tools', Ganesha's."""
+    return used_by if used_by in ("operator", "ganesha") else "library"
 
 
 def function_check(client: Any, version: tuple[int, ...]) -> Check:

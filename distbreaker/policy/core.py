@@ -28,7 +28,6 @@ from .._runtime.health import UNAVAILABLE_ERRORS
 from .._runtime.keys import validate_name
 from .._runtime.options import to_seconds
 from .._runtime.scripts import (
-    MALFORMED,
     LuaScript,
     Owed,
     PendingCall,
@@ -386,13 +385,8 @@ class MergedCall(NamedTuple):
             outcome = malformed(outcome)
         if isinstance(outcome, BaseException):
             unreachable(self.ready, outcome)
-            return True
-        try:
-            replies = split_flat(outcome, len(self.ready))
-        except (*MALFORMED, ValueError) as error:
-            unreachable(self.ready, malformed(outcome, error))
         else:
-            settle(self.ready, each_result(replies))
+            settle(self.ready, each_result(split_flat(outcome, len(self.ready))))
         return True
 
 

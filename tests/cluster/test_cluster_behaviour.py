@@ -293,3 +293,12 @@ def test_a_plain_url_to_a_cluster_node_gives_one_clear_error(cluster: EmbeddedCl
     breaker = CircuitBreaker(elsewhere, redis=cluster.url)
     with pytest.raises(TypeError, match=r"pass a redis\.cluster\.RedisCluster client"):
         breaker.call(lambda: None)
+
+
+def test_check_passes_on_every_components_slot(cluster_client: RedisCluster, name: str) -> None:
+    """check()'s write-free script is routed by the component's key, like its calls."""
+    for component in (CircuitBreaker(name, redis=cluster_client),
+                      Bulkhead(name, redis=cluster_client, max_concurrent_calls=2),
+                      RetryBudget(name, redis=cluster_client),
+                      Policy(f"{name}-p", redis=cluster_client)):
+        component.check()

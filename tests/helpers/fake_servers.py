@@ -36,12 +36,17 @@ class CannedServer:
             threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
     def _answer(self, conn: socket.socket) -> None:
+        """One reply per command (redis-py pipelines its handshake's commands)."""
+        buffer = b""
         with conn:
             try:
-                while conn.recv(65536):
-                    conn.sendall(self.reply)
-                    if self.close_after:
+                while chunk := conn.recv(65536):
+                    buffer += chunk
+                    commands, buffer = _commands(buffer)
+                    if self.close_after:  # not Redis at all: answer once, hang up
+                        conn.sendall(self.reply)
                         return
+                    conn.sendall(self.reply * commands)
             except OSError:
                 return
 
@@ -54,6 +59,32 @@ class CannedServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def _commands(buffer: bytes) -> tuple[int, bytes]:
+    """How many whole RESP commands (arrays of bulk strings) `buffer` starts with, and the
+    rest."""
+    count = 0
+    while True:
+        end = _command_end(buffer)
+        if end is None:
+            return count, buffer
+        count, buffer = count + 1, buffer[end:]
+
+
+def _command_end(buffer: bytes) -> int | None:
+    if not buffer.startswith(b"*") or b"\r\n" not in buffer:
+        return None
+    line_end = buffer.index(b"\r\n")
+    at = line_end + 2
+    for _ in range(int(buffer[1:line_end])):
+        if b"\r\n" not in buffer[at:]:
+            return None
+        header_end = buffer.index(b"\r\n", at)
+        at = header_end + 2 + int(buffer[at + 1:header_end]) + 2
+        if at > len(buffer):
+            return None
+    return at
 
 
 #: What an HTTP server answers a Redis command with (then it closes the connection).

@@ -427,6 +427,7 @@ def _corrupt_cases(keys: BreakerKeys) -> list[tuple[str, Callable[[redis.Redis],
     ]
 
 
+@pytest.mark.keys_without_ttl("it writes foreign keys by hand")
 @pytest.mark.parametrize("case", range(7))
 def test_foreign_data_is_a_schema_error_naming_the_key(
         case: int, make: Callable[..., CircuitBreaker], redis_client: redis.Redis) -> None:

@@ -38,6 +38,7 @@ def _snapshot(client: redis.Redis, keys: BreakerKeys) -> list[Any]:
         client.pttl(key) > 0 for key in keys.script_keys]
 
 
+@pytest.mark.keys_without_ttl("it writes foreign keys by hand")
 def test_a_record_that_would_trip_checks_the_history_key_before_writing(
         name: str, redis_client: redis.Redis) -> None:
     keys = BreakerKeys.build(name)
@@ -52,6 +53,7 @@ def test_a_record_that_would_trip_checks_the_history_key_before_writing(
     assert _snapshot(redis_client, keys) == before
 
 
+@pytest.mark.keys_without_ttl("it writes foreign keys by hand")
 def test_a_record_that_would_trip_checks_the_meta_key_before_writing(
         name: str, redis_client: redis.Redis) -> None:
     """Opening writes reason and actor to the meta hash: its type is checked before the
@@ -69,6 +71,7 @@ def test_a_record_that_would_trip_checks_the_meta_key_before_writing(
     assert _snapshot(redis_client, keys) == before
 
 
+@pytest.mark.keys_without_ttl("it writes foreign keys by hand")
 def test_a_foreign_state_key_is_reported_before_anything_is_written(
         name: str, redis_client: redis.Redis) -> None:
     keys = BreakerKeys.build(name)
@@ -83,6 +86,7 @@ def test_a_foreign_state_key_is_reported_before_anything_is_written(
     assert _snapshot(redis_client, keys) == before
 
 
+@pytest.mark.keys_without_ttl("it writes foreign keys by hand")
 def test_the_first_foreign_key_in_keys_order_wins_over_a_later_one(
         name: str, redis_client: redis.Redis) -> None:
     """Foreign meta and history keys: the meta key (earlier in KEYS) is named, as when

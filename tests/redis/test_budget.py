@@ -144,6 +144,7 @@ def test_script_rejects_bad_arguments(redis_client: redis.Redis) -> None:
     assert run_script(redis_client, script, ["k"], ["balance", *good, "1", "5"])[2] == 5
 
 
+@pytest.mark.keys_without_ttl("it writes foreign keys by hand")
 def test_foreign_data_is_a_schema_error(redis_url: str, redis_client: redis.Redis,
                                         name: str) -> None:
     budget = RetryBudget(name, redis=redis_url)

@@ -54,6 +54,7 @@ def test_script_owes_one_wakeup_per_free_permit_with_a_waiter(
         assert 0 < redis_client.pttl(key) <= 3_600_000
 
 
+@pytest.mark.keys_without_ttl("it writes foreign keys by hand")
 def test_foreign_data_raises_schema_error(name: str, redis_url: str, redis_client: redis.Redis,
                                           flavour: Flavour) -> None:
     bulkhead = flavour.bulkhead(name, redis=redis_url)
@@ -70,6 +71,7 @@ def test_foreign_data_raises_schema_error(name: str, redis_url: str, redis_clien
         bulkhead.metrics()
 
 
+@pytest.mark.keys_without_ttl("it writes foreign keys by hand")
 @pytest.mark.parametrize("bad", ["meta", "notify", "leases"])
 def test_foreign_type_is_reported_before_anything_is_written(
         bad: str, name: str, redis_url: str, redis_client: redis.Redis,
@@ -93,6 +95,7 @@ def test_foreign_type_is_reported_before_anything_is_written(
     assert all(redis_client.pttl(getattr(keys, key)) == -1 for key in good)
 
 
+@pytest.mark.keys_without_ttl("it writes foreign keys by hand")
 def test_bad_meta_field_is_reported_before_reaping(name: str, redis_url: str,
                                                   redis_client: redis.Redis,
                                                   flavour: Flavour) -> None:

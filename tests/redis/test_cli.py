@@ -343,6 +343,7 @@ def test_wrong_password_exits_1_without_echoing_it(redis_url: str,
         redis_client.execute_command("ACL", "DELUSER", "cli-user")
 
 
+@pytest.mark.keys_without_ttl("it writes foreign keys by hand")
 def test_wrong_type_key(redis_url: str, redis_client: redis.Redis, name: str) -> None:
     redis_client.hset(BreakerKeys.build(name).state, "state", "v1's layout")
     result = run(redis_url, "show", name)  # shown with the error, the rest read (issue 13)
@@ -431,6 +432,7 @@ def many(redis_client: redis.Redis) -> Iterator[int]:
     yield count
 
 
+@pytest.mark.keys_without_ttl("it writes 10,000 records by hand")
 def test_ls_over_10000_breakers_scans_in_bounded_batches(
         redis_url: str, redis_client: redis.Redis, many: int) -> None:
     """No KEYS: many SCAN steps of a bounded COUNT, so no single command holds Redis for

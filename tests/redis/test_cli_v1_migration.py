@@ -23,6 +23,8 @@ from distbreaker.dashboard.hub import fleet_snapshot
 from tests.helpers.cli import fail, make, run
 from tests.helpers.schema_keys import v1_key, write_v1
 
+pytestmark = pytest.mark.keys_without_ttl("it writes a v1 fleet's keys by hand")
+
 V1_CONFIG = BreakerConfig(sliding_window_size=10, minimum_number_of_calls=4,
                           wait_duration_in_open_state=30.0)
 

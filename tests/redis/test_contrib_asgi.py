@@ -131,3 +131,14 @@ def test_fastapi_with_the_asyncio_registry(redis_url: str) -> None:
         report = client.get("/health/ready")
         assert report.status_code == 200        # the pod keeps serving its own 503s
         assert report.json()["components"]["breaker:payments"]["state"] == "OPEN"
+
+
+def test_a_registry_on_a_wrong_database_serves_every_endpoint(redis_url: str) -> None:
+    """A registry file naming a database the server lacks (issue 23): every endpoint
+    answered 500 (ResponseError: DB index is out of range); now the calls fail open."""
+    wrong = redis_url.rsplit("/", 1)[0] + "/99"
+    registry = Registry.from_dict(CONFIG, redis=wrong, environ={})
+    client = TestClient(_starlette(registry), raise_server_exceptions=False)
+    assert [client.get(path).text for path in ("/pay", "/reserve", "/pay")] == [
+        "paid", "reserved", "paid"]
+    registry.close()

@@ -164,6 +164,7 @@ def test_redis_down_does_not_break_the_scrape(name: str, registry: CollectorRegi
                  to_state="OPEN") == 1
 
 
+@pytest.mark.keys_without_ttl("it writes foreign keys by hand")
 def test_foreign_data_marks_one_name_unreadable(redis_url: str, redis_client: redis.Redis,
                                                 name: str, registry: CollectorRegistry) -> None:
     good = CircuitBreaker(name, redis=redis_url, **CFG)

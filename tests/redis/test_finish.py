@@ -106,6 +106,7 @@ def test_a_failed_attempt_is_recorded_as_a_failure_by_the_merged_call(
 
 
 # -- (2) an error in its place -----------------------------------------------------------
+@pytest.mark.keys_without_ttl("it writes foreign keys by hand")
 def test_a_foreign_budget_key_fails_only_the_deposit(
         name: str, redis_url: str, redis_client: redis.Redis, flavour: Flavour) -> None:
     policy = full_policy(flavour, name, redis_url)
@@ -120,6 +121,7 @@ def test_a_foreign_budget_key_fails_only_the_deposit(
     assert redis_client.get(policy.budget.keys.slices) == b"not a hash"  # not overwritten
 
 
+@pytest.mark.keys_without_ttl("it writes foreign keys by hand")
 def test_a_foreign_leases_key_fails_only_the_release(
         name: str, redis_url: str, redis_client: redis.Redis, flavour: Flavour) -> None:
     policy = full_policy(flavour, name, redis_url)
@@ -138,6 +140,7 @@ def test_a_foreign_leases_key_fails_only_the_release(
     assert redis_client.get(leases) == b"not a zset"
 
 
+@pytest.mark.keys_without_ttl("it writes foreign keys by hand")
 def test_the_finish_script_answers_a_failed_call_in_place(
         name: str, redis_url: str, redis_client: redis.Redis,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -246,6 +249,7 @@ def state_of(client: redis.Redis, keys: list[str]) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.keys_without_ttl("it restores snapshots with RESTORE ttl 0")
 def test_the_eval_form_answers_as_the_function(
         name: str, redis_url: str, redis_client: redis.Redis,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -375,6 +379,7 @@ def test_the_merged_call_runs_as_eval_in_memory_mode(
 
 
 # -- foreign data is final, and spoils no other client's calls ---------------------------
+@pytest.mark.keys_without_ttl("it writes foreign keys by hand")
 def test_foreign_data_met_by_an_attempt_is_not_retried(
         name: str, redis_url: str, redis_client: redis.Redis, flavour: Flavour) -> None:
     """A retry would meet the same data and spend the budget on it (SchemaError is in
@@ -394,6 +399,7 @@ def test_foreign_data_met_by_an_attempt_is_not_retried(
     assert int(redis_client.hget(policy.budget.keys.slices, "W") or 0) == 0  # no retry
 
 
+@pytest.mark.keys_without_ttl("it writes foreign keys by hand")
 def test_an_error_on_one_client_still_sends_the_other_clients_calls(
         name: str, redis_url: str, redis_client: redis.Redis, flavour: Flavour) -> None:
     """Components on two clients: the release (first in order) meets foreign data; the

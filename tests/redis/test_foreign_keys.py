@@ -29,6 +29,8 @@ from distbreaker.dashboard.app import Dashboard, create_app
 from distbreaker.dashboard.hub import fleet_snapshot
 from distbreaker.errors import CallNotPermitted
 
+pytestmark = pytest.mark.keys_without_ttl("its fleet fixture writes foreign keys by hand")
+
 FAST = {"sliding_window_size": 10, "minimum_number_of_calls": 4,
         "failure_rate_threshold": 50, "wait_duration_in_open_state": 30.0,
         "permitted_calls_in_half_open": 2, "key_ttl": 600.0}

@@ -113,6 +113,18 @@ def test_doctor_as_the_documented_worker_passes_and_says_what_it_skipped(
     assert "ok    latency" in out
 
 
+def test_doctor_user_from_an_admin_passes_the_documented_worker(
+        worker_url: str, server: RedisServer) -> None:
+    """ACL DRYRUN of every command as `worker`: only the operator tools' and Ganesha's
+    own commands are missing, and those are warnings with their own fix lines."""
+    code, out = doctor(server.url, "--user", "worker")
+    assert code == 0, out
+    assert "ok    acl: ACL user 'worker' may run all" in out
+    assert "acl-fix" not in out
+    assert "warn  acl-operator: " in out and "; fix: ACL SETUSER worker +get +scan" in out
+    assert "warn  acl-ganesha: " in out and "fix: ACL SETUSER worker ~ganesha_* +get" in out
+
+
 def test_doctor_user_prints_the_line_that_fixes_a_user(server: RedisServer) -> None:
     """The line of an older OPERATIONS.md (no commands the scripts run inside Redis)."""
     admin = redis.Redis(port=server.port)

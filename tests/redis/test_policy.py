@@ -232,6 +232,7 @@ def test_a_locally_rejected_call_costs_no_round_trip_and_deposits_nothing(
     assert reply.deposits == 1
 
 
+@pytest.mark.keys_without_ttl("it writes foreign keys by hand")
 def test_one_failing_reply_in_the_pipeline_does_not_undo_the_others(
         name: str, redis_url: str, redis_client: redis.Redis) -> None:
     from distbreaker.errors import SchemaError

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -230,3 +232,35 @@ def test_the_asyncio_registry_checks_when_awaited(server: RedisServer) -> None:
         finally:
             await registry.aclose()
     asyncio.run(start_up())
+
+
+WORKER = """
+import logging, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(message)s")
+import distbreaker
+url = sys.argv[1]
+breaker = distbreaker.CircuitBreaker("fleet", redis=url, redis_timeout=5.0)
+policy = distbreaker.Policy("fleet-p", redis=url, redis_timeout=5.0,
+                            bulkhead={"max_concurrent_calls": 4})
+ran = sum(breaker.call(lambda: 1) + policy.call(lambda: 1) for _ in range(20))
+print(ran)
+"""
+
+
+def test_worker_processes_on_a_replica_run_every_call_and_log_the_cause_once(
+        server: RedisServer) -> None:
+    """Real processes, as a fleet would run: each runs all its calls and logs the cause
+    once (not once per call or per component)."""
+    admin = redis.Redis(port=server.port)
+    admin.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+    workers = [subprocess.Popen([sys.executable, "-c", WORKER, server.url],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for _ in range(3)]
+    for worker in workers:
+        out, err = worker.communicate(timeout=120)
+        assert worker.returncode == 0, err
+        assert out.strip() == "40"
+        errors = [line for line in err.splitlines() if line.startswith("ERROR")]
+        assert len(errors) == 1 and outages.READ_ONLY.fix in errors[0], err
+    assert admin.dbsize() == 0  # nothing was written: the fleet shared nothing, and knew it
+    admin.close()

@@ -195,3 +195,19 @@ def test_protected_calls_survive_a_failover_and_return_to_redis(
         assert new_primary.info("commandstats")["cmdstat_fcall"]["calls"] >= 1
         assert len(new_primary.function_list(library().name)) == 1
         assert new_primary.info("replication")["role"] == "master"
+
+
+def test_a_plain_url_at_a_sentinels_port_is_an_outage_with_its_fix(
+        sentinel_env: EmbeddedSentinel, name: str) -> None:
+    """redis://<sentinel host>:<sentinel port>: the Sentinel answers, but runs no scripts
+    (issue 23): the call runs (fail_open) and check() says to use a sentinel URL."""
+    from distbreaker import CheckFailed
+    from distbreaker._runtime.outages import NO_SCRIPTS
+
+    url = f"redis://127.0.0.1:{sentinel_env.sentinel_port}/0"
+    breaker = CircuitBreaker(name, redis=url, redis_timeout=5.0)
+    assert breaker.call(lambda: "ran") == "ran"
+    with pytest.raises(CheckFailed) as caught:
+        breaker.check()
+    assert caught.value.cause is NO_SCRIPTS
+    assert "redis+sentinel://" in str(caught.value)
