@@ -31,7 +31,7 @@ class RateLimiterShell(RateLimiterCore):
 
     def __init__(self, name: str, redis: Any = None, config: RateLimiterConfig | None = None,
                  *, prefix: str = DEFAULT_PREFIX, **overrides: Any) -> None:
-        super().__init__(name, config, prefix, overrides)
+        super().__init__(name, config, prefix, overrides, redis)
         self._clients = ProcessClient(redis, self.config.redis_timeout)
 
     @property

@@ -16,7 +16,7 @@ from typing import Any
 
 from .._runtime import forking
 from .._runtime.events import Event, Listeners
-from .._runtime.health import RedisHealth
+from .._runtime.health import shared_health
 from .._runtime.keys import DEFAULT_PREFIX, RateLimiterKeys, validate_name
 from .._runtime.local import LocalScriptRunner
 from .._runtime.options import RedisErrorPolicy, check_int, to_ms, to_seconds
@@ -107,14 +107,17 @@ class RateLimiterCore:
     _client: Any
 
     def __init__(self, name: str, config: RateLimiterConfig | None, prefix: str,
-                 overrides: dict[str, Any]) -> None:
+                 overrides: dict[str, Any], redis: Any = None) -> None:
         self.name = validate_name(name)
         self.config = build_ratelimiter_config(config, overrides)
         self.prefix = prefix or DEFAULT_PREFIX
         self.keys = RateLimiterKeys.build(name, self.prefix)
         self._script = load_script(SCRIPT_NAME)
-        self._health = RedisHealth(self.config.redis_retry_max_backoff)
+        # one health per Redis server of this process: a Policy's parts discover an
+        # outage once
+        self._health = shared_health(redis, self.config.redis_retry_max_backoff)
         self._local = LocalScriptRunner()
+        self._local_keys: set[str] = set()  # the buckets the local fallback decided
         self._timeout = self.config.timeout_duration
         self._keyed: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
@@ -183,6 +186,8 @@ class RateLimiterCore:
             if self.config.on_redis_error is RedisErrorPolicy.FAIL_CLOSED:
                 return Grant(False, -1.0, self.config.limit_for_period, "closed")
             local_args = ["acquire", *self._local_geometry, *args[5:]]
+            with self._lock:
+                self._local_keys.add(keys[0])
             raw = self._local.run(self._script, keys, local_args)
             if raw is None:  # the fallback is still loading: pass, unaccounted
                 return Grant(True, 0.0, self.config.fallback_limit, "none")
@@ -252,8 +257,10 @@ class RateLimiterCore:
                                    rejected_here=self.rejected_here)
 
     def _redis_ok(self) -> None:
-        if self._health.last_error is not None:
-            self._local.reset()
+        if self._local_keys:  # Redis answers again: the fleet's bucket governs
+            with self._lock:
+                used, self._local_keys = sorted(self._local_keys), set()
+            self._local.reset(used)
         self._health.succeeded()
 
     @property

@@ -164,6 +164,7 @@ def test_back_on_redis_after_an_outage(name: str, flavour: Flavour) -> None:
         assert limiter.metrics().calls >= 1
 
 
+@pytest.mark.keys_without_ttl("writes foreign data into the bucket key by hand")
 def test_foreign_data_is_a_schema_error(redis_url: str, redis_client: redis.Redis,
                                         name: str, flavour: Flavour) -> None:
     limiter = flavour.rate_limiter(name, redis_url, redis_timeout=5)
