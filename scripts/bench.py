@@ -342,11 +342,22 @@ RATIOS = {
 }
 
 
+#: Ratios of in-process paths by CPU time (wall-clock calls/s of a path without a
+#: round trip moves with every other program on the machine).
+CPU_RATIOS = {
+    "distbreaker OPEN / OPEN with 1 listener, per CPU-s": ("open", "open_listener"),
+    "distbreaker OPEN / FORCED_OPEN, per CPU-s": ("open", "forced_open"),
+}
+
+
 def ratios(scenarios: list[Scenario]) -> dict[str, float]:
     """Throughput ratios between scenarios (higher: the first is faster)."""
     rate = {scenario.key: scenario.calls_per_second for scenario in scenarios}
-    return {label: round(rate[a] / rate[b], 2) for label, (a, b) in RATIOS.items()
-            if rate.get(a) and rate.get(b)}
+    cpu = {scenario.key: scenario.calls_per_cpu_second for scenario in scenarios}
+    return {**{label: round(rate[a] / rate[b], 2) for label, (a, b) in RATIOS.items()
+               if rate.get(a) and rate.get(b)},
+            **{label: round(cpu[a] / cpu[b], 2) for label, (a, b) in CPU_RATIOS.items()
+               if cpu.get(a) and cpu.get(b)}}
 
 
 def print_table(scenarios: list[Scenario], info: dict[str, Any]) -> None:
@@ -368,9 +379,9 @@ def print_table(scenarios: list[Scenario], info: dict[str, Any]) -> None:
           "top-level: the same counted by the server (INFO commandstats); "
           "server cmds: every command\nRedis ran per call, including those inside Lua scripts; "
           "server us: Redis CPU time per call.")
-    print("\nratios (calls/s):")
+    print("\nratios (calls/s, or calls per CPU-s where said):")
     for label, value in ratios(scenarios).items():
-        print(f"  {label:40} {value:8.2f}x")
+        print(f"  {label:52} {value:8.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
