@@ -101,7 +101,7 @@ local meta_reason, meta_cfg, meta_drift, clear_drift, cfg_store, drift
 local clear_ring, n_count_slots, count_slots_from, time_slot_at, time_slot_values, n_evict
 local clear_probes, probe_add, probe_rem, live_count, undo_bit, undo_value
 local transitions, events, permitted, quorum_mark, quorum_blocked, clear_quorum_marks
-local count_slot_values, evict_from = {}, 0
+local count_slot_values = {}
 -- config rollouts (lua/lib/breaker_rollout.lua): ARGV[2] split into the fingerprint's
 -- text and a hello's worker; the rollout hash's writes; an adoption's reason
 local arg_fp_text, hello_worker, hello_bye, rollout_writes, adopted_why, adopted_deploy
@@ -316,14 +316,19 @@ local function end_override()
 end
 
 -- Sliding window (lua/lib/breaker_window.lua) on this call's state -------------------
--- Time window: the seconds that passed leave it (their slots are zeroed at the end).
+-- Time window: the seconds that passed leave it (their slots no longer count).
 local function evict_time_buckets()
   local sec = floor(now / 1000)
   if window_sec == sec then return end
-  local whole
-  whole, calls, failures, slow, total_ms, evict_from, n_evict = evict_time(
+  local whole, zero
+  whole, zero, calls, failures, slow, total_ms, n_evict = evict_time(
     K_STATE, sec, window_sec, window_size, calls, failures, slow, total_ms)
-  if whole then clear_window() end
+  if whole then
+    clear_window()
+    -- after a gap longer than the window every slot holds a second that no longer
+    -- counts: nothing to zero (after the clock went back, some would count again)
+    if not zero then clear_ring = false end
+  end
   window_sec, dirty_window = sec, true
 end
 
@@ -356,7 +361,7 @@ local function record_window(ok, fails, slows, ms)
   if ok + fails <= 0 then return end
   if window_type == 0 then return record_count(ok, fails, slows, ms) end
   time_slot_at, time_slot_values = record_time(
-    K_STATE, now, window_size, clear_ring, n_evict, ok + fails, fails, slows, ms)
+    K_STATE, now, window_size, clear_ring, ok + fails, fails, slows, ms)
   calls, failures, slow, total_ms = calls + ok + fails, failures + fails, slow + slows,
                                     total_ms + ms
   dirty_window = true
@@ -590,9 +595,8 @@ local function write_record()
                                                calls_total, failures_total))
     if refused then return refused end
   end
-  write_window(K_STATE, clear_ring and exists, window_type, window_size, evict_from, n_evict,
-               time_slot_at, time_slot_values, n_count_slots, count_slots_from,
-               count_slot_values)
+  write_window(K_STATE, clear_ring and exists, window_type, window_size, time_slot_at,
+               time_slot_values, n_count_slots, count_slots_from, count_slot_values)
   return nil
 end
 
@@ -665,7 +669,7 @@ local function write_others(refresh)
   end
   if probe_add and (live_count or 0) == 0 then rcall('PEXPIRE', K_PROBES, int(ttl_ms)) end
   -- (a stored config too: the first worker after an operator made the record creates meta)
-  if meta_reason or meta_drift or meta_cfg then rcall('PEXPIRE', K_META, ttl_ms) end
+  if meta_reason or meta_drift or meta_cfg then rcall('PEXPIRE', K_META, int(ttl_ms)) end
   return ttl_ms
 end
 

@@ -196,6 +196,21 @@ def ping(url: str) -> Scenario:
     return Scenario("ping", "raw PING (redis-py)", counting_client(url).ping)
 
 
+def raw_get(url: str) -> Scenario:
+    client = counting_client(url)
+    return Scenario("get", "raw GET (redis-py)", lambda: client.get("bench-missing-key"))
+
+
+def raw_record(url: str, name: str) -> Scenario:
+    """The exact CLOSED record's own script call (captured from the wire), sent by plain
+    redis-py: what the call costs without distbreaker's Python around it."""
+    wire = bench_redis_cost.record_wire(bench_redis_cost.exact_closed(
+        bench_redis_cost.counting_client(url), name))
+    client = counting_client(url)
+    return Scenario("raw_record", "raw FCALL of the CLOSED record",
+                    lambda: client.execute_command(*wire))
+
+
 def closed(url: str, name: str) -> Scenario:
     breaker = CircuitBreaker(name, redis=counting_client(url))
     breaker.reset()
@@ -306,7 +321,8 @@ def run(url: str, seconds: float, calls: int | None, rounds: int) -> list[Scenar
     admin = redis.Redis.from_url(url)
     tag = f"bench-{os.getpid()}-{secrets.token_hex(3)}"
     try:
-        scenarios = [ping(url), closed(url, f"{tag}-closed"), opened(url, f"{tag}-open"),
+        scenarios = [ping(url), raw_get(url), raw_record(url, f"{tag}-raw"),
+                     closed(url, f"{tag}-closed"), opened(url, f"{tag}-open"),
                      rejecting(url, f"{tag}-open-listener", listener=True),
                      rejecting(url, f"{tag}-forced", forced=True),
                      half_open(url, f"{tag}-half"), *pybreaker_scenarios(url, tag),
@@ -342,11 +358,24 @@ RATIOS = {
 }
 
 
+#: Ratios of in-process paths by CPU time (wall-clock calls/s of a path without a
+#: round trip moves with every other program on the machine).
+CPU_RATIOS = {
+    "distbreaker CLOSED / raw GET, per CPU-s": ("closed", "get"),
+    "distbreaker CLOSED / raw FCALL of its call, per CPU-s": ("closed", "raw_record"),
+    "distbreaker OPEN / OPEN with 1 listener, per CPU-s": ("open", "open_listener"),
+    "distbreaker OPEN / FORCED_OPEN, per CPU-s": ("open", "forced_open"),
+}
+
+
 def ratios(scenarios: list[Scenario]) -> dict[str, float]:
     """Throughput ratios between scenarios (higher: the first is faster)."""
     rate = {scenario.key: scenario.calls_per_second for scenario in scenarios}
-    return {label: round(rate[a] / rate[b], 2) for label, (a, b) in RATIOS.items()
-            if rate.get(a) and rate.get(b)}
+    cpu = {scenario.key: scenario.calls_per_cpu_second for scenario in scenarios}
+    return {**{label: round(rate[a] / rate[b], 2) for label, (a, b) in RATIOS.items()
+               if rate.get(a) and rate.get(b)},
+            **{label: round(cpu[a] / cpu[b], 2) for label, (a, b) in CPU_RATIOS.items()
+               if cpu.get(a) and cpu.get(b)}}
 
 
 def print_table(scenarios: list[Scenario], info: dict[str, Any]) -> None:
@@ -368,9 +397,9 @@ def print_table(scenarios: list[Scenario], info: dict[str, Any]) -> None:
           "top-level: the same counted by the server (INFO commandstats); "
           "server cmds: every command\nRedis ran per call, including those inside Lua scripts; "
           "server us: Redis CPU time per call.")
-    print("\nratios (calls/s):")
+    print("\nratios (calls/s, or calls per CPU-s where said):")
     for label, value in ratios(scenarios).items():
-        print(f"  {label:40} {value:8.2f}x")
+        print(f"  {label:52} {value:8.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -239,10 +239,11 @@ def steady_long_window(client: redis.Redis, name: str) -> CostScenario:
                         lambda: breaker.call(ok))
 
 
-def age_time_record(client: redis.Redis, key: str, gap: int) -> None:
+def age_time_record(client: redis.Redis, key: str, gap: int, ttl_due: bool = True) -> None:
     """Rewrite a TIME record as if its last call was `gap` seconds ago, after a window
     whose every second saw 10 successful calls of 5 ms (the most there is to evict);
-    its TTL refresh is as old as that last call, as it would be."""
+    its TTL refresh is as old as that last call, as it would be (`ttl_due`), or just
+    made (to count the window's part alone)."""
     from distbreaker._runtime.state_record import WINDOW_OFFSET, encode_fields
 
     data = client.get(key)
@@ -253,13 +254,13 @@ def age_time_record(client: redis.Redis, key: str, gap: int) -> None:
     slots = bytearray()
     for i in range(size):
         slots += struct.pack(">5I", last - (last - i) % size, 10, 0, 0, 50)
-    header = encode_fields(data, wsec=last, ttl_at=last * 1000, calls=10 * size, failures=0,
-                           slow=0, total_ms=50 * size)
+    header = encode_fields(data, wsec=last, ttl_at=(last if ttl_due else int(seconds)) * 1000,
+                           calls=10 * size, failures=0, slow=0, total_ms=50 * size)
     client.set(key, header[:WINDOW_OFFSET] + bytes(slots), keepttl=True)
 
 
 def idle_long_window(client: redis.Redis, name: str, gap: int, label: str,
-                     calls: int) -> CostScenario:
+                     calls: int, ttl_due: bool = True) -> CostScenario:
     """The first call on a TIME-3600 breaker after an idle `gap`: each call of a batch
     is made on its own breaker, every one aged by `prepare` (outside the measurement)."""
     pool = [time_breaker(client, f"{name}-{i}") for i in range(max(calls, WARM_UP_CALLS))]
@@ -273,7 +274,7 @@ def idle_long_window(client: redis.Redis, name: str, gap: int, label: str,
                 breaker.call(ok)
             made = True
         for breaker in pool:
-            age_time_record(client, breaker.keys.state, gap)
+            age_time_record(client, breaker.keys.state, gap, ttl_due)
         turn = 0
 
     def call() -> None:
@@ -281,7 +282,11 @@ def idle_long_window(client: redis.Redis, name: str, gap: int, label: str,
         pool[turn % len(pool)].call(ok)
         turn += 1
 
-    return CostScenario(f"closed_time_idle_{gap}", f"TIME window of 3,600 s, first call {label}",
+    if ttl_due:
+        return CostScenario(f"closed_time_idle_{gap}",
+                            f"TIME window of 3,600 s, first call {label}", call, prepare=prepare)
+    return CostScenario(f"closed_time_idle_{gap}_no_ttl",
+                        f"TIME window of 3,600 s, first call {label}, no TTL refresh due",
                         call, prepare=prepare)
 
 
@@ -410,6 +415,8 @@ def build_scenarios(url: str, tag: str, calls: int = DEFAULT_CALLS) -> list[Cost
             steady_long_window(client, f"{tag}-time3600"),
             *(idle_long_window(client, f"{tag}-idle{gap}", gap, label, calls)
               for gap, label in IDLE_GAPS),
+            idle_long_window(client, f"{tag}-idle-fresh", IDLE_GAPS[0][0], IDLE_GAPS[0][1],
+                             calls, ttl_due=False),
             half_open_probe(client, f"{tag}-half"), open_fast_fail(client, f"{tag}-open"),
             *(batched_closed(client, f"{tag}-batched-{k}", k) for k in BATCH_SIZES),
             policy_attempt(client, f"{tag}-policy"),

@@ -3,8 +3,9 @@
 for docs/OPERATIONS.md.
 
 Usage: python scripts/measure_memory.py [REDIS_URL] [--window N] [--trips N]
-[--transitions N] [--json] (default: an embedded redis-server, a window of 100, 10
-trips, 1,000 transitions).
+[--transitions N] [--fleet N] [--json] (default: an embedded redis-server, a window of
+100, 10 trips, 1,000 transitions; --fleet N adds `used_memory` per breaker over N new
+breakers).
 
 Every key of the breaker's key schema (`BreakerKeys`, the pub/sub channel aside) is
 measured, so a key added to or renamed in the schema is measured too, not missed; the
@@ -45,7 +46,22 @@ def component_row(client: redis.Redis, rows: list[dict[str, Any]], what: str,
     rows.append({"breaker": what, "keys": sizes, "bytes": sum(sizes.values())})
 
 
-def measure(url: str, window: int, trips: int, transitions: int = 1000) -> list[dict[str, Any]]:
+def fleet_row(client: redis.Redis, url: str, window: int, count: int) -> dict[str, Any]:
+    """`used_memory` per breaker over `count` new breakers (one call each): what Redis
+    really spends, with the keyspace's own entries and each key's TTL entry."""
+    before = int(client.info("memory")["used_memory"])
+    for i in range(count):
+        breaker = CircuitBreaker(f"mem-fleet-{i}", redis=url, sliding_window_size=window,
+                                 subscribe=False)
+        breaker.call(lambda: None)
+        breaker.close()
+    after = int(client.info("memory")["used_memory"])
+    return {"breaker": f"{count:,} COUNT-{window} breakers, used_memory per breaker",
+            "keys": {}, "bytes": round((after - before) / count)}
+
+
+def measure(url: str, window: int, trips: int, transitions: int = 1000,
+            fleet: int = 0) -> list[dict[str, Any]]:
     """One row per shape: what it is, its keys' bytes and their total."""
     client = redis.Redis.from_url(url)
     rows = []
@@ -105,6 +121,8 @@ def measure(url: str, window: int, trips: int, transitions: int = 1000) -> list[
         policy.call(lambda: None)
         component_row(client, rows, "Policy (breaker + bulkhead + budget), one call",
                       "mem-policy")
+        if fleet:
+            rows.append(fleet_row(client, url, window, fleet))
         for part in (policy.breaker, policy.bulkhead, policy.budget):
             if part is not None:
                 part.close()
@@ -122,6 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trips", type=int, default=10, help="trip/reset cycles")
     parser.add_argument("--transitions", type=int, default=1000,
                         help="trips and resets of the churned breaker")
+    parser.add_argument("--fleet", type=int, default=0,
+                        help="also create this many breakers and report used_memory per one")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
     server = None
@@ -130,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server = RedisServer().start()
         url = server.url
     try:
-        rows = measure(url, args.window, args.trips, args.transitions)
+        rows = measure(url, args.window, args.trips, args.transitions, args.fleet)
     finally:
         if server is not None:
             server.stop()
@@ -141,7 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         detail = ", ".join(f"{k} {v}" for k, v in r["keys"].items())
         record = (f"; record {r['record_content']} B of content, x{r['record_ratio']}"
                   if r.get("record_content") else "")
-        print(f"{r['breaker']:50s} {r['bytes']:6d} bytes  ({detail}{record})")
+        keys = f"  ({detail}{record})" if detail else ""
+        print(f"{r['breaker']:50s} {r['bytes']:6d} bytes{keys}")
     return 0
 
 

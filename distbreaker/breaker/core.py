@@ -248,15 +248,31 @@ def config_fingerprint(wire: str) -> int:
     return int(hashlib.sha1(wire.encode()).hexdigest()[:12], 16)
 
 
+#: The short reply's Reply fields but state, now_ms and since_ms (every other default).
+_SHORT_REPLY: dict[str, Any] = {
+    **{f.name: f.default for f in dataclasses.fields(Reply)
+       if f.default is not dataclasses.MISSING},
+    "wait_ms": 0, "permitted": True, "transitions": (), "calls": 0, "failures": 0, "slow": 0,
+    "total_ms": 0, "rejected": 0, "drift": False, "stored_config": "", "probes_in_flight": 0}
+#: A state's wire text (str or bytes, per client settings) to the State.
+_STATE_OF: dict[Any, State] = {**{s.value: s for s in State},
+                               **{s.value.encode(): s for s in State}}
+_new_object = object.__new__
+
+
 def decode_reply(raw: Sequence[Any]) -> Reply:
     """Decode the breaker script's reply array (bytes or str, per client settings): the
     full reply, or the short one {state, now_ms, since_ms} of a record that changed
     nothing a worker must know."""
     if len(raw) == 3:
-        return Reply(state=State(text(raw[0])), wait_ms=0, permitted=True, transitions=(),
-                     calls=0, failures=0, slow=0, total_ms=0, rejected=0, drift=False,
-                     stored_config="", now_ms=int(raw[1]), since_ms=int(raw[2]),
-                     probes_in_flight=0)
+        # the reply of every usual record: built with one dict update, not the frozen
+        # dataclass's object.__setattr__ per field (a third of the cost), equal to
+        # Reply(state=..., now_ms=..., since_ms=..., <the _SHORT_REPLY values>)
+        state = _STATE_OF.get(raw[0]) or State(text(raw[0]))
+        reply = _new_object(Reply)
+        reply.__dict__.update(_SHORT_REPLY, state=state, now_ms=int(raw[1]),
+                              since_ms=int(raw[2]))
+        return reply
     transitions = tuple((State(text(t[0])), State(text(t[1])), text(t[2])) for t in raw[3])
     return Reply(
         state=State(text(raw[0])), wait_ms=int(raw[1]), permitted=bool(int(raw[2])),

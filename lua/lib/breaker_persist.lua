@@ -93,11 +93,14 @@ local function write_probes(key, clear, add, rem, now, lease_ms)
 end
 
 -- The TTL of every key but the history: key_ttl, or until key_ttl past a later end
--- (`held`: an override, a long OPEN wait); answers that TTL, which the caller gives
--- the history after its XADD (a first event creates the stream).
+-- (`held`: an override, a long OPEN wait); answers that TTL (as the decimal string),
+-- which the caller gives the history after its XADD (a first event creates the stream).
 local function refresh_ttls(state_key, meta_key, probes_key, now, ttl_ms, held)
   local keep = ttl_ms
   if held > now then keep = max(ttl_ms, held - now + ttl_ms) end
+  -- formatted once, as an integer (a number argument is formatted by Lua's %.14g for
+  -- each command, several times the cost)
+  keep = int(keep)
   rcall('PEXPIRE', state_key, keep)
   rcall('PEXPIRE', meta_key, keep)
   rcall('PEXPIRE', probes_key, keep)

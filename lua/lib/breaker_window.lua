@@ -9,7 +9,8 @@
 -- Time window: slot s (epoch second % size) is 5 u32 at byte WIN + 20 * slot:
 -- second, calls, failures, slow, ms.
 local floor, min, max = math.floor, math.min, math.max
-local rcall, pcall_, rep, sub = redis.call, redis.pcall, string.rep, string.sub
+local rcall, pcall_, rep, sub, byte = redis.call, redis.pcall, string.rep, string.sub,
+                                     string.byte
 local layout = record_layout
 local WIN, COUNT_SLOT, TIME_SLOT = layout.WINDOW_AT, layout.COUNT_SLOT_BYTES,
                                    layout.TIME_SLOT_BYTES
@@ -61,84 +62,100 @@ local function zeros(n)
 end
 
 -- Time window eviction: the fields calls, failures, slow, ms (2-5 of each slot)
--- summed over the `count` slots of the string s. Blocks of zero slots (seconds
--- without calls) are skipped by one comparison with a kept string of zeros: Lua
--- strings are interned, so the block's `sub` finds that string (no allocation) and
--- the comparison is of two pointers. Other slots are decoded one by one, without
--- tables.
+-- summed over the `count` slots of the string s whose second (field 1) is the one
+-- expected there: `expect` for the first, one more for each next; a slot holding
+-- another second is stale (left by an earlier gap: eviction does not zero slots)
+-- and counts nothing. Blocks of zero slots (never used, or cleared) are skipped by
+-- one comparison with a kept string of zeros: Lua strings are interned, so the
+-- block's `sub` finds that string (no allocation) and the comparison is of two
+-- pointers. Other slots are decoded one by one, without tables. Answers the sums
+-- and the second expected next.
 local BLOCK = 64
 local ZERO_BLOCK = rep('\0', TIME_SLOT * BLOCK)
 local SLOT_FORMAT = '>I4I4I4I4I4'
-local function sum_run(s, count, c, f, sl, ms)
+local function sum_run(s, count, expect, c, f, sl, ms)
   if #s < count * TIME_SLOT then s = s .. rep('\0', count * TIME_SLOT - #s) end
   local pos = 1
   while count > 0 do
     local k = min(count, BLOCK)
     local bytes = k * TIME_SLOT
-    if k < BLOCK or sub(s, pos, pos + bytes - 1) ~= ZERO_BLOCK then
+    -- (a block whose first slot holds a second is busy: no copy made to compare it)
+    if k < BLOCK or byte(s, pos + 3) ~= 0 or byte(s, pos + 2) ~= 0
+        or sub(s, pos, pos + bytes - 1) ~= ZERO_BLOCK then
+      local t = expect
       for at = pos, pos + bytes - 1, TIME_SLOT do
         if packer then
-          local _, n, nf, ns, nms = packer.unpack(SLOT_FORMAT, s, at)
-          c, f, sl, ms = c + n, f + nf, sl + ns, ms + nms
+          local second, n, nf, ns, nms = packer.unpack(SLOT_FORMAT, s, at)
+          if second == t then c, f, sl, ms = c + n, f + nf, sl + ns, ms + nms end
         else
           local v = decode(s, 5, 4, at)
-          c, f, sl, ms = c + v[2], f + v[3], sl + v[4], ms + v[5]
+          if v[1] == t then c, f, sl, ms = c + v[2], f + v[3], sl + v[4], ms + v[5] end
         end
+        t = t + 1
       end
     end
-    pos, count = pos + bytes, count - k
+    pos, count, expect = pos + bytes, count - k, expect + k
   end
-  return c, f, sl, ms
+  return c, f, sl, ms, expect
 end
 
-local function sum_slots(key, first, count, window_size)
+-- The sums of `count` slots from slot `first` (wrapping), the first expected to
+-- hold second `expect`: one GETRANGE, two when the run wraps.
+local function sum_slots(key, first, count, expect, window_size)
   local tail = min(count, window_size - first)
   local at = WIN + TIME_SLOT * first
-  local c, f, sl, ms = sum_run(rcall('GETRANGE', key, int(at), int(at + TIME_SLOT * tail - 1)),
-                               tail, 0, 0, 0, 0)
+  local c, f, sl, ms
+  c, f, sl, ms, expect = sum_run(rcall('GETRANGE', key, int(at),
+                                       int(at + TIME_SLOT * tail - 1)),
+                                 tail, expect, 0, 0, 0, 0)
   if count > tail then
     c, f, sl, ms = sum_run(rcall('GETRANGE', key, int(WIN),
                                  int(WIN + TIME_SLOT * (count - tail) - 1)),
-                           count - tail, c, f, sl, ms)
+                           count - tail, expect, c, f, sl, ms)
   end
   return c, f, sl, ms
 end
 
--- Time window: the seconds in (window_sec, sec] leave it: the slots of that run
--- (from slot (window_sec + 1) % size, wrapping; the last one is this second's) are
--- zeroed when the record is written, in one SETRANGE (two when the ring wraps).
--- The totals lose what those slots held: read in one GETRANGE (two when it wraps),
--- or, when the run is the larger part of the ring, the totals are the sum of the
--- slots that stay. So any gap reads at most half the ring and writes one run, and
--- idle seconds cost next to nothing (sum_run). Answers true when the whole window is
--- to be cleared (the gap is >= the window, or the clock went back); else false, the
--- totals and the evicted run's first slot and length (length 0 when the window held
--- nothing: its slots hold no counts, a stale second is recognised by its second).
+-- Time window: the seconds in (window_sec, sec] leave it. Nothing is zeroed: a slot
+-- counts only while it holds a second of the window (the totals are the sum of those
+-- slots), so the slots of seconds that left are simply no longer counted, and
+-- this second's slot starts afresh when it holds another second. The totals lose
+-- what the run of evicted seconds held (their slots, from slot (window_sec + 1) %
+-- size, hold seconds window_sec + 1 - size ...): read in one GETRANGE (two when it
+-- wraps), or, when that run is the larger part of the ring, the totals are the sum
+-- of the slots that stay. So any gap reads at most half the ring, writes nothing
+-- but this second's slot, and idle seconds cost next to nothing (sum_run).
+-- Answers whether the whole window restarts (the gap is >= the window, or the
+-- clock went back), whether its ring must then be zeroed (the clock went back:
+-- slots of seconds ahead of it would count again), the totals and the number of
+-- seconds that left (0: none, or nothing was counted).
 local function evict_time(key, sec, window_sec, window_size, calls, failures, slow, total_ms)
-  if window_sec == 0 or sec - window_sec >= window_size or sec < window_sec then
-    return calls ~= 0 or window_sec ~= 0, calls, failures, slow, total_ms, 0, 0
+  if sec < window_sec then return true, true, 0, 0, 0, 0, 0 end
+  if window_sec == 0 or sec - window_sec >= window_size then
+    return calls ~= 0 or window_sec ~= 0, false, 0, 0, 0, 0, 0
   end
-  if calls <= 0 then return false, calls, failures, slow, total_ms, 0, 0 end
+  if calls <= 0 then return false, false, calls, failures, slow, total_ms, 0 end
   local gap = sec - window_sec
-  local first = (window_sec + 1) % window_size
   if gap * 2 <= window_size then
-    local c, f, sl, ms = sum_slots(key, first, gap, window_size)
+    local c, f, sl, ms = sum_slots(key, (window_sec + 1) % window_size, gap,
+                                   window_sec + 1 - window_size, window_size)
     calls, failures, slow, total_ms = calls - c, failures - f, slow - sl, total_ms - ms
   else
     calls, failures, slow, total_ms = sum_slots(key, (sec + 1) % window_size,
-                                                window_size - gap, window_size)
+                                                window_size - gap, sec + 1 - window_size,
+                                                window_size)
   end
-  return false, calls, failures, slow, total_ms, first, gap
+  return false, false, calls, failures, slow, total_ms, gap
 end
 
 -- Time window record: this second's slot with the outcomes added (read first unless
--- cleared or evicted by this call, in which case it starts from zero: an evicted run
--- ends with this second's slot); answers its offset and its 5 values.
-local function record_time(key, now, window_size, cleared, n_evict, n, fails, slows, ms)
+-- the ring was cleared by this call; a slot holding another second starts from zero);
+-- answers its offset and its 5 values.
+local function record_time(key, now, window_size, cleared, n, fails, slows, ms)
   local sec = floor(now / 1000)
   local off = WIN + TIME_SLOT * (sec % window_size)
   local cur
-  if cleared or n_evict > 0 then
+  if cleared then
     cur = {sec, 0, 0, 0, 0}
   else
     cur = read_bytes(key, off, 5, 4)
@@ -213,17 +230,10 @@ local function record_many(key, head, window_size, ok, fails, slows, ms, values)
   return k, head, dn, df, ds, dms
 end
 
--- The time window's writes: the ring cleared whole, or the evicted run zeroed (one
--- SETRANGE, two when the run wraps; its last slot is this second's), both with kept
--- zero strings; then this second's slot.
-local function write_time(key, whole, window_size, evict_from, n_evict, slot_at, slot_values)
-  if whole then
-    rcall('SETRANGE', key, WIN, zeros(TIME_SLOT * window_size))
-  elseif n_evict > 0 then
-    local tail = min(n_evict, window_size - evict_from)
-    rcall('SETRANGE', key, int(WIN + TIME_SLOT * evict_from), zeros(TIME_SLOT * tail))
-    if n_evict > tail then rcall('SETRANGE', key, WIN, zeros(TIME_SLOT * (n_evict - tail))) end
-  end
+-- The time window's writes: the ring zeroed whole (a kept zero string: one copy)
+-- when it restarts with slots that would count again, then this second's slot.
+local function write_time(key, whole, window_size, slot_at, slot_values)
+  if whole then rcall('SETRANGE', key, WIN, zeros(TIME_SLOT * window_size)) end
   if slot_at then rcall('SETRANGE', key, int(slot_at), encode(slot_values, 1, 5, 4)) end
 end
 
@@ -231,11 +241,10 @@ end
 -- window cleared whole (a new record is created at full length by the caller, so
 -- record_one's BITFIELD SET never grows the string: its undo could not shrink it
 -- back), then its slots (from slot `from`, wrapping).
-local function write(key, whole, window_type, window_size, evict_from, n_evict, time_slot_at,
-                     time_slot_values, n_count_slots, from, values)
+local function write(key, whole, window_type, window_size, time_slot_at, time_slot_values,
+                     n_count_slots, from, values)
   if window_type ~= 0 then
-    return write_time(key, whole, window_size, evict_from, n_evict, time_slot_at,
-                      time_slot_values)
+    return write_time(key, whole, window_size, time_slot_at, time_slot_values)
   end
   if whole then rcall('SETRANGE', key, WIN, zeros(COUNT_SLOT * window_size)) end
   if n_count_slots > 0 then

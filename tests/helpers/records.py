@@ -61,11 +61,13 @@ def corrupt(client: Any, keys: BreakerKeys, **fields: int) -> None:
 
 
 def age_time_window(client: Any, keys: BreakerKeys, gap: int, per_second: int = 10,
-                    ms: int = 50) -> None:
+                    ms: int = 50, every: int = 1) -> int:
     """Rewrite a TIME window's record as if its last call was `gap` seconds ago (by the
     server's clock), after a window whose every second saw `per_second` successful
     calls taking `ms` in all: the most a first call after that gap has to evict.
-    Keeps the TTL; the TTL refresh is as old as that last call."""
+    With `every` > 1 only the seconds divisible by it saw calls (the other slots are
+    zero bytes, never used). Keeps the TTL; the TTL refresh is as old as that last
+    call. Answers the epoch second of that last call."""
     import struct
 
     from distbreaker._runtime.state_record import WINDOW_OFFSET
@@ -76,8 +78,12 @@ def age_time_window(client: Any, keys: BreakerKeys, gap: int, per_second: int = 
     size = decode_record(data)["window_size"]
     seconds, _ = raw.time()
     last = int(seconds) - gap
-    slots = b"".join(struct.pack(">5I", last - (last - i) % size, per_second, 0, 0, ms)
-                     for i in range(size))
-    header = encode_fields(data, wsec=last, ttl_at=last * 1000, calls=per_second * size,
-                           failures=0, slow=0, total_ms=ms * size)
+    seconds_of = [last - (last - i) % size for i in range(size)]
+    busy = [t % every == 0 for t in seconds_of]
+    slots = b"".join(struct.pack(">5I", t, per_second, 0, 0, ms) if used else bytes(20)
+                     for t, used in zip(seconds_of, busy, strict=True))
+    n = sum(busy)
+    header = encode_fields(data, wsec=last, ttl_at=last * 1000, calls=per_second * n,
+                           failures=0, slow=0, total_ms=ms * n)
     raw.set(keys.state, header[:WINDOW_OFFSET] + slots, keepttl=True)
+    return last

@@ -56,6 +56,14 @@ def test_measures_every_key_of_each_breaker_shape(redis_url: str,
     assert bigger["keys"]["state"] > idle["keys"]["state"]
 
 
+def test_fleet_row_reports_used_memory_per_breaker(redis_url: str) -> None:
+    done = measure(redis_url, "--window", "10", "--fleet", "50", "--json")
+    assert done.returncode == 0, done.stderr
+    fleet = json.loads(done.stdout)[-1]
+    assert fleet["breaker"] == "50 COUNT-10 breakers, used_memory per breaker"
+    assert fleet["bytes"] > 0
+
+
 def test_prints_one_line_per_breaker(redis_url: str) -> None:
     done = measure(redis_url, "--window", "10")
     assert done.returncode == 0, done.stderr
