@@ -33,9 +33,12 @@ from distbreaker.demo.embedded import RedisServer
 
 
 def key_sizes(client: redis.Redis, keys: BreakerKeys) -> dict[str, int]:
-    """Bytes of each of the breaker's keys (0: the key does not exist)."""
-    return {field.name: int(client.memory_usage(getattr(keys, field.name)) or 0)
-            for field in dataclasses.fields(keys) if field.name != "channel"}
+    """Bytes of each of the breaker's keys (0: the key does not exist), with the config
+    rollout hash its workers' hellos write (`<state key>:cfgs`, not in BreakerKeys)."""
+    sizes = {field.name: int(client.memory_usage(getattr(keys, field.name)) or 0)
+             for field in dataclasses.fields(keys) if field.name != "channel"}
+    sizes["rollout"] = int(client.memory_usage(keys.state + ":cfgs") or 0)
+    return sizes
 
 
 def component_row(client: redis.Redis, rows: list[dict[str, Any]], what: str,

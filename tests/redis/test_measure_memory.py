@@ -34,7 +34,8 @@ def test_measures_every_key_of_each_breaker_shape(redis_url: str,
         "COUNT window of 10, idle (full window)", "TIME window of 60 s, one call",
         "COUNT 10, tripped, 5 history entries", "COUNT 10, after 200 transitions"]
     for row in (idle, timed, tripped, churned):
-        assert set(row["keys"]) == {"state", "meta", "probes", "history"}
+        assert set(row["keys"]) == {"state", "meta", "probes", "history", "rollout"}
+        assert row["keys"]["rollout"] > 0  # the first call's hello
         assert row["bytes"] == sum(row["keys"].values())
         assert row["keys"]["state"] > 0 and row["keys"]["meta"] > 0
         assert row["keys"]["probes"] == 0  # no probe in flight
@@ -48,7 +49,8 @@ def test_measures_every_key_of_each_breaker_shape(redis_url: str,
         assert row["keys"]["state"] - row["record_content"] < 160, row
     assert [list(r["keys"]) for r in (bulkhead, budget)] == [
         ["distbreaker:v2:{mem-bulkhead}:bh:meta"], ["distbreaker:v2:{mem-budget}:rb"]]
-    assert {k.split(":", 3)[3] for k in policy["keys"]} == {"bh:meta", "cb", "cb:meta", "rb"}
+    assert {k.split(":", 3)[3] for k in policy["keys"]} == {"bh:meta", "cb", "cb:cfgs",
+                                                           "cb:meta", "rb"}
     assert all(v > 0 for r in (bulkhead, budget, policy) for v in r["keys"].values())
     # A bigger window is a bigger state record.
     redis_client.flushall()
