@@ -61,13 +61,16 @@ def test_a_standing_queue_never_becomes_the_reference(name: str,
     meta = _report(redis_client, keys, wire, 40)           # 4x: far above, a fast cut
     assert float(meta["a_limit"]) == 20.0                   # x max(0.5, 10 / 40)
     assert meta["a_why"] == "latency far above the no-load level"
-    limits = []
-    for _ in range(8):                                      # a queue that stays: 12 ms
-        meta = _report(redis_client, keys, wire, 12)
-        limits.append(float(meta["a_limit"]))
+    limits, probed = [], False
+    for _ in range(8):   # a queue that stays (12 ms), and drains at half the limit (probe)
+        probing = float(meta["a_saved"]) > 0
+        probed = probed or probing
+        meta = _report(redis_client, keys, wire, 10 if probing else 12)
+        if not probing and float(meta["a_saved"]) == 0:
+            limits.append(float(meta["a_limit"]))
         assert float(meta["a_rtt_l"]) == 10.0               # the reference is kept
-    assert limits == sorted(limits, reverse=True) and limits[-1] < limits[0]
-    assert meta["a_why"] == "latency above the no-load level"
+    assert probed        # slow start ended: a probe came five windows later
+    assert limits[-1] < limits[0] and meta["a_why"] == "latency above the no-load level"
 
 
 def test_the_latency_target_is_never_traded_away(name: str,
@@ -109,4 +112,5 @@ def test_after_a_429_the_limit_follows_the_429s_not_the_latency(
     limit = float(meta["a_limit"])
     for _ in range(3):   # latency above the reference, within the tolerance: no cut
         meta = _report(redis_client, keys, wire, 13)
-        assert float(meta["a_limit"]) >= limit
+        # (a probe may halve it for one window: the limit it restores counts)
+        assert max(float(meta["a_limit"]), float(meta["a_saved"])) >= limit

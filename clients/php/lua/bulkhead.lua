@@ -232,7 +232,8 @@ local function close_window(st, p, rtt, in_use, now)
   local previous = st.rtt_s
   st.rtt_s = rtt
   local starting = st.dec <= 0               -- slow start: nothing cut the limit yet
-  if st.saved > 0 then                      -- a probe ends: the reference re-measured
+  local measured = st.saved > 0
+  if measured then                          -- a probe ends: the reference re-measured
     st.ref, st.limit, st.saved = rtt, st.saved, 0
     st.probe, st.why = now + p.probe, 'no-load latency re-measured'
   elseif st.ref <= 0 then
@@ -247,7 +248,7 @@ local function close_window(st, p, rtt, in_use, now)
   -- after a cut or at a probe the next window opens once the calls of the old limit
   -- had time to leave the dependency's queue (reports before then count nowhere)
   local settle = math.floor(math.min(rtt, 4 * st.ref))
-  if st.saved > 0 or st.why == 'no-load latency re-measured' then
+  if st.saved > 0 or measured then
     st.ws, st.wn, st.wsum = now + (st.saved > 0 and settle or 0), 0, 0
     return
   end
@@ -283,6 +284,11 @@ local function close_window(st, p, rtt, in_use, now)
       st.limit = st.limit * (1 + 0.05 * (st.streak - 2))   -- came back, find it sooner
     end
     st.why = 'latency at the no-load level: growing'
+  end
+  if starting and st.dec == now then
+    -- slow start ended: its windows, averaged into the reference, may have held a queue
+    -- at the end; a probe soon (five windows) measures it clean
+    st.probe = math.min(st.probe, now + 5 * p.window)
   end
   st.ws, st.wn, st.wsum = now + (st.dec == now and settle or 0), 0, 0
 end
