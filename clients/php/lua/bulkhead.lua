@@ -234,7 +234,8 @@ local function close_window(st, p, rtt, in_use, now)
   local starting = st.dec <= 0               -- slow start: nothing cut the limit yet
   local measured = st.saved > 0
   if measured then                          -- a probe ends: the reference re-measured
-    st.ref, st.limit, st.saved = rtt, st.saved, 0
+    -- (rising by at most `tolerance` per probe: one stalled window is not the norm)
+    st.ref, st.limit, st.saved = math.min(rtt, st.ref * p.tolerance), st.saved, 0
     st.probe, st.why = now + p.probe, 'no-load latency re-measured'
   elseif st.ref <= 0 then
     st.ref, st.probe, st.why = rtt, now + p.probe, 'no-load latency measured'
