@@ -86,8 +86,8 @@ SCENARIOS = (*STEADY, *STEP, *GROWTH, *RECOVERY)
 BUCKET = 0.25          # seconds per point of the time series
 POLL = 0.05            # how often the parent reads the adaptive limit from Redis
 RAMP_START = 0.1       # slow start: the share admitted right after the close
-#: The adaptive scenarios' AdaptiveLimit: the library's defaults (its smoothing 0.05
-#: included), bounded by 1 and 4C, and the bench's SLO as the latency target.
+#: The adaptive scenarios' AdaptiveLimit: the library's defaults, bounded by 1 and 4C,
+#: and the bench's SLO as the latency target (see `adaptive_limit`).
 ADAPTIVE_DEFAULTS: dict[str, Any] = {"min_limit": 1}
 
 
@@ -405,7 +405,8 @@ class Options:
     warmup: float = 2.0             # a steady scenario's unmeasured start (seconds)
 
     def calls_per_second(self, upstream: str, capacity: int | None = None) -> float:
-        """The upstream's capacity in calls/s (C calls in flight each take base_latency)."""
+        """The upstream's capacity in calls/s: C calls in flight each take base_latency, on
+        both upstreams (the refusing one's idle latency is half of it)."""
         return (capacity or self.capacity) / self.base_latency
 
     def upstream_args(self, upstream: str) -> list[str]:

@@ -118,8 +118,9 @@ class Bulkhead(BulkheadShell):
     While Redis is unreachable (retried with backoff), calls are limited per
     process by a local semaphore of ``config.effective_fallback_limit``
     permits: ``max(1, max_concurrent_calls // expected_workers)`` unless
-    `fallback_limit` is given (0: reject while Redis is down). Leases held
-    when Redis went away expire on their own within one lease.
+    `fallback_limit` is given (0: reject while Redis is down). A release that
+    could not reach Redis is sent again as soon as Redis answers (a lease of a
+    process that died meanwhile expires on its own within one lease).
     """
 
     _blocks = ThreadBlocks()

@@ -345,7 +345,7 @@ def test_yaml_adaptive_bulkhead_priorities_and_slow_start(tmp_path: Path) -> Non
     llm = registry.bulkhead("llm").config
     assert llm.adaptive == AdaptiveLimit(min_limit=2, max_limit=30, initial_limit=4,
                                          backoff_ratio=0.75, tolerance=2.0, smoothing=0.1)
-    assert llm.adaptive.wire() == "2,30,4,750000,2000000,100000"
+    assert llm.adaptive.wire() == "2,30,4,750000,2000000,100000,0,10000,200"
     assert (llm.max_concurrent_calls, llm.critical_reserve, llm.sheddable_share) == (8, 0.2, 0.5)
     assert registry.bulkhead("defaults").config.adaptive == AdaptiveLimit()
     fixed = registry.bulkhead("fixed").config

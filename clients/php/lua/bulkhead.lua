@@ -224,7 +224,7 @@ end
 -- behind: the first window's, averaged with the next ones below 1.05 x it while the
 -- limit first grows (slow start, x1.3 per window), then re-measured every `probe` ms
 -- at half the limit. Above the target, or `tolerance` x the reference (two windows in
--- a row, or twice that far, or in slow start), the limit is cut to what holds no queue
+-- a row, or twice that far), the limit is cut to what holds no queue
 -- (limit x reference / rtt, at least half). Otherwise the queue the latency shows
 -- (Little) is held at a headroom: trimmed above it, grown below it (faster window
 -- after window). After a 429 the 429s mark the capacity, not latency below tolerance.
@@ -232,8 +232,10 @@ local function close_window(st, p, rtt, in_use, now)
   local previous = st.rtt_s
   st.rtt_s = rtt
   local starting = st.dec <= 0               -- slow start: nothing cut the limit yet
-  if st.saved > 0 then                      -- a probe ends: the reference re-measured
-    st.ref, st.limit, st.saved = rtt, st.saved, 0
+  local measured = st.saved > 0
+  if measured then                          -- a probe ends: the reference re-measured
+    -- (rising by at most `tolerance` per probe: one stalled window is not the norm)
+    st.ref, st.limit, st.saved = math.min(rtt, st.ref * p.tolerance), st.saved, 0
     st.probe, st.why = now + p.probe, 'no-load latency re-measured'
   elseif st.ref <= 0 then
     st.ref, st.probe, st.why = rtt, now + p.probe, 'no-load latency measured'
@@ -244,10 +246,10 @@ local function close_window(st, p, rtt, in_use, now)
     st.limit = math.max(p.min, st.limit / 2)
     st.why = 'measuring no-load latency'
   end
-  -- the next window counts calls that start after it opens: after a cut or at a
-  -- probe, once the calls of the old limit had time to leave the dependency's queue
+  -- after a cut or at a probe the next window opens once the calls of the old limit
+  -- had time to leave the dependency's queue (reports before then count nowhere)
   local settle = math.floor(math.min(rtt, 4 * st.ref))
-  if st.saved > 0 or st.why == 'no-load latency re-measured' then
+  if st.saved > 0 or measured then
     st.ws, st.wn, st.wsum = now + (st.saved > 0 and settle or 0), 0, 0
     return
   end
@@ -260,7 +262,7 @@ local function close_window(st, p, rtt, in_use, now)
   if target and rtt > target then
     st.limit = st.limit * math.max(0.5, target / rtt)
     st.why, st.dec, st.streak = 'latency above the target', now, 0
-  elseif rtt > st.ref * p.tolerance and (starting or previous > st.ref * p.tolerance
+  elseif rtt > st.ref * p.tolerance and (previous > st.ref * p.tolerance
                                          or rtt > 2 * st.ref * p.tolerance) then
     -- (two windows in a row, or one twice as far: one noisy window is only trimmed)
     st.limit = st.limit * math.max(0.5, st.ref / rtt)
@@ -284,6 +286,11 @@ local function close_window(st, p, rtt, in_use, now)
     end
     st.why = 'latency at the no-load level: growing'
   end
+  if starting and st.dec == now then
+    -- slow start ended: its windows, averaged into the reference, may have held a queue
+    -- at the end; a probe soon (five windows) measures it clean
+    st.probe = math.min(st.probe, now + 5 * p.window)
+  end
   st.ws, st.wn, st.wsum = now + (st.dec == now and settle or 0), 0, 0
 end
 
@@ -306,7 +313,8 @@ local function adapt(st, p, outcome, latency, retry_after, in_use, now, weight)
       st.pause = now + retry_after
       st.why = 'overload (429): increases paused'
     end
-  elseif outcome == 'ok' and now - latency >= st.ws then
+  elseif outcome == 'ok' and now >= st.ws then
+    if st.ws <= 0 then st.ws = now end   -- the first report opens the first window
     st.wn, st.wsum = st.wn + weight, st.wsum + latency * weight
     if st.wn > 0 and window_closes(p, st.ws, st.wn, st.wsum / st.wn, st.ref, now) then
       close_window(st, p, st.wsum / st.wn, in_use, now)
@@ -456,7 +464,8 @@ local function window_add(k_leases, k_meta, token, ap, argv, now, ttl_ms, ttl_s)
   local wsum, ref = tonumber(m[6] or 0), tonumber(m[7] or 0)
   if not (until_ms and ws and wn and wsum and ref) then return nil end
   local latency, weight = tonumber(argv[9]) or 0, math.max(1, tonumber(argv[11]) or 1)
-  local counted = now - latency >= ws
+  if ws <= 0 then return nil end   -- the first window: adapt() opens it
+  local counted = now >= ws
   if counted then
     wn, wsum = wn + weight, wsum + latency * weight
     if window_closes(ap, ws, wn, wsum / wn, ref, now) then return nil end  -- adapt() closes it
