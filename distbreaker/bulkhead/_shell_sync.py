@@ -27,6 +27,8 @@ from .core import Acquisition, BulkheadCore, BulkheadMetrics, BulkheadPermit
 P = ParamSpec("P")
 T = TypeVar("T")
 logger = logging.getLogger("distbreaker")
+#: How often releases an outage kept from Redis are tried again (when Redis is usable).
+OWED_RETRY_EVERY = 0.02
 
 
 class BulkheadShell(BulkheadCore):
@@ -97,6 +99,16 @@ class BulkheadShell(BulkheadCore):
         """Make sure `flush_owed_releases` runs every OWED_RETRY_EVERY seconds while
         releases are owed (a thread, or a task of the running loop)."""
         raise NotImplementedError
+
+    def _retry_owed(self) -> None:
+        """Until nothing is owed: try the owed releases every OWED_RETRY_EVERY seconds."""
+        while True:
+            try:
+                if not self.flush_owed_releases():
+                    return
+            except Exception:
+                logger.exception("bulkhead %r: sending an owed release failed", self.name)
+            time.sleep(OWED_RETRY_EVERY)
 
     def flush_owed_releases(self) -> int:
         """Send the releases an outage kept from Redis (each as soon as Redis is usable

@@ -19,8 +19,6 @@ from .core import Acquisition, BulkheadPermit, blocking_cap
 
 __all__ = ["Bulkhead"]
 
-#: How often releases an outage kept from Redis are tried again (when Redis is usable).
-OWED_RETRY_EVERY = 0.02
 
 
 class _PerLoop:
@@ -144,15 +142,6 @@ class Bulkhead(BulkheadShell):
         state = self._loop()
         if state.retrier is None or state.retrier.done():
             state.retrier = asyncio.get_running_loop().create_task(self._retry_owed())
-
-    async def _retry_owed(self) -> None:
-        while True:
-            try:
-                if not await self.flush_owed_releases():
-                    return
-            except Exception:
-                logger.exception("bulkhead %r: sending an owed release failed", self.name)
-            await asyncio.sleep(OWED_RETRY_EVERY)
 
     def _in_background(self, work: Awaitable[None]) -> None:
         """Finish `work` (a release cut short by a cancellation) in a kept task."""

@@ -24,8 +24,6 @@ __all__ = ["Bulkhead", "BulkheadConfig", "BulkheadMetrics", "BulkheadPermit"]
 
 #: A renewal thread with nothing to renew exits after this many seconds.
 _RENEWER_IDLE_EXIT = 5.0
-#: How often releases an outage kept from Redis are tried again (when Redis is usable).
-OWED_RETRY_EVERY = 0.02
 
 
 class _Renewer:
@@ -151,16 +149,6 @@ class Bulkhead(BulkheadShell):
             self._retrier = threading.Thread(target=self._retry_owed, daemon=True,
                                              name="distbreaker-bulkhead-release-retry")
             self._retrier.start()
-
-    def _retry_owed(self) -> None:
-        """Until nothing is owed: try the owed releases every OWED_RETRY_EVERY seconds."""
-        while True:
-            try:
-                if not self.flush_owed_releases():
-                    return
-            except Exception:
-                logger.exception("bulkhead %r: sending an owed release failed", self.name)
-            time.sleep(OWED_RETRY_EVERY)
 
     def _waiter(self) -> tuple[Any, float]:
         with self._lock:
