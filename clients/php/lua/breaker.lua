@@ -1850,6 +1850,13 @@ local function say_hello(mine, stored, stored_wire)
 end
 
 -- After `load`: decides which config governs and what to store.
+-- A worker's hello when its config is the one in force (an error reply, or nil).
+local function hello_in_force()
+  if not hello_worker then return nil end
+  local _, err = say_hello(fp_text, fp_text, cfg_wire)
+  return err
+end
+
 local function settle_config()
   if hello_bye then  -- a worker leaves: it no longer runs its config
     local _, err = say_hello(arg_fp_text, '0', nil)
@@ -1896,11 +1903,7 @@ local function settle_config()
   -- the last fingerprint's text is kept across calls)
   if fp ~= fp_compared then fp_compared, fp_text = fp, int(fp) end
   if fp_text == arg_fp_text and not adopt and not operator_adopt then
-    if hello_worker then
-      local _, err = say_hello(fp_text, fp_text, cfg_wire)
-      return err
-    end
-    return
+    return hello_in_force()
   end
   local mine = fingerprint(cfg_wire)
   local g = cold()
@@ -1923,11 +1926,7 @@ local function settle_config()
     return adopt_config('operator', true)
   end
   if mine == fp then  -- the caller's fingerprint was wrong, not its config
-    if hello_worker then
-      local _, err = say_hello(fp_text, fp_text, cfg_wire)
-      return err
-    end
-    return
+    return hello_in_force()
   end
   if hello_worker then
     local stored_wire = pcall_('HGET', K_META, 'cfg')
