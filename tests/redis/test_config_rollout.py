@@ -176,3 +176,22 @@ def test_an_asyncio_breaker_says_hello_and_goodbye(name: str, redis_url: str,
 
 async def _ok() -> str:
     return "ok"
+
+
+def test_deployments_in_the_same_millisecond_do_not_flip_the_config_in_force(
+        name: str, redis_url: str, redis_client: redis.Redis) -> None:
+    old = make(name, redis_url, failure_rate_threshold=30.0)
+    old.call(lambda: None)                      # A deployed, then B: B is the newer
+    new = make(name, redis_url)
+    new.call(lambda: None)
+    assert in_force(redis_url, name)["fp"] == str(new._codec.fingerprint)
+    key = f"{DEFAULT_PREFIX}:v2:{{{name}}}:cb:cfgs"
+    deployed = {k: v for k, v in redis_client.hgetall(key).items() if k.startswith(b"d:")}
+    assert len(deployed) == 2
+    redis_client.hset(key, mapping=dict.fromkeys(deployed, max(deployed.values())))
+    # another instance of A says hello: A is running (old), so this hello deploys
+    # nothing; a tie on the deployment time must not hand A the fleet back
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigDriftWarning)
+        make(name, redis_url, failure_rate_threshold=30.0).call(lambda: None)
+    assert in_force(redis_url, name)["fp"] == str(new._codec.fingerprint)

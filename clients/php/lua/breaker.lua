@@ -1021,8 +1021,9 @@ local function hello(key, worker, bye, mine, mine_wire, stored, stored_wire, now
     hdel[1] = 'w:' .. worker
     return {hset = hset, hdel = hdel}, nil
   end
+  local deployed_now = false  -- this hello deploys `mine`
   if not state.workers[worker] and not live(state, mine, now, worker) then
-    state.deployed[mine] = now
+    state.deployed[mine], deployed_now = now, true
     hset[#hset + 1], hset[#hset + 2] = 'd:' .. mine, int(now)
   end
   state.workers[worker] = {mine, now}
@@ -1057,8 +1058,11 @@ local function hello(key, worker, bye, mine, mine_wire, stored, stored_wire, now
   end
   local vm, vs = version_of(mine_wire), version_of(stored_wire)
   if vm > vs then return writes, 'higher config version' end
-  -- (deployed in the same millisecond: the later hello, this one, is the newer)
-  if vm == vs and (state.deployed[mine] or 0) >= (state.deployed[stored] or 0) then
+  -- Deployed in the same millisecond: the newer is the one this hello deploys (a later
+  -- hello of a config deployed in that millisecond must not take it back: with `>=`
+  -- every hello of either config flipped the config in force).
+  local dm, ds = state.deployed[mine] or 0, state.deployed[stored] or 0
+  if vm == vs and (dm > ds or (dm == ds and deployed_now)) then
     return writes, 'newest deployment'
   end
   return writes, nil
