@@ -22,6 +22,7 @@ import redis
 
 from distbreaker._runtime.keys import BulkheadKeys
 from distbreaker.demo.embedded import RedisServer
+from tests.helpers.processes import private_redis_server
 from tests.helpers.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,14 +62,7 @@ asyncio.run(main())
 
 @pytest.fixture
 def server() -> Iterator[RedisServer]:
-    """A private redis-server; resumed (if stopped) and stopped whatever the test did."""
-    srv = RedisServer().start()
-    try:
-        yield srv
-    finally:
-        if srv.process is not None and srv.process.poll() is None:
-            srv.process.send_signal(signal.SIGCONT)
-        srv.stop()
+    yield from private_redis_server()
 
 
 @pytest.mark.parametrize("script", [WORKER, AIO_WORKER], ids=["sync", "asyncio"])

@@ -26,7 +26,7 @@ import distbreaker
 import distbreaker.aio as aio
 from distbreaker._runtime.health import shared_health
 from distbreaker.demo.embedded import RedisServer
-from tests.helpers.processes import reap
+from tests.helpers.processes import private_redis_server, reap
 from tests.helpers.proxy import TcpProxy
 
 FORK = multiprocessing.get_context("fork")
@@ -110,11 +110,7 @@ def _black_hole_aio(url: str, name: str, holed: Any, go: Any) -> list[float]:
 
 @pytest.fixture
 def server() -> Iterator[RedisServer]:
-    srv = RedisServer().start()
-    yield srv
-    if srv.process is not None and srv.process.poll() is None:
-        srv.process.send_signal(signal.SIGCONT)
-    srv.stop()
+    yield from private_redis_server()
 
 
 @pytest.mark.parametrize("body", [_black_hole_sync, _black_hole_aio], ids=["sync", "asyncio"])

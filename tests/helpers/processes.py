@@ -2,8 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import signal
+from collections.abc import Iterable, Iterator
 from typing import Any
+
+from distbreaker.demo.embedded import RedisServer
+
+
+def private_redis_server() -> Iterator[RedisServer]:
+    """A private redis-server for a test that stops, freezes or kills it (a fixture body:
+    `yield from`); resumed if a test left it SIGSTOPped, and stopped whatever it did."""
+    srv = RedisServer().start()
+    try:
+        yield srv
+    finally:
+        if srv.process is not None and srv.process.poll() is None:
+            srv.process.send_signal(signal.SIGCONT)
+        srv.stop()
 
 
 def collect(results: Any, count: int, timeout: float = 30.0) -> list[Any]:

@@ -14,17 +14,7 @@ QUORUM = {"sliding_window_size": 6, "minimum_number_of_calls": 2, "min_failing_w
 
 
 def fail_then_report(url: str, name: str, failures: int, results: Any) -> None:
-    breaker = CircuitBreaker(name, redis=url, **QUORUM)
-    seen: list[str] = []
-    for _ in range(failures):
-        try:
-            breaker.call(lambda: 1 / 0)
-            seen.append("ok")
-        except ZeroDivisionError:
-            seen.append("failed")
-        except CallNotPermitted as rejection:
-            seen.append(f"rejected:{rejection.reason}")
-    results.put((seen, breaker.state.value))
+    fail_with_config(url, name, failures, QUORUM, results)
 
 
 #: The fault scenario: 8 workers, a low threshold so that one bad worker of 8 exceeds

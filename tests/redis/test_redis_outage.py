@@ -29,6 +29,7 @@ from distbreaker.errors import CallNotPermitted
 from tests.helpers.dependency import SEED, Dependency, run_requests
 from tests.helpers.dependency import outcome as call_outcome
 from tests.helpers.flavours import Flavour
+from tests.helpers.processes import private_redis_server
 from tests.helpers.waiting import wait_until
 
 TIMEOUT = 0.2
@@ -48,14 +49,7 @@ def dependency() -> Dependency:
 
 @pytest.fixture
 def server() -> Iterator[RedisServer]:
-    """A private redis-server; resumed (if stopped) and stopped whatever the test did."""
-    srv = RedisServer().start()
-    try:
-        yield srv
-    finally:
-        if srv.process is not None and srv.process.poll() is None:
-            srv.process.send_signal(signal.SIGCONT)
-        srv.stop()
+    yield from private_redis_server()
 
 
 def pause(srv: RedisServer, sig: signal.Signals) -> None:
