@@ -148,12 +148,14 @@ class FaultFeeds:
         feed.join(name)
         return feed
 
+    def feeds(self) -> list[FaultFeed]:
+        with self._lock:
+            return list(self._feeds.values())
+
     def applied(self) -> dict[str, int]:
         """Injections applied in this process, by kind (for exporters)."""
         total: dict[str, int] = {}
-        with self._lock:
-            feeds = list(self._feeds.values())
-        for feed in feeds:
+        for feed in self.feeds():
             for kind, n in feed.table.applied.items():
                 total[kind] = total.get(kind, 0) + n
         return total

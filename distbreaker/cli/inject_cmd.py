@@ -17,7 +17,7 @@ Examples:
   distbreaker inject payments --error 503 --rate 5% --for 10m --reason "game day"
   distbreaker inject 'llm:*' --latency 200ms --rate 20% --for 15m
   distbreaker inject payments --reject --for 2m          (as if OPEN)
-  distbreaker inject --list          distbreaker inject --off payments
+  distbreaker inject --list          distbreaker inject --off payments [--kind error]
   distbreaker inject --off-all       distbreaker inject --history
 
 Only workers whose breaker config says allow_fault_injection: true obey (never on by
@@ -56,8 +56,10 @@ def _fault_line(fault: Any, now_ms: int) -> str:
               help="Share of calls affected: 5% or 0.05 (default 100%).")
 @click.option("--for", "for_text", metavar="DURATION",
               help="How long the injection lasts (required: 10m, 1h; at most 7 days).")
-@click.option("--off", "off", is_flag=True, help="End SELECTOR's injections (of the kind "
-              "given by --error/--latency/--reject, else all kinds).")
+@click.option("--off", "off", is_flag=True, help="End SELECTOR's injections (of --kind "
+              "only, if given).")
+@click.option("--kind", type=click.Choice(["error", "latency", "reject"]),
+              help="With --off: end only this kind of injection.")
 @click.option("--off-all", is_flag=True, help="The master switch: end every injection.")
 @click.option("--list", "list_", is_flag=True, help="The injections in force and the names "
               "whose workers allow injection.")
@@ -71,8 +73,9 @@ def _fault_line(fault: Any, now_ms: int) -> str:
 @click.pass_obj
 def inject_command(app: App, selector: str | None, status: int | None,
                    latency_text: str | None, reject: bool, rate_text: str | None,
-                   for_text: str | None, off: bool, off_all: bool, list_: bool, history: bool,
-                   allow_absent: bool, reason: str | None, actor: str, as_json: bool) -> None:
+                   for_text: str | None, off: bool, kind: str | None, off_all: bool,
+                   list_: bool, history: bool, allow_absent: bool, reason: str | None,
+                   actor: str, as_json: bool) -> None:
     """Inject errors, latency or rejections into every allowing worker of SELECTOR (a
     name or a glob: 'llm:*'), for a bounded time."""
     kinds = [k for k, on in (("error", status is not None), ("latency", bool(latency_text)),
@@ -96,11 +99,11 @@ def inject_command(app: App, selector: str | None, status: int | None,
     if off_all or off:
         if off and not selector:
             raise click.UsageError("--off needs a SELECTOR (or use --off-all)")
-        if len(kinds) > 1:
-            raise click.UsageError("--off takes at most one of --error/--latency/--reject")
+        if kinds:
+            raise click.UsageError("--off ends injections: give --kind KIND to end one kind")
         try:
             ended = faults.stop(app.client, app.prefix, None if off_all else selector,
-                                kinds[0] if kinds else None, actor=actor, reason=why)
+                                kind, actor=actor, reason=why)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
         if as_json:
