@@ -856,6 +856,8 @@ class BreakerCore:
         self._watching = False
         #: Where an operator's injected faults come from (allow_fault_injection only).
         self._fault_feed: FaultFeed | None = None
+        #: Injected faults this process applied to this breaker's calls, by kind.
+        self.injected: Counter[str] = Counter()
         forking.register(self)
 
     #: The Redis client (set by the front end; per event loop in asyncio).
@@ -1101,6 +1103,7 @@ class BreakerCore:
         if fault is None:
             return None
         self._codec.count_rejection("INJECTED")
+        self.injected["reject"] += 1
         rejection = InjectedRejection(self.name, State.OPEN, 1.0,
                                       reason="fault injection: " + fault.describe(),
                                       actor=fault.actor)
@@ -1114,7 +1117,10 @@ class BreakerCore:
         if feed is None:
             return UNDISTURBED
         disturbance = feed.table.disturbance(self.name)
+        if disturbance.error is not None:
+            self.injected["error"] += 1
         if disturbance.latency:
+            self.injected["latency"] += 1
             self._event("fault_injected", delay=disturbance.latency,
                         reason=f"latency {disturbance.latency:g}s injected")
         return disturbance

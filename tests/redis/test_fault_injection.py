@@ -164,3 +164,32 @@ def test_the_cli_sets_lists_ends_and_logs_injections(
                 ["inject", name, "--reject", "--rate", "120%", "--for", "1m"]):
         assert run(redis_url, *bad).exit_code == 2, bad
     breaker.close()
+
+
+def test_the_registry_allows_injection_per_breaker_and_metrics_mark_injected_rejections(
+        redis_url: str, redis_client: redis.Redis, name: str) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from distbreaker import Registry
+    from distbreaker.contrib.prometheus import DistbreakerCollector
+
+    registry = Registry.from_dict({"breakers": {"instances": {
+        name: {"allow_fault_injection": True, "redis_timeout": 5.0},
+        name + "-other": {"redis_timeout": 5.0}}}}, redis=redis_url, environ={})
+    breaker = registry.breaker(name)
+    assert breaker.config.allow_fault_injection
+    assert not registry.breaker(name + "-other").config.allow_fault_injection
+    breaker.call(lambda: "ok")
+    wait_until(lambda: registered(redis_client, name), what="registered")
+    injected(redis_client, name, "reject", for_=60)
+    with pytest.raises(InjectedRejection):
+        breaker.call(lambda: "never")
+    prometheus = CollectorRegistry()
+    prometheus.register(DistbreakerCollector(redis_url, components=[breaker]))
+    assert prometheus.get_sample_value("distbreaker_rejections_total",
+                                       {"name": name, "reason": "injected"}) == 1
+    assert prometheus.get_sample_value("distbreaker_rejections_total",
+                                       {"name": name, "reason": "open"}) == 0
+    assert prometheus.get_sample_value("distbreaker_injected_faults_total",
+                                       {"name": name, "kind": "reject"}) == 1
+    registry.close()
