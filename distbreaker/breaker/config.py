@@ -113,6 +113,10 @@ class BreakerConfig:
     the same shape) exceed the rates, opens its own local view for one open wait (a
     worker with a broken network path cannot open the breaker for everyone, and a
     healthy worker keeps serving).
+    `allow_fault_injection` (default False: never on unless asked) lets an operator's
+    `distbreaker inject` reach this breaker's calls: injected errors, latency and
+    rejections, marked as injected (docs/guides/fault_injection.md). It is not part of
+    the wire string: each worker decides for itself.
     """
 
     failure_rate_threshold: float = 50.0
@@ -150,6 +154,7 @@ class BreakerConfig:
     min_failing_workers: int = 1
     quorum_window: Seconds = 60.0
     config_version: int = 0
+    allow_fault_injection: bool = False
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -261,8 +266,9 @@ class BreakerConfig:
         if not 0.001 <= self.revalidate_interval <= 60:
             raise ValueError("revalidate_interval must be in [0.001, 60] seconds, "
                              f"got {self.revalidate_interval!r}")
-        if not isinstance(self.subscribe, bool):
-            raise ValueError(f"subscribe must be a bool, got {self.subscribe!r}")
+        for flag in ("subscribe", "allow_fault_injection"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
 
     @property
     def batched(self) -> bool:

@@ -38,7 +38,7 @@ __all__ = ["REJECTION_REASONS", "Family", "MetricsSource", "catalog", "process_f
 
 _REJECTION_REASONS = {"OPEN": "open", "HALF_OPEN": "half_open_full",
                       "FORCED_OPEN": "forced_open", "UNKNOWN": "redis_unavailable",
-                      "RAMPING": "ramping"}
+                      "RAMPING": "ramping", "INJECTED": "injected"}
 #: The `reason` label of a rejection, by the state that rejected it.
 REJECTION_REASONS = dict(_REJECTION_REASONS)
 _STATES = [s.value for s in State]
@@ -230,7 +230,7 @@ class MetricsSource:
 
     def local(self) -> list[Family]:
         """This process's calls, rejections and transitions (no Redis)."""
-        calls, rejections, transitions = _local_families()
+        calls, rejections, transitions, injected = _local_families()
         with self._lock:
             breakers, bulkheads = list(self._breakers), list(self._bulkheads)
             limiters = list(self._limiters)
@@ -243,6 +243,8 @@ class MetricsSource:
                 outcome_sums[(breaker.name, outcome)] += counts.outcomes.get(outcome, 0)
             for state, reason in _REJECTION_REASONS.items():
                 rejection_sums[(breaker.name, reason)] += counts.rejections.get(state, 0)
+            for kind, value in sorted(breaker.injected.items()):
+                injected.add((breaker.name, kind), value)
         for bulkhead in bulkheads:
             rejection_sums[(bulkhead.name, "bulkhead_full")] += bulkhead.local_counts().rejected
         for limiter in limiters:
@@ -253,7 +255,7 @@ class MetricsSource:
             rejections.add((name, reason), value)
         for (name, src, dst), value in sorted(moves.items()):
             transitions.add((name, src, dst), value)
-        return [calls, rejections, transitions]
+        return [calls, rejections, transitions, injected]
 
 
 def _up() -> Family:
@@ -285,11 +287,15 @@ def _local_families() -> list[Family]:
             _counter("distbreaker_rejections", "Calls this process did not run, by reason",
                      "name", "reason"),
             _counter("distbreaker_transitions", "Transitions made by this process's calls",
-                     "name", "from_state", "to_state")]
+                     "name", "from_state", "to_state"),
+            _counter("distbreaker_injected_faults", "An operator's injected faults this "
+                     "process applied (distbreaker inject), by kind: error, latency, reject; "
+                     "never counted as real rejections", "name", "kind")]
 
 
 def process_families() -> list[Family]:
-    """The per-process families (calls, rejections, transitions), without samples."""
+    """The per-process families (calls, rejections, transitions, injected faults),
+    without samples."""
     return _local_families()
 
 

@@ -18,6 +18,7 @@ from .._runtime.keys import DEFAULT_PREFIX
 from ..breaker.core import BreakerCore
 from ..breaker.events import Transition
 from ..breaker.state import State
+from ..errors import InjectedFault, InjectedRejection
 from ._metrics import REJECTION_REASONS, Family, MetricsSource, process_families
 
 __all__ = ["DistbreakerCollector"]
@@ -140,25 +141,34 @@ class _ProcessCounters:
     """
 
     def __init__(self) -> None:
-        calls, rejections, transitions = process_families()
+        calls, rejections, transitions, injected = process_families()
         self.calls = Counter(calls.name, calls.help, list(calls.labels), registry=None)
         self.rejections = Counter(rejections.name, rejections.help, list(rejections.labels),
                                   registry=None)
         self.transitions = Counter(transitions.name, transitions.help,
                                    list(transitions.labels), registry=None)
+        self.injected = Counter(injected.name, injected.help, list(injected.labels),
+                                registry=None)
 
     def watch(self, component: Any) -> None:
         if isinstance(component, BreakerCore):
-            component.add_listener(self.breaker_event, kinds=(*_OUTCOMES, "not_permitted"))
+            component.add_listener(self.breaker_event,
+                                   kinds=(*_OUTCOMES, "not_permitted", "fault_injected"))
         else:
             component.add_listener(self.bulkhead_event, kinds=("rejected",))
 
     def breaker_event(self, event: Any) -> None:
+        if event.kind == "fault_injected":
+            kind = ("reject" if isinstance(event.error, InjectedRejection) else
+                    "error" if isinstance(event.error, InjectedFault) else "latency")
+            self.injected.labels(event.name, kind).inc()
+            return
         if event.kind != "not_permitted":
             self.calls.labels(event.name, _OUTCOMES[event.kind]).inc()
             return
         state = getattr(event.state, "value", str(event.state))
-        reason = "ramping" if state == State.CLOSED.value else REJECTION_REASONS.get(state)
+        reason = ("injected" if isinstance(event.error, InjectedRejection) else
+                  "ramping" if state == State.CLOSED.value else REJECTION_REASONS.get(state))
         if reason is not None:
             self.rejections.labels(event.name, reason).inc()
 
