@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import distbreaker.aio
-from distbreaker import CallNotPermitted, Registry, State
+from distbreaker import CallNotPermitted, CircuitBreaker, Registry, State
 from distbreaker.registry.aio import LoopBoundClient
 
 CONFIG = """\
@@ -153,3 +153,18 @@ def test_asyncio_registry_serves_several_event_loops(redis_url: str,
 
     assert asyncio.run(first()) is State.OPEN
     assert asyncio.run(second()) is State.OPEN   # a new loop: a new client, same fleet state
+
+
+def test_close_closes_what_the_registry_built_so_batched_outcomes_are_not_lost(
+        redis_url: str) -> None:
+    registry = Registry.from_dict({"breakers": {"instances": {"batched": {
+        "record_mode": "batched", "flush_interval": 60, "redis_timeout": 5.0}}}},
+        redis=redis_url, environ={})
+    breaker = registry.breaker("batched")
+    for _ in range(5):
+        breaker.call(lambda: "ok")
+    reader = CircuitBreaker("batched", redis=redis_url, redis_timeout=5.0)
+    assert reader.metrics().calls == 0  # still pending in this process (flushed each minute)
+    registry.close()
+    assert reader.metrics().calls == 5
+    reader.close()
