@@ -11,7 +11,6 @@ this: its calls never look at a table.
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import time
 from typing import Any
@@ -19,11 +18,7 @@ from typing import Any
 from . import forking
 from .faults import REFRESH_S, REGISTRATION_MS, FaultTable, fault_keys, parse_flat
 from .scripts import load_script, run_script
-from .subscriber import Subscription
-
-logger = logging.getLogger("distbreaker")
-
-_MAX_BACKOFF = 5.0
+from .subscriber import Subscription, listen_until
 
 
 def is_fault_notice(data: Any) -> bool:
@@ -88,36 +83,21 @@ class FaultFeed:
 
     def _run(self) -> None:
         stop = self._stop
-        backoff = 0.05
-        while not stop.is_set():
-            pubsub = None
-            try:
-                client = self._where.make_client()
-                pubsub = client.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(self._where.channel)
-                self._read(client)
-                backoff = 0.05
-                due = time.monotonic() + REFRESH_S
-                while not stop.is_set():
-                    wait = max(0.0, min(0.25, due - time.monotonic()))
-                    message = pubsub.get_message(timeout=wait)
-                    changed = self._wake.is_set() or time.monotonic() >= due
-                    if message is not None and message.get("type") == "message":
-                        changed = changed or is_fault_notice(message["data"])
-                    if changed:
-                        self._wake.clear()
-                        self._read(client)
-                        due = time.monotonic() + REFRESH_S
-            except Exception as error:  # Redis down or restarted: the table stays as read
-                logger.debug("distbreaker fault feed: %s", error)
-                stop.wait(backoff)
-                backoff = min(_MAX_BACKOFF, backoff * 2)
-            finally:
-                if pubsub is not None:
-                    try:
-                        pubsub.close()
-                    except Exception:
-                        pass
+
+        def serve(client: Any, pubsub: Any) -> None:
+            self._read(client)
+            due = time.monotonic() + REFRESH_S
+            while not stop.is_set():
+                message = pubsub.get_message(timeout=max(0.0, min(0.25, due - time.monotonic())))
+                changed = self._wake.is_set() or time.monotonic() >= due
+                if message is not None and message.get("type") == "message":
+                    changed = changed or is_fault_notice(message["data"])
+                if changed:
+                    self._wake.clear()
+                    self._read(client)
+                    due = time.monotonic() + REFRESH_S
+
+        listen_until(stop, self._where.make_client, self._where.channel, serve, "fault feed")
 
     def _after_fork(self) -> None:
         """In a forked child: start a thread of its own on the next join or call."""
