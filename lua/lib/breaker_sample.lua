@@ -1,0 +1,40 @@
+--!lib
+-- Outcome recording (docs/KEY_SCHEMA.md, "Outcome recording"): a record call the
+-- client sampled carries ARGV[12] '<maxlen>;<ttl_ms>;<rate_ppm>;<worker>', and this
+-- module appends its outcome to the capped stream <state key>:rec in the same script
+-- call (no round trip of its own). Calls without ARGV[12] never reach this module:
+-- lua/breaker.lua tests the argument once, after the hot path answered.
+-- Best effort: written after the state, through pcall; a malformed spec or a foreign
+-- key is skipped, never an error of the record it rides on.
+-- The run-time switch (`distbreaker record start`) is the hash <state key>:rec:on
+-- (rate, until, max, ttl); a worker learns it from the full reply to its hello
+-- (`control`, element 21).
+local tonumber, pcall_, match = tonumber, redis.pcall, string.match
+
+local MAX_LEN = 1000000   -- entries, at most (the client's cap is validated too)
+local MIN_TTL = 1000      -- ms
+
+-- Appends one sampled outcome: `ok`, `f`, `s`, `ms` as the record's ARGV[7..10]
+-- (texts, already validated), at server ms `now`, `st` the state after the call.
+local function add(k_state, spec, now, ok, f, s, ms, st)
+  local maxlen, ttl, rate, worker = match(spec, '^(%d+);(%d+);(%d+);(.*)$')
+  maxlen, ttl = tonumber(maxlen), tonumber(ttl)
+  if not maxlen or maxlen < 1 or maxlen > MAX_LEN or ttl < MIN_TTL then return end
+  local key = k_state .. ':rec'
+  local added = pcall_('XADD', key, 'MAXLEN', '~', maxlen, '*', 't', now, 'ok', ok, 'f', f,
+                       's', s, 'ms', ms, 'w', worker, 'r', rate, 'st', st)
+  if type(added) == 'table' and added.err then return end
+  pcall_('PEXPIRE', key, ttl)
+end
+
+-- A hello's answer about the run-time switch: '<rate_ppm>;<until_ms>;<maxlen>;<ttl_ms>'
+-- while `record start` is in force, '' otherwise (or for a foreign key).
+local function control(k_state, now)
+  local v = pcall_('HMGET', k_state .. ':rec:on', 'rate', 'until', 'max', 'ttl')
+  if type(v) ~= 'table' or v.err or not v[1] then return '' end
+  local untl = tonumber(v[2]) or 0
+  if untl <= now then return '' end
+  return v[1] .. ';' .. v[2] .. ';' .. (v[3] or '') .. ';' .. (v[4] or '')
+end
+
+return {add = add, control = control}
