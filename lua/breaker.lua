@@ -721,7 +721,7 @@ local function finish()
     breaker_sample.add(K_STATE, argv[12], now, argv[7], argv[8], argv[9], argv[10], s_state)
   end
   local rec_on = hello_worker and not hello_bye and op ~= 'state' and op ~= 'set'
-                 and breaker_sample.control(K_STATE, now)
+                 and breaker_sample.control(K_STATE)
   if rec_on then short = false end
   if not short then wait_ms, in_flight = reply_numbers() end
   local keep = write_others(refresh)

@@ -108,8 +108,8 @@ class Reply:
     #: The rates were exceeded but failures came from too few workers (quorum trip):
     #: the breaker stays CLOSED fleet-wide; the reporting worker opens for itself.
     quorum_blocked: bool = False
-    #: A hello's answer about the operator's recording switch (element 21: '' when
-    #: none is in force); None in replies to other calls (breaker/sampling.py).
+    #: A hello's answer about the operator's recording switch (element 21, while one
+    #: exists); None in other replies (breaker/sampling.py).
     recording: str | None = None
 
     @property

@@ -67,7 +67,8 @@ class Sampler:
         return self._base
 
     def learn(self, answer: str, now_ms: int) -> None:
-        """A hello's reply element 21: '' (no switch), or the switch in force."""
+        """A hello's reply element 21: the switch (rate 0: stopped; it lasts until its
+        end, then the config's rate applies again)."""
         parts = answer.split(";") if answer else []
         with self._lock:
             if len(parts) != 4:

@@ -2,7 +2,8 @@
 start` / `stop`), its status, and reading the recorded stream (`record export`).
 
 The switch is the hash ``<state key>:rec:on`` (rate in parts per million, `until`
-server ms, `max` entries, `ttl` ms, `actor`, `at`), expiring by itself at `until`;
+server ms, `max` entries, `ttl` ms, `actor`, `at`), expiring by itself at `until`
+(`stop` leaves rate 0 for a minute: workers hear it at their next hello);
 workers learn it at their next hello (about every 20 s) and sample that share of their
 record calls into ``<state key>:rec`` (docs/KEY_SCHEMA.md, "Outcome recording").
 Each function is one Redis command or transaction; nothing here decides for a worker.
@@ -74,10 +75,23 @@ def start(client: Any, name: str, rate: float, for_s: float, *, max_samples: int
     return until
 
 
+#: How long `stop` leaves its "rate 0" switch: longer than the hello interval (20 s), so
+#: every worker's next hello hears it.
+STOP_NOTICE_MS = 60_000
+
+
 def stop(client: Any, name: str, prefix: str = DEFAULT_PREFIX) -> bool:
-    """Turn the operator's switch off (workers stop at their next hello; a config's own
-    `record_sample_rate` stays). The samples stay until their TTL. True if it was on."""
-    return bool(client.delete(switch_key(name, prefix)))
+    """Turn the operator's switch off: it becomes rate 0 for `STOP_NOTICE_MS`, so workers
+    stop at their next hello (a config's own `record_sample_rate` applies again after
+    that). The samples stay until their TTL. True if a switch was on."""
+    key = switch_key(name, prefix)
+    now = _server_ms(client)
+    pipe = client.pipeline(transaction=True)
+    pipe.hmget(key, "rate", "until")
+    pipe.hset(key, mapping={"rate": 0, "until": now + STOP_NOTICE_MS})
+    pipe.pexpireat(key, now + STOP_NOTICE_MS)
+    (rate, until), _, _ = pipe.execute()
+    return bool(rate) and int(rate) > 0 and int(until or 0) > now
 
 
 def status(client: Any, name: str, prefix: str = DEFAULT_PREFIX) -> RecordingStatus:
@@ -89,7 +103,7 @@ def status(client: Any, name: str, prefix: str = DEFAULT_PREFIX) -> RecordingSta
     switch, count, pttl, (seconds, micros) = pipe.execute()
     now = int(seconds) * 1000 + int(micros) // 1000
     fields = {text(k): text(v) for k, v in (switch or {}).items()}
-    on = "rate" in fields and int(fields.get("until") or 0) > now
+    on = int(fields.get("rate") or 0) > 0 and int(fields.get("until") or 0) > now
     return RecordingStatus(
         name=name, switch_rate=int(fields["rate"]) / 1e6 if on else None,
         switch_until_ms=int(fields["until"]) if on else None,

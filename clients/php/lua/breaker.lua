@@ -1105,8 +1105,8 @@ local function breaker_sample()
 -- Best effort: written after the state, through pcall; a malformed spec or a foreign
 -- key is skipped, never an error of the record it rides on.
 -- The run-time switch (`distbreaker record start`) is the hash <state key>:rec:on
--- (rate, until, max, ttl); a worker learns it from the full reply to its hello
--- (`control`, element 21).
+-- (rate, until, max, ttl; expiring at `until`); a worker learns it from the full reply
+-- to its hello (`control`, element 21), which is the usual reply while there is none.
 local tonumber, pcall_, match = tonumber, redis.pcall, string.match
 
 local MAX_LEN = 1000000   -- entries, at most (the client's cap is validated too)
@@ -1126,13 +1126,12 @@ local function add(k_state, spec, now, ok, f, s, ms, st)
 end
 
 -- A hello's answer about the run-time switch: '<rate_ppm>;<until_ms>;<maxlen>;<ttl_ms>'
--- while `record start` is in force, '' otherwise (or for a foreign key).
-local function control(k_state, now)
+-- while the switch hash exists (`record stop` leaves rate 0 for a minute, so every
+-- worker's next hello hears it), else nil: the hello's reply is then as before.
+local function control(k_state)
   local v = pcall_('HMGET', k_state .. ':rec:on', 'rate', 'until', 'max', 'ttl')
-  if type(v) ~= 'table' or v.err or not v[1] then return '' end
-  local untl = tonumber(v[2]) or 0
-  if untl <= now then return '' end
-  return v[1] .. ';' .. v[2] .. ';' .. (v[3] or '') .. ';' .. (v[4] or '')
+  if type(v) ~= 'table' or v.err or not v[1] then return nil end
+  return v[1] .. ';' .. (v[2] or '') .. ';' .. (v[3] or '') .. ';' .. (v[4] or '')
 end
 
 return {add = add, control = control}
@@ -1864,7 +1863,7 @@ local function finish()
     breaker_sample.add(K_STATE, argv[12], now, argv[7], argv[8], argv[9], argv[10], s_state)
   end
   local rec_on = hello_worker and not hello_bye and op ~= 'state' and op ~= 'set'
-                 and breaker_sample.control(K_STATE, now)
+                 and breaker_sample.control(K_STATE)
   if rec_on then short = false end
   if not short then wait_ms, in_flight = reply_numbers() end
   local keep = write_others(refresh)
