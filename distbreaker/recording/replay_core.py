@@ -14,9 +14,11 @@ Definitions (docs/guides/tuning.md):
 - the *truth* at time t is the failure rate of the recorded outcomes in t's bucket
   (`--truth-window`, 5 s by default, cut from the timeline's start); an *incident* is
   a run of buckets whose truth is at or above `target`;
-- a *false trip* is a trip in a bucket whose truth was under `target`;
-- *time to detect* an incident: from its start to the first trip during it; an
-  incident without a trip is *missed*.
+- a *false trip* is a trip in a bucket whose truth was under `target`, as was the
+  next bucket's (a failure starting late in a bucket shows in the next one);
+- *time to detect* an incident: from its start to the first trip during it or in the
+  bucket before it (0 then: the resolution is one bucket); an incident without a trip
+  is *missed*.
 """
 
 from __future__ import annotations
@@ -194,16 +196,20 @@ class Tally:
         if self._left_at is not None:
             r.time_open_s += max(0, end_ms - self._left_at) / 1000.0
             self._left_at = None
+        # A failure that starts late in a bucket shows in the next one: a trip in the
+        # bucket before a failing one is that incident's detection, not a false trip.
+        grace = truth.bucket_ms
         r.false_trips = sum(1 for t in self._trip_times
-                            if (truth.rate_at(t) or 0.0) < target)
+                            if (truth.rate_at(t) or 0.0) < target
+                            and (truth.rate_at(t + grace) or 0.0) < target)
         incidents = truth.incidents(target)
         r.incidents = len(incidents)
         for start, end in incidents:
-            first = next((t for t in self._trip_times if start <= t < end), None)
+            first = next((t for t in self._trip_times if start - grace <= t < end), None)
             if first is None:
                 r.missed_incidents += 1
             else:
-                r.detect_s.append((first - start) / 1000.0)
+                r.detect_s.append(max(0, first - start) / 1000.0)
         return r
 
 

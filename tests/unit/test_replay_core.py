@@ -214,3 +214,14 @@ def test_sweeps_expand_ranges_and_lists() -> None:
 def test_bad_sweeps_are_refused(bad: str) -> None:
     with pytest.raises(ValueError, match="--sweep"):
         parse_sweep(bad)
+
+
+def test_a_trip_just_before_a_failing_bucket_detects_it() -> None:
+    # the failure starts at 2.8 s: bucket 2 (2.0-3.9 s) stays under the target, bucket 3
+    # does not; a fast breaker tripping at 2.9 s detected it (the resolution is a bucket)
+    samples = [Sample(T0 + ms, ok=int(ms < 2800 or ms >= 6000),
+                      failed=int(2800 <= ms < 6000)) for ms in range(0, 8000, 100)]
+    truth = Truth(samples, weights(samples), 1000, 1)
+    assert truth.rate_at(T0 + 2900) == 20.0 and truth.incidents(50)[0][0] == T0 + 3000
+    r = tally_of([(2_900, "CLOSED", "OPEN")]).result(T0 + 8000, truth, target=50)
+    assert (r.false_trips, r.missed_incidents, r.detect_s) == (0, 0, [0.0])
