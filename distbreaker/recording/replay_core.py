@@ -17,8 +17,8 @@ Definitions (docs/guides/tuning.md):
 - a *false trip* is a trip in a bucket whose truth was under `target`, as was the
   next bucket's (a failure starting late in a bucket shows in the next one);
 - *time to detect* an incident: from its start to the first trip during it or in the
-  bucket before it (0 then: the resolution is one bucket); an incident without a trip
-  is *missed*.
+  bucket before it (0 then: the resolution is one bucket; 0 too when the breaker was
+  not CLOSED as it began); an incident without a trip is *missed*.
 """
 
 from __future__ import annotations
@@ -190,6 +190,14 @@ class Tally:
             self._left_at = None
         self._state = to
 
+    def _state_at(self, t_ms: int) -> str:
+        state = "CLOSED"
+        for at, _, to in self.r.transitions:
+            if at > t_ms:
+                break
+            state = to
+        return state
+
     def result(self, end_ms: int, truth: Truth, target: float) -> ReplayResult:
         r = self.r
         r.end_ms = end_ms
@@ -206,6 +214,8 @@ class Tally:
         r.incidents = len(incidents)
         for start, end in incidents:
             first = next((t for t in self._trip_times if start - grace <= t < end), None)
+            if first is None and self._state_at(start) != "CLOSED":
+                first = start   # already open (or probing) when it began
             if first is None:
                 r.missed_incidents += 1
             else:

@@ -225,3 +225,11 @@ def test_a_trip_just_before_a_failing_bucket_detects_it() -> None:
     assert truth.rate_at(T0 + 2900) == 20.0 and truth.incidents(50)[0][0] == T0 + 3000
     r = tally_of([(2_900, "CLOSED", "OPEN")]).result(T0 + 8000, truth, target=50)
     assert (r.false_trips, r.missed_incidents, r.detect_s) == (0, 0, [0.0])
+
+
+def test_an_incident_that_finds_the_breaker_open_is_not_missed() -> None:
+    samples = samples_per_second([0.0] * 5 + [1.0] * 5)
+    truth = Truth(samples, weights(samples), 1000, 1)
+    r = tally_of([(1_000, "CLOSED", "OPEN"), (3_000, "OPEN", "HALF_OPEN"),
+                  (3_100, "HALF_OPEN", "OPEN")]).result(T0 + 10_000, truth, target=50)
+    assert (r.trips, r.false_trips, r.missed_incidents, r.detect_s) == (1, 1, 0, [0.0])
