@@ -498,7 +498,7 @@ class BreakerCodec:
         """ARGV[11..]: the quorum mark, and ARGV[12] when this record is sampled (outcome
         recording; a batch is sampled whole: its counts at the flush's server time)."""
         mark = self._worker_mark(counts)
-        sample = self.sampler.spec(worker_id()) if self.sampler.active else None
+        sample = self.sampler.spec(worker_id)
         if sample is None:
             return mark
         return (*(mark or ("",)), sample)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 #: Suffixes of the recording keys after the breaker's state key (same hash tag).
@@ -62,8 +63,10 @@ class Sampler:
 
     def _current(self) -> tuple[int, int, int]:
         switch = self._switch
-        if switch is not None and time.monotonic() < self._switch_until:
-            return switch
+        if switch is not None:
+            if time.monotonic() < self._switch_until:
+                return switch
+            self._switch = None   # it ended: the config's rate again
         return self._base
 
     def learn(self, answer: str, now_ms: int) -> None:
@@ -85,9 +88,17 @@ class Sampler:
                             max(1000, ttl))
             self._switch_until = time.monotonic() + max(0, until - now_ms) / 1000.0
 
-    def spec(self, worker: str) -> str | None:
-        """ARGV[12] for this record call when it is sampled, else None."""
-        rate, maxlen, ttl = self._current()
-        if rate <= 0 or (rate < PPM and self._draw() * PPM >= rate):
+    def spec(self, worker: Callable[[], str]) -> str | None:
+        """ARGV[12] for this record call when it is sampled, else None (recording off
+        costs one comparison: no clock, no draw)."""
+        if self._switch is None:
+            rate, maxlen, ttl = self._base
+            if rate <= 0:
+                return None
+        else:
+            rate, maxlen, ttl = self._current()
+            if rate <= 0:
+                return None
+        if rate < PPM and self._draw() * PPM >= rate:
             return None
-        return f"{maxlen};{ttl};{rate};{worker}"
+        return f"{maxlen};{ttl};{rate};{worker()}"

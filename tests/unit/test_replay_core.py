@@ -43,7 +43,7 @@ def test_recording_is_off_by_default() -> None:
     config = BreakerConfig()
     assert config.record_sample_rate == 0.0
     assert not Sampler(config.record_sample_rate, 10, 1000).active
-    assert Sampler(0.0, 10, 1000).spec("w") is None
+    assert Sampler(0.0, 10, 1000).spec(lambda: 1 / 0) is None  # no worker id built
 
 
 @pytest.mark.parametrize("text,rate", [("10%", 0.1), (0.25, 0.25), ("1", 1.0), ("0", 0.0),
@@ -70,23 +70,23 @@ def test_caps_are_validated() -> None:
 def test_the_sampler_draws_at_its_rate_and_names_its_caps() -> None:
     draws = iter([0.05, 0.5, 0.09, 0.1])
     sampler = Sampler(0.1, 500, 60_000, draw=lambda: next(draws))
-    specs = [sampler.spec("host:1") for _ in range(4)]
+    specs = [sampler.spec(lambda: "host:1") for _ in range(4)]
     assert specs == ["500;60000;100000;host:1", None, "500;60000;100000;host:1", None]
     # every call at 100 %, without a draw
-    assert Sampler(1.0, 5, 1000, draw=lambda: 1 / 0).spec("w") == "5;1000;1000000;w"
+    assert Sampler(1.0, 5, 1000, draw=lambda: 1 / 0).spec(lambda: "w") == "5;1000;1000000;w"
 
 
 def test_the_operators_switch_wins_until_it_ends_and_stop_is_rate_zero() -> None:
     sampler = Sampler(0.0, 500, 60_000, draw=lambda: 0.0)
     sampler.learn("250000;10060000;20;30000", now_ms=10_000_000)   # 25 %, 60 s left
-    assert sampler.spec("w") == "20;30000;250000;w"
+    assert sampler.spec(lambda: "w") == "20;30000;250000;w"
     sampler.learn("0;10060000;20;30000", now_ms=10_000_000)        # `record stop`
-    assert sampler.spec("w") is None and not sampler.active
+    assert sampler.spec(lambda: "w") is None and not sampler.active
     sampler.learn("250000;10000000;;", now_ms=10_000_000)          # already ended
-    assert sampler.spec("w") is None
+    assert sampler.spec(lambda: "w") is None
     base = Sampler(1.0, 7, 9000, draw=lambda: 0.0)
     base.learn("garbage", now_ms=0)
-    assert base.spec("w") == "7;9000;1000000;w"
+    assert base.spec(lambda: "w") == "7;9000;1000000;w"
 
 
 # -- the timeline ----------------------------------------------------------------------
