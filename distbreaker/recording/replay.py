@@ -75,7 +75,7 @@ class Replayer:
         wire = config.to_wire()
         head = (str(config_fingerprint(wire)), wire, name, keys.channel)
         view, open_until = State.CLOSED, 0
-        pending: dict[int, str | None] = {}   # sample index -> probe token ('' none)
+        pending: dict[int, str] = {}   # sample index -> probe token ('' none)
 
         def apply(reply: Any) -> None:
             nonlocal view, open_until
@@ -101,17 +101,17 @@ class Replayer:
                 else:
                     tally.rejected(sample, weight)
                 continue
-            token = pending.pop(step.index, None)
-            if token is None:
+            probe = pending.pop(step.index, None)
+            if probe is None:
                 continue
             # a probe is one call: the sample's own counts; the calls it stands for
             # beyond it were turned away with the probes' slots taken
-            n = 1 if token else weight
-            if token and weight > 1:
+            n = 1 if probe else weight
+            if probe and weight > 1:
                 tally.rejected(sample, weight - 1)
             tally.permitted(sample, n)
             reply = self._eval([keys.state], step.t_ms,
-                               ("record", *head, token, sample.ok * n, sample.failed * n,
+                               ("record", *head, probe, sample.ok * n, sample.failed * n,
                                 sample.slow * n, sample.duration_ms * n))
             apply(reply)
         return tally.result(end, truth, target)
