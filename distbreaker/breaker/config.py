@@ -228,9 +228,10 @@ class BreakerConfig:
         put = object.__setattr__
         put(self, "record_sample_rate", parse_rate(self.record_sample_rate))
         check_int(self.record_max_samples, "record_max_samples", 1, MAX_SAMPLES)
-        put(self, "record_ttl", to_seconds(self.record_ttl, "record_ttl"))
-        if self.record_ttl < 1:
+        ttl = to_seconds(self.record_ttl, "record_ttl")
+        if ttl < 1:
             raise ValueError(f"record_ttl must be >= 1 second, got {self.record_ttl!r}")
+        put(self, "record_ttl", ttl)
 
     def _check_wait_interval(self) -> None:
         put = object.__setattr__
