@@ -233,3 +233,16 @@ def test_an_incident_that_finds_the_breaker_open_is_not_missed() -> None:
     r = tally_of([(1_000, "CLOSED", "OPEN"), (3_000, "OPEN", "HALF_OPEN"),
                   (3_100, "HALF_OPEN", "OPEN")]).result(T0 + 10_000, truth, target=50)
     assert (r.trips, r.false_trips, r.missed_incidents, r.detect_s) == (1, 1, 0, [0.0])
+
+
+def test_the_registry_takes_recording_settings_from_files_and_the_environment() -> None:
+    from distbreaker.registry.config import RegistrySpec
+
+    data = {"breakers": {"instances": {"payments": {"record_sample_rate": "5%",
+                                                    "record_ttl": "2h"}}}}
+    config = RegistrySpec(data, environ={}).resolve("breaker", "payments").config
+    assert (config.record_sample_rate, config.record_ttl) == (0.05, 7200.0)
+    environ = {"DISTBREAKER_BREAKER_PAYMENTS_RECORD_SAMPLE_RATE": "0.25",
+               "DISTBREAKER_BREAKER_PAYMENTS_RECORD_MAX_SAMPLES": "500"}
+    config = RegistrySpec(data, environ=environ).resolve("breaker", "payments").config
+    assert (config.record_sample_rate, config.record_max_samples) == (0.25, 500)
