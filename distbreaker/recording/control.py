@@ -2,7 +2,8 @@
 start` / `stop`), its status, and reading the recorded stream (`record export`).
 
 The switch is the hash ``<state key>:rec:on`` (rate in parts per million, `until`
-server ms, `max` entries, `ttl` ms, `actor`, `at`), expiring by itself at `until`
+server ms, `max` entries, `ttl` ms, `actor`, `at`, and `v`: the four numbers as one
+field ``rate;until;max;ttl``, which hellos read), expiring by itself at `until`
 (`stop` leaves rate 0 for a minute: workers hear it at their next hello);
 workers learn it at their next hello (about every 20 s) and sample that share of their
 record calls into ``<state key>:rec`` (docs/KEY_SCHEMA.md, "Outcome recording").
@@ -68,8 +69,10 @@ def start(client: Any, name: str, rate: float, for_s: float, *, max_samples: int
     key = switch_key(name, prefix)
     pipe = client.pipeline(transaction=True)
     pipe.delete(key)
-    pipe.hset(key, mapping={"rate": to_ppm(rate), "until": until, "max": max_samples,
-                            "ttl": round(ttl_s * 1000), "actor": actor, "at": now})
+    ppm, ttl_ms = to_ppm(rate), round(ttl_s * 1000)
+    pipe.hset(key, mapping={"rate": ppm, "until": until, "max": max_samples, "ttl": ttl_ms,
+                            "actor": actor, "at": now,
+                            "v": f"{ppm};{until};{max_samples};{ttl_ms}"})
     pipe.pexpireat(key, until)
     pipe.execute()
     return until
@@ -88,7 +91,8 @@ def stop(client: Any, name: str, prefix: str = DEFAULT_PREFIX) -> bool:
     now = _server_ms(client)
     pipe = client.pipeline(transaction=True)
     pipe.hmget(key, "rate", "until")
-    pipe.hset(key, mapping={"rate": 0, "until": now + STOP_NOTICE_MS})
+    pipe.hset(key, mapping={"rate": 0, "until": now + STOP_NOTICE_MS,
+                            "v": f"0;{now + STOP_NOTICE_MS};;"})
     pipe.pexpireat(key, now + STOP_NOTICE_MS)
     (rate, until), _, _ = pipe.execute()
     return bool(rate) and int(rate) > 0 and int(until or 0) > now

@@ -7,7 +7,7 @@
 -- Best effort: written after the state, through pcall; a malformed spec or a foreign
 -- key is skipped, never an error of the record it rides on.
 -- The run-time switch (`distbreaker record start`) is the hash <state key>:rec:on
--- (rate, until, max, ttl; expiring at `until`); a worker learns it from the full reply
+-- (`v`: rate;until;max;ttl, for hellos; expiring at `until`); a worker learns it from the full reply
 -- to its hello (`control`, element 21), which is the usual reply while there is none.
 local tonumber, pcall_, match = tonumber, redis.pcall, string.match
 
@@ -27,13 +27,14 @@ local function add(k_state, spec, now, ok, f, s, ms, st)
   pcall_('PEXPIRE', key, ttl)
 end
 
--- A hello's answer about the run-time switch: '<rate_ppm>;<until_ms>;<maxlen>;<ttl_ms>'
--- while the switch hash exists (`record stop` leaves rate 0 for a minute, so every
--- worker's next hello hears it), else nil: the hello's reply is then as before.
+-- A hello's answer about the run-time switch: its field `v`
+-- '<rate_ppm>;<until_ms>;<maxlen>;<ttl_ms>' while the switch hash exists (`record stop`
+-- leaves rate 0 for a minute, so every worker's next hello hears it), else nil: the
+-- hello's reply is then as before. One HGET (every 20 s per worker).
 local function control(k_state)
-  local v = pcall_('HMGET', k_state .. ':rec:on', 'rate', 'until', 'max', 'ttl')
-  if type(v) ~= 'table' or v.err or not v[1] then return nil end
-  return v[1] .. ';' .. (v[2] or '') .. ';' .. (v[3] or '') .. ';' .. (v[4] or '')
+  local v = pcall_('HGET', k_state .. ':rec:on', 'v')
+  if type(v) ~= 'string' then return nil end
+  return v
 end
 
 return {add = add, control = control}
