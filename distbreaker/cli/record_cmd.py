@@ -59,6 +59,9 @@ def record_start(app: App, name: str, rate: str, for_text: str, max_samples: int
         return
     click.echo(f"{name}: recording {fraction:.2%} of outcomes until {clock(until)} "
                f"(workers follow within about 20 s)")
+    if not control.breaker_exists(app.client, name, app.prefix):
+        click.echo(f"note: no breaker {name!r} under prefix {app.prefix!r} yet: the switch "
+                   "applies to workers that start using it", err=True)
 
 
 @record_group.command("stop")

@@ -33,6 +33,10 @@ def switch_key(name: str, prefix: str = DEFAULT_PREFIX) -> str:
     return BreakerKeys.build(name, prefix).state + SWITCH_SUFFIX
 
 
+def breaker_exists(client: Any, name: str, prefix: str = DEFAULT_PREFIX) -> bool:
+    return bool(client.exists(BreakerKeys.build(name, prefix).state))
+
+
 def _server_ms(client: Any) -> int:
     seconds, micros = client.time()
     return int(seconds) * 1000 + int(micros) // 1000

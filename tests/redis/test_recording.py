@@ -108,6 +108,9 @@ def test_the_cli_starts_exports_and_stops(redis_url: str, redis_client: redis.Re
                  "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["rate"] == 1.0
+    human = run(redis_url, "record", "start", name, "--rate", "100%", "--for", "10m")
+    assert "recording 100.00% of outcomes" in human.output
+    assert f"no breaker {name!r}" in human.output   # a typo shows (on stderr)
     empty = run(redis_url, "record", "export", name)
     assert empty.exit_code == 1 and "no recorded samples" in empty.output
     breaker = CircuitBreaker(name, redis=redis_url, **FAST)
@@ -124,3 +127,17 @@ def test_the_cli_starts_exports_and_stops(redis_url: str, redis_client: redis.Re
     assert "recording switch off" in stopped.output
     bad = run(redis_url, "record", "start", name, "--rate", "200%")
     assert bad.exit_code == 2 and "--rate" in bad.output
+
+
+def test_a_policys_merged_call_records_the_sample(redis_url: str, redis_client: redis.Redis,
+                                                  name: str) -> None:
+    from distbreaker import Policy
+
+    policy = Policy(name, redis=redis_url, breaker={**FAST, "record_sample_rate": 1.0},
+                    bulkhead={"max_concurrent_calls": 5},
+                    budget={"percent_can_retry": 0.2, "min_retries_per_sec": 1})
+    for _ in range(4):
+        policy.call(lambda: "ok")
+
+    samples = list(control.export(redis_client, name))
+    assert [(s.ok, s.failed, s.state) for s in samples] == [(1, 0, "CLOSED")] * 4
