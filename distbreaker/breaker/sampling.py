@@ -12,7 +12,6 @@ reply element 21). Pure: the random draw is the only input besides the clock.
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -47,15 +46,15 @@ def to_ppm(rate: float) -> int:
 
 class Sampler:
     """One breaker's sampling decision: the config's rate, or the operator's switch
-    while it is in force (it wins, stopping included: rate 0)."""
+    while it is in force (it wins, stopping included: rate 0). No lock (fork-safe): the
+    switch is one tuple, replaced whole."""
 
     def __init__(self, rate: float, max_samples: int, ttl_ms: int,
                  draw: Any = random.random) -> None:
         self._base = (to_ppm(rate), max_samples, ttl_ms)
-        self._switch: tuple[int, int, int] | None = None
-        self._switch_until = 0.0   # monotonic end of the operator's switch
+        #: (rate ppm, maxlen, ttl ms, monotonic end) of the operator's switch, or None.
+        self._switch: tuple[int, int, int, float] | None = None
         self._draw = draw
-        self._lock = threading.Lock()
 
     @property
     def active(self) -> bool:
@@ -64,8 +63,8 @@ class Sampler:
     def _current(self) -> tuple[int, int, int]:
         switch = self._switch
         if switch is not None:
-            if time.monotonic() < self._switch_until:
-                return switch
+            if time.monotonic() < switch[3]:
+                return switch[0], switch[1], switch[2]
             self._switch = None   # it ended: the config's rate again
         return self._base
 
@@ -73,32 +72,23 @@ class Sampler:
         """A hello's reply element 21: the switch (rate 0: stopped; it lasts until its
         end, then the config's rate applies again)."""
         parts = answer.split(";") if answer else []
-        with self._lock:
-            if len(parts) != 4:
-                self._switch = None
-                return
-            try:
-                rate, until = int(parts[0]), int(parts[1])
-                maxlen = int(parts[2]) if parts[2] else self._base[1]
-                ttl = int(parts[3]) if parts[3] else self._base[2]
-            except ValueError:
-                self._switch = None
-                return
-            self._switch = (max(0, min(PPM, rate)), max(1, min(MAX_SAMPLES, maxlen)),
-                            max(1000, ttl))
-            self._switch_until = time.monotonic() + max(0, until - now_ms) / 1000.0
+        try:
+            rate, until = int(parts[0]), int(parts[1])
+            maxlen = int(parts[2]) if parts[2] else self._base[1]
+            ttl = int(parts[3]) if parts[3] else self._base[2]
+        except (ValueError, IndexError):
+            self._switch = None
+            return
+        self._switch = (max(0, min(PPM, rate)), max(1, min(MAX_SAMPLES, maxlen)),
+                        max(1000, ttl), time.monotonic() + max(0, until - now_ms) / 1000.0)
 
     def spec(self, worker: Callable[[], str]) -> str | None:
         """ARGV[12] for this record call when it is sampled, else None (recording off
         costs one comparison: no clock, no draw)."""
         if self._switch is None:
             rate, maxlen, ttl = self._base
-            if rate <= 0:
-                return None
         else:
             rate, maxlen, ttl = self._current()
-            if rate <= 0:
-                return None
-        if rate < PPM and self._draw() * PPM >= rate:
+        if rate <= 0 or (rate < PPM and self._draw() * PPM >= rate):
             return None
         return f"{maxlen};{ttl};{rate};{worker()}"
