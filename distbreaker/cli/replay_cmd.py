@@ -86,6 +86,9 @@ def throwaway_redis() -> Iterator[Any]:
               "a stretch at or above it is an incident to detect.")
 @click.option("--truth-window", type=float, default=5.0, show_default=True,
               help="Seconds: the buckets the recorded failure rate is judged in.")
+@click.option("--truth-min-calls", type=int, default=10, show_default=True,
+              help="Calls a bucket needs to judge the failure rate (fewer: the previous "
+              "bucket's rate stands).")
 @click.option("--name", help="The breaker's name in registry files (default: the "
               "timeline's).")
 @click.option("--no-scale", is_flag=True, help="Replay each sample as one call (default: "
@@ -95,7 +98,8 @@ def throwaway_redis() -> Iterator[Any]:
               "(needs the `plot` extra).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def replay_command(timeline: Any, configs: tuple[str, ...], sweeps: tuple[str, ...],
-                   target: float, truth_window: float, name: str | None, no_scale: bool,
+                   target: float, truth_window: float, truth_min_calls: int,
+                   name: str | None, no_scale: bool,
                    plot: str | None, as_json: bool) -> None:
     """What each config would have done with a recorded timeline (JSONL from
     `distbreaker record export`): trips, time open, calls rejected, failures let
@@ -127,9 +131,10 @@ def replay_command(timeline: Any, configs: tuple[str, ...], sweeps: tuple[str, .
         replayer = Replayer(client)
         for label, config, changes in runs:
             results.append(replayer.run(samples, config, target=target,
-                                        truth_window_ms=truth_ms, scale=not no_scale,
+                                        truth_window_ms=truth_ms,
+                                        truth_min_calls=truth_min_calls, scale=not no_scale,
                                         label=label, changes=changes))
-    truth = Truth(samples, weights(samples, not no_scale), truth_ms, 10)
+    truth = Truth(samples, weights(samples, not no_scale), truth_ms, truth_min_calls)
     if plot and plot != "-":
         try:
             report.png_plot(plot, results, truth, target)

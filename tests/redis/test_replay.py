@@ -46,6 +46,17 @@ def test_the_seed_scenario_is_detected_at_once_and_recovers(
     assert all(T0 < at < T0 + 240_000 for at, _, _ in r.transitions)
 
 
+def test_a_time_window_replays_on_the_recorded_seconds(replayer: Replayer,
+                                                       seed_samples: list[Sample]) -> None:
+    config = BreakerConfig(sliding_window_type="TIME_BASED", sliding_window_size=10,
+                           minimum_number_of_calls=20, failure_rate_threshold=30,
+                           wait_duration_in_open_state=20.0)
+    r = replayer.run(seed_samples, config, target=20)
+    assert (r.incidents, r.missed_incidents, r.false_trips) == (1, 0, 0)
+    assert r.transitions[0][1:] == ("CLOSED", "OPEN")
+    assert T0 + 60_000 <= r.transitions[0][0] < T0 + 70_000
+
+
 def test_a_threshold_above_the_outage_misses_it(replayer: Replayer) -> None:
     # 60 % failures from 60 s to 150 s: a 50-call window never reaches 90 %
     samples = seed(seconds=240, calls_per_second=10, fail_from=60, fail_until=150,
