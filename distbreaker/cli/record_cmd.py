@@ -33,7 +33,7 @@ def _seconds(text: str, option: str) -> float:
 
 @record_group.command("start")
 @click.argument("name", callback=check_name)
-@click.option("--rate", default="100%", show_default=True,
+@click.option("--rate", default="10%", show_default=True,
               help="Share of the record calls sampled: 10%, 0.1.")
 @click.option("--for", "for_text", default="1h", show_default=True, metavar="DURATION",
               help="Stop by itself after DURATION (30m, 1h, PT2H), by Redis server time.")
