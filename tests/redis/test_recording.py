@@ -141,3 +141,37 @@ def test_a_policys_merged_call_records_the_sample(redis_url: str, redis_client: 
 
     samples = list(control.export(redis_client, name))
     assert [(s.ok, s.failed, s.state) for s in samples] == [(1, 0, "CLOSED")] * 4
+
+
+def record_args(name: str, *tail: object) -> tuple[list[str], list[object]]:
+    from distbreaker import BreakerConfig
+    from distbreaker._runtime.keys import BreakerKeys
+    from distbreaker.breaker.core import config_fingerprint
+
+    keys = BreakerKeys.build(name)
+    wire = BreakerConfig(**FAST).to_wire()
+    return keys.script_keys, ["record", config_fingerprint(wire), wire, name, keys.channel,
+                              "", 1, 0, 0, 7, *tail]
+
+
+def test_a_sample_keeps_the_hot_paths_short_reply_and_bad_ones_are_skipped(
+        redis_client: redis.Redis, name: str) -> None:
+    from distbreaker._runtime.scripts import load_script, run_script
+
+    script = load_script("breaker")
+    keys, args = record_args(name)
+    run_script(redis_client, script, keys, args)          # creates the breaker
+    keys, args = record_args(name, "", "100;60000;500000;w:1")
+    assert len(run_script(redis_client, script, keys, args)) == 3
+    [sample] = control.export(redis_client, name)
+    assert (sample.ok, sample.duration_ms, sample.rate, sample.worker) == (1, 7, 0.5, "w:1")
+    for bad in ("garbage", "0;60000;1;w", "100;5;1;w", "2000000;60000;1;w"):
+        keys, args = record_args(name, "", bad)
+        assert len(run_script(redis_client, script, keys, args)) == 3
+    assert redis_client.xlen(control.stream_key(name)) == 1
+    # a foreign key where the stream goes: the record still counts, the sample is lost
+    redis_client.delete(control.stream_key(name))
+    redis_client.set(control.stream_key(name), "not a stream", ex=60)
+    keys, args = record_args(name, "", "100;60000;500000;w:1")
+    assert run_script(redis_client, script, keys, args)[0] in (b"CLOSED", "CLOSED")
+    assert redis_client.get(control.stream_key(name)) == b"not a stream"
