@@ -1,4 +1,4 @@
---!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events breaker_window breaker_ops breaker_persist breaker_hot breaker_rollout
+--!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events breaker_window breaker_ops breaker_persist breaker_hot breaker_rollout breaker_sample
 -- distbreaker circuit breaker, key schema v2. The single source of truth for
 -- the fleet-wide state machine (docs/KEY_SCHEMA.md documents every byte).
 --
@@ -31,7 +31,8 @@
 -- acquire: ARGV[6] probe token
 -- record:  ARGV[6] probe token or "", ARGV[7] successes, ARGV[8] failures,
 --          ARGV[9] slow calls, ARGV[10] total duration ms (all zero with a
---          token: an ignored probe, whose slot is handed back)
+--          token: an ignored probe, whose slot is handed back); optional ARGV[11]
+--          quorum mark, ARGV[12] a sampled outcome's spec (lua/lib/breaker_sample.lua)
 -- set:     ARGV[6] target state or RESET or TRIP, ARGV[7] reason, ARGV[8] actor,
 --          ARGV[9] hold for ms or "", ARGV[10] hold until epoch ms or ""
 --
@@ -714,6 +715,14 @@ local function finish()
   local short = (op == 'record' or op == 'acquire') and permitted == 1 and not transitions
       and not quorum_blocked
       and drift == 0 and override_until == 0 and s_state ~= 'OPEN' and s_state ~= 'FORCED_OPEN'
+  -- outcome recording (lua/lib/breaker_sample.lua): a sampled record; a hello learns
+  -- the run-time switch from the full reply (element 21)
+  if op == 'record' and argv[12] then
+    breaker_sample.add(K_STATE, argv[12], now, argv[7], argv[8], argv[9], argv[10], s_state)
+  end
+  local rec_on = hello_worker and not hello_bye and op ~= 'state' and op ~= 'set'
+                 and breaker_sample.control(K_STATE)
+  if rec_on then short = false end
   if not short then wait_ms, in_flight = reply_numbers() end
   local keep = write_others(refresh)
   local event_errors = ''
@@ -721,7 +730,9 @@ local function finish()
   -- after the XADD (a first event creates the stream), once per call
   if events or refresh then pcall_('PEXPIRE', K_HIST, keep) end
   if short and event_errors == '' then return {s_state, now, since} end
-  return reply_full(event_errors, wait_ms, in_flight)
+  local full = reply_full(event_errors, wait_ms, in_flight)
+  if rec_on then full[21] = rec_on end
+  return full
 end
 
 -- Adopting or comparing configs --------------------------------------------------
@@ -901,7 +912,13 @@ return function(KEYS, ARGV, given_now, given_micros)
   if ARGV[1] == 'record' then
     local fast
     fast, preread, given_now, given_micros = fast_record(KEYS, ARGV, given_now, given_micros)
-    if fast then return fast end
+    if fast then
+      if ARGV[12] then  -- a sampled outcome (lua/lib/breaker_sample.lua)
+        breaker_sample.add(KEYS[1], ARGV[12], fast[2], ARGV[7], ARGV[8], ARGV[9], ARGV[10],
+                           'CLOSED')
+      end
+      return fast
+    end
   end
   begin(KEYS, ARGV, given_now, given_micros)
   if op ~= 'acquire' and op ~= 'record' and op ~= 'state' and op ~= 'set' then

@@ -210,6 +210,15 @@ def exact_closed(client: redis.Redis, name: str) -> CostScenario:
                         lambda: breaker.call(ok))
 
 
+def exact_closed_recording(client: redis.Redis, name: str) -> CostScenario:
+    """The exact CLOSED record with outcome recording on (every call sampled: the
+    stream's XADD and PEXPIRE ride on the record's script call)."""
+    breaker = CircuitBreaker(name, redis=client, record_sample_rate=1.0)
+    breaker.reset()
+    return CostScenario("closed_recording", "exact CLOSED success, recording 100 %",
+                        lambda: breaker.call(ok))
+
+
 def exact_closed_time(client: redis.Redis, name: str) -> CostScenario:
     breaker = CircuitBreaker(name, redis=client, sliding_window_type="TIME_BASED")
     breaker.reset()
@@ -411,7 +420,8 @@ def build_scenarios(url: str, tag: str, calls: int = DEFAULT_CALLS) -> list[Cost
         scenarios.append(pybreaker_closed(client, f"{tag}-pyb"))
     except ImportError:  # pybreaker: in the bench and test extras
         print("pybreaker is not installed: skipping its scenario", file=sys.stderr)
-    return [*scenarios, closed, exact_closed_time(client, f"{tag}-time"),
+    return [*scenarios, closed, exact_closed_recording(client, f"{tag}-rec"),
+            exact_closed_time(client, f"{tag}-time"),
             steady_long_window(client, f"{tag}-time3600"),
             *(idle_long_window(client, f"{tag}-idle{gap}", gap, label, calls)
               for gap, label in IDLE_GAPS),

@@ -55,7 +55,7 @@ LAYERS: list[tuple[str, set[str], bool]] = [
     ("runtime", {"_runtime"}, False),  # shared machinery, classification included
     ("component", {"breaker", "bulkhead", "budget", "retry", "ganesha", "ratelimiter"}, False),
     # Compose the components: the policy, the fleet's read side, operator actions.
-    ("composition", {"policy", "readside", "operate", "inject"}, False),
+    ("composition", {"policy", "readside", "operate", "inject", "recording"}, False),
     ("registry", {"registry"}, False),
     ("integration", {"contrib", "_facade"}, False),
     ("package", {"__init__", "aio"}, False),

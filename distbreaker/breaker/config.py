@@ -23,6 +23,7 @@ from .._runtime.options import (
     to_ms,
     to_seconds,
 )
+from .sampling import MAX_SAMPLES, parse_rate
 from .state import State
 
 WIRE_VERSION = "1"
@@ -117,6 +118,12 @@ class BreakerConfig:
     `distbreaker inject` reach this breaker's calls: injected errors, latency and
     rejections, marked as injected (docs/guides/fault_injection.md). It is not part of
     the wire string: each worker decides for itself.
+    `record_sample_rate` (0: off, the default; a fraction or ``"10%"``) samples that
+    share of recorded outcomes (time, outcome, duration, worker) into the name's capped
+    stream (at most about `record_max_samples` entries, expiring `record_ttl` after the
+    last sample), in the same script call as the record: ``distbreaker record export``
+    reads it, ``distbreaker replay`` replays it against candidate configs.
+    ``distbreaker record start NAME --rate 10% --for 1h`` turns it on at run time.
     """
 
     failure_rate_threshold: float = 50.0
@@ -155,6 +162,9 @@ class BreakerConfig:
     quorum_window: Seconds = 60.0
     config_version: int = 0
     allow_fault_injection: bool = False
+    record_sample_rate: float | str = 0.0
+    record_max_samples: int = 10_000
+    record_ttl: Seconds = 86_400.0
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -215,6 +225,18 @@ class BreakerConfig:
                                  f"{', '.join(s.value for s in allowed)}, got {value!r}")
             put(self, field, state)
         self._check_wait_interval()
+        self._check_recording()
+
+    def _check_recording(self) -> None:
+        """Outcome recording (off by default): the share of record calls sampled into the
+        name's capped stream, its cap (entries) and TTL (docs/KEY_SCHEMA.md)."""
+        put = object.__setattr__
+        put(self, "record_sample_rate", parse_rate(self.record_sample_rate))
+        check_int(self.record_max_samples, "record_max_samples", 1, MAX_SAMPLES)
+        ttl = to_seconds(self.record_ttl, "record_ttl")
+        if ttl < 1:
+            raise ValueError(f"record_ttl must be >= 1 second, got {self.record_ttl!r}")
+        put(self, "record_ttl", ttl)
 
     def _check_wait_interval(self) -> None:
         put = object.__setattr__

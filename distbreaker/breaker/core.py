@@ -52,6 +52,7 @@ from .config import (
     config_differences,
 )
 from .events import Listener, Transition, log_transition
+from .sampling import Sampler
 from .state import State
 
 logger = logging.getLogger("distbreaker")
@@ -110,6 +111,9 @@ class Reply:
     #: The rates were exceeded but failures came from too few workers (quorum trip):
     #: the breaker stays CLOSED fleet-wide; the reporting worker opens for itself.
     quorum_blocked: bool = False
+    #: A hello's answer about the operator's recording switch (element 21, while one
+    #: exists); None in other replies (breaker/sampling.py).
+    recording: str | None = None
 
     @property
     def override_left(self) -> float | None:
@@ -291,6 +295,7 @@ def decode_reply(raw: Sequence[Any]) -> Reply:
         probe_figures=bool(int(raw[18])) if len(raw) > 18 else (
             State(text(raw[0])) is State.HALF_OPEN),
         quorum_blocked=bool(int(raw[19])) if len(raw) > 19 else False,
+        recording=text(raw[20]) if len(raw) > 20 else None,
     )
 
 
@@ -382,6 +387,9 @@ class BreakerCodec:
         #: state that rejected them ("UNKNOWN": Redis unavailable, fail_closed).
         self.outcomes: Counter[str] = Counter()
         self.rejections: Counter[str] = Counter()
+        #: Outcome recording: which record calls carry a sample (off by default).
+        self.sampler = Sampler(config.record_sample_rate, config.record_max_samples,
+                               to_ms(config.record_ttl))
         forking.register(self)
 
     def _after_fork(self) -> None:
@@ -461,7 +469,7 @@ class BreakerCodec:
             return self._call("record", permit.token, 0, 0, 0, 0)
         counts = self._counts(outcome, duration)
         self._note_own(counts)
-        return self._call("record", permit.token, *counts, *self._worker_mark(counts))
+        return self._call("record", permit.token, *counts, *self._record_tail(counts))
 
     def batched_counts(self, outcome: Outcome, duration: float) -> Counts | None:
         """Batched mode: the counts one finished call (no probe) adds, None when ignored."""
@@ -481,13 +489,22 @@ class BreakerCodec:
 
     def batch_call(self, counts: Counts) -> ScriptCall:
         """The record script call carrying accumulated counts (no probe token)."""
-        return self._call("record", "", *counts, *self._worker_mark(counts))
+        return self._call("record", "", *counts, *self._record_tail(counts))
 
     def _worker_mark(self, counts: Counts) -> tuple[str, ...]:
         """ARGV[11] of a record with failures when the quorum trip is on: this worker."""
         if self.config.min_failing_workers <= 1 or not counts[1]:
             return ()
         return (worker_id(),)
+
+    def _record_tail(self, counts: Counts) -> tuple[str, ...]:
+        """ARGV[11..]: the quorum mark, and ARGV[12] when this record is sampled (outcome
+        recording; a batch is sampled whole: its counts at the flush's server time)."""
+        mark = self._worker_mark(counts)
+        sample = self.sampler.spec(worker_id)
+        if sample is None:
+            return mark
+        return (*(mark or ("",)), sample)
 
     def _counts(self, outcome: Outcome, duration: float) -> Counts:
         ms = max(0, to_ms(duration))
@@ -652,6 +669,8 @@ class BreakerCodec:
                                self.config.wait_duration_in_open_state)
             if reply.event_errors:
                 self._note_event_errors(reply.event_errors)
+            if reply.recording is not None:
+                self.sampler.learn(reply.recording, reply.now_ms)
             if reply.drift:
                 self._note_drift(reply.stored_config)
             elif self.config_drift is not None:

@@ -22,6 +22,7 @@ ROUND_TRIPS = {
     "closed_time_3600": 1,
     "closed_time_idle_3600": 1, "closed_time_idle_1800": 1, "closed_time_idle_3599": 1,
     "closed_time_idle_3600_no_ttl": 1,
+    "closed_recording": 1,  # the sample rides on the record's script call
 }
 
 

@@ -1093,8 +1093,55 @@ return {split = split, version_of = version_of, hello = hello, write = write,
 end)(record_codec(), breaker_config()) end
   return breaker_rollout_value
 end
-local main = (function(prelude, record_layout, record_codec, breaker_config, breaker_transitions, breaker_events, breaker_window, breaker_ops, breaker_persist, breaker_hot, breaker_rollout)
---!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events breaker_window breaker_ops breaker_persist breaker_hot breaker_rollout
+local breaker_sample_value
+local function breaker_sample()
+  if breaker_sample_value == nil then breaker_sample_value = (function()
+--!lib
+-- Outcome recording (docs/KEY_SCHEMA.md, "Outcome recording"): a record call the
+-- client sampled carries ARGV[12] '<maxlen>;<ttl_ms>;<rate_ppm>;<worker>', and this
+-- module appends its outcome to the capped stream <state key>:rec in the same script
+-- call (no round trip of its own). Calls without ARGV[12] never reach this module:
+-- lua/breaker.lua tests the argument once, after the hot path answered.
+-- Best effort: written after the state, through pcall; a malformed spec or a foreign
+-- key is skipped, never an error of the record it rides on.
+-- The run-time switch (`distbreaker record start`) is the hash <state key>:rec:on
+-- (`v`: rate;until;max;ttl, for hellos; expiring at `until`); a worker learns it from the full reply
+-- to its hello (`control`, element 21), which is the usual reply while there is none.
+local tonumber, pcall_, match = tonumber, redis.pcall, string.match
+
+local MAX_LEN = 1000000   -- entries, at most (the client's cap is validated too)
+local MIN_TTL = 1000      -- ms
+
+-- Appends one sampled outcome: `ok`, `f`, `s`, `ms` as the record's ARGV[7..10]
+-- (texts, already validated), at server ms `now`, `st` the state after the call.
+local function add(k_state, spec, now, ok, f, s, ms, st)
+  local maxlen, ttl, rate, worker = match(spec, '^(%d+);(%d+);(%d+);(.*)$')
+  maxlen, ttl = tonumber(maxlen), tonumber(ttl)
+  if not maxlen or maxlen < 1 or maxlen > MAX_LEN or ttl < MIN_TTL then return end
+  local key = k_state .. ':rec'
+  local added = pcall_('XADD', key, 'MAXLEN', '~', maxlen, '*', 't', now, 'ok', ok, 'f', f,
+                       's', s, 'ms', ms, 'w', worker, 'r', rate, 'st', st)
+  if type(added) == 'table' and added.err then return end
+  pcall_('PEXPIRE', key, ttl)
+end
+
+-- A hello's answer about the run-time switch: its field `v`
+-- '<rate_ppm>;<until_ms>;<maxlen>;<ttl_ms>' while the switch hash exists (`record stop`
+-- leaves rate 0 for a minute, so every worker's next hello hears it), else nil: the
+-- hello's reply is then as before. One HGET (every 20 s per worker).
+local function control(k_state)
+  local v = pcall_('HGET', k_state .. ':rec:on', 'v')
+  if type(v) ~= 'string' then return nil end
+  return v
+end
+
+return {add = add, control = control}
+
+end)() end
+  return breaker_sample_value
+end
+local main = (function(prelude, record_layout, record_codec, breaker_config, breaker_transitions, breaker_events, breaker_window, breaker_ops, breaker_persist, breaker_hot, breaker_rollout, breaker_sample)
+--!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events breaker_window breaker_ops breaker_persist breaker_hot breaker_rollout breaker_sample
 -- distbreaker circuit breaker, key schema v2. The single source of truth for
 -- the fleet-wide state machine (docs/KEY_SCHEMA.md documents every byte).
 --
@@ -1127,7 +1174,8 @@ local main = (function(prelude, record_layout, record_codec, breaker_config, bre
 -- acquire: ARGV[6] probe token
 -- record:  ARGV[6] probe token or "", ARGV[7] successes, ARGV[8] failures,
 --          ARGV[9] slow calls, ARGV[10] total duration ms (all zero with a
---          token: an ignored probe, whose slot is handed back)
+--          token: an ignored probe, whose slot is handed back); optional ARGV[11]
+--          quorum mark, ARGV[12] a sampled outcome's spec (lua/lib/breaker_sample.lua)
 -- set:     ARGV[6] target state or RESET or TRIP, ARGV[7] reason, ARGV[8] actor,
 --          ARGV[9] hold for ms or "", ARGV[10] hold until epoch ms or ""
 --
@@ -1810,6 +1858,14 @@ local function finish()
   local short = (op == 'record' or op == 'acquire') and permitted == 1 and not transitions
       and not quorum_blocked
       and drift == 0 and override_until == 0 and s_state ~= 'OPEN' and s_state ~= 'FORCED_OPEN'
+  -- outcome recording (lua/lib/breaker_sample.lua): a sampled record; a hello learns
+  -- the run-time switch from the full reply (element 21)
+  if op == 'record' and argv[12] then
+    breaker_sample.add(K_STATE, argv[12], now, argv[7], argv[8], argv[9], argv[10], s_state)
+  end
+  local rec_on = hello_worker and not hello_bye and op ~= 'state' and op ~= 'set'
+                 and breaker_sample.control(K_STATE)
+  if rec_on then short = false end
   if not short then wait_ms, in_flight = reply_numbers() end
   local keep = write_others(refresh)
   local event_errors = ''
@@ -1817,7 +1873,9 @@ local function finish()
   -- after the XADD (a first event creates the stream), once per call
   if events or refresh then pcall_('PEXPIRE', K_HIST, keep) end
   if short and event_errors == '' then return {s_state, now, since} end
-  return reply_full(event_errors, wait_ms, in_flight)
+  local full = reply_full(event_errors, wait_ms, in_flight)
+  if rec_on then full[21] = rec_on end
+  return full
 end
 
 -- Adopting or comparing configs --------------------------------------------------
@@ -1997,7 +2055,13 @@ return function(KEYS, ARGV, given_now, given_micros)
   if ARGV[1] == 'record' then
     local fast
     fast, preread, given_now, given_micros = fast_record(KEYS, ARGV, given_now, given_micros)
-    if fast then return fast end
+    if fast then
+      if ARGV[12] then  -- a sampled outcome (lua/lib/breaker_sample.lua)
+        breaker_sample.add(KEYS[1], ARGV[12], fast[2], ARGV[7], ARGV[8], ARGV[9], ARGV[10],
+                           'CLOSED')
+      end
+      return fast
+    end
   end
   begin(KEYS, ARGV, given_now, given_micros)
   if op ~= 'acquire' and op ~= 'record' and op ~= 'state' and op ~= 'set' then
@@ -2028,5 +2092,5 @@ return function(KEYS, ARGV, given_now, given_micros)
   return finish()
 end
 
-end)(prelude(), record_layout(), record_codec(), breaker_config(), breaker_transitions(), breaker_events(), breaker_window(), breaker_ops(), breaker_persist(), breaker_hot(), breaker_rollout())
+end)(prelude(), record_layout(), record_codec(), breaker_config(), breaker_transitions(), breaker_events(), breaker_window(), breaker_ops(), breaker_persist(), breaker_hot(), breaker_rollout(), breaker_sample())
 return main(KEYS, ARGV)
