@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._runtime.options import to_ms
@@ -100,7 +100,7 @@ def clear_args(name: str | None, actor: str, reason: str) -> tuple[str, ...]:
 
 def _clock(ms: int) -> str:
     return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime(
-        "%H:%M:%S")
+        "%H:%M:%S UTC")
 
 
 def _seconds(ms: int) -> str:
@@ -156,17 +156,18 @@ class ShadowView:
         running = self.now_ms - self.episode_at_ms if self.open_now and self.episode_at_ms else 0
         return self.open_ms + max(0, running)
 
-    def summary(self) -> str:
-        """The would-be story in one line, e.g. "would have opened at 12:03:05 for 40 s;
-        1,240 calls would have been rejected, 37 failures avoided"."""
+    def summary(self, clock: Callable[[int], str] = _clock) -> str:
+        """The would-be story in one line, e.g. "would have opened at 12:03:05 UTC for
+        40 s; 1,240 calls would have been rejected, 37 failures avoided" (`clock` formats
+        a server time in ms)."""
         if not self.episode_at_ms:
             return (f"would not have opened ({self.seen:,} calls seen, "
                     f"{self.seen_failures:,} failed)")
         if self.open_now:
-            head = (f"would be open since {_clock(self.episode_at_ms)} "
+            head = (f"would be open since {clock(self.episode_at_ms)} "
                     f"({_seconds(self.now_ms - self.episode_at_ms)} so far)")
         else:
-            head = (f"would have opened at {_clock(self.episode_at_ms)} for "
+            head = (f"would have opened at {clock(self.episode_at_ms)} for "
                     f"{_seconds(self.episode_ms)}")
         text_ = (f"{head}; {self.episode_rejected:,} calls would have been rejected, "
                  f"{self.episode_avoided:,} failures avoided")
@@ -175,12 +176,12 @@ class ShadowView:
                       f"{self.avoided:,} avoided)")
         return text_
 
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready (the CLI's --json, the dashboard)."""
+    def as_dict(self, clock: Callable[[int], str] = _clock) -> dict[str, Any]:
+        """JSON-ready (the CLI's --json, the dashboard); `clock` as for `summary`."""
         found = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                  if f.name != "config"}
         found.update(failure_rate=self.failure_rate, time_open_ms=self.time_open_ms,
-                     summary=self.summary())
+                     summary=self.summary(clock))
         return found
 
 
@@ -252,7 +253,7 @@ def decode_shadow_event(entry_id: Any, fields: Mapping[Any, Any], name: str) -> 
     return event
 
 
-def describe_event(event: Mapping[str, Any]) -> str:
+def describe_event(event: Mapping[str, Any], clock: Callable[[int], str] = _clock) -> str:
     """One history entry in words (the CLI's `events --shadow`)."""
     kind, shadow = event.get("kind", ""), event.get("shadow", "")
     if kind == "":
@@ -260,7 +261,7 @@ def describe_event(event: Mapping[str, Any]) -> str:
                 f"({event['reason']})")
         if event["to"] == "CLOSED" and event.get("episode_at_ms"):
             line += (f"; open {_seconds(event.get('episode_ms', 0))} from "
-                     f"{_clock(event['episode_at_ms'])}, {event.get('rejected', 0):,} calls "
+                     f"{clock(event['episode_at_ms'])}, {event.get('rejected', 0):,} calls "
                      f"would have been rejected, {event.get('avoided', 0):,} failures avoided")
         return line
     line = f"shadow {shadow} {kind}"

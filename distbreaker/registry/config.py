@@ -317,7 +317,7 @@ def convert(annotation: str, value: Any) -> Any:
         return _adaptive(value)
     if annotation == "ref":
         return _ref(value)
-    if annotation == "mapping" or "HttpClassifier" in annotation:
+    if annotation == "mapping" or "HttpClassifier" in annotation or annotation == "Shadows":
         return _mapping(value)
     if "Seconds" in annotation:
         return parse_duration(value, "value")
