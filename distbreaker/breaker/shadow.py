@@ -46,12 +46,14 @@ __all__ = [
 SHADOWED = 1 << 32
 #: Seconds a declared shadow lives past the last hello that declared it.
 DECLARED_LEASE = 60.0
-#: The fields of a shadow's state bytes (big-endian i8 each), in order; its window's
-#: ring follows (the live record's slot format).
-STATE_FIELDS = ("code", "since", "open_until", "opens", "calls", "failures", "slow",
-                "total_ms", "head", "wsec", "hp_done", "hp_fail", "hp_slow", "started",
-                "seen", "seen_failures", "trips", "rejected", "avoided", "open_ms", "ep_at",
-                "ep_rejected", "ep_avoided", "ttl_at", "ep_ms")
+#: A shadow's state in the shadow hash (big-endian i8 each): `h:<shadow>`, written by
+#: every record, and `s:<shadow>`, written by transitions and would-be rejections.
+HOT_FIELDS = ("code", "calls", "failures", "slow", "total_ms", "head", "wsec", "seen",
+              "seen_failures", "ttl_at")
+COLD_FIELDS = ("since", "open_until", "opens", "hp_done", "hp_fail", "hp_slow", "started",
+               "trips", "rejected", "avoided", "open_ms", "ep_at", "ep_rejected", "ep_avoided",
+               "ep_ms")
+STATE_FIELDS = HOT_FIELDS + COLD_FIELDS
 _STATES = ("CLOSED", "OPEN", "HALF_OPEN")
 
 
@@ -185,8 +187,7 @@ class ShadowView:
         return found
 
 
-def _ints(raw: bytes) -> list[int]:
-    count = len(STATE_FIELDS)
+def _ints(raw: bytes, count: int) -> list[int]:
     raw = bytes(raw[:8 * count]).ljust(8 * count, b"\0")
     return [int.from_bytes(raw[8 * i:8 * i + 8], "big", signed=True) for i in range(count)]
 
@@ -197,26 +198,26 @@ def decode_shadows(raw: Mapping[Any, Any], now_ms: int) -> list[ShadowView]:
     parts: dict[str, dict[str, Any]] = {}
     for field, value in raw.items():
         name = text(field)
-        if len(name) > 2 and name[1] == ":":
-            parts.setdefault(name[2:], {})[name[0]] = value
+        if len(name) == 2 and name[0] in "chs":  # c<slot>, h<slot>, s<slot>
+            parts.setdefault(name[1], {})[name[0]] = value
     views = []
-    for name, p in sorted(parts.items()):
+    for _, p in sorted(parts.items()):
         if "c" not in p:
             continue
-        spec = text(p["c"])
-        until, _, wire = spec.partition("|")
+        spec = text(p["c"]).split("|", 6)
+        spec += [""] * (7 - len(spec))
+        until, name, wire, set_at, source, actor, reason = spec
         try:
             config: BreakerConfig | None = BreakerConfig.from_wire(wire)
         except ValueError:
             config = None
-        info = text(p.get("i", b"")).split("|", 3)
-        info += [""] * (4 - len(info))
-        n = dict(zip(STATE_FIELDS, _ints(p.get("s", b"")), strict=True))
+        n = dict(zip(STATE_FIELDS, _ints(p.get("h", b""), len(HOT_FIELDS))
+                     + _ints(p.get("s", b""), len(COLD_FIELDS)), strict=True))
         stored = _STATES[n["code"]] if 0 <= n["code"] < len(_STATES) else "CLOSED"
         state = "HALF_OPEN" if stored == "OPEN" and now_ms >= n["open_until"] else stored
         views.append(ShadowView(
             name=name, wire=wire, config=config, until_ms=int(until or 0),
-            set_at_ms=int(info[0] or 0), source=info[1], actor=info[2], reason=info[3],
+            set_at_ms=int(set_at or 0), source=source, actor=actor, reason=reason,
             state=state, stored_state=stored, since_ms=n["since"],
             open_until_ms=n["open_until"], calls=n["calls"], failures=n["failures"],
             slow=n["slow"], seen=n["seen"], seen_failures=n["seen_failures"],
@@ -224,7 +225,7 @@ def decode_shadows(raw: Mapping[Any, Any], now_ms: int) -> list[ShadowView]:
             open_ms=n["open_ms"], episode_at_ms=n["ep_at"],
             episode_rejected=n["ep_rejected"], episode_avoided=n["ep_avoided"],
             episode_ms=n["ep_ms"], started_ms=n["started"], now_ms=now_ms))
-    return views
+    return sorted(views, key=lambda v: v.name)
 
 
 _INT_FIELDS = ("at_ms", "episode_at_ms", "episode_ms", "rejected", "avoided", "seen", "trips",

@@ -10,29 +10,33 @@
 --
 -- The hot path pays nothing for the feature: the live record's `seq` field carries
 -- bit 32 (SHADOWED) while shadows exist, and lua/breaker.lua / lua/lib/breaker_hot.lua
--- call `feed` only when they read that bit (they read `seq` anyway). All shadows of a
--- breaker are one hash, <state key>:shadow, read with one HGETALL and written with
--- one HSET per record, whatever their number:
---   c:<shadow>  "<until ms>|<config wire string>" (until 0: no end)
---   i:<shadow>  "<set at ms>|<source>|<actor>|<reason>" (source: operator, declared)
---   s:<shadow>  the shadow's state: FIELDS big-endian i8 (below), then its window's
---               ring in the live record's slot format (count: u32 slots; time: 5 u32)
+-- call `feed` only when they read that bit (they read `seq` anyway). A breaker's
+-- shadows are one hash, <state key>:shadow, read with one HGETALL and written with one
+-- HSET per record whatever their number, plus one ring per shadow:
+--   c:<shadow>  "<until ms>|<config wire>|<set at ms>|<source>|<actor>|<reason>"
+--               (until 0: no end; source: operator or declared)
+--   h:<shadow>  what every record changes: HOT_N big-endian i8 (below)
+--   s:<shadow>  what transitions and would-be rejections change: COLD_N i8 (below)
+--   <state key>:shadow:w:<shadow>  (a string) its window from byte WINDOW_AT, in the
+--               live record's slot format, so breaker_window's functions run on it
 -- Its history: the stream <state key>:shadow:events (MAXLEN ~ 1000), every entry
--- naming its shadow. Both keys share the name's hash tag; their TTL is the
--- candidates' longest key TTL, refreshed by the feed (at most every TTL / 2).
+-- naming its shadow. All keys share the name's hash tag; their TTL is the candidates'
+-- longest key TTL, refreshed by the feed (at most every TTL / 2).
 local floor, min, max, tonumber, tostring = math.floor, math.min, math.max, tonumber, tostring
 local sub, match, find, rep, gmatch = string.sub, string.match, string.find, string.rep,
                                       string.gmatch
 local rcall, pcall_, unpack = redis.call, redis.pcall, unpack
 local layout, packer = record_layout, record_codec.packer
-local decode, decode_fields, encode, int = record_codec.decode, record_codec.decode_fields,
-                                           record_codec.encode, record_codec.int
-local PRESENT, FAILED, SLOW, MS_MASK = layout.PRESENT, layout.FAILED, layout.SLOW, layout.MS_MASK
+local decode, encode, int = record_codec.decode, record_codec.encode, record_codec.int
 local NEXT, AFTER_HALF_OPEN = breaker_transitions.NEXT, breaker_transitions.AFTER_HALF_OPEN
 local REASON = breaker_transitions.REASON
 local exceeded, rate, describe = breaker_window.exceeded, breaker_window.rate,
                                  breaker_window.describe
-local evicted, sum_run = breaker_window.evicted, breaker_window.sum_run
+local evicted, record_one, record_many = breaker_window.evicted, breaker_window.record_one,
+                                         breaker_window.record_many
+local evict_time, record_time = breaker_window.evict_time, breaker_window.record_time
+local window_write = breaker_window.write
+local WIN, COUNT_SLOT = layout.WINDOW_AT, layout.COUNT_SLOT_BYTES
 local wait_in_open = breaker_ops.wait_in_open
 local args_error, foreign_type = prelude.args_error, prelude.foreign_type
 
@@ -42,213 +46,211 @@ local DECLARED_LEASE = 60000        -- a declared shadow lives this long past a 
 local SEQ_AT = tonumber(layout.HOT_AT) + layout.HOT_LOW_BYTE.seq - 8  -- its first byte
 local STATES = {'CLOSED', 'OPEN', 'HALF_OPEN'}
 local CODE = {CLOSED = 0, OPEN = 1, HALF_OPEN = 2}
--- The state's fields (i8 each), in order:
---   code since open_until opens calls failures slow total_ms head wsec hp_done hp_fail
---   hp_slow started seen seen_failures trips rejected avoided open_ms ep_at
---   ep_rejected ep_avoided ttl_at ep_ms
+-- h:<shadow>, what every record writes (i8 each):
+--   code calls failures slow total_ms head wsec seen seen_failures ttl_at
+-- s:<shadow>, what only a transition or a would-be rejection writes (i8 each):
+--   since open_until opens hp_done hp_fail hp_slow started trips rejected avoided
+--   open_ms ep_at ep_rejected ep_avoided ep_ms
 -- (ep_*: the last episode, from a trip out of CLOSED back to CLOSED: its start, the
--- calls it would have rejected, the failures among them, its length once over, 0
--- while it runs)
-local FIELDS = 25
-local HEADER = 8 * FIELDS
-local HEADER_FORMAT = '>' .. rep('i8', FIELDS)
-local COUNT_SLOT, TIME_SLOT = layout.COUNT_SLOT_BYTES, layout.TIME_SLOT_BYTES
-local TIME_FORMAT = '>I4I4I4I4I4'
+-- calls it would have rejected, the failures among them, its length once over, 0 while
+-- it runs)
+local HOT_N, COLD_N = 10, 15
+local HOT_FORMAT, COLD_FORMAT = '>' .. rep('i8', HOT_N), '>' .. rep('i8', COLD_N)
+local HOT = {'code', 'calls', 'failures', 'slow', 'total_ms', 'head', 'wsec', 'seen',
+             'seen_failures', 'ttl_at'}
+local COLD = {'since', 'open_until', 'opens', 'hp_done', 'hp_fail', 'hp_slow', 'started',
+              'trips', 'rejected', 'avoided', 'open_ms', 'ep_at', 'ep_rejected', 'ep_avoided',
+              'ep_ms'}
 
-local function pack_header(...)
-  if packer then return packer.pack(HEADER_FORMAT, ...) end
-  return encode({...}, 1, FIELDS, 8)
+local function pack(format, n, ...)
+  if packer then return packer.pack(format, ...) end
+  return encode({...}, 1, n, 8)
 end
 
-local function ring_bytes(c) return (c.window_type == 0 and COUNT_SLOT or TIME_SLOT) * c.window_size end
-
--- A fresh state: CLOSED since `now`, an empty window.
-local function fresh(c, now)
-  return pack_header(0, now, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, now, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                     now, 0) .. rep('\0', ring_bytes(c))
+-- A shadow's state as a table (the general path: transitions, OPEN, HALF_OPEN, TIME).
+local function unpack_state(hot, cold_bytes)
+  local st, h, c = {}, decode(hot or '', HOT_N, 8), decode(cold_bytes or '', COLD_N, 8)
+  for i, f in ipairs(HOT) do st[f] = h[i] end
+  for i, f in ipairs(COLD) do st[f] = c[i] end
+  return st
 end
 
--- "<until>|<wire>" parsed (the config's table with `until`), kept per text (a library
--- keeps them; a few distinct texts per worker).
+local function pack_hot(st)
+  return pack(HOT_FORMAT, HOT_N, st.code, st.calls, st.failures, st.slow, st.total_ms, st.head,
+              st.wsec, st.seen, st.seen_failures, st.ttl_at)
+end
+
+local function pack_cold(st)
+  return pack(COLD_FORMAT, COLD_N, st.since, st.open_until, st.opens, st.hp_done, st.hp_fail,
+              st.hp_slow, st.started, st.trips, st.rejected, st.avoided, st.open_ms, st.ep_at,
+              st.ep_rejected, st.ep_avoided, st.ep_ms)
+end
+
+-- The ring key of a shadow: its window at byte WINDOW_AT, in the live record's slot
+-- format, so lua/lib/breaker_window.lua's functions work on it unchanged.
+local function ring_key(kstate, slot) return kstate .. ':shadow:w' .. slot end
+
+-- "<until>|<name>|<wire>|<set at>|<source>|<actor>|<reason>" parsed: the config's
+-- table with `until_ms`, `name`, `wire`, `source`, kept per text (a library keeps
+-- them; a few per worker).
 local SPECS, N_SPECS = {}, 0
 local function spec_of(text)
   local c = SPECS[text]
   if c ~= nil then return c end
-  local until_ms, wire = match(text, '^(%d+)|(.*)$')
+  local until_ms, shadow, wire, source = match(text, '^(%d+)|([^|]*)|([^|]*)|%d*|([^|]*)|')
   c = until_ms and breaker_config.parse(wire) or false
-  if c then c.until_ms, c.wire = tonumber(until_ms), wire end
+  if c then c.until_ms, c.name, c.wire, c.source = tonumber(until_ms), shadow, wire, source end
   if N_SPECS >= 64 then SPECS, N_SPECS = {}, 0 end
   SPECS[text], N_SPECS = c, N_SPECS + 1
   return c
 end
 
--- Count window: `n` outcomes (`fails` failed, `slows` slow, `ms` in all) into the ring
--- from `head`, spread as lua/lib/breaker_window.lua's record_many spreads them. Answers
--- the new ring, head and the totals' changes.
-local function count_record(ring, c, head, n, fails, slows, ms)
-  local size = c.window_size
-  if n == 1 then
-    local at = COUNT_SLOT * head + 1
-    local o = decode(sub(ring, at, at + 3), 1, 4)[1]
-    local m = min(ms, MS_MASK)
-    local v = PRESENT + fails * FAILED + slows * SLOW + m
-    local dn, df, ds, dms = evicted(o)
-    return sub(ring, 1, at - 1) .. encode({v}, 1, 1, 4) .. sub(ring, at + 4),
-           (head + 1) % size, 1 - dn, fails - df, slows - ds, m - dms
+-- A transition of shadow state `st` on `event` (lua/lib/breaker_transitions.lua's
+-- table); appends its history entry to `events`. Answers the events table.
+local function move(st, c, event, reason, now, micros, events)
+  local from = STATES[st.code + 1]
+  local to = NEXT[from][event]
+  if to == AFTER_HALF_OPEN then to = c.after_half_open end
+  if type(to) ~= 'string' then return events end
+  local fr, sr
+  if from == 'HALF_OPEN' then
+    fr, sr = rate(st.hp_fail, st.hp_done), rate(st.hp_slow, st.hp_done)
+  else
+    fr, sr = rate(st.failures, st.calls), rate(st.slow, st.calls)
   end
-  local slots = decode(ring, size, 4)
-  local per_ms = floor(ms / n)
-  local dn, df, ds, dms = 0, 0, 0, 0
-  for i = max(1, n - size + 1), n do
-    local f = floor(i * fails / n) - floor((i - 1) * fails / n)
-    local s = floor(i * slows / n) - floor((i - 1) * slows / n)
-    local m = per_ms
-    if i == 1 then m = m + ms - per_ms * n end
-    m = min(m, MS_MASK)
-    local on, of, os, oms = evicted(slots[head + 1])
-    slots[head + 1] = PRESENT + f * FAILED + s * SLOW + m
-    dn, df, ds, dms = dn + 1 - on, df + f - of, ds + s - os, dms + m - oms
-    head = (head + 1) % size
+  st.code, st.since = CODE[to], now
+  if to == 'OPEN' then
+    if from == 'CLOSED' then
+      st.trips, st.ep_at, st.ep_rejected, st.ep_avoided, st.ep_ms = st.trips + 1, now, 0, 0, 0
+    end
+    st.opens = st.opens + 1
+    st.open_until = now + wait_in_open({open_wait = c.open_wait, wait_mult = c.wait_mult,
+                                        wait_rnd = c.wait_rnd, max_open_wait = c.max_open_wait,
+                                        opens = st.opens}, c.ttl_ms, micros)
+    st.hp_done, st.hp_fail, st.hp_slow = 0, 0, 0
+  elseif to == 'HALF_OPEN' then
+    st.open_until, st.hp_done, st.hp_fail, st.hp_slow = 0, 0, 0, 0
+  else  -- CLOSED: the episode ends, the window starts afresh
+    st.ep_ms = now - st.ep_at
+    st.open_ms, st.open_until, st.opens = st.open_ms + st.ep_ms, 0, 0
+    st.calls, st.failures, st.slow, st.total_ms, st.head, st.wsec = 0, 0, 0, 0, 0, 0
+    st.clear_ring = true
   end
-  return encode(slots, 1, size, 4), head, dn, df, ds, dms
+  events = events or {}
+  events[#events + 1] = {from, to, reason or REASON[event], fr, sr, '', st.ep_ms,
+                         st.ep_rejected, st.ep_avoided, st.ep_at}
+  return events
 end
 
--- Time window: the sums of `count` slots of the ring from slot `first` (wrapping), the
--- first expected to hold second `expect` (breaker_window's sum_run on the ring's bytes).
-local function time_sums(ring, size, first, count, expect)
-  local tail = min(count, size - first)
-  local c, f, sl, ms
-  c, f, sl, ms, expect = sum_run(sub(ring, TIME_SLOT * first + 1, TIME_SLOT * (first + tail)),
-                                 tail, expect, 0, 0, 0, 0)
-  if count > tail then
-    c, f, sl, ms = sum_run(sub(ring, 1, TIME_SLOT * (count - tail)), count - tail, expect,
-                           c, f, sl, ms)
-  end
-  return c, f, sl, ms
-end
-
--- Time window: the seconds since `wsec` leave it (as breaker_window's evict_time does
--- on the live record). Answers the ring (zeroed when the clock went back), the totals.
-local function time_evict(ring, size, sec, wsec, calls, fails, slows, total)
-  if sec < wsec then return rep('\0', TIME_SLOT * size), 0, 0, 0, 0 end
-  if wsec == 0 or sec - wsec >= size then return ring, 0, 0, 0, 0 end
-  if calls <= 0 or sec == wsec then return ring, calls, fails, slows, total end
-  local gap = sec - wsec
-  if gap * 2 <= size then
-    local c, f, sl, ms = time_sums(ring, size, (wsec + 1) % size, gap, wsec + 1 - size)
-    return ring, calls - c, fails - f, slows - sl, total - ms
-  end
-  local c, f, sl, ms = time_sums(ring, size, (sec + 1) % size, size - gap, sec + 1 - size)
-  return ring, c, f, sl, ms
-end
-
--- Time window: this second's slot with the outcomes added.
-local function time_record(ring, size, sec, n, fails, slows, ms)
-  local at = TIME_SLOT * (sec % size) + 1
-  local v = decode(sub(ring, at, at + TIME_SLOT - 1), 5, 4)
-  if v[1] ~= sec then v = {sec, 0, 0, 0, 0} end
-  v[2], v[3], v[4], v[5] = v[2] + n, v[3] + fails, v[4] + slows, v[5] + ms
-  return sub(ring, 1, at - 1) .. encode(v, 1, 5, 4) .. sub(ring, at + TIME_SLOT)
-end
-
--- One shadow fed one record: answers its new state bytes and its events (each
--- {from, to, reason, failure rate, slow rate, kind, episode ms, episode rejected,
--- episode avoided}), or nil when it has none.
-local function step(c, blob, now, micros, ok, fails, slows, ms)
-  local code, since, open_until, opens, calls, failures, slow, total_ms, head, wsec, hp_done,
-        hp_fail, hp_slow, started, seen, seen_failures, trips, rejected, avoided, open_ms,
-        ep_at, ep_rejected, ep_avoided, ttl_at, ep_ms = decode_fields(blob, FIELDS)
-  local ring = sub(blob, HEADER + 1)
-  if #ring ~= ring_bytes(c) then ring = rep('\0', ring_bytes(c)) end
+-- The general path of one shadow fed one record: any state, any window. Answers the
+-- hot and cold bytes (cold nil: unchanged) and the history entries (nil: none).
+local function step(kring, c, hot, cold_bytes, now, micros, ok, fails, slows, ms)
+  local st = unpack_state(hot, cold_bytes)
   local n = ok + fails
-  if n == 1 then slows = (ms > c.slow_ms) and 1 or 0 end  -- this candidate's slowness
   local events
-  local function move(event, reason)
-    local from = STATES[code + 1]
-    local to = NEXT[from][event]
-    if to == AFTER_HALF_OPEN then to = c.after_half_open end
-    if type(to) ~= 'string' then return end
-    local fr, sr
-    if from == 'HALF_OPEN' then
-      fr, sr = rate(hp_fail, hp_done), rate(hp_slow, hp_done)
-    else
-      fr, sr = rate(failures, calls), rate(slow, calls)
-    end
-    code, since = CODE[to], now
-    if to == 'OPEN' then
-      if from == 'CLOSED' then
-        trips, ep_at, ep_rejected, ep_avoided, ep_ms = trips + 1, now, 0, 0, 0
-      end
-      opens = opens + 1
-      open_until = now + wait_in_open({open_wait = c.open_wait, wait_mult = c.wait_mult,
-                                       wait_rnd = c.wait_rnd, max_open_wait = c.max_open_wait,
-                                       opens = opens}, c.ttl_ms, micros)
-      hp_done, hp_fail, hp_slow = 0, 0, 0
-    elseif to == 'HALF_OPEN' then
-      open_until, hp_done, hp_fail, hp_slow = 0, 0, 0, 0
-    else  -- CLOSED: the episode ends
-      ep_ms = now - ep_at
-      open_ms, open_until, opens = open_ms + ep_ms, 0, 0
-      calls, failures, slow, total_ms, head, wsec = 0, 0, 0, 0, 0, 0
-      ring = rep('\0', ring_bytes(c))
-    end
-    events = events or {}
-    events[#events + 1] = {from, to, reason or REASON[event], fr, sr, '', ep_ms, ep_rejected,
-                           ep_avoided, ep_at}
+  if st.code == 1 and now >= st.open_until then
+    events = move(st, c, 'wait_elapsed', nil, now, micros, events)
   end
-  -- time-driven transitions
-  if code == 1 and now >= open_until then move('wait_elapsed') end
-  if code == 2 and c.max_half_open > 0 and now >= since + c.max_half_open then
-    move('max_wait_elapsed')
+  if st.code == 2 and c.max_half_open > 0 and now >= st.since + c.max_half_open then
+    events = move(st, c, 'max_wait_elapsed', nil, now, micros, events)
   end
+  if st.clear_ring then rcall('DEL', kring); st.clear_ring = nil end
+  local whole
   if c.window_type == 1 then
     local sec = floor(now / 1000)
-    if sec ~= wsec then
-      ring, calls, failures, slow, total_ms = time_evict(ring, c.window_size, sec, wsec, calls,
-                                                         failures, slow, total_ms)
-      wsec = sec
+    if sec ~= st.wsec then
+      local zero
+      whole, zero, st.calls, st.failures, st.slow, st.total_ms = evict_time(
+        kring, sec, st.wsec, c.window_size, st.calls, st.failures, st.slow, st.total_ms)
+      if whole then
+        st.calls, st.failures, st.slow, st.total_ms = 0, 0, 0, 0
+        if zero then rcall('DEL', kring) end
+      end
+      st.wsec = sec
     end
   end
-  seen, seen_failures = seen + n, seen_failures + fails
-  if code == 0 then
+  st.seen, st.seen_failures = st.seen + n, st.seen_failures + fails
+  if st.code == 0 then
     if c.window_type == 0 then
-      local dn, df, ds, dms
-      ring, head, dn, df, ds, dms = count_record(ring, c, head, n, fails, slows, ms)
-      calls, failures, slow, total_ms = calls + dn, failures + df, slow + ds, total_ms + dms
-    else
-      ring = time_record(ring, c.window_size, wsec, n, fails, slows, ms)
-      calls, failures, slow, total_ms = calls + n, failures + fails, slow + slows, total_ms + ms
-    end
-    if calls >= c.min_calls and calls > 0
-        and exceeded(calls, failures, slow, c.failure_threshold, c.slow_threshold) then
-      move('rates_exceeded', describe(calls, failures, slow, c.failure_threshold,
-                                      c.slow_threshold))
-    end
-  elseif code == 1 then  -- OPEN: every call would have been rejected
-    rejected, avoided = rejected + n, avoided + fails
-    ep_rejected, ep_avoided = ep_rejected + n, ep_avoided + fails
-  else  -- HALF_OPEN: the first permitted_calls_in_half_open probe, the rest are rejected
-    local take = min(n, c.probes_max - hp_done)
-    local pf, ps = floor(fails * take / n), floor(slows * take / n)
-    hp_done, hp_fail, hp_slow = hp_done + take, hp_fail + pf, hp_slow + ps
-    rejected, avoided = rejected + n - take, avoided + fails - pf
-    ep_rejected, ep_avoided = ep_rejected + n - take, ep_avoided + fails - pf
-    if hp_done >= c.probes_max then
-      if exceeded(hp_done, hp_fail, hp_slow, c.failure_threshold, c.slow_threshold) then
-        move('probes_failed', 'half-open probes: ' .. describe(hp_done, hp_fail, hp_slow,
-                                                               c.failure_threshold,
-                                                               c.slow_threshold))
+      if n == 1 then
+        local _, _, o, m = record_one(kring, st.head, fails, slows, ms)
+        local dn, df, ds, dms = evicted(o or 0)
+        st.calls, st.failures = st.calls + 1 - dn, st.failures + fails - df
+        st.slow, st.total_ms = st.slow + slows - ds, st.total_ms + (m or 0) - dms
+        st.head = (st.head + 1) % c.window_size
       else
-        move('probes_succeeded')
+        local values, from = {}, st.head
+        local k, dn, df, ds, dms
+        k, st.head, dn, df, ds, dms = record_many(kring, st.head, c.window_size, ok, fails,
+                                                  slows, ms, values)
+        window_write(kring, false, 0, c.window_size, nil, nil, k, from, values)
+        st.calls, st.failures = st.calls + dn, st.failures + df
+        st.slow, st.total_ms = st.slow + ds, st.total_ms + dms
+      end
+    else
+      local off, values = record_time(kring, now, c.window_size, false, n, fails, slows, ms)
+      window_write(kring, false, 1, c.window_size, off, values, 0, 0, nil)
+      st.calls, st.failures = st.calls + n, st.failures + fails
+      st.slow, st.total_ms = st.slow + slows, st.total_ms + ms
+    end
+    if st.calls >= c.min_calls and st.calls > 0
+        and exceeded(st.calls, st.failures, st.slow, c.failure_threshold, c.slow_threshold) then
+      events = move(st, c, 'rates_exceeded', describe(st.calls, st.failures, st.slow,
+                                                      c.failure_threshold, c.slow_threshold),
+                    now, micros, events)
+    end
+  elseif st.code == 1 then  -- OPEN: every call would have been rejected
+    st.rejected, st.avoided = st.rejected + n, st.avoided + fails
+    st.ep_rejected, st.ep_avoided = st.ep_rejected + n, st.ep_avoided + fails
+  else  -- HALF_OPEN: the first permitted_calls_in_half_open probe, the rest are rejected
+    local take = min(n, c.probes_max - st.hp_done)
+    local pf, ps = floor(fails * take / n), floor(slows * take / n)
+    st.hp_done, st.hp_fail, st.hp_slow = st.hp_done + take, st.hp_fail + pf, st.hp_slow + ps
+    st.rejected, st.avoided = st.rejected + n - take, st.avoided + fails - pf
+    st.ep_rejected, st.ep_avoided = st.ep_rejected + n - take, st.ep_avoided + fails - pf
+    if st.hp_done >= c.probes_max then
+      if exceeded(st.hp_done, st.hp_fail, st.hp_slow, c.failure_threshold,
+                  c.slow_threshold) then
+        events = move(st, c, 'probes_failed', 'half-open probes: ' .. describe(
+          st.hp_done, st.hp_fail, st.hp_slow, c.failure_threshold, c.slow_threshold),
+          now, micros, events)
+      else
+        events = move(st, c, 'probes_succeeded', nil, now, micros, events)
       end
     end
+  end
+  if st.clear_ring then rcall('DEL', kring) end
+  local refresh = now - st.ttl_at >= c.ttl_ms / 2 or st.ttl_at > now
+  if refresh then st.ttl_at = now end
+  return pack_hot(st), pack_cold(st), events, refresh
+end
+
+-- The usual case, in locals: a CLOSED shadow with a count window fed one outcome that
+-- does not trip it (one BITFIELD SET of its ring; only its hot state changes). nil when
+-- the case is not that simple (`step` then runs, nothing of this one's done).
+local function step_closed(kring, c, hot, now, fails, slows, ms)
+  if c.window_type ~= 0 or not packer or #hot < 8 * HOT_N then return nil end
+  local code, calls, failures, slow, total_ms, head, wsec, seen, seen_failures, ttl_at =
+    packer.unpack(HOT_FORMAT, hot)
+  if code ~= 0 then return nil end
+  -- a trip needs the calls to reach the minimum: judged before anything is written
+  if calls + 1 >= c.min_calls and exceeded(calls + 1, failures + fails, slow + slows,
+                                           c.failure_threshold, c.slow_threshold) then
+    return nil
+  end
+  local _, _, o, m = record_one(kring, head, fails, slows, ms)
+  local dn, df, ds, dms = evicted(o or 0)
+  calls, failures, slow, total_ms = calls + 1 - dn, failures + fails - df, slow + slows - ds,
+                                    total_ms + (m or 0) - dms
+  if calls >= c.min_calls and exceeded(calls, failures, slow, c.failure_threshold,
+                                       c.slow_threshold) then
+    rcall('BITFIELD', kring, 'SET', 'u32', int((WIN + COUNT_SLOT * head) * 8), int(o or 0))
+    return nil  -- (the slot put back: `step` records it and trips)
   end
   local refresh = now - ttl_at >= c.ttl_ms / 2 or ttl_at > now
   if refresh then ttl_at = now end
-  return pack_header(code, since, open_until, opens, calls, failures, slow, total_ms, head, wsec,
-                     hp_done, hp_fail, hp_slow, started, seen, seen_failures, trips, rejected,
-                     avoided, open_ms, ep_at, ep_rejected, ep_avoided, ttl_at, ep_ms) .. ring,
-         events, refresh
+  return packer.pack(HOT_FORMAT, 0, calls, failures, slow, total_ms, (head + 1) % c.window_size,
+                     wsec, seen + 1, seen_failures + fails, ttl_at), refresh
 end
 
 -- History entries of `shadow` (XADD through pcall: their failure undoes nothing).
@@ -277,6 +279,8 @@ end
 
 -- The live record's SHADOWED bit, set or cleared (the record may not exist: a new one
 -- gets it from lua/breaker.lua when the shadow hash exists).
+local PART = {c = 1, h = 2, s = 3}
+
 local function flag(kstate, on)
   local raw = pcall_('GETRANGE', kstate, int(SEQ_AT), int(SEQ_AT + 7))
   if type(raw) ~= 'string' or #raw < 8 then return end
@@ -288,36 +292,42 @@ local function flag(kstate, on)
   end
 end
 
--- The shadow hash as {name = {spec text, info text, state bytes}} and the count.
+-- The shadow hash's slots: {slot = {spec text, hot bytes, cold bytes, config}}, the
+-- slot of each name, and the count.
 local function read_all(k)
   local all = pcall_('HGETALL', k)
-  if type(all) ~= 'table' or all.err then return nil, 0 end
-  local found, count = {}, 0
+  if type(all) ~= 'table' or all.err then return nil, nil, 0 end
+  local slots, byname, count = {}, {}, 0
   for i = 1, #all, 2 do
     local field = all[i]
-    local kind, shadow = sub(field, 1, 1), sub(field, 3)
-    local t = found[shadow]
-    if not t then t = {}; found[shadow] = t end
-    if kind == 'c' then count = count + 1; t[1] = all[i + 1]
-    elseif kind == 'i' then t[2] = all[i + 1]
-    else t[3] = all[i + 1] end
+    local part, slot = PART[sub(field, 1, 1)], tonumber(sub(field, 2))
+    if part and slot then
+      local t = slots[slot]
+      if not t then t = {}; slots[slot] = t end
+      t[part] = all[i + 1]
+    end
   end
-  return found, count
+  for slot, t in pairs(slots) do
+    t[4] = t[1] and spec_of(t[1])
+    if t[4] then byname[t[4].name], count = slot, count + 1 end
+  end
+  return slots, byname, count
 end
 
--- A shadow's end (expired, cleared, replaced): its fields go, with a history entry
--- carrying its figures (and the open episode's, if one was running).
-local function ending(kstate, shadow, t, kind, reason, actor, now, dels)
-  dels[#dels + 1] = 'c:' .. shadow
-  dels[#dels + 1] = 'i:' .. shadow
-  dels[#dels + 1] = 's:' .. shadow
-  local st = t[3] and decode(sub(t[3], 1, HEADER), FIELDS, 8) or {0}
-  local name = STATES[(st[1] or 0) + 1] or 'CLOSED'
-  local ep = (st[1] or 0) ~= 0 and st[21] or 0
-  history(kstate, shadow, {{name, name, reason, -1, -1, kind, ep > 0 and now - ep or 0,
-                            st[22] or 0, st[23] or 0, ep, actor,
-                            {'seen', st[15] or 0, 'trips', st[17] or 0, 'rejected_total',
-                             st[18] or 0, 'avoided_total', st[19] or 0}}}, now)
+-- A shadow's end (expired, cleared, replaced): its fields and ring go, with a history
+-- entry carrying its figures (and the open episode's, if one was running).
+local function ending(kstate, slot, t, kind, reason, actor, now, dels)
+  dels[#dels + 1] = 'c' .. slot
+  dels[#dels + 1] = 'h' .. slot
+  dels[#dels + 1] = 's' .. slot
+  rcall('DEL', ring_key(kstate, slot))
+  local st = unpack_state(t[2], t[3])
+  local name = STATES[st.code + 1] or 'CLOSED'
+  local ep = st.code ~= 0 and st.ep_at or 0
+  history(kstate, t[4] and t[4].name or ('#' .. slot), {{
+    name, name, reason, -1, -1, kind, ep > 0 and now - ep or 0, st.ep_rejected,
+    st.ep_avoided, ep, actor, {'seen', st.seen, 'trips', st.trips, 'rejected_total',
+                               st.rejected, 'avoided_total', st.avoided}}}, now)
 end
 
 local function finish_ends(kstate, k, dels, left)
@@ -328,40 +338,78 @@ local function finish_ends(kstate, k, dels, left)
   end
 end
 
+-- The keys of the last breaker fed (a worker feeds the same few: building the strings
+-- costs more than comparing one).
+local fed_for, fed_k, fed_hmget, fed_rings
+local HOT_FIELD = {'h1', 'h2', 'h3'}
+local COLD_FIELD = {'s1', 's2', 's3'}
+
 -- Feeds every shadow of the breaker whose state record is `kstate` one record's
 -- outcomes (`ok` successes, `fails` failures, `slows` slow, `ms` in all), after the
--- live record was written. Shadows whose end passed are removed here.
+-- live record was written: one HMGET of the slots' configs and hot states, each
+-- usual shadow one BITFIELD of its ring, one HSET. Shadows whose end passed go here.
 local function feed(kstate, now, micros, ok, fails, slows, ms)
-  local k = kstate .. ':shadow'
-  local found, count = read_all(k)
-  if not found then return end
-  if count == 0 then
-    if next(found) then rcall('DEL', k) end
-    return flag(kstate, false)
+  if kstate ~= fed_for then
+    fed_for, fed_k = kstate, kstate .. ':shadow'
+    fed_rings = {ring_key(kstate, 1), ring_key(kstate, 2), ring_key(kstate, 3)}
   end
-  local writes, dels, left, keep = {}, {}, count, 0
-  for shadow, t in pairs(found) do
-    local c = t[1] and spec_of(t[1])
-    if not c then
-      if t[1] then
-        left = left - 1
-        ending(kstate, shadow, t, 'invalid', 'bad config', '', now, dels)
-      else dels[#dels + 1] = 'i:' .. shadow; dels[#dels + 1] = 's:' .. shadow end
-    elseif c.until_ms > 0 and now >= c.until_ms then
-      left = left - 1
-      ending(kstate, shadow, t, 'expired', 'its time ended', '', now, dels)
-    else
-      local bytes, events, refresh = step(c, t[3] or fresh(c, now), now, micros, ok, fails,
-                                          slows, ms)
-      writes[#writes + 1] = 's:' .. shadow
-      writes[#writes + 1] = bytes
-      if events then history(kstate, shadow, events, now) end
-      if refresh then keep = max(keep, c.ttl_ms) end
+  local k = fed_k
+  local got = pcall_('HMGET', k, 'c1', 'h1', 'c2', 'h2', 'c3', 'h3')
+  if got.err then return end
+  local n = ok + fails
+  local writes, nw, ended, live, keep = nil, 0, false, 0, 0
+  for slot = 1, MAX do
+    local text_, hot = got[2 * slot - 1], got[2 * slot]
+    local c = text_ and spec_of(text_)
+    if c and c.until_ms > 0 and now >= c.until_ms then
+      ended = true
+    elseif c then
+      live = live + 1
+      -- one outcome: this candidate's own slowness (a batch: the client's count)
+      local s = slows
+      if n == 1 then s = (ms > c.slow_ms) and 1 or 0 end
+      local kring = fed_rings[slot]
+      local refresh, cold, events = false, nil, nil
+      local new_hot
+      if n == 1 and hot then new_hot, refresh = step_closed(kring, c, hot, now, fails, s, ms) end
+      if not new_hot then
+        new_hot, cold, events, refresh = step(kring, c, hot or '', rcall('HGET', k,
+                                              COLD_FIELD[slot]) or '', now, micros, ok, fails,
+                                              s, ms)
+      end
+      writes = writes or {}
+      writes[nw + 1], writes[nw + 2], nw = HOT_FIELD[slot], new_hot, nw + 2
+      if cold then writes[nw + 1], writes[nw + 2], nw = COLD_FIELD[slot], cold, nw + 2 end
+      if events then history(kstate, c.name, events, now) end
+      if refresh then
+        keep = max(keep, c.ttl_ms)
+        pcall_('PEXPIRE', kring, int(c.ttl_ms))
+      end
+    elseif text_ then
+      ended = true  -- a config this script cannot read: dropped below
     end
   end
-  if #writes > 0 then rcall('HSET', k, unpack(writes)) end
-  finish_ends(kstate, k, dels, left)
-  if keep > 0 and left > 0 then
+  if writes then rcall('HSET', k, unpack(writes)) end
+  if ended or live == 0 then  -- the general way: expiries, a bad config, nothing left
+    local slots, _, count = read_all(k)
+    local dels, left = {}, count
+    for slot, t in pairs(slots or {}) do
+      local c = t[4]
+      if not c then
+        dels[#dels + 1] = 'c' .. slot; dels[#dels + 1] = 'h' .. slot
+        dels[#dels + 1] = 's' .. slot
+        if t[1] then
+          history(kstate, '#' .. slot, {{'CLOSED', 'CLOSED', 'bad config', -1, -1, 'invalid',
+                                         0, 0, 0, 0}}, now)
+        end
+      elseif c.until_ms > 0 and now >= c.until_ms then
+        left = left - 1
+        ending(kstate, slot, t, 'expired', 'its time ended', '', now, dels)
+      end
+    end
+    finish_ends(kstate, k, dels, left)
+  end
+  if keep > 0 and live > 0 then
     rcall('PEXPIRE', k, int(keep))
     pcall_('PEXPIRE', kstate .. ':shadow:events', int(keep))
   end
@@ -379,11 +427,30 @@ local function valid_name(shadow)
   return shadow and #shadow >= 1 and #shadow <= 40 and match(shadow, '^[%w_.%-]+$') ~= nil
 end
 
--- Creates or replaces shadow `shadow` (the checks done): its fields, the live
--- record's bit, the TTLs, a history entry.
-local function put(kstate, k, shadow, c, until_ms, text_info, now, kind, reason, actor)
-  rcall('HSET', k, 'c:' .. shadow, int(until_ms) .. '|' .. c.wire, 'i:' .. shadow, text_info,
-        's:' .. shadow, fresh(c, now))
+-- The c<slot> field's text (an actor's '|' would end it early: written as '/').
+local function spec_text(until_ms, shadow, wire, set_at, source, actor, reason)
+  return int(until_ms) .. '|' .. shadow .. '|' .. wire .. '|' .. int(set_at) .. '|' .. source
+         .. '|' .. string.gsub(actor, '|', '/') .. '|' .. reason
+end
+
+-- The first free slot (1..MAX), or nil.
+local function free_slot(slots)
+  for slot = 1, MAX do
+    if not (slots[slot] and slots[slot][1]) then return slot end
+  end
+  return nil
+end
+
+-- Creates or replaces shadow `shadow` in `slot` (the checks done) with config `wire`
+-- (`c` parsed): its fields, an empty ring, the live record's bit, the TTLs, a history
+-- entry.
+local function put(kstate, k, slot, shadow, c, wire, until_ms, source, actor, reason, now,
+                   kind)
+  local st = unpack_state(nil, nil)
+  st.ttl_at, st.since, st.started = now, now, now
+  rcall('HSET', k, 'c' .. slot, spec_text(until_ms, shadow, wire, now, source, actor, reason),
+        'h' .. slot, pack_hot(st), 's' .. slot, pack_cold(st))
+  rcall('DEL', ring_key(kstate, slot))
   local ttl = max(c.ttl_ms, until_ms > 0 and until_ms - now or 0)
   local keep = rcall('PTTL', k)
   if keep < ttl then rcall('PEXPIRE', k, int(ttl)) end
@@ -398,21 +465,24 @@ end
 local function declare(kstate, decl, now)
   local k = kstate .. ':shadow'
   if foreign_type(k, 'hash') then return end
-  local found, count = read_all(k)
-  if not found then return end
+  local slots, byname = read_all(k)
+  if not slots then return end
   for shadow, wire in gmatch(decl, '([^=|]+)=([^|]*)') do
-    local t = found[shadow]
-    local c = valid_name(shadow) and spec_of('0|' .. wire)
+    local slot = byname[shadow]
+    local t = slot and slots[slot]
+    local c = valid_name(shadow) and breaker_config.parse(wire)
     if c then
       local until_ms = now + DECLARED_LEASE
-      local source = t and t[2] and match(t[2], '^%d+|([^|]*)|')
-      local same = t and t[1] and match(t[1], '^%d+|(.*)$') == wire
-      if t and t[1] and source == 'declared' and same then
-        rcall('HSET', k, 'c:' .. shadow, int(until_ms) .. '|' .. wire)
-      elseif (t and t[1] and source == 'declared') or (not (t and t[1]) and count < MAX) then
-        if not (t and t[1]) then count = count + 1 end
-        put(kstate, k, shadow, c, until_ms, int(now) .. '|declared||declared', now, 'declared',
-            'declared', '')
+      local old = t and t[4]
+      if old and old.source == 'declared' and old.wire == wire then
+        rcall('HSET', k, 'c' .. slot, int(until_ms) .. sub(t[1], #match(t[1], '^%d*') + 1))
+      elseif (old and old.source == 'declared') or not old then
+        slot = slot or free_slot(slots)
+        if slot then
+          slots[slot] = slots[slot] or {true}
+          put(kstate, k, slot, shadow, c, wire, until_ms, 'declared', '', 'declared', now,
+              'declared')
+        end
       end
     end
   end
@@ -432,7 +502,7 @@ local function op(keys, argv)
   if err then return err end
   local t = rcall('TIME')
   local now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
-  local found, count = read_all(k)
+  local slots, byname, count = read_all(k)
   if action == 'set' then
     if not valid_name(shadow) then
       return args_error('shadow name must be 1-40 letters, digits, _ . or -')
@@ -443,23 +513,23 @@ local function op(keys, argv)
     if not for_ms or for_ms < 0 or for_ms % 1 ~= 0 then
       return args_error('shadow for ms must be an integer >= 0')
     end
-    local existing = found[shadow] and found[shadow][1]
-    if not existing and count >= MAX then
-      return args_error('a breaker has at most ' .. MAX .. ' shadows')
+    local slot = byname[shadow]
+    if not slot then
+      slot = free_slot(slots)
+      if not slot then return args_error('a breaker has at most ' .. MAX .. ' shadows') end
     end
-    c = spec_of('0|' .. argv[4])
     local dels = {}
-    if existing then ending(kstate, shadow, found[shadow], 'replaced', reason, actor, now, dels) end
+    if byname[shadow] then ending(kstate, slot, slots[slot], 'replaced', reason, actor, now, dels) end
     if #dels > 0 then rcall('HDEL', k, unpack(dels)) end
-    put(kstate, k, shadow, c, for_ms > 0 and now + for_ms or 0,
-        int(now) .. '|operator|' .. actor .. '|' .. reason, now, 'set', reason, actor)
-    return existing and count or count + 1
+    put(kstate, k, slot, shadow, c, argv[4], for_ms > 0 and now + for_ms or 0, 'operator', actor,
+        reason, now, 'set')
+    return byname[shadow] and count or count + 1
   elseif action == 'clear' then
     local dels, left = {}, count
-    for name, entry in pairs(found) do
-      if (shadow == '*' or name == shadow) and entry[1] then
+    for name, slot in pairs(byname) do
+      if shadow == '*' or name == shadow then
         left = left - 1
-        ending(kstate, name, entry, 'cleared', reason, actor, now, dels)
+        ending(kstate, slot, slots[slot], 'cleared', reason, actor, now, dels)
       end
     end
     finish_ends(kstate, k, dels, left)
