@@ -925,6 +925,13 @@ end
 -- format, so lua/lib/breaker_window.lua's functions work on it unchanged.
 local function ring_key(kstate, slot) return kstate .. ':shadow:w' .. slot end
 
+-- A ring (re)started empty, at its full length, with its TTL.
+local PAD = rep('\0', WIN)
+local function new_ring(kring, c)
+  rcall('SET', kring, PAD .. breaker_window.empty(c.window_type, c.window_size), 'PX',
+        int(c.ttl_ms))
+end
+
 -- "<until>|<name>|<wire>|<set at>|<source>|<actor>|<reason>" parsed: the config's
 -- table with `until_ms`, `name`, `wire`, `source`, kept per text (a library keeps
 -- them; a few per worker).
@@ -989,7 +996,7 @@ local function step(kring, c, hot, cold_bytes, now, micros, ok, fails, slows, ms
   if st.code == 2 and c.max_half_open > 0 and now >= st.since + c.max_half_open then
     events = move(st, c, 'max_wait_elapsed', nil, now, micros, events)
   end
-  if st.clear_ring then rcall('DEL', kring); st.clear_ring = nil end
+  if st.clear_ring then new_ring(kring, c); st.clear_ring = nil end
   local whole
   if c.window_type == 1 then
     local sec = floor(now / 1000)
@@ -999,7 +1006,7 @@ local function step(kring, c, hot, cold_bytes, now, micros, ok, fails, slows, ms
         kring, sec, st.wsec, c.window_size, st.calls, st.failures, st.slow, st.total_ms)
       if whole then
         st.calls, st.failures, st.slow, st.total_ms = 0, 0, 0, 0
-        if zero then rcall('DEL', kring) end
+        if zero then new_ring(kring, c) end
       end
       st.wsec = sec
     end
@@ -1054,7 +1061,7 @@ local function step(kring, c, hot, cold_bytes, now, micros, ok, fails, slows, ms
       end
     end
   end
-  if st.clear_ring then rcall('DEL', kring) end
+  if st.clear_ring then new_ring(kring, c) end
   local refresh = now - st.ttl_at >= c.ttl_ms / 2 or st.ttl_at > now
   if refresh then st.ttl_at = now end
   return pack_hot(st), pack_cold(st), events, refresh
@@ -1285,7 +1292,7 @@ local function put(kstate, k, slot, shadow, c, wire, until_ms, source, actor, re
   st.ttl_at, st.since, st.started = now, now, now
   rcall('HSET', k, 'c' .. slot, spec_text(until_ms, shadow, wire, now, source, actor, reason),
         'h' .. slot, pack_hot(st), 's' .. slot, pack_cold(st))
-  rcall('DEL', ring_key(kstate, slot))
+  new_ring(ring_key(kstate, slot), c)
   local ttl = max(c.ttl_ms, until_ms > 0 and until_ms - now or 0)
   local keep = rcall('PTTL', k)
   if keep < ttl then rcall('PEXPIRE', k, int(ttl)) end
