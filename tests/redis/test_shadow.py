@@ -235,3 +235,25 @@ def test_every_shadow_key_has_a_ttl(redis_url: str, redis_client: redis.Redis,
     assert len(keys) >= 3
     assert all(redis_client.pttl(k) > 0 for k in keys)
     wait_until(lambda: all(redis_client.pttl(k) > 0 for k in keys), what="TTLs")
+
+
+def test_prometheus_exports_each_shadows_would_be_figures(
+        redis_url: str, redis_client: redis.Redis, name: str) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from distbreaker.contrib.prometheus import DistbreakerCollector
+    from tests.redis.test_contrib_prometheus import scrape
+
+    breaker = CircuitBreaker(name, redis=redis_url, **LIVE)
+    breaker.call(lambda: 1)
+    operate.set_shadow(redis_client, DEFAULT_PREFIX, name, "tight", TIGHT, "r", "a")
+    drive(breaker, 8, 3)
+    registry = CollectorRegistry()
+    registry.register(DistbreakerCollector(redis_url, components=[breaker]))
+    found = scrape(registry)
+    labels = (("name", name), ("shadow", "tight"))
+    assert found[("distbreaker_shadow_state", (*labels, ("state", "OPEN")))] == 1
+    assert found[("distbreaker_shadow_trips_total", labels)] == 1
+    assert found[("distbreaker_shadow_rejected_total", labels)] == 1
+    assert found[("distbreaker_shadow_failures_avoided_total", labels)] == 1
+    assert found[("distbreaker_shadow_calls_total", labels)] == 11
