@@ -93,8 +93,9 @@ local function ring_key(kstate, slot) return kstate .. ':shadow:w' .. slot end
 -- A ring (re)started empty, at its full length, with its TTL.
 local PAD = rep('\0', WIN)
 local function new_ring(kring, c)
-  rcall('SET', kring, PAD .. breaker_window.empty(c.window_type, c.window_size), 'PX',
-        int(c.ttl_ms))
+  rcall('DEL', kring)
+  rcall('SETRANGE', kring, '0', PAD .. breaker_window.empty(c.window_type, c.window_size))
+  rcall('PEXPIRE', kring, int(c.ttl_ms))
 end
 
 -- "<until>|<name>|<wire>|<set at>|<source>|<actor>|<reason>" parsed: the config's
@@ -389,7 +390,7 @@ local function feed(kstate, now, micros, ok, fails, slows, ms)
       if cold then writes[nw + 1], writes[nw + 2], nw = COLD_FIELD[slot], cold, nw + 2 end
       if events then history(kstate, c.name, events, now) end
       if refresh then
-        keep = max(keep, c.ttl_ms)
+        keep = max(keep, keep_ms(c, c.until_ms, now))
         pcall_('PEXPIRE', kring, int(c.ttl_ms))
       end
     elseif text_ then
@@ -434,6 +435,11 @@ local function valid_name(shadow)
   return shadow and #shadow >= 1 and #shadow <= 40 and match(shadow, '^[%w_.%-]+$') ~= nil
 end
 
+-- How long a shadow's keys must live: its key TTL, or until its end if later.
+local function keep_ms(c, until_ms, now)
+  return max(c.ttl_ms, until_ms > 0 and until_ms - now or 0)
+end
+
 -- The c<slot> field's text (an actor's '|' would end it early: written as '/').
 local function spec_text(until_ms, shadow, wire, set_at, source, actor, reason)
   return int(until_ms) .. '|' .. shadow .. '|' .. wire .. '|' .. int(set_at) .. '|' .. source
@@ -451,19 +457,22 @@ end
 -- Creates or replaces shadow `shadow` in `slot` (the checks done) with config `wire`
 -- (`c` parsed): its fields, an empty ring, the live record's bit, the TTLs, a history
 -- entry.
-local function put(kstate, k, slot, shadow, c, wire, until_ms, source, actor, reason, now,
-                   kind)
+local function put(kstate, k, slots, slot, shadow, c, wire, until_ms, source, actor, reason,
+                   now, kind)
   local st = unpack_state(nil, nil)
   st.ttl_at, st.since, st.started = now, now, now
   rcall('HSET', k, 'c' .. slot, spec_text(until_ms, shadow, wire, now, source, actor, reason),
         'h' .. slot, pack_hot(st), 's' .. slot, pack_cold(st))
   new_ring(ring_key(kstate, slot), c)
-  local ttl = max(c.ttl_ms, until_ms > 0 and until_ms - now or 0)
-  local keep = rcall('PTTL', k)
-  if keep < ttl then rcall('PEXPIRE', k, int(ttl)) end
+  local ttl = keep_ms(c, until_ms, now)
+  for other = 1, MAX do  -- the hash lives as long as its longest-lived shadow may
+    local t = slots[other]
+    if other ~= slot and t and t[4] then ttl = max(ttl, keep_ms(t[4], t[4].until_ms, now)) end
+  end
+  rcall('PEXPIRE', k, int(ttl))
   flag(kstate, true)
   history(kstate, shadow, {{'CLOSED', 'CLOSED', reason, -1, -1, kind, 0, 0, 0, 0, actor}}, now)
-  pcall_('PEXPIRE', kstate .. ':shadow:events', int(max(ttl, rcall('PTTL', k))))
+  pcall_('PEXPIRE', kstate .. ':shadow:events', int(ttl))
 end
 
 -- Declared shadows (the registry's `shadow:`), renewed by every worker's hello: each
@@ -487,8 +496,8 @@ local function declare(kstate, decl, now)
         slot = slot or free_slot(slots)
         if slot then
           slots[slot] = slots[slot] or {true}
-          put(kstate, k, slot, shadow, c, wire, until_ms, 'declared', '', 'declared', now,
-              'declared')
+          put(kstate, k, slots, slot, shadow, c, wire, until_ms, 'declared', '', 'declared',
+              now, 'declared')
         end
       end
     end
@@ -528,8 +537,8 @@ local function op(keys, argv)
     local dels = {}
     if byname[shadow] then ending(kstate, slot, slots[slot], 'replaced', reason, actor, now, dels) end
     if #dels > 0 then rcall('HDEL', k, unpack(dels)) end
-    put(kstate, k, slot, shadow, c, argv[4], for_ms > 0 and now + for_ms or 0, 'operator', actor,
-        reason, now, 'set')
+    put(kstate, k, slots, slot, shadow, c, argv[4], for_ms > 0 and now + for_ms or 0, 'operator',
+        actor, reason, now, 'set')
     return byname[shadow] and count or count + 1
   elseif action == 'clear' then
     local dels, left = {}, count
