@@ -2603,8 +2603,9 @@ return function(KEYS, ARGV, given_now, given_micros)
     advance()
   end
   if err then return err end
+  if not (shadow_feed or shadow_decl) then return finish() end
   local reply = finish()
-  if (shadow_feed or shadow_decl) and not reply.err then  -- after the state (rule 10)
+  if not reply.err then  -- shadow configs, after the state (rule 10)
     if shadow_feed then pcall(breaker_shadow.feed, K_STATE, now, micros, unpack(shadow_feed)) end
     if shadow_decl then pcall(breaker_shadow.declare, K_STATE, shadow_decl, now) end
   end
