@@ -846,14 +846,15 @@ local function breaker_shadow()
 -- The hot path pays nothing for the feature: the live record's `seq` field carries
 -- bit 32 (SHADOWED) while shadows exist, and lua/breaker.lua / lua/lib/breaker_hot.lua
 -- call `feed` only when they read that bit (they read `seq` anyway). A breaker's
--- shadows are one hash, <state key>:shadow, read with one HGETALL and written with one
--- HSET per record whatever their number, plus one ring per shadow:
---   c:<shadow>  "<until ms>|<config wire>|<set at ms>|<source>|<actor>|<reason>"
---               (until 0: no end; source: operator or declared)
---   h:<shadow>  what every record changes: HOT_N big-endian i8 (below)
---   s:<shadow>  what transitions and would-be rejections change: COLD_N i8 (below)
---   <state key>:shadow:w:<shadow>  (a string) its window from byte WINDOW_AT, in the
---               live record's slot format, so breaker_window's functions run on it
+-- shadows are one hash, <state key>:shadow, read with one HMGET and written with one
+-- HSET per record whatever their number (a shadow is a slot 1..MAX), plus one ring per
+-- shadow:
+--   c<slot>  "<until ms>|<name>|<config wire>|<set at ms>|<source>|<actor>|<reason>"
+--            (until 0: no end; source: operator or declared)
+--   h<slot>  what every record changes: HOT_N big-endian i8 (below)
+--   s<slot>  what transitions and would-be rejections change: COLD_N i8 (below)
+--   <state key>:shadow:w<slot>  (a string) its window from byte WINDOW_AT, in the live
+--            record's slot format, so breaker_window's functions run on it
 -- Its history: the stream <state key>:shadow:events (MAXLEN ~ 1000), every entry
 -- naming its shadow. All keys share the name's hash tag; their TTL is the candidates'
 -- longest key TTL, refreshed by the feed (at most every TTL / 2).
@@ -881,9 +882,9 @@ local DECLARED_LEASE = 60000        -- a declared shadow lives this long past a 
 local SEQ_AT = tonumber(layout.HOT_AT) + layout.HOT_LOW_BYTE.seq - 8  -- its first byte
 local STATES = {'CLOSED', 'OPEN', 'HALF_OPEN'}
 local CODE = {CLOSED = 0, OPEN = 1, HALF_OPEN = 2}
--- h:<shadow>, what every record writes (i8 each):
+-- h<slot>, what every record writes (i8 each):
 --   code calls failures slow total_ms head wsec seen seen_failures ttl_at
--- s:<shadow>, what only a transition or a would-be rejection writes (i8 each):
+-- s<slot>, what only a transition or a would-be rejection writes (i8 each):
 --   since open_until opens hp_done hp_fail hp_slow started trips rejected avoided
 --   open_ms ep_at ep_rejected ep_avoided ep_ms
 -- (ep_*: the last episode, from a trip out of CLOSED back to CLOSED: its start, the
