@@ -257,3 +257,17 @@ def test_prometheus_exports_each_shadows_would_be_figures(
     assert found[("distbreaker_shadow_rejected_total", labels)] == 1
     assert found[("distbreaker_shadow_failures_avoided_total", labels)] == 1
     assert found[("distbreaker_shadow_calls_total", labels)] == 11
+
+
+def test_a_policys_merged_call_feeds_the_shadows_too(
+        redis_url: str, redis_client: redis.Redis, name: str) -> None:
+    from distbreaker import Bulkhead, Policy
+
+    breaker = CircuitBreaker(name, redis=redis_url, **LIVE)
+    breaker.call(lambda: 1)
+    operate.set_shadow(redis_client, DEFAULT_PREFIX, name, "tight", TIGHT, "r", "a")
+    policy = Policy(name, redis=redis_url, breaker=breaker,
+                    bulkhead=Bulkhead(name, redis=redis_url, max_concurrent_calls=5))
+    for _ in range(4):
+        assert policy.call(lambda: "fine") == "fine"
+    assert shadows(redis_client, name)["tight"]["seen"] == 4
