@@ -267,4 +267,4 @@ end
 return {rate = rate, exceeded = exceeded, describe = describe, evict_time = evict_time,
         record_time = record_time, evicted = evicted, record_one = record_one,
         record_many = record_many, write = write,
-        empty = empty, sum_run = sum_run}
+        empty = empty}
