@@ -16,6 +16,7 @@ breaker would not reach the v1 workers (docs/OPERATIONS.md, Rolling deploy).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import redis
@@ -23,6 +24,8 @@ import redis
 from . import readside as view
 from ._runtime import state_record
 from ._runtime.keys import BreakerKeys
+from ._runtime.scripts import load_script, run_script
+from .breaker import shadow as shadows
 from .breaker.config import BreakerConfig, config_differences
 from .breaker.events import Transition
 from .breaker.state import State
@@ -290,3 +293,45 @@ def adopt_config(client: Any, prefix: str, name: str, reason: str, actor: str,
                         for f, a, b in config_differences(config, new)],
             "window_kept": (config.sliding_window_type, config.sliding_window_size)
             == (new.sliding_window_type, new.sliding_window_size)}
+
+
+# -- shadow configs (docs/guides/shadow.md) ---------------------------------------------------
+def set_shadow(client: Any, prefix: str, name: str, shadow: str,
+               changes: Mapping[str, Any] | BreakerConfig, reason: str, actor: str, *,
+               for_: float | None = None) -> dict[str, Any]:
+    """Set (or replace) shadow config `shadow` of breaker `name`: the config in force with
+    `changes` (a mapping of fields), or a whole BreakerConfig; it is fed every live
+    outcome from now on, without deciding anything, until `for_` seconds have passed
+    (None: until cleared). One script call; recorded in the shadows' history with
+    `actor` and `reason`. Raises UnknownBreaker for a name without a breaker, ValueError
+    for a bad config or a fourth shadow."""
+    config, _ = read_stored(client, prefix, name)
+    if config is None:
+        raise UnknownBreaker(name, prefix, close_names(name, breaker_names(client, prefix)))
+    wanted = changes if isinstance(changes, BreakerConfig) else shadows.candidate(config,
+                                                                                  changes)
+    keys = BreakerKeys.build(name, prefix)
+    count = run_script(client, load_script("breaker"), [keys.state],
+                       ["shadow", *shadows.set_args(shadow, wanted, for_, actor, reason)])
+    found = {s["name"]: s for s in view.read_shadows(client, prefix, name)}
+    return {"name": name, "shadow": shadow, "action": "shadow_set", "wire": wanted.to_wire(),
+            "changes": [{"field": f, "in_force": a, "candidate": b}
+                        for f, a, b in config_differences(config, wanted)],
+            "until_ms": found.get(shadow, {}).get("until_ms") or None,
+            "shadows": int(count), "reason": reason, "actor": actor}
+
+
+def clear_shadow(client: Any, prefix: str, name: str, shadow: str | None, reason: str,
+                 actor: str) -> dict[str, Any]:
+    """Remove shadow `shadow` of `name` (None: every one), recording its final figures in
+    the shadows' history. A declared shadow (the registry's `shadow:`) comes back with
+    the next worker hello that declares it."""
+    before = {s["name"]: s for s in view.read_shadows(client, prefix, name)}
+    keys = BreakerKeys.build(name, prefix)
+    left = run_script(client, load_script("breaker"), [keys.state],
+                      ["shadow", *shadows.clear_args(shadow, actor, reason)])
+    gone = [s for n, s in before.items() if shadow is None or n == shadow]
+    return {"name": name, "shadow": shadow, "action": "shadow_clear",
+            "cleared": [s["name"] for s in gone], "summaries": {s["name"]: s["summary"]
+                                                                for s in gone},
+            "shadows": int(left), "reason": reason, "actor": actor}

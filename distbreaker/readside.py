@@ -21,7 +21,7 @@ import functools
 import json
 import math
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from redis.client import NEVER_DECODE
@@ -38,6 +38,13 @@ from ._runtime.keys import (
 from ._runtime.scripts import text
 from .breaker.config import MAX_COUNT_WINDOW, MAX_TIME_WINDOW, BreakerConfig, WindowType
 from .breaker.core import config_fingerprint, rate
+from .breaker.shadow import (
+    SHADOWED,
+    decode_shadow_event,
+    decode_shadows,
+    shadow_history_key,
+    shadow_key,
+)
 from .breaker.state import State
 from .errors import SchemaError
 
@@ -351,6 +358,7 @@ def decode_state_record(name: str, data: bytes, meta: Mapping[Any, Any], now_ms:
     n["slow_total"] = fields["slow_total"]
     view = _breaker_view(name, State(fields["state"]), n, wire, m, now_ms, probe_deadlines)
     view["quorum"] = decode_quorum(view, quorum_marks or {}, now_ms)
+    view["shadowed"] = fields["seq"] >= SHADOWED  # shadow configs exist (read_shadows)
     view["configs"], view["config_in_force"] = decode_rollout(
         rollout or {}, fields["fp"], wire, now_ms)
     return view
@@ -1092,6 +1100,54 @@ def read_history(client: Any, prefix: str, name: str, count: int,
     _check_type(client, key, "stream")
     entries = client.xrevrange(key, count=count)
     return [decode_history(entry_id, fields, name) for entry_id, fields in reversed(entries)]
+
+
+def read_shadows(client: Any, prefix: str, name: str, now_ms: int | None = None,
+                 clock: Callable[[int], str] | None = None) -> list[dict[str, Any]]:
+    """The shadow configs of breaker `name` (docs/guides/shadow.md), each a dict of
+    `breaker.shadow.ShadowView.as_dict` (its candidate wire, source, would-be state and
+    figures, and a one-line `summary`, its times formatted by `clock`, UTC by default);
+    [] when it has none. The `show` command, the Prometheus collector and the dashboard
+    read them here."""
+    return read_shadows_many(client, prefix, [name], now_ms, clock).get(name, [])
+
+
+def read_shadows_many(client: Any, prefix: str, names: Sequence[str],
+                      now_ms: int | None = None, clock: Callable[[int], str] | None = None,
+                      ) -> dict[str, list[dict[str, Any]]]:
+    """`read_shadows` of several names, one pipeline; names without shadows are left out
+    (as are shadow keys of a foreign type)."""
+    if not names:
+        return {}
+    if now_ms is None:
+        now_ms = server_now_ms(client)
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.hgetall(shadow_key(BreakerKeys.build(name, prefix).state))
+    found: dict[str, list[dict[str, Any]]] = {}
+    for name, raw in zip(names, pipe.execute(raise_on_error=False), strict=True):
+        if isinstance(raw, Exception) or not raw:
+            continue
+        views = [v.as_dict(clock) if clock else v.as_dict()
+                 for v in decode_shadows(raw, now_ms)]
+        if views:
+            found[name] = views
+    return found
+
+
+def read_shadow_history(client: Any, prefix: str, name: str, count: int,
+                        shadow: str | None = None) -> list[dict[str, Any]]:
+    """The last `count` entries of the shadows' history of `name` (would-be transitions,
+    shadows set, declared, replaced, cleared, expired), oldest first; only `shadow`'s
+    when given."""
+    key = shadow_history_key(BreakerKeys.build(name, prefix).state)
+    _check_type(client, key, "stream")
+    entries = client.xrevrange(key, count=count if shadow is None else max(count, HISTORY_READ))
+    events = [decode_shadow_event(entry_id, fields, name)
+              for entry_id, fields in reversed(entries)]
+    if shadow is not None:
+        events = [e for e in events if e["shadow"] == shadow][-count:]
+    return events
 
 
 def read_detail_any(client: Any, prefix: str, name: str,

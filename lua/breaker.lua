@@ -1,4 +1,4 @@
---!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events breaker_window breaker_ops breaker_persist breaker_hot breaker_rollout breaker_sample
+--!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events breaker_window breaker_ops breaker_persist breaker_hot breaker_rollout breaker_sample breaker_shadow
 -- distbreaker circuit breaker, key schema v2. The single source of truth for
 -- the fleet-wide state machine (docs/KEY_SCHEMA.md documents every byte).
 --
@@ -106,6 +106,9 @@ local count_slot_values = {}
 -- config rollouts (lua/lib/breaker_rollout.lua): ARGV[2] split into the fingerprint's
 -- text and a hello's worker; the rollout hash's writes; an adoption's reason
 local arg_fp_text, hello_worker, hello_bye, rollout_writes, adopted_why, adopted_deploy
+-- shadow configs (lua/lib/breaker_shadow.lua): a record's counts to feed them, a hello's
+-- declared shadows
+local shadow_feed, shadow_decl
 
 -- Run only on error paths and before cold-path writes (TYPE costs a command).
 local schema_error, foreign_type, args_error = prelude.schema_error, prelude.foreign_type,
@@ -414,6 +417,8 @@ local function op_record()
   local token = argv[6]
   local ok, fails, slows, ms = record_counts(argv[7], argv[8], argv[9], argv[10])
   if not ok then return fails end
+  -- shadow configs (seq's bit 32) are fed these outcomes after the writes
+  if seq >= 4294967296 and ok + fails > 0 then shadow_feed = {ok, fails, slows, ms} end
   advance()
   local st = s_state
   if st == 'CLOSED' or st == 'METRICS_ONLY' then
@@ -566,7 +571,8 @@ local function write_record()
     -- a new record: written whole, in one SETRANGE at its full length (the header
     -- groups are contiguous from byte 0; zeros up to the window, the empty window),
     -- so Redis allocates the string exactly (grown piece by piece it over-allocates)
-    seq = (seq + 1) % 4294967296
+    seq = seq - seq % 4294967296 + (seq + 1) % 4294967296  -- (bit 32: shadows; see feed)
+    if rcall('EXISTS', K_STATE .. ':shadow') == 1 then seq = seq % 4294967296 + 4294967296 end
     local refused = put(layout.COUNTERS_AT, header_counters(cold()) .. header_config(
       cold(), hp_done, hp_fail, hp_slow, probes_max, lease_ms, max_half_open, fp, window_type,
       window_size, min_calls, failure_threshold, slow_threshold, ttl_ms)
@@ -589,7 +595,7 @@ local function write_record()
     if refused then return refused end
   end
   if exists and (dirty_state or dirty_window or ttl_refreshed_at == now) then
-    seq = (seq + 1) % 4294967296
+    seq = seq - seq % 4294967296 + (seq + 1) % 4294967296
     local refused = put(STATE_AT, header_state(CODE[s_state], since, override_until,
                                                ttl_refreshed_at, calls, failures, slow,
                                                total_ms, head, window_sec, seq,
@@ -880,7 +886,9 @@ local function begin(keys, args, given_now, given_micros)
   op, cfg_wire, name, channel = args[1], args[3], args[4], args[5]
   arg_fp_text = args[2] or ''
   -- a hello is longer than any fingerprint (48 bits: at most 15 digits); rare
+  shadow_feed, shadow_decl = nil, nil
   if #arg_fp_text > 15 then
+    arg_fp_text, shadow_decl = breaker_shadow.split_hello(arg_fp_text)
     arg_fp_text, hello_worker, hello_bye = breaker_rollout.split(arg_fp_text)
   elseif hello_worker then
     hello_worker, hello_bye = nil, false
@@ -920,6 +928,7 @@ return function(KEYS, ARGV, given_now, given_micros)
       return fast
     end
   end
+  if ARGV[1] == 'shadow' then return breaker_shadow.op(KEYS, ARGV) end
   begin(KEYS, ARGV, given_now, given_micros)
   if op ~= 'acquire' and op ~= 'record' and op ~= 'state' and op ~= 'set' then
     return args_error('unknown op ' .. tostring(op))
@@ -946,5 +955,11 @@ return function(KEYS, ARGV, given_now, given_micros)
     advance()
   end
   if err then return err end
-  return finish()
+  if not (shadow_feed or shadow_decl) then return finish() end
+  local reply = finish()
+  if not reply.err then  -- shadow configs, after the state (rule 10)
+    if shadow_feed then pcall(breaker_shadow.feed, K_STATE, now, micros, unpack(shadow_feed)) end
+    if shadow_decl then pcall(breaker_shadow.declare, K_STATE, shadow_decl, now) end
+  end
+  return reply
 end

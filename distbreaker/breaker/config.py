@@ -8,9 +8,10 @@ call carries; it doubles as the config fingerprint stored beside the state.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from enum import Enum
-from typing import Any
+from typing import Any, TypeAlias
 
 from .._runtime.options import (
     RedisErrorPolicy,
@@ -50,6 +51,12 @@ _INITIAL_CODES = {State.CLOSED: "C", State.FORCED_OPEN: "F", State.METRICS_ONLY:
 _AFTER_HALF_OPEN_CODES = {State.OPEN: "O", State.CLOSED: "C"}
 MAX_COUNT_WINDOW = 100_000
 MAX_TIME_WINDOW = 3_600
+#: Shadow configs (docs/guides/shadow.md): at most this many per breaker, named so.
+MAX_SHADOWS = 3
+SHADOW_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,40}")
+#: `shadow`: candidate name -> a BreakerConfig, or a mapping of the fields that differ
+#: from this config (normalised to ((name, BreakerConfig), ...)).
+Shadows: TypeAlias = Mapping[str, Any] | tuple[tuple[str, Any], ...]
 
 
 
@@ -165,6 +172,7 @@ class BreakerConfig:
     record_sample_rate: float | str = 0.0
     record_max_samples: int = 10_000
     record_ttl: Seconds = 86_400.0
+    shadow: Shadows = ()
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -226,6 +234,7 @@ class BreakerConfig:
             put(self, field, state)
         self._check_wait_interval()
         self._check_recording()
+        self._check_shadow()
 
     def _check_recording(self) -> None:
         """Outcome recording (off by default): the share of record calls sampled into the
@@ -237,6 +246,40 @@ class BreakerConfig:
         if ttl < 1:
             raise ValueError(f"record_ttl must be >= 1 second, got {self.record_ttl!r}")
         put(self, "record_ttl", ttl)
+
+    def _check_shadow(self) -> None:
+        """`shadow` as ((name, candidate BreakerConfig), ...): a mapping's entries are
+        the candidate's fields that differ from this config."""
+        shadow = self.shadow
+        items = shadow.items() if isinstance(shadow, Mapping) else shadow
+        if not isinstance(items, (tuple, list)) and not isinstance(shadow, Mapping):
+            raise ValueError(f"shadow must be a mapping of names to configs, got {shadow!r}")
+        found: list[tuple[str, BreakerConfig]] = []
+        for entry in items:
+            name, candidate = entry
+            if not isinstance(name, str) or not SHADOW_NAME.fullmatch(name):
+                raise ValueError(f"shadow names must be 1-40 letters, digits, '_', '.' or '-', "
+                                 f"got {name!r}")
+            if isinstance(candidate, BreakerConfig):
+                candidate = candidate.replace(shadow=()) if candidate.shadow else candidate
+            elif isinstance(candidate, Mapping):
+                unknown = sorted(str(f) for f in candidate
+                                 if f not in _FIELD_NAMES or f == "shadow")
+                if unknown:
+                    raise ValueError(f"shadow {name!r}: unknown setting {unknown[0]!r}")
+                try:
+                    candidate = dataclasses.replace(self, shadow=(), **candidate)
+                except ValueError as error:
+                    raise ValueError(f"shadow {name!r}: {error}") from None
+            else:
+                raise ValueError(f"shadow {name!r} must be a mapping of settings or a "
+                                 f"BreakerConfig, got {candidate!r}")
+            found.append((name, candidate))
+        if len(found) > MAX_SHADOWS:
+            raise ValueError(f"shadow: at most {MAX_SHADOWS} candidates, got {len(found)}")
+        if len({n for n, _ in found}) != len(found):
+            raise ValueError("shadow: a name is given twice")
+        object.__setattr__(self, "shadow", tuple(found))
 
     def _check_wait_interval(self) -> None:
         put = object.__setattr__
@@ -416,6 +459,9 @@ def config_differences(ours: BreakerConfig,
 
 
 
+
+
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(BreakerConfig))
 
 
 def build_config(config: BreakerConfig | None, overrides: dict[str, Any]) -> BreakerConfig:

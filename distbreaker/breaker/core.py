@@ -53,6 +53,7 @@ from .config import (
 )
 from .events import Listener, Transition, log_transition
 from .sampling import Sampler
+from .shadow import hello_suffix
 from .state import State
 
 logger = logging.getLogger("distbreaker")
@@ -379,6 +380,7 @@ class BreakerCodec:
         self._drift_warned = False
         self._next_hello = 0.0                   # monotonic: when the next hello is due
         self.said_hello = False                  # a goodbye is due at close()
+        self._hello_suffix = hello_suffix(config.shadow)  # declares the config's shadows
         self._instance = secrets.token_hex(4)
         self.config_drift: str | None = None     # stored config when it differs from ours
         self.not_permitted = 0
@@ -430,7 +432,7 @@ class BreakerCodec:
                 return self.fingerprint
             self._next_hello = now + HELLO_INTERVAL
             self.said_hello = True
-        return f"{self.fingerprint}@{self.worker}"
+        return f"{self.fingerprint}@{self.worker}{self._hello_suffix}"
 
     def goodbye_call(self) -> ScriptCall:
         """A `state` read that removes this worker from the rollout hash (`close()`): a

@@ -184,7 +184,7 @@ COMMAND_MODULES: dict[str, str] = {
     "close": "actions", "reset": "actions", "release-stale": "actions", "config": "actions",
     "doctor": "doctor", "ganesha": "ganesha_cmd", "dashboard": "dashboard_cmd",
     "demo": "demo_cmd", "inject": "inject_cmd", "record": "record_cmd",
-    "replay": "replay_cmd",
+    "replay": "replay_cmd", "shadow": "shadow_cmd",
 }
 
 

@@ -365,6 +365,12 @@ def show_text(d: dict[str, Any]) -> str:
             lines.append(f"probe:     {p['token']} lease {ends}")
         lines.append(f"history:   {plural(b['history_length'], 'transition')} "
                      f"(distbreaker events {d['name']})")
+        if d.get("shadows"):  # candidate configs fed the live outcomes (cli/shadow_cmd.py)
+            from .shadow_cmd import shadow_lines
+
+            lines.append(f"shadows:   {len(d['shadows'])} (distbreaker events --shadow "
+                         f"{d['name']})")
+            lines += shadow_lines(d["shadows"], "  ")
     bh = d["bulkhead"]
     if bh is not None:
         lines.append(f"bulkhead:  {bh['in_use']}/{bh['limit'] or '?'} in use, "
@@ -415,6 +421,10 @@ def show_command(app: App, name: str, schema: str | None, as_json: bool) -> None
     detail = view.read_detail_any(app.client, app.prefix, name, schema)
     if not detail["exists"]:
         raise unknown(app, name)
+    if (detail.get("breaker") or {}).get("shadowed"):
+        detail["shadows"] = view.read_shadows(
+            app.client, app.prefix, name,
+            clock=None if as_json else (lambda ms: clock(ms, date=False)))
     if as_json:
         emit_json(detail)
     else:
@@ -687,14 +697,24 @@ def _catch_up(app: App, name: str | None, show: EventPrinter, kinds: Sequence[st
               help="With --follow: stop after S seconds.")
 @click.option("--kind", "kinds", multiple=True, type=click.Choice(KINDS),
               help="Only history entries of this kind (repeatable; default: every kind).")
+@click.option("--shadow", is_flag=True, help="The shadow configs' history of NAME instead "
+              "(would-be transitions; shadows set, declared, cleared, expired).")
+@click.option("--shadow-name", metavar="SHADOW", help="With --shadow: only SHADOW's.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_obj
 def events_command(app: App, name: str | None, count: int, live: bool,
                    max_events: int | None, timeout: float | None, kinds: tuple[str, ...],
-                   as_json: bool) -> None:
+                   as_json: bool, shadow: bool = False, shadow_name: str | None = None,
+                   ) -> None:
     """History (oldest first, local time with its zone): transitions and the entries that
     are not (override, override_end, restart, reset); then live transitions with
-    --follow, reconnecting while Redis is unreachable."""
+    --follow, reconnecting while Redis is unreachable. With --shadow: the shadow
+    configs' history of NAME."""
+    if shadow or shadow_name:
+        from .shadow_cmd import shadow_events
+
+        shadow_events(app, name, count, as_json, shadow_name)
+        return
     if live:
         follow(app, name, count, as_json, max_events, timeout, kinds)
         return

@@ -30,6 +30,7 @@ from ..readside import (
     Scan,
     foreign_key_count,
     read_history_after,
+    read_shadows_many,
     read_summaries,
     scan,
 )
@@ -186,8 +187,14 @@ class MetricsSource:
         with self._lock:
             budgets = dict(self._budgets)
             moves = dict(self._fleet_moves)
+        # shadow configs: read only for breakers whose record says they have some
+        shadowed = [r["name"] for r in rows if (r.get("breaker") or {}).get("shadowed")]
+        try:
+            shadows = read_shadows_many(self.client, self.prefix, shadowed)
+        except Exception:  # a scrape must never fail because Redis did
+            shadows = {}
         return [up, *_fleet_families(rows, budgets), _fleet_transitions(moves), foreign,
-                _v1_states(legacy)]
+                _v1_states(legacy), *(_shadow_families(shadows) if shadows else ())]
 
     def _count_history(self, names: list[str]) -> None:
         """Add the history entries written since the last read to the fleet counter (the
@@ -302,7 +309,31 @@ def process_families() -> list[Family]:
 def catalog() -> list[Family]:
     """Every family distbreaker exports (no samples), in export order."""
     return [_up(), *_fleet_families([], {}), _fleet_transitions({}), _foreign(),
-            _v1_states([]), *_local_families()]
+            _v1_states([]), *_shadow_families({}), *_local_families()]
+
+
+def _shadow_families(shadows: dict[str, list[dict[str, Any]]]) -> list[Family]:
+    """Each breaker's shadow configs (docs/guides/shadow.md): what each would have done
+    on the live outcomes (pure: no I/O). Counters count since the shadow was set."""
+    state = _gauge("distbreaker_shadow_state", "A shadow config's would-be state (1 for the "
+                   "current one); it never rejects a call", "name", "shadow", "state")
+    open_s = _gauge("distbreaker_shadow_open_seconds", "Seconds a shadow config would have "
+                    "been open (OPEN or HALF_OPEN) since it was set", "name", "shadow")
+    counters = {key: _counter(f"distbreaker_shadow_{metric}", text, "name", "shadow")
+                for key, metric, text in (
+                    ("trips", "trips", "Times a shadow config would have tripped"),
+                    ("rejected", "rejected", "Calls a shadow config would have rejected"),
+                    ("avoided", "failures_avoided", "Failures among the calls a shadow "
+                                                    "config would have rejected"),
+                    ("seen", "calls", "Outcomes fed to a shadow config"))}
+    for name, views in sorted(shadows.items()):
+        for s in views:
+            for value in ("CLOSED", "OPEN", "HALF_OPEN"):
+                state.add((name, s["name"], value), 1 if s["state"] == value else 0)
+            open_s.add((name, s["name"]), s["time_open_ms"] / 1000)
+            for key, family in counters.items():
+                family.add((name, s["name"]), s[key])
+    return [state, open_s, *counters.values()]
 
 
 def _fleet_transitions(moves: dict[tuple[str, str, str], int]) -> Family:

@@ -21,7 +21,7 @@ ROUND_TRIPS = {
     "policy": 2, "bulkhead": 2, "adaptive_bulkhead": 2, "budget": 1, "ratelimiter": 1,
     "closed_time_3600": 1,
     "closed_time_idle_3600": 1, "closed_time_idle_1800": 1, "closed_time_idle_3599": 1,
-    "closed_time_idle_3600_no_ttl": 1,
+    "closed_time_idle_3600_no_ttl": 1, "closed_shadow_1": 1, "closed_shadow_3": 1,
     "closed_recording": 1,  # the sample rides on the record's script call
 }
 
