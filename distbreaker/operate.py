@@ -290,3 +290,143 @@ def adopt_config(client: Any, prefix: str, name: str, reason: str, actor: str,
                         for f, a, b in config_differences(config, new)],
             "window_kept": (config.sliding_window_type, config.sliding_window_size)
             == (new.sliding_window_type, new.sliding_window_size)}
+
+
+# -- selectors: one action on many names -------------------------------------------------
+#: The state each action moves a breaker to (RESET: CLOSED with an empty window; TRIP:
+#: OPEN, ignored by a FORCED_OPEN or DISABLED breaker), for `--dry-run`.
+_TARGET_STATE = {"forced_open": State.FORCED_OPEN, "trip": State.OPEN,
+                 "disabled": State.DISABLED, "metrics_only": State.METRICS_ONLY,
+                 "closed": State.CLOSED, "reset": State.CLOSED}
+
+
+def selected(client: Any, prefix: str, patterns: list[str]) -> list[str]:
+    """The names with v2 breaker keys that any glob of `patterns` matches, sorted."""
+    return view.matching(breaker_names(client, prefix), patterns)
+
+
+def plan_many(client: Any, prefix: str, names: list[str], action: Action, *,
+              held: bool = False) -> list[dict[str, Any]]:
+    """What `act_many` would do, without doing it (`--dry-run`): per name its state now
+    (one brief read of every name) and whether the action would change it (`held`: the
+    action sets an end, `--for` / `--until`, which always changes something)."""
+    briefs = view.read_brief(client, prefix, names)
+    target = _TARGET_STATE[action.id]
+    plans = []
+    for name in names:
+        b = briefs.get(name)
+        plan: dict[str, Any] = {"name": name, "action": action.id, "dry_run": True,
+                                "state": b["state"] if b else None,
+                                "target": target.value, "would_change": False,
+                                "error": None if b else "no readable state record"}
+        if b is not None:
+            now = State(b["state"])
+            if action.id == "trip":
+                change = now not in (State.FORCED_OPEN, State.DISABLED)
+            else:
+                change = now is not target or action.id == "reset"
+            plan["would_change"] = change or held
+        plans.append(plan)
+    return plans
+
+
+def act_many(client: Any, prefix: str, names: list[str], action: Action, reason: str,
+             actor: str, *, for_: float | None = None, until: float | None = None,
+             batch: int = 500) -> list[dict[str, Any]]:
+    """`act` on many existing breakers (a selector), each recorded in its history with
+    `reason` and `actor` as a single action is: per batch of names, one pipeline reads
+    the stored configs and newest history ids, one sends every action (the same `set`
+    script call `act` makes), one reads back what each recorded; 3 round trips per
+    `batch` names instead of ~8 per name. The results are `act`'s dicts; a name without
+    a v2 state record, or whose keys hold foreign data, gets
+    ``{"name", "action", "error"}`` and the others go on. Never creates a breaker."""
+    from ._runtime.connection import db_of
+    from ._runtime.scripts import load_script, run_scripts_each
+    from .breaker.core import BreakerCodec, decode_reply, hold_args
+
+    if (for_ is not None or until is not None) and action.id == "reset":
+        raise ValueError("reset takes no --for / --until")
+    hold = hold_args(for_, until)
+    script, db = load_script("breaker"), db_of(client)
+    configs: dict[str, BreakerConfig] = {}
+    results: list[dict[str, Any]] = []
+    for i in range(0, len(names), batch):
+        chunk = names[i:i + batch]
+        pipe = client.pipeline(transaction=False)
+        for name in chunk:
+            keys = BreakerKeys.build(name, prefix)
+            view.queue_raw(pipe, keys.state, state_record.WINDOW_OFFSET - 1)
+            pipe.hget(keys.meta, "cfg")
+            pipe.xrevrange(keys.history, count=1)
+        read = pipe.execute(raise_on_error=False)
+        before: dict[str, tuple[dict[str, Any], str]] = {}
+        calls, called = [], []
+        for j, name in enumerate(chunk):
+            record, wire, newest = read[3 * j:3 * j + 3]
+            try:
+                header, config = _stored_for_action(name, record, wire, newest, configs)
+            except (SchemaError, LookupError) as exc:
+                results.append({"name": name, "action": action.id, "error": str(exc)})
+                continue
+            last = view.text(newest[0][0]) if newest else "0-0"
+            before[name] = (header, last)
+            call = BreakerCodec(name, config, prefix, db).set_call(action.target, reason,
+                                                                   actor, hold)
+            calls.append((script, call.keys, call.args))
+            called.append(name)
+        replies = run_scripts_each(client, calls) if calls else []
+        pipe = client.pipeline(transaction=False)
+        done = []
+        for name, raw in zip(called, replies, strict=True):
+            if isinstance(raw, Exception):
+                results.append({"name": name, "action": action.id, "error": str(raw)})
+                continue
+            keys = BreakerKeys.build(name, prefix)
+            view.queue_raw(pipe, keys.state, state_record.WINDOW_OFFSET - 1)
+            pipe.xrange(keys.history, min=f"({before[name][1]}", max="+")
+            done.append((name, decode_reply(raw).state))
+        after = pipe.execute(raise_on_error=False) if done else []
+        for k, (name, state) in enumerate(done):
+            record, entries = after[2 * k:2 * k + 2]
+            header_before = before[name][0]
+            header = {} if isinstance(record, Exception) or not record else \
+                state_record.decode_record(bytes(record))
+            found = [] if isinstance(entries, Exception) else [
+                view.decode_history(entry_id, fields, name) for entry_id, fields in entries]
+            recorded = [e for e in found if e["reason"] == reason and e["actor"] == actor]
+            ends = header.get("ov_until", 0)
+            if action.id == "trip" and state is State.OPEN:
+                ends = header.get("open_until", 0)
+            change = describe_change(recorded, header_before)
+            results.append({
+                "name": name, "action": action.id,
+                "previous": State(header_before["state"]).value, "state": str(state),
+                "changed": change is not None, "change": change, "created": False,
+                "reason": reason, "actor": actor,
+                "at_ms": recorded[-1]["at_ms"] if recorded else None,
+                "until_ms": int(ends) or None, "drift_cleared": False, "adopted": []})
+    return results
+
+
+def _stored_for_action(name: str, record: Any, wire: Any, newest: Any,
+                       configs: dict[str, BreakerConfig]) -> tuple[dict[str, Any],
+                                                                   BreakerConfig]:
+    """(the record's header, the stored config) from a batch read, or SchemaError /
+    LookupError: what `read_stored` decides for one name."""
+    for reply in (record, wire, newest):
+        if isinstance(reply, Exception):
+            raise SchemaError(f"breaker {name!r}: {reply}")
+    if not record:
+        raise LookupError(f"breaker {name!r} has no state record (expired meanwhile)")
+    try:
+        header = state_record.decode_record(bytes(record))
+    except state_record.NotAStateRecord as exc:
+        raise SchemaError(f"breaker {name!r}: its state record {exc}") from None
+    stored = view.text(wire) if wire is not None and header["fp"] else view.UNSET_CONFIG
+    if stored not in configs:
+        try:
+            configs[stored] = (BreakerConfig() if stored == view.UNSET_CONFIG
+                               else BreakerConfig.from_wire(stored))
+        except ValueError as exc:
+            raise SchemaError(f"breaker {name!r}: {exc}") from None
+    return header, configs[stored]
