@@ -430,3 +430,72 @@ def _stored_for_action(name: str, record: Any, wire: Any, newest: Any,
         except ValueError as exc:
             raise SchemaError(f"breaker {name!r}: {exc}") from None
     return header, configs[stored]
+
+
+# -- a rate limiter's limit at run time ---------------------------------------------------
+class UnknownLimiter(LookupError):
+    """No rate limiter bucket is stored for the name; `suggestions` are close names."""
+
+    def __init__(self, name: str, prefix: str, suggestions: list[str]) -> None:
+        self.name, self.prefix, self.suggestions = name, prefix, suggestions
+        super().__init__(f"unknown rate limiter {name!r} under prefix {prefix!r}")
+
+
+def change_limit(client: Any, prefix: str, name: str, reason: str, actor: str, *,
+                 limit_for_period: int | None = None, refresh: float | None = None,
+                 burst: int | None = None, reset: bool = False) -> dict[str, Any]:
+    """Change a rate limiter's limit fleet-wide, at once (Resilience4j's
+    changeLimitForPeriod: the `set` op of lua/ratelimiter.lua, as
+    `RateLimiter.change_limit` sends it), or with `reset` drop an operator's limit so
+    each worker's own config governs again (`unset`). Fields left None keep the limit in
+    force; a burst that equalled the limit follows it. The reason, actor and server time
+    are stored in the limiter's hash (`why`, `by`, `at`): `ls` / `show` show them. The
+    result is the CLI's `--json` line (docs/CLI_JSON.md)."""
+    from ._runtime.keys import RateLimiterKeys
+    from ._runtime.scripts import load_script, run_script
+    from .ratelimiter.config import RateLimiterConfig
+    from .ratelimiter.core import RateLimiterCore, decode_metrics
+
+    key = RateLimiterKeys.build(name, prefix).bucket
+    kind = view.text(client.type(key))
+    if kind not in ("none", "hash"):
+        raise SchemaError(f"key {key} holds a {kind}, expected a hash", key=key)
+    now_ms = view.server_now_ms(client)
+    raw = client.hgetall(key)
+    if not raw:
+        known = [n for n, parts in view.scan_names(client, prefix).items()
+                 if "rate_limiter" in parts]
+        raise UnknownLimiter(name, prefix, close_names(name, known))
+    before = view.decode_rate_limiter(raw, now_ms)
+    fields = {view.text(k): view.text(v) for k, v in raw.items()}
+    ttl_ms = max(1000, int(client.pttl(key)))
+    try:  # the workers' own bucket (what the TTL-setting worker sent), kept as it is
+        geometry = [str(int(fields.get(f) or fields[g])) for f, g in
+                    (("cl", "lim"), ("cp", "per"), ("cb", "bur"))] + [str(ttl_ms)]
+    except (KeyError, ValueError):
+        raise SchemaError(f"key {key} holds no rate limiter bucket", key=key) from None
+    if reset:
+        args = ["unset", *geometry, reason, actor]
+    else:
+        own = RateLimiterConfig(limit_for_period=int(geometry[0]),
+                                limit_refresh_period=int(geometry[1]) / 1000,
+                                burst=int(geometry[2]))
+        core = RateLimiterCore(name, own, prefix, {})
+        current = None
+        if before["limit_for_period"]:
+            current = decode_metrics([0, before["limit_for_period"],
+                                      before["limit_refresh_period_ms"], before["burst"],
+                                      0, 0, 0, 0, now_ms, 0])
+        new = core.set_args(limit_for_period, refresh, burst, current)[5:8]  # validated
+        args = ["set", *geometry, *new, reason, actor]
+    reply = decode_metrics(run_script(client, load_script("ratelimiter"), [key], args))
+    after = view.decode_rate_limiter(client.hgetall(key), view.server_now_ms(client))
+    return {"name": name, "action": "limit_reset" if reset else "limit",
+            "previous": {"limit_for_period": before["limit_for_period"],
+                         "limit_refresh_period_ms": before["limit_refresh_period_ms"],
+                         "burst": before["burst"], "overridden": before["overridden"]},
+            "limit_for_period": reply.limit_for_period,
+            "limit_refresh_period_ms": round(reply.limit_refresh_period * 1000),
+            "burst": reply.burst, "overridden": reply.overridden,
+            "available": reply.available_permissions, "reason": reason, "actor": actor,
+            "at_ms": after["changed_at_ms"]}

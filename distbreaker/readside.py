@@ -772,7 +772,10 @@ def decode_rate_limiter(raw: Mapping[Any, Any], now_ms: int) -> dict[str, Any]:
         "limit_for_period": limit, "limit_refresh_period_ms": period, "burst": burst,
         "overridden": overridden, "available": None, "reserved_ahead_ms": None,
         "calls": num("calls") or 0, "permits": num("permits") or 0,
-        "waited": num("waited") or 0, "rejected": num("rejected") or 0}
+        "waited": num("waited") or 0, "rejected": num("rejected") or 0,
+        # the last operator change of the limit (`distbreaker limit`), if one was recorded
+        "changed_reason": f.get("why"), "changed_by": f.get("by"),
+        "changed_at_ms": num("at") if "at" in f else None}
     tat = num("tat")
     if limit and period and burst and limit > 0 and period > 0 and tat is not None:
         backlog = max(0, tat - now_ms * 1000)

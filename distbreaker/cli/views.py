@@ -514,6 +514,13 @@ def show_text(d: dict[str, Any]) -> str:
                      f"{rl['calls']} calls granted ({rl['permits']} permits, {rl['waited']} "
                      f"after a wait), {rl['rejected']} refused; reservations reach "
                      f"{duration((rl['reserved_ahead_ms'] or 0) / 1000)} ahead")
+        if rl.get("changed_at_ms"):
+            what = "limit by: " if rl["overridden"] else "reset by: "
+            lines.append(f"{what} {printable(rl['changed_by'] or 'an unnamed operator')} "
+                         f"at {clock(rl['changed_at_ms'])}: "
+                         f"{printable(rl['changed_reason'] or '')}"
+                         + ("" if rl["overridden"] else " (the operator's limit dropped: "
+                            "each worker's own config governs)"))
     for key, ttl in d["ttls"].items():
         lines.append(f"ttl:       {key}  {'no expiry' if ttl is None else duration(ttl)}")
     return "\n".join(lines)

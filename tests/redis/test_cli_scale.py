@@ -168,3 +168,42 @@ def test_a_small_selector_acts_without_asking_and_yes_skips_the_question(
     assert run(redis_url, "open", "tenant:00001", "--dry-run").exit_code == 2
     missing = run(redis_url, "close", "nothing:*")
     assert missing.exit_code == 1 and "matches 'nothing:*'" in missing.stderr
+
+
+def test_limit_changes_a_rate_limit_fleet_wide_recorded_and_shown(redis_url: str) -> None:
+    from distbreaker import RateLimiter
+
+    limiter = RateLimiter("llm:gpt", redis=redis_url, limit_for_period=50,
+                          limit_refresh_period=60, timeout_duration=0, redis_timeout=5)
+    other = RateLimiter("llm:gpt", redis=redis_url, limit_for_period=50,
+                        limit_refresh_period=60, timeout_duration=0, redis_timeout=5)
+    try:
+        assert limiter.try_acquire()
+        cut = run(redis_url, "limit", "llm:gpt", "--limit-for-period", "3", "--reason",
+                  "quota cut", "--actor", "dana@ops", "--json")
+        assert cut.exit_code == 0, cut.output
+        result = json.loads(cut.stdout)
+        assert (result["limit_for_period"], result["burst"], result["overridden"]) == (3, 3, True)
+        assert result["previous"]["limit_for_period"] == 50 and result["at_ms"]
+        # every worker obeys the operator's limit, whatever its own config says
+        granted = [limiter.try_acquire(), other.try_acquire(), limiter.try_acquire(),
+                   other.try_acquire()]
+        assert granted.count(True) <= 3 and not granted[-1]
+        row = listing(redis_url, "llm:*")["breakers"][0]["rate_limiter"]
+        assert (row["limit_for_period"], row["overridden"]) == (3, True)
+        assert (row["changed_by"], row["changed_reason"]) == ("dana@ops", "quota cut")
+        assert "/3 per 1m00s!" in run(redis_url, "ls", "llm:gpt").stdout
+        shown = run(redis_url, "show", "llm:gpt").stdout
+        assert "limit by:  dana@ops at" in shown and "quota cut" in shown
+        slower = run(redis_url, "limit", "llm:gpt", "--refresh", "2m")
+        assert slower.exit_code == 0 and "3 per 1m00s -> 3 per 2m00s" in slower.stdout
+        dropped = run(redis_url, "limit", "llm:gpt", "--reset", "--reason", "quota back")
+        assert dropped.exit_code == 0 and "own config governs" in dropped.stdout
+        assert limiter.metrics().limit_for_period == 50
+        assert "reset by:" in run(redis_url, "show", "llm:gpt").stdout
+        assert run(redis_url, "limit", "llm:gpt").exit_code == 2  # nothing to change
+        unknown = run(redis_url, "limit", "llm:gp", "--limit-for-period", "1")
+        assert unknown.exit_code == 1 and "did you mean 'llm:gpt'" in unknown.stderr
+    finally:
+        limiter.close()
+        other.close()
