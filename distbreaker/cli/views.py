@@ -12,12 +12,10 @@ from typing import Any
 import click
 import redis
 
-from .. import operate
 from .. import readside as view
 from .._runtime.keys import BreakerKeys, events_channel
 from ..breaker.state import State
 from ..errors import SchemaError
-from .actions import did_you_mean
 from .app import App, NotFound, check_name, cli, emit_json
 from .fmt import (
     STATE_WIDTH,
@@ -528,6 +526,9 @@ def show_text(d: dict[str, Any]) -> str:
 
 def unknown(app: App, name: str, what: str = "name") -> NotFound:
     """NotFound for a name without keys, with the closest existing names."""
+    from .. import operate  # the actions' module: only for this message
+    from .actions import did_you_mean
+
     known = list(view.scan_names(app.client, app.prefix))
     return NotFound(f"unknown {what} {name!r}: no keys under prefix {app.prefix!r}"
                     + did_you_mean(operate.close_names(name, known)))
@@ -607,7 +608,9 @@ def recent_events(app: App, name: str | None, count: int,
     if name is not None:
         if not client.exists(BreakerKeys.build(name, app.prefix).state,
                              BreakerKeys.build(name, app.prefix).history):
-            if not operate.has_v1_breaker(client, app.prefix, name):
+            from ..operate import has_v1_breaker
+
+            if not has_v1_breaker(client, app.prefix, name):
                 raise unknown(app, name, "breaker")
             schema = view.V1  # only a worker not yet upgraded wrote it: its v1 history
         names = [name]
@@ -788,12 +791,17 @@ def _replay_history(app: App, name: str | None, count: int, as_json: bool,
         if not as_json:
             click.echo(f"{exc.message}; following it anyway", err=True)
     width = name_width([name] if name else [e["name"] for e in history]
-                       or operate.breaker_names(app.client, app.prefix))
+                       or _breaker_names(app))
     show = EventPrinter(as_json, width, kinds)
     show.newest_ms = view.server_now_ms(app.client)
     for event in history:
         show(event)
     return show
+
+
+def _breaker_names(app: App) -> list[str]:
+    return sorted(n for n, parts in view.scan_names(app.client, app.prefix).items()
+                  if "breaker" in parts)
 
 
 def _catch_up(app: App, name: str | None, show: EventPrinter, kinds: Sequence[str]) -> None:
