@@ -158,7 +158,7 @@ def _hold(for_text: str | None, until_text: str | None) -> dict[str, float | Non
 CONFIRM_OVER = 10
 
 
-def _confirm_over() -> int:
+def confirm_over_default() -> int:
     try:
         return max(0, int(os.environ.get("DISTBREAKER_CONFIRM_OVER", CONFIRM_OVER)))
     except ValueError:
@@ -168,7 +168,7 @@ def _confirm_over() -> int:
 def _selector_options(run: Any) -> Any:
     run = click.option("--exact", is_flag=True, help="NAME is one name even when it holds "
                        "* ? or [ (no selector).")(run)
-    run = click.option("--confirm-over", type=click.IntRange(0), default=_confirm_over,
+    run = click.option("--confirm-over", type=click.IntRange(0), default=confirm_over_default,
                        show_default="10, or $DISTBREAKER_CONFIRM_OVER", help="A selector "
                        "matching more names than this asks first.")(run)
     run = click.option("--yes", is_flag=True, help="Act on every name a selector matches "
@@ -200,17 +200,7 @@ def run_selector(app: App, pattern: str, action: operate.Action, reason: str | N
                        f"{len(names)} breaker(s) matching {pattern!r}; nothing was changed",
                        err=True)
         return
-    if len(names) > confirm_over and not yes:
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3
-                                        else "")
-        try:
-            agreed = click.confirm(f"{action.command} {len(names)} breakers matching "
-                                   f"{pattern!r} ({shown})?", err=True)
-        except click.Abort:
-            agreed = False
-        if not agreed:
-            raise Failure(f"not confirmed: nothing changed ({len(names)} names match "
-                          f"{pattern!r}; --dry-run shows them, --yes acts without asking)")
+    confirm_many(action.command, "breakers", names, pattern, yes, confirm_over)
     why = reason or default_reason(f"{action.command} {pattern}")
     try:
         results = operate.act_many(app.client, app.prefix, names, action, why, actor,
@@ -233,6 +223,24 @@ def run_selector(app: App, pattern: str, action: operate.Action, reason: str | N
                                              if failed else ""), err=True)
     if failed:
         raise click.exceptions.Exit(1)
+
+
+def confirm_many(command: str, what: str, names: list[str], pattern: str, yes: bool,
+                 confirm_over: int) -> None:
+    """Ask on stderr before acting on more than `confirm_over` names (unless `yes`);
+    anything but yes (no terminal and no input included) raises Failure: nothing
+    changed."""
+    if len(names) <= confirm_over or yes:
+        return
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    try:
+        agreed = click.confirm(f"{command} {len(names)} {what} matching {pattern!r} "
+                               f"({shown})?", err=True)
+    except click.Abort:
+        agreed = False
+    if not agreed:
+        raise Failure(f"not confirmed: nothing changed ({len(names)} names match "
+                      f"{pattern!r}; --dry-run shows them, --yes acts without asking)")
 
 
 def plan_text(p: dict[str, Any]) -> str:
@@ -281,7 +289,7 @@ for _action in operate.ACTIONS.values():
 @click.option("--yes", is_flag=True, help="Confirm --all; act on every name a selector "
               "matches without asking.")
 @click.option("--dry-run", is_flag=True, help="Only show what a selector would change.")
-@click.option("--confirm-over", type=click.IntRange(0), default=_confirm_over,
+@click.option("--confirm-over", type=click.IntRange(0), default=confirm_over_default,
               show_default="10, or $DISTBREAKER_CONFIRM_OVER",
               help="A selector matching more names than this asks first.")
 @click.option("--exact", is_flag=True, help="NAME is one name even when it holds * ? or [.")

@@ -50,29 +50,72 @@ def limit_text(r: dict[str, Any]) -> str:
               help="Who (stored with the limit).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output "
               "(docs/CLI_JSON.md).")
+@click.option("--dry-run", is_flag=True, help="Only list the rate limiters a selector "
+              "matches, with their limits now; change nothing.")
+@click.option("--yes", is_flag=True, help="Change every rate limiter a selector matches "
+              "without asking.")
+@click.option("--confirm-over", type=click.IntRange(0), default=None, show_default="10, "
+              "or $DISTBREAKER_CONFIRM_OVER", help="A selector matching more names than "
+              "this asks first.")
+@click.option("--exact", is_flag=True, help="NAME is one name even when it holds * ? or [.")
 @click.pass_obj
 def limit_command(app: App, name: str, limit_for_period: int | None, refresh: str | None,
                   burst: int | None, reset: bool, reason: str | None, actor: str,
-                  as_json: bool) -> None:
+                  as_json: bool, dry_run: bool, yes: bool, confirm_over: int | None,
+                  exact: bool) -> None:
     """Change rate limiter NAME's limit fleet-wide, at once: it governs every worker,
     whatever its own config, until `limit NAME --reset` or the key expires (a keyed
-    instance is NAME:KEY). `ls` and `show` mark an operator's limit with !."""
+    instance is NAME:KEY; a NAME with * ? or [ selects every matching one, as the
+    breaker actions do). `ls` and `show` mark an operator's limit with !."""
+    from .. import readside as view
+    from .actions import confirm_many, confirm_over_default, did_you_mean
+
     if reset == any(v is not None for v in (limit_for_period, refresh, burst)):
         raise click.UsageError("give --limit-for-period / --refresh / --burst, or --reset")
+    names = [name]
+    selector = view.is_selector(name) and not exact
+    if selector:
+        known = [n for n, parts in view.scan_names(app.client, app.prefix).items()
+                 if "rate_limiter" in parts]
+        names = view.matching(known, [name])
+        if not names:
+            raise NotFound(f"no rate limiter under prefix {app.prefix!r} matches {name!r}")
+        if dry_run:
+            for row in view.read_summaries(app.client, app.prefix,
+                                           {n: {"rate_limiter"} for n in names}):
+                rl = row["rate_limiter"] or {}
+                plan = {"name": row["name"], "action": "limit_reset" if reset else "limit",
+                        "dry_run": True, "limit_for_period": rl.get("limit_for_period"),
+                        "limit_refresh_period_ms": rl.get("limit_refresh_period_ms"),
+                        "burst": rl.get("burst"), "overridden": rl.get("overridden"),
+                        "error": row["error"]}
+                if as_json:
+                    emit_json(plan, lines=True)
+                else:
+                    click.echo(f"{row['name']}: {plan['limit_for_period']} per "
+                               f"{duration((plan['limit_refresh_period_ms'] or 0) / 1000)}"
+                               + ("!" if plan["overridden"] else "") + "  (would change)")
+            if not as_json:
+                click.echo(f"dry run: limit would change {len(names)} rate limiter(s) "
+                           f"matching {name!r}; nothing was changed", err=True)
+            return
+        confirm_many("limit", "rate limiters", names, name, yes,
+                     confirm_over_default() if confirm_over is None else confirm_over)
+    elif dry_run:
+        raise click.UsageError("--dry-run applies to a selector (NAME with * ? or [)")
+    why = reason or default_reason("limit" + (f" {name}" if selector else ""))
     try:
         period = to_seconds(refresh, "--refresh", positive=True) if refresh else None
-        result = operate.change_limit(app.client, app.prefix, name,
-                                      reason or default_reason("limit"), actor,
-                                      limit_for_period=limit_for_period, refresh=period,
-                                      burst=burst, reset=reset)
+        for each in names:
+            result = operate.change_limit(app.client, app.prefix, each, why, actor,
+                                          limit_for_period=limit_for_period, refresh=period,
+                                          burst=burst, reset=reset)
+            if as_json:
+                emit_json(result, lines=True)
+            else:
+                click.echo(limit_text(result))
     except operate.UnknownLimiter as exc:
-        from .actions import did_you_mean
-
-        raise NotFound(f"unknown rate limiter {name!r} under prefix {app.prefix!r}"
+        raise NotFound(f"unknown rate limiter {exc.name!r} under prefix {app.prefix!r}"
                        + did_you_mean(exc.suggestions)) from None
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    if as_json:
-        emit_json(result, lines=True)
-    else:
-        click.echo(limit_text(result))

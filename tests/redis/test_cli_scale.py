@@ -207,3 +207,31 @@ def test_limit_changes_a_rate_limit_fleet_wide_recorded_and_shown(redis_url: str
     finally:
         limiter.close()
         other.close()
+
+
+def test_limit_takes_a_selector_over_keyed_rate_limiters(redis_url: str) -> None:
+    from distbreaker import RateLimiter
+
+    limiter = RateLimiter("llm", redis=redis_url, limit_for_period=50,
+                          limit_refresh_period=60, timeout_duration=0, redis_timeout=5)
+    try:
+        for model in ("gpt", "claude", "mistral"):
+            assert limiter.try_acquire(key=model)  # keyed instances: llm:gpt, ...
+        plan = run(redis_url, "limit", "llm:*", "--limit-for-period", "5", "--dry-run",
+                   "--json")
+        assert plan.exit_code == 0, plan.output
+        assert [json.loads(line)["name"] for line in plan.stdout.splitlines()] == [
+            "llm:claude", "llm:gpt", "llm:mistral"]
+        assert limiter.metrics(key="gpt").limit_for_period == 50  # a dry run changes nothing
+        asked = run(redis_url, "limit", "llm:*", "--limit-for-period", "5",
+                    "--confirm-over", "2", stdin="n\n")
+        assert asked.exit_code == 1 and "not confirmed" in asked.stderr
+        done = run(redis_url, "limit", "llm:*", "--limit-for-period", "5", "--yes",
+                   "--actor", "dana@ops", "--json")
+        assert done.exit_code == 0, done.output
+        results = [json.loads(line) for line in done.stdout.splitlines()]
+        assert [(r["name"], r["limit_for_period"], r["actor"]) for r in results] == [
+            (n, 5, "dana@ops") for n in ("llm:claude", "llm:gpt", "llm:mistral")]
+        assert limiter.metrics(key="claude").limit_for_period == 5
+    finally:
+        limiter.close()
