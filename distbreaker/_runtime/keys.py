@@ -10,16 +10,19 @@ import dataclasses
 import functools
 import re
 
-from .name_chars import REFUSED_CHAR
-
-#: REFUSED_CHAR restricted to ASCII (control characters and the space: the same rule,
-#: tests/unit checks it), searched instead of the whole Unicode class for an ASCII
-#: name: ~30x faster, and operator tools check the names of thousands of keys.
+#: name_chars.REFUSED_CHAR restricted to ASCII (control characters and the space: the
+#: same rule, tests/unit checks it), searched instead of the whole Unicode class for an
+#: ASCII name: ~30x faster (operator tools check the names of thousands of keys), and
+#: the Unicode class (a few ms to compile) is imported only for a name that needs it.
 _ASCII_REFUSED = re.compile(r"[\x00-\x20\x7f]")
 
 
 def _refused(text: str) -> re.Match[str] | None:
-    return (_ASCII_REFUSED if text.isascii() else REFUSED_CHAR).search(text)
+    if text.isascii():
+        return _ASCII_REFUSED.search(text)
+    from .name_chars import REFUSED_CHAR
+
+    return REFUSED_CHAR.search(text)
 
 SCHEMA_VERSION = "2"
 DEFAULT_PREFIX = "distbreaker"
