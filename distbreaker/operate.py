@@ -337,9 +337,10 @@ def act_many(client: Any, prefix: str, names: list[str], action: Action, reason:
     `reason` and `actor` as a single action is: per batch of names, one pipeline reads
     the stored configs and newest history ids, one sends every action (the same `set`
     script call `act` makes), one reads back what each recorded; 3 round trips per
-    `batch` names instead of ~8 per name. The results are `act`'s dicts; a name without
-    a v2 state record, or whose keys hold foreign data, gets
-    ``{"name", "action", "error"}`` and the others go on. Never creates a breaker."""
+    `batch` names instead of ~8 per name. The results are `act`'s dicts; a name whose
+    keys hold foreign data gets ``{"name", "action", "error"}`` and the others go on;
+    a name without a state record (only its history left, or expired meanwhile) is
+    skipped. Never creates a breaker."""
     from ._runtime.connection import db_of
     from ._runtime.scripts import load_script, run_scripts_each
     from .breaker.core import BreakerCodec, decode_reply, hold_args
@@ -356,20 +357,24 @@ def act_many(client: Any, prefix: str, names: list[str], action: Action, reason:
         for name in chunk:
             keys = BreakerKeys.build(name, prefix)
             view.queue_raw(pipe, keys.state, state_record.WINDOW_OFFSET - 1)
-            pipe.hget(keys.meta, "cfg")
+            pipe.hmget(keys.meta, ["cfg", "drift_cfg"])
             pipe.xrevrange(keys.history, count=1)
         read = pipe.execute(raise_on_error=False)
-        before: dict[str, tuple[dict[str, Any], str]] = {}
+        before: dict[str, tuple[dict[str, Any], str, bool]] = {}
         calls, called = [], []
         for j, name in enumerate(chunk):
-            record, wire, newest = read[3 * j:3 * j + 3]
+            record, meta, newest = read[3 * j:3 * j + 3]
+            if not record and not isinstance(record, Exception):
+                continue  # only history left, or expired since the names were found
+            wire, drift = (None, None) if isinstance(meta, Exception) else meta
             try:
-                header, config = _stored_for_action(name, record, wire, newest, configs)
-            except (SchemaError, LookupError) as exc:
+                header, config = _stored_for_action(name, record, meta if isinstance(
+                    meta, Exception) else wire, newest, configs)
+            except SchemaError as exc:
                 results.append({"name": name, "action": action.id, "error": str(exc)})
                 continue
             last = view.text(newest[0][0]) if newest else "0-0"
-            before[name] = (header, last)
+            before[name] = (header, last, drift is not None)
             call = BreakerCodec(name, config, prefix, db).set_call(action.target, reason,
                                                                    actor, hold)
             calls.append((script, call.keys, call.args))
@@ -404,20 +409,19 @@ def act_many(client: Any, prefix: str, names: list[str], action: Action, reason:
                 "changed": change is not None, "change": change, "created": False,
                 "reason": reason, "actor": actor,
                 "at_ms": recorded[-1]["at_ms"] if recorded else None,
-                "until_ms": int(ends) or None, "drift_cleared": False, "adopted": []})
+                "until_ms": int(ends) or None,
+                "drift_cleared": action.id == "reset" and before[name][2], "adopted": []})
     return results
 
 
 def _stored_for_action(name: str, record: Any, wire: Any, newest: Any,
                        configs: dict[str, BreakerConfig]) -> tuple[dict[str, Any],
                                                                    BreakerConfig]:
-    """(the record's header, the stored config) from a batch read, or SchemaError /
-    LookupError: what `read_stored` decides for one name."""
+    """(the record's header, the stored config) from a batch read, or SchemaError:
+    what `read_stored` decides for one name."""
     for reply in (record, wire, newest):
         if isinstance(reply, Exception):
             raise SchemaError(f"breaker {name!r}: {reply}")
-    if not record:
-        raise LookupError(f"breaker {name!r} has no state record (expired meanwhile)")
     try:
         header = state_record.decode_record(bytes(record))
     except state_record.NotAStateRecord as exc:

@@ -325,16 +325,18 @@ def reset_command(app: App, name: str | None, every: bool, yes: bool, dry_run: b
                                f"{app.prefix!r}; add --yes to confirm")
     done = 0
     refused = foreign_breakers(app)
-    for n in operate.breaker_names(app.client, app.prefix):
-        if n in refused:
+    names = [n for n in operate.breaker_names(app.client, app.prefix) if n not in refused]
+    # pipelined (3 round trips per 500 names); a name with only history left, or expired
+    # since the scan, is skipped; one that became foreign since it was read is refused
+    for r in operate.act_many(app.client, app.prefix, names, action,
+                              reason or default_reason(action.command), actor):
+        if r.get("error"):
+            refused[r["name"]] = r["error"]
             continue
-        try:
-            run_action(app, n, action, reason, actor, as_json)
-        except NotFound:  # only history left, or expired between the scan and the reset
-            continue
-        except SchemaError as exc:  # became foreign since it was read
-            refused[n] = str(exc)
-            continue
+        if as_json:
+            emit_json(r, lines=True)
+        else:
+            click.echo(result_text(r))
         done += 1
     for n, error in sorted(refused.items()):
         if as_json:
