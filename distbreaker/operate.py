@@ -323,8 +323,9 @@ def plan_many(client: Any, prefix: str, names: list[str], action: Action, *,
             now = State(b["state"])
             if action.id == "trip":
                 change = now not in (State.FORCED_OPEN, State.DISABLED)
-            else:
-                change = now is not target or action.id == "reset"
+            else:  # the state held already: a timed hold without --for loses its end
+                change = (now is not target or action.id == "reset"
+                          or bool(b.get("override_until_ms")))
             plan["would_change"] = change or held
         plans.append(plan)
     return plans
