@@ -235,3 +235,17 @@ def test_limit_takes_a_selector_over_keyed_rate_limiters(redis_url: str) -> None
         assert limiter.metrics(key="claude").limit_for_period == 5
     finally:
         limiter.close()
+
+
+@pytest.mark.parametrize("argv", [["close", "llm:model-1:*"], ["trip", "llm:model-1:*"],
+                                  ["open", "llm:model-1:*", "--for", "1h"]])
+def test_a_dry_run_predicts_what_the_action_changes(redis_url: str, names: list[str],
+                                                   argv: list[str]) -> None:
+    run(redis_url, "open", "llm:model-1:000*", "--for", "10m", "--yes")  # a few held
+    plan = run(redis_url, *argv, "--dry-run", "--json")
+    predicted = {p["name"]: p["would_change"] for p in map(json.loads, plan.stdout.splitlines())}
+    done = run(redis_url, *argv, "--yes", "--json")
+    assert done.exit_code == 0, done.output
+    changed = {r["name"]: r["changed"] for r in map(json.loads, done.stdout.splitlines())}
+    assert predicted == changed
+    assert set(changed.values()) == ({True} if "--for" in argv else {True, False})
