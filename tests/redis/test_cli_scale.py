@@ -249,3 +249,11 @@ def test_a_dry_run_predicts_what_the_action_changes(redis_url: str, names: list[
     changed = {r["name"]: r["changed"] for r in map(json.loads, done.stdout.splitlines())}
     assert predicted == changed
     assert set(changed.values()) == ({True} if "--for" in argv else {True, False})
+
+
+def test_watch_shows_the_top_of_a_glob(redis_url: str, names: list[str]) -> None:
+    result = run(redis_url, "watch", "llm:*", "--top", "5", "--iterations", "1")
+    assert result.exit_code == 0, result.output
+    assert "top 5 by failure rate of 300 names" in result.stdout
+    rows = [line for line in result.stdout.splitlines() if line.startswith("llm:")]
+    assert len(rows) == 5 and all(" OPEN" in line for line in rows)
