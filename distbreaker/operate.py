@@ -473,18 +473,20 @@ def change_limit(client: Any, prefix: str, name: str, reason: str, actor: str, *
         raise UnknownLimiter(name, prefix, close_names(name, known))
     before = view.decode_rate_limiter(raw, now_ms)
     fields = {view.text(k): view.text(v) for k, v in raw.items()}
-    ttl_ms = max(1000, int(client.pttl(key)))
     try:  # the workers' own bucket (what the TTL-setting worker sent), kept as it is
-        geometry = [str(int(fields.get(f) or fields[g])) for f, g in
-                    (("cl", "lim"), ("cp", "per"), ("cb", "bur"))] + [str(ttl_ms)]
+        bucket = [int(fields.get(f) or fields[g]) for f, g in
+                  (("cl", "lim"), ("cp", "per"), ("cb", "bur"))]
+        own = RateLimiterConfig(limit_for_period=bucket[0],
+                                limit_refresh_period=bucket[1] / 1000, burst=bucket[2])
     except (KeyError, ValueError):
         raise SchemaError(f"key {key} holds no rate limiter bucket", key=key) from None
+    # the key's TTL as it is, but never less than such a limiter's own (the change must
+    # outlive a quiet spell)
+    ttl_ms = max(int(client.pttl(key)), round(own.effective_key_ttl * 1000))
+    geometry = [str(x) for x in bucket] + [str(ttl_ms)]
     if reset:
         args = ["unset", *geometry, reason, actor]
     else:
-        own = RateLimiterConfig(limit_for_period=int(geometry[0]),
-                                limit_refresh_period=int(geometry[1]) / 1000,
-                                burst=int(geometry[2]))
         core = RateLimiterCore(name, own, prefix, {})
         current = None
         if before["limit_for_period"]:
