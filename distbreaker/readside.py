@@ -20,7 +20,6 @@ import dataclasses
 import functools
 import json
 import math
-from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -377,22 +376,27 @@ def decode_rollout(raw: Mapping[Any, Any], in_force: int, wire: str,
     minute, in force first, then newest deployment first; and how the config in force
     got there (None for a record without one)."""
     h = {text(k): text(v) for k, v in raw.items()}
-    workers: Counter[str] = Counter()
+    workers: dict[str, int] = {}  # (a dict: `ls` decodes this for thousands of names)
+    fps: set[str] = set()
     for field, value in h.items():
-        if field.startswith("w:"):
+        kind = field[:2]
+        if kind == "w:":
             fp, _, seen = value.partition(":")
             if now_ms - _int_or(seen, 0) <= ROLLOUT_LIVE_MS:
-                workers[fp] += 1
-    fps = {f[2:] for f in h if f.startswith(("c:", "d:"))} | set(workers)
+                workers[fp] = workers.get(fp, 0) + 1
+                fps.add(fp)
+        elif kind in ("c:", "d:"):
+            fps.add(field[2:])
+    forced = str(in_force)
     if in_force:
-        fps.add(str(in_force))
+        fps.add(forced)
     configs = []
     for fp in fps:
-        config_wire = h.get(f"c:{fp}") or (wire if fp == str(in_force) else "")
+        config_wire = h.get(f"c:{fp}") or (wire if fp == forced else "")
         version = _config_version(config_wire) if config_wire else None
         configs.append({"fingerprint": fp, "wire": config_wire or None, "version": version,
                         "deployed_at_ms": _int_or(h.get(f"d:{fp}", "0"), 0) or None,
-                        "workers": workers[fp], "in_force": fp == str(in_force)})
+                        "workers": workers.get(fp, 0), "in_force": fp == forced})
     configs.sort(key=lambda c: (not c["in_force"], -(c["deployed_at_ms"] or 0)))
     if not in_force:
         return configs, None
