@@ -257,3 +257,15 @@ def test_watch_shows_the_top_of_a_glob(redis_url: str, names: list[str]) -> None
     assert "top 5 by failure rate of 300 names" in result.stdout
     rows = [line for line in result.stdout.splitlines() if line.startswith("llm:")]
     assert len(rows) == 5 and all(" OPEN" in line for line in rows)
+
+
+def test_ls_json_goes_on_one_line_above_1000_rows(redis_url: str, names: list[str],
+                                                  bench: ModuleType) -> None:
+    indented = run(redis_url, "ls", "--json")
+    assert indented.stdout.startswith("{\n")
+    client = redis.Redis.from_url(redis_url)
+    bench.seed_breakers(client, ["zz:99999"], key_ttl=600)
+    client.close()
+    one_line = run(redis_url, "ls", "--json")
+    assert one_line.stdout.count("\n") == 1
+    assert len(json.loads(one_line.stdout)["breakers"]) == COUNT + 1
