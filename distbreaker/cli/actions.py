@@ -253,6 +253,11 @@ def plan_text(p: dict[str, Any]) -> str:
     return f"{printable(p['name'])}: {coloured(p['state'])}  (unchanged)"
 
 
+SELECTOR_HELP = ("\n\nA NAME with * ? or [ ('llm:*', 'tenant:?7') is a selector: every "
+                 "matching breaker, each recorded with the reason and actor; --dry-run "
+                 "shows what would change; over --confirm-over matches it asks first.")
+
+
 def _action_command(action: operate.Action) -> None:
     def run(app: App, name: str, reason: str | None, actor: str, as_json: bool,
             dry_run: bool, yes: bool, confirm_over: int, exact: bool,
@@ -275,7 +280,7 @@ def _action_command(action: operate.Action) -> None:
         run = click.option("--create", is_flag=True, help="Store a new breaker even when "
                            "an existing name is close to NAME (a typo guard).")(run)
     click.argument("name", callback=check_name)(run)
-    cli.command(action.command, help=action.help)(run)
+    cli.command(action.command, help=action.help + SELECTOR_HELP)(run)
 
 
 for _action in operate.ACTIONS.values():
