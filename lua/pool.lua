@@ -195,7 +195,7 @@ local function close_interval(P, c, now, roll, events)
   end
   local total, room = #names, allowed(c, #names) - n_ejected(P, now)
   local function try(list, why, enforce)
-    table.sort(list, function(a, b) return a[2] < b[2] end)
+    table.sort(list, function(a, b) return a[2] < b[2] or (a[2] == b[2] and a[1] < b[1]) end)
     for _, item in ipairs(list) do
       local r = recs[item[1]]
       if r[ST] ~= EJECTED and r[OVR] ~= EXEMPT and enforced(enforce, roll) then
