@@ -374,3 +374,22 @@ def test_the_local_pick_avoids_members_seen_ejected() -> None:
 def pool_change(member: str) -> Any:
     from distbreaker import MemberChange
     return MemberChange(member, "ejected", time.time() + 60, "operator", "ejected")
+
+
+def test_the_registry_builds_pools_from_a_pools_section(memory: str) -> None:
+    from distbreaker import Registry
+
+    registry = Registry.from_dict({
+        "redis": memory,
+        "pools": {"configs": {"default": {"max_ejection_percent": 50}},
+                  "instances": {"hosts": {"members": ["a:80", "b:80"],
+                                          "consecutive_5xx": "2", "interval": "5s"}}}},
+        environ={"DISTBREAKER_POOL_HOSTS_PROBE_CALLS": "4"})
+    pool = registry.pool("hosts")
+    assert pool is registry.pool("hosts")
+    cfg = pool.config
+    assert (cfg.max_ejection_percent, cfg.consecutive_5xx, cfg.interval, cfg.probe_calls) == \
+        (50, 2, 5.0, 4)
+    assert pool.pick().member in ("a:80", "b:80")
+    assert registry.health().ready  # a pool never fails readiness
+    registry.close()
