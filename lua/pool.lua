@@ -305,11 +305,13 @@ local function expire_all(KEYS, c)
   for j = 1, 3 do redis.call('PEXPIRE', KEYS[j], c[C_TTL]) end
 end
 
-local function log_events(KH, events, now)
+-- history entries, after the state; events are rare, so each refreshes the stream's TTL
+local function log_events(KH, events, c)
   for _, e in ipairs(events) do
     redis.call('XADD', KH, 'MAXLEN', '~', 1000, '*', 'member', e[1], 'event', e[2],
                'why', fmt(e[3]), 'until', fmt(e[4]), 'actor', e[5])
   end
+  if events[1] then redis.call('PEXPIRE', KH, c[C_TTL]) end
 end
 
 local function bad_args(op) return args_error('bad pool arguments for ' .. tostring(op)) end
@@ -416,11 +418,17 @@ local function pick(KEYS, ARGV, c, now)
     end
   end
   local x = tonumber(P.f['x'] or '0') or 0
+  local refresh = now - x >= c[C_TTL] / 4
   if token ~= '' then
     redis.call('HINCRBY', K, 'i:' .. chosen, 1)
     redis.call('ZADD', KL, now + c[C_LEASE], token .. ' ' .. chosen)
+    if not refresh then  -- no lease was out: the zset is new, give it the TTL
+      local out = 0
+      for _, n in pairs(infl) do out = out + n end
+      if out <= 0 then redis.call('PEXPIRE', KL, c[C_TTL]) end
+    end
   end
-  if now - x >= c[C_TTL] / 4 then
+  if refresh then
     redis.call('HSET', K, 'x', fmt(now))
     expire_all(KEYS, c)
   end
@@ -559,7 +567,7 @@ local function record(KEYS, ARGV, c, now, roll)
     redis.call('HSET', K, unpack(fields))
   end
   if refresh then expire_all(KEYS, c) end
-  log_events(KH, events, now)
+  log_events(KH, events, c)
   if not r then return {-1, 0, 0, '', now} end
   return {state_of(r, now), r[UNTIL], r[WHY], ev, now}
 end
@@ -656,7 +664,7 @@ local function operator(KEYS, ARGV, c, now, op)
   end
   redis.call('HSET', K, 'v', '1', 'm:' .. name, encode(r), 'x', fmt(now))
   expire_all(KEYS, c)
-  log_events(KH, {{name, ev, r[WHY], r[UNTIL], actor}}, now)
+  log_events(KH, {{name, ev, r[WHY], r[UNTIL], actor}}, c)
   return {state_of(r, now), r[UNTIL], r[WHY], ev, now}
 end
 
