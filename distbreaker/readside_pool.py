@@ -90,6 +90,7 @@ def pool_row(status: PoolStatus) -> dict[str, Any]:
             "calls": m.calls, "failures": m.failures, "success_rate": m.success_rate,
             "mean_latency": m.mean_latency, "latency_ewma": m.latency_ewma,
             "override": m.override, "last_ejected_at": m.last_ejected_at,
+            "capped": m.capped,
         } for m in status.members],
     }
 

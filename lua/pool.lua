@@ -11,11 +11,12 @@
 --   iv          start of the current outlier-detection interval (server ms)
 --   x           server ms of the last PEXPIRE of the three keys
 --   cfg         the config wire string of the call that last closed an interval
---   m:<member>  the member's record: 21 integers separated by one space (REC below)
+--   m:<member>  the member's record: 22 integers separated by one space (REC below)
 --   i:<member>  the member's fleet-wide in-flight count (picks with a lease not yet
 --               recorded; expired leases are reaped when an interval closes)
 -- KEYS[2] <ns>:{<pool>}:pool:leases  zset: "<token> <member>" -> lease deadline (server ms)
--- KEYS[3] <ns>:{<pool>}:pool:events  stream: member, event, why, until, actor (MAXLEN ~1000)
+-- KEYS[3] <ns>:{<pool>}:pool:events  stream: member, event, why, until, actor, at (server ms
+--                                     of the decision; MAXLEN ~1000)
 -- TTL: all three PEXPIREd to the config's key ttl by a write when the last refresh (x)
 -- is a quarter of it old.
 --
@@ -50,7 +51,8 @@ local schema_error, failed_on, args_error = prelude.schema_error, prelude.failed
 -- REC: the member record's fields, by position.
 local ST, UNTIL, MULT, C5, CG, CL, W, OK, BAD, MS, NL = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11
 local POK, PBAD, PMS, PNL, OVR, WHY, PR, EW, AT, TOT = 12, 13, 14, 15, 16, 17, 18, 19, 20, 21
-local NREC = 21
+local CAPPED = 22  -- 1 from a refusal by the cap until its next ejection or success
+local NREC = 22
 -- states and overrides
 local HEALTHY, EJECTED, PROBING = 0, 1, 2
 local FORCED, EXEMPT = 1, 2
@@ -172,7 +174,18 @@ local function eject(r, c, why, now, for_ms)
     if d > cap then d = cap end
   end
   r[ST], r[UNTIL], r[WHY], r[AT], r[TOT], r[PR] = EJECTED, now + d, why, now, r[TOT] + 1, 0
-  r[C5], r[CG], r[CL] = 0, 0, 0
+  r[C5], r[CG], r[CL], r[CAPPED] = 0, 0, 0, 0
+end
+
+-- No room to eject member r: it stays in (a probing one goes back to the rotation, its
+-- probes' priority ended), its counters keep counting so its next failure tries again;
+-- true the first time (the history gets one `capped` per refusal spell)
+local function refuse(r, why)
+  if r[ST] ~= EJECTED then r[ST], r[PR] = HEALTHY, 0 end
+  r[WHY] = why
+  if r[CAPPED] == 1 then return false end
+  r[CAPPED] = 1
+  return true
 end
 
 local function event(out, name, what, r, actor)
@@ -203,7 +216,7 @@ local function close_interval(P, c, now, roll, events)
           eject(r, c, why, now)
           room = room - 1
           event(events, item[1], 'ejected', r)
-        else
+        elseif refuse(r, why) then
           event(events, item[1], 'capped', r)
         end
       end
@@ -306,10 +319,10 @@ local function expire_all(KEYS, c)
 end
 
 -- history entries, after the state; events are rare, so each refreshes the stream's TTL
-local function log_events(KH, events, c)
+local function log_events(KH, events, c, now)
   for _, e in ipairs(events) do
     redis.call('XADD', KH, 'MAXLEN', '~', 1000, '*', 'member', e[1], 'event', e[2],
-               'why', fmt(e[3]), 'until', fmt(e[4]), 'actor', e[5])
+               'why', fmt(e[3]), 'until', fmt(e[4]), 'actor', e[5], 'at', fmt(now))
   end
   if events[1] then redis.call('PEXPIRE', KH, c[C_TTL]) end
 end
@@ -437,7 +450,7 @@ end
 
 -- apply one outcome to member record r; P: the whole pool (loaded for any failure: the
 -- cap); returns the event this call made to it ('' none)
-local function apply(P, r, c, now, roll, outcome, dur, eject_ms)
+local function apply(P, name, r, c, now, roll, outcome, dur, eject_ms, events)
   local failed = outcome ~= 's'
   if outcome == 'l' and c[C_SPLIT] == 0 then outcome = 'g' end  -- Envoy: seen as a 503/504
   if dur >= 0 then
@@ -447,7 +460,7 @@ local function apply(P, r, c, now, roll, outcome, dur, eject_ms)
   end
   if failed then r[BAD] = r[BAD] + 1 else r[OK] = r[OK] + 1 end
   if outcome == 's' then
-    r[C5], r[CG], r[CL] = 0, 0, 0
+    r[C5], r[CG], r[CL], r[CAPPED] = 0, 0, 0, 0
   elseif outcome == 'e' then
     r[C5], r[CG] = r[C5] + 1, 0
   elseif outcome == 'g' then
@@ -461,6 +474,7 @@ local function apply(P, r, c, now, roll, outcome, dur, eject_ms)
     r[ST], r[PR] = PROBING, 0
     if r[OVR] == FORCED then r[OVR] = 0 end
     ev = 'probing'
+    event(events, name, ev, r)
   end
   if st == EJECTED or r[OVR] == EXEMPT then return ev end
   local why, for_ms = nil, nil
@@ -488,10 +502,7 @@ local function apply(P, r, c, now, roll, outcome, dur, eject_ms)
     eject(r, c, why, now, for_ms)
     return 'ejected'
   end
-  -- no room: the member stays; its counters keep counting, so the next failure tries again
-  if why == WHY_PROBE then r[ST], r[PR] = PROBING, 0 end
-  r[WHY] = why
-  return 'capped'
+  return refuse(r, why) and 'capped' or 'still capped'
 end
 
 local function write_all(K, P, fields)
@@ -543,12 +554,9 @@ local function record(KEYS, ARGV, c, now, roll)
   end
   local ev = ''
   if r and outcome ~= 'n' then
-    ev = apply(P, r, c, now, roll, outcome, dur, eject_ms)
-    if ev ~= '' and ev ~= 'capped' then event(events, name, ev, r) end
-    if ev == 'capped' and (r[C5] == c[C_N5] or r[CG] == c[C_NG] or r[CL] == c[C_NL]
-                           or r[WHY] == WHY_PROBE or eject_ms > 0) then
-      event(events, name, 'capped', r)
-    end
+    ev = apply(P, name, r, c, now, roll, outcome, dur, eject_ms, events)
+    if ev == 'still capped' then ev = 'capped'
+    elseif ev ~= '' and ev ~= 'probing' then event(events, name, ev, r) end
   end
   local fields = {}
   if due then
@@ -567,7 +575,7 @@ local function record(KEYS, ARGV, c, now, roll)
     redis.call('HSET', K, unpack(fields))
   end
   if refresh then expire_all(KEYS, c) end
-  log_events(KH, events, c)
+  log_events(KH, events, c, now)
   if not r then return {-1, 0, 0, '', now} end
   return {state_of(r, now), r[UNTIL], r[WHY], ev, now}
 end
@@ -659,12 +667,12 @@ local function operator(KEYS, ARGV, c, now, op)
     ev = 'ejected'
   else  -- Envoy #6016: back at once, healthy, its ejection count forgotten
     r[ST], r[UNTIL], r[OVR], r[PR], r[MULT] = HEALTHY, 0, 0, 0, 0
-    r[C5], r[CG], r[CL] = 0, 0, 0
+    r[C5], r[CG], r[CL], r[CAPPED] = 0, 0, 0, 0
     ev = 'unejected'
   end
   redis.call('HSET', K, 'v', '1', 'm:' .. name, encode(r), 'x', fmt(now))
   expire_all(KEYS, c)
-  log_events(KH, {{name, ev, r[WHY], r[UNTIL], actor}}, c)
+  log_events(KH, {{name, ev, r[WHY], r[UNTIL], actor}}, c, now)
   return {state_of(r, now), r[UNTIL], r[WHY], ev, now}
 end
 

@@ -59,7 +59,7 @@ RECORD_FIELDS = ("state", "until_ms", "multiplier", "consecutive_5xx",
                  "consecutive_gateway", "consecutive_local", "weight", "ok", "failed",
                  "latency_ms", "latency_n", "prev_ok", "prev_failed", "prev_latency_ms",
                  "prev_latency_n", "override", "why", "probe_successes", "ewma_us",
-                 "ejected_at_ms", "ejections")
+                 "ejected_at_ms", "ejections", "capped")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +72,8 @@ class MemberStatus:
     `success_rate` (percent, None without calls) and `mean_latency` (seconds) over the last
     closed interval, `calls` / `failures` in the current one; `ejections` since the member
     was added, `multiplier` the factor of the next ejection's base time; `override`
-    "forced_ejection" (an operator's), "exempt" or "".
+    "forced_ejection" (an operator's), "exempt" or ""; `capped` True while the cap refuses
+    to eject it (it stays in the rotation).
     """
 
     member: str
@@ -93,6 +94,7 @@ class MemberStatus:
     latency_ewma: float | None
     override: str
     last_ejected_at: float | None
+    capped: bool = False
 
     @property
     def ejected(self) -> bool:
@@ -242,6 +244,7 @@ def member_status(name: str, rec: Sequence[int], in_flight: int, now_ms: int) ->
         latency_ewma=r["ewma_us"] / 1e6 if r["ewma_us"] else None,
         override=OVERRIDES[r["override"]] if 0 <= r["override"] < len(OVERRIDES) else "",
         last_ejected_at=r["ejected_at_ms"] / 1000 if r["ejected_at_ms"] else None,
+        capped=bool(r["capped"]),
     )
 
 
