@@ -48,11 +48,15 @@
 local schema_error, failed_on, args_error = prelude.schema_error, prelude.failed_on,
                                            prelude.args_error
 
--- REC: the member record's fields, by position.
-local ST, UNTIL, MULT, C5, CG, CL, W, OK, BAD, MS, NL = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11
-local POK, PBAD, PMS, PNL, OVR, WHY, PR, EW, AT, TOT = 12, 13, 14, 15, 16, 17, 18, 19, 20, 21
+-- REC: the member record's fields, by position. The first five are all a pick reads (it
+-- matches them alone, not the whole record).
+local ST, UNTIL, W, PR, EW = 1, 2, 3, 4, 5
+local MULT, C5, CG, CL, OK, BAD, MS, NL = 6, 7, 8, 9, 10, 11, 12, 13
+local POK, PBAD, PMS, PNL, OVR, WHY, AT, TOT = 14, 15, 16, 17, 18, 19, 20, 21
 local CAPPED = 22  -- 1 from a refusal by the cap until its next ejection or success
 local NREC = 22
+local REC_PATTERN = '^' .. string.rep('(%d+) ', NREC - 1) .. '(%d+)$'
+local PICK_PATTERN = '^(%d+) (%d+) (%d+) (%d+) (%d+) '
 -- states and overrides
 local HEALTHY, EJECTED, PROBING = 0, 1, 2
 local FORCED, EXEMPT = 1, 2
@@ -88,18 +92,17 @@ local function parse_cfg(s)
   return c
 end
 
+-- one match for the whole record (cheaper than an iterator per field)
 local function decode(s)
-  local r, i = {}, 0
-  for x in string.gmatch(s, '%S+') do i = i + 1; r[i] = tonumber(x) end
-  if i ~= NREC then return nil end
-  for j = 1, NREC do if r[j] == nil then return nil end end
+  local r = {string.match(s, REC_PATTERN)}
+  if r[NREC] == nil then return nil end
+  for j = 1, NREC do r[j] = tonumber(r[j]) end
   return r
 end
 
+-- every field is an integer below 1e14: Lua prints it as one (no format call per field)
 local function encode(r)
-  local out = {}
-  for j = 1, NREC do out[j] = fmt(r[j]) end
-  return table.concat(out, ' ')
+  return table.concat(r, ' ')
 end
 
 local function fresh(weight)
@@ -363,12 +366,43 @@ local function sticky(list, recs, key)
   return best
 end
 
+-- What a pick reads of every member: the record's first five fields (ST..EW), matched
+-- without decoding the rest; the in-flight counts; the pool's own fields. Members in the
+-- hash's order (a pick's draws need a fixed order within one call, not a sorted one).
+local function load_pick(K)
+  local raw = redis.pcall('HGETALL', K)
+  if raw['err'] then return nil, failed_on(K, 'hash', raw) end
+  local names, recs, infl, f = {}, {}, {}, {}
+  local match, sub, byte, num = string.match, string.sub, string.byte, tonumber
+  local n = 0
+  for j = 1, #raw, 2 do
+    local k = raw[j]
+    local b1, b2 = byte(k, 1, 2)
+    if b1 == 109 and b2 == 58 then  -- 'm:'
+      local name = sub(k, 3)
+      local st, untl, w, pr, ew = match(raw[j + 1], PICK_PATTERN)
+      if not ew then return nil, schema_error(K, 'has a corrupt member record ' .. name) end
+      n = n + 1
+      names[n] = name
+      recs[name] = {num(st), num(untl), num(w), num(pr), num(ew)}
+    elseif b1 == 105 and b2 == 58 then  -- 'i:'
+      infl[sub(k, 3)] = num(raw[j + 1]) or 0
+    else
+      f[k] = raw[j + 1]
+    end
+  end
+  if #raw > 0 and f['v'] ~= '1' then
+    return nil, schema_error(K, 'has layout version ' .. tostring(f['v']) .. ', this client speaks 1')
+  end
+  return {names = names, recs = recs, infl = infl, f = f}
+end
+
 local function pick(KEYS, ARGV, c, now)
   local K, KL = KEYS[1], KEYS[2]
   local token, r1, r2 = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
   local key, avoid = ARGV[6] or '', ARGV[7] or ''
   if token == nil or not r1 or not r2 or string.find(token, ' ') then return bad_args('pick') end
-  local P, err = load_all(K)
+  local P, err = load_pick(K)
   if not P then return err end
   local names, recs, infl = P.names, P.recs, P.infl
   if #names == 0 then return {'', -1, now} end
@@ -448,9 +482,10 @@ local function pick(KEYS, ARGV, c, now)
   return {chosen, mode, now}
 end
 
--- apply one outcome to member record r; P: the whole pool (loaded for any failure: the
--- cap); returns the event this call made to it ('' none)
-local function apply(P, name, r, c, now, roll, outcome, dur, eject_ms, events)
+-- apply one outcome to member record r; whole(): the whole pool (read only when an
+-- ejection is due: the cap), nil on foreign data; returns the event this call made to it
+-- ('' none), nil when whole() failed (nothing written yet)
+local function apply(whole, name, r, c, now, roll, outcome, dur, eject_ms, events)
   local failed = outcome ~= 's'
   if outcome == 'l' and c[C_SPLIT] == 0 then outcome = 'g' end  -- Envoy: seen as a 503/504
   if dur >= 0 then
@@ -498,6 +533,8 @@ local function apply(P, name, r, c, now, roll, outcome, dur, eject_ms, events)
     why = WHY_LOCAL
   end
   if not why then return ev end
+  local P = whole()
+  if not P then return nil end
   if n_ejected(P, now, r) < allowed(c, #P.names) then
     eject(r, c, why, now, for_ms)
     return 'ejected'
@@ -511,6 +548,22 @@ local function write_all(K, P, fields)
     fields[#fields + 1] = encode(P.recs[name])
   end
   redis.call('HSET', K, unpack(fields))
+end
+
+-- The usual record: a success of a healthy member, no interval to close. The record's
+-- fields stay the strings matched, but the four that change (no decode, no encode of
+-- the rest); nil when the member is not healthy (the general path then).
+local function quick_success(s, dur)
+  local t = {string.match(s, REC_PATTERN)}
+  if t[NREC] == nil or t[ST] ~= '0' then return nil end
+  t[OK] = tonumber(t[OK]) + 1
+  if dur >= 0 then
+    t[MS], t[NL] = tonumber(t[MS]) + dur, tonumber(t[NL]) + 1
+    local ew, us = tonumber(t[EW]), dur * 1000
+    t[EW] = ew == 0 and us or math.floor(ew * 0.8 + us * 0.2)
+  end
+  t[C5], t[CG], t[CL], t[CAPPED] = '0', '0', '0', '0'
+  return t
 end
 
 local function record(KEYS, ARGV, c, now, roll)
@@ -531,7 +584,20 @@ local function record(KEYS, ARGV, c, now, roll)
   local P, err = nil, nil
   local iv, x = tonumber(raw[2] or '0') or 0, tonumber(raw[3] or '0') or 0
   local due = now - iv >= c[C_IV]
-  if due or (outcome ~= 's' and outcome ~= 'n') or eject_ms > 0 then  -- an ejection may follow: the cap needs all
+  if outcome == 's' and eject_ms == 0 and raw[4] and not due then
+    local t = quick_success(raw[4], dur)
+    if t then
+      if token ~= '' and redis.call('ZREM', KL, token .. ' ' .. name) == 1 then
+        if redis.call('HINCRBY', K, 'i:' .. name, -1) < 0 then redis.call('HSET', K, 'i:' .. name, 0) end
+      end
+      local fields = {'m:' .. name, table.concat(t, ' ')}
+      local refresh = touch(KEYS, x, now, c, fields)
+      redis.call('HSET', K, unpack(fields))
+      if refresh then expire_all(KEYS, c) end
+      return {HEALTHY, t[UNTIL], t[WHY], '', now}
+    end
+  end
+  if due then  -- this call closes the interval: the whole pool is read
     P, err = load_all(K)
     if not P then return err end
   end
@@ -540,32 +606,40 @@ local function record(KEYS, ARGV, c, now, roll)
     r = P and P.recs[name] or decode(raw[4])
     if not r then return schema_error(K, 'has a corrupt member record ' .. name) end
   end
+  local events = {}
+  if due then close_interval(P, c, now, roll, events) end
+  local ev = ''
+  if r and outcome ~= 'n' then
+    -- an ejection needs the whole pool (the cap): read then, still before any write
+    local function whole()
+      if not P then
+        P, err = load_all(K)
+        if not P then return nil end
+        P.recs[name] = r
+      end
+      return P
+    end
+    ev = apply(whole, name, r, c, now, roll, outcome, dur, eject_ms, events)
+    if not ev then return err end
+    if ev == 'still capped' then ev = 'capped'
+    elseif ev ~= '' and ev ~= 'probing' then event(events, name, ev, r) end
+  end
   -- validated: the writes begin
   if token ~= '' then
     if redis.call('ZREM', KL, token .. ' ' .. name) == 1 and r then
       if redis.call('HINCRBY', K, 'i:' .. name, -1) < 0 then redis.call('HSET', K, 'i:' .. name, 0) end
-      if P then P.infl[name] = math.max(0, (P.infl[name] or 1) - 1) end
+      if due then P.infl[name] = math.max(0, (P.infl[name] or 1) - 1) end
     end
-  end
-  local events = {}
-  if due then
-    close_interval(P, c, now, roll, events)
-    reap(K, KL, P, now)
-  end
-  local ev = ''
-  if r and outcome ~= 'n' then
-    ev = apply(P, name, r, c, now, roll, outcome, dur, eject_ms, events)
-    if ev == 'still capped' then ev = 'capped'
-    elseif ev ~= '' and ev ~= 'probing' then event(events, name, ev, r) end
   end
   local fields = {}
   if due then
+    reap(K, KL, P, now)
     local step = c[C_IV]
     local start = iv > 0 and (now - (now - iv) % step) or now
     fields = {'v', '1', 'iv', fmt(start), 'cfg', ARGV[2]}
   end
   local refresh = touch(KEYS, x, now, c, fields)
-  if P then
+  if due then
     write_all(K, P, fields)
   elseif r then
     fields[#fields + 1] = 'm:' .. name

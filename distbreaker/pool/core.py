@@ -55,11 +55,10 @@ _LOCAL_NAMES = ("ConnectError", "ConnectionError", "ConnectTimeout", "Timeout",
                 "ClientConnectorError", "ServerDisconnectedError")
 
 #: The member record's fields on the wire, in order (docs/KEY_SCHEMA.md, Pool).
-RECORD_FIELDS = ("state", "until_ms", "multiplier", "consecutive_5xx",
-                 "consecutive_gateway", "consecutive_local", "weight", "ok", "failed",
+RECORD_FIELDS = ("state", "until_ms", "weight", "probe_successes", "ewma_us", "multiplier",
+                 "consecutive_5xx", "consecutive_gateway", "consecutive_local", "ok", "failed",
                  "latency_ms", "latency_n", "prev_ok", "prev_failed", "prev_latency_ms",
-                 "prev_latency_n", "override", "why", "probe_successes", "ewma_us",
-                 "ejected_at_ms", "ejections", "capped")
+                 "prev_latency_n", "override", "why", "ejected_at_ms", "ejections", "capped")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -96,7 +96,7 @@ def test_outcomes_are_envoys_classes() -> None:
 def test_a_status_reply_decodes_to_members() -> None:
     rec = " ".join(["1", "5000", *["0"] * 20])
     status = decode_status("p", [1000, 0, PoolConfig().wire, 2, "a", rec, 3,
-                                 "b", " ".join(["0"] * 6 + ["1"] + ["0"] * 15), 0])
+                                 "b", " ".join(["0", "0", "1"] + ["0"] * 19), 0])
     assert status.member("a").state == "ejected" and status.member("a").in_flight == 3
     assert status.member("a").ejected_until == 5.0
     assert status.ejected == 1 and not status.panic
