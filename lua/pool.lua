@@ -20,7 +20,7 @@
 -- TTL: all three PEXPIREd to the config's key ttl by a write when the last refresh (x)
 -- is a quarter of it old.
 --
--- ARGV[1] op: pick | record | members | eject | uneject | status
+-- ARGV[1] op: pick | record | members | eject | uneject | exempt | status
 -- ARGV[2] the config wire string (CFG below; status accepts '')
 -- pick:    ARGV[3] lease token ('' = no in-flight tracking)  ARGV[4] random integer
 --          ARGV[5] random integer  ARGV[6] stickiness key ('' none)
@@ -39,7 +39,8 @@
 --          ARGV[4..] member, weight pairs (remove: members only)
 --   reply {members now, changed}
 -- eject:   ARGV[3] member  ARGV[4] duration ms (0: until uneject)  ARGV[5] actor
--- uneject: ARGV[3] member  ARGV[4] actor
+-- uneject, exempt: ARGV[3] member  ARGV[4] actor (exempt: never ejected by the rules
+--          until an uneject)
 --   reply {state, until_ms, why, event, now_ms} as record
 -- status:  reply {now_ms, iv, cfg, n, then per member: name, record, in-flight}
 --
@@ -739,10 +740,11 @@ local function operator(KEYS, ARGV, c, now, op)
       WHY_OP, now, FORCED, 0
     r[TOT] = r[TOT] + 1
     ev = 'ejected'
-  else  -- Envoy #6016: back at once, healthy, its ejection count forgotten
-    r[ST], r[UNTIL], r[OVR], r[PR], r[MULT] = HEALTHY, 0, 0, 0, 0
+  else  -- Envoy #6016: back at once, healthy, its ejection count forgotten; exempt:
+        -- the same, and never ejected by the rules until an uneject (a breaker's DISABLED)
+    r[ST], r[UNTIL], r[OVR], r[PR], r[MULT] = HEALTHY, 0, op == 'exempt' and EXEMPT or 0, 0, 0
     r[C5], r[CG], r[CL], r[CAPPED] = 0, 0, 0, 0
-    ev = 'unejected'
+    ev = op == 'exempt' and 'exempted' or 'unejected'
   end
   redis.call('HSET', K, 'v', '1', 'm:' .. name, encode(r), 'x', fmt(now))
   expire_all(KEYS, c)
@@ -772,7 +774,9 @@ return function(KEYS, ARGV)
   if op == 'pick' then return pick(KEYS, ARGV, c, now) end
   if op == 'record' then return record(KEYS, ARGV, c, now, roll) end
   if op == 'members' then return members(KEYS, ARGV, c, now) end
-  if op == 'eject' or op == 'uneject' then return operator(KEYS, ARGV, c, now, op) end
+  if op == 'eject' or op == 'uneject' or op == 'exempt' then
+    return operator(KEYS, ARGV, c, now, op)
+  end
   if op == 'status' then return status(KEYS, now) end
   return bad_args(op)
 end

@@ -142,3 +142,17 @@ def pool_eject(ctx: click.Context, name: str, member: str, for_text: str | None,
     _status(app, name)
     _report(act_on_member(app.client, app.prefix, name, "eject", member, seconds,
                           actor=actor or default_actor()), name)
+
+
+@pool.command("exempt")
+@click.argument("name")
+@click.argument("member")
+@click.option("--actor", default=None, help="Who acts (default user@host).")
+@click.pass_context
+def pool_exempt(ctx: click.Context, name: str, member: str, actor: str | None) -> None:
+    """Put MEMBER back and never eject it by the rules until `pool uneject` (an operator's
+    eject still works)."""
+    app: App = ctx.find_object(App)
+    _status(app, name)
+    _report(act_on_member(app.client, app.prefix, name, "exempt", member,
+                          actor=actor or default_actor()), name)

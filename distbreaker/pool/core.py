@@ -41,8 +41,8 @@ MODES = ("normal", "panic", "probe")
 #: The kinds of events a pool's listeners get (per process): what a call of this process
 #: did to a member (ejected, capped: not ejected because of max_ejection_percent, probing,
 #: recovered, unejected), and picked (every pick; `reason`: the member).
-EVENT_KINDS = ("ejected", "capped", "probing", "recovered", "unejected", "picked")
-DEFAULT_EVENT_KINDS = ("ejected", "capped", "probing", "recovered", "unejected")
+EVENT_KINDS = ("ejected", "capped", "probing", "recovered", "unejected", "exempted", "picked")
+DEFAULT_EVENT_KINDS = ("ejected", "capped", "probing", "recovered", "unejected", "exempted")
 
 #: Outcomes (Envoy's): s success, e 5xx, g gateway failure (502/503/504),
 #: l local-origin failure (connect refused, reset, timeout: no response at all).
@@ -410,8 +410,8 @@ class PoolCore:
         ms = 0 if duration is None else max(1, to_ms(to_seconds(duration, "duration")))
         return self._args("eject", validate_member(member), ms, actor)
 
-    def uneject_args(self, member: str, actor: str) -> list[str]:
-        return self._args("uneject", validate_member(member), actor)
+    def uneject_args(self, member: str, actor: str, exempt: bool = False) -> list[str]:
+        return self._args("exempt" if exempt else "uneject", validate_member(member), actor)
 
     def status_args(self) -> list[str]:
         return self._args("status")

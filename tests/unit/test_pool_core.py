@@ -393,3 +393,17 @@ def test_the_registry_builds_pools_from_a_pools_section(memory: str) -> None:
     assert pool.pick().member in ("a:80", "b:80")
     assert registry.health().ready  # a pool never fails readiness
     registry.close()
+
+
+def test_an_exempt_member_is_never_ejected_by_the_rules(memory: str) -> None:
+    pool = make(memory, members=["a", "b"], consecutive_5xx=1, max_ejection_percent=100)
+    pool.pick(track=False)  # puts the members in
+    pool.record("a", status=500)
+    assert pool.exempt("a", actor="ops").event == "exempted"
+    assert not pool.status().member("a").ejected
+    fail(pool, "a", 5)
+    member = pool.status().member("a")
+    assert not member.ejected and member.override == "exempt"
+    assert pool.eject("a", 60).state == "ejected"  # an operator still can
+    pool.uneject("a")
+    assert pool.record("a", status=500).event == "ejected"  # the rules again
