@@ -182,3 +182,32 @@ def test_every_key_gets_a_ttl_after_the_first_refresh(redis_url: str, name: str)
         pool.record(held, status=200)
     pool.pick()  # a lease left out: its zset must expire too (the autouse sweep checks)
     pool.close()
+
+
+def test_prometheus_pool_aggregates(redis_url: str, name: str) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from distbreaker.contrib.prometheus import PoolCollector
+
+    pool = Pool(name, redis_url, members=["a", "b", "c", "d"], consecutive_5xx=1,
+                max_ejection_percent=25, **SAFE)
+    held = pool.pick()
+    pool.record("a", status=500)
+    pool.record("b", status=500)  # capped: one of four
+    registry = CollectorRegistry()
+    registry.register(PoolCollector(redis_url, per_member=True))
+    text = generate_latest(registry).decode()
+    for line in (f'distbreaker_pool_members{{pool="{name}"}} 4.0',
+                 f'distbreaker_pool_ejected{{pool="{name}"}} 1.0',
+                 f'distbreaker_pool_capped{{pool="{name}"}} 1.0',
+                 f'distbreaker_pool_in_flight{{pool="{name}"}} 1.0',
+                 f'distbreaker_pool_panic{{pool="{name}"}} 0.0',
+                 f'distbreaker_pool_ejections_total{{pool="{name}"}} 1.0',
+                 f'distbreaker_pool_member_state{{member="a",pool="{name}",state="ejected"}} 1.0',
+                 "distbreaker_pool_up 1.0"):
+        assert line in text, line
+    pool.record(held, status=200)
+    down = CollectorRegistry()
+    down.register(PoolCollector("redis://127.0.0.1:1/0", timeout=0.2))
+    assert "distbreaker_pool_up 0.0" in generate_latest(down).decode()
+    pool.close()
