@@ -118,7 +118,8 @@ def read_pool_history(client: Any, prefix: str, name: str, count: int = 50,
                     "event": f.get("event", ""),
                     "why": REASONS[why] if 0 <= why < len(REASONS) else f.get("why", ""),
                     "until": int(f["until"]) / 1000 if f.get("until", "0") not in ("", "0")
-                    else None, "actor": f.get("actor", "")})
+                    else None, "actor": f.get("actor", ""),
+                    "at": int(f["at"]) / 1000 if f.get("at", "").isdigit() else None})
         if len(out) >= count:
             break
     return out

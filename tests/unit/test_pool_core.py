@@ -407,3 +407,14 @@ def test_an_exempt_member_is_never_ejected_by_the_rules(memory: str) -> None:
     assert pool.eject("a", 60).state == "ejected"  # an operator still can
     pool.uneject("a")
     assert pool.record("a", status=500).event == "ejected"  # the rules again
+
+
+def test_every_key_of_a_pool_is_in_one_cluster_slot() -> None:
+    from redis.crc import key_slot
+
+    from distbreaker._runtime.keys import PoolKeys
+
+    for name in ("payments", "a:b{c}", "llm/gpt-4o"):
+        keys = PoolKeys.build(name).script_keys
+        assert len({key_slot(k.encode()) for k in keys}) == 1
+        assert key_slot(keys[0].encode()) == key_slot(("{" + name + "}").encode())
