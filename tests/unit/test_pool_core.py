@@ -418,3 +418,15 @@ def test_every_key_of_a_pool_is_in_one_cluster_slot() -> None:
         keys = PoolKeys.build(name).script_keys
         assert len({key_slot(k.encode()) for k in keys}) == 1
         assert key_slot(keys[0].encode()) == key_slot(("{" + name + "}").encode())
+
+
+def test_listeners_hear_what_this_process_did_to_members(memory: str) -> None:
+    pool = make(memory, members=["a", "b"], consecutive_5xx=1, max_ejection_percent=50)
+    heard: list[tuple[str, Any, str]] = []
+    pool.add_listener(lambda e: heard.append((e.kind, e.state, e.reason)))
+    pool.pick(track=False)  # puts the members in
+    pool.record("a", status=500)
+    pool.record("b", status=500)
+    pool.uneject("a")
+    assert heard == [("ejected", "a", "consecutive_5xx"), ("capped", "b", "consecutive_5xx"),
+                     ("unejected", "a", "consecutive_5xx")]
