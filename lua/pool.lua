@@ -323,12 +323,13 @@ local function expire_all(KEYS, c)
 end
 
 -- history entries, after the state; events are rare, so each refreshes the stream's TTL
+-- (after the state, and never failing the call: a foreign key there loses the history only)
 local function log_events(KH, events, c, now)
   for _, e in ipairs(events) do
-    redis.call('XADD', KH, 'MAXLEN', '~', 1000, '*', 'member', e[1], 'event', e[2],
-               'why', fmt(e[3]), 'until', fmt(e[4]), 'actor', e[5], 'at', fmt(now))
+    redis.pcall('XADD', KH, 'MAXLEN', '~', 1000, '*', 'member', e[1], 'event', e[2],
+                'why', fmt(e[3]), 'until', fmt(e[4]), 'actor', e[5], 'at', fmt(now))
   end
-  if events[1] then redis.call('PEXPIRE', KH, c[C_TTL]) end
+  if events[1] then redis.pcall('PEXPIRE', KH, c[C_TTL]) end
 end
 
 local function bad_args(op) return args_error('bad pool arguments for ' .. tostring(op)) end
@@ -467,9 +468,10 @@ local function pick(KEYS, ARGV, c, now)
   end
   local x = tonumber(P.f['x'] or '0') or 0
   local refresh = now - x >= c[C_TTL] / 4
-  if token ~= '' then
+  if token ~= '' then  -- the lease first: a foreign leases key fails before any write
+    local added = redis.pcall('ZADD', KL, now + c[C_LEASE], token .. ' ' .. chosen)
+    if type(added) == 'table' and added['err'] then return failed_on(KL, 'zset', added) end
     redis.call('HINCRBY', K, 'i:' .. chosen, 1)
-    redis.call('ZADD', KL, now + c[C_LEASE], token .. ' ' .. chosen)
     if not refresh then  -- no lease was out: the zset is new, give it the TTL
       local out = 0
       for _, n in pairs(infl) do out = out + n end
@@ -551,6 +553,19 @@ local function write_all(K, P, fields)
   redis.call('HSET', K, unpack(fields))
 end
 
+-- The lease of a pick goes (the first write of a record: a foreign leases key fails
+-- before any other); true when it was there. Its member's in-flight count goes down.
+local function release(K, KL, token, name, member_exists)
+  if token == '' then return false end
+  local gone = redis.pcall('ZREM', KL, token .. ' ' .. name)
+  if type(gone) == 'table' and gone['err'] then return false, failed_on(KL, 'zset', gone) end
+  if gone == 1 and member_exists then
+    if redis.call('HINCRBY', K, 'i:' .. name, -1) < 0 then redis.call('HSET', K, 'i:' .. name, 0) end
+    return true
+  end
+  return false
+end
+
 -- The usual record: a success of a healthy member, no interval to close. The record's
 -- fields stay the strings matched, but the four that change (no decode, no encode of
 -- the rest); nil when the member is not healthy (the general path then).
@@ -588,9 +603,8 @@ local function record(KEYS, ARGV, c, now, roll)
   if outcome == 's' and eject_ms == 0 and raw[4] and not due then
     local t = quick_success(raw[4], dur)
     if t then
-      if token ~= '' and redis.call('ZREM', KL, token .. ' ' .. name) == 1 then
-        if redis.call('HINCRBY', K, 'i:' .. name, -1) < 0 then redis.call('HSET', K, 'i:' .. name, 0) end
-      end
+      local gone, err = release(K, KL, token, name, true)
+      if err then return err end
       local fields = {'m:' .. name, table.concat(t, ' ')}
       local refresh = touch(KEYS, x, now, c, fields)
       redis.call('HSET', K, unpack(fields))
@@ -626,12 +640,9 @@ local function record(KEYS, ARGV, c, now, roll)
     elseif ev ~= '' and ev ~= 'probing' then event(events, name, ev, r) end
   end
   -- validated: the writes begin
-  if token ~= '' then
-    if redis.call('ZREM', KL, token .. ' ' .. name) == 1 and r then
-      if redis.call('HINCRBY', K, 'i:' .. name, -1) < 0 then redis.call('HSET', K, 'i:' .. name, 0) end
-      if due then P.infl[name] = math.max(0, (P.infl[name] or 1) - 1) end
-    end
-  end
+  local gone, err2 = release(K, KL, token, name, r ~= nil)
+  if err2 then return err2 end
+  if gone and due then P.infl[name] = math.max(0, (P.infl[name] or 1) - 1) end
   local fields = {}
   if due then
     reap(K, KL, P, now)

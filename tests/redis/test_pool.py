@@ -12,7 +12,7 @@ import pytest
 import redis
 
 import distbreaker.aio
-from distbreaker import Pool
+from distbreaker import Pick, Pool
 from distbreaker._runtime.keys import PoolKeys
 from distbreaker.errors import SchemaError
 from distbreaker.readside_pool import read_pool, scan_pools
@@ -210,4 +210,22 @@ def test_prometheus_pool_aggregates(redis_url: str, name: str) -> None:
     down = CollectorRegistry()
     down.register(PoolCollector("redis://127.0.0.1:1/0", timeout=0.2))
     assert "distbreaker_pool_up 0.0" in generate_latest(down).decode()
+    pool.close()
+
+
+@pytest.mark.keys_without_ttl("foreign data written by hand")
+def test_a_foreign_leases_key_fails_a_pick_before_any_write(redis_url: str, name: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    keys = PoolKeys.build(name)
+    pool = Pool(name, redis_url, members=["x"], **SAFE)
+    pool.pick(track=False)  # puts the members in
+    client.set(keys.leases, "foreign")
+    for attempt in (pool.pick, lambda: pool.record(Pick("x", "t0k3n"), status=200),
+                    lambda: pool.record(Pick("x", "t0k3n"), status=500)):
+        with pytest.raises(SchemaError, match="holds a string, expected a zset"):
+            attempt()
+    member = pool.status().member("x")
+    assert member.in_flight == 0 and member.calls == 0
+    client.delete(*keys.script_keys)
+    client.close()
     pool.close()
