@@ -20,7 +20,7 @@
 -- TTL: all three PEXPIREd to the config's key ttl by a write when the last refresh (x)
 -- is a quarter of it old.
 --
--- ARGV[1] op: pick | record | members | eject | uneject | exempt | status
+-- ARGV[1] op: pick | record | repick | members | eject | uneject | exempt | status
 -- ARGV[2] the config wire string (CFG below; status accepts '')
 -- pick:    ARGV[3] lease token ('' = no in-flight tracking)  ARGV[4] random integer
 --          ARGV[5] random integer  ARGV[6] stickiness key ('' none)
@@ -35,6 +35,9 @@
 --   reply {state, until_ms, why, event, now_ms}: the member after the call; event '' or
 --   what this call did to it (ejected, capped, probing, recovered); state -1: no such
 --   member (the lease is released all the same).
+-- repick:  ARGV[3..7] as pick's, ARGV[8..12] as record's 3..7: records the last attempt,
+--          then picks another member (the recorded one avoided unless nothing else is
+--          left). reply {member, mode, now_ms, state, until_ms, why, event}
 -- members: ARGV[3] mode replace | init (only when the pool has no member) | add | remove
 --          ARGV[4..] member, weight pairs (remove: members only)
 --   reply {members now, changed}
@@ -775,6 +778,23 @@ local function status(KEYS, now)
   return out
 end
 
+-- A retry's two calls in one: record the last attempt (ARGV[8..12] as record's 3..7),
+-- then pick (ARGV[3..7], the recorded member avoided too) on the same server time.
+local function repick(KEYS, ARGV, c, now, roll)
+  local token, r1, r2 = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+  if token == nil or not r1 or not r2 or string.find(token, ' ') or ARGV[12] == nil then
+    return bad_args('repick')
+  end
+  local done = record(KEYS, {'record', ARGV[2], ARGV[8], ARGV[9], ARGV[10], ARGV[11],
+                             ARGV[12]}, c, now, roll)
+  if done['err'] then return done end
+  local avoid = ARGV[7] or ''
+  avoid = avoid == '' and ARGV[8] or (avoid .. ' ' .. ARGV[8])
+  local picked = pick(KEYS, {'pick', ARGV[2], token, ARGV[4], ARGV[5], ARGV[6], avoid}, c, now)
+  if picked['err'] then return picked end
+  return {picked[1], picked[2], picked[3], done[1], done[2], done[3], done[4]}
+end
+
 return function(KEYS, ARGV)
   local op = ARGV[1]
   local c = parse_cfg(ARGV[2])
@@ -784,6 +804,7 @@ return function(KEYS, ARGV)
   local roll = tonumber(t[2])
   if op == 'pick' then return pick(KEYS, ARGV, c, now) end
   if op == 'record' then return record(KEYS, ARGV, c, now, roll) end
+  if op == 'repick' then return repick(KEYS, ARGV, c, now, roll) end
   if op == 'members' then return members(KEYS, ARGV, c, now) end
   if op == 'eject' or op == 'uneject' or op == 'exempt' then
     return operator(KEYS, ARGV, c, now, op)

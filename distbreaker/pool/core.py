@@ -353,10 +353,38 @@ class PoolCore:
         member = self._rng.choices([m for m, _ in cands], [w for _, w in cands])[0]
         return Pick(member, "", "normal", "local")
 
-    def record_pending(self, pick: Pick | str, outcome: str, duration: float | None,
-                       eject_for: float | None) -> PendingCall:
-        """The record call of `pick` (or of a member, untracked); its result is a
-        `MemberChange` (None while Redis is unreachable: the outcome is dropped)."""
+    def repick_pending(self, previous: Pick, outcome: str, duration: float | None,
+                       eject_for: float | None, key: Any = None, avoid: Iterable[str] = (),
+                       track: bool = True) -> PendingCall:
+        """The record of `previous` and the pick of another member as one call; its result
+        is the new `Pick` (None: no member)."""
+        token = secrets.token_hex(8) if track else ""
+        avoid = [validate_member(m) for m in avoid]
+        sticky = "" if key is None else str(key)
+        record = self._record_args(previous, outcome, duration, eject_for)
+        args = self._args("repick", token, self._rng.getrandbits(31), self._rng.getrandbits(31),
+                          sticky, " ".join(avoid), *record[2:])
+
+        def answered(raw: Any) -> Pick | None:
+            self._health.succeeded()
+            self._note(decode_change(previous.member, raw[3:7]))
+            member, mode = text(raw[0]), int(raw[1])
+            if mode < 0 or not member:
+                return None
+            if "picked" in self.listeners.wanted:
+                self.event("picked", reason=member)
+            return Pick(member, token, MODES[mode] if mode < len(MODES) else "normal")
+
+        def unavailable(error: BaseException | None) -> Pick | None:
+            if error is not None:
+                self._health.failed(error)
+            return self.local_pick(key, [*avoid, previous.member])
+
+        return PendingCall(self._script, self.keys.script_keys, args, self._health.usable,
+                           answered, unavailable)
+
+    def _record_args(self, pick: Pick | str, outcome: str, duration: float | None,
+                     eject_for: float | None) -> list[str]:
         if isinstance(pick, Pick):
             member, token = pick.member, pick.token
             if pick.source != "redis":
@@ -365,7 +393,31 @@ class PoolCore:
             member, token = validate_member(pick), ""
         dur = -1 if duration is None else max(0, to_ms(to_seconds(duration, "duration")))
         ej = 0 if not eject_for else max(1, to_ms(to_seconds(eject_for, "eject_for")))
-        args = self._args("record", member, token, outcome, dur, ej)
+        return self._args("record", member, token, outcome, dur, ej)
+
+    def finish(self, pick: Pick | str, error: BaseException | None, status: int | None,
+               headers: Any, outcome: str | None, duration: float | None,
+               eject_for: float | None) -> tuple[str, float | None, float | None]:
+        """(wire outcome, duration, eject for) of a finished pick, marked recorded."""
+        if not isinstance(pick, Pick):
+            code = self.outcome_args(Pick(pick, ""), error, status=status, headers=headers,
+                                     outcome=outcome, eject_for=eject_for)[0]
+            return code, duration, eject_for
+        if pick.recorded:
+            raise ValueError(f"{pick!r} was already recorded")
+        pick.recorded = True
+        code, eject_for = self.outcome_args(pick, error, status=status, headers=headers,
+                                            outcome=outcome, eject_for=eject_for)
+        if duration is None:
+            duration = max(0.0, self.clock() - pick.started)
+        return code, duration, eject_for
+
+    def record_pending(self, pick: Pick | str, outcome: str, duration: float | None,
+                       eject_for: float | None) -> PendingCall:
+        """The record call of `pick` (or of a member, untracked); its result is a
+        `MemberChange` (None while Redis is unreachable: the outcome is dropped)."""
+        args = self._record_args(pick, outcome, duration, eject_for)
+        member = args[2]
 
         def answered(raw: Any) -> MemberChange:
             self._health.succeeded()

@@ -430,3 +430,18 @@ def test_listeners_hear_what_this_process_did_to_members(memory: str) -> None:
     pool.uneject("a")
     assert heard == [("ejected", "a", "consecutive_5xx"), ("capped", "b", "consecutive_5xx"),
                      ("unejected", "a", "consecutive_5xx")]
+
+
+def test_repick_records_the_attempt_and_picks_another_member_in_one_call(memory: str) -> None:
+    pool = make(memory, members=["a", "b"], consecutive_5xx=1, max_ejection_percent=50)
+    first = pool.pick()
+    heard: list[str] = []
+    pool.add_listener(lambda e: heard.append(f"{e.kind}:{e.state}"))
+    second = pool.repick(first, status=503)
+    assert second.member != first.member and heard == [f"ejected:{first.member}"]
+    third = pool.repick(second, status=200)
+    assert third.member == second.member  # the other one is ejected: nothing else left
+    pool.record(third, status=200)
+    assert {m.member: m.in_flight for m in pool.status().members} == {"a": 0, "b": 0}
+    with pytest.raises(ValueError, match="already recorded"):
+        pool.repick(first)
