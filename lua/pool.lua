@@ -100,7 +100,7 @@ end
 local function decode(s)
   local r = {string.match(s, REC_PATTERN)}
   if r[NREC] == nil then return nil end
-  for j = 1, NREC do r[j] = tonumber(r[j]) end
+  for j = 1, NREC do r[j] = r[j] + 0 end  -- coerced: no call per field
   return r
 end
 
@@ -389,7 +389,7 @@ local function load_pick(K)
       if not ew then return nil, schema_error(K, 'has a corrupt member record ' .. name) end
       n = n + 1
       names[n] = name
-      recs[name] = {num(st), num(untl), num(w), num(pr), num(ew)}
+      recs[name] = {st + 0, untl + 0, w + 0, pr + 0, ew + 0}  -- coerced: no call per field
     elseif b1 == 105 and b2 == 58 then  -- 'i:'
       infl[sub(k, 3)] = num(raw[j + 1]) or 0
     else
@@ -575,10 +575,10 @@ end
 local function quick_success(s, dur)
   local t = {string.match(s, REC_PATTERN)}
   if t[NREC] == nil or t[ST] ~= '0' then return nil end
-  t[OK] = tonumber(t[OK]) + 1
+  t[OK] = t[OK] + 1
   if dur >= 0 then
-    t[MS], t[NL] = tonumber(t[MS]) + dur, tonumber(t[NL]) + 1
-    local ew, us = tonumber(t[EW]), dur * 1000
+    t[MS], t[NL] = t[MS] + dur, t[NL] + 1
+    local ew, us = t[EW] + 0, dur * 1000
     t[EW] = ew == 0 and us or math.floor(ew * 0.8 + us * 0.2)
   end
   t[C5], t[CG], t[CL], t[CAPPED] = '0', '0', '0', '0'
