@@ -58,7 +58,8 @@ _LOCAL_NAMES = ("ConnectError", "ConnectionError", "ConnectTimeout", "Timeout",
 RECORD_FIELDS = ("state", "until_ms", "weight", "probe_successes", "ewma_us", "multiplier",
                  "consecutive_5xx", "consecutive_gateway", "consecutive_local", "ok", "failed",
                  "latency_ms", "latency_n", "prev_ok", "prev_failed", "prev_latency_ms",
-                 "prev_latency_n", "override", "why", "ejected_at_ms", "ejections", "capped")
+                 "prev_latency_n", "override", "why", "ejected_at_ms", "ejections", "capped",
+                 "slow", "prev_slow")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +73,8 @@ class MemberStatus:
     closed interval, `calls` / `failures` in the current one; `ejections` since the member
     was added, `multiplier` the factor of the next ejection's base time; `override`
     "forced_ejection" (an operator's), "exempt" or ""; `capped` True while the cap refuses
-    to eject it (it stays in the rotation).
+    to eject it (it stays in the rotation); `slow_share` the percent of its timed calls
+    slower than the pool's latency threshold in the last closed interval.
     """
 
     member: str
@@ -94,6 +96,7 @@ class MemberStatus:
     override: str
     last_ejected_at: float | None
     capped: bool = False
+    slow_share: float | None = None
 
     @property
     def ejected(self) -> bool:
@@ -104,7 +107,9 @@ class MemberStatus:
 class PoolStatus:
     """A pool as the fleet sees it: its members (sorted by name), how many are ejected,
     whether a pick would panic (too few healthy: every member is a candidate), the server
-    time it was read at (epoch seconds) and the config string of the last interval's close."""
+    time it was read at (epoch seconds), the config string of the last interval's close and
+    the pool's latency threshold in force (seconds; None until an interval had enough
+    timed calls)."""
 
     name: str
     members: tuple[MemberStatus, ...]
@@ -113,6 +118,7 @@ class PoolStatus:
     read_at: float
     interval_started: float | None
     config_wire: str
+    latency_threshold: float | None = None
 
     def member(self, name: str) -> MemberStatus:
         for m in self.members:
@@ -244,15 +250,17 @@ def member_status(name: str, rec: Sequence[int], in_flight: int, now_ms: int) ->
         override=OVERRIDES[r["override"]] if 0 <= r["override"] < len(OVERRIDES) else "",
         last_ejected_at=r["ejected_at_ms"] / 1000 if r["ejected_at_ms"] else None,
         capped=bool(r["capped"]),
+        slow_share=(100.0 * r["prev_slow"] / r["prev_latency_n"] if r["prev_latency_n"]
+                    else None),
     )
 
 
 def decode_status(name: str, raw: Sequence[Any], panic_threshold: int | None = None) -> PoolStatus:
-    """The status reply (``{now_ms, iv, cfg, n, name, record, in-flight, ...}``)."""
-    now_ms, iv, cfg, n = int(raw[0]), int(raw[1]), text(raw[2]), int(raw[3])
+    """The status reply (``{now_ms, iv, cfg, lt, n, name, record, in-flight, ...}``)."""
+    now_ms, iv, cfg, lt, n = int(raw[0]), int(raw[1]), text(raw[2]), int(raw[3]), int(raw[4])
     members = []
     for j in range(n):
-        base = 4 + 3 * j
+        base = 5 + 3 * j
         members.append(member_status(text(raw[base]), decode_record(raw[base + 1]),
                                      int(raw[base + 2]), now_ms))
     ejected = sum(1 for m in members if m.ejected)
@@ -260,7 +268,7 @@ def decode_status(name: str, raw: Sequence[Any], panic_threshold: int | None = N
         panic_threshold = _panic_of_wire(cfg)
     panic = bool(members) and (len(members) - ejected) * 100 < panic_threshold * len(members)
     return PoolStatus(name, tuple(members), ejected, panic, now_ms / 1000,
-                      iv / 1000 if iv else None, cfg)
+                      iv / 1000 if iv else None, cfg, lt / 1000 if lt else None)
 
 
 def _panic_of_wire(cfg: str) -> int:
