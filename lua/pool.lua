@@ -175,11 +175,12 @@ local function enforced(pct, roll)
   return pct >= 100 or (pct > 0 and roll % 100 < pct)
 end
 
--- Eject member r (room already checked): the time grows with the number of ejections.
+-- Eject member r (room already checked): the time grows with the number of ejections
+-- (a Retry-After's is the time it asks, and does not grow the next one).
 local function eject(r, c, why, now, for_ms)
-  r[MULT] = r[MULT] + 1
   local d = for_ms
   if not d then
+    r[MULT] = r[MULT] + 1
     d = c[C_BASE] * r[MULT]
     local cap = c[C_MAX] > c[C_BASE] and c[C_MAX] or c[C_BASE]
     if d > cap then d = cap end
@@ -337,9 +338,12 @@ local function reap(K, KL, P, now)
     end
   end
   redis.call('ZREM', KL, unpack(gone))
+  local fields = {}
   for _, name in ipairs(P.names) do
-    redis.call('HSET', K, 'i:' .. name, fmt(P.infl[name] or 0))
+    fields[#fields + 1] = 'i:' .. name
+    fields[#fields + 1] = fmt(P.infl[name] or 0)
   end
+  if fields[1] then redis.call('HSET', K, unpack(fields)) end
 end
 
 local function touch(KEYS, x, now, c, fields)
