@@ -75,7 +75,8 @@ class PoolConfig:
     the median member's mean latency, at least `latency_threshold`; a member whose
     `latency_percentile` latency is above it while the median member's is not is an
     outlier), probes after an ejection (`probe_calls`: the calls a member back
-    from ejection gets one at a time; one failure ejects it again, longer), a lease per
+    from ejection gets first, at most that many in flight; one failure ejects it again,
+    longer), a lease per
     pick (`max_call_duration`: a pick never recorded leaves the in-flight count after it).
     `members`: the static members (names, (name, weight) pairs or a mapping), sent to Redis
     by the first call of a process when the pool has none there; `set_members()` changes
