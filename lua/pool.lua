@@ -43,8 +43,9 @@
 --          ARGV[4..] member, weight pairs (remove: members only)
 --   reply {members now, changed}
 -- eject:   ARGV[3] member  ARGV[4] duration ms (0: until uneject)  ARGV[5] actor
--- uneject, exempt: ARGV[3] member  ARGV[4] actor (exempt: never ejected by the rules
---          until an uneject)
+-- uneject: ARGV[3] member  ARGV[4] actor
+-- exempt:  ARGV[3] member  ARGV[4] duration ms (0: until uneject)  ARGV[5] actor: never
+--          ejected by the rules meanwhile (a healthy member's UNTIL holds the end)
 --   reply {state, until_ms, why, event, now_ms} as record
 -- status:  reply {now_ms, iv, cfg, lt, n, then per member: name, record, in-flight}
 --
@@ -142,6 +143,11 @@ end
 local function state_of(r, now)
   if r[ST] == EJECTED and r[UNTIL] <= now then return PROBING end
   return r[ST]
+end
+
+-- an operator's exemption in force (a healthy member's UNTIL is its end, 0: none)
+local function exempt_now(r, now)
+  return r[OVR] == EXEMPT and (r[UNTIL] == 0 or r[UNTIL] > now)
 end
 
 -- Every member of the pool: {names (sorted), recs, infl, fields}; nil, error on foreign data.
@@ -251,7 +257,7 @@ local function close_interval(P, c, now, roll, events)
     table.sort(list, function(a, b) return a[2] < b[2] or (a[2] == b[2] and a[1] < b[1]) end)
     for _, item in ipairs(list) do
       local r = recs[item[1]]
-      if r[ST] ~= EJECTED and r[OVR] ~= EXEMPT and enforced(enforce, roll) then
+      if r[ST] ~= EJECTED and not exempt_now(r, now) and enforced(enforce, roll) then
         if room > 0 then
           eject(r, c, why, now)
           room = room - 1
@@ -579,7 +585,8 @@ local function apply(whole, name, r, c, now, roll, outcome, dur, eject_ms, event
     ev = 'probing'
     event(events, name, ev, r)
   end
-  if st == EJECTED or r[OVR] == EXEMPT then return ev end
+  if st == EJECTED or exempt_now(r, now) then return ev end
+  if r[OVR] == EXEMPT then r[OVR], r[UNTIL] = 0, 0 end  -- the exemption ended
   local why, for_ms = nil, nil
   if eject_ms > 0 then
     why, for_ms = WHY_RA, eject_ms
@@ -798,7 +805,7 @@ local function operator(KEYS, ARGV, c, now, op)
   local K, KH = KEYS[1], KEYS[3]
   local name = ARGV[3]
   local ms, actor
-  if op == 'eject' then
+  if op == 'eject' or op == 'exempt' then
     ms, actor = tonumber(ARGV[4]), ARGV[5] or ''
     if not ms or ms < 0 then return bad_args(op) end
   else
@@ -822,6 +829,7 @@ local function operator(KEYS, ARGV, c, now, op)
   else  -- Envoy #6016: back at once, healthy, its ejection count forgotten; exempt:
         -- the same, and never ejected by the rules until an uneject (a breaker's DISABLED)
     r[ST], r[UNTIL], r[OVR], r[PR], r[MULT] = HEALTHY, 0, op == 'exempt' and EXEMPT or 0, 0, 0
+    if op == 'exempt' and ms > 0 then r[UNTIL] = now + ms end
     r[C5], r[CG], r[CL], r[CAPPED] = 0, 0, 0, 0
     ev = op == 'exempt' and 'exempted' or 'unejected'
   end

@@ -174,11 +174,13 @@ class PoolShell(PoolCore):
         raw = await self._run(self.uneject_args(member, actor))
         return self.note_change(decode_change(member, raw))
 
-    async def exempt(self, member: str, *, actor: str = "") -> MemberChange:
+    async def exempt(self, member: str, duration: float | None = None, *,
+                     actor: str = "") -> MemberChange:
         """Put `member` back at once and never eject it by the rules (consecutive failures,
-        success rate, ...) until `uneject`; an operator's `eject` still works. For a member
-        known good whose errors are expected (a canary, a maintenance window)."""
-        raw = await self._run(self.uneject_args(member, actor, exempt=True))
+        success rate, ...) for `duration` seconds (None: until `uneject`); an operator's
+        `eject` still works. For a member known good whose errors are expected (a canary,
+        a maintenance window): a breaker's DISABLED."""
+        raw = await self._run(self.exempt_args(member, duration, actor))
         return self.note_change(decode_change(member, raw))
 
     async def status(self) -> PoolStatus:

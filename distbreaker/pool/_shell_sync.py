@@ -176,11 +176,13 @@ previous, code, duration, eject_for, key, avoid, track))
         raw = self._run(self.uneject_args(member, actor))
         return self.note_change(decode_change(member, raw))
 
-    def exempt(self, member: str, *, actor: str = "") -> MemberChange:
+    def exempt(self, member: str, duration: float | None = None, *,
+               actor: str = "") -> MemberChange:
         """Put `member` back at once and never eject it by the rules (consecutive failures,
-        success rate, ...) until `uneject`; an operator's `eject` still works. For a member
-        known good whose errors are expected (a canary, a maintenance window)."""
-        raw = self._run(self.uneject_args(member, actor, exempt=True))
+        success rate, ...) for `duration` seconds (None: until `uneject`); an operator's
+        `eject` still works. For a member known good whose errors are expected (a canary,
+        a maintenance window): a breaker's DISABLED."""
+        raw = self._run(self.exempt_args(member, duration, actor))
         return self.note_change(decode_change(member, raw))
 
     def status(self) -> PoolStatus:
