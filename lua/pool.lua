@@ -742,7 +742,7 @@ local function record(KEYS, ARGV, c, now, roll)
 end
 
 local function members(KEYS, ARGV, c, now)
-  local K, KL = KEYS[1], KEYS[2]
+  local K = KEYS[1]
   local mode = ARGV[3]
   local given, order = {}, {}
   local step = mode == 'remove' and 1 or 2
@@ -767,8 +767,8 @@ local function members(KEYS, ARGV, c, now)
       if drop then gone[#gone + 1] = name end
     end
   end
-  local fields = {'v', '1'}
-  if not P.f['iv'] then fields[3], fields[4] = 'iv', fmt(now) end
+  local fields = {'v', '1', 'x', fmt(now)}
+  if not P.f['iv'] then fields[5], fields[6] = 'iv', fmt(now) end
   if mode ~= 'remove' then
     for _, name in ipairs(order) do
       local r = P.recs[name]
@@ -792,7 +792,6 @@ local function members(KEYS, ARGV, c, now)
     redis.call('HDEL', K, 'm:' .. name, 'i:' .. name)
     changed = changed + 1
   end
-  redis.call('HSET', K, 'x', fmt(now))
   expire_all(KEYS, c)
   local count = #P.names - #gone
   for _, name in ipairs(order) do
