@@ -674,6 +674,13 @@ local function record(KEYS, ARGV, c, now, roll)
   local iv, x = tonumber(raw[2] or '0') or 0, tonumber(raw[3] or '0') or 0
   local lt = tonumber(raw[5] or '0') or 0
   local due = now - iv >= c[C_IV]
+  if outcome == 'n' and not due then  -- an abandoned call: its lease goes, nothing else
+    local _, err0 = release(K, KL, token, name, raw[4] ~= false)
+    if err0 then return err0 end
+    local view = raw[4] and pick_view(string.sub(raw[4], 1, PREFIX_LEN))
+    if not view then return {-1, 0, 0, '', now} end
+    return {state_of(view, now), view[UNTIL], 0, '', now}
+  end
   if outcome == 's' and eject_ms == 0 and raw[4] and not due then
     local t = quick_success(raw[4], dur, lt)
     if t then
