@@ -13,7 +13,7 @@ from .._runtime.connection import LoopClients
 from .._runtime.health import redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import run_script_async, send_async
-from ..errors import NoPoolMember
+from ..errors import NoPoolMember, RedisUnavailable
 from .config import PoolConfig
 from .core import MemberChange, Pick, PoolCore, PoolStatus, decode_change
 
@@ -72,8 +72,12 @@ class PoolShell(PoolCore):
         found: Pick | None = await send_async(self._client,
                                               self.pick_pending(key, avoid, track))
         if found is None and self.members_to_restore and not self.local_fallback_active:
-            await self._members("init", self.members_to_restore)  # the keys had expired
-            found = await send_async(self._client, self.pick_pending(key, avoid, track))
+            try:  # the keys had expired (or a new Redis): this process's members go back
+                await self._members("init", self.members_to_restore)
+            except RedisUnavailable:
+                found = self.local_pick(key, avoid)
+            else:
+                found = await send_async(self._client, self.pick_pending(key, avoid, track))
         if found is None:
             raise NoPoolMember(self.name)
         self.learn(found)

@@ -15,7 +15,7 @@ from .._runtime.connection import ProcessClient
 from .._runtime.health import redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.scripts import run_script, send
-from ..errors import NoPoolMember
+from ..errors import NoPoolMember, RedisUnavailable
 from .config import PoolConfig
 from .core import MemberChange, Pick, PoolCore, PoolStatus, decode_change
 
@@ -74,8 +74,12 @@ class PoolShell(PoolCore):
         found: Pick | None = send(self._client,
                                   self.pick_pending(key, avoid, track))
         if found is None and self.members_to_restore and not self.local_fallback_active:
-            self._members("init", self.members_to_restore)  # the keys had expired
-            found = send(self._client, self.pick_pending(key, avoid, track))
+            try:  # the keys had expired (or a new Redis): this process's members go back
+                self._members("init", self.members_to_restore)
+            except RedisUnavailable:
+                found = self.local_pick(key, avoid)
+            else:
+                found = send(self._client, self.pick_pending(key, avoid, track))
         if found is None:
             raise NoPoolMember(self.name)
         self.learn(found)
