@@ -26,8 +26,9 @@ from ._metrics import (
     MetricsSource,
     process_families,
 )
+from ._pool_metrics import PoolCollector
 
-__all__ = ["DistbreakerCollector"]
+__all__ = ["DistbreakerCollector", "PoolCollector"]
 
 
 class DistbreakerCollector(Collector):
