@@ -63,6 +63,7 @@ VARIANTS = ("fleet", "per_process", "none")
 SCENARIOS = (*VARIANTS, "cap")
 POLL = 0.01            # how often the parent reads the fleet's ejections (seconds)
 BAD = 0                # the member that goes bad in the outlier scenario
+LEAD = 0.3             # seconds between "all ready" and the timeline's zero
 
 
 # -- the rules both ejectors follow ------------------------------------------------------
@@ -93,7 +94,7 @@ class Spec:
     name: str                     # the Pool's name in Redis (fresh per run)
     members: int
     bad: tuple[int, ...]          # members that go bad
-    start: float                  # wall clock of the timeline's zero
+    start: float                  # wall clock of the timeline's zero (set when all are ready)
     bad_at: float                 # seconds after start: the bad members fail
     slow_at: float                # ... answer slowly instead (>= end: never)
     end: float                    # seconds after start
@@ -274,8 +275,9 @@ def call_loop(spec: Spec, ejector: Any, seed: int, calls: list[tuple[float, str,
         calls.extend(mine)
 
 
-def worker(wid: int, url: str, spec: Spec, out: Any) -> None:
-    """One fleet process: its ejector, `spec.threads` calling threads, its calls reported."""
+def worker(wid: int, url: str, spec: Spec, commands: Any, out: Any) -> None:
+    """One fleet process: its ejector, `spec.threads` calling threads from the start the
+    parent sends (once every process is ready), its calls reported."""
     try:
         ejector: Any
         if spec.variant == "fleet":
@@ -288,6 +290,7 @@ def worker(wid: int, url: str, spec: Spec, out: Any) -> None:
         out.put(("failed", wid, repr(error)))
         return
     out.put(("ready", wid))
+    spec = dataclasses.replace(spec, start=commands.get())
     time.sleep(max(0.0, spec.start - time.time()))
     calls: list[tuple[float, str, int, float]] = []
     lock = threading.Lock()
@@ -353,11 +356,12 @@ def fleet_reader(spec: Spec, url: str) -> Callable[[], frozenset[str]]:
 
 
 def run(url: str, spec: Spec, processes: int) -> dict[str, Any]:
-    """One run: the workers from `spec.start` to its end, their calls and logs."""
+    """One run: the workers, once all are ready, for the timeline; their calls and logs."""
     context = multiprocessing.get_context("spawn")
     out: Any = context.Queue()
-    workers = [context.Process(target=worker, args=(wid, url, spec, out), daemon=True)
-               for wid in range(processes)]
+    commands = [context.Queue() for _ in range(processes)]
+    workers = [context.Process(target=worker, args=(wid, url, spec, commands[wid], out),
+                               daemon=True) for wid in range(processes)]
     for process in workers:
         process.start()
     try:
@@ -365,9 +369,9 @@ def run(url: str, spec: Spec, processes: int) -> dict[str, Any]:
             message = out.get(timeout=120)
             if message[0] == "failed":
                 raise RuntimeError(f"worker {message[1]}: {message[2]}")
-        if time.time() > spec.start:
-            raise RuntimeError("the workers took longer to start than the lead time "
-                               "(--lead)")
+        spec = dataclasses.replace(spec, start=time.time() + LEAD)
+        for each in commands:
+            each.put(spec.start)
         poller = Poller(spec, url) if spec.variant == "fleet" else None
         reports = []
         for _ in workers:
@@ -568,8 +572,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-ejection", type=float, default=10.0)
     parser.add_argument("--cap-bad", type=int, default=6)
     parser.add_argument("--cap-seconds", type=float, default=3.0)
-    parser.add_argument("--lead", type=float, default=15.0,
-                        help="seconds the workers get to start before the timeline's zero")
     parser.add_argument("--only", default="", help=f"comma-separated of {', '.join(SCENARIOS)}")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
@@ -595,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
             progress(f"outlier: {variant}")
             end = args.warmup + args.errors + args.slow
             spec = Spec(variant, f"bpool-{tag}-{variant}", args.members, (BAD,),
-                        time.time() + args.lead, args.warmup, args.warmup + args.errors, end,
+                        0.0, args.warmup, args.warmup + args.errors, end,
                         args.latency, args.slow_factor, args.threads, rules, args.seed)
             try:
                 results[variant] = summarize_outlier(spec, run(url, spec, args.processes),
@@ -608,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
                 progress(f"cap: {variant}")
                 end = args.warmup + args.cap_seconds
                 spec = Spec(variant, f"bpool-{tag}-cap-{variant}", args.members,
-                            tuple(range(args.cap_bad)), time.time() + args.lead, args.warmup,
+                            tuple(range(args.cap_bad)), 0.0, args.warmup,
                             end, end, args.latency, args.slow_factor, args.threads, rules,
                             args.seed)
                 try:

@@ -1,0 +1,141 @@
+"""What the pool-routing HTTP integrations share, without I/O.
+
+A request addressed to a pool's logical host (``http://payments/v1/charge``) is sent to
+the member the pool picks: the member's address (``10.0.0.7:8080``,
+``https://eu.api.example.com/base``) replaces the URL's scheme (when it names one),
+host and port, and its path prefix goes before the request's path. The answer is
+then recorded on that member: the status through the same `HttpClassifier` as the
+breaker transports (2xx/3xx a success, 4xx but 429 not the member's fault, 5xx and
+429 failures, a 429's Retry-After passed on), a transport error as a failure of the
+member.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import urllib.parse
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .._runtime.classify import (
+    DEFAULT_HTTP_CLASSIFIER,
+    HttpClassifier,
+    HttpVerdict,
+    parse_retry_after,
+)
+
+#: How a finished exchange counts for the member that served it.
+SUCCESS, FAILURE, IGNORED = "success", "failure", "ignored"
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where a member is: the URL parts a request to it gets."""
+
+    scheme: str | None       # None: the request's own scheme
+    host: str                # without brackets for IPv6
+    port: int | None         # None: the scheme's default
+    prefix: str = ""         # a path put before the request's ("" or "/base")
+
+    @property
+    def netloc(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port is None else f"{host}:{self.port}"
+
+
+def parse_member(address: str) -> Target:
+    """A member's address: ``host``, ``host:port``, ``[v6]:port`` or a URL with a scheme
+    (``https://host:port/prefix``). Raises ValueError for anything else."""
+    if not isinstance(address, str) or not address.strip():
+        raise ValueError(f"a member address must be a non-empty string, got {address!r}")
+    text = address.strip()
+    has_scheme = "://" in text
+    parts = urllib.parse.urlsplit(text if has_scheme else f"//{text}")
+    if has_scheme and parts.scheme not in ("http", "https"):
+        raise ValueError(f"member {address!r}: the scheme must be http or https")
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise ValueError(f"member {address!r}: only scheme, host, port and a path prefix")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError as error:
+        raise ValueError(f"member {address!r}: {error}") from None
+    if not host:
+        raise ValueError(f"member {address!r} names no host")
+    if ":" in host:
+        ipaddress.IPv6Address(host)   # a bare v6 address must be in brackets to carry a port
+    return Target(parts.scheme or None, host, port, parts.path.rstrip("/"))
+
+
+def rewrite(scheme: str, path: str, target: Target) -> tuple[str, str, int | None, str]:
+    """(scheme, host, port, path) of a request to `target`; `path` keeps its query."""
+    return (target.scheme or scheme, target.host, target.port,
+            f"{target.prefix}{path}" if target.prefix else path)
+
+
+def verdict(status: int, headers: Any,
+            classifier: HttpClassifier | None = None) -> tuple[str, float | None]:
+    """(SUCCESS | FAILURE | IGNORED, Retry-After seconds of a 429 or 503 or None).
+
+    A client error (4xx but 429) is the request's fault, not the member's: ignored.
+    """
+    classifier = classifier or DEFAULT_HTTP_CLASSIFIER
+    kind = classifier.classify(status, headers)
+    if kind is HttpVerdict.OK:
+        return SUCCESS, None
+    if kind is HttpVerdict.CLIENT_ERROR:
+        return IGNORED, None
+    wait = None
+    if status in (429, 503) and headers is not None:   # httpx's and requests' headers
+        wait = parse_retry_after(headers.get("Retry-After"))   # ignore the case of names
+    return FAILURE, wait
+
+
+class Routes:
+    """Which pool a request's host routes by: one pool for every request, or a mapping of
+    logical host (``payments`` or ``payments:8080``) to pool; other hosts pass through."""
+
+    def __init__(self, pool: Any, key: Callable[[Any], str | None] | None = None,
+                 http_classifier: HttpClassifier | Mapping[int, Any] | None = None) -> None:
+        if isinstance(pool, Mapping):
+            if not pool:
+                raise ValueError("pools must name at least one host")
+            self.pools: dict[str, Any] | None = {str(k).lower(): v for k, v in pool.items()}
+            self.pool = None
+        else:
+            self.pools, self.pool = None, pool
+        for each in ([pool] if self.pools is None else self.pools.values()):
+            if not callable(getattr(each, "pick", None)):
+                raise TypeError(f"a pool must have pick(), got {each!r}")
+        if key is not None and not callable(key):
+            raise TypeError("key must be a callable of the request (or None)")
+        self.key = key
+        if http_classifier is not None and not isinstance(http_classifier, HttpClassifier):
+            http_classifier = HttpClassifier(http_classifier)
+        self.classifier = http_classifier
+        self._targets: dict[str, Target] = {}
+
+    def pool_for(self, host: str, port: int | None) -> Any:
+        """The pool of a request to `host`/`port`, or None (sent as it is)."""
+        if self.pools is None:
+            return self.pool
+        host = host.lower()
+        if port is not None:
+            found = self.pools.get(f"{host}:{port}")
+            if found is not None:
+                return found
+        return self.pools.get(host)
+
+    def target(self, address: str) -> Target:
+        """A member's address parsed (once per address)."""
+        target = self._targets.get(address)
+        if target is None:
+            target = self._targets[address] = parse_member(address)
+        return target
+
+    def verdict(self, status: int, headers: Any) -> tuple[str, float | None]:
+        return verdict(status, headers, self.classifier)
+
+
+__all__ = ["FAILURE", "IGNORED", "SUCCESS", "Routes", "Target", "parse_member", "rewrite",
+           "verdict"]
