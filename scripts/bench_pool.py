@@ -49,6 +49,7 @@ import json
 import multiprocessing
 import random
 import secrets
+import statistics
 import sys
 import threading
 import time
@@ -70,16 +71,22 @@ LEAD = 0.3             # seconds between "all ready" and the timeline's zero
 
 @dataclasses.dataclass(frozen=True)
 class Rules:
-    """Envoy's outlier detection parameters (the subset the bench exercises)."""
+    """Envoy's outlier detection parameters (the subset the bench exercises), with the
+    latency rule of distbreaker's Pool (Envoy has none): a member whose mean latency over
+    the interval is above `latency_factor` x the median member's mean and above
+    `latency_threshold`, judged when at least `latency_minimum_hosts` members had
+    `latency_request_volume` calls in the interval."""
 
     consecutive_5xx: int = 5
+    interval: float = 1.0               # seconds between two analyses (Envoy: 10 s)
     base_ejection: float = 2.0          # seconds; x the member's number of ejections
     max_ejection: float = 10.0
     max_ejection_percent: int = 50
     panic_threshold: int = 50           # % of members not ejected below which: route to all
-    latency_factor: float = 3.0         # p50 above factor x the pool's median p50: outlier
-    latency_min_requests: int = 10      # samples a member needs before it is judged
-    latency_window: int = 20            # the last N latencies of a member
+    latency_factor: float = 3.0
+    latency_threshold: float = 0.05     # seconds: a mean below it is never an outlier
+    latency_minimum_hosts: int = 5
+    latency_request_volume: int = 20
 
     def cap(self, members: int) -> int:
         """Most members ejected at once (Envoy: at least one)."""
@@ -151,7 +158,8 @@ class NoEjection:
 
 class LocalEjector(NoEjection):
     """Outlier detection in one process (Envoy per proxy, LiteLLM per pod): the rules of
-    `Rules` judged from this process's own calls only."""
+    `Rules` judged from this process's own calls only. As in Envoy, a member whose
+    ejection ended is back in full rotation (no probes)."""
 
     def __init__(self, spec: Spec) -> None:
         super().__init__(spec)
@@ -159,15 +167,14 @@ class LocalEjector(NoEjection):
         self.consecutive = dict.fromkeys(self.members, 0)
         self.ejections = dict.fromkeys(self.members, 0)
         self.until: dict[str, float] = {}
-        self.latencies = {m: collections.deque(maxlen=self.rules.latency_window)
-                          for m in self.members}
+        self.interval_start = time.time()
+        self.latency = {m: [0, 0.0] for m in self.members}   # this interval: calls, seconds
 
     def _expire(self, now: float) -> None:
         for member, until in list(self.until.items()):
             if until <= now:
                 del self.until[member]
                 self.consecutive[member] = 0
-                self.latencies[member].clear()
                 self.log.append((until, member, "return", ""))
 
     def routable(self, now: float) -> list[str]:
@@ -182,26 +189,29 @@ class LocalEjector(NoEjection):
             self.in_flight[member] -= 1
             now = time.time()
             self._expire(now)
+            if now - self.interval_start >= self.rules.interval:
+                self._analyse(now)
             if member in self.until:
                 return                    # a call started before its ejection
             self.consecutive[member] = self.consecutive[member] + 1 if status >= 500 else 0
-            self.latencies[member].append(seconds)
+            self.latency[member][0] += 1
+            self.latency[member][1] += seconds
             if self.consecutive[member] >= self.rules.consecutive_5xx:
                 self._eject(member, now, "consecutive_5xx")
-            elif self._latency_outlier(member):
-                self._eject(member, now, "latency")
 
-    def _latency_outlier(self, member: str) -> bool:
+    def _analyse(self, now: float) -> None:
+        """The interval's latency outliers, slowest first, within the cap."""
         rules = self.rules
-        mine = self.latencies[member]
-        if len(mine) < rules.latency_min_requests:
-            return False
-        others = [median(self.latencies[m]) for m in self.members
-                  if m != member and m not in self.until
-                  and len(self.latencies[m]) >= rules.latency_min_requests]
-        if not others:
-            return False
-        return median(mine) > rules.latency_factor * median(others)
+        means = {m: total / calls for m, (calls, total) in self.latency.items()
+                 if m not in self.until and calls >= rules.latency_request_volume and calls}
+        if len(means) >= rules.latency_minimum_hosts and means:
+            middle = statistics.median(means.values())
+            for member in sorted(means, key=means.__getitem__, reverse=True):
+                mean = means[member]
+                if mean > rules.latency_factor * middle and mean >= rules.latency_threshold:
+                    self._eject(member, now, "latency")
+        self.interval_start = now
+        self.latency = {m: [0, 0.0] for m in self.members}
 
     def _eject(self, member: str, now: float, why: str) -> None:
         if len(self.until) >= self.rules.cap(len(self.members)):
@@ -210,11 +220,6 @@ class LocalEjector(NoEjection):
         seconds = min(self.rules.max_ejection, self.rules.base_ejection * self.ejections[member])
         self.until[member] = now + seconds
         self.log.append((now, member, "eject", why))
-
-
-def median(values: Any) -> float:
-    ordered = sorted(values)
-    return float(ordered[len(ordered) // 2]) if ordered else 0.0
 
 
 class FleetEjector:
@@ -242,12 +247,16 @@ def pool_options(rules: Rules) -> dict[str, Any]:
     """`Rules` as the Pool's configuration."""
     return {
         "consecutive_5xx": rules.consecutive_5xx,
+        "interval": rules.interval,
         "base_ejection_time": rules.base_ejection,
         "max_ejection_time": rules.max_ejection,
         "max_ejection_percent": rules.max_ejection_percent,
-        "panic_threshold": rules.panic_threshold,
+        "healthy_panic_threshold": rules.panic_threshold,
         "latency_factor": rules.latency_factor,
-        "latency_minimum_requests": rules.latency_min_requests,
+        "latency_threshold": rules.latency_threshold,
+        "latency_minimum_hosts": rules.latency_minimum_hosts,
+        "latency_request_volume": rules.latency_request_volume,
+        "enforcing_success_rate": 0,      # not a rule the per-process ejector follows
     }
 
 

@@ -85,7 +85,8 @@ def spec(**over: Any) -> bench_pool.Spec:
         "bad_at": 0.0, "slow_at": 100.0, "end": 200.0, "latency": 0.01,
         "slow_factor": 10.0, "threads": 1,
         "rules": bench_pool.Rules(consecutive_5xx=3, max_ejection_percent=50,
-                                  latency_min_requests=3, latency_window=5)}
+                                  latency_minimum_hosts=3, latency_request_volume=3,
+                                  latency_threshold=0.05)}
     return bench_pool.Spec(**{**fields, **over})
 
 
@@ -109,13 +110,27 @@ def test_per_process_ejector_follows_the_rules() -> None:
     ejector.until = {m: time.time() - 1 for m in ejector.until}
     assert ejector.routable(time.time()) == ["m0", "m1", "m2", "m3"]
     assert ejector.log[-1][2] == "return" and ejector.consecutive["m0"] == 0
-    # Latency: m3 at 10x the others' median, with enough samples.
+    # Latency, when an interval ends: m3's mean at 10x the median member's, above the floor.
     ejector = bench_pool.LocalEjector(spec())
-    for _ in range(5):
+    for _ in range(3):
         for member, seconds in (("m0", 0.01), ("m1", 0.01), ("m2", 0.01), ("m3", 0.1)):
             ejector.in_flight[member] += 1
             ejector.record(member, 200, seconds)
-    assert ejector.log[-1][1:] == ("m3", "eject", "latency")
+    assert ejector.log == []
+    ejector.interval_start -= ejector.rules.interval
+    ejector.in_flight["m0"] += 1
+    ejector.record("m0", 200, 0.01)
+    assert ejector.log[-1][1:] == ("m3", "eject", "latency") and len(ejector.log) == 1
+    # Below the floor (latency_threshold) a 10x member is no outlier.
+    fast = bench_pool.LocalEjector(spec())
+    for _ in range(3):
+        for member, seconds in (("m0", 0.001), ("m1", 0.001), ("m2", 0.001), ("m3", 0.01)):
+            fast.in_flight[member] += 1
+            fast.record(member, 200, seconds)
+    fast.interval_start -= fast.rules.interval
+    fast.in_flight["m0"] += 1
+    fast.record("m0", 200, 0.001)
+    assert fast.log == []
     # Panic: with 2 of 4 live the threshold (50 %) still holds; below it, all are routable.
     panicky = bench_pool.LocalEjector(spec(rules=bench_pool.Rules(panic_threshold=75)))
     panicky.until = {"m0": time.time() + 60, "m1": time.time() + 60}
