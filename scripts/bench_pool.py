@@ -35,8 +35,8 @@ ejections every ``POLL`` s, and every ejection event) with more than the cap eje
 for per-process ejectors the cap is per process (each process's own log), and
 ``distinct_ejected`` is how many members at least one process ejected.
 
-Usage: ``.venv/bin/python scripts/bench_pool.py [--json] [--processes 6]
-[--threads 4] [--only fleet,per_process,none,cap]``
+Usage: ``.venv/bin/python scripts/bench_pool.py [--json] [--processes 8]
+[--threads 3] [--only fleet,per_process,none,cap]``
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ import contextlib
 import dataclasses
 import json
 import multiprocessing
+import queue
 import random
 import secrets
 import statistics
@@ -226,12 +227,8 @@ class FleetEjector:
     """distbreaker's Pool: one fleet-wide record per member, picks and outcomes through it."""
 
     def __init__(self, spec: Spec, url: str) -> None:
-        from distbreaker import Pool  # only the fleet variant needs it
-
-        rules = spec.rules
-        self.log: list[tuple[float, str, str, str]] = []
-        self.pool = Pool(spec.name, [member_name(i) for i in range(spec.members)],
-                         redis=url, **pool_options(rules))
+        self.log: list[tuple[float, str, str, str]] = []   # the fleet's: read by the parent
+        self.pool = make_pool(spec, url)
 
     def pick(self, rng: random.Random) -> Any:
         return self.pool.pick()
@@ -241,6 +238,14 @@ class FleetEjector:
 
     def close(self) -> None:
         self.pool.close()
+
+
+def make_pool(spec: Spec, url: str) -> Any:
+    """The run's Pool (every process builds the same one)."""
+    from distbreaker import Pool  # only the fleet variant needs it
+
+    return Pool(spec.name, redis=url, members=[member_name(i) for i in range(spec.members)],
+                **pool_options(spec.rules))
 
 
 def pool_options(rules: Rules) -> dict[str, Any]:
@@ -353,15 +358,29 @@ class Poller:
 
 def fleet_reader(spec: Spec, url: str) -> Callable[[], frozenset[str]]:
     """A function returning the members the fleet's Pool has ejected now."""
-    from distbreaker import Pool
-
-    pool = Pool(spec.name, [member_name(i) for i in range(spec.members)], redis=url,
-                **pool_options(spec.rules))
+    pool = make_pool(spec, url)
 
     def read() -> frozenset[str]:
-        return frozenset(pool.ejected())
+        return frozenset(m.member for m in pool.status().members if m.ejected)
 
     return read
+
+
+def fleet_history(spec: Spec, url: str) -> list[tuple[float, str, str, float]]:
+    """The pool's events, oldest first: (seconds into the run, member, event, until) from
+    the server's stream (its ids are server milliseconds)."""
+    pool = make_pool(spec, url)
+    try:
+        entries = pool.history(count=100_000)
+    finally:
+        pool.close()
+    out = []
+    for entry in reversed(entries):
+        at = int(entry["id"].split("-")[0]) / 1000 - spec.start
+        until = int(entry.get("until") or 0) / 1000 - spec.start
+        out.append((round(at, 4), entry.get("member", ""), entry.get("event", ""),
+                    round(until, 4)))
+    return out
 
 
 def run(url: str, spec: Spec, processes: int) -> dict[str, Any]:
@@ -375,7 +394,7 @@ def run(url: str, spec: Spec, processes: int) -> dict[str, Any]:
         process.start()
     try:
         for _ in workers:
-            message = out.get(timeout=120)
+            message = receive(out, workers, 120)
             if message[0] == "failed":
                 raise RuntimeError(f"worker {message[1]}: {message[2]}")
         spec = dataclasses.replace(spec, start=time.time() + LEAD)
@@ -384,19 +403,33 @@ def run(url: str, spec: Spec, processes: int) -> dict[str, Any]:
         poller = Poller(spec, url) if spec.variant == "fleet" else None
         reports = []
         for _ in workers:
-            message = out.get(timeout=spec.end + 120)
+            message = receive(out, workers, spec.end + 120)
             if message[0] != "done":
                 raise RuntimeError(f"worker {message[1]}: {message[2:]}")
             reports.append(message[2])
         polled = poller.join() if poller is not None else []
         if poller is not None and poller.error and not polled:
             raise RuntimeError(f"reading the pool's ejections: {poller.error}")
+        history = fleet_history(spec, url) if spec.variant == "fleet" else []
     finally:
         for process in workers:
             process.join(10)
             if process.is_alive():
                 process.kill()
-    return {"reports": reports, "polled": polled}
+    return {"reports": reports, "polled": polled, "history": history}
+
+
+def receive(out: Any, workers: list[Any], seconds: float) -> Any:
+    """The next worker message; a worker that died without one fails the run at once."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            return out.get(timeout=0.5)
+        except queue.Empty:
+            dead = [p.exitcode for p in workers if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"a worker exited with {dead[0]}") from None
+    raise RuntimeError("the workers did not answer in time")
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -404,18 +437,6 @@ def percentile(values: list[float], share: float) -> float:
         return 0.0
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
-
-
-def fleet_ejections(polled: list[tuple[float, frozenset[str]]],
-                    member: str) -> list[float]:
-    """When the fleet's reads first saw `member` ejected, each time it was."""
-    times, was = [], False
-    for at, ejected in polled:
-        now = member in ejected
-        if now and not was:
-            times.append(at)
-        was = now
-    return times
 
 
 def summarize_outlier(spec: Spec, run_: dict[str, Any], slo: float) -> dict[str, Any]:
@@ -426,7 +447,8 @@ def summarize_outlier(spec: Spec, run_: dict[str, Any], slo: float) -> dict[str,
     measured = spec.end - spec.bad_at
     # When each process stopped sending to the bad member (its own ejection, or the fleet's).
     if spec.variant == "fleet":
-        fleet = [t for t in fleet_ejections(run_["polled"], bad) if t >= spec.bad_at]
+        fleet = [t for t, m, what, _ in run_["history"]
+                 if m == bad and what == "ejected" and t >= spec.bad_at]
         stops = [fleet[0] if fleet else None] * len(reports)
     elif spec.variant == "per_process":
         stops = [next((t for t, m, what, _ in r["log"]
@@ -466,8 +488,7 @@ def ejection_counts(spec: Spec, run_: dict[str, Any]) -> dict[str, int]:
     """How many ejections each member had (fleet: as read; per process: summed)."""
     counts: collections.Counter[str] = collections.Counter()
     if spec.variant == "fleet":
-        for i in range(spec.members):
-            counts[member_name(i)] = len(fleet_ejections(run_["polled"], member_name(i)))
+        counts.update(m for _, m, what, _ in run_["history"] if what == "ejected")
     else:
         for report in run_["reports"]:
             counts.update(m for _, m, what, _ in report["log"] if what == "eject")
@@ -494,10 +515,15 @@ def summarize_cap(spec: Spec, run_: dict[str, Any], slo: float) -> dict[str, Any
     if spec.variant == "fleet":
         polled = run_["polled"]
         sizes = [len(ejected) for _, ejected in polled]
+        # Every ejection event: how many were ejected at its moment (the stream's times).
+        spans = [(t, until) for t, _, what, until in run_["history"] if what == "ejected"]
+        at_events = [sum(1 for t0, t1 in spans if t0 <= t < t1) for t, _ in spans]
         result.update({
-            "max_ejected": max(sizes, default=0),
-            "cap_violations": sum(1 for n in sizes if n > cap),
+            "max_ejected": max([*sizes, *at_events], default=0),
+            "cap_violations": sum(1 for n in [*sizes, *at_events] if n > cap),
             "reads": len(sizes),
+            "ejection_events": len(spans),
+            "capped_events": sum(1 for _, _, what, _ in run_["history"] if what == "capped"),
             "distinct_ejected": len(frozenset().union(*(e for _, e in polled))),
             "healthy_ever_ejected": sorted(
                 frozenset().union(*(e for _, e in polled)) - bad),
@@ -569,8 +595,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", help="Redis URL (default $REDIS_URL, else a spawned server)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--members", type=int, default=10)
-    parser.add_argument("--processes", type=int, default=6)
-    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=3)
     parser.add_argument("--latency", type=float, default=0.02, help="healthy latency (s)")
     parser.add_argument("--slow-factor", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=1.0)
