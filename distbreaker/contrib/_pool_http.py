@@ -7,7 +7,8 @@ host and port, and its path prefix goes before the request's path. The answer is
 then recorded on that member: the status through the same `HttpClassifier` as the
 breaker transports (2xx/3xx a success, 4xx but 429 not the member's fault, 5xx and
 429 failures, a 429's Retry-After passed on), a transport error as a failure of the
-member.
+member (no response at all: a local-origin failure; an error of our own side, such as
+an invalid URL: the pick is released, nothing recorded).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from .._runtime.classify import (
     parse_retry_after,
 )
 
-#: How a finished exchange counts for the member that served it.
-SUCCESS, FAILURE, IGNORED = "success", "failure", "ignored"
+#: How a finished exchange counts for the member that served it (the Pool's outcomes).
+SUCCESS, FAILURE, GATEWAY, LOCAL = "success", "5xx", "gateway", "local"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,22 +74,26 @@ def rewrite(scheme: str, path: str, target: Target) -> tuple[str, str, int | Non
             f"{target.prefix}{path}" if target.prefix else path)
 
 
+GATEWAY_STATUSES = frozenset((502, 503, 504))
+
+
 def verdict(status: int, headers: Any,
             classifier: HttpClassifier | None = None) -> tuple[str, float | None]:
-    """(SUCCESS | FAILURE | IGNORED, Retry-After seconds of a 429 or 503 or None).
+    """(the Pool's outcome, seconds to eject the member for or None) of a response.
 
-    A client error (4xx but 429) is the request's fault, not the member's: ignored.
+    `classifier` (default `classify_http`) gives the status its verdict: ``ok`` and
+    ``client_error`` are the member answering (a 4xx is the request's fault: Envoy counts
+    it as no error either), ``transient`` and ``hard_stop`` its failure: a gateway
+    failure for 502/503/504, else a 5xx. A 429 or 503 with a Retry-After ejects the
+    member for that long (LiteLLM's cooldown, fleet-wide).
     """
-    classifier = classifier or DEFAULT_HTTP_CLASSIFIER
-    kind = classifier.classify(status, headers)
-    if kind is HttpVerdict.OK:
+    kind = (classifier or DEFAULT_HTTP_CLASSIFIER).classify(status, headers)
+    if kind in (HttpVerdict.OK, HttpVerdict.CLIENT_ERROR):
         return SUCCESS, None
-    if kind is HttpVerdict.CLIENT_ERROR:
-        return IGNORED, None
     wait = None
     if status in (429, 503) and headers is not None:   # httpx's and requests' headers
         wait = parse_retry_after(headers.get("Retry-After"))   # ignore the case of names
-    return FAILURE, wait
+    return (GATEWAY if status in GATEWAY_STATUSES else FAILURE), wait or None
 
 
 class Routes:
@@ -136,6 +141,21 @@ class Routes:
     def verdict(self, status: int, headers: Any) -> tuple[str, float | None]:
         return verdict(status, headers, self.classifier)
 
+    def key_of(self, request: Any) -> str | None:
+        """The request's stickiness key (``key(request)``), or None."""
+        return None if self.key is None else self.key(request)
 
-__all__ = ["FAILURE", "IGNORED", "SUCCESS", "Routes", "Target", "parse_member", "rewrite",
-           "verdict"]
+    def error_outcome(self, error: BaseException, transient: tuple[type[BaseException], ...],
+                      local: tuple[type[BaseException], ...]) -> str | None:
+        """How a request that raised counts: None (release the pick: cancelled, or our own
+        side's error), LOCAL (no response: connect, timeout, reset), or "" (let the pool
+        classify `error`)."""
+        if not isinstance(error, Exception) or isinstance(error, local):
+            return None
+        if isinstance(error, transient):
+            return LOCAL
+        return ""
+
+
+__all__ = ["FAILURE", "GATEWAY", "LOCAL", "SUCCESS", "Routes", "Target", "parse_member",
+           "rewrite", "verdict"]
