@@ -292,3 +292,34 @@ def test_bad_options_are_refused() -> None:
 class _FakePool:
     def pick(self, key: Any = None) -> Any:
         raise AssertionError("not called")
+
+
+def test_recipe_by_hand_an_sdk_429_with_retry_after_ejects_the_deployment(
+        redis_url: str, servers: list[FlakyServer]) -> None:
+    """The recipe's second form: one client per deployment, ``with pool.use()``; the
+    error a 429 raises (status and headers on its response) ejects that deployment for
+    its Retry-After."""
+    servers[0].set(None, status(429, retry_after=20))
+    clients = {"eastus": servers[0], "westeu": servers[1]}
+    name = f"llm-{secrets.token_hex(3)}"
+    pool = distbreaker.Pool(name, redis=redis_url, members=list(clients),
+                            max_ejection_percent=50)
+    try:
+        with httpx.Client(timeout=5) as http:
+            for _ in range(40):
+                try:
+                    with pool.use() as pick:
+                        http.get(f"{clients[pick.member].url}/chat").raise_for_status()
+                except httpx.HTTPStatusError as error:
+                    assert error.response.status_code == 429
+                    break
+        limited = pool.status()
+        record = limited.member("eastus")
+        assert record.ejected and record.why == "retry_after"
+        assert record.ejected_until is not None
+        assert 15 <= record.ejected_until - limited.read_at <= 20.5
+        assert limited.member("westeu").state == "healthy"
+        assert pool.pick().member == "westeu"
+    finally:
+        pool.reset()
+        pool.close()
