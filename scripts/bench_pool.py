@@ -87,7 +87,7 @@ class Rules:
     latency_factor: float = 3.0
     latency_threshold: float = 0.05     # seconds: a mean below it is never an outlier
     latency_minimum_hosts: int = 5
-    latency_request_volume: int = 20
+    latency_request_volume: int = 10
 
     def cap(self, members: int) -> int:
         """Most members ejected at once (Envoy: at least one)."""
@@ -262,6 +262,7 @@ def pool_options(rules: Rules) -> dict[str, Any]:
         "latency_minimum_hosts": rules.latency_minimum_hosts,
         "latency_request_volume": rules.latency_request_volume,
         "enforcing_success_rate": 0,      # not a rule the per-process ejector follows
+        "redis_timeout": 1.0,             # a loaded machine's Redis is not an outage
     }
 
 
@@ -366,9 +367,9 @@ def fleet_reader(spec: Spec, url: str) -> Callable[[], frozenset[str]]:
     return read
 
 
-def fleet_history(spec: Spec, url: str) -> list[tuple[float, str, str, float]]:
-    """The pool's events, oldest first: (seconds into the run, member, event, until) from
-    the server's stream (its ids are server milliseconds)."""
+def fleet_history(spec: Spec, url: str) -> list[tuple[float, str, str, float, str]]:
+    """The pool's events, oldest first: (seconds into the run, member, event, until, why)
+    from the server's stream (its ids are server milliseconds)."""
     pool = make_pool(spec, url)
     try:
         entries = pool.history(count=100_000)
@@ -379,7 +380,7 @@ def fleet_history(spec: Spec, url: str) -> list[tuple[float, str, str, float]]:
         at = int(entry["id"].split("-")[0]) / 1000 - spec.start
         until = int(entry.get("until") or 0) / 1000 - spec.start
         out.append((round(at, 4), entry.get("member", ""), entry.get("event", ""),
-                    round(until, 4)))
+                    round(until, 4), entry.get("why", "")))
     return out
 
 
@@ -447,7 +448,7 @@ def summarize_outlier(spec: Spec, run_: dict[str, Any], slo: float) -> dict[str,
     measured = spec.end - spec.bad_at
     # When each process stopped sending to the bad member (its own ejection, or the fleet's).
     if spec.variant == "fleet":
-        fleet = [t for t, m, what, _ in run_["history"]
+        fleet = [t for t, m, what, *_ in run_["history"]
                  if m == bad and what == "ejected" and t >= spec.bad_at]
         stops = [fleet[0] if fleet else None] * len(reports)
     elif spec.variant == "per_process":
@@ -484,15 +485,19 @@ def summarize_outlier(spec: Spec, run_: dict[str, Any], slo: float) -> dict[str,
     }
 
 
-def ejection_counts(spec: Spec, run_: dict[str, Any]) -> dict[str, int]:
-    """How many ejections each member had (fleet: as read; per process: summed)."""
-    counts: collections.Counter[str] = collections.Counter()
+def ejection_counts(spec: Spec, run_: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """How many ejections each member had, by reason (fleet: the pool's events; per
+    process: summed over the processes)."""
+    counts: collections.Counter[tuple[str, str]] = collections.Counter()
     if spec.variant == "fleet":
-        counts.update(m for _, m, what, _ in run_["history"] if what == "ejected")
+        counts.update((m, why) for _, m, what, _, why in run_["history"] if what == "ejected")
     else:
         for report in run_["reports"]:
-            counts.update(m for _, m, what, _ in report["log"] if what == "eject")
-    return {m: n for m, n in sorted(counts.items()) if n}
+            counts.update((m, why) for _, m, what, why in report["log"] if what == "eject")
+    out: dict[str, dict[str, int]] = {}
+    for (member, why), n in sorted(counts.items()):
+        out.setdefault(member, {})[why] = n
+    return out
 
 
 def most_ejected(log: list[tuple[float, str, str, str]]) -> int:
@@ -516,14 +521,14 @@ def summarize_cap(spec: Spec, run_: dict[str, Any], slo: float) -> dict[str, Any
         polled = run_["polled"]
         sizes = [len(ejected) for _, ejected in polled]
         # Every ejection event: how many were ejected at its moment (the stream's times).
-        spans = [(t, until) for t, _, what, until in run_["history"] if what == "ejected"]
+        spans = [(t, until) for t, _, what, until, _ in run_["history"] if what == "ejected"]
         at_events = [sum(1 for t0, t1 in spans if t0 <= t < t1) for t, _ in spans]
         result.update({
             "max_ejected": max([*sizes, *at_events], default=0),
             "cap_violations": sum(1 for n in [*sizes, *at_events] if n > cap),
             "reads": len(sizes),
             "ejection_events": len(spans),
-            "capped_events": sum(1 for _, _, what, _ in run_["history"] if what == "capped"),
+            "capped_events": sum(1 for _, _, what, *_ in run_["history"] if what == "capped"),
             "distinct_ejected": len(frozenset().union(*(e for _, e in polled))),
             "healthy_ever_ejected": sorted(
                 frozenset().union(*(e for _, e in polled)) - bad),
@@ -600,8 +605,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency", type=float, default=0.02, help="healthy latency (s)")
     parser.add_argument("--slow-factor", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=1.0)
-    parser.add_argument("--errors", type=float, default=3.0, help="seconds of 503s")
-    parser.add_argument("--slow", type=float, default=4.0, help="seconds slow after them")
+    parser.add_argument("--errors", type=float, default=2.0, help="seconds of 503s")
+    parser.add_argument("--slow", type=float, default=6.0, help="seconds slow after them")
     parser.add_argument("--slo", type=float, default=0.1, help="goodput's latency bound (s)")
     parser.add_argument("--base-ejection", type=float, default=2.0)
     parser.add_argument("--max-ejection", type=float, default=10.0)
