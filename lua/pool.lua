@@ -11,15 +11,16 @@
 --   iv          start of the current outlier-detection interval (server ms)
 --   x           server ms of the last PEXPIRE of the three keys
 --   cfg         the config wire string of the call that last closed an interval
---   m:<member>  the member's record: 21 integers separated by one space (REC below)
+--   m:<member>  the member's record: 22 integers separated by one space (REC below)
 --   i:<member>  the member's fleet-wide in-flight count (picks with a lease not yet
 --               recorded; expired leases are reaped when an interval closes)
 -- KEYS[2] <ns>:{<pool>}:pool:leases  zset: "<token> <member>" -> lease deadline (server ms)
--- KEYS[3] <ns>:{<pool>}:pool:events  stream: member, event, why, until, actor (MAXLEN ~1000)
+-- KEYS[3] <ns>:{<pool>}:pool:events  stream: member, event, why, until, actor, at (server ms
+--                                     of the decision; MAXLEN ~1000)
 -- TTL: all three PEXPIREd to the config's key ttl by a write when the last refresh (x)
 -- is a quarter of it old.
 --
--- ARGV[1] op: pick | record | members | eject | uneject | status
+-- ARGV[1] op: pick | record | members | eject | uneject | exempt | status
 -- ARGV[2] the config wire string (CFG below; status accepts '')
 -- pick:    ARGV[3] lease token ('' = no in-flight tracking)  ARGV[4] random integer
 --          ARGV[5] random integer  ARGV[6] stickiness key ('' none)
@@ -38,7 +39,8 @@
 --          ARGV[4..] member, weight pairs (remove: members only)
 --   reply {members now, changed}
 -- eject:   ARGV[3] member  ARGV[4] duration ms (0: until uneject)  ARGV[5] actor
--- uneject: ARGV[3] member  ARGV[4] actor
+-- uneject, exempt: ARGV[3] member  ARGV[4] actor (exempt: never ejected by the rules
+--          until an uneject)
 --   reply {state, until_ms, why, event, now_ms} as record
 -- status:  reply {now_ms, iv, cfg, n, then per member: name, record, in-flight}
 --
@@ -47,10 +49,15 @@
 local schema_error, failed_on, args_error = prelude.schema_error, prelude.failed_on,
                                            prelude.args_error
 
--- REC: the member record's fields, by position.
-local ST, UNTIL, MULT, C5, CG, CL, W, OK, BAD, MS, NL = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11
-local POK, PBAD, PMS, PNL, OVR, WHY, PR, EW, AT, TOT = 12, 13, 14, 15, 16, 17, 18, 19, 20, 21
-local NREC = 21
+-- REC: the member record's fields, by position. The first five are all a pick reads (it
+-- matches them alone, not the whole record).
+local ST, UNTIL, W, PR, EW = 1, 2, 3, 4, 5
+local MULT, C5, CG, CL, OK, BAD, MS, NL = 6, 7, 8, 9, 10, 11, 12, 13
+local POK, PBAD, PMS, PNL, OVR, WHY, AT, TOT = 14, 15, 16, 17, 18, 19, 20, 21
+local CAPPED = 22  -- 1 from a refusal by the cap until its next ejection or success
+local NREC = 22
+local REC_PATTERN = '^' .. string.rep('(%d+) ', NREC - 1) .. '(%d+)$'
+local PICK_PATTERN = '^(%d+) (%d+) (%d+) (%d+) (%d+) '
 -- states and overrides
 local HEALTHY, EJECTED, PROBING = 0, 1, 2
 local FORCED, EXEMPT = 1, 2
@@ -86,18 +93,17 @@ local function parse_cfg(s)
   return c
 end
 
+-- one match for the whole record (cheaper than an iterator per field)
 local function decode(s)
-  local r, i = {}, 0
-  for x in string.gmatch(s, '%S+') do i = i + 1; r[i] = tonumber(x) end
-  if i ~= NREC then return nil end
-  for j = 1, NREC do if r[j] == nil then return nil end end
+  local r = {string.match(s, REC_PATTERN)}
+  if r[NREC] == nil then return nil end
+  for j = 1, NREC do r[j] = tonumber(r[j]) end
   return r
 end
 
+-- every field is an integer below 1e14: Lua prints it as one (no format call per field)
 local function encode(r)
-  local out = {}
-  for j = 1, NREC do out[j] = fmt(r[j]) end
-  return table.concat(out, ' ')
+  return table.concat(r, ' ')
 end
 
 local function fresh(weight)
@@ -172,7 +178,18 @@ local function eject(r, c, why, now, for_ms)
     if d > cap then d = cap end
   end
   r[ST], r[UNTIL], r[WHY], r[AT], r[TOT], r[PR] = EJECTED, now + d, why, now, r[TOT] + 1, 0
-  r[C5], r[CG], r[CL] = 0, 0, 0
+  r[C5], r[CG], r[CL], r[CAPPED] = 0, 0, 0, 0
+end
+
+-- No room to eject member r: it stays in (a probing one goes back to the rotation, its
+-- probes' priority ended), its counters keep counting so its next failure tries again;
+-- true the first time (the history gets one `capped` per refusal spell)
+local function refuse(r, why)
+  if r[ST] ~= EJECTED then r[ST], r[PR] = HEALTHY, 0 end
+  r[WHY] = why
+  if r[CAPPED] == 1 then return false end
+  r[CAPPED] = 1
+  return true
 end
 
 local function event(out, name, what, r, actor)
@@ -195,7 +212,7 @@ local function close_interval(P, c, now, roll, events)
   end
   local total, room = #names, allowed(c, #names) - n_ejected(P, now)
   local function try(list, why, enforce)
-    table.sort(list, function(a, b) return a[2] < b[2] end)
+    table.sort(list, function(a, b) return a[2] < b[2] or (a[2] == b[2] and a[1] < b[1]) end)
     for _, item in ipairs(list) do
       local r = recs[item[1]]
       if r[ST] ~= EJECTED and r[OVR] ~= EXEMPT and enforced(enforce, roll) then
@@ -203,7 +220,7 @@ local function close_interval(P, c, now, roll, events)
           eject(r, c, why, now)
           room = room - 1
           event(events, item[1], 'ejected', r)
-        else
+        elseif refuse(r, why) then
           event(events, item[1], 'capped', r)
         end
       end
@@ -305,11 +322,13 @@ local function expire_all(KEYS, c)
   for j = 1, 3 do redis.call('PEXPIRE', KEYS[j], c[C_TTL]) end
 end
 
-local function log_events(KH, events, now)
+-- history entries, after the state; events are rare, so each refreshes the stream's TTL
+local function log_events(KH, events, c, now)
   for _, e in ipairs(events) do
     redis.call('XADD', KH, 'MAXLEN', '~', 1000, '*', 'member', e[1], 'event', e[2],
-               'why', fmt(e[3]), 'until', fmt(e[4]), 'actor', e[5])
+               'why', fmt(e[3]), 'until', fmt(e[4]), 'actor', e[5], 'at', fmt(now))
   end
+  if events[1] then redis.call('PEXPIRE', KH, c[C_TTL]) end
 end
 
 local function bad_args(op) return args_error('bad pool arguments for ' .. tostring(op)) end
@@ -348,12 +367,43 @@ local function sticky(list, recs, key)
   return best
 end
 
+-- What a pick reads of every member: the record's first five fields (ST..EW), matched
+-- without decoding the rest; the in-flight counts; the pool's own fields. Members in the
+-- hash's order (a pick's draws need a fixed order within one call, not a sorted one).
+local function load_pick(K)
+  local raw = redis.pcall('HGETALL', K)
+  if raw['err'] then return nil, failed_on(K, 'hash', raw) end
+  local names, recs, infl, f = {}, {}, {}, {}
+  local match, sub, byte, num = string.match, string.sub, string.byte, tonumber
+  local n = 0
+  for j = 1, #raw, 2 do
+    local k = raw[j]
+    local b1, b2 = byte(k, 1, 2)
+    if b1 == 109 and b2 == 58 then  -- 'm:'
+      local name = sub(k, 3)
+      local st, untl, w, pr, ew = match(raw[j + 1], PICK_PATTERN)
+      if not ew then return nil, schema_error(K, 'has a corrupt member record ' .. name) end
+      n = n + 1
+      names[n] = name
+      recs[name] = {num(st), num(untl), num(w), num(pr), num(ew)}
+    elseif b1 == 105 and b2 == 58 then  -- 'i:'
+      infl[sub(k, 3)] = num(raw[j + 1]) or 0
+    else
+      f[k] = raw[j + 1]
+    end
+  end
+  if #raw > 0 and f['v'] ~= '1' then
+    return nil, schema_error(K, 'has layout version ' .. tostring(f['v']) .. ', this client speaks 1')
+  end
+  return {names = names, recs = recs, infl = infl, f = f}
+end
+
 local function pick(KEYS, ARGV, c, now)
   local K, KL = KEYS[1], KEYS[2]
   local token, r1, r2 = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
   local key, avoid = ARGV[6] or '', ARGV[7] or ''
   if token == nil or not r1 or not r2 or string.find(token, ' ') then return bad_args('pick') end
-  local P, err = load_all(K)
+  local P, err = load_pick(K)
   if not P then return err end
   local names, recs, infl = P.names, P.recs, P.infl
   if #names == 0 then return {'', -1, now} end
@@ -416,20 +466,27 @@ local function pick(KEYS, ARGV, c, now)
     end
   end
   local x = tonumber(P.f['x'] or '0') or 0
+  local refresh = now - x >= c[C_TTL] / 4
   if token ~= '' then
     redis.call('HINCRBY', K, 'i:' .. chosen, 1)
     redis.call('ZADD', KL, now + c[C_LEASE], token .. ' ' .. chosen)
+    if not refresh then  -- no lease was out: the zset is new, give it the TTL
+      local out = 0
+      for _, n in pairs(infl) do out = out + n end
+      if out <= 0 then redis.call('PEXPIRE', KL, c[C_TTL]) end
+    end
   end
-  if now - x >= c[C_TTL] / 4 then
+  if refresh then
     redis.call('HSET', K, 'x', fmt(now))
     expire_all(KEYS, c)
   end
   return {chosen, mode, now}
 end
 
--- apply one outcome to member record r; P: the whole pool (loaded for any failure: the
--- cap); returns the event this call made to it ('' none)
-local function apply(P, r, c, now, roll, outcome, dur, eject_ms)
+-- apply one outcome to member record r; whole(): the whole pool (read only when an
+-- ejection is due: the cap), nil on foreign data; returns the event this call made to it
+-- ('' none), nil when whole() failed (nothing written yet)
+local function apply(whole, name, r, c, now, roll, outcome, dur, eject_ms, events)
   local failed = outcome ~= 's'
   if outcome == 'l' and c[C_SPLIT] == 0 then outcome = 'g' end  -- Envoy: seen as a 503/504
   if dur >= 0 then
@@ -439,7 +496,7 @@ local function apply(P, r, c, now, roll, outcome, dur, eject_ms)
   end
   if failed then r[BAD] = r[BAD] + 1 else r[OK] = r[OK] + 1 end
   if outcome == 's' then
-    r[C5], r[CG], r[CL] = 0, 0, 0
+    r[C5], r[CG], r[CL], r[CAPPED] = 0, 0, 0, 0
   elseif outcome == 'e' then
     r[C5], r[CG] = r[C5] + 1, 0
   elseif outcome == 'g' then
@@ -453,6 +510,7 @@ local function apply(P, r, c, now, roll, outcome, dur, eject_ms)
     r[ST], r[PR] = PROBING, 0
     if r[OVR] == FORCED then r[OVR] = 0 end
     ev = 'probing'
+    event(events, name, ev, r)
   end
   if st == EJECTED or r[OVR] == EXEMPT then return ev end
   local why, for_ms = nil, nil
@@ -476,14 +534,13 @@ local function apply(P, r, c, now, roll, outcome, dur, eject_ms)
     why = WHY_LOCAL
   end
   if not why then return ev end
+  local P = whole()
+  if not P then return nil end
   if n_ejected(P, now, r) < allowed(c, #P.names) then
     eject(r, c, why, now, for_ms)
     return 'ejected'
   end
-  -- no room: the member stays; its counters keep counting, so the next failure tries again
-  if why == WHY_PROBE then r[ST], r[PR] = PROBING, 0 end
-  r[WHY] = why
-  return 'capped'
+  return refuse(r, why) and 'capped' or 'still capped'
 end
 
 local function write_all(K, P, fields)
@@ -492,6 +549,22 @@ local function write_all(K, P, fields)
     fields[#fields + 1] = encode(P.recs[name])
   end
   redis.call('HSET', K, unpack(fields))
+end
+
+-- The usual record: a success of a healthy member, no interval to close. The record's
+-- fields stay the strings matched, but the four that change (no decode, no encode of
+-- the rest); nil when the member is not healthy (the general path then).
+local function quick_success(s, dur)
+  local t = {string.match(s, REC_PATTERN)}
+  if t[NREC] == nil or t[ST] ~= '0' then return nil end
+  t[OK] = tonumber(t[OK]) + 1
+  if dur >= 0 then
+    t[MS], t[NL] = tonumber(t[MS]) + dur, tonumber(t[NL]) + 1
+    local ew, us = tonumber(t[EW]), dur * 1000
+    t[EW] = ew == 0 and us or math.floor(ew * 0.8 + us * 0.2)
+  end
+  t[C5], t[CG], t[CL], t[CAPPED] = '0', '0', '0', '0'
+  return t
 end
 
 local function record(KEYS, ARGV, c, now, roll)
@@ -512,7 +585,20 @@ local function record(KEYS, ARGV, c, now, roll)
   local P, err = nil, nil
   local iv, x = tonumber(raw[2] or '0') or 0, tonumber(raw[3] or '0') or 0
   local due = now - iv >= c[C_IV]
-  if due or (outcome ~= 's' and outcome ~= 'n') or eject_ms > 0 then  -- an ejection may follow: the cap needs all
+  if outcome == 's' and eject_ms == 0 and raw[4] and not due then
+    local t = quick_success(raw[4], dur)
+    if t then
+      if token ~= '' and redis.call('ZREM', KL, token .. ' ' .. name) == 1 then
+        if redis.call('HINCRBY', K, 'i:' .. name, -1) < 0 then redis.call('HSET', K, 'i:' .. name, 0) end
+      end
+      local fields = {'m:' .. name, table.concat(t, ' ')}
+      local refresh = touch(KEYS, x, now, c, fields)
+      redis.call('HSET', K, unpack(fields))
+      if refresh then expire_all(KEYS, c) end
+      return {HEALTHY, t[UNTIL], t[WHY], '', now}
+    end
+  end
+  if due then  -- this call closes the interval: the whole pool is read
     P, err = load_all(K)
     if not P then return err end
   end
@@ -521,35 +607,40 @@ local function record(KEYS, ARGV, c, now, roll)
     r = P and P.recs[name] or decode(raw[4])
     if not r then return schema_error(K, 'has a corrupt member record ' .. name) end
   end
+  local events = {}
+  if due then close_interval(P, c, now, roll, events) end
+  local ev = ''
+  if r and outcome ~= 'n' then
+    -- an ejection needs the whole pool (the cap): read then, still before any write
+    local function whole()
+      if not P then
+        P, err = load_all(K)
+        if not P then return nil end
+        P.recs[name] = r
+      end
+      return P
+    end
+    ev = apply(whole, name, r, c, now, roll, outcome, dur, eject_ms, events)
+    if not ev then return err end
+    if ev == 'still capped' then ev = 'capped'
+    elseif ev ~= '' and ev ~= 'probing' then event(events, name, ev, r) end
+  end
   -- validated: the writes begin
   if token ~= '' then
     if redis.call('ZREM', KL, token .. ' ' .. name) == 1 and r then
       if redis.call('HINCRBY', K, 'i:' .. name, -1) < 0 then redis.call('HSET', K, 'i:' .. name, 0) end
-      if P then P.infl[name] = math.max(0, (P.infl[name] or 1) - 1) end
-    end
-  end
-  local events = {}
-  if due then
-    close_interval(P, c, now, roll, events)
-    reap(K, KL, P, now)
-  end
-  local ev = ''
-  if r and outcome ~= 'n' then
-    ev = apply(P, r, c, now, roll, outcome, dur, eject_ms)
-    if ev ~= '' and ev ~= 'capped' then event(events, name, ev, r) end
-    if ev == 'capped' and (r[C5] == c[C_N5] or r[CG] == c[C_NG] or r[CL] == c[C_NL]
-                           or r[WHY] == WHY_PROBE or eject_ms > 0) then
-      event(events, name, 'capped', r)
+      if due then P.infl[name] = math.max(0, (P.infl[name] or 1) - 1) end
     end
   end
   local fields = {}
   if due then
+    reap(K, KL, P, now)
     local step = c[C_IV]
     local start = iv > 0 and (now - (now - iv) % step) or now
     fields = {'v', '1', 'iv', fmt(start), 'cfg', ARGV[2]}
   end
   local refresh = touch(KEYS, x, now, c, fields)
-  if P then
+  if due then
     write_all(K, P, fields)
   elseif r then
     fields[#fields + 1] = 'm:' .. name
@@ -559,7 +650,7 @@ local function record(KEYS, ARGV, c, now, roll)
     redis.call('HSET', K, unpack(fields))
   end
   if refresh then expire_all(KEYS, c) end
-  log_events(KH, events, now)
+  log_events(KH, events, c, now)
   if not r then return {-1, 0, 0, '', now} end
   return {state_of(r, now), r[UNTIL], r[WHY], ev, now}
 end
@@ -649,14 +740,15 @@ local function operator(KEYS, ARGV, c, now, op)
       WHY_OP, now, FORCED, 0
     r[TOT] = r[TOT] + 1
     ev = 'ejected'
-  else  -- Envoy #6016: back at once, healthy, its ejection count forgotten
-    r[ST], r[UNTIL], r[OVR], r[PR], r[MULT] = HEALTHY, 0, 0, 0, 0
-    r[C5], r[CG], r[CL] = 0, 0, 0
-    ev = 'unejected'
+  else  -- Envoy #6016: back at once, healthy, its ejection count forgotten; exempt:
+        -- the same, and never ejected by the rules until an uneject (a breaker's DISABLED)
+    r[ST], r[UNTIL], r[OVR], r[PR], r[MULT] = HEALTHY, 0, op == 'exempt' and EXEMPT or 0, 0, 0
+    r[C5], r[CG], r[CL], r[CAPPED] = 0, 0, 0, 0
+    ev = op == 'exempt' and 'exempted' or 'unejected'
   end
   redis.call('HSET', K, 'v', '1', 'm:' .. name, encode(r), 'x', fmt(now))
   expire_all(KEYS, c)
-  log_events(KH, {{name, ev, r[WHY], r[UNTIL], actor}}, now)
+  log_events(KH, {{name, ev, r[WHY], r[UNTIL], actor}}, c, now)
   return {state_of(r, now), r[UNTIL], r[WHY], ev, now}
 end
 
@@ -682,7 +774,9 @@ return function(KEYS, ARGV)
   if op == 'pick' then return pick(KEYS, ARGV, c, now) end
   if op == 'record' then return record(KEYS, ARGV, c, now, roll) end
   if op == 'members' then return members(KEYS, ARGV, c, now) end
-  if op == 'eject' or op == 'uneject' then return operator(KEYS, ARGV, c, now, op) end
+  if op == 'eject' or op == 'uneject' or op == 'exempt' then
+    return operator(KEYS, ARGV, c, now, op)
+  end
   if op == 'status' then return status(KEYS, now) end
   return bad_args(op)
 end

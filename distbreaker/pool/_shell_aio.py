@@ -159,8 +159,16 @@ class PoolShell(PoolCore):
         return self.note_change(decode_change(member, raw))
 
     async def uneject(self, member: str, *, actor: str = "") -> MemberChange:
-        """Put `member` back at once, healthy, its ejection count forgotten (Envoy #6016)."""
+        """Put `member` back at once, healthy, its ejection count forgotten (Envoy #6016);
+        ends an exemption too."""
         raw = await self._run(self.uneject_args(member, actor))
+        return self.note_change(decode_change(member, raw))
+
+    async def exempt(self, member: str, *, actor: str = "") -> MemberChange:
+        """Put `member` back at once and never eject it by the rules (consecutive failures,
+        success rate, ...) until `uneject`; an operator's `eject` still works. For a member
+        known good whose errors are expected (a canary, a maintenance window)."""
+        raw = await self._run(self.uneject_args(member, actor, exempt=True))
         return self.note_change(decode_change(member, raw))
 
     async def status(self) -> PoolStatus:

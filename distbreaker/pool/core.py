@@ -41,8 +41,8 @@ MODES = ("normal", "panic", "probe")
 #: The kinds of events a pool's listeners get (per process): what a call of this process
 #: did to a member (ejected, capped: not ejected because of max_ejection_percent, probing,
 #: recovered, unejected), and picked (every pick; `reason`: the member).
-EVENT_KINDS = ("ejected", "capped", "probing", "recovered", "unejected", "picked")
-DEFAULT_EVENT_KINDS = ("ejected", "capped", "probing", "recovered", "unejected")
+EVENT_KINDS = ("ejected", "capped", "probing", "recovered", "unejected", "exempted", "picked")
+DEFAULT_EVENT_KINDS = ("ejected", "capped", "probing", "recovered", "unejected", "exempted")
 
 #: Outcomes (Envoy's): s success, e 5xx, g gateway failure (502/503/504),
 #: l local-origin failure (connect refused, reset, timeout: no response at all).
@@ -55,11 +55,10 @@ _LOCAL_NAMES = ("ConnectError", "ConnectionError", "ConnectTimeout", "Timeout",
                 "ClientConnectorError", "ServerDisconnectedError")
 
 #: The member record's fields on the wire, in order (docs/KEY_SCHEMA.md, Pool).
-RECORD_FIELDS = ("state", "until_ms", "multiplier", "consecutive_5xx",
-                 "consecutive_gateway", "consecutive_local", "weight", "ok", "failed",
+RECORD_FIELDS = ("state", "until_ms", "weight", "probe_successes", "ewma_us", "multiplier",
+                 "consecutive_5xx", "consecutive_gateway", "consecutive_local", "ok", "failed",
                  "latency_ms", "latency_n", "prev_ok", "prev_failed", "prev_latency_ms",
-                 "prev_latency_n", "override", "why", "probe_successes", "ewma_us",
-                 "ejected_at_ms", "ejections")
+                 "prev_latency_n", "override", "why", "ejected_at_ms", "ejections", "capped")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +71,8 @@ class MemberStatus:
     `success_rate` (percent, None without calls) and `mean_latency` (seconds) over the last
     closed interval, `calls` / `failures` in the current one; `ejections` since the member
     was added, `multiplier` the factor of the next ejection's base time; `override`
-    "forced_ejection" (an operator's), "exempt" or "".
+    "forced_ejection" (an operator's), "exempt" or ""; `capped` True while the cap refuses
+    to eject it (it stays in the rotation).
     """
 
     member: str
@@ -93,6 +93,7 @@ class MemberStatus:
     latency_ewma: float | None
     override: str
     last_ejected_at: float | None
+    capped: bool = False
 
     @property
     def ejected(self) -> bool:
@@ -242,6 +243,7 @@ def member_status(name: str, rec: Sequence[int], in_flight: int, now_ms: int) ->
         latency_ewma=r["ewma_us"] / 1e6 if r["ewma_us"] else None,
         override=OVERRIDES[r["override"]] if 0 <= r["override"] < len(OVERRIDES) else "",
         last_ejected_at=r["ejected_at_ms"] / 1000 if r["ejected_at_ms"] else None,
+        capped=bool(r["capped"]),
     )
 
 
@@ -408,8 +410,8 @@ class PoolCore:
         ms = 0 if duration is None else max(1, to_ms(to_seconds(duration, "duration")))
         return self._args("eject", validate_member(member), ms, actor)
 
-    def uneject_args(self, member: str, actor: str) -> list[str]:
-        return self._args("uneject", validate_member(member), actor)
+    def uneject_args(self, member: str, actor: str, exempt: bool = False) -> list[str]:
+        return self._args("exempt" if exempt else "uneject", validate_member(member), actor)
 
     def status_args(self) -> list[str]:
         return self._args("status")
