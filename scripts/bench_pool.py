@@ -369,7 +369,7 @@ def fleet_reader(spec: Spec, url: str) -> Callable[[], frozenset[str]]:
 
 def fleet_history(spec: Spec, url: str) -> list[tuple[float, str, str, float, str]]:
     """The pool's events, oldest first: (seconds into the run, member, event, until, why)
-    from the server's stream (its ids are server milliseconds)."""
+    from the pool's stream (`at`: the decision's server milliseconds)."""
     pool = make_pool(spec, url)
     try:
         entries = pool.history(count=100_000)
@@ -377,7 +377,7 @@ def fleet_history(spec: Spec, url: str) -> list[tuple[float, str, str, float, st
         pool.close()
     out = []
     for entry in reversed(entries):
-        at = int(entry["id"].split("-")[0]) / 1000 - spec.start
+        at = int(entry.get("at") or entry["id"].split("-")[0]) / 1000 - spec.start
         until = int(entry.get("until") or 0) / 1000 - spec.start
         out.append((round(at, 4), entry.get("member", ""), entry.get("event", ""),
                     round(until, 4), entry.get("why", "")))
