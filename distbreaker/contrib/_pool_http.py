@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .._runtime.classify import (
@@ -25,6 +25,7 @@ from .._runtime.classify import (
     HttpVerdict,
     parse_retry_after,
 )
+from ._http import IDEMPOTENT_METHODS
 
 #: How a finished exchange counts for the member that served it (the Pool's outcomes).
 SUCCESS, FAILURE, GATEWAY, LOCAL = "success", "5xx", "gateway", "local"
@@ -96,12 +97,66 @@ def verdict(status: int, headers: Any,
     return (GATEWAY if status in GATEWAY_STATUSES else FAILURE), wait or None
 
 
+class Failover:
+    """One logical request across members (`failover`): the members tried (each retry's
+    pick avoids them), and what the caller gets: the last answer or error."""
+
+    def __init__(self, attempts: int) -> None:
+        self.attempts = attempts
+        self.tried: list[str] = []
+        self.response: Any = None
+        self.error: BaseException | None = None
+
+    def fresh(self, member: str) -> bool:
+        """True for a member not tried yet (False: the pool had nothing else left)."""
+        if member in self.tried:
+            return False
+        self.tried.append(member)
+        return True
+
+    def superseded(self) -> Any:
+        """The previous attempt's response, to close (a newer answer came, or an error
+        ends the request)."""
+        stale, self.response = self.response, None
+        return stale
+
+    def answered(self, response: Any, outcome: str) -> bool:
+        """True when `response` is the one to hand back (a success, or attempts spent)."""
+        self.response, self.error = response, None
+        return outcome == SUCCESS or len(self.tried) >= self.attempts
+
+    def failed(self, error: BaseException, outcome: str | None) -> str:
+        """What follows `error`: "next" (another member: only after no response at all,
+        such as a refused connect or a timeout), "answer" (attempts spent: an earlier
+        member's answer is handed back, it says more than a failed connect) or "raise"."""
+        self.error = error
+        if outcome != LOCAL:
+            return "raise"
+        if len(self.tried) < self.attempts:
+            return "next"
+        return "raise" if self.response is None else "answer"
+
+    def result(self) -> Any:
+        """The last answer (no other member was left), else the last error raised."""
+        if self.response is not None:
+            return self.response
+        assert self.error is not None
+        raise self.error
+
+
 class Routes:
     """Which pool a request's host routes by: one pool for every request, or a mapping of
     logical host (``payments`` or ``payments:8080``) to pool; other hosts pass through."""
 
     def __init__(self, pool: Any, key: Callable[[Any], str | None] | None = None,
-                 http_classifier: HttpClassifier | Mapping[int, Any] | None = None) -> None:
+                 http_classifier: HttpClassifier | Mapping[int, Any] | None = None,
+                 failover: int = 0,
+                 failover_methods: Iterable[str] | None = IDEMPOTENT_METHODS) -> None:
+        if isinstance(failover, bool) or not isinstance(failover, int) or failover < 0:
+            raise ValueError(f"failover must be an integer >= 0, got {failover!r}")
+        self.failover = failover
+        self.failover_methods = (None if failover_methods is None
+                                 else frozenset(m.upper() for m in failover_methods))
         if isinstance(pool, Mapping):
             if not pool:
                 raise ValueError("pools must name at least one host")
@@ -141,6 +196,14 @@ class Routes:
     def verdict(self, status: int, headers: Any) -> tuple[str, float | None]:
         return verdict(status, headers, self.classifier)
 
+    def attempts(self, method: str, replayable: bool) -> int:
+        """How many members a request may be sent to: 1 + `failover` for a method in
+        `failover_methods` (None: any) with a body that can be sent again."""
+        if not replayable or (self.failover_methods is not None
+                              and method.upper() not in self.failover_methods):
+            return 1
+        return 1 + self.failover
+
     def key_of(self, request: Any) -> str | None:
         """The request's stickiness key (``key(request)``), or None."""
         return None if self.key is None else self.key(request)
@@ -157,5 +220,5 @@ class Routes:
         return ""
 
 
-__all__ = ["FAILURE", "GATEWAY", "LOCAL", "SUCCESS", "Routes", "Target", "parse_member",
+__all__ = ["FAILURE", "GATEWAY", "LOCAL", "SUCCESS", "Failover", "Routes", "Target", "parse_member",
            "rewrite", "verdict"]

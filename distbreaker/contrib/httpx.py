@@ -59,7 +59,7 @@ from ._http import (
     exchange_sync,
     rejection_headers,
 )
-from ._pool_http import Routes, Target, rewrite
+from ._pool_http import Failover, Routes, Target, rewrite
 
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError, httpx.ProxyError)
@@ -173,10 +173,11 @@ class _PoolRouted:
 
     def __init__(self, pool: Any, transport: Any = None, *,
                  key: Callable[[httpx.Request], str | None] | None = None,
-                 http_classifier: Any = None, keep_host: bool = False) -> None:
+                 http_classifier: Any = None, keep_host: bool = False, failover: int = 0,
+                 failover_methods: Iterable[str] | None = IDEMPOTENT_METHODS) -> None:
         if not isinstance(keep_host, bool):
             raise TypeError("keep_host must be a bool")
-        self._routes = Routes(pool, key, http_classifier)
+        self._routes = Routes(pool, key, http_classifier, failover, failover_methods)
         self._keep_host = keep_host
         self._inner = transport if transport is not None else self._default_inner()
 
@@ -209,6 +210,10 @@ class _PoolRouted:
     def _failed(self, error: BaseException) -> str | None:
         return self._routes.error_outcome(error, TRANSIENT_ERRORS, LOCAL_ERRORS)
 
+    def _failover(self, request: httpx.Request) -> Failover:
+        return Failover(self._routes.attempts(request.method,
+                                              isinstance(request.stream, httpx.ByteStream)))
+
 
 class PoolTransport(_PoolRouted, httpx.BaseTransport):
     """Sends a request for a pool's logical host to the member `pool.pick()` chooses.
@@ -218,7 +223,11 @@ class PoolTransport(_PoolRouted, httpx.BaseTransport):
     the pick's stickiness key. The response's status is classified by `http_classifier`
     (as the breaker transports) and recorded on the member; a 429 or 503 with
     Retry-After ejects it that long, fleet-wide. `response.extensions["distbreaker_member"]`
-    names the member. Wrap a `BreakerTransport` (`transport=`) for a breaker per member.
+    names the member. `failover=N`: a failure (a 5xx, 429 or other status classified a
+    failure, or no response at all) is sent again, at once, to up to N other members
+    (each a new pick avoiding those tried), for `failover_methods` (default: the
+    idempotent ones) with a body that can be sent again; the caller gets the last answer.
+    Wrap a `BreakerTransport` (`transport=`) for a breaker per member.
     """
 
     def _default_inner(self) -> httpx.BaseTransport:
@@ -228,18 +237,36 @@ class PoolTransport(_PoolRouted, httpx.BaseTransport):
         pool = self._pool_for(request)
         if pool is None:
             return self._inner.handle_request(request)  # type: ignore[no-any-return]
-        pick = pool.pick(self._routes.key_of(request))
-        try:
-            response = self._inner.handle_request(self._to_member(request, pick.member))
-        except BaseException as error:
-            outcome = self._failed(error)
-            if outcome is None:
+        run, key = self._failover(request), self._routes.key_of(request)
+        while True:
+            pick = pool.pick(key, avoid=run.tried)
+            if not run.fresh(pick.member):
                 pool.release(pick)
-            else:
-                pool.record(pick, error, outcome=outcome or None)
-            raise
-        pool.record(pick, **self._outcome(response, pick.member))
-        return response  # type: ignore[no-any-return]
+                return run.result()  # type: ignore[no-any-return]
+            try:
+                response = self._inner.handle_request(self._to_member(request, pick.member))
+            except BaseException as error:
+                outcome = self._failed(error)
+                if outcome is None:
+                    pool.release(pick)
+                else:
+                    pool.record(pick, error, outcome=outcome or None)
+                step = run.failed(error, outcome)
+                if step == "answer":
+                    return run.result()  # type: ignore[no-any-return]
+                if step == "raise":
+                    stale = run.superseded()
+                    if stale is not None:
+                        stale.close()
+                    raise
+                continue
+            stale = run.superseded()
+            if stale is not None:
+                stale.close()
+            verdict = self._outcome(response, pick.member)
+            pool.record(pick, **verdict)
+            if run.answered(response, verdict["outcome"]):
+                return response  # type: ignore[no-any-return]
 
     def close(self) -> None:
         self._inner.close()
@@ -255,19 +282,37 @@ class AsyncPoolTransport(_PoolRouted, httpx.AsyncBaseTransport):
         pool = self._pool_for(request)
         if pool is None:
             return await self._inner.handle_async_request(request)  # type: ignore[no-any-return]
-        pick = await pool.pick(self._routes.key_of(request))
-        try:
-            response = await self._inner.handle_async_request(
-                self._to_member(request, pick.member))
-        except BaseException as error:
-            outcome = self._failed(error)
-            if outcome is None:
+        run, key = self._failover(request), self._routes.key_of(request)
+        while True:
+            pick = await pool.pick(key, avoid=run.tried)
+            if not run.fresh(pick.member):
                 await pool.release(pick)
-            else:
-                await pool.record(pick, error, outcome=outcome or None)
-            raise
-        await pool.record(pick, **self._outcome(response, pick.member))
-        return response  # type: ignore[no-any-return]
+                return run.result()  # type: ignore[no-any-return]
+            try:
+                response = await self._inner.handle_async_request(
+                    self._to_member(request, pick.member))
+            except BaseException as error:
+                outcome = self._failed(error)
+                if outcome is None:
+                    await pool.release(pick)
+                else:
+                    await pool.record(pick, error, outcome=outcome or None)
+                step = run.failed(error, outcome)
+                if step == "answer":
+                    return run.result()  # type: ignore[no-any-return]
+                if step == "raise":
+                    stale = run.superseded()
+                    if stale is not None:
+                        await stale.aclose()
+                    raise
+                continue
+            stale = run.superseded()
+            if stale is not None:
+                await stale.aclose()
+            verdict = self._outcome(response, pick.member)
+            await pool.record(pick, **verdict)
+            if run.answered(response, verdict["outcome"]):
+                return response  # type: ignore[no-any-return]
 
     async def aclose(self) -> None:
         await self._inner.aclose()

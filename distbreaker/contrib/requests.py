@@ -45,7 +45,7 @@ from ._http import (
     Protection,
     rejection_headers,
 )
-from ._pool_http import Routes, rewrite
+from ._pool_http import Failover, Routes, rewrite
 
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     requests.exceptions.ConnectionError, requests.exceptions.Timeout)
@@ -158,19 +158,21 @@ class PoolAdapter(requests.adapters.HTTPAdapter):
     Same options and semantics as `distbreaker.contrib.httpx.PoolTransport`: `pool` one
     `distbreaker.Pool` or a mapping of logical host (or ``host:port``) to pool (other
     hosts are sent as they are); `key(request)` the stickiness key; `http_classifier`;
-    `keep_host` sends the logical host as the Host header. The response's
+    `keep_host` sends the logical host as the Host header; `failover` and
+    `failover_methods` send a failure to other members. The response's
     `distbreaker_member` attribute names the member. Keyword arguments not listed go to
     `HTTPAdapter`.
     """
 
     def __init__(self, pool: Any, *,
                  key: Callable[[requests.PreparedRequest], str | None] | None = None,
-                 http_classifier: Any = None, keep_host: bool = False,
+                 http_classifier: Any = None, keep_host: bool = False, failover: int = 0,
+                 failover_methods: Iterable[str] | None = IDEMPOTENT_METHODS,
                  **adapter_options: Any) -> None:
         if not isinstance(keep_host, bool):
             raise TypeError("keep_host must be a bool")
         super().__init__(**adapter_options)
-        self._routes = Routes(pool, key, http_classifier)
+        self._routes = Routes(pool, key, http_classifier, failover, failover_methods)
         self._keep_host = keep_host
 
     def send(self, request: requests.PreparedRequest, stream: bool = False,
@@ -182,20 +184,40 @@ class PoolAdapter(requests.adapters.HTTPAdapter):
                    "proxies": proxies}
         if pool is None:
             return super().send(request, **options)
-        pick = pool.pick(self._routes.key_of(request))
-        try:
-            response = super().send(self._to_member(request, parts, pick.member), **options)
-        except BaseException as error:
-            outcome = self._routes.error_outcome(error, TRANSIENT_ERRORS, LOCAL_ERRORS)
-            if outcome is None:
+        run = Failover(self._routes.attempts(
+            request.method or "GET", isinstance(request.body, (bytes, str, type(None)))))
+        key = self._routes.key_of(request)
+        while True:
+            pick = pool.pick(key, avoid=run.tried)
+            if not run.fresh(pick.member):
                 pool.release(pick)
-            else:
-                pool.record(pick, error, outcome=outcome or None)
-            raise
-        outcome, eject_for = self._routes.verdict(response.status_code, response.headers)
-        pool.record(pick, outcome=outcome, eject_for=eject_for)
-        response.distbreaker_member = pick.member  # type: ignore[attr-defined]
-        return response
+                return run.result()  # type: ignore[no-any-return]
+            try:
+                response = super().send(self._to_member(request, parts, pick.member),
+                                        **options)
+            except BaseException as error:
+                outcome = self._routes.error_outcome(error, TRANSIENT_ERRORS, LOCAL_ERRORS)
+                if outcome is None:
+                    pool.release(pick)
+                else:
+                    pool.record(pick, error, outcome=outcome or None)
+                step = run.failed(error, outcome)
+                if step == "answer":
+                    return run.result()  # type: ignore[no-any-return]
+                if step == "raise":
+                    stale = run.superseded()
+                    if stale is not None:
+                        stale.close()
+                    raise
+                continue
+            stale = run.superseded()
+            if stale is not None:
+                stale.close()
+            verdict, eject_for = self._routes.verdict(response.status_code, response.headers)
+            pool.record(pick, outcome=verdict, eject_for=eject_for)
+            response.distbreaker_member = pick.member  # type: ignore[attr-defined]
+            if run.answered(response, verdict):
+                return response
 
     def _to_member(self, request: requests.PreparedRequest, parts: urllib.parse.SplitResult,
                    member: str) -> requests.PreparedRequest:

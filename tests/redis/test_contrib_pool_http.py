@@ -323,3 +323,55 @@ def test_recipe_by_hand_an_sdk_429_with_retry_after_ejects_the_deployment(
     finally:
         pool.reset()
         pool.close()
+
+
+def test_failover_sends_a_429_to_another_deployment(make: Any,
+                                                    servers: list[FlakyServer]) -> None:
+    """LiteLLM's router fallback, on the fleet's record: the deployment answering 429
+    with Retry-After is ejected and the same request goes to another one."""
+    servers[0].set(None, status(429, retry_after=30))
+    client = make([member(servers[0]), member(servers[1])], failover=1)
+    for _ in range(30):
+        response = client.get("http://payments/v1/chat")
+        assert response.status_code == 200
+        assert client.member_of(response) == member(servers[1])
+        if servers[0].count():
+            break
+    assert servers[0].count() == 1
+    assert client.sync_pool.status().member(member(servers[0])).why == "retry_after"
+    assert client.get("http://payments/v1/chat").status_code == 200
+    assert servers[0].count() == 1
+
+
+def test_failover_tries_each_member_once_then_answers_the_last(
+        make: Any, servers: list[FlakyServer]) -> None:
+    for server in servers[:2]:
+        server.set(None, status(500))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{sock.getsockname()[1]}"
+    client = make([member(servers[0]), member(servers[1]), dead], failover=5)
+    response = client.get("http://payments/charge")
+    assert response.status_code == 500              # every member tried: the last answer
+    assert servers[0].count() == 1 and servers[1].count() == 1
+    status_ = client.sync_pool.status()
+    assert sum(m.failures for m in status_.members) == 3
+    assert all(m.in_flight == 0 for m in status_.members)
+
+
+def test_no_failover_for_methods_not_listed(redis_url: str,
+                                            servers: list[FlakyServer]) -> None:
+    servers[0].set(None, status(503))
+    name = f"pay-{secrets.token_hex(3)}"
+    pool = distbreaker.Pool(name, redis=redis_url, members=[member(s) for s in servers[:2]])
+    try:
+        with httpx.Client(transport=PoolTransport(pool, failover=1)) as client:
+            for _ in range(30):
+                if client.post("http://payments/charge", content=b"{}").status_code == 503:
+                    break
+        assert servers[0].count() == 1          # a POST is not sent twice
+        with pytest.raises(ValueError, match="failover"):
+            PoolTransport(pool, failover=-1)
+    finally:
+        pool.reset()
+        pool.close()

@@ -77,3 +77,30 @@ def test_routes_by_host_and_port() -> None:
     assert routes.error_outcome(ConnectionError(), (OSError,), ()) == LOCAL
     assert routes.error_outcome(RuntimeError(), (OSError,), ()) == ""
     assert Routes(a, http_classifier={409: "transient"}).verdict(409, {}) == (FAILURE, None)
+
+
+def test_failover_steps() -> None:
+    from distbreaker.contrib._pool_http import Failover
+
+    run = Failover(3)
+    assert run.fresh("a") and not run.fresh("a")
+    assert not run.answered("503 from a", FAILURE)          # attempts left: go on
+    assert run.fresh("b")
+    assert run.failed(ConnectionError(), LOCAL) == "next"
+    assert run.fresh("c")
+    assert run.failed(ConnectionError(), LOCAL) == "answer"  # a's answer beats a refusal
+    assert run.result() == "503 from a"
+    assert run.failed(RuntimeError(), "") == "raise"
+    assert run.failed(KeyboardInterrupt(), None) == "raise"
+    only = Failover(1)
+    assert only.fresh("a") and only.failed(TimeoutError(), LOCAL) == "raise"
+    with pytest.raises(TimeoutError):
+        only.result()
+    assert Failover(2).answered("ok", SUCCESS)
+    assert Routes(FakePool(), failover=2).attempts("GET", True) == 3
+    assert Routes(FakePool(), failover=2).attempts("POST", True) == 1
+    assert Routes(FakePool(), failover=2).attempts("GET", False) == 1
+    assert Routes(FakePool(), failover=2, failover_methods=None).attempts("POST", True) == 3
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError):
+            Routes(FakePool(), failover=bad)  # type: ignore[arg-type]
