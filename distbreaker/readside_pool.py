@@ -52,7 +52,8 @@ def status_reply(raw: Mapping[Any, Any], now_ms: int) -> list[Any]:
     fields = {text(k): v for k, v in raw.items()}
     members = sorted(k[2:] for k in fields if k.startswith("m:"))
     reply: list[Any] = [now_ms, int(text(fields.get("iv", b"0")) or 0),
-                        text(fields.get("cfg", b"")), len(members)]
+                        text(fields.get("cfg", b"")), int(text(fields.get("lt", b"0")) or 0),
+                        len(members)]
     for name in members:
         reply += [name, text(fields[f"m:{name}"]), int(text(fields.get(f"i:{name}", b"0")))]
     return reply
@@ -80,6 +81,7 @@ def pool_row(status: PoolStatus) -> dict[str, Any]:
         "pool": status.name, "members": len(status.members), "ejected": status.ejected,
         "healthy": status.healthy, "panic": status.panic, "read_at": status.read_at,
         "interval_started": status.interval_started,
+        "latency_threshold": status.latency_threshold,
         "rows": [{
             "member": m.member, "state": m.state, "weight": m.weight,
             "in_flight": m.in_flight, "ejected_until": m.ejected_until, "why": m.why,
@@ -90,7 +92,7 @@ def pool_row(status: PoolStatus) -> dict[str, Any]:
             "calls": m.calls, "failures": m.failures, "success_rate": m.success_rate,
             "mean_latency": m.mean_latency, "latency_ewma": m.latency_ewma,
             "override": m.override, "last_ejected_at": m.last_ejected_at,
-            "capped": m.capped,
+            "capped": m.capped, "slow_share": m.slow_share,
         } for m in status.members],
     }
 
@@ -118,7 +120,8 @@ def read_pool_history(client: Any, prefix: str, name: str, count: int = 50,
                     "event": f.get("event", ""),
                     "why": REASONS[why] if 0 <= why < len(REASONS) else f.get("why", ""),
                     "until": int(f["until"]) / 1000 if f.get("until", "0") not in ("", "0")
-                    else None, "actor": f.get("actor", "")})
+                    else None, "actor": f.get("actor", ""),
+                    "at": int(f["at"]) / 1000 if f.get("at", "").isdigit() else None})
         if len(out) >= count:
             break
     return out

@@ -11,6 +11,7 @@
 --   iv          start of the current outlier-detection interval (server ms)
 --   x           server ms of the last PEXPIRE of the three keys
 --   cfg         the config wire string of the call that last closed an interval
+--   lt          the pool's latency threshold (ms) during this interval (0: none yet)
 --   m:<member>  the member's record: 22 integers separated by one space (REC below)
 --   i:<member>  the member's fleet-wide in-flight count (picks with a lease not yet
 --               recorded; expired leases are reaped when an interval closes)
@@ -20,7 +21,7 @@
 -- TTL: all three PEXPIREd to the config's key ttl by a write when the last refresh (x)
 -- is a quarter of it old.
 --
--- ARGV[1] op: pick | record | members | eject | uneject | exempt | status
+-- ARGV[1] op: pick | record | repick | members | eject | uneject | exempt | status
 -- ARGV[2] the config wire string (CFG below; status accepts '')
 -- pick:    ARGV[3] lease token ('' = no in-flight tracking)  ARGV[4] random integer
 --          ARGV[5] random integer  ARGV[6] stickiness key ('' none)
@@ -35,6 +36,9 @@
 --   reply {state, until_ms, why, event, now_ms}: the member after the call; event '' or
 --   what this call did to it (ejected, capped, probing, recovered); state -1: no such
 --   member (the lease is released all the same).
+-- repick:  ARGV[3..7] as pick's, ARGV[8..12] as record's 3..7: records the last attempt,
+--          then picks another member (the recorded one avoided unless nothing else is
+--          left). reply {member, mode, now_ms, state, until_ms, why, event}
 -- members: ARGV[3] mode replace | init (only when the pool has no member) | add | remove
 --          ARGV[4..] member, weight pairs (remove: members only)
 --   reply {members now, changed}
@@ -42,7 +46,7 @@
 -- uneject, exempt: ARGV[3] member  ARGV[4] actor (exempt: never ejected by the rules
 --          until an uneject)
 --   reply {state, until_ms, why, event, now_ms} as record
--- status:  reply {now_ms, iv, cfg, n, then per member: name, record, in-flight}
+-- status:  reply {now_ms, iv, cfg, lt, n, then per member: name, record, in-flight}
 --
 -- Errors: "DISTBREAKER_SCHEMA <key> ..." (foreign data), "DISTBREAKER_ARGS ...".
 
@@ -55,7 +59,9 @@ local ST, UNTIL, W, PR, EW = 1, 2, 3, 4, 5
 local MULT, C5, CG, CL, OK, BAD, MS, NL = 6, 7, 8, 9, 10, 11, 12, 13
 local POK, PBAD, PMS, PNL, OVR, WHY, AT, TOT = 14, 15, 16, 17, 18, 19, 20, 21
 local CAPPED = 22  -- 1 from a refusal by the cap until its next ejection or success
-local NREC = 22
+local SLOW, PSLOW = 23, 24  -- calls slower than the pool's latency threshold (lt), this
+                            -- interval and the last
+local NREC = 24
 local REC_PATTERN = '^' .. string.rep('(%d+) ', NREC - 1) .. '(%d+)$'
 local PICK_PATTERN = '^(%d+) (%d+) (%d+) (%d+) (%d+) '
 -- states and overrides
@@ -72,7 +78,8 @@ local C_IV, C_BASE, C_MAX, C_PCT, C_N5, C_NG, C_NL, C_E5, C_EG, C_EL, C_SPLIT = 
 local C_SRH, C_SRV, C_SRF, C_SRE, C_FPT, C_FPH, C_FPV, C_FPE = 12, 13, 14, 15, 16, 17, 18, 19
 local C_LF, C_LH, C_LV, C_LE, C_PANIC, C_PROBES, C_LEASE, C_TTL, C_BAL, C_LMIN = 20, 21, 22, 23,
   24, 25, 26, 27, 28, 29
-local NCFG = 29
+local C_LPCT = 30
+local NCFG = 30
 
 local function fmt(n) return string.format('%d', n) end
 
@@ -97,7 +104,7 @@ end
 local function decode(s)
   local r = {string.match(s, REC_PATTERN)}
   if r[NREC] == nil then return nil end
-  for j = 1, NREC do r[j] = tonumber(r[j]) end
+  for j = 1, NREC do r[j] = r[j] + 0 end  -- coerced: no call per field
   return r
 end
 
@@ -196,6 +203,16 @@ local function event(out, name, what, r, actor)
   out[#out + 1] = {name, what, r[WHY], r[UNTIL], actor or ''}
 end
 
+-- the median of field k of `items`
+local function median_of(items, k)
+  local sorted = {}
+  for j, it in ipairs(items) do sorted[j] = it[k] end
+  table.sort(sorted)
+  local m = #sorted
+  if m % 2 == 1 then return sorted[(m + 1) / 2] end
+  return (sorted[m / 2] + sorted[m / 2 + 1]) / 2
+end
+
 -- Close the interval: ejections that ended become probations, then success rate,
 -- failure percentage and latency outliers over the interval's counts (worst first, within
 -- the cap), multipliers of members healthy for an interval decay, counts move to prev.
@@ -261,36 +278,52 @@ local function close_interval(P, c, now, roll, events)
     end
     if cand >= c[C_FPH] then try(bad, WHY_FP, c[C_FPE]) end
   end
-  -- latency: mean latency above factor x the median member's (and above the floor)
-  if c[C_LE] > 0 and c[C_LF] > 0 then
+  -- latency. The pool's threshold lt (ms) = factor x the median member's mean latency of
+  -- the last interval with enough data (at least the floor); each timed call above it
+  -- counted SLOW. A member is an outlier when more than (100 - percentile) % of its calls
+  -- were slow, i.e. its percentile latency is above lt, while the median member's is
+  -- not (a pool that slows down as a whole ejects nobody). With no lt yet: its mean
+  -- latency above factor x the median member's (and above the floor).
+  local lt = tonumber(P.f['lt'] or '0') or 0
+  local new_lt = lt
+  if c[C_LF] > 0 then
     local cand = {}
     for _, name in ipairs(names) do
       local r = recs[name]
       if r[ST] ~= EJECTED and r[NL] >= c[C_LV] and r[NL] > 0 then
-        cand[#cand + 1] = {name, r[MS] / r[NL]}
+        cand[#cand + 1] = {name, r[MS] / r[NL], r[SLOW] / r[NL]}
       end
     end
     if #cand >= c[C_LH] and #cand > 0 then
-      local sorted = {}
-      for j, it in ipairs(cand) do sorted[j] = it[2] end
-      table.sort(sorted)
-      local m = #sorted
-      local median = (m % 2 == 1) and sorted[(m + 1) / 2] or (sorted[m / 2] + sorted[m / 2 + 1]) / 2
+      local median = median_of(cand, 2)
       local slow = {}
-      for _, it in ipairs(cand) do
-        if it[2] > median * c[C_LF] / 1000 and it[2] >= c[C_LMIN] then
-          slow[#slow + 1] = {it[1], -it[2]}
+      if lt > 0 then
+        local q = (100 - c[C_LPCT]) / 100
+        if median_of(cand, 3) <= q then
+          for _, it in ipairs(cand) do
+            if it[3] > q then slow[#slow + 1] = {it[1], -it[3]} end
+          end
+        end
+      else
+        for _, it in ipairs(cand) do
+          if it[2] > median * c[C_LF] / 1000 and it[2] >= c[C_LMIN] then
+            slow[#slow + 1] = {it[1], -it[2]}
+          end
         end
       end
-      try(slow, WHY_LAT, c[C_LE])
+      if c[C_LE] > 0 then try(slow, WHY_LAT, c[C_LE]) end
+      new_lt = math.floor(median * c[C_LF] / 1000)
+      if new_lt < c[C_LMIN] then new_lt = c[C_LMIN] end
+      if new_lt < 1 then new_lt = 1 end
     end
   end
   for _, name in ipairs(names) do
     local r = recs[name]
     if r[ST] == HEALTHY and r[MULT] > 0 and r[AT] < iv then r[MULT] = r[MULT] - 1 end
-    r[POK], r[PBAD], r[PMS], r[PNL] = r[OK], r[BAD], r[MS], r[NL]
-    r[OK], r[BAD], r[MS], r[NL] = 0, 0, 0, 0
+    r[POK], r[PBAD], r[PMS], r[PNL], r[PSLOW] = r[OK], r[BAD], r[MS], r[NL], r[SLOW]
+    r[OK], r[BAD], r[MS], r[NL], r[SLOW] = 0, 0, 0, 0, 0
   end
+  return new_lt
 end
 
 -- Expired leases (their workers died or never recorded) leave the in-flight counts.
@@ -323,12 +356,13 @@ local function expire_all(KEYS, c)
 end
 
 -- history entries, after the state; events are rare, so each refreshes the stream's TTL
+-- (after the state, and never failing the call: a foreign key there loses the history only)
 local function log_events(KH, events, c, now)
   for _, e in ipairs(events) do
-    redis.call('XADD', KH, 'MAXLEN', '~', 1000, '*', 'member', e[1], 'event', e[2],
-               'why', fmt(e[3]), 'until', fmt(e[4]), 'actor', e[5], 'at', fmt(now))
+    redis.pcall('XADD', KH, 'MAXLEN', '~', 1000, '*', 'member', e[1], 'event', e[2],
+                'why', fmt(e[3]), 'until', fmt(e[4]), 'actor', e[5], 'at', fmt(now))
   end
-  if events[1] then redis.call('PEXPIRE', KH, c[C_TTL]) end
+  if events[1] then redis.pcall('PEXPIRE', KH, c[C_TTL]) end
 end
 
 local function bad_args(op) return args_error('bad pool arguments for ' .. tostring(op)) end
@@ -385,7 +419,7 @@ local function load_pick(K)
       if not ew then return nil, schema_error(K, 'has a corrupt member record ' .. name) end
       n = n + 1
       names[n] = name
-      recs[name] = {num(st), num(untl), num(w), num(pr), num(ew)}
+      recs[name] = {st + 0, untl + 0, w + 0, pr + 0, ew + 0}  -- coerced: no call per field
     elseif b1 == 105 and b2 == 58 then  -- 'i:'
       infl[sub(k, 3)] = num(raw[j + 1]) or 0
     else
@@ -467,9 +501,10 @@ local function pick(KEYS, ARGV, c, now)
   end
   local x = tonumber(P.f['x'] or '0') or 0
   local refresh = now - x >= c[C_TTL] / 4
-  if token ~= '' then
+  if token ~= '' then  -- the lease first: a foreign leases key fails before any write
+    local added = redis.pcall('ZADD', KL, now + c[C_LEASE], token .. ' ' .. chosen)
+    if type(added) == 'table' and added['err'] then return failed_on(KL, 'zset', added) end
     redis.call('HINCRBY', K, 'i:' .. chosen, 1)
-    redis.call('ZADD', KL, now + c[C_LEASE], token .. ' ' .. chosen)
     if not refresh then  -- no lease was out: the zset is new, give it the TTL
       local out = 0
       for _, n in pairs(infl) do out = out + n end
@@ -486,11 +521,12 @@ end
 -- apply one outcome to member record r; whole(): the whole pool (read only when an
 -- ejection is due: the cap), nil on foreign data; returns the event this call made to it
 -- ('' none), nil when whole() failed (nothing written yet)
-local function apply(whole, name, r, c, now, roll, outcome, dur, eject_ms, events)
+local function apply(whole, name, r, c, now, roll, outcome, dur, eject_ms, events, lt)
   local failed = outcome ~= 's'
   if outcome == 'l' and c[C_SPLIT] == 0 then outcome = 'g' end  -- Envoy: seen as a 503/504
   if dur >= 0 then
     r[MS], r[NL] = r[MS] + dur, r[NL] + 1
+    if lt > 0 and dur > lt then r[SLOW] = r[SLOW] + 1 end
     local us = dur * 1000
     r[EW] = r[EW] == 0 and us or math.floor(r[EW] * 0.8 + us * 0.2)
   end
@@ -551,16 +587,30 @@ local function write_all(K, P, fields)
   redis.call('HSET', K, unpack(fields))
 end
 
+-- The lease of a pick goes (the first write of a record: a foreign leases key fails
+-- before any other); true when it was there. Its member's in-flight count goes down.
+local function release(K, KL, token, name, member_exists)
+  if token == '' then return false end
+  local gone = redis.pcall('ZREM', KL, token .. ' ' .. name)
+  if type(gone) == 'table' and gone['err'] then return false, failed_on(KL, 'zset', gone) end
+  if gone == 1 and member_exists then
+    if redis.call('HINCRBY', K, 'i:' .. name, -1) < 0 then redis.call('HSET', K, 'i:' .. name, 0) end
+    return true
+  end
+  return false
+end
+
 -- The usual record: a success of a healthy member, no interval to close. The record's
 -- fields stay the strings matched, but the four that change (no decode, no encode of
 -- the rest); nil when the member is not healthy (the general path then).
-local function quick_success(s, dur)
+local function quick_success(s, dur, lt)
   local t = {string.match(s, REC_PATTERN)}
   if t[NREC] == nil or t[ST] ~= '0' then return nil end
-  t[OK] = tonumber(t[OK]) + 1
+  t[OK] = t[OK] + 1
   if dur >= 0 then
-    t[MS], t[NL] = tonumber(t[MS]) + dur, tonumber(t[NL]) + 1
-    local ew, us = tonumber(t[EW]), dur * 1000
+    t[MS], t[NL] = t[MS] + dur, t[NL] + 1
+    if lt > 0 and dur > lt then t[SLOW] = t[SLOW] + 1 end
+    local ew, us = t[EW] + 0, dur * 1000
     t[EW] = ew == 0 and us or math.floor(ew * 0.8 + us * 0.2)
   end
   t[C5], t[CG], t[CL], t[CAPPED] = '0', '0', '0', '0'
@@ -577,20 +627,20 @@ local function record(KEYS, ARGV, c, now, roll)
     return bad_args('record')
   end
   dur, eject_ms = math.floor(dur), math.floor(eject_ms)
-  local raw = redis.pcall('HMGET', K, 'v', 'iv', 'x', 'm:' .. name)
+  local raw = redis.pcall('HMGET', K, 'v', 'iv', 'x', 'm:' .. name, 'lt')
   if raw['err'] then return failed_on(K, 'hash', raw) end
   if raw[1] and raw[1] ~= '1' then
     return schema_error(K, 'has layout version ' .. tostring(raw[1]) .. ', this client speaks 1')
   end
   local P, err = nil, nil
   local iv, x = tonumber(raw[2] or '0') or 0, tonumber(raw[3] or '0') or 0
+  local lt = tonumber(raw[5] or '0') or 0
   local due = now - iv >= c[C_IV]
   if outcome == 's' and eject_ms == 0 and raw[4] and not due then
-    local t = quick_success(raw[4], dur)
+    local t = quick_success(raw[4], dur, lt)
     if t then
-      if token ~= '' and redis.call('ZREM', KL, token .. ' ' .. name) == 1 then
-        if redis.call('HINCRBY', K, 'i:' .. name, -1) < 0 then redis.call('HSET', K, 'i:' .. name, 0) end
-      end
+      local gone, err = release(K, KL, token, name, true)
+      if err then return err end
       local fields = {'m:' .. name, table.concat(t, ' ')}
       local refresh = touch(KEYS, x, now, c, fields)
       redis.call('HSET', K, unpack(fields))
@@ -608,7 +658,8 @@ local function record(KEYS, ARGV, c, now, roll)
     if not r then return schema_error(K, 'has a corrupt member record ' .. name) end
   end
   local events = {}
-  if due then close_interval(P, c, now, roll, events) end
+  local new_lt = lt
+  if due then new_lt = close_interval(P, c, now, roll, events) end
   local ev = ''
   if r and outcome ~= 'n' then
     -- an ejection needs the whole pool (the cap): read then, still before any write
@@ -620,24 +671,21 @@ local function record(KEYS, ARGV, c, now, roll)
       end
       return P
     end
-    ev = apply(whole, name, r, c, now, roll, outcome, dur, eject_ms, events)
+    ev = apply(whole, name, r, c, now, roll, outcome, dur, eject_ms, events, new_lt)
     if not ev then return err end
     if ev == 'still capped' then ev = 'capped'
     elseif ev ~= '' and ev ~= 'probing' then event(events, name, ev, r) end
   end
   -- validated: the writes begin
-  if token ~= '' then
-    if redis.call('ZREM', KL, token .. ' ' .. name) == 1 and r then
-      if redis.call('HINCRBY', K, 'i:' .. name, -1) < 0 then redis.call('HSET', K, 'i:' .. name, 0) end
-      if due then P.infl[name] = math.max(0, (P.infl[name] or 1) - 1) end
-    end
-  end
+  local gone, err2 = release(K, KL, token, name, r ~= nil)
+  if err2 then return err2 end
+  if gone and due then P.infl[name] = math.max(0, (P.infl[name] or 1) - 1) end
   local fields = {}
   if due then
     reap(K, KL, P, now)
     local step = c[C_IV]
     local start = iv > 0 and (now - (now - iv) % step) or now
-    fields = {'v', '1', 'iv', fmt(start), 'cfg', ARGV[2]}
+    fields = {'v', '1', 'iv', fmt(start), 'cfg', ARGV[2], 'lt', fmt(new_lt)}
   end
   local refresh = touch(KEYS, x, now, c, fields)
   if due then
@@ -755,13 +803,31 @@ end
 local function status(KEYS, now)
   local P, err = load_all(KEYS[1])
   if not P then return err end
-  local out = {now, tonumber(P.f['iv'] or '0') or 0, P.f['cfg'] or '', #P.names}
+  local out = {now, tonumber(P.f['iv'] or '0') or 0, P.f['cfg'] or '',
+               tonumber(P.f['lt'] or '0') or 0, #P.names}
   for _, name in ipairs(P.names) do
     out[#out + 1] = name
     out[#out + 1] = encode(P.recs[name])
     out[#out + 1] = P.infl[name] or 0
   end
   return out
+end
+
+-- A retry's two calls in one: record the last attempt (ARGV[8..12] as record's 3..7),
+-- then pick (ARGV[3..7], the recorded member avoided too) on the same server time.
+local function repick(KEYS, ARGV, c, now, roll)
+  local token, r1, r2 = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+  if token == nil or not r1 or not r2 or string.find(token, ' ') or ARGV[12] == nil then
+    return bad_args('repick')
+  end
+  local done = record(KEYS, {'record', ARGV[2], ARGV[8], ARGV[9], ARGV[10], ARGV[11],
+                             ARGV[12]}, c, now, roll)
+  if done['err'] then return done end
+  local avoid = ARGV[7] or ''
+  avoid = avoid == '' and ARGV[8] or (avoid .. ' ' .. ARGV[8])
+  local picked = pick(KEYS, {'pick', ARGV[2], token, ARGV[4], ARGV[5], ARGV[6], avoid}, c, now)
+  if picked['err'] then return picked end
+  return {picked[1], picked[2], picked[3], done[1], done[2], done[3], done[4]}
 end
 
 return function(KEYS, ARGV)
@@ -773,6 +839,7 @@ return function(KEYS, ARGV)
   local roll = tonumber(t[2])
   if op == 'pick' then return pick(KEYS, ARGV, c, now) end
   if op == 'record' then return record(KEYS, ARGV, c, now, roll) end
+  if op == 'repick' then return repick(KEYS, ARGV, c, now, roll) end
   if op == 'members' then return members(KEYS, ARGV, c, now) end
   if op == 'eject' or op == 'uneject' or op == 'exempt' then
     return operator(KEYS, ARGV, c, now, op)

@@ -92,19 +92,27 @@ class PoolShell(PoolCore):
         "5xx", "gateway", "local"). `duration` defaults to the time since the pick.
         `eject_for` seconds: eject the member now (within the cap). A member name instead
         of a pick records without a lease. None while Redis is unreachable (dropped)."""
-        if isinstance(pick, Pick):
-            if pick.recorded:
-                raise ValueError(f"{pick!r} was already recorded")
-            pick.recorded = True
-            code, eject_for = self.outcome_args(pick, error, status=status, headers=headers,
-                                                outcome=outcome, eject_for=eject_for)
-            if duration is None:
-                duration = max(0.0, self.clock() - pick.started)
-        else:
-            code = self.outcome_args(Pick(pick, ""), error, status=status, headers=headers,
-                                     outcome=outcome, eject_for=eject_for)[0]
+        code, duration, eject_for = self.finish(pick, error, status, headers, outcome,
+                                                duration, eject_for)
         return send(self._client,
                     self.record_pending(pick, code, duration, eject_for))
+
+    def repick(self, previous: Pick, error: BaseException | None = None, *,
+               status: int | None = None, headers: Any = None,
+               outcome: str | None = None, duration: float | None = None,
+               eject_for: float | None = None, key: Any = None,
+               avoid: Iterable[str] = (), track: bool = True) -> Pick:
+        """A retry on another member: record how `previous` went (as `record`) and pick
+        again, `previous.member` avoided (and `avoid`) unless nothing else is left, in
+        ONE script call on one server time. Raises `NoPoolMember`."""
+        code, duration, eject_for = self.finish(previous, error, status, headers, outcome,
+                                                duration, eject_for)
+        found = send(self._client, self.repick_pending(
+previous, code, duration, eject_for, key, avoid, track))
+        if found is None:
+            raise NoPoolMember(self.name)
+        self.learn(found)
+        return found
 
     def release(self, pick: Pick) -> None:
         """Give a pick back without an outcome (the call was abandoned): only its lease

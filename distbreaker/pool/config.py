@@ -70,9 +70,10 @@ class PoolConfig:
     the whole fleet, not by one process. Durations in seconds (or a timedelta, or
     '30s'); `*_percent`, `enforcing_*` and thresholds in percent (0-100). Envoy's
     ``success_rate_stdev_factor`` is in thousandths (1900); here it is the factor itself
-    (1.9). What Envoy lacks: latency outliers (`latency_factor`: a member whose mean
-    latency over the interval is above `latency_factor` x the median member's and above
-    `latency_threshold`), probes after an ejection (`probe_calls`: the calls a member back
+    (1.9). What Envoy lacks: latency outliers (the pool's threshold is `latency_factor` x
+    the median member's mean latency, at least `latency_threshold`; a member whose
+    `latency_percentile` latency is above it while the median member's is not is an
+    outlier), probes after an ejection (`probe_calls`: the calls a member back
     from ejection gets one at a time; one failure ejects it again, longer), a lease per
     pick (`max_call_duration`: a pick never recorded leaves the in-flight count after it).
     `members`: the static members (names, (name, weight) pairs or a mapping), sent to Redis
@@ -103,6 +104,7 @@ class PoolConfig:
     enforcing_failure_percentage: int = 0
     latency_factor: float = 3.0
     latency_threshold: Seconds = 0.1
+    latency_percentile: int = 50
     latency_minimum_hosts: int = 5
     latency_request_volume: int = 100
     enforcing_latency: int = 100
@@ -136,6 +138,7 @@ class PoolConfig:
                       "latency_request_volume"):
             check_int(getattr(self, field), field, 0, 1_000_000_000)
         check_int(self.probe_calls, "probe_calls", 1, 1_000_000)
+        check_int(self.latency_percentile, "latency_percentile", 1, 99)
         for field in ("success_rate_stdev_factor", "latency_factor"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
@@ -174,6 +177,7 @@ def config_wire(cfg: PoolConfig) -> str:
         cfg.latency_request_volume, cfg.enforcing_latency,
         cfg.healthy_panic_threshold, cfg.probe_calls, max(1, to_ms(cfg.max_call_duration)),
         max(1, to_ms(cfg.key_ttl)), BALANCES.index(cfg.balance), to_ms(cfg.latency_threshold),
+        cfg.latency_percentile,
     )
     return ",".join(str(v) for v in values)
 
@@ -190,7 +194,7 @@ WIRE_FIELDS = (
     "failure_percentage_request_volume", "enforcing_failure_percentage",
     "latency_factor_x1000", "latency_minimum_hosts", "latency_request_volume",
     "enforcing_latency", "healthy_panic_threshold", "probe_calls", "max_call_duration_ms",
-    "key_ttl_ms", "balance", "latency_threshold_ms",
+    "key_ttl_ms", "balance", "latency_threshold_ms", "latency_percentile",
 )
 
 

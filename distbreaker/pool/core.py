@@ -58,7 +58,8 @@ _LOCAL_NAMES = ("ConnectError", "ConnectionError", "ConnectTimeout", "Timeout",
 RECORD_FIELDS = ("state", "until_ms", "weight", "probe_successes", "ewma_us", "multiplier",
                  "consecutive_5xx", "consecutive_gateway", "consecutive_local", "ok", "failed",
                  "latency_ms", "latency_n", "prev_ok", "prev_failed", "prev_latency_ms",
-                 "prev_latency_n", "override", "why", "ejected_at_ms", "ejections", "capped")
+                 "prev_latency_n", "override", "why", "ejected_at_ms", "ejections", "capped",
+                 "slow", "prev_slow")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +73,8 @@ class MemberStatus:
     closed interval, `calls` / `failures` in the current one; `ejections` since the member
     was added, `multiplier` the factor of the next ejection's base time; `override`
     "forced_ejection" (an operator's), "exempt" or ""; `capped` True while the cap refuses
-    to eject it (it stays in the rotation).
+    to eject it (it stays in the rotation); `slow_share` the percent of its timed calls
+    slower than the pool's latency threshold in the last closed interval.
     """
 
     member: str
@@ -94,6 +96,7 @@ class MemberStatus:
     override: str
     last_ejected_at: float | None
     capped: bool = False
+    slow_share: float | None = None
 
     @property
     def ejected(self) -> bool:
@@ -104,7 +107,9 @@ class MemberStatus:
 class PoolStatus:
     """A pool as the fleet sees it: its members (sorted by name), how many are ejected,
     whether a pick would panic (too few healthy: every member is a candidate), the server
-    time it was read at (epoch seconds) and the config string of the last interval's close."""
+    time it was read at (epoch seconds), the config string of the last interval's close and
+    the pool's latency threshold in force (seconds; None until an interval had enough
+    timed calls)."""
 
     name: str
     members: tuple[MemberStatus, ...]
@@ -113,6 +118,7 @@ class PoolStatus:
     read_at: float
     interval_started: float | None
     config_wire: str
+    latency_threshold: float | None = None
 
     def member(self, name: str) -> MemberStatus:
         for m in self.members:
@@ -244,15 +250,17 @@ def member_status(name: str, rec: Sequence[int], in_flight: int, now_ms: int) ->
         override=OVERRIDES[r["override"]] if 0 <= r["override"] < len(OVERRIDES) else "",
         last_ejected_at=r["ejected_at_ms"] / 1000 if r["ejected_at_ms"] else None,
         capped=bool(r["capped"]),
+        slow_share=(100.0 * r["prev_slow"] / r["prev_latency_n"] if r["prev_latency_n"]
+                    else None),
     )
 
 
 def decode_status(name: str, raw: Sequence[Any], panic_threshold: int | None = None) -> PoolStatus:
-    """The status reply (``{now_ms, iv, cfg, n, name, record, in-flight, ...}``)."""
-    now_ms, iv, cfg, n = int(raw[0]), int(raw[1]), text(raw[2]), int(raw[3])
+    """The status reply (``{now_ms, iv, cfg, lt, n, name, record, in-flight, ...}``)."""
+    now_ms, iv, cfg, lt, n = int(raw[0]), int(raw[1]), text(raw[2]), int(raw[3]), int(raw[4])
     members = []
     for j in range(n):
-        base = 4 + 3 * j
+        base = 5 + 3 * j
         members.append(member_status(text(raw[base]), decode_record(raw[base + 1]),
                                      int(raw[base + 2]), now_ms))
     ejected = sum(1 for m in members if m.ejected)
@@ -260,7 +268,7 @@ def decode_status(name: str, raw: Sequence[Any], panic_threshold: int | None = N
         panic_threshold = _panic_of_wire(cfg)
     panic = bool(members) and (len(members) - ejected) * 100 < panic_threshold * len(members)
     return PoolStatus(name, tuple(members), ejected, panic, now_ms / 1000,
-                      iv / 1000 if iv else None, cfg)
+                      iv / 1000 if iv else None, cfg, lt / 1000 if lt else None)
 
 
 def _panic_of_wire(cfg: str) -> int:
@@ -353,10 +361,38 @@ class PoolCore:
         member = self._rng.choices([m for m, _ in cands], [w for _, w in cands])[0]
         return Pick(member, "", "normal", "local")
 
-    def record_pending(self, pick: Pick | str, outcome: str, duration: float | None,
-                       eject_for: float | None) -> PendingCall:
-        """The record call of `pick` (or of a member, untracked); its result is a
-        `MemberChange` (None while Redis is unreachable: the outcome is dropped)."""
+    def repick_pending(self, previous: Pick, outcome: str, duration: float | None,
+                       eject_for: float | None, key: Any = None, avoid: Iterable[str] = (),
+                       track: bool = True) -> PendingCall:
+        """The record of `previous` and the pick of another member as one call; its result
+        is the new `Pick` (None: no member)."""
+        token = secrets.token_hex(8) if track else ""
+        avoid = [validate_member(m) for m in avoid]
+        sticky = "" if key is None else str(key)
+        record = self._record_args(previous, outcome, duration, eject_for)
+        args = self._args("repick", token, self._rng.getrandbits(31), self._rng.getrandbits(31),
+                          sticky, " ".join(avoid), *record[2:])
+
+        def answered(raw: Any) -> Pick | None:
+            self._health.succeeded()
+            self._note(decode_change(previous.member, raw[3:7]))
+            member, mode = text(raw[0]), int(raw[1])
+            if mode < 0 or not member:
+                return None
+            if "picked" in self.listeners.wanted:
+                self.event("picked", reason=member)
+            return Pick(member, token, MODES[mode] if mode < len(MODES) else "normal")
+
+        def unavailable(error: BaseException | None) -> Pick | None:
+            if error is not None:
+                self._health.failed(error)
+            return self.local_pick(key, [*avoid, previous.member])
+
+        return PendingCall(self._script, self.keys.script_keys, args, self._health.usable,
+                           answered, unavailable)
+
+    def _record_args(self, pick: Pick | str, outcome: str, duration: float | None,
+                     eject_for: float | None) -> list[str]:
         if isinstance(pick, Pick):
             member, token = pick.member, pick.token
             if pick.source != "redis":
@@ -365,7 +401,31 @@ class PoolCore:
             member, token = validate_member(pick), ""
         dur = -1 if duration is None else max(0, to_ms(to_seconds(duration, "duration")))
         ej = 0 if not eject_for else max(1, to_ms(to_seconds(eject_for, "eject_for")))
-        args = self._args("record", member, token, outcome, dur, ej)
+        return self._args("record", member, token, outcome, dur, ej)
+
+    def finish(self, pick: Pick | str, error: BaseException | None, status: int | None,
+               headers: Any, outcome: str | None, duration: float | None,
+               eject_for: float | None) -> tuple[str, float | None, float | None]:
+        """(wire outcome, duration, eject for) of a finished pick, marked recorded."""
+        if not isinstance(pick, Pick):
+            code = self.outcome_args(Pick(pick, ""), error, status=status, headers=headers,
+                                     outcome=outcome, eject_for=eject_for)[0]
+            return code, duration, eject_for
+        if pick.recorded:
+            raise ValueError(f"{pick!r} was already recorded")
+        pick.recorded = True
+        code, eject_for = self.outcome_args(pick, error, status=status, headers=headers,
+                                            outcome=outcome, eject_for=eject_for)
+        if duration is None:
+            duration = max(0.0, self.clock() - pick.started)
+        return code, duration, eject_for
+
+    def record_pending(self, pick: Pick | str, outcome: str, duration: float | None,
+                       eject_for: float | None) -> PendingCall:
+        """The record call of `pick` (or of a member, untracked); its result is a
+        `MemberChange` (None while Redis is unreachable: the outcome is dropped)."""
+        args = self._record_args(pick, outcome, duration, eject_for)
+        member = args[2]
 
         def answered(raw: Any) -> MemberChange:
             self._health.succeeded()

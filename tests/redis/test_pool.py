@@ -12,7 +12,7 @@ import pytest
 import redis
 
 import distbreaker.aio
-from distbreaker import Pool
+from distbreaker import Pick, Pool
 from distbreaker._runtime.keys import PoolKeys
 from distbreaker.errors import SchemaError
 from distbreaker.readside_pool import read_pool, scan_pools
@@ -181,4 +181,51 @@ def test_every_key_gets_a_ttl_after_the_first_refresh(redis_url: str, name: str)
         pool.uneject("x")
         pool.record(held, status=200)
     pool.pick()  # a lease left out: its zset must expire too (the autouse sweep checks)
+    pool.close()
+
+
+def test_prometheus_pool_aggregates(redis_url: str, name: str) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from distbreaker.contrib.prometheus import PoolCollector
+
+    pool = Pool(name, redis_url, members=["a", "b", "c", "d"], consecutive_5xx=1,
+                max_ejection_percent=25, **SAFE)
+    held = pool.pick()
+    pool.record("a", status=500)
+    pool.record("b", status=500)  # capped: one of four
+    registry = CollectorRegistry()
+    registry.register(PoolCollector(redis_url, per_member=True))
+    text = generate_latest(registry).decode()
+    for line in (f'distbreaker_pool_members{{pool="{name}"}} 4.0',
+                 f'distbreaker_pool_ejected{{pool="{name}"}} 1.0',
+                 f'distbreaker_pool_capped{{pool="{name}"}} 1.0',
+                 f'distbreaker_pool_in_flight{{pool="{name}"}} 1.0',
+                 f'distbreaker_pool_panic{{pool="{name}"}} 0.0',
+                 f'distbreaker_pool_ejections_total{{pool="{name}"}} 1.0',
+                 f'distbreaker_pool_member_state{{member="a",pool="{name}",state="ejected"}} 1.0',
+                 "distbreaker_pool_up 1.0"):
+        assert line in text, line
+    pool.record(held, status=200)
+    down = CollectorRegistry()
+    down.register(PoolCollector("redis://127.0.0.1:1/0", timeout=0.2))
+    assert "distbreaker_pool_up 0.0" in generate_latest(down).decode()
+    pool.close()
+
+
+@pytest.mark.keys_without_ttl("foreign data written by hand")
+def test_a_foreign_leases_key_fails_a_pick_before_any_write(redis_url: str, name: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    keys = PoolKeys.build(name)
+    pool = Pool(name, redis_url, members=["x"], **SAFE)
+    pool.pick(track=False)  # puts the members in
+    client.set(keys.leases, "foreign")
+    for attempt in (pool.pick, lambda: pool.record(Pick("x", "t0k3n"), status=200),
+                    lambda: pool.record(Pick("x", "t0k3n"), status=500)):
+        with pytest.raises(SchemaError, match="holds a string, expected a zset"):
+            attempt()
+    member = pool.status().member("x")
+    assert member.in_flight == 0 and member.calls == 0
+    client.delete(*keys.script_keys)
+    client.close()
     pool.close()

@@ -11,6 +11,7 @@ import pytest
 
 from distbreaker import NoPoolMember, Pool, PoolConfig
 from distbreaker._runtime.classify import HttpStatusError
+from distbreaker._runtime.connection import memory_client
 from distbreaker._runtime.scripts import lua_dir
 from distbreaker.pool.config import WIRE_FIELDS, normalize_members
 from distbreaker.pool.core import (
@@ -94,13 +95,13 @@ def test_outcomes_are_envoys_classes() -> None:
 
 
 def test_a_status_reply_decodes_to_members() -> None:
-    rec = " ".join(["1", "5000", *["0"] * 20])
-    status = decode_status("p", [1000, 0, PoolConfig().wire, 2, "a", rec, 3,
-                                 "b", " ".join(["0", "0", "1"] + ["0"] * 19), 0])
+    rec = " ".join(["1", "5000", *["0"] * 22])
+    status = decode_status("p", [1000, 0, PoolConfig().wire, 0, 2, "a", rec, 3,
+                                 "b", " ".join(["0", "0", "1"] + ["0"] * 21), 0])
     assert status.member("a").state == "ejected" and status.member("a").in_flight == 3
     assert status.member("a").ejected_until == 5.0
     assert status.ejected == 1 and not status.panic
-    later = decode_status("p", [6000, 0, "", 1, "a", rec, 0])
+    later = decode_status("p", [6000, 0, "", 0, 1, "a", rec, 0])
     assert later.member("a").state == "probing"  # its ejection ended
 
 
@@ -407,3 +408,79 @@ def test_an_exempt_member_is_never_ejected_by_the_rules(memory: str) -> None:
     assert pool.eject("a", 60).state == "ejected"  # an operator still can
     pool.uneject("a")
     assert pool.record("a", status=500).event == "ejected"  # the rules again
+
+
+def test_every_key_of_a_pool_is_in_one_cluster_slot() -> None:
+    from redis.crc import key_slot
+
+    from distbreaker._runtime.keys import PoolKeys
+
+    for name in ("payments", "a:b{c}", "llm/gpt-4o"):
+        keys = PoolKeys.build(name).script_keys
+        assert len({key_slot(k.encode()) for k in keys}) == 1
+        assert key_slot(keys[0].encode()) == key_slot(("{" + name + "}").encode())
+
+
+def test_listeners_hear_what_this_process_did_to_members(memory: str) -> None:
+    pool = make(memory, members=["a", "b"], consecutive_5xx=1, max_ejection_percent=50)
+    heard: list[tuple[str, Any, str]] = []
+    pool.add_listener(lambda e: heard.append((e.kind, e.state, e.reason)))
+    pool.pick(track=False)  # puts the members in
+    pool.record("a", status=500)
+    pool.record("b", status=500)
+    pool.uneject("a")
+    assert heard == [("ejected", "a", "consecutive_5xx"), ("capped", "b", "consecutive_5xx"),
+                     ("unejected", "a", "consecutive_5xx")]
+
+
+def test_repick_records_the_attempt_and_picks_another_member_in_one_call(memory: str) -> None:
+    pool = make(memory, members=["a", "b"], consecutive_5xx=1, max_ejection_percent=50)
+    first = pool.pick()
+    heard: list[str] = []
+    pool.add_listener(lambda e: heard.append(f"{e.kind}:{e.state}"))
+    second = pool.repick(first, status=503)
+    assert second.member != first.member and heard == [f"ejected:{first.member}"]
+    third = pool.repick(second, status=200)
+    assert third.member == second.member  # the other one is ejected: nothing else left
+    pool.record(third, status=200)
+    assert {m.member: m.in_flight for m in pool.status().members} == {"a": 0, "b": 0}
+    with pytest.raises(ValueError, match="already recorded"):
+        pool.repick(first)
+
+
+def test_a_member_slow_at_its_percentile_is_ejected_when_the_pool_is_not(memory: str) -> None:
+    # p90: 20 % of m7's calls take 300 ms, above the pool's threshold (3 x 20 ms), while the
+    # median member has none: its 90th percentile is an outlier. The first intervals only
+    # set the threshold; the rounds after it eject.
+    pool = make(memory, consecutive_5xx=0, interval=0.25, latency_request_volume=10,
+                latency_factor=3, latency_threshold=0.05, latency_percentile=90,
+                max_ejection_percent=20)
+    pool.pick(track=False)  # puts the members in
+
+    def normal_round() -> None:
+        for member in TEN:
+            ok(pool, member, 10, duration=0.02)
+
+    def bad_round() -> None:
+        for member in TEN:
+            for i in range(10):
+                slow = member == "m7" and i < 2
+                pool.record(member, status=200, duration=0.3 if slow else 0.02)
+
+    client = memory_client(memory)  # the in-memory server: the threshold the script stored
+    rounds_until(pool, normal_round, lambda: client.hget(pool.keys.members, "lt") == b"60")
+    rounds_until(pool, bad_round, lambda: ejected(pool))
+    assert ejected(pool) == {"m7"} and pool.status().member("m7").why == "latency"
+
+
+def test_a_pool_that_slows_down_as_a_whole_ejects_nobody(memory: str) -> None:
+    pool = make(memory, consecutive_5xx=0, interval=0.25, latency_request_volume=10,
+                latency_factor=3, latency_threshold=0.05, max_ejection_percent=50)
+    pool.pick(track=False)  # puts the members in
+    client = memory_client(memory)
+
+    def round_at(duration: float) -> Any:
+        return lambda: [ok(pool, member, 10, duration=duration) for member in TEN]
+    rounds_until(pool, round_at(0.02), lambda: client.hget(pool.keys.members, "lt") == b"60")
+    rounds_until(pool, round_at(0.5), lambda: client.hget(pool.keys.members, "lt") == b"1500")
+    assert ejected(pool) == set()
