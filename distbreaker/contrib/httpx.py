@@ -238,35 +238,37 @@ class PoolTransport(_PoolRouted, httpx.BaseTransport):
         if pool is None:
             return self._inner.handle_request(request)  # type: ignore[no-any-return]
         run, key = self._failover(request), self._routes.key_of(request)
+        pick = pool.pick(key)
         while True:
-            pick = pool.pick(key, avoid=run.tried)
-            if not run.fresh(pick.member):
+            if not run.fresh(pick.member):   # nothing else was left
                 pool.release(pick)
                 return run.result()  # type: ignore[no-any-return]
             try:
                 response = self._inner.handle_request(self._to_member(request, pick.member))
             except BaseException as error:
                 outcome = self._failed(error)
+                step = run.failed(error, outcome)
+                if step == "next":   # record this one and pick the next: one script call
+                    pick = pool.repick(pick, error, outcome=outcome, key=key, avoid=run.tried)
+                    continue
                 if outcome is None:
                     pool.release(pick)
                 else:
                     pool.record(pick, error, outcome=outcome or None)
-                step = run.failed(error, outcome)
                 if step == "answer":
                     return run.result()  # type: ignore[no-any-return]
-                if step == "raise":
-                    stale = run.superseded()
-                    if stale is not None:
-                        stale.close()
-                    raise
-                continue
+                stale = run.superseded()
+                if stale is not None:
+                    stale.close()
+                raise
             stale = run.superseded()
             if stale is not None:
                 stale.close()
             verdict = self._outcome(response, pick.member)
-            pool.record(pick, **verdict)
             if run.answered(response, verdict["outcome"]):
+                pool.record(pick, **verdict)
                 return response  # type: ignore[no-any-return]
+            pick = pool.repick(pick, **verdict, key=key, avoid=run.tried)
 
     def close(self) -> None:
         self._inner.close()
@@ -283,9 +285,9 @@ class AsyncPoolTransport(_PoolRouted, httpx.AsyncBaseTransport):
         if pool is None:
             return await self._inner.handle_async_request(request)  # type: ignore[no-any-return]
         run, key = self._failover(request), self._routes.key_of(request)
+        pick = await pool.pick(key)
         while True:
-            pick = await pool.pick(key, avoid=run.tried)
-            if not run.fresh(pick.member):
+            if not run.fresh(pick.member):   # nothing else was left
                 await pool.release(pick)
                 return run.result()  # type: ignore[no-any-return]
             try:
@@ -293,26 +295,29 @@ class AsyncPoolTransport(_PoolRouted, httpx.AsyncBaseTransport):
                     self._to_member(request, pick.member))
             except BaseException as error:
                 outcome = self._failed(error)
+                step = run.failed(error, outcome)
+                if step == "next":   # record this one and pick the next: one script call
+                    pick = await pool.repick(pick, error, outcome=outcome, key=key,
+                                             avoid=run.tried)
+                    continue
                 if outcome is None:
                     await pool.release(pick)
                 else:
                     await pool.record(pick, error, outcome=outcome or None)
-                step = run.failed(error, outcome)
                 if step == "answer":
                     return run.result()  # type: ignore[no-any-return]
-                if step == "raise":
-                    stale = run.superseded()
-                    if stale is not None:
-                        await stale.aclose()
-                    raise
-                continue
+                stale = run.superseded()
+                if stale is not None:
+                    await stale.aclose()
+                raise
             stale = run.superseded()
             if stale is not None:
                 await stale.aclose()
             verdict = self._outcome(response, pick.member)
-            await pool.record(pick, **verdict)
             if run.answered(response, verdict["outcome"]):
+                await pool.record(pick, **verdict)
                 return response  # type: ignore[no-any-return]
+            pick = await pool.repick(pick, **verdict, key=key, avoid=run.tried)
 
     async def aclose(self) -> None:
         await self._inner.aclose()

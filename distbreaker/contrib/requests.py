@@ -187,9 +187,9 @@ class PoolAdapter(requests.adapters.HTTPAdapter):
         run = Failover(self._routes.attempts(
             request.method or "GET", isinstance(request.body, (bytes, str, type(None)))))
         key = self._routes.key_of(request)
+        pick = pool.pick(key)
         while True:
-            pick = pool.pick(key, avoid=run.tried)
-            if not run.fresh(pick.member):
+            if not run.fresh(pick.member):   # nothing else was left
                 pool.release(pick)
                 return run.result()  # type: ignore[no-any-return]
             try:
@@ -197,27 +197,30 @@ class PoolAdapter(requests.adapters.HTTPAdapter):
                                         **options)
             except BaseException as error:
                 outcome = self._routes.error_outcome(error, TRANSIENT_ERRORS, LOCAL_ERRORS)
+                step = run.failed(error, outcome)
+                if step == "next":   # record this one and pick the next: one script call
+                    pick = pool.repick(pick, error, outcome=outcome, key=key, avoid=run.tried)
+                    continue
                 if outcome is None:
                     pool.release(pick)
                 else:
                     pool.record(pick, error, outcome=outcome or None)
-                step = run.failed(error, outcome)
                 if step == "answer":
                     return run.result()  # type: ignore[no-any-return]
-                if step == "raise":
-                    stale = run.superseded()
-                    if stale is not None:
-                        stale.close()
-                    raise
-                continue
+                stale = run.superseded()
+                if stale is not None:
+                    stale.close()
+                raise
             stale = run.superseded()
             if stale is not None:
                 stale.close()
-            verdict, eject_for = self._routes.verdict(response.status_code, response.headers)
-            pool.record(pick, outcome=verdict, eject_for=eject_for)
+            outcome, eject_for = self._routes.verdict(response.status_code, response.headers)
+            verdict = {"outcome": outcome, "eject_for": eject_for}
             response.distbreaker_member = pick.member  # type: ignore[attr-defined]
-            if run.answered(response, verdict):
+            if run.answered(response, outcome):
+                pool.record(pick, **verdict)
                 return response
+            pick = pool.repick(pick, **verdict, key=key, avoid=run.tried)
 
     def _to_member(self, request: requests.PreparedRequest, parts: urllib.parse.SplitResult,
                    member: str) -> requests.PreparedRequest:
