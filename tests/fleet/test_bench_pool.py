@@ -66,6 +66,7 @@ def test_bench_reports_every_variant_and_the_cap_holds(redis_url: str) -> None:
         assert cap["cap_violations"] == 0 and 1 <= cap["max_ejected"] <= 5, cap
         assert cap["healthy_ever_ejected"] == [], cap
     assert doc["cap"]["fleet"]["reads"] > 0
+    assert doc["cap"]["per_process"]["max_ejected_by_any_process"] >= 1
     assert set(doc["targets"]["met"]) == {"ejected_within_quarter_of_per_process_calls",
                                           "bad_share_after_eject_le_1pct",
                                           "zero_cap_violations"}
@@ -106,6 +107,8 @@ def test_per_process_ejector_follows_the_rules() -> None:
             ejector.record(member, 500, 0.001)
     assert set(ejector.until) == {"m0", "m1"}
     assert bench_pool.most_ejected(ejector.log) == 2
+    other = [(0.5, "m2", "eject", "x"), (0.6, "m3", "eject", "x")]
+    assert bench_pool.most_ejected_anywhere([ejector.log, other], 3) == (4, 1)
     # An ejection ends after base_ejection x its number; counters start again.
     ejector.until = {m: time.time() - 1 for m in ejector.until}
     assert ejector.routable(time.time()) == ["m0", "m1", "m2", "m3"]
