@@ -63,7 +63,6 @@ local SLOW, PSLOW = 23, 24  -- calls slower than the pool's latency threshold (l
                             -- interval and the last
 local NREC = 24
 local REC_PATTERN = '^' .. string.rep('(%d+) ', NREC - 1) .. '(%d+)$'
-local PICK_PATTERN = '^(%d+) (%d+) (%d+) (%d+) (%d+) '
 -- states and overrides
 local HEALTHY, EJECTED, PROBING = 0, 1, 2
 local FORCED, EXEMPT = 1, 2
@@ -108,9 +107,28 @@ local function decode(s)
   return r
 end
 
--- every field is an integer below 1e14: Lua prints it as one (no format call per field)
+-- The record's first four fields (ST UNTIL W PR) have a fixed width, so a pick finds
+-- them as one 32-character prefix, the same string while they do not change: parsed once
+-- and kept (PICK_VIEWS) in the function library between calls. The other fields are
+-- integers below 1e14: Lua prints them as such (no format call per field).
+local PREFIX_LEN = 32
 local function encode(r)
-  return table.concat(r, ' ')
+  local head = string.format('%d %013d %07d %07d ', r[ST], r[UNTIL], r[W], r[PR])
+  return head .. table.concat(r, ' ', EW)
+end
+
+local PICK_VIEWS, PICK_VIEWS_N = {}, 0
+-- {ST, UNTIL, W, PR} of a record's prefix (nil when it is not one)
+local function pick_view(head)
+  local view = PICK_VIEWS[head]
+  if view == nil then
+    local st, untl, w, pr = string.match(head, '^(%d+) (%d+) (%d+) (%d+) ')
+    if not pr then return nil end
+    view = {st + 0, untl + 0, w + 0, pr + 0}
+    if PICK_VIEWS_N >= 4096 then PICK_VIEWS, PICK_VIEWS_N = {}, 0 end
+    PICK_VIEWS[head], PICK_VIEWS_N = view, PICK_VIEWS_N + 1
+  end
+  return view
 end
 
 local function fresh(weight)
@@ -175,11 +193,12 @@ local function enforced(pct, roll)
   return pct >= 100 or (pct > 0 and roll % 100 < pct)
 end
 
--- Eject member r (room already checked): the time grows with the number of ejections.
+-- Eject member r (room already checked): the time grows with the number of ejections
+-- (a Retry-After's is the time it asks, and does not grow the next one).
 local function eject(r, c, why, now, for_ms)
-  r[MULT] = r[MULT] + 1
   local d = for_ms
   if not d then
+    r[MULT] = r[MULT] + 1
     d = c[C_BASE] * r[MULT]
     local cap = c[C_MAX] > c[C_BASE] and c[C_MAX] or c[C_BASE]
     if d > cap then d = cap end
@@ -337,9 +356,12 @@ local function reap(K, KL, P, now)
     end
   end
   redis.call('ZREM', KL, unpack(gone))
+  local fields = {}
   for _, name in ipairs(P.names) do
-    redis.call('HSET', K, 'i:' .. name, fmt(P.infl[name] or 0))
+    fields[#fields + 1] = 'i:' .. name
+    fields[#fields + 1] = fmt(P.infl[name] or 0)
   end
+  if fields[1] then redis.call('HSET', K, unpack(fields)) end
 end
 
 local function touch(KEYS, x, now, c, fields)
@@ -371,17 +393,23 @@ local function valid_member(name)
   return name ~= nil and name ~= '' and #name <= 200 and not string.find(name, '[%s%c]')
 end
 
+-- a candidate's weight (a member of weight 0 is a candidate only when all are: then 1)
+local function wt(view)
+  local w = view[W]
+  return w > 0 and w or 1
+end
+
 -- weighted choice of one of `list` (names) by a random integer; skips `not_this`
 local function weighted(list, recs, rnd, not_this)
   local total = 0
   for _, name in ipairs(list) do
-    if name ~= not_this then total = total + recs[name][W] end
+    if name ~= not_this then total = total + wt(recs[name]) end
   end
   if total <= 0 then return nil end
   local target = rnd % total
   for _, name in ipairs(list) do
     if name ~= not_this then
-      target = target - recs[name][W]
+      target = target - wt(recs[name])
       if target < 0 then return name end
     end
   end
@@ -395,7 +423,7 @@ local function sticky(list, recs, key)
   for _, name in ipairs(list) do
     local h = tonumber(string.sub(redis.sha1hex(key .. '\n' .. name), 1, 13), 16)
     local u = (h + 1) / 4503599627370497  -- (0, 1]
-    local score = -math.log(u) / recs[name][W]
+    local score = -math.log(u) / wt(recs[name])
     if best_score == nil or score < best_score then best, best_score = name, score end
   end
   return best
@@ -407,19 +435,19 @@ end
 local function load_pick(K)
   local raw = redis.pcall('HGETALL', K)
   if raw['err'] then return nil, failed_on(K, 'hash', raw) end
-  local names, recs, infl, f = {}, {}, {}, {}
-  local match, sub, byte, num = string.match, string.sub, string.byte, tonumber
+  local names, recs, infl, f, raws = {}, {}, {}, {}, {}
+  local sub, byte, num = string.sub, string.byte, tonumber
   local n = 0
   for j = 1, #raw, 2 do
     local k = raw[j]
     local b1, b2 = byte(k, 1, 2)
     if b1 == 109 and b2 == 58 then  -- 'm:'
-      local name = sub(k, 3)
-      local st, untl, w, pr, ew = match(raw[j + 1], PICK_PATTERN)
-      if not ew then return nil, schema_error(K, 'has a corrupt member record ' .. name) end
+      local name, v = sub(k, 3), raw[j + 1]
+      local view = pick_view(sub(v, 1, PREFIX_LEN))  -- shared: never written to
+      if not view then return nil, schema_error(K, 'has a corrupt member record ' .. name) end
       n = n + 1
       names[n] = name
-      recs[name] = {st + 0, untl + 0, w + 0, pr + 0, ew + 0}  -- coerced: no call per field
+      recs[name], raws[name] = view, v
     elseif b1 == 105 and b2 == 58 then  -- 'i:'
       infl[sub(k, 3)] = num(raw[j + 1]) or 0
     else
@@ -429,7 +457,12 @@ local function load_pick(K)
   if #raw > 0 and f['v'] ~= '1' then
     return nil, schema_error(K, 'has layout version ' .. tostring(f['v']) .. ', this client speaks 1')
   end
-  return {names = names, recs = recs, infl = infl, f = f}
+  return {names = names, recs = recs, infl = infl, f = f, raws = raws}
+end
+
+-- a member's latency EWMA (µs), for balance=latency only
+local function ewma_of(P, name)
+  return tonumber(string.match(P.raws[name], '^%d+ %d+ %d+ %d+ (%d+)')) or 0
 end
 
 local function pick(KEYS, ARGV, c, now)
@@ -476,9 +509,6 @@ local function pick(KEYS, ARGV, c, now)
     for _, name in ipairs(cand) do if not avoided[name] then kept[#kept + 1] = name end end
     if #kept > 0 then cand = kept end
   end
-  for _, name in ipairs(cand) do
-    if recs[name][W] <= 0 then recs[name][W] = 1 end  -- every candidate has a weight
-  end
   local chosen
   if #cand == 1 then
     chosen = cand[1]
@@ -490,10 +520,11 @@ local function pick(KEYS, ARGV, c, now)
     if c[C_BAL] ~= 2 then
       local b = weighted(cand, recs, r2, a)
       if b then
-        local ra, rb = recs[a], recs[b]
-        local la, lb = (infl[a] or 0) * rb[W], (infl[b] or 0) * ra[W]
+        local wa, wb = wt(recs[a]), wt(recs[b])
+        local la, lb = (infl[a] or 0) * wb, (infl[b] or 0) * wa
         if c[C_BAL] == 1 then  -- latency first (an unmeasured member is tried), then load
-          if ra[EW] ~= rb[EW] then la, lb = ra[EW] * rb[W], rb[EW] * ra[W] end
+          local ea, eb = ewma_of(P, a), ewma_of(P, b)
+          if ea ~= eb then la, lb = ea * wb, eb * wa end
         end
         if lb < la then chosen = b end
       end

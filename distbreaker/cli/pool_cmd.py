@@ -76,9 +76,11 @@ def pool_show(ctx: click.Context, name: str, as_json: bool, events: int) -> None
     if as_json:
         emit_json({**pool_row(status), "events": history})
         return
+    threshold = (f", latency threshold {duration(status.latency_threshold)}"
+                 if status.latency_threshold else "")
     click.echo(f"pool {name}: {len(status.members)} members, {status.ejected} ejected"
-               + ("  PANIC (too few healthy: picks go to every member)" if status.panic
-                  else ""))
+               + threshold + ("  PANIC (too few healthy: picks go to every member)"
+                              if status.panic else ""))
     click.echo(f"{'MEMBER':30} {'STATE':9} {'WHY':24} {'FOR':>8} {'FLIGHT':>6} "
                f"{'SUCCESS':>7} {'LATENCY':>8} {'EJECTIONS':>9}")
     for m in status.members:

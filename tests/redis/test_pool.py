@@ -229,3 +229,28 @@ def test_a_foreign_leases_key_fails_a_pick_before_any_write(redis_url: str, name
     client.delete(*keys.script_keys)
     client.close()
     pool.close()
+
+
+@pytest.fixture
+def server() -> Any:
+    from tests.helpers.processes import private_redis_server
+    yield from private_redis_server()
+
+
+def test_redis_down_picks_go_on_locally_then_back_to_the_fleet(server: Any, name: str) -> None:
+    """Principle 7: picks never fail on Redis; a member this process saw ejected is
+    avoided meanwhile; when Redis is back (empty: restarted without persistence) the
+    members are put back and picks are counted fleet-wide again."""
+    pool = Pool(name, server.url, members=["a", "b", "c"], consecutive_5xx=1,
+                max_ejection_percent=50, redis_timeout=0.5, redis_retry_max_backoff=0.2)
+    pool.record(pool.pick(), status=200)
+    assert pool.record("a", status=500).state == "ejected"
+    server.kill()
+    picks = [pool.pick() for _ in range(30)]
+    assert {p.source for p in picks} == {"local"} and "a" not in {p.member for p in picks}
+    assert pool.record(picks[0], status=500) is None  # dropped, not raised
+    server.start()
+    wait_until(lambda: pool.pick().source == "redis", timeout=30, interval=0.1,
+               what="picks go back to Redis")
+    assert sorted(pool.members()) == ["a", "b", "c"]
+    pool.close()

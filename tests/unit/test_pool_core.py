@@ -484,3 +484,13 @@ def test_a_pool_that_slows_down_as_a_whole_ejects_nobody(memory: str) -> None:
     rounds_until(pool, round_at(0.02), lambda: client.hget(pool.keys.members, "lt") == b"60")
     rounds_until(pool, round_at(0.5), lambda: client.hget(pool.keys.members, "lt") == b"1500")
     assert ejected(pool) == set()
+
+
+def test_latency_balance_prefers_the_faster_member(memory: str) -> None:
+    pool = make(memory, members=["a", "b"], balance="latency", consecutive_5xx=0)
+    pool.pick(track=False)  # puts the members in
+    ok(pool, "a", 3, duration=0.1)
+    ok(pool, "b", 3, duration=0.01)
+    assert {pool.pick(track=False).member for _ in range(20)} == {"b"}
+    raw = memory_client(memory).hget(pool.keys.members, "m:a").decode()
+    assert raw.startswith("0 0000000000000 0000001 0000000 ")  # the fixed-width prefix
