@@ -81,13 +81,15 @@ def pool_show(ctx: click.Context, name: str, as_json: bool, events: int) -> None
     click.echo(f"pool {name}: {len(status.members)} members, {status.ejected} ejected"
                + threshold + ("  PANIC (too few healthy: picks go to every member)"
                               if status.panic else ""))
-    click.echo(f"{'MEMBER':30} {'STATE':9} {'WHY':24} {'FOR':>8} {'FLIGHT':>6} "
+    click.echo(f"{'MEMBER':30} {'STATE':9} {'WHY':30} {'FOR':>8} {'FLIGHT':>6} "
                f"{'SUCCESS':>7} {'LATENCY':>8} {'EJECTIONS':>9}")
     for m in status.members:
         left = duration(m.ejected_until - status.read_at) if m.ejected_until else "-"
         latency = duration(m.mean_latency) if m.mean_latency is not None else "-"
         why = m.why if (m.state != "healthy" or m.override) else ""
-        click.echo(f"{m.member:30} {m.state:9} {why or '-':24} {left:>8} {m.in_flight:>6} "
+        if m.capped and not m.ejected:
+            why = f"capped: {m.why}"
+        click.echo(f"{m.member:30} {m.state:9} {why or '-':30} {left:>8} {m.in_flight:>6} "
                    f"{_rate(m.success_rate):>7} {latency:>8} {m.ejections:>9}")
     if history:
         click.echo("\nlast events:")

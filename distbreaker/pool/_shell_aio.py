@@ -69,7 +69,8 @@ class PoolShell(PoolCore):
         not to choose unless nothing else is left (a retry's). One script call; the pick
         holds a lease counted in the member's in-flight count until it is recorded
         (`track=False`: no lease, no in-flight count). Raises `NoPoolMember`."""
-        found = await send_async(self._client, self.pick_pending(key, avoid, track))
+        found: Pick | None = await send_async(self._client,
+                                              self.pick_pending(key, avoid, track))
         if found is None and self.members_to_restore and not self.local_fallback_active:
             await self._members("init", self.members_to_restore)  # the keys had expired
             found = await send_async(self._client, self.pick_pending(key, avoid, track))
@@ -92,8 +93,9 @@ class PoolShell(PoolCore):
         of a pick records without a lease. None while Redis is unreachable (dropped)."""
         code, duration, eject_for = self.finish(pick, error, status, headers, outcome,
                                                 duration, eject_for)
-        return await send_async(self._client,
-                                self.record_pending(pick, code, duration, eject_for))
+        change: MemberChange | None = await send_async(
+            self._client, self.record_pending(pick, code, duration, eject_for))
+        return change
 
     async def repick(self, previous: Pick, error: BaseException | None = None, *,
                      status: int | None = None, headers: Any = None,
@@ -105,7 +107,7 @@ class PoolShell(PoolCore):
         ONE script call on one server time. Raises `NoPoolMember`."""
         code, duration, eject_for = self.finish(previous, error, status, headers, outcome,
                                                 duration, eject_for)
-        found = await send_async(self._client, self.repick_pending(
+        found: Pick | None = await send_async(self._client, self.repick_pending(
             previous, code, duration, eject_for, key, avoid, track))
         if found is None:
             raise NoPoolMember(self.name)

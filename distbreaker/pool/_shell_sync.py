@@ -71,7 +71,8 @@ class PoolShell(PoolCore):
         not to choose unless nothing else is left (a retry's). One script call; the pick
         holds a lease counted in the member's in-flight count until it is recorded
         (`track=False`: no lease, no in-flight count). Raises `NoPoolMember`."""
-        found = send(self._client, self.pick_pending(key, avoid, track))
+        found: Pick | None = send(self._client,
+                                  self.pick_pending(key, avoid, track))
         if found is None and self.members_to_restore and not self.local_fallback_active:
             self._members("init", self.members_to_restore)  # the keys had expired
             found = send(self._client, self.pick_pending(key, avoid, track))
@@ -94,8 +95,9 @@ class PoolShell(PoolCore):
         of a pick records without a lease. None while Redis is unreachable (dropped)."""
         code, duration, eject_for = self.finish(pick, error, status, headers, outcome,
                                                 duration, eject_for)
-        return send(self._client,
-                    self.record_pending(pick, code, duration, eject_for))
+        change: MemberChange | None = send(
+            self._client, self.record_pending(pick, code, duration, eject_for))
+        return change
 
     def repick(self, previous: Pick, error: BaseException | None = None, *,
                status: int | None = None, headers: Any = None,
@@ -107,7 +109,7 @@ class PoolShell(PoolCore):
         ONE script call on one server time. Raises `NoPoolMember`."""
         code, duration, eject_for = self.finish(previous, error, status, headers, outcome,
                                                 duration, eject_for)
-        found = send(self._client, self.repick_pending(
+        found: Pick | None = send(self._client, self.repick_pending(
 previous, code, duration, eject_for, key, avoid, track))
         if found is None:
             raise NoPoolMember(self.name)

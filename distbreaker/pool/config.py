@@ -49,6 +49,7 @@ def normalize_members(members: Any) -> Members:
         members = [members]
     items: Iterable[Any] = members.items() if isinstance(members, Mapping) else members
     out: dict[str, int] = {}
+    name: Any
     for item in items:
         if isinstance(item, str):
             name, weight = item, 1
@@ -74,7 +75,8 @@ class PoolConfig:
     the median member's mean latency, at least `latency_threshold`; a member whose
     `latency_percentile` latency is above it while the median member's is not is an
     outlier), probes after an ejection (`probe_calls`: the calls a member back
-    from ejection gets one at a time; one failure ejects it again, longer), a lease per
+    from ejection gets first, at most that many in flight; one failure ejects it again,
+    longer), a lease per
     pick (`max_call_duration`: a pick never recorded leaves the in-flight count after it).
     `members`: the static members (names, (name, weight) pairs or a mapping), sent to Redis
     by the first call of a process when the pool has none there; `set_members()` changes
@@ -160,9 +162,13 @@ class PoolConfig:
         return dataclasses.replace(self, **changes)
 
 
+def _ms(seconds: Any) -> int:
+    return to_ms(float(seconds))
+
+
 def config_wire(cfg: PoolConfig) -> str:
     values = (
-        to_ms(cfg.interval), to_ms(cfg.base_ejection_time), to_ms(cfg.max_ejection_time),
+        _ms(cfg.interval), _ms(cfg.base_ejection_time), _ms(cfg.max_ejection_time),
         cfg.max_ejection_percent,
         cfg.consecutive_5xx, cfg.consecutive_gateway_failure,
         cfg.consecutive_local_origin_failure, cfg.enforcing_consecutive_5xx,
@@ -175,8 +181,8 @@ def config_wire(cfg: PoolConfig) -> str:
         cfg.failure_percentage_request_volume, cfg.enforcing_failure_percentage,
         round(cfg.latency_factor * 1000), cfg.latency_minimum_hosts,
         cfg.latency_request_volume, cfg.enforcing_latency,
-        cfg.healthy_panic_threshold, cfg.probe_calls, max(1, to_ms(cfg.max_call_duration)),
-        max(1, to_ms(cfg.key_ttl)), BALANCES.index(cfg.balance), to_ms(cfg.latency_threshold),
+        cfg.healthy_panic_threshold, cfg.probe_calls, max(1, _ms(cfg.max_call_duration)),
+        max(1, _ms(cfg.key_ttl)), BALANCES.index(cfg.balance), _ms(cfg.latency_threshold),
         cfg.latency_percentile,
     )
     return ",".join(str(v) for v in values)

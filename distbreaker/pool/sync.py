@@ -23,7 +23,7 @@ class Pool(PoolShell):
     ``base_ejection_time x ejections`` (up to `max_ejection_time`), never more than
     `max_ejection_percent` of the pool at once (decided atomically by one script for the
     whole fleet); with fewer than `healthy_panic_threshold` percent healthy, picks go to
-    every member (panic). A member back from ejection gets `probe_calls` probes one at a
-    time. `pick()` is the power of two choices on fleet-wide in-flight counts (or latency).
-    Keyword arguments override fields of `config` (a `PoolConfig`).
+    every member (panic). A member back from ejection gets `probe_calls` probes first (at
+    most that many in flight). `pick()` is the power of two choices on fleet-wide in-flight
+    counts (or latency). Keyword arguments override fields of `config` (a `PoolConfig`).
     """
