@@ -138,15 +138,15 @@ def _stored_wire(client: Any, keys: PoolKeys) -> str:
 def act_on_member(client: Any, prefix: str, name: str, op: str, member: str,
                   duration: float | None = None, actor: str = "cli") -> MemberChange:
     """An operator's ``eject`` (for `duration` seconds; None: until uneject), ``uneject``
-    or ``exempt`` (never ejected by the rules until uneject) of one member, fleet-wide:
-    one script call. `state` "" when the pool has
+    or ``exempt`` (never ejected by the rules, for `duration` seconds; None: until uneject)
+    of one member, fleet-wide: one script call. `state` "" when the pool has
     no such member."""
     if op not in ("eject", "uneject", "exempt"):
         raise ValueError(f"op must be eject, uneject or exempt, got {op!r}")
     keys = PoolKeys.build(name, prefix)
     validate_member(member)
     wire = _stored_wire(client, keys)
-    if op == "eject":
+    if op in ("eject", "exempt"):
         ms = 0 if duration is None else max(1, round(duration * 1000))
         args = [op, wire, member, str(ms), actor]
     else:

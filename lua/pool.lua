@@ -14,7 +14,7 @@
 --   lt          the pool's latency threshold (ms) during this interval (0: none yet)
 --   m:<member>  the member's record: 22 integers separated by one space (REC below)
 --   i:<member>  the member's fleet-wide in-flight count (picks with a lease not yet
---               recorded; expired leases are reaped when an interval closes)
+--               recorded; expired leases are reaped when an interval closes); absent: 0
 -- KEYS[2] <ns>:{<pool>}:pool:leases  zset: "<token> <member>" -> lease deadline (server ms)
 -- KEYS[3] <ns>:{<pool>}:pool:events  stream: member, event, why, until, actor, at (server ms
 --                                     of the decision; MAXLEN ~1000)
@@ -43,8 +43,9 @@
 --          ARGV[4..] member, weight pairs (remove: members only)
 --   reply {members now, changed}
 -- eject:   ARGV[3] member  ARGV[4] duration ms (0: until uneject)  ARGV[5] actor
--- uneject, exempt: ARGV[3] member  ARGV[4] actor (exempt: never ejected by the rules
---          until an uneject)
+-- uneject: ARGV[3] member  ARGV[4] actor
+-- exempt:  ARGV[3] member  ARGV[4] duration ms (0: until uneject)  ARGV[5] actor: never
+--          ejected by the rules meanwhile (a healthy member's UNTIL holds the end)
 --   reply {state, until_ms, why, event, now_ms} as record
 -- status:  reply {now_ms, iv, cfg, lt, n, then per member: name, record, in-flight}
 --
@@ -142,6 +143,11 @@ end
 local function state_of(r, now)
   if r[ST] == EJECTED and r[UNTIL] <= now then return PROBING end
   return r[ST]
+end
+
+-- an operator's exemption in force (a healthy member's UNTIL is its end, 0: none)
+local function exempt_now(r, now)
+  return r[OVR] == EXEMPT and (r[UNTIL] == 0 or r[UNTIL] > now)
 end
 
 -- Every member of the pool: {names (sorted), recs, infl, fields}; nil, error on foreign data.
@@ -251,7 +257,7 @@ local function close_interval(P, c, now, roll, events)
     table.sort(list, function(a, b) return a[2] < b[2] or (a[2] == b[2] and a[1] < b[1]) end)
     for _, item in ipairs(list) do
       local r = recs[item[1]]
-      if r[ST] ~= EJECTED and r[OVR] ~= EXEMPT and enforced(enforce, roll) then
+      if r[ST] ~= EJECTED and not exempt_now(r, now) and enforced(enforce, roll) then
         if room > 0 then
           eject(r, c, why, now)
           room = room - 1
@@ -356,12 +362,18 @@ local function reap(K, KL, P, now)
     end
   end
   redis.call('ZREM', KL, unpack(gone))
-  local fields = {}
+  local fields, zero = {}, {}
   for _, name in ipairs(P.names) do
-    fields[#fields + 1] = 'i:' .. name
-    fields[#fields + 1] = fmt(P.infl[name] or 0)
+    local n = P.infl[name] or 0
+    if n > 0 then
+      fields[#fields + 1] = 'i:' .. name
+      fields[#fields + 1] = fmt(n)
+    else
+      zero[#zero + 1] = 'i:' .. name
+    end
   end
   if fields[1] then redis.call('HSET', K, unpack(fields)) end
+  if zero[1] then redis.call('HDEL', K, unpack(zero)) end
 end
 
 local function touch(KEYS, x, now, c, fields)
@@ -579,7 +591,8 @@ local function apply(whole, name, r, c, now, roll, outcome, dur, eject_ms, event
     ev = 'probing'
     event(events, name, ev, r)
   end
-  if st == EJECTED or r[OVR] == EXEMPT then return ev end
+  if st == EJECTED or exempt_now(r, now) then return ev end
+  if r[OVR] == EXEMPT then r[OVR], r[UNTIL] = 0, 0 end  -- the exemption ended
   local why, for_ms = nil, nil
   if eject_ms > 0 then
     why, for_ms = WHY_RA, eject_ms
@@ -625,7 +638,8 @@ local function release(K, KL, token, name, member_exists)
   local gone = redis.pcall('ZREM', KL, token .. ' ' .. name)
   if type(gone) == 'table' and gone['err'] then return false, failed_on(KL, 'zset', gone) end
   if gone == 1 and member_exists then
-    if redis.call('HINCRBY', K, 'i:' .. name, -1) < 0 then redis.call('HSET', K, 'i:' .. name, 0) end
+    -- a member with nothing in flight has no i: field: one field less for every pick
+    if redis.call('HINCRBY', K, 'i:' .. name, -1) <= 0 then redis.call('HDEL', K, 'i:' .. name) end
     return true
   end
   return false
@@ -667,6 +681,13 @@ local function record(KEYS, ARGV, c, now, roll)
   local iv, x = tonumber(raw[2] or '0') or 0, tonumber(raw[3] or '0') or 0
   local lt = tonumber(raw[5] or '0') or 0
   local due = now - iv >= c[C_IV]
+  if outcome == 'n' and not due then  -- an abandoned call: its lease goes, nothing else
+    local _, err0 = release(K, KL, token, name, raw[4] ~= false)
+    if err0 then return err0 end
+    local view = raw[4] and pick_view(string.sub(raw[4], 1, PREFIX_LEN))
+    if not view then return {-1, 0, 0, '', now} end
+    return {state_of(view, now), view[UNTIL], 0, '', now}
+  end
   if outcome == 's' and eject_ms == 0 and raw[4] and not due then
     local t = quick_success(raw[4], dur, lt)
     if t then
@@ -735,7 +756,7 @@ local function record(KEYS, ARGV, c, now, roll)
 end
 
 local function members(KEYS, ARGV, c, now)
-  local K, KL = KEYS[1], KEYS[2]
+  local K = KEYS[1]
   local mode = ARGV[3]
   local given, order = {}, {}
   local step = mode == 'remove' and 1 or 2
@@ -760,8 +781,8 @@ local function members(KEYS, ARGV, c, now)
       if drop then gone[#gone + 1] = name end
     end
   end
-  local fields = {'v', '1'}
-  if not P.f['iv'] then fields[3], fields[4] = 'iv', fmt(now) end
+  local fields = {'v', '1', 'x', fmt(now)}
+  if not P.f['iv'] then fields[5], fields[6] = 'iv', fmt(now) end
   if mode ~= 'remove' then
     for _, name in ipairs(order) do
       local r = P.recs[name]
@@ -785,7 +806,6 @@ local function members(KEYS, ARGV, c, now)
     redis.call('HDEL', K, 'm:' .. name, 'i:' .. name)
     changed = changed + 1
   end
-  redis.call('HSET', K, 'x', fmt(now))
   expire_all(KEYS, c)
   local count = #P.names - #gone
   for _, name in ipairs(order) do
@@ -798,7 +818,7 @@ local function operator(KEYS, ARGV, c, now, op)
   local K, KH = KEYS[1], KEYS[3]
   local name = ARGV[3]
   local ms, actor
-  if op == 'eject' then
+  if op == 'eject' or op == 'exempt' then
     ms, actor = tonumber(ARGV[4]), ARGV[5] or ''
     if not ms or ms < 0 then return bad_args(op) end
   else
@@ -822,6 +842,7 @@ local function operator(KEYS, ARGV, c, now, op)
   else  -- Envoy #6016: back at once, healthy, its ejection count forgotten; exempt:
         -- the same, and never ejected by the rules until an uneject (a breaker's DISABLED)
     r[ST], r[UNTIL], r[OVR], r[PR], r[MULT] = HEALTHY, 0, op == 'exempt' and EXEMPT or 0, 0, 0
+    if op == 'exempt' and ms > 0 then r[UNTIL] = now + ms end
     r[C5], r[CG], r[CL], r[CAPPED] = 0, 0, 0, 0
     ev = op == 'exempt' and 'exempted' or 'unejected'
   end

@@ -102,6 +102,13 @@ def pool_show(ctx: click.Context, name: str, as_json: bool, events: int) -> None
             click.echo(f"  {when} {e['member']} {e['event']}{why}{until}{actor}")
 
 
+def _seconds(for_text: str | None) -> float | None:
+    try:
+        return to_seconds(for_text, "--for", positive=True) if for_text else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--for") from None
+
+
 def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}%"
 
@@ -139,10 +146,7 @@ def pool_eject(ctx: click.Context, name: str, member: str, for_text: str | None,
     """Eject MEMBER fleet-wide (not bound by max_ejection_percent); it comes back through
     probes when the time ends."""
     app: App = ctx.find_object(App)
-    try:
-        seconds = to_seconds(for_text, "--for", positive=True) if for_text else None
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--for") from None
+    seconds = _seconds(for_text)
     _status(app, name)
     _report(act_on_member(app.client, app.prefix, name, "eject", member, seconds,
                           actor=actor or default_actor()), name)
@@ -151,12 +155,17 @@ def pool_eject(ctx: click.Context, name: str, member: str, for_text: str | None,
 @pool.command("exempt")
 @click.argument("name")
 @click.argument("member")
+@click.option("--for", "for_text", metavar="DURATION",
+              help="End the exemption after DURATION (30m, 1h30m, 90s); default: until "
+              "uneject.")
 @click.option("--actor", default=None, help="Who acts (default user@host).")
 @click.pass_context
-def pool_exempt(ctx: click.Context, name: str, member: str, actor: str | None) -> None:
-    """Put MEMBER back and never eject it by the rules until `pool uneject` (an operator's
-    eject still works)."""
+def pool_exempt(ctx: click.Context, name: str, member: str, for_text: str | None,
+                actor: str | None) -> None:
+    """Put MEMBER back and never eject it by the rules (for DURATION, or until `pool
+    uneject`); an operator's eject still works."""
     app: App = ctx.find_object(App)
+    seconds = _seconds(for_text)
     _status(app, name)
-    _report(act_on_member(app.client, app.prefix, name, "exempt", member,
+    _report(act_on_member(app.client, app.prefix, name, "exempt", member, seconds,
                           actor=actor or default_actor()), name)

@@ -12,8 +12,9 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from .._runtime.connection import LoopClients
 from .._runtime.health import redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
+from .._runtime.preflight import preflight_async
 from .._runtime.scripts import run_script_async, send_async
-from ..errors import NoPoolMember
+from ..errors import NoPoolMember, RedisUnavailable
 from .config import PoolConfig
 from .core import MemberChange, Pick, PoolCore, PoolStatus, decode_change
 
@@ -72,8 +73,12 @@ class PoolShell(PoolCore):
         found: Pick | None = await send_async(self._client,
                                               self.pick_pending(key, avoid, track))
         if found is None and self.members_to_restore and not self.local_fallback_active:
-            await self._members("init", self.members_to_restore)  # the keys had expired
-            found = await send_async(self._client, self.pick_pending(key, avoid, track))
+            try:  # the keys had expired (or a new Redis): this process's members go back
+                await self._members("init", self.members_to_restore)
+            except RedisUnavailable:
+                found = self.local_pick(key, avoid)
+            else:
+                found = await send_async(self._client, self.pick_pending(key, avoid, track))
         if found is None:
             raise NoPoolMember(self.name)
         self.learn(found)
@@ -174,11 +179,13 @@ class PoolShell(PoolCore):
         raw = await self._run(self.uneject_args(member, actor))
         return self.note_change(decode_change(member, raw))
 
-    async def exempt(self, member: str, *, actor: str = "") -> MemberChange:
+    async def exempt(self, member: str, duration: float | None = None, *,
+                     actor: str = "") -> MemberChange:
         """Put `member` back at once and never eject it by the rules (consecutive failures,
-        success rate, ...) until `uneject`; an operator's `eject` still works. For a member
-        known good whose errors are expected (a canary, a maintenance window)."""
-        raw = await self._run(self.uneject_args(member, actor, exempt=True))
+        success rate, ...) for `duration` seconds (None: until `uneject`); an operator's
+        `eject` still works. For a member known good whose errors are expected (a canary,
+        a maintenance window): a breaker's DISABLED."""
+        raw = await self._run(self.exempt_args(member, duration, actor))
         return self.note_change(decode_change(member, raw))
 
     async def status(self) -> PoolStatus:
@@ -201,6 +208,14 @@ class PoolShell(PoolCore):
         """Forget the pool in Redis: members, health records, leases and history."""
         with redis_unavailable_as(f"pool {self.name!r}"):
             await self._client.delete(*self.keys.script_keys)
+
+    async def check(self) -> None:
+        """Raise `CheckFailed` (a `RedisUnavailable` naming the cause and its fix) unless
+        Redis can serve this pool (a wrong URL, a replica, a missing ACL permission, a full
+        Redis): for an app that would rather fail at start-up than pick locally. Writes
+        nothing; picks never raise it."""
+        await preflight_async(self._client, f"pool {self.name!r}", ("pool",),
+                              self.keys.members, "")
 
     async def aclose(self) -> None:
         """Close the client this pool built from a URL (a client given to it is yours)."""

@@ -247,12 +247,19 @@ def member_status(name: str, rec: Sequence[int], in_flight: int, now_ms: int) ->
         mean_latency=(r["prev_latency_ms"] / r["prev_latency_n"] / 1000
                       if r["prev_latency_n"] else None),
         latency_ewma=r["ewma_us"] / 1e6 if r["ewma_us"] else None,
-        override=OVERRIDES[r["override"]] if 0 <= r["override"] < len(OVERRIDES) else "",
+        override=_override(r, now_ms),
         last_ejected_at=r["ejected_at_ms"] / 1000 if r["ejected_at_ms"] else None,
         capped=bool(r["capped"]),
         slow_share=(100.0 * r["prev_slow"] / r["prev_latency_n"] if r["prev_latency_n"]
                     else None),
     )
+
+
+def _override(r: dict[str, int], now_ms: int) -> str:
+    name = OVERRIDES[r["override"]] if 0 <= r["override"] < len(OVERRIDES) else ""
+    if name == "exempt" and 0 < r["until_ms"] <= now_ms:
+        return ""  # the exemption ended (written by the member's next record)
+    return name
 
 
 def decode_status(name: str, raw: Sequence[Any], panic_threshold: int | None = None) -> PoolStatus:
@@ -470,8 +477,12 @@ class PoolCore:
         ms = 0 if duration is None else max(1, to_ms(to_seconds(duration, "duration")))
         return self._args("eject", validate_member(member), ms, actor)
 
-    def uneject_args(self, member: str, actor: str, exempt: bool = False) -> list[str]:
-        return self._args("exempt" if exempt else "uneject", validate_member(member), actor)
+    def uneject_args(self, member: str, actor: str) -> list[str]:
+        return self._args("uneject", validate_member(member), actor)
+
+    def exempt_args(self, member: str, duration: float | None, actor: str) -> list[str]:
+        ms = 0 if duration is None else max(1, to_ms(to_seconds(duration, "duration")))
+        return self._args("exempt", validate_member(member), ms, actor)
 
     def status_args(self) -> list[str]:
         return self._args("status")

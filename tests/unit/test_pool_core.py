@@ -494,3 +494,13 @@ def test_latency_balance_prefers_the_faster_member(memory: str) -> None:
     assert {pool.pick(track=False).member for _ in range(20)} == {"b"}
     raw = memory_client(memory).hget(pool.keys.members, "m:a").decode()
     assert raw.startswith("0 0000000000000 0000001 0000000 ")  # the fixed-width prefix
+
+
+def test_an_exemption_for_a_while_ends_by_itself(memory: str) -> None:
+    pool = make(memory, members=["a", "b"], consecutive_5xx=1, max_ejection_percent=50)
+    pool.pick(track=False)  # puts the members in
+    assert pool.exempt("a", 3600).event == "exempted"  # (in force: the test above)
+    assert pool.status().member("a").override == "exempt"
+    pool.exempt("a", 0.01)
+    wait_until(lambda: pool.status().member("a").override == "", timeout=10)
+    assert pool.record("a", status=500).event == "ejected"  # the rules again
