@@ -275,6 +275,9 @@ def idle_long_window(client: redis.Redis, name: str, gap: int, label: str,
             made = True
         for breaker in pool:
             age_time_record(client, breaker.keys.state, gap, ttl_due)
+            # its first call after the gap says hello, as a worker's does after any gap
+            # longer than HELLO_INTERVAL (20 s)
+            breaker._codec._next_hello = 0.0
         turn = 0
 
     def call() -> None:
