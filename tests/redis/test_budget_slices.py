@@ -11,45 +11,48 @@ from distbreaker import RetryBudget
 from distbreaker._runtime.keys import DEFAULT_PREFIX
 
 
-def seed(client: redis.Redis, key: str, head_back: int) -> int:
-    """A budget hash (10 slices of 1 s) whose newest slice is `head_back` s old; slices
-    cur-12..cur-10 hold 5 deposits and 1 withdrawal each (they leave whatever second it
-    is next), cur-5 (or the head, when older) and the head slice 2 and 1 (they stay
-    unless the head is 10+ s old).
-    Answers the current slice."""
+def seed(client: redis.Redis, key: str, head_back: int) -> tuple[int, set[int]]:
+    """A budget hash (10 slices of 1 s) whose newest slice is `head_back` s old: the
+    slices that leave at the next call (ids in (head - 10, cur - 10]: they leave
+    whatever second it is by then) hold 5 deposits and 1 withdrawal each, the head
+    slice 2 and 1. Answers the current slice and the ids that leave."""
     seconds, micros = client.time()
     cur = (int(seconds) * 1000 + int(micros) // 1000) // 1000
     head = cur - head_back
     fields: dict[str, int | str] = {"v": "1", "slice_ms": "1000", "n": "10", "head": head,
                                     "ppm": 200000, "reserve": 100000000}
-    for sid in (cur - 12, cur - 11, cur - 10):
+    leaving = set(range(head - 9, cur - 9))
+    for sid in leaving:
         fields[f"d:{sid}"], fields[f"w:{sid}"] = 5, 1
-    for sid in {min(cur - 5, head), head} - {cur - 12, cur - 11, cur - 10}:
-        fields[f"d:{sid}"], fields[f"w:{sid}"] = 2, 1
+    if head not in leaving:
+        fields[f"d:{head}"], fields[f"w:{head}"] = 2, 1
     fields["D"] = sum(v for k, v in fields.items() if k.startswith("d:"))  # type: ignore[misc]
     fields["W"] = sum(v for k, v in fields.items() if k.startswith("w:"))  # type: ignore[misc]
     client.delete(key)
     client.hset(key, mapping=fields)
     client.pexpire(key, 60_000)
-    return cur
+    return cur, leaving
 
 
+@pytest.mark.parametrize("head_back", [1, 2, 3, 6])
 @pytest.mark.parametrize("op", ["deposit", "withdraw"])
 def test_a_new_slice_drops_the_slices_that_left(name: str, redis_url: str,
-                                                redis_client: redis.Redis, op: str) -> None:
+                                                redis_client: redis.Redis, op: str,
+                                                head_back: int) -> None:
     budget = RetryBudget(name, redis=redis_url, redis_timeout=5.0)
     key = f"{DEFAULT_PREFIX}:v2:{{{name}}}:rb"
-    cur = seed(redis_client, key, head_back=3)
+    cur, leaving = seed(redis_client, key, head_back)
     if op == "deposit":
         budget.deposit()
     else:
         budget.withdraw()
     stored = {k.decode(): v.decode() for k, v in redis_client.hgetall(key).items()}
-    left = {f"{kind}:{sid}" for kind in "dw" for sid in (cur - 12, cur - 11, cur - 10)}
-    assert not left & set(stored)
+    assert not {f"{kind}:{sid}" for kind in "dw" for sid in leaving} & set(stored)
     slices = {k: int(v) for k, v in stored.items() if k[:2] in ("d:", "w:")}
     assert int(stored["D"]) == sum(v for k, v in slices.items() if k.startswith("d:"))
     assert int(stored["W"]) == sum(v for k, v in slices.items() if k.startswith("w:"))
+    withdrew = op == "withdraw"   # a withdrawal deposits nothing (ARGV[7] 0)
+    assert (int(stored["D"]), int(stored["W"])) == ((2, 2) if withdrew else (3, 1))
     assert int(stored["head"]) >= cur and 0 < redis_client.pttl(key) <= 11_000
 
 

@@ -138,17 +138,39 @@ local function parse_geometry(a2, a3, a4, a5)
 end
 
 -- The slices that leave the window when the newest moves from slice `head` to `cur`
--- (> head): their fields (for one HDEL) and the totals less their counts, read in one
--- HMGET (none when every slice left: the totals restart). O(1) commands at any gap (a
--- loop of HMGET + HDEL per slice cost 2 commands per slice that passed).
+-- (> head): their fields that exist (for one HDEL; nil: none) and the totals less
+-- their counts. O(1) commands at any gap (a loop of HMGET + HDEL per slice cost 2
+-- commands per slice that passed). After a gap of one or two slices (calls every
+-- second or so) one HMGET of their fields; after a longer one, when most of those
+-- seconds had no call, one HGETALL: it answers only the fields that exist, and
+-- building an id's text costs more than reading a field.
 local function leaving(K, head, cur, n, D, W)
   local fields, k = {}, 0
-  local last = cur - n
-  if cur - head >= n then last = head end
-  for id = head - n + 1, last do
+  local first, last = head - n + 1, cur - n
+  if cur - head > 2 then
+    local all = redis.call('HGETALL', K)
+    local whole = cur - head >= n
+    for i = 1, #all, 2 do
+      local f = all[i]
+      local kind = string.sub(f, 1, 2)
+      if kind == 'd:' or kind == 'w:' then
+        local id = tonumber(string.sub(f, 3))
+        if id and (whole or (id >= first and id <= last)) then
+          fields[k + 1], k = f, k + 1
+          if not whole then
+            if kind == 'd:' then D = D - (tonumber(all[i + 1]) or 0)
+            else W = W - (tonumber(all[i + 1]) or 0) end
+          end
+        end
+      end
+    end
+    if whole then D, W = 0, 0 end
+    if k == 0 then fields = nil end
+    return fields, D, W
+  end
+  for id = first, last do
     fields[k + 1], fields[k + 2], k = 'd:' .. id, 'w:' .. id, k + 2
   end
-  if cur - head >= n then return fields, 0, 0 end
   local old = redis.call('HMGET', K, unpack(fields))
   for i = 1, k, 2 do
     D, W = D - (tonumber(old[i]) or 0), W - (tonumber(old[i + 1]) or 0)
@@ -187,7 +209,7 @@ local function fast_deposit(K, g, amount, now, quiet)
     gone, D, W = leaving(K, head, cur, g[4], D, W)
     if not (exact(D) and exact(W)) then return nil end  -- (nothing written yet)
     D = D + amount
-    redis.call('HDEL', K, unpack(gone))
+    if gone then redis.call('HDEL', K, unpack(gone)) end
     redis.call('HSET', K, 'head', cs, 'D', string.format('%d', D), 'W', string.format('%d', W),
                'ppm', string.format('%d', g[1]), 'reserve', string.format('%d', g[2]),
                dk, string.format('%d', amount))
@@ -264,7 +286,7 @@ return function(KEYS, ARGV, given_now)
   elseif cur > head then
     local gone
     gone, D, W = leaving(K, head, cur, n, D, W)
-    redis.call('HDEL', K, unpack(gone))
+    if gone then redis.call('HDEL', K, unpack(gone)) end
     head, dh, wh, moved = cur, 0, 0, true
   elseif cur == head and drift == 0 then
     dh, wh = tonumber(raw[7]) or 0, tonumber(raw[8]) or 0
