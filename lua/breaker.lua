@@ -107,6 +107,9 @@ local count_slot_values = {}
 -- text and a hello's worker; the rollout hash's writes; an adoption's reason
 local arg_fp_text, hello_worker, hello_bye, rollout_writes, adopted_why, adopted_deploy
 local rehello_due
+-- The names derived from the last state key (kept across calls: a worker calls the
+-- same few breakers, and building the strings costs more than comparing one).
+local derived_for, derived_meta, derived_probes, derived_hist, derived_cfgs
 local fp_compared, fp_text = nil, nil  -- the stored fingerprint and its text (kept)
 
 -- Run only on error paths and before cold-path writes (TYPE costs a command).
@@ -675,7 +678,7 @@ local function write_others(refresh)
                           op == 'set' and argv[8] or '',
                           int(fp), cfg_wire, adopted_deploy, now, ttl_ms)
   elseif rehello_due then
-    breaker_rollout.rehello(K_STATE .. ':cfgs', hello_worker, fp_text, cfg_wire, now, int(ttl_ms))
+    breaker_rollout.rehello(derived_cfgs, hello_worker, fp_text, cfg_wire, now, int(ttl_ms))
   end
   if (clear_quorum_marks and quorum_possible()) or quorum_mark then
     breaker_persist.write_quorum_marks(K_STATE, clear_quorum_marks, quorum_mark, now, ttl_ms)
@@ -691,7 +694,7 @@ local function write_others(refresh)
     if s_state == 'OPEN' and cold().open_until > held then held = cold().open_until end
     return breaker_persist.refresh_ttls(K_STATE, K_META,
                                         (s_state == 'HALF_OPEN' or s_state == 'OPEN')
-                                        and K_PROBES, now, ttl_ms, held)
+                                        and K_PROBES, derived_cfgs, now, ttl_ms, held)
   end
   if probe_add and (live_count or 0) == 0 then rcall('PEXPIRE', K_PROBES, int(ttl_ms)) end
   -- (a stored config too: the first worker after an operator made the record creates meta)
@@ -874,10 +877,6 @@ end
 
 local server_time = breaker_hot.server_time  -- the server time in ms, and its microseconds
 
--- The names derived from the last state key (kept across calls: a worker calls the
--- same few breakers, and building the strings costs more than comparing one).
-local derived_for, derived_meta, derived_probes, derived_hist
-
 local function begin(keys, args, given_now, given_micros)
   -- KEYS[2..4] may be left out: they are the state key plus ':meta', ':probes',
   -- ':events' (fewer arguments per call; every key shares the name's hash tag)
@@ -886,6 +885,7 @@ local function begin(keys, args, given_now, given_micros)
     derived_for, derived_meta, derived_probes, derived_hist = K_STATE, K_STATE .. ':meta',
                                                               K_STATE .. ':probes',
                                                               K_STATE .. ':events'
+    derived_cfgs = K_STATE .. ':cfgs'
   end
   K_META = keys[2] or derived_meta
   K_PROBES = keys[3] or derived_probes

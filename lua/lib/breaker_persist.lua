@@ -97,7 +97,7 @@ end
 -- which the caller gives the history after its XADD (a first event creates the stream).
 -- `probes_key` false: the probe leases are left alone (none are live). The rollout
 -- hash too (<state key>:cfgs): a worker's repeated hello writes it without a PEXPIRE.
-local function refresh_ttls(state_key, meta_key, probes_key, now, ttl_ms, held)
+local function refresh_ttls(state_key, meta_key, probes_key, cfgs_key, now, ttl_ms, held)
   local keep = ttl_ms
   if held > now then keep = max(ttl_ms, held - now + ttl_ms) end
   -- formatted once, as an integer (a number argument is formatted by Lua's %.14g for
@@ -106,7 +106,7 @@ local function refresh_ttls(state_key, meta_key, probes_key, now, ttl_ms, held)
   rcall('PEXPIRE', state_key, keep)
   rcall('PEXPIRE', meta_key, keep)
   if probes_key then rcall('PEXPIRE', probes_key, keep) end
-  rcall('PEXPIRE', state_key .. ':cfgs', keep)
+  rcall('PEXPIRE', cfgs_key, keep)
   return keep
 end
 
