@@ -105,7 +105,7 @@ local function record(keys, args, given_now, given_micros)
                                               (ring_head + 1) % window_size, window_sec,
                                               (write_seq + 1) % 4294967296,
                                               calls_total + 1, failures_total))
-  if worker then rehello(k .. ':cfgs', worker, fp_text, args[3], t_now, int(key_ttl)) end
+  if worker then rehello(k .. ':cfgs', worker, fp_text, args[3], t_now, key_ttl) end
   return {'CLOSED', t_now, since_ms}
 end
 

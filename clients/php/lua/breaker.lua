@@ -1119,7 +1119,7 @@ local function record(keys, args, given_now, given_micros)
                                               (ring_head + 1) % window_size, window_sec,
                                               (write_seq + 1) % 4294967296,
                                               calls_total + 1, failures_total))
-  if worker then rehello(k .. ':cfgs', worker, fp_text, args[3], t_now, int(key_ttl)) end
+  if worker then rehello(k .. ':cfgs', worker, fp_text, args[3], t_now, key_ttl) end
   return {'CLOSED', t_now, since_ms}
 end
 
@@ -1809,7 +1809,7 @@ local function write_others(refresh)
                           op == 'set' and argv[8] or '',
                           int(fp), cfg_wire, adopted_deploy, now, ttl_ms)
   elseif rehello_due then
-    breaker_rollout.rehello(derived_cfgs, hello_worker, fp_text, cfg_wire, now, int(ttl_ms))
+    breaker_rollout.rehello(derived_cfgs, hello_worker, fp_text, cfg_wire, now, ttl_ms)
   end
   if (clear_quorum_marks and quorum_possible()) or quorum_mark then
     breaker_persist.write_quorum_marks(K_STATE, clear_quorum_marks, quorum_mark, now, ttl_ms)
