@@ -72,3 +72,18 @@ def test_the_rollout_hash_ttl_is_refreshed_with_the_record(
     redis_client.pexpire(cfgs_key(name), 5_000)
     breaker.reset()                                  # an operator action refreshes every TTL
     assert redis_client.pttl(cfgs_key(name)) > 30_000
+
+
+@pytest.mark.parametrize("window", ["COUNT_BASED", "TIME_BASED"])
+def test_a_foreign_rollout_key_loses_the_repeated_hello_never_the_call(
+        name: str, redis_url: str, redis_client: redis.Redis, window: str) -> None:
+    breaker = CircuitBreaker(name, redis=redis_url, sliding_window_type=window,
+                             sliding_window_size=10, redis_timeout=5.0,
+                             on_redis_error="fail_closed")
+    breaker.call(lambda: None)
+    redis_client.delete(cfgs_key(name))
+    redis_client.set(cfgs_key(name), "not a hash", px=60_000)
+    breaker._codec._next_hello = 0.0
+    assert breaker.call(lambda: "ok") == "ok"       # recorded, no error
+    assert breaker.metrics().calls == 2
+    assert redis_client.get(cfgs_key(name)) == b"not a hash"
