@@ -99,6 +99,7 @@ class NameKeys:
     rl: str
 
     @classmethod
+    @functools.lru_cache(maxsize=16384)  # immutable; the dashboard reads the same names often
     def build(cls, name: str, prefix: str, schema: str = V2) -> NameKeys:
         bk, hk, rk = (BreakerKeys.build(name, prefix), BulkheadKeys.build(name, prefix),
                       BudgetKeys.build(name, prefix))

@@ -68,7 +68,7 @@ RETRY_S = 1.0
 QUEUE_SIZE = 64
 SCAN_STEP = 1000  # keys asked per SCAN step (one step per tick)
 PROBE_PER_TICK = 2000  # breaker headers read per tick
-FULL_CYCLE_S = 120.0  # every name is read in full at least this often
+FULL_CYCLE_S = 300.0  # every name is read in full at least this often
 BATCH = 500  # names per pipelined read
 RL_COUNTERS = ("calls", "permits", "rejected", "waited")
 
@@ -166,6 +166,7 @@ class Tracked:
     name: str
     schema: str
     parts: set[str]
+    state_key: str = ""  # the breaker's state record (v2)
     invalid: list[str] | None = None  # a name part that is not a valid name: its keys
     header: bytes | None = None  # the state record's header at the last probe
     counters: fleet.Counters | None = None
@@ -393,8 +394,9 @@ class Hub:
             return self._found(view.scan(client, self.prefix))
         found = view.Scan()
         for schema in view.SCHEMAS:
+            # each component's main key only (:cb, :bh, :rb, :rl): a quarter of the keys
             cursor, keys = client.scan(self._cursors[schema], match=view.scan_pattern(
-                self.prefix, schema), count=SCAN_STEP)
+                self.prefix, schema) + "}:[bcr][bhl]", count=SCAN_STEP)
             self._cursors[schema] = int(cursor)
             for raw in keys:
                 view.sort_key(found, raw, self.prefix, schema)
@@ -411,8 +413,10 @@ class Hub:
             chunk = order[i:i + BATCH]
             pipe = client.pipeline(transaction=False)
             for key in chunk:
-                view.queue_raw(pipe, BreakerKeys.build(key, self.prefix).state,
-                               WINDOW_OFFSET - 1)
+                t = self._tracked[key]
+                if not t.state_key:
+                    t.state_key = BreakerKeys.build(t.name, self.prefix).state
+                view.queue_raw(pipe, t.state_key, WINDOW_OFFSET - 1)
             for key, raw in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
                 t = self._tracked[key]
                 if not isinstance(raw, bytes) or not raw or raw != t.header:
@@ -430,6 +434,10 @@ class Hub:
         if counters is None:
             return False
         before = t.counters
+        if (before is not None and t.rates is not None and counters[1:] == before[1:]
+                and not any(t.rates[k] for k in ("calls", "failure", "slow", "rejected"))):
+            t.counters = counters  # standing still, and its rates say so already
+            return False
         if before is not None and counters[0] - before[0] < 1000 and counters[1] >= before[1]:
             return False
         t.counters = counters
