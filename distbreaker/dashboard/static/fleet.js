@@ -82,7 +82,7 @@ function wanted(row) {
   const state = row.error ? "ERROR" : row.state;
   switch (page.filter) {
     case "": return true;
-    case "problems": return state !== "CLOSED";
+    case "problems": return !!state && state !== "CLOSED";
     case "override": return state === "DISABLED" || state === "METRICS_ONLY";
     case "bulkhead": case "budget": case "rate_limiter": return !!row[page.filter];
     default: return state === page.filter;
