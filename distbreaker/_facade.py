@@ -31,6 +31,7 @@ from .errors import (
     CheckFailed,
     ConfigDriftWarning,
     DistbreakerError,
+    NoPoolMember,
     Overloaded,
     RedisUnavailable,
     RequestNotPermitted,
@@ -39,6 +40,8 @@ from .errors import (
 )
 from .ganesha.config import GaneshaConfig, GaneshaEvent
 from .policy.core import AttemptTimeout
+from .pool.config import PoolConfig
+from .pool.core import MemberChange, MemberStatus, Pick, PoolStatus
 from .ratelimiter.config import RateLimiterConfig
 from .ratelimiter.core import RateLimiterMetrics
 from .retry.config import Jitter, RetryConfig
@@ -65,9 +68,15 @@ __all__ = [
     "HttpStatusError",
     "HttpVerdict",
     "Jitter",
+    "MemberChange",
+    "MemberStatus",
     "Metrics",
+    "NoPoolMember",
     "Outcome",
     "Overloaded",
+    "Pick",
+    "PoolConfig",
+    "PoolStatus",
     "RateLimiterConfig",
     "RateLimiterMetrics",
     "RecordMode",

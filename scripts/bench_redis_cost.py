@@ -94,6 +94,7 @@ from distbreaker import (
     CallNotPermitted,
     CircuitBreaker,
     Policy,
+    Pool,
     RateLimiter,
     RetryBudget,
     State,
@@ -393,6 +394,32 @@ def ratelimiter_acquire(client: redis.Redis, name: str) -> CostScenario:
     return CostScenario("ratelimiter", "rate limiter acquire (granted)", limiter.acquire)
 
 
+def pool_pick_record(client: redis.Redis, name: str) -> CostScenario:
+    """A pool of 10 members: pick one (a lease in its in-flight count), record a success
+    (issue 26: two script calls per call)."""
+    pool = Pool(name, redis=client, members=[f"10.0.0.{i}:80" for i in range(10)],
+                redis_timeout=SLOW_SERVER_TIMEOUT)
+
+    def pick_record() -> None:
+        pool.record(pool.pick(), status=200, duration=0.005)
+
+    return CostScenario("pool", "pool pick + record (10 members, success)", pick_record)
+
+
+def pool_repick(client: redis.Redis, name: str) -> CostScenario:
+    """The same calls chained with `repick`: each call records the last one's success and
+    picks the next member in one script call."""
+    pool = Pool(name, redis=client, members=[f"10.0.0.{i}:80" for i in range(10)],
+                redis_timeout=SLOW_SERVER_TIMEOUT)
+    last = [pool.pick()]
+
+    def repick() -> None:
+        last[0] = pool.repick(last[0], status=200, duration=0.005)
+
+    return CostScenario("pool_repick", "pool repick: record + pick in one call (10 members)",
+                        repick)
+
+
 def record_wire(scenario: CostScenario) -> tuple[Any, ...]:
     """The script call (command, sha or function, numkeys, keys..., args...) one call sends."""
     CountingConnection.last_script = None
@@ -423,7 +450,8 @@ def build_scenarios(url: str, tag: str, calls: int = DEFAULT_CALLS) -> list[Cost
             bulkhead_slot(client, f"{tag}-bulkhead"),
             adaptive_bulkhead_slot(client, f"{tag}-adaptive-bulkhead"),
             budget_deposit(client, f"{tag}-budget"),
-            ratelimiter_acquire(client, f"{tag}-ratelimiter")]
+            ratelimiter_acquire(client, f"{tag}-ratelimiter"),
+            pool_pick_record(client, f"{tag}-pool"), pool_repick(client, f"{tag}-repick")]
 
 
 # -- measuring -------------------------------------------------------------------------

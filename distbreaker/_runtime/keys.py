@@ -124,3 +124,23 @@ class RateLimiterKeys:
     @classmethod
     def build(cls, name: str, prefix: str = DEFAULT_PREFIX) -> RateLimiterKeys:
         return cls(bucket=f"{_base(name, prefix)}:rl")
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolKeys:
+    """Keys of one fleet-wide pool (its own hash tag: every member's record in one slot, so
+    one script call sees the whole pool and enforces max_ejection_percent atomically)."""
+
+    members: str  # hash: layout version, interval start, each member's record and in-flight
+    leases: str   # zset: "<token> <member>" -> lease deadline (server ms) of picks in flight
+    history: str  # stream: member events (ejected, capped, probing, recovered, unejected)
+
+    @classmethod
+    def build(cls, name: str, prefix: str = DEFAULT_PREFIX) -> PoolKeys:
+        base = _base(name, prefix)
+        return cls(members=f"{base}:pool", leases=f"{base}:pool:leases",
+                   history=f"{base}:pool:events")
+
+    @property
+    def script_keys(self) -> list[str]:
+        return [self.members, self.leases, self.history]

@@ -183,7 +183,7 @@ COMMAND_MODULES: dict[str, str] = {
     "open": "actions", "trip": "actions", "disable": "actions", "metrics-only": "actions",
     "close": "actions", "reset": "actions", "release-stale": "actions", "config": "actions",
     "doctor": "doctor", "ganesha": "ganesha_cmd", "dashboard": "dashboard_cmd",
-    "demo": "demo_cmd",
+    "demo": "demo_cmd", "pool": "pool_cmd",
 }
 
 

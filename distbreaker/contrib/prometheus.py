@@ -19,8 +19,9 @@ from ..breaker.core import BreakerCore
 from ..breaker.events import Transition
 from ..breaker.state import State
 from ._metrics import REJECTION_REASONS, Family, MetricsSource, process_families
+from ._pool_metrics import PoolCollector
 
-__all__ = ["DistbreakerCollector"]
+__all__ = ["DistbreakerCollector", "PoolCollector"]
 
 
 class DistbreakerCollector(Collector):

@@ -14,17 +14,18 @@ from ..breaker.sync import CircuitBreaker
 from ..budget.sync import RetryBudget
 from ..bulkhead.sync import Bulkhead
 from ..policy.sync import Policy
+from ..pool.sync import Pool
 from ..ratelimiter.sync import RateLimiter
 from ..retry.sync import Retry
 from .core import Classes, RegistryCore
 from .health import RegistryHealth, run_sync
 
 CLASSES = Classes(breaker=CircuitBreaker, bulkhead=Bulkhead, budget=RetryBudget, retry=Retry,
-                  policy=Policy, rate_limiter=RateLimiter)
+                  policy=Policy, rate_limiter=RateLimiter, pool=Pool)
 
 
 class RegistryShell(RegistryCore[CircuitBreaker, Bulkhead, RetryBudget, Retry, Policy,
-                                 RateLimiter]):
+                                 RateLimiter, Pool]):
     """The registry's health and close, over this flavour's components."""
 
     CLASSES = CLASSES

@@ -19,6 +19,7 @@ ROUND_TRIPS = {
     "ping": 1, "empty_evalsha": 1, "pybreaker_closed": 2, "closed": 1, "closed_time": 1,
     "half_open": 2, "open": 0, "batched_closed_10": 0.1, "batched_closed_100": 0.01,
     "policy": 2, "bulkhead": 2, "adaptive_bulkhead": 2, "budget": 1, "ratelimiter": 1,
+    "pool": 2, "pool_repick": 1,
     "closed_time_3600": 1,
     "closed_time_idle_3600": 1, "closed_time_idle_1800": 1, "closed_time_idle_3599": 1,
     "closed_time_idle_3600_no_ttl": 1,
