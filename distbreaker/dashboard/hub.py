@@ -50,6 +50,7 @@ from typing import Any
 import redis
 
 from .. import readside as view
+from .. import readside_pool as pools
 from .._runtime import state_record
 from .._runtime.keys import BreakerKeys, events_channel, namespace
 from .._runtime.record_layout import WINDOW_OFFSET
@@ -71,6 +72,7 @@ PROBE_PER_TICK = 2000  # breaker headers read per tick
 FULL_CYCLE_S = 300.0  # every name is read in full at least this often
 BATCH = 500  # names per pipelined read
 RL_COUNTERS = ("calls", "permits", "rejected", "waited")
+POOL_SCAN_S = 30.0  # how often a cluster's keys are scanned for new pools
 
 Message = tuple[str, dict[str, Any]]
 UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError)
@@ -103,7 +105,12 @@ class Filter:
             if "removed" in data:
                 shown["removed"] = [k for k in data["removed"]
                                     if k in self.names or k[3:] in self.names]
-            if kind == "update" and not shown["rows"] and not shown.get("removed"):
+            for field in ("pools", "pools_removed"):  # a pool's rows by its name
+                if field in data:
+                    shown[field] = [p for p in data[field]
+                                    if (p if isinstance(p, str) else p["pool"]) in self.names]
+            if kind == "update" and not any(shown.get(f) for f in (
+                    "rows", "removed", "pools", "pools_removed")):
                 return None
             if "spark" in data:
                 shown["spark"] = {n: p for n, p in data["spark"].items() if n in self.names}
@@ -220,7 +227,11 @@ class Hub:
         self._tracked: dict[str, Tracked] = {}
         self._probes = Rotation()
         self._fulls = Rotation()
-        self._cursors: dict[str, int] = {view.V2: 0, view.V1: 0}
+        self._cursors: dict[str, int] = {view.V2: 0, view.V1: 0, "pool": 0}
+        self._pools: dict[str, dict[str, Any]] = {}  # pool name -> the row last sent
+        self._pool_sent: dict[str, str] = {}
+        self._pool_names: set[str] = set()
+        self._pools_scanned = 0.0
         self._scanned = False  # a first whole scan done
         self.seq = 0
         self.server_time_ms = 0
@@ -261,7 +272,8 @@ class Hub:
                                key=lambda r: (r["name"], r["schema"] != view.V2))
                 out.append(("snapshot", {"prefix": self.prefix, "seq": self.seq,
                                          "server_time_ms": self.server_time_ms,
-                                         "rows": shown, "total": len(shown), "spark": spark}))
+                                         "rows": shown, "total": len(shown), "spark": spark,
+                                         "pools": [self._pools[n] for n in sorted(self._pools)]}))
         filtered = [(kind, wanted.apply(kind, data)) for kind, data in out]
         return [(kind, data) for kind, data in filtered if data is not None]
 
@@ -330,18 +342,19 @@ class Hub:
                     dirty.add(key)
             per_tick = max(1, math.ceil(n * self.refresh / FULL_CYCLE_S))
             dirty.update(self._fulls.take(per_tick, self._tracked))
-        changed: dict[str, dict[str, Any]] = {}
+        changed: dict[str, dict[str, Any] | None] = {}
         dirty |= self._probe(client, set(probe), now, changed)
         self._reread(client, dirty, now, changed)
         removed = [k for k, row in changed.items() if row is None]
         for key in removed:
             del self._tracked[key]
         sent = [row for row in changed.values() if row is not None]
+        pools_changed, pools_gone = self._read_pools(client, whole) if turn else ([], [])
         with self._lock:
             self.server_time_ms = now
             self._scanned = True
             self.reads += 1
-            if sent or removed:
+            if sent or removed or pools_changed or pools_gone:
                 self.seq += 1
             seq = self.seq
             status = None
@@ -354,10 +367,42 @@ class Hub:
             self._broadcast("status", status)
         if whole:
             self._resync()  # after an outage, every browser starts again from a snapshot
-        elif sent or removed:
-            self._broadcast("update", {"prefix": self.prefix, "seq": seq,
-                                       "server_time_ms": now, "rows": sent,
-                                       "removed": removed, "total": len(self._tracked)})
+        elif sent or removed or pools_changed or pools_gone:
+            update: dict[str, Any] = {"prefix": self.prefix, "seq": seq, "server_time_ms": now,
+                                      "rows": sent, "removed": removed,
+                                      "total": len(self._tracked)}
+            if pools_changed or pools_gone:
+                update.update(pools=pools_changed, pools_removed=pools_gone)
+            self._broadcast("update", update)
+
+    # -- pools ---------------------------------------------------------------------------
+    def _read_pools(self, client: Any, whole: bool) -> tuple[list[dict[str, Any]], list[str]]:
+        """Every pool read (a pool is small, and changes with every call: in flight);
+        the rows that changed, and the names of the pools gone. New pools are found by
+        the scan steps (a cluster: a whole scan every `POOL_SCAN_S`)."""
+        if whole or (view.is_cluster(client)
+                     and time.monotonic() - self._pools_scanned >= POOL_SCAN_S):
+            self._pools_scanned = time.monotonic()
+            self._pool_names |= set(pools.scan_pools(client, self.prefix))
+        changed, gone = [], []
+        for name in sorted(self._pool_names):
+            try:
+                status = pools.read_pool(client, self.prefix, name)
+                row = None if status is None else fleet.pool_row(pools.pool_row(status))
+            except (ValueError, TypeError, KeyError, IndexError, redis.ResponseError) as exc:
+                row = {"pool": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
+            if row is None:
+                self._pool_names.discard(name)
+                if self._pools.pop(name, None) is not None:
+                    self._pool_sent.pop(name, None)
+                    gone.append(name)
+                continue
+            same = fleet.comparable(row)
+            if same != self._pool_sent.get(name):
+                self._pool_sent[name] = same
+                self._pools[name] = row
+                changed.append(row)
+        return changed, gone
 
     # -- finding names -------------------------------------------------------------------
     def _found(self, found: view.Scan) -> set[str]:
@@ -393,6 +438,12 @@ class Hub:
                 return set()
             return self._found(view.scan(client, self.prefix))
         found = view.Scan()
+        cursor, keys = client.scan(self._cursors["pool"], match=view.scan_pattern(
+            self.prefix) + "}" + pools.POOL_SUFFIX, count=SCAN_STEP)
+        self._cursors["pool"] = int(cursor)
+        head, tail = view.schema_namespace(self.prefix) + ":{", "}" + pools.POOL_SUFFIX
+        self._pool_names.update(k[len(head):-len(tail)] for k in map(view.text, keys)
+                                if k.startswith(head) and k.endswith(tail))
         for schema in view.SCHEMAS:
             # each component's main key only (:cb, :bh, :rb, :rl): a quarter of the keys
             cursor, keys = client.scan(self._cursors[schema], match=view.scan_pattern(

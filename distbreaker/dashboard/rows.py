@@ -23,7 +23,7 @@ Counters = tuple[int, ...]
 
 #: Fields left out when two rows are compared: they move with time alone (the page
 #: counts them from the absolute times in the row).
-VOLATILE = frozenset({"retry_in_s", "moved_ago_s", "paused_for_s", "interval_s"})
+VOLATILE = frozenset({"retry_in_s", "moved_ago_s", "paused_for_s", "interval_s", "read_at"})
 
 
 def row_key(row: Mapping[str, Any]) -> str:
@@ -161,6 +161,18 @@ def _compact(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _compact(v) for k, v in value.items() if v is not None}
     return value
+
+
+def pool_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A pool (`readside_pool.pool_row`: ``pool show --json``) as the pool view shows it:
+    per member its state, why, until when, in flight, success rate, latency, ejections."""
+    keep = ("member", "state", "weight", "in_flight", "ejected_until", "why", "ejections",
+            "calls", "failures", "success_rate", "mean_latency", "latency_ewma", "override",
+            "capped", "slow_share", "last_ejected_at")
+    return {"pool": row["pool"], "members": row["members"], "ejected": row["ejected"],
+            "healthy": row["healthy"], "panic": row["panic"], "read_at": row["read_at"],
+            "latency_threshold": row.get("latency_threshold"),
+            "rows": [{k: m.get(k) for k in keep} for m in row["rows"]]}
 
 
 def comparable(row: Mapping[str, Any]) -> str:

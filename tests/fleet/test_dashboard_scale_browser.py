@@ -124,3 +124,42 @@ def test_diffs_redraw_only_changed_rows_and_keep_selection_find_and_nodes(
         for b in [*breakers, *timed]:
             b.close()
         limiter.close()
+
+
+MEMBER = ("const row = document.querySelector('#pools [data-pool=\"' + arguments[0] + '\"] "
+          "tr[data-member=\"' + arguments[1] + '\"]');"
+          "return row ? [...row.children].map(c => c.textContent) : null")
+
+
+def test_the_pool_view_shows_members_ejections_and_calls_in_flight(redis_url: str,
+                                                                   browser: Any) -> None:
+    from distbreaker import Pool
+
+    pool = Pool("llm", redis=redis_url, members=["gpt-a", "gpt-b", "gpt-c"])
+    for _ in range(4):
+        with pool.use() as pick:
+            pick.status = 200
+    held = pool.pick()                                  # one call in flight
+    pool.eject("gpt-c", 120, actor="ops")
+    dashboard = DashboardProcess(redis_url)
+    try:
+        browser.get(dashboard.base + "/")
+        wait_for(lambda: browser.execute_script(MEMBER, "llm", "gpt-c") is not None, timeout=60)
+        summary = browser.execute_script(
+            "return document.querySelector('#pools [data-pool=\"llm\"] summary').textContent")
+        assert "3 members, 1 ejected, 2 healthy" in summary
+        member, state, why, until, *_ = browser.execute_script(MEMBER, "llm", "gpt-c")
+        assert (member, why) == ("gpt-c", "operator") and state.startswith("ejected")
+        assert until.endswith(" more") and until != "0s more", until   # for how long
+        in_flight = [browser.execute_script(MEMBER, "llm", m)[4] for m in ("gpt-a", "gpt-b")]
+        assert sorted(in_flight) == ["0", "1"]
+        pool.record(held, status=200)                   # the call ends: a diff of the pool
+        wait_for(lambda: [browser.execute_script(MEMBER, "llm", m)[4]
+                          for m in ("gpt-a", "gpt-b")] == ["0", "0"], timeout=30)
+        pool.uneject("gpt-c", actor="ops")
+        wait_for(lambda: browser.execute_script(MEMBER, "llm", "gpt-c")[1] == "healthy",
+                 timeout=30)
+    finally:
+        dashboard.stop()
+        pool.reset()
+        pool.close()

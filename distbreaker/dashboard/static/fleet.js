@@ -10,7 +10,7 @@
 
 const page = {rows: new Map(), nodes: new Map(), order: [], sortValues: new Map(),
               spark: new Map(), serverMs: 0, receivedAt: 0, seq: -1, transitions: [],
-              prefix: "", selected: null,
+              prefix: "", selected: null, pools: new Map(),
               query: "", filter: "", sort: "severity", dir: 1,
               // what this page did: updates applied, rows they carried, ms spent (the bench reads it)
               stats: {updates: 0, rows: 0, ms: 0, ticks: 0, tickMs: 0}};
@@ -291,6 +291,8 @@ function take(data) {
 function snapshot(data) {
   page.spark = new Map(Object.entries(data.spark || {}));
   take(data);
+  for (const name of [...page.pools.keys()]) removePool(name);
+  for (const pool of data.pools || []) drawPool(pool);
   const now = nowMs();
   const body = document.getElementById("rows");
   const keep = new Set(data.rows.map(rowKey));
@@ -323,6 +325,8 @@ function update(data) {
   const started = performance.now();
   take(data);
   const now = nowMs();
+  for (const name of data.pools_removed || []) removePool(name);
+  for (const pool of data.pools || []) drawPool(pool);
   for (const key of data.removed || []) remove(key);
   for (const row of data.rows) {
     if (row.breaker && row.schema !== "v1") addSparkPoint(row, data.server_time_ms);
@@ -388,6 +392,75 @@ function resort() {
   }
 }
 
+// -- pools: a table of members per pool, redrawn when that pool changed ------------------
+function ejectedFor(member, now) {
+  if (member.state !== "ejected") return "-";
+  if (!member.ejected_until) return "until unejected";
+  return coarse(Math.max(0, member.ejected_until * 1000 - now) / 1000) + " more";
+}
+
+function memberState(member) {
+  const state = member.state === "ejected" ? "OPEN" : member.state === "probing" ? "HALF_OPEN" : "CLOSED";
+  return el("span", {class: "state s-" + state, "data-state": member.state, text: member.state});
+}
+
+function ms(seconds) { return seconds === null || seconds === undefined ? "-" : Math.round(seconds * 1000) + "ms"; }
+
+function drawPool(pool) {
+  const now = nowMs();
+  const old = page.pools.get(pool.pool);
+  const open = old ? old.node.open : true;
+  const summary = pool.error ? pool.error : pool.members + " members, " + pool.ejected + " ejected, " +
+    pool.healthy + " healthy" + (pool.panic ? " — PANIC: every member is picked" : "");
+  const node = el("details", {class: "pool", "data-pool": pool.pool},
+    el("summary", {}, el("strong", {text: pool.pool}), " ", el("span", {class: "dim", text: summary})));
+  node.open = open;
+  if (!pool.error) {
+    node.append(el("table", {class: "members"},
+      el("thead", {}, el("tr", {}, ...["Member", "State", "Why", "For", "In flight", "Success rate",
+        "Latency (mean · avg)", "Ejections", "Calls (failed)"].map((h) => el("th", {text: h})))),
+      el("tbody", {}, ...pool.rows.map((m) => el("tr", {"data-member": m.member},
+        el("td", {class: "name", text: m.member + (m.weight && m.weight !== 1 ? " ×" + m.weight : "")}),
+        el("td", {}, memberState(m), m.override ? el("span", {class: "dim", text: " " + m.override.replace("_", " ")}) : "",
+           m.capped ? el("span", {class: "dim", text: " capped (max ejection %)"}) : ""),
+        el("td", {class: "why", text: m.why || "-"}),
+        el("td", {class: "num until", "data-until": m.ejected_until || "", text: ejectedFor(m, now)}),
+        el("td", {class: "num", text: String(m.in_flight)}),
+        el("td", {class: "num", text: m.success_rate === null || m.success_rate === undefined ? "-" : m.success_rate.toFixed(1) + "%"}),
+        el("td", {class: "num", text: ms(m.mean_latency) + " · " + ms(m.latency_ewma)}),
+        el("td", {class: "num", text: String(m.ejections)}),
+        el("td", {class: "num", text: m.calls + " (" + m.failures + ")"}))))));
+  }
+  const box = document.getElementById("pools");
+  if (old) old.node.replaceWith(node);
+  else {
+    const after = [...page.pools.keys()].sort().find((n) => n > pool.pool);
+    box.insertBefore(node, after ? page.pools.get(after).node : null);
+  }
+  page.pools.set(pool.pool, {row: pool, node: node});
+  document.getElementById("pools-section").hidden = false;
+}
+
+function removePool(name) {
+  const old = page.pools.get(name);
+  if (old) old.node.remove();
+  page.pools.delete(name);
+  document.getElementById("pools-section").hidden = page.pools.size === 0;
+}
+
+function tickPools(now) {
+  for (const {row, node} of page.pools.values()) {
+    if (!row.ejected || !node.open) continue;
+    for (const cell of node.querySelectorAll("td.until")) {
+      const tr = cell.closest("tr");
+      const member = row.rows.find((m) => m.member === tr.dataset.member);
+      if (!member) continue;
+      const text = ejectedFor(member, now);
+      if (cell.textContent !== text) cell.textContent = text;
+    }
+  }
+}
+
 // -- selection --------------------------------------------------------------------------
 function select(node, key) {
   const before = page.selected && page.nodes.get(page.selected);
@@ -441,6 +514,7 @@ function tick() {
     hour12: false, timeZoneName: "short"});
   const at = document.getElementById("server-time");
   if (at.textContent !== shown) at.textContent = shown;
+  tickPools(now);
   for (const node of visibleRows()) {
     const row = page.rows.get(node.dataset.key);
     if (row) drawTimed(node, row, now);
