@@ -236,7 +236,6 @@ class Hub:
         self._scanned = False  # a first whole scan done
         self.seq = 0
         self.server_time_ms = 0
-        self.latest: dict[str, Any] | None = None  # kept for callers reading the last fleet
         self.status: dict[str, Any] = {"redis": "connecting", "since_ms": None, "error": None}
         self.reads = 0  # ticks so far (tests and the bench read it)
 
@@ -522,7 +521,10 @@ class Hub:
         for key in keys:
             t = self._tracked[key]
             if t.invalid is not None:
-                self._send(t, view.invalid_row(t.name, t.invalid, self.prefix), changed)
+                if client.exists(*t.invalid):
+                    self._send(t, view.invalid_row(t.name, t.invalid, self.prefix), changed)
+                else:  # its foreign keys are gone
+                    changed[key] = None
             else:
                 groups[t.schema][t.name] = t.parts
         for schema, names in groups.items():
