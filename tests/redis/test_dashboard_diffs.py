@@ -56,6 +56,11 @@ def test_only_changed_rows_are_sent_and_nothing_while_nothing_changes(redis_url:
     assert seen.tick() == []
     CircuitBreaker("newcomer", redis=redis_url, key_ttl=600).call(lambda: None)
     assert [r["name"] for u in seen.tick() for r in u["rows"]] == ["newcomer"]
+    seen.client.set("distbreaker:v2:{bad\tname}:cb", "x", px=60_000)  # not a valid name
+    foreign = [r for u in seen.tick() for r in u["rows"]]
+    assert [r["name"] for r in foreign] == ["bad\tname"] and "foreign key" in foreign[0]["error"]
+    seen.client.delete("distbreaker:v2:{bad\tname}:cb")
+    assert [u["removed"] for u in seen.tick()] == [["bad\tname"]]
     seen.client.delete(*seen.client.keys("distbreaker:v2:{tenant:3}*"))
     gone = [u for u in seen.tick() if u["removed"]]
     assert gone and gone[0]["removed"] == ["tenant:3"] and "tenant:3" not in seen.rows()
