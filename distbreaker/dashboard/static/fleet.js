@@ -286,6 +286,16 @@ function take(data) {
   page.receivedAt = Date.now();
   page.prefix = data.prefix;
   page.seq = data.seq;
+  showClock(nowMs());
+}
+
+// The server's clock, to the minute: one that moved every second would redraw the page
+// every second.
+function showClock(now) {
+  const shown = new Date(now).toLocaleTimeString(undefined, {hour: "2-digit", minute: "2-digit",
+    hour12: false, timeZoneName: "short"});
+  const at = document.getElementById("server-time");
+  if (at.textContent !== shown) at.textContent = shown;
 }
 
 function snapshot(data) {
@@ -509,11 +519,7 @@ function tick() {
   if (!page.receivedAt) return;
   const started = performance.now();
   const now = nowMs();
-  // to the minute: a clock that moved every second would redraw the page every second
-  const shown = new Date(now).toLocaleTimeString(undefined, {hour: "2-digit", minute: "2-digit",
-    hour12: false, timeZoneName: "short"});
-  const at = document.getElementById("server-time");
-  if (at.textContent !== shown) at.textContent = shown;
+  showClock(now);
   tickPools(now);
   for (const node of visibleRows()) {
     const row = page.rows.get(node.dataset.key);
