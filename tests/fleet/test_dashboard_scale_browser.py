@@ -139,8 +139,8 @@ def test_the_pool_view_shows_members_ejections_and_calls_in_flight(redis_url: st
     for _ in range(4):
         with pool.use() as pick:
             pick.status = 200
-    held = pool.pick()                                  # one call in flight
     pool.eject("gpt-c", 120, actor="ops")
+    held = pool.pick()                                  # one call in flight (not to gpt-c)
     dashboard = DashboardProcess(redis_url)
     try:
         browser.get(dashboard.base + "/")
