@@ -3,10 +3,11 @@
 On its own account (besides whatever the protected function raised) a protected
 call raises only rejections: `CallNotPermitted` (the breaker; also a Redis outage
 under fail_closed), `BulkheadFull` (the bulkhead) and `RequestNotPermitted` (the rate
-limiter). `RetryBudgetExhausted` is raised only by `RetryBudget.withdraw()`, for
-callers driving the budget themselves (`Retry` and `Policy` re-raise the original
-error instead). `SchemaError` means
-foreign data in Redis; misuse raises ValueError or TypeError.
+limiter); an operator's fault injection raises `InjectedFault` or `InjectedRejection`
+(a `CallNotPermitted`) in workers that allow it. `RetryBudgetExhausted` is raised only
+by `RetryBudget.withdraw()`, for callers driving the budget themselves (`Retry` and
+`Policy` re-raise the original error instead). `SchemaError` means foreign data in
+Redis; misuse raises ValueError or TypeError.
 
 Reads and operator actions, which go to Redis only (`breaker.state`, `get_state()`,
 `metrics()`, `reset()`, `trip()`, the `transition_to_*` methods, `Bulkhead.metrics()`,
@@ -203,3 +204,32 @@ class Overloaded(DistbreakerError):
                  retry_after: float = 0.0) -> None:
         super().__init__(message)
         self.retry_after = max(0.0, float(retry_after))
+
+
+class InjectedFault(DistbreakerError):
+    """A fault an operator injected (``distbreaker inject NAME --error 503``): raised in
+    place of the protected call, and counted by the breaker like the failure it stands
+    for, so fallbacks, retries and trips can be rehearsed. It carries the injected HTTP
+    status as `status_code` (HTTP classification and retries treat it as that status);
+    `isinstance(error, InjectedFault)` tells it from a real failure."""
+
+    _fields = ("name", "status_code", "reason", "actor")
+
+    def __init__(self, name: str, status_code: int = 503, reason: str = "",
+                 actor: str = "") -> None:
+        self.name = name
+        self.status_code = status_code
+        self.reason = reason
+        self.actor = actor
+        super().__init__(name, status_code, reason, actor)
+
+    def __str__(self) -> str:
+        by = f", by {self.actor}" if self.actor else ""
+        why = f" ({self.reason}{by})" if self.reason or by else ""
+        return f"injected fault on {self.name!r}: HTTP {self.status_code}{why}"
+
+
+class InjectedRejection(CallNotPermitted):
+    """A rejection an operator injected (``distbreaker inject NAME --reject``): the call
+    is refused as if the breaker were OPEN (a `CallNotPermitted`, so every fallback
+    path runs), while the fleet's breaker state is untouched."""

@@ -1,4 +1,4 @@
---!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events breaker_window breaker_ops breaker_persist breaker_hot breaker_rollout
+--!module needs prelude record_layout record_codec breaker_config breaker_transitions breaker_events breaker_window breaker_ops breaker_persist breaker_hot breaker_rollout breaker_sample breaker_shadow
 -- distbreaker circuit breaker, key schema v2. The single source of truth for
 -- the fleet-wide state machine (docs/KEY_SCHEMA.md documents every byte).
 --
@@ -31,7 +31,8 @@
 -- acquire: ARGV[6] probe token
 -- record:  ARGV[6] probe token or "", ARGV[7] successes, ARGV[8] failures,
 --          ARGV[9] slow calls, ARGV[10] total duration ms (all zero with a
---          token: an ignored probe, whose slot is handed back)
+--          token: an ignored probe, whose slot is handed back); optional ARGV[11]
+--          quorum mark, ARGV[12] a sampled outcome's spec (lua/lib/breaker_sample.lua)
 -- set:     ARGV[6] target state or RESET or TRIP, ARGV[7] reason, ARGV[8] actor,
 --          ARGV[9] hold for ms or "", ARGV[10] hold until epoch ms or ""
 --
@@ -105,6 +106,9 @@ local count_slot_values = {}
 -- config rollouts (lua/lib/breaker_rollout.lua): ARGV[2] split into the fingerprint's
 -- text and a hello's worker; the rollout hash's writes; an adoption's reason
 local arg_fp_text, hello_worker, hello_bye, rollout_writes, adopted_why, adopted_deploy
+-- shadow configs (lua/lib/breaker_shadow.lua): a record's counts to feed them, a hello's
+-- declared shadows
+local shadow_feed, shadow_decl
 
 -- Run only on error paths and before cold-path writes (TYPE costs a command).
 local schema_error, foreign_type, args_error = prelude.schema_error, prelude.foreign_type,
@@ -413,6 +417,8 @@ local function op_record()
   local token = argv[6]
   local ok, fails, slows, ms = record_counts(argv[7], argv[8], argv[9], argv[10])
   if not ok then return fails end
+  -- shadow configs (seq's bit 32) are fed these outcomes after the writes
+  if seq >= 4294967296 and ok + fails > 0 then shadow_feed = {ok, fails, slows, ms} end
   advance()
   local st = s_state
   if st == 'CLOSED' or st == 'METRICS_ONLY' then
@@ -565,7 +571,8 @@ local function write_record()
     -- a new record: written whole, in one SETRANGE at its full length (the header
     -- groups are contiguous from byte 0; zeros up to the window, the empty window),
     -- so Redis allocates the string exactly (grown piece by piece it over-allocates)
-    seq = (seq + 1) % 4294967296
+    seq = seq - seq % 4294967296 + (seq + 1) % 4294967296  -- (bit 32: shadows; see feed)
+    if rcall('EXISTS', K_STATE .. ':shadow') == 1 then seq = seq % 4294967296 + 4294967296 end
     local refused = put(layout.COUNTERS_AT, header_counters(cold()) .. header_config(
       cold(), hp_done, hp_fail, hp_slow, probes_max, lease_ms, max_half_open, fp, window_type,
       window_size, min_calls, failure_threshold, slow_threshold, ttl_ms)
@@ -588,7 +595,7 @@ local function write_record()
     if refused then return refused end
   end
   if exists and (dirty_state or dirty_window or ttl_refreshed_at == now) then
-    seq = (seq + 1) % 4294967296
+    seq = seq - seq % 4294967296 + (seq + 1) % 4294967296
     local refused = put(STATE_AT, header_state(CODE[s_state], since, override_until,
                                                ttl_refreshed_at, calls, failures, slow,
                                                total_ms, head, window_sec, seq,
@@ -714,6 +721,14 @@ local function finish()
   local short = (op == 'record' or op == 'acquire') and permitted == 1 and not transitions
       and not quorum_blocked
       and drift == 0 and override_until == 0 and s_state ~= 'OPEN' and s_state ~= 'FORCED_OPEN'
+  -- outcome recording (lua/lib/breaker_sample.lua): a sampled record; a hello learns
+  -- the run-time switch from the full reply (element 21)
+  if op == 'record' and argv[12] then
+    breaker_sample.add(K_STATE, argv[12], now, argv[7], argv[8], argv[9], argv[10], s_state)
+  end
+  local rec_on = hello_worker and not hello_bye and op ~= 'state' and op ~= 'set'
+                 and breaker_sample.control(K_STATE)
+  if rec_on then short = false end
   if not short then wait_ms, in_flight = reply_numbers() end
   local keep = write_others(refresh)
   local event_errors = ''
@@ -721,7 +736,9 @@ local function finish()
   -- after the XADD (a first event creates the stream), once per call
   if events or refresh then pcall_('PEXPIRE', K_HIST, keep) end
   if short and event_errors == '' then return {s_state, now, since} end
-  return reply_full(event_errors, wait_ms, in_flight)
+  local full = reply_full(event_errors, wait_ms, in_flight)
+  if rec_on then full[21] = rec_on end
+  return full
 end
 
 -- Adopting or comparing configs --------------------------------------------------
@@ -869,7 +886,9 @@ local function begin(keys, args, given_now, given_micros)
   op, cfg_wire, name, channel = args[1], args[3], args[4], args[5]
   arg_fp_text = args[2] or ''
   -- a hello is longer than any fingerprint (48 bits: at most 15 digits); rare
+  shadow_feed, shadow_decl = nil, nil
   if #arg_fp_text > 15 then
+    arg_fp_text, shadow_decl = breaker_shadow.split_hello(arg_fp_text)
     arg_fp_text, hello_worker, hello_bye = breaker_rollout.split(arg_fp_text)
   elseif hello_worker then
     hello_worker, hello_bye = nil, false
@@ -901,8 +920,15 @@ return function(KEYS, ARGV, given_now, given_micros)
   if ARGV[1] == 'record' then
     local fast
     fast, preread, given_now, given_micros = fast_record(KEYS, ARGV, given_now, given_micros)
-    if fast then return fast end
+    if fast then
+      if ARGV[12] then  -- a sampled outcome (lua/lib/breaker_sample.lua)
+        breaker_sample.add(KEYS[1], ARGV[12], fast[2], ARGV[7], ARGV[8], ARGV[9], ARGV[10],
+                           'CLOSED')
+      end
+      return fast
+    end
   end
+  if ARGV[1] == 'shadow' then return breaker_shadow.op(KEYS, ARGV) end
   begin(KEYS, ARGV, given_now, given_micros)
   if op ~= 'acquire' and op ~= 'record' and op ~= 'state' and op ~= 'set' then
     return args_error('unknown op ' .. tostring(op))
@@ -929,5 +955,11 @@ return function(KEYS, ARGV, given_now, given_micros)
     advance()
   end
   if err then return err end
-  return finish()
+  if not (shadow_feed or shadow_decl) then return finish() end
+  local reply = finish()
+  if not reply.err then  -- shadow configs, after the state (rule 10)
+    if shadow_feed then pcall(breaker_shadow.feed, K_STATE, now, micros, unpack(shadow_feed)) end
+    if shadow_decl then pcall(breaker_shadow.declare, K_STATE, shadow_decl, now) end
+  end
+  return reply
 end

@@ -14,7 +14,7 @@
 --   lt          the pool's latency threshold (ms) during this interval (0: none yet)
 --   m:<member>  the member's record: 22 integers separated by one space (REC below)
 --   i:<member>  the member's fleet-wide in-flight count (picks with a lease not yet
---               recorded; expired leases are reaped when an interval closes)
+--               recorded; expired leases are reaped when an interval closes); absent: 0
 -- KEYS[2] <ns>:{<pool>}:pool:leases  zset: "<token> <member>" -> lease deadline (server ms)
 -- KEYS[3] <ns>:{<pool>}:pool:events  stream: member, event, why, until, actor, at (server ms
 --                                     of the decision; MAXLEN ~1000)
@@ -362,12 +362,18 @@ local function reap(K, KL, P, now)
     end
   end
   redis.call('ZREM', KL, unpack(gone))
-  local fields = {}
+  local fields, zero = {}, {}
   for _, name in ipairs(P.names) do
-    fields[#fields + 1] = 'i:' .. name
-    fields[#fields + 1] = fmt(P.infl[name] or 0)
+    local n = P.infl[name] or 0
+    if n > 0 then
+      fields[#fields + 1] = 'i:' .. name
+      fields[#fields + 1] = fmt(n)
+    else
+      zero[#zero + 1] = 'i:' .. name
+    end
   end
   if fields[1] then redis.call('HSET', K, unpack(fields)) end
+  if zero[1] then redis.call('HDEL', K, unpack(zero)) end
 end
 
 local function touch(KEYS, x, now, c, fields)
@@ -632,7 +638,8 @@ local function release(K, KL, token, name, member_exists)
   local gone = redis.pcall('ZREM', KL, token .. ' ' .. name)
   if type(gone) == 'table' and gone['err'] then return false, failed_on(KL, 'zset', gone) end
   if gone == 1 and member_exists then
-    if redis.call('HINCRBY', K, 'i:' .. name, -1) < 0 then redis.call('HSET', K, 'i:' .. name, 0) end
+    -- a member with nothing in flight has no i: field: one field less for every pick
+    if redis.call('HINCRBY', K, 'i:' .. name, -1) <= 0 then redis.call('HDEL', K, 'i:' .. name) end
     return true
   end
   return false

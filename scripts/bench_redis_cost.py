@@ -99,6 +99,7 @@ from distbreaker import (
     RetryBudget,
     State,
 )
+from distbreaker._runtime.keys import DEFAULT_PREFIX
 from distbreaker.demo.embedded import free_port, terminate
 
 #: Socket timeout of every bench client: a server under callgrind is ~50x slower,
@@ -208,6 +209,35 @@ def exact_closed(client: redis.Redis, name: str) -> CostScenario:
     breaker = CircuitBreaker(name, redis=client)
     breaker.reset()
     return CostScenario("closed", "distbreaker exact CLOSED success (COUNT window)",
+                        lambda: breaker.call(ok))
+
+
+def exact_closed_recording(client: redis.Redis, name: str) -> CostScenario:
+    """The exact CLOSED record with outcome recording on (every call sampled: the
+    stream's XADD and PEXPIRE ride on the record's script call)."""
+    breaker = CircuitBreaker(name, redis=client, record_sample_rate=1.0)
+    breaker.reset()
+    return CostScenario("closed_recording", "exact CLOSED success, recording 100 %",
+                        lambda: breaker.call(ok))
+
+
+#: Shadow configs fed by the CLOSED record (docs/guides/shadow.md): candidates that differ
+#: from the live config in their thresholds (same COUNT window of 100), none trips.
+SHADOW_CANDIDATES = ({"failure_rate_threshold": 30}, {"failure_rate_threshold": 20},
+                     {"minimum_number_of_calls": 20, "failure_rate_threshold": 40})
+
+
+def shadowed_closed(client: redis.Redis, name: str, shadows: int) -> CostScenario:
+    """The exact CLOSED success of a breaker carrying `shadows` shadow configs."""
+    from distbreaker import operate
+
+    breaker = CircuitBreaker(name, redis=client)
+    breaker.reset()
+    for i in range(shadows):
+        operate.set_shadow(client, DEFAULT_PREFIX, name, f"s{i}", SHADOW_CANDIDATES[i],
+                           "cost bench", "bench")
+    label = "1 shadow" if shadows == 1 else f"{shadows} shadows"
+    return CostScenario(f"closed_shadow_{shadows}", f"CLOSED success + {label} (COUNT)",
                         lambda: breaker.call(ok))
 
 
@@ -438,7 +468,9 @@ def build_scenarios(url: str, tag: str, calls: int = DEFAULT_CALLS) -> list[Cost
         scenarios.append(pybreaker_closed(client, f"{tag}-pyb"))
     except ImportError:  # pybreaker: in the bench and test extras
         print("pybreaker is not installed: skipping its scenario", file=sys.stderr)
-    return [*scenarios, closed, exact_closed_time(client, f"{tag}-time"),
+    return [*scenarios, closed, exact_closed_recording(client, f"{tag}-rec"),
+            *(shadowed_closed(client, f"{tag}-shadow{k}", k) for k in (1, 3)),
+            exact_closed_time(client, f"{tag}-time"),
             steady_long_window(client, f"{tag}-time3600"),
             *(idle_long_window(client, f"{tag}-idle{gap}", gap, label, calls)
               for gap, label in IDLE_GAPS),

@@ -56,7 +56,8 @@ LAYERS: list[tuple[str, set[str], bool]] = [
     ("component", {"breaker", "bulkhead", "budget", "retry", "ganesha", "ratelimiter", "pool"},
      False),
     # Compose the components: the policy, the fleet's read side, operator actions.
-    ("composition", {"policy", "readside", "readside_pool", "operate"}, False),
+    ("composition", {"policy", "readside", "readside_pool", "operate", "inject", "recording"},
+     False),
     ("registry", {"registry"}, False),
     ("integration", {"contrib", "_facade"}, False),
     ("package", {"__init__", "aio"}, False),

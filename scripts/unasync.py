@@ -165,6 +165,8 @@ def unasync(text: str, source: str) -> str:
         shift = shifts.get(index, 0)
         if shift and line[:shift].isspace():
             line = line[shift:]
+        if line.startswith("import ") and line in lines:
+            continue  # `import asyncio` became an `import time` the module already has
         lines.append(line)
     text = _tidy_imports("\n".join(lines) + "\n")
     left = sorted({node.id for node in ast.walk(ast.parse(text))

@@ -118,7 +118,8 @@ FIELDS: tuple[Field, ...] = (
     Field("seq", "write sequence number: +1 (mod 2^32) on every write of the `state` "
                  "group; the hot read ends near it, with the cumulative counters (Lua 5.1 "
                  "hashes only some bytes of a long string, the last one always: strings "
-                 "differing elsewhere would collide)"),
+                 "differing elsewhere would collide). Bit 32 (2^32, kept by every write): "
+                 "the breaker has shadow configs (`<state key>:shadow`), which records feed"),
     Field("calls_total", "calls recorded since the record was created (fleet-wide, every "
                          "state that records: a counter, never reduced; the bytes were "
                          "reserved, 0, before)"),

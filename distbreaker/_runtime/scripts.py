@@ -57,7 +57,8 @@ _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _CANDIDATES = (_PACKAGE_DIR / "lua", _PACKAGE_DIR.parent / "lua")
 
 #: The scripts of the library, in the order the library defines them.
-SCRIPT_NAMES = ("breaker", "bulkhead", "budget", "ganesha", "finish", "ratelimiter", "pool")
+SCRIPT_NAMES = ("breaker", "bulkhead", "budget", "ganesha", "finish", "ratelimiter",
+                "inject", "pool")
 MODULE_MARKER = "--!module"
 LIB_MARKER = "--!lib"
 NEEDS = " needs "

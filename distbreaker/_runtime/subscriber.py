@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
@@ -33,6 +32,35 @@ def parse_event(data: Any) -> tuple[str, int, bool] | None:
         return str(event["name"]), int(event["at_ms"]), recovered
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
+
+
+def listen_until(stop: threading.Event, make_client: Callable[[], Any], channel: str,
+                 serve: Callable[[Any, Any], None], what: str,
+                 on_error: Callable[[], None] | None = None) -> None:
+    """Subscribe to `channel` with a client of `make_client` and hand both to
+    ``serve(client, pubsub)`` until `stop` is set; when Redis fails (down, restarted),
+    subscribe again after a backoff (50 ms doubling to 5 s, reset by each subscribe)."""
+    backoff = 0.05
+    while not stop.is_set():
+        pubsub = None
+        try:
+            client = make_client()
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            pubsub.subscribe(channel)
+            backoff = 0.05
+            serve(client, pubsub)
+        except Exception as error:
+            if on_error is not None:
+                on_error()
+            logger.debug("distbreaker %s %s: %s", what, channel, error)
+            stop.wait(backoff)
+            backoff = min(_MAX_BACKOFF, backoff * 2)
+        finally:
+            if pubsub is not None:
+                try:
+                    pubsub.close()
+                except Exception:
+                    pass
 
 
 class Subscription(NamedTuple):
@@ -120,29 +148,17 @@ class Subscriber:
 
     def _run(self) -> None:
         stop = self._stop  # this thread's own: a later restart makes a new one
-        backoff = 0.05
-        while not stop.is_set():
-            pubsub = None
-            try:
-                pubsub = self._make_client().pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(self.channel)
-                self.ready.set()
-                backoff = 0.05
-                while not stop.is_set():
-                    message = pubsub.get_message(timeout=1.0)
-                    if message is not None and message.get("type") == "message":
-                        self.handle(message["data"])
-            except Exception as error:  # Redis down or restarted: retry with backoff
-                self.ready.clear()
-                logger.debug("distbreaker subscriber %s: %s", self.channel, error)
-                time.sleep(backoff)
-                backoff = min(_MAX_BACKOFF, backoff * 2)
-            finally:
-                if pubsub is not None:
-                    try:
-                        pubsub.close()
-                    except Exception:
-                        pass
+
+        def serve(client: Any, pubsub: Any) -> None:
+            del client
+            self.ready.set()
+            while not stop.is_set():
+                message = pubsub.get_message(timeout=1.0)
+                if message is not None and message.get("type") == "message":
+                    self.handle(message["data"])
+
+        listen_until(stop, self._make_client, self.channel, serve, "subscriber",
+                     on_error=self.ready.clear)
 
     def _after_fork(self) -> None:
         """In a forked child: no thread yet (the next flush starts one), fresh lock."""

@@ -20,6 +20,7 @@ from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.options import Seconds
 from .._runtime.preflight import preflight
 from .._runtime.scripts import PendingCall, run_script, send
+from ..errors import InjectedFault
 from .config import BreakerConfig
 from .core import (
     BreakerCore,
@@ -54,6 +55,8 @@ class BreakerShell(BreakerCore):
         if self.config.batched:
             self._flusher = self._flushers
             self._flushers.attach(self)
+        if self.config.allow_fault_injection:
+            self._allow_faults(prefix)
 
     def _connect(self, redis: Any) -> Any:
         """Take the client of `redis` (a URL, a client or None), checking it now, and
@@ -88,6 +91,7 @@ class BreakerShell(BreakerCore):
         this breaker built from a URL (a client given to it is yours)."""
         self.flush()
         self._stop_watching()
+        self._leave_faults()
         self._goodbye()
         self._release_client()
 
@@ -122,6 +126,11 @@ class BreakerShell(BreakerCore):
         then ``record(permit, error, duration)``; `call()` and the decorator do both.
         Without the check, a process paused past its lease may probe beside the probe
         that took its slot: more than `permitted_calls_in_half_open` at once."""
+        feed = self._fault_feed
+        if feed is not None:
+            injected = self._injected_rejection(feed)
+            if injected is not None:
+                raise injected
         step = self._acquire_step()
         if step.call is None:
             return Permit()
@@ -146,6 +155,23 @@ class BreakerShell(BreakerCore):
         if rejection is not None:
             self.record(permit, rejection, 0.0, Outcome.IGNORED)
             raise rejection
+        if self._fault_feed is not None:
+            try:
+                self.disturb()
+            except InjectedFault as fault:
+                self.record(permit, fault, 0.0)
+                raise
+
+    def disturb(self) -> None:
+        """Apply an operator's injected latency, then error, to the call about to run
+        (`distbreaker inject`; only with allow_fault_injection): sleeps, raises
+        `InjectedFault`. `check_lease` does it; a caller recording outcomes itself (a
+        Policy) calls it where the protected function would start."""
+        disturbance = self._disturbance()
+        if disturbance.latency:
+            time.sleep(disturbance.latency)
+        if disturbance.error is not None:
+            raise self._injected_error(disturbance.error)
 
     def __enter__(self: B) -> B:
         permit = self.acquire()

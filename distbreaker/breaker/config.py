@@ -8,9 +8,10 @@ call carries; it doubles as the config fingerprint stored beside the state.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from enum import Enum
-from typing import Any
+from typing import Any, TypeAlias
 
 from .._runtime.options import (
     RedisErrorPolicy,
@@ -23,6 +24,7 @@ from .._runtime.options import (
     to_ms,
     to_seconds,
 )
+from .sampling import MAX_SAMPLES, parse_rate
 from .state import State
 
 WIRE_VERSION = "1"
@@ -49,6 +51,12 @@ _INITIAL_CODES = {State.CLOSED: "C", State.FORCED_OPEN: "F", State.METRICS_ONLY:
 _AFTER_HALF_OPEN_CODES = {State.OPEN: "O", State.CLOSED: "C"}
 MAX_COUNT_WINDOW = 100_000
 MAX_TIME_WINDOW = 3_600
+#: Shadow configs (docs/guides/shadow.md): at most this many per breaker, named so.
+MAX_SHADOWS = 3
+SHADOW_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,40}")
+#: `shadow`: candidate name -> a BreakerConfig, or a mapping of the fields that differ
+#: from this config (normalised to ((name, BreakerConfig), ...)).
+Shadows: TypeAlias = Mapping[str, Any] | tuple[tuple[str, Any], ...]
 
 
 
@@ -113,6 +121,16 @@ class BreakerConfig:
     the same shape) exceed the rates, opens its own local view for one open wait (a
     worker with a broken network path cannot open the breaker for everyone, and a
     healthy worker keeps serving).
+    `allow_fault_injection` (default False: never on unless asked) lets an operator's
+    `distbreaker inject` reach this breaker's calls: injected errors, latency and
+    rejections, marked as injected (docs/guides/fault_injection.md). It is not part of
+    the wire string: each worker decides for itself.
+    `record_sample_rate` (0: off, the default; a fraction or ``"10%"``) samples that
+    share of recorded outcomes (time, outcome, duration, worker) into the name's capped
+    stream (at most about `record_max_samples` entries, expiring `record_ttl` after the
+    last sample), in the same script call as the record: ``distbreaker record export``
+    reads it, ``distbreaker replay`` replays it against candidate configs.
+    ``distbreaker record start NAME --rate 10% --for 1h`` turns it on at run time.
     """
 
     failure_rate_threshold: float = 50.0
@@ -150,6 +168,11 @@ class BreakerConfig:
     min_failing_workers: int = 1
     quorum_window: Seconds = 60.0
     config_version: int = 0
+    allow_fault_injection: bool = False
+    record_sample_rate: float | str = 0.0
+    record_max_samples: int = 10_000
+    record_ttl: Seconds = 86_400.0
+    shadow: Shadows = ()
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -210,6 +233,53 @@ class BreakerConfig:
                                  f"{', '.join(s.value for s in allowed)}, got {value!r}")
             put(self, field, state)
         self._check_wait_interval()
+        self._check_recording()
+        self._check_shadow()
+
+    def _check_recording(self) -> None:
+        """Outcome recording (off by default): the share of record calls sampled into the
+        name's capped stream, its cap (entries) and TTL (docs/KEY_SCHEMA.md)."""
+        put = object.__setattr__
+        put(self, "record_sample_rate", parse_rate(self.record_sample_rate))
+        check_int(self.record_max_samples, "record_max_samples", 1, MAX_SAMPLES)
+        ttl = to_seconds(self.record_ttl, "record_ttl")
+        if ttl < 1:
+            raise ValueError(f"record_ttl must be >= 1 second, got {self.record_ttl!r}")
+        put(self, "record_ttl", ttl)
+
+    def _check_shadow(self) -> None:
+        """`shadow` as ((name, candidate BreakerConfig), ...): a mapping's entries are
+        the candidate's fields that differ from this config."""
+        shadow = self.shadow
+        items = shadow.items() if isinstance(shadow, Mapping) else shadow
+        if not isinstance(items, (tuple, list)) and not isinstance(shadow, Mapping):
+            raise ValueError(f"shadow must be a mapping of names to configs, got {shadow!r}")
+        found: list[tuple[str, BreakerConfig]] = []
+        for entry in items:
+            name, candidate = entry
+            if not isinstance(name, str) or not SHADOW_NAME.fullmatch(name):
+                raise ValueError(f"shadow names must be 1-40 letters, digits, '_', '.' or '-', "
+                                 f"got {name!r}")
+            if isinstance(candidate, BreakerConfig):
+                candidate = candidate.replace(shadow=()) if candidate.shadow else candidate
+            elif isinstance(candidate, Mapping):
+                unknown = sorted(str(f) for f in candidate
+                                 if f not in _FIELD_NAMES or f == "shadow")
+                if unknown:
+                    raise ValueError(f"shadow {name!r}: unknown setting {unknown[0]!r}")
+                try:
+                    candidate = dataclasses.replace(self, shadow=(), **candidate)
+                except ValueError as error:
+                    raise ValueError(f"shadow {name!r}: {error}") from None
+            else:
+                raise ValueError(f"shadow {name!r} must be a mapping of settings or a "
+                                 f"BreakerConfig, got {candidate!r}")
+            found.append((name, candidate))
+        if len(found) > MAX_SHADOWS:
+            raise ValueError(f"shadow: at most {MAX_SHADOWS} candidates, got {len(found)}")
+        if len({n for n, _ in found}) != len(found):
+            raise ValueError("shadow: a name is given twice")
+        object.__setattr__(self, "shadow", tuple(found))
 
     def _check_wait_interval(self) -> None:
         put = object.__setattr__
@@ -261,8 +331,9 @@ class BreakerConfig:
         if not 0.001 <= self.revalidate_interval <= 60:
             raise ValueError("revalidate_interval must be in [0.001, 60] seconds, "
                              f"got {self.revalidate_interval!r}")
-        if not isinstance(self.subscribe, bool):
-            raise ValueError(f"subscribe must be a bool, got {self.subscribe!r}")
+        for flag in ("subscribe", "allow_fault_injection"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
 
     @property
     def batched(self) -> bool:
@@ -388,6 +459,9 @@ def config_differences(ours: BreakerConfig,
 
 
 
+
+
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(BreakerConfig))
 
 
 def build_config(config: BreakerConfig | None, overrides: dict[str, Any]) -> BreakerConfig:

@@ -35,13 +35,15 @@ from .._runtime.classify import (
 )
 from .._runtime.connection import db_of
 from .._runtime.events import Event, Listeners, rejection_event
+from .._runtime.fault_feed import FEEDS, FaultFeed
+from .._runtime.faults import UNDISTURBED, Disturbance, Fault
 from .._runtime.health import RedisHealth, shared_health
 from .._runtime.keys import DEFAULT_PREFIX, BreakerKeys, validate_name
 from .._runtime.local import LocalScriptRunner
 from .._runtime.options import Seconds, to_ms, to_seconds
 from .._runtime.scripts import Owed, PendingCall, ScriptCall, load_script, text
 from .._runtime.subscriber import SUBSCRIBERS, Subscription, listen_source
-from ..errors import CallNotPermitted, ConfigDriftWarning
+from ..errors import CallNotPermitted, ConfigDriftWarning, InjectedFault, InjectedRejection
 from .config import (
     BreakerConfig,
     RedisErrorPolicy,
@@ -50,6 +52,8 @@ from .config import (
     config_differences,
 )
 from .events import Listener, Transition, log_transition
+from .sampling import Sampler
+from .shadow import hello_suffix
 from .state import State
 
 logger = logging.getLogger("distbreaker")
@@ -57,7 +61,8 @@ SCRIPT_NAME = "breaker"
 
 #: The event kinds a breaker's listeners can ask for (see `BreakerCore.add_listener`).
 EVENT_KINDS = ("success", "error", "ignored_error", "slow", "not_permitted", "reset",
-               "failure_rate_exceeded", "slow_call_rate_exceeded", "transition")
+               "failure_rate_exceeded", "slow_call_rate_exceeded", "transition",
+               "fault_injected")
 
 
 class Step(str, Enum):
@@ -107,6 +112,9 @@ class Reply:
     #: The rates were exceeded but failures came from too few workers (quorum trip):
     #: the breaker stays CLOSED fleet-wide; the reporting worker opens for itself.
     quorum_blocked: bool = False
+    #: A hello's answer about the operator's recording switch (element 21, while one
+    #: exists); None in other replies (breaker/sampling.py).
+    recording: str | None = None
 
     @property
     def override_left(self) -> float | None:
@@ -288,6 +296,7 @@ def decode_reply(raw: Sequence[Any]) -> Reply:
         probe_figures=bool(int(raw[18])) if len(raw) > 18 else (
             State(text(raw[0])) is State.HALF_OPEN),
         quorum_blocked=bool(int(raw[19])) if len(raw) > 19 else False,
+        recording=text(raw[20]) if len(raw) > 20 else None,
     )
 
 
@@ -371,6 +380,7 @@ class BreakerCodec:
         self._drift_warned = False
         self._next_hello = 0.0                   # monotonic: when the next hello is due
         self.said_hello = False                  # a goodbye is due at close()
+        self._hello_suffix = hello_suffix(config.shadow)  # declares the config's shadows
         self._instance = secrets.token_hex(4)
         self.config_drift: str | None = None     # stored config when it differs from ours
         self.not_permitted = 0
@@ -379,6 +389,9 @@ class BreakerCodec:
         #: state that rejected them ("UNKNOWN": Redis unavailable, fail_closed).
         self.outcomes: Counter[str] = Counter()
         self.rejections: Counter[str] = Counter()
+        #: Outcome recording: which record calls carry a sample (off by default).
+        self.sampler = Sampler(config.record_sample_rate, config.record_max_samples,
+                               to_ms(config.record_ttl))
         forking.register(self)
 
     def _after_fork(self) -> None:
@@ -419,7 +432,7 @@ class BreakerCodec:
                 return self.fingerprint
             self._next_hello = now + HELLO_INTERVAL
             self.said_hello = True
-        return f"{self.fingerprint}@{self.worker}"
+        return f"{self.fingerprint}@{self.worker}{self._hello_suffix}"
 
     def goodbye_call(self) -> ScriptCall:
         """A `state` read that removes this worker from the rollout hash (`close()`): a
@@ -458,7 +471,7 @@ class BreakerCodec:
             return self._call("record", permit.token, 0, 0, 0, 0)
         counts = self._counts(outcome, duration)
         self._note_own(counts)
-        return self._call("record", permit.token, *counts, *self._worker_mark(counts))
+        return self._call("record", permit.token, *counts, *self._record_tail(counts))
 
     def batched_counts(self, outcome: Outcome, duration: float) -> Counts | None:
         """Batched mode: the counts one finished call (no probe) adds, None when ignored."""
@@ -478,13 +491,22 @@ class BreakerCodec:
 
     def batch_call(self, counts: Counts) -> ScriptCall:
         """The record script call carrying accumulated counts (no probe token)."""
-        return self._call("record", "", *counts, *self._worker_mark(counts))
+        return self._call("record", "", *counts, *self._record_tail(counts))
 
     def _worker_mark(self, counts: Counts) -> tuple[str, ...]:
         """ARGV[11] of a record with failures when the quorum trip is on: this worker."""
         if self.config.min_failing_workers <= 1 or not counts[1]:
             return ()
         return (worker_id(),)
+
+    def _record_tail(self, counts: Counts) -> tuple[str, ...]:
+        """ARGV[11..]: the quorum mark, and ARGV[12] when this record is sampled (outcome
+        recording; a batch is sampled whole: its counts at the flush's server time)."""
+        mark = self._worker_mark(counts)
+        sample = self.sampler.spec(worker_id)
+        if sample is None:
+            return mark
+        return (*(mark or ("",)), sample)
 
     def _counts(self, outcome: Outcome, duration: float) -> Counts:
         ms = max(0, to_ms(duration))
@@ -532,7 +554,7 @@ class BreakerCodec:
 
     def local_open_rejection(self, now: float) -> CallNotPermitted:
         """A call this worker's own open view turned down (the quorum was not met)."""
-        self._count_rejection("LOCAL_OPEN")
+        self.count_rejection("LOCAL_OPEN")
         return CallNotPermitted(
             self.name, State.OPEN, max(0.0, self._local_open_until - now),
             reason=f"open for this worker only: failures from fewer than "
@@ -540,14 +562,14 @@ class BreakerCodec:
 
     def ramp_rejection(self, now: float) -> CallNotPermitted:
         """A call slow start turned down: retry after a share of the ramp left."""
-        self._count_rejection("RAMPING")
+        self.count_rejection("RAMPING")
         left = max(0.0, self._ramp_until - now)
         return CallNotPermitted(self.name, State.CLOSED, min(left, 1.0), reason="ramping")
 
     def local_rejection(self, now: float) -> CallNotPermitted:
         """The rejection of a call the local view turned down (no round trip)."""
         state = self._view or State.OPEN
-        self._count_rejection(str.__str__(state))  # its value (.value: a slower property)
+        self.count_rejection(str.__str__(state))  # its value (.value: a slower property)
         left = self._override_deadline - now if self._override_deadline else None
         return self._rejection(state, self._open_deadline - now, self._view_reason,
                                self._view_actor, left)
@@ -580,7 +602,7 @@ class BreakerCodec:
     def inherited_rejection(self, state: State, wait: float) -> CallNotPermitted:
         """A call turned down while Redis is unavailable by the last known fleet state
         (the local fallback loading) or a known local OPEN, without a script run."""
-        self._count_rejection(state.value)
+        self.count_rejection(state.value)
         return CallNotPermitted(self.name, state, max(0.0, wait),
                                 reason="open (Redis unavailable: local fallback)")
 
@@ -649,6 +671,8 @@ class BreakerCodec:
                                self.config.wait_duration_in_open_state)
             if reply.event_errors:
                 self._note_event_errors(reply.event_errors)
+            if reply.recording is not None:
+                self.sampler.learn(reply.recording, reply.now_ms)
             if reply.drift:
                 self._note_drift(reply.stored_config)
             elif self.config_drift is not None:
@@ -672,7 +696,7 @@ class BreakerCodec:
             if reply.state is not State.HALF_OPEN:
                 return Permit()
             return Permit(token, sent_at + self.probe_lease(reply) if sent_at else 0.0)
-        self._count_rejection(reply.state.value)
+        self.count_rejection(reply.state.value)
         raise self._rejection(reply.state, reply.wait_ms / 1000.0, reply.reason, reply.actor,
                               reply.override_left)
 
@@ -691,19 +715,19 @@ class BreakerCodec:
         was paused: another worker may hold the slot now), or None."""
         if not permit.token or not permit.lease_deadline or now < permit.lease_deadline:
             return None
-        self._count_rejection(State.HALF_OPEN.value)
+        self.count_rejection(State.HALF_OPEN.value)
         return CallNotPermitted(self.name, State.HALF_OPEN, 0.0,
                                 reason="probe lease expired before the call")
 
     def redis_unavailable(self, error: BaseException, retry_after: float) -> CallNotPermitted:
         """The fail_closed rejection (the Redis error becomes its cause)."""
-        self._count_rejection("UNKNOWN")
+        self.count_rejection("UNKNOWN")
         rejection = CallNotPermitted(self.name, "UNKNOWN", retry_after,
                                      reason=f"redis unavailable: {error}")
         rejection.__cause__ = error
         return rejection
 
-    def _count_rejection(self, state: str) -> None:
+    def count_rejection(self, state: str) -> None:
         with self._lock:
             self.not_permitted += 1
             self.rejections[state] += 1
@@ -851,6 +875,10 @@ class BreakerCore:
         self._flusher: Any = None
         #: Subscribed to the transitions channel in this process (see _watch_transitions).
         self._watching = False
+        #: Where an operator's injected faults come from (allow_fault_injection only).
+        self._fault_feed: FaultFeed | None = None
+        #: Injected faults this process applied to this breaker's calls, by kind.
+        self.injected: Counter[str] = Counter()
         forking.register(self)
 
     #: The Redis client (set by the front end; per event loop in asyncio).
@@ -1070,6 +1098,58 @@ class BreakerCore:
         if self.config.record_result is None:
             return None
         return classify_result(self.config, result)
+
+    # -- an operator's injected faults (only where the config allows them) -------------
+    def _allow_faults(self, prefix: str) -> None:
+        """allow_fault_injection: follow the prefix's injections (a thread per Redis and
+        prefix, shared) and register this name as one that obeys them."""
+        where = self.subscription() if self.config.allow_fault_injection else None
+        if where is None:
+            if self.config.allow_fault_injection:
+                logger.warning("circuit breaker %s: allow_fault_injection needs a client a "
+                               "thread can listen with (a URL or a sync client); no "
+                               "injected fault will reach it", self.name)
+            return
+        self._fault_feed = FEEDS.join(self.name, where, prefix)
+
+    def _leave_faults(self) -> None:
+        feed, self._fault_feed = self._fault_feed, None
+        if feed is not None:
+            feed.leave(self.name)
+
+    def _injected_rejection(self, feed: FaultFeed) -> CallNotPermitted | None:
+        """The rejection an injection gives this call ("as if OPEN"), counted and
+        reported apart from real ones (rejections["INJECTED"], `fault_injected`)."""
+        fault = feed.table.rejection(self.name)
+        if fault is None:
+            return None
+        self._codec.count_rejection("INJECTED")
+        self.injected["reject"] += 1
+        rejection = InjectedRejection(self.name, State.OPEN, 1.0,
+                                      reason="fault injection: " + fault.describe(),
+                                      actor=fault.actor)
+        self._event("fault_injected", error=rejection, reason=fault.describe())
+        return self._rejected(rejection)
+
+    def _disturbance(self) -> Disturbance:
+        """The injected error and latency of the call about to run (nothing when no
+        injection covers it)."""
+        feed = self._fault_feed
+        if feed is None:
+            return UNDISTURBED
+        disturbance = feed.table.disturbance(self.name)
+        if disturbance.error is not None:
+            self.injected["error"] += 1
+        if disturbance.latency:
+            self.injected["latency"] += 1
+            self._event("fault_injected", delay=disturbance.latency,
+                        reason=f"latency {disturbance.latency:g}s injected")
+        return disturbance
+
+    def _injected_error(self, fault: Fault) -> InjectedFault:
+        error = InjectedFault(self.name, fault.status, fault.reason, fault.actor)
+        self._event("fault_injected", error=error, reason=fault.describe())
+        return error
 
     def _event(self, kind: str, **fields: Any) -> None:
         """Emit one `Event` of `kind` if somebody listens (checked before building it)."""

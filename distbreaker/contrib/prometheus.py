@@ -18,7 +18,14 @@ from .._runtime.keys import DEFAULT_PREFIX
 from ..breaker.core import BreakerCore
 from ..breaker.events import Transition
 from ..breaker.state import State
-from ._metrics import REJECTION_REASONS, Family, MetricsSource, process_families
+from ..errors import InjectedFault, InjectedRejection
+from ._metrics import (
+    DEFAULT_TOP_K,
+    REJECTION_REASONS,
+    Family,
+    MetricsSource,
+    process_families,
+)
 from ._pool_metrics import PoolCollector
 
 __all__ = ["DistbreakerCollector", "PoolCollector"]
@@ -69,6 +76,16 @@ class DistbreakerCollector(Collector):
       each breaker found in key schema v1, kept by workers not yet upgraded during
       a rolling deploy (they do not share state with v2 workers).
 
+    Bounded cardinality: with ``discover=True`` and thousands of keyed names, only
+    ``top_k`` discovered names (default 100; None: all) get the per-name series above:
+    the unreadable ones, then OPEN / HALF_OPEN / FORCED_OPEN, DISABLED / METRICS_ONLY,
+    CLOSED, each by failure rate, slow-call rate and rejections (registered names always
+    get theirs). Every name is in the namespace aggregates:
+    ``distbreaker_namespace_names``, ``_names_not_exported``,
+    ``distbreaker_namespace_breakers{state}``,
+    ``distbreaker_namespace_fleet_calls_total{outcome}``,
+    ``_fleet_rejections_total``, ``_bulkhead_in_use``, ``_ratelimiter_rejections_total``.
+
     Per process, from the registered objects (no Redis): ``distbreaker_calls_total
     {name,outcome}``, ``distbreaker_rejections_total{name,reason}`` (open,
     half_open_full, forced_open, redis_unavailable, ramping: slow start after a recovery,
@@ -86,8 +103,10 @@ class DistbreakerCollector(Collector):
 
     def __init__(self, redis: Any = None, *, prefix: str = DEFAULT_PREFIX,
                  discover: bool = False, timeout: float = 1.0,
-                 components: Iterable[Any] = (), multiprocess: bool | None = None) -> None:
-        self.source = MetricsSource(redis, prefix=prefix, discover=discover, timeout=timeout)
+                 components: Iterable[Any] = (), multiprocess: bool | None = None,
+                 top_k: int | None = DEFAULT_TOP_K) -> None:
+        self.source = MetricsSource(redis, prefix=prefix, discover=discover, timeout=timeout,
+                                    top_k=top_k)
         if multiprocess is None:
             multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR")
                                 or os.environ.get("prometheus_multiproc_dir"))
@@ -141,25 +160,34 @@ class _ProcessCounters:
     """
 
     def __init__(self) -> None:
-        calls, rejections, transitions = process_families()
+        calls, rejections, transitions, injected = process_families()
         self.calls = Counter(calls.name, calls.help, list(calls.labels), registry=None)
         self.rejections = Counter(rejections.name, rejections.help, list(rejections.labels),
                                   registry=None)
         self.transitions = Counter(transitions.name, transitions.help,
                                    list(transitions.labels), registry=None)
+        self.injected = Counter(injected.name, injected.help, list(injected.labels),
+                                registry=None)
 
     def watch(self, component: Any) -> None:
         if isinstance(component, BreakerCore):
-            component.add_listener(self.breaker_event, kinds=(*_OUTCOMES, "not_permitted"))
+            component.add_listener(self.breaker_event,
+                                   kinds=(*_OUTCOMES, "not_permitted", "fault_injected"))
         else:
             component.add_listener(self.bulkhead_event, kinds=("rejected",))
 
     def breaker_event(self, event: Any) -> None:
+        if event.kind == "fault_injected":
+            kind = ("reject" if isinstance(event.error, InjectedRejection) else
+                    "error" if isinstance(event.error, InjectedFault) else "latency")
+            self.injected.labels(event.name, kind).inc()
+            return
         if event.kind != "not_permitted":
             self.calls.labels(event.name, _OUTCOMES[event.kind]).inc()
             return
         state = getattr(event.state, "value", str(event.state))
-        reason = "ramping" if state == State.CLOSED.value else REJECTION_REASONS.get(state)
+        reason = ("injected" if isinstance(event.error, InjectedRejection) else
+                  "ramping" if state == State.CLOSED.value else REJECTION_REASONS.get(state))
         if reason is not None:
             self.rejections.labels(event.name, reason).inc()
 

@@ -120,6 +120,8 @@ class PolicyShell(PolicyCore):
             raise refusal
         ran = Ran()
         try:
+            if breaker is not None:  # an operator's injected latency or error, if allowed
+                await breaker.disturb()
             ran.ended(await self._within(fn(*args, **kwargs), attempt), None)
         except BaseException as error:
             ran.ended(None, error)

@@ -122,6 +122,8 @@ class PolicyShell(PolicyCore):
             raise refusal
         ran = Ran()
         try:
+            if breaker is not None:  # an operator's injected latency or error, if allowed
+                breaker.disturb()
             ran.ended(self._within(fn(*args, **kwargs), attempt), None)
         except BaseException as error:
             ran.ended(None, error)

@@ -12,8 +12,9 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from .._runtime.connection import LoopClients
 from .._runtime.health import redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
+from .._runtime.preflight import preflight_async
 from .._runtime.scripts import run_script_async, send_async
-from ..errors import NoPoolMember
+from ..errors import NoPoolMember, RedisUnavailable
 from .config import PoolConfig
 from .core import MemberChange, Pick, PoolCore, PoolStatus, decode_change
 
@@ -72,8 +73,12 @@ class PoolShell(PoolCore):
         found: Pick | None = await send_async(self._client,
                                               self.pick_pending(key, avoid, track))
         if found is None and self.members_to_restore and not self.local_fallback_active:
-            await self._members("init", self.members_to_restore)  # the keys had expired
-            found = await send_async(self._client, self.pick_pending(key, avoid, track))
+            try:  # the keys had expired (or a new Redis): this process's members go back
+                await self._members("init", self.members_to_restore)
+            except RedisUnavailable:
+                found = self.local_pick(key, avoid)
+            else:
+                found = await send_async(self._client, self.pick_pending(key, avoid, track))
         if found is None:
             raise NoPoolMember(self.name)
         self.learn(found)
@@ -203,6 +208,14 @@ class PoolShell(PoolCore):
         """Forget the pool in Redis: members, health records, leases and history."""
         with redis_unavailable_as(f"pool {self.name!r}"):
             await self._client.delete(*self.keys.script_keys)
+
+    async def check(self) -> None:
+        """Raise `CheckFailed` (a `RedisUnavailable` naming the cause and its fix) unless
+        Redis can serve this pool (a wrong URL, a replica, a missing ACL permission, a full
+        Redis): for an app that would rather fail at start-up than pick locally. Writes
+        nothing; picks never raise it."""
+        await preflight_async(self._client, f"pool {self.name!r}", ("pool",),
+                              self.keys.members, "")
 
     async def aclose(self) -> None:
         """Close the client this pool built from a URL (a client given to it is yours)."""

@@ -6,6 +6,7 @@ how they build their client (the asyncio one: one per event loop).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ..breaker.aio import CircuitBreaker
@@ -17,6 +18,8 @@ from ..ratelimiter.aio import RateLimiter
 from ..retry.aio import Retry
 from .core import Classes, RegistryCore
 from .health import RegistryHealth, run_async
+
+logger = logging.getLogger("distbreaker")
 
 CLASSES = Classes(breaker=CircuitBreaker, bulkhead=Bulkhead, budget=RetryBudget, retry=Retry,
                   policy=Policy, rate_limiter=RateLimiter, pool=Pool)
@@ -50,7 +53,18 @@ class RegistryShell(RegistryCore[CircuitBreaker, Bulkhead, RetryBudget, Retry, P
                 await checker()
 
     async def aclose(self) -> None:
-        """Close the Redis client if the registry built it from a URL (asyncio: the running
-        loop's)."""
+        """Close every component it built (batched outcomes sent, subscriptions ended, each
+        breaker's goodbye to the config-rollout hash), then the Redis client if the
+        registry built it from a URL (asyncio: the running loop's). A component that
+        fails to close is logged, never raised: the others still close."""
+        for component in self.built():
+            closer = getattr(component, "aclose", None)
+            if closer is None:
+                continue
+            try:
+                await closer()
+            except Exception:
+                logger.warning("distbreaker registry: closing %r failed", component,
+                               exc_info=True)
         if self._owns_client:
             await self._client.aclose()

@@ -308,6 +308,29 @@ def _adaptive(value: Any) -> AdaptiveLimit | None:
     return AdaptiveLimit(**fields)
 
 
+def _shadows(value: Any) -> dict[str, dict[str, Any]]:
+    """A breaker's `shadow:` (docs/guides/shadow.md): candidate name -> the settings that
+    differ from the breaker's, named and converted as the breaker's own (JSON in the
+    environment)."""
+    kind = KINDS["breaker"]
+    known = kind.fields()
+    found: dict[str, dict[str, Any]] = {}
+    for name, settings in _mapping(value).items():
+        if not isinstance(settings, Mapping):
+            raise ValueError(f"{name!r} must be a mapping of breaker settings, got {settings!r}")
+        fields: dict[str, Any] = {}
+        for given, item in settings.items():
+            field = canonical_field(kind, str(given))
+            if field is None or field == "shadow":
+                raise ValueError(f"{name!r}: unknown breaker setting {given!r}")
+            try:
+                fields[field] = convert(known[field], item)
+            except ValueError as error:
+                raise ValueError(f"{name!r}: {field} {error}") from None
+        found[str(name)] = fields
+    return found
+
+
 def convert(annotation: str, value: Any) -> Any:
     """One field's value from a file or the environment, by the field's annotation."""
     optional = "None" in annotation
@@ -320,6 +343,8 @@ def convert(annotation: str, value: Any) -> Any:
         return _adaptive(value)
     if annotation == "ref":
         return _ref(value)
+    if annotation == "Shadows":
+        return _shadows(value)
     if annotation == "mapping" or "HttpClassifier" in annotation:
         return _mapping(value)
     if "Seconds" in annotation:

@@ -166,6 +166,12 @@ class RegistryCore(Generic[BreakerT, BulkheadT, BudgetT, RetryT, PolicyT, Limite
         for (kind, _), component in items:
             yield kind, component
 
+    def built(self) -> list[Any]:
+        """Every component built so far, named and keyed (what `close` closes)."""
+        with self._lock:
+            return [*self._named.values(),
+                    *(c for table in self._keyed.values() for c in table.values())]
+
     def on_component(self, hook: ComponentHook) -> None:
         """Call ``hook(kind, component)`` for every component built so far and from now on
         (an integration instruments them this way, e.g. OpenTelemetry)."""

@@ -1,4 +1,4 @@
---!lib needs record_layout record_codec
+--!lib needs record_layout record_codec breaker_shadow
 -- The breaker's hot path (lua/breaker.lua): the usual record, one successful call,
 -- not slow and not a probe, in CLOSED with a count window, the caller's config stored
 -- (fingerprint), no override, no TTL refresh due. It is what the general path does
@@ -89,10 +89,14 @@ local function record(keys, args, given_now, given_micros)
   end
   -- the totals group (window totals, head, window_sec, seq, the cumulative counters);
   -- the state's own fields stay
+  -- (seq's bit 32: shadow configs exist, fed after the write: lua/lib/breaker_shadow.lua)
+  local shadowed = write_seq >= 4294967296
   rcall('SETRANGE', k, TOTALS_AT, packer.pack(TOTALS_FORMAT, n, f, sl, total,
                                               (ring_head + 1) % window_size, window_sec,
-                                              (write_seq + 1) % 4294967296,
+                                              shadowed and (write_seq + 1) % 4294967296
+                                              + 4294967296 or (write_seq + 1) % 4294967296,
                                               calls_total + 1, failures_total))
+  if shadowed then pcall(breaker_shadow.feed, k, t_now, us, 1, 0, 0, ms) end
   return {'CLOSED', t_now, since_ms}
 end
 

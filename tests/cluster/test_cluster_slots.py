@@ -12,7 +12,9 @@ import pytest
 from redis.cluster import RedisCluster, key_slot
 
 from distbreaker import Bulkhead, CircuitBreaker, Pool, RateLimiter, RetryBudget
+from distbreaker import inject as faults
 from distbreaker._runtime.keys import (
+    DEFAULT_PREFIX,
     MAX_NAME_LENGTH,
     BreakerKeys,
     BudgetKeys,
@@ -165,7 +167,7 @@ def test_every_script_runs_on_the_cluster_with_one_slot_per_call(
         cluster_client: RedisCluster) -> None:
     scripts = {load_script(path.stem).sha: path.stem for path in lua_dir().glob("*.lua")}
     assert set(scripts.values()) == {"breaker", "bulkhead", "budget", "ganesha", "finish",
-                                     "ratelimiter", "pool"}
+                                     "ratelimiter", "inject", "pool"}
     seen: set[str] = set()
     for name in NAME_SHAPES:
         recorder = Recorder(cluster_client)
@@ -183,6 +185,12 @@ def test_every_script_runs_on_the_cluster_with_one_slot_per_call(
     ganesha.success()
     reply = ganesha.counts()
     assert reply is not None and (reply.failures, reply.successes) == (1, 1)
+    assert len({slot(key) for _, keys in recorder.calls for key in keys}) == 1
+    seen |= {scripts[sha] for sha, _ in recorder.calls}
+    # Fault injection keeps its keys of a prefix in one slot of their own.
+    recorder = Recorder(cluster_client)
+    faults.inject(recorder, DEFAULT_PREFIX, "llm:*", "reject", for_=1, require_allowed=False)
+    assert faults.stop(recorder, DEFAULT_PREFIX) == 1
     assert len({slot(key) for _, keys in recorder.calls for key in keys}) == 1
     seen |= {scripts[sha] for sha, _ in recorder.calls}
     assert seen == set(scripts.values())

@@ -589,3 +589,21 @@ def test_registry_errors_name_the_instance_and_the_option(
     result = php_worker.run(action="registry", port=redis_server.port, registry=change,
                             kind=kind, name="payments")
     assert expected in result["error"]
+
+
+def test_php_records_feed_a_shadow_config(php_worker: Php, redis_client: redis.Redis,
+                                          name: str, redis_url: str) -> None:
+    """Shadow configs (docs/guides/shadow.md): PHP sets none, but its records go through
+    the same script, so they feed the shadows Python (or an operator) set."""
+    from distbreaker import operate
+    from distbreaker.readside import read_shadows
+
+    python_breaker(name, redis_url).call(lambda: None)
+    operate.set_shadow(redis_client, "distbreaker", name, "strict",
+                       {"failure_rate_threshold": 10, "minimum_number_of_calls": 2}, "r", "a")
+    outcomes = php_worker.run(action="calls", name=name, config=SMALL, counter="dep", n=3,
+                              fail=True)
+    assert [o["outcome"] for o in outcomes] == ["failed"] * 3
+    (shadow,) = read_shadows(redis_client, "distbreaker", name)
+    assert (shadow["seen"], shadow["seen_failures"], shadow["trips"]) == (3, 3, 1)
+    assert (shadow["rejected"], shadow["avoided"]) == (1, 1)

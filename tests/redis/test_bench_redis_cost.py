@@ -22,7 +22,8 @@ ROUND_TRIPS = {
     "pool": 2, "pool_repick": 1,
     "closed_time_3600": 1,
     "closed_time_idle_3600": 1, "closed_time_idle_1800": 1, "closed_time_idle_3599": 1,
-    "closed_time_idle_3600_no_ttl": 1,
+    "closed_time_idle_3600_no_ttl": 1, "closed_shadow_1": 1, "closed_shadow_3": 1,
+    "closed_recording": 1,  # the sample rides on the record's script call
 }
 
 

@@ -86,6 +86,7 @@ def test_metrics_have_the_prometheus_names_and_the_fleet_values(redis_url: str) 
     # families without samples in this run (Prometheus lists them empty, OTel not at all)
     assert prometheus_names <= set(points) | {
         "distbreaker_unreadable", "distbreaker_breaker_v1_state",
+        "distbreaker_injected_faults",  # no fault injected in this run
         *ADAPTIVE_ONLY,  # a fixed bulkhead: tests/redis/test_adaptive_visibility.py
         *(n for n in prometheus_names if n.startswith("distbreaker_ratelimiter_"))}  # none
     assert set(points) <= prometheus_names

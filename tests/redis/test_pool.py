@@ -254,3 +254,12 @@ def test_redis_down_picks_go_on_locally_then_back_to_the_fleet(server: Any, name
                what="picks go back to Redis")
     assert sorted(pool.members()) == ["a", "b", "c"]
     pool.close()
+
+
+def test_check_says_whether_redis_can_serve_the_pool(redis_url: str, name: str,
+                                                     dead_redis_url: str) -> None:
+    from distbreaker.errors import CheckFailed
+
+    Pool(name, redis_url).check()
+    with pytest.raises(CheckFailed):
+        Pool(name, dead_redis_url, redis_timeout=0.5).check()

@@ -13,7 +13,7 @@ namespace Distbreaker;
  * as in Python: the transition's reason ("failure rate 100% >= 50%", an operator's
  * "maintenance") and the operator ("alice@host"; empty for the breaker's own moves).
  */
-final class CallNotPermitted extends DistbreakerException
+class CallNotPermitted extends DistbreakerException
 {
     public readonly float $retryAfter;
 

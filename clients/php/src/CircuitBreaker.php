@@ -45,6 +45,8 @@ final class CircuitBreaker
     /** Whether the next acquire or record says hello (docs/KEY_SCHEMA.md, "Config rollouts"). */
     private bool $helloDue;
     private string $worker;
+    /** An operator's injected faults, when the config allows them ('allow_fault_injection'). */
+    private ?FaultInjection $faults = null;
 
     /**
      * @param array<string, mixed> $config Python BreakerConfig option names, plus
@@ -59,7 +61,11 @@ final class CircuitBreaker
         $prefix = $config['prefix'] ?? Keys::DEFAULT_PREFIX;
         $luaDir = $config['lua_dir'] ?? null;
         $helloRate = (float) ($config['hello_rate'] ?? 0.125);
-        unset($config['prefix'], $config['lua_dir'], $config['hello_rate']);
+        $allowFaults = $config['allow_fault_injection'] ?? false;
+        if (!is_bool($allowFaults)) {
+            throw new \InvalidArgumentException('allow_fault_injection must be a bool');
+        }
+        unset($config['prefix'], $config['lua_dir'], $config['hello_rate'], $config['allow_fault_injection']);
         // A PHP-FPM child keeps no state between requests: it says hello on a sample of its
         // objects' first calls (keeping its config counted as running), and always on the
         // call after a reply showed drift (so a new config is adopted at its second call).
@@ -74,6 +80,9 @@ final class CircuitBreaker
         $this->slowMs = BreakerConfig::toMs($this->config->slowCallDuration);
         $this->script = Scripts::load(self::SCRIPT, $luaDir);
         Scripts::checkConnection($redis);
+        if ($allowFaults) {
+            $this->faults = new FaultInjection($redis, $name, $prefix, $luaDir);
+        }
     }
 
     /** Call $listener(array event) for every transition this process's calls make. */
@@ -87,6 +96,11 @@ final class CircuitBreaker
     /** Ask for permission to make one call; throws CallNotPermitted. */
     public function acquire(): Permit
     {
+        $injected = $this->faults?->rejection();
+        if ($injected !== null) {
+            $this->notPermitted++;
+            throw $injected;
+        }
         $now = self::monotonic();
         if ($this->view !== null && isset(self::PERMITTING[$this->view])) {
             return new Permit(); // CLOSED: no round trip before the call
@@ -163,6 +177,7 @@ final class CircuitBreaker
         }
         $started = hrtime(true);
         try {
+            $this->faults?->disturb(); // an operator's injected latency / error, if allowed
             $result = $fn();
         } catch (\Throwable $error) {
             $this->record($permit, $error, (hrtime(true) - $started) / 1e9);

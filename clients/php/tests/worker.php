@@ -92,6 +92,23 @@ switch ($job['action']) {
         }
         break;
 
+    case 'faults': // n calls on a breaker allowing fault injection: outcomes counted by kind
+        $breaker = new CircuitBreaker($redis, $job['name'], $config + ['allow_fault_injection' => true]);
+        $out = ['ok' => 0, 'injected' => 0, 'rejected' => 0, 'status' => null];
+        for ($i = 0; $i < $job['n']; $i++) {
+            try {
+                $breaker->call(static fn () => 'ok');
+                $out['ok']++;
+            } catch (Distbreaker\InjectedFault $e) {
+                $out['injected']++;
+                $out['status'] = $e->statusCode;
+            } catch (Distbreaker\InjectedRejection $e) {
+                $out['rejected']++;
+            }
+            usleep(5000);
+        }
+        break;
+
     case 'fallback':
         $breaker = new CircuitBreaker($redis, $job['name'], $config);
         $out = $breaker->call(
