@@ -119,6 +119,11 @@ def test_diffs_redraw_only_changed_rows_and_keep_selection_find_and_nodes(
         assert header.get_attribute("aria-sort") == "descending"
         assert browser.execute_script("return arguments[0] === window.__kept",
                                       browser.execute_script(ROW, "tenant:050"))
+        # a breaker's page of an idle breaker: its rates from the snapshot (no update comes)
+        browser.get(dashboard.base + "/breakers/tenant:050")
+        wait_for(lambda: browser.execute_script(
+            "const e = document.getElementById('fleet-rates');"
+            "return e ? e.textContent : ''").startswith("0.00/s"), timeout=30)
     finally:
         dashboard.stop()
         for b in [*breakers, *timed]:
