@@ -52,8 +52,10 @@ import redis
 from .. import readside as view
 from .. import readside_pool as pools
 from .._runtime import state_record
-from .._runtime.keys import BreakerKeys, events_channel, namespace
+from .._runtime.keys import BreakerKeys, PoolKeys, events_channel, namespace
 from .._runtime.record_layout import WINDOW_OFFSET
+from ..pool.core import decode_record as decode_pool_record
+from ..pool.core import decode_status as decode_pool_status
 from . import rows as fleet
 from .rows import percentile, rates, row_key
 
@@ -349,7 +351,7 @@ class Hub:
         for key in removed:
             del self._tracked[key]
         sent = [row for row in changed.values() if row is not None]
-        pools_changed, pools_gone = self._read_pools(client, whole) if turn else ([], [])
+        pools_changed, pools_gone = self._read_pools(client, whole, now) if turn else ([], [])
         with self._lock:
             self.server_time_ms = now
             self._scanned = True
@@ -376,7 +378,8 @@ class Hub:
             self._broadcast("update", update)
 
     # -- pools ---------------------------------------------------------------------------
-    def _read_pools(self, client: Any, whole: bool) -> tuple[list[dict[str, Any]], list[str]]:
+    def _read_pools(self, client: Any, whole: bool,
+                    now: int) -> tuple[list[dict[str, Any]], list[str]]:
         """Every pool read (a pool is small, and changes with every call: in flight);
         the rows that changed, and the names of the pools gone. New pools are found by
         the scan steps (a cluster: a whole scan every `POOL_SCAN_S`)."""
@@ -385,10 +388,23 @@ class Hub:
             self._pools_scanned = time.monotonic()
             self._pool_names |= set(pools.scan_pools(client, self.prefix))
         changed, gone = [], []
-        for name in sorted(self._pool_names):
+        names = sorted(self._pool_names)
+        # one pipelined HGETALL per pool at the tick's server time (what
+        # readside_pool.read_pool reads, without a TIME in the pipeline: a cluster refuses it)
+        pipe = client.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(PoolKeys.build(name, self.prefix).members)
+        for name, raw in zip(names, pipe.execute(raise_on_error=False), strict=True):
             try:
-                status = pools.read_pool(client, self.prefix, name)
-                row = None if status is None else fleet.pool_row(pools.pool_row(status))
+                if isinstance(raw, Exception):
+                    raise raw
+                row = None
+                if raw:
+                    for field, value in raw.items():
+                        if view.text(field).startswith("m:"):
+                            decode_pool_record(value)  # ValueError on a corrupt record
+                    status = decode_pool_status(name, pools.status_reply(raw, now))
+                    row = fleet.pool_row(pools.pool_row(status))
             except (ValueError, TypeError, KeyError, IndexError, redis.ResponseError) as exc:
                 row = {"pool": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
             if row is None:
