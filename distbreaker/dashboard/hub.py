@@ -387,8 +387,11 @@ class Hub:
                      and time.monotonic() - self._pools_scanned >= POOL_SCAN_S):
             self._pools_scanned = time.monotonic()
             self._pool_names |= set(pools.scan_pools(client, self.prefix))
-        changed, gone = [], []
+        changed: list[dict[str, Any]] = []
+        gone: list[str] = []
         names = sorted(self._pool_names)
+        if not names:
+            return changed, gone
         # one pipelined HGETALL per pool at the tick's server time (what
         # readside_pool.read_pool reads, without a TIME in the pipeline: a cluster refuses it)
         pipe = client.pipeline(transaction=False)
