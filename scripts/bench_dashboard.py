@@ -72,7 +72,7 @@ def seed(url: str, names: int) -> None:
     pipe = client.pipeline(transaction=False)
     for key in client.scan_iter(match="distbreaker:v2:{tenant:*}:cb:cfgs", count=1000):
         for field in client.hkeys(key):
-            if field.startswith(b"w:"):
+            if (field.decode() if isinstance(field, bytes) else field).startswith("w:"):
                 pipe.hdel(key, field)
     pipe.execute()
     client.close()

@@ -224,7 +224,7 @@ class Hub:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._spark: dict[str, collections.deque[list[float]]] = {}
+        self._spark: dict[str, collections.deque[list[Any]]] = {}  # [ms, rate, rate, calls/s]
         self._spark_loaded = False
         self._spark_saved = time.monotonic()
         self._tracked: dict[str, Tracked] = {}
