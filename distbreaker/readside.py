@@ -105,6 +105,7 @@ class NameKeys:
     rl: str
 
     @classmethod
+    @functools.lru_cache(maxsize=16384)  # immutable; the dashboard reads the same names often
     def build(cls, name: str, prefix: str, schema: str = V2) -> NameKeys:
         bk, hk, rk = (BreakerKeys.build(name, prefix), BulkheadKeys.build(name, prefix),
                       BudgetKeys.build(name, prefix))
@@ -174,10 +175,14 @@ def key_schema(key: str, prefix: str) -> str | None:
     return next((s for s in SCHEMAS if name_from_key(key, prefix, s) is not None), None)
 
 
+def scan_pattern(prefix: str, schema: str = V2) -> str:
+    """The SCAN MATCH pattern of every name's keys in `schema` under `prefix`."""
+    return _glob_escape(schema_namespace(prefix, schema)) + ":{*"
+
+
 def _scan_raw(client: Any, prefix: str, count: int, schema: str = V2) -> Iterator[Any]:
     """The keys as the client returns them (bytes, unless it decodes responses)."""
-    pattern = _glob_escape(schema_namespace(prefix, schema)) + ":{*"
-    kwargs: dict[str, Any] = {"match": pattern, "count": count}
+    kwargs: dict[str, Any] = {"match": scan_pattern(prefix, schema), "count": count}
     if is_cluster(client):
         kwargs["target_nodes"] = client.PRIMARIES
     yield from client.scan_iter(**kwargs)
@@ -201,24 +206,30 @@ def scan(client: Any, prefix: str, count: int = SCAN_COUNT, legacy: bool = True)
     valid names and foreign name parts."""
     found = Scan()
     for schema in SCHEMAS if legacy else (V2,):
-        names = found.names if schema == V2 else found.legacy
         for raw in _scan_raw(client, prefix, count, schema):
-            key = text(raw)
-            parsed = name_from_key(key, prefix, schema)
-            if parsed is None:
-                continue
-            name, component = parsed
-            known = names.get(name)  # a name is checked once, not once per key
-            if known is not None and _utf8(raw):
-                known.add(component)
-            elif (name in found.invalid or _invalid_name(name) is not None
-                    or not _utf8(raw)):  # its name part was decoded with replacement chars
-                found.invalid.setdefault(name, []).append(key)
-            else:
-                names.setdefault(name, set()).add(component)
+            sort_key(found, raw, prefix, schema)
     for keys in found.invalid.values():
         keys.sort()
     return found
+
+
+def sort_key(found: Scan, raw: Any, prefix: str, schema: str = V2) -> None:
+    """Add one scanned key (as the client returned it) of `schema` to `found`: its name's
+    components, or its invalid name part (the dashboard scans a step at a time)."""
+    key = text(raw)
+    parsed = name_from_key(key, prefix, schema)
+    if parsed is None:
+        return
+    name, component = parsed
+    names = found.names if schema == V2 else found.legacy
+    known = names.get(name)  # a name is checked once, not once per key
+    if known is not None and _utf8(raw):
+        known.add(component)
+    elif (name in found.invalid or _invalid_name(name) is not None
+            or not _utf8(raw)):  # its name part was decoded with replacement chars
+        found.invalid.setdefault(name, []).append(key)
+    else:
+        names.setdefault(name, set()).add(component)
 
 
 def scan_names(client: Any, prefix: str,
