@@ -96,8 +96,16 @@ def test_cancelled_waiter_leaves_no_trace(name: str, redis_url: str) -> None:
         holder = Bulkhead(name, redis=redis_url, max_concurrent_calls=1)
         waiter = Bulkhead(name, redis=redis_url, max_concurrent_calls=1, max_wait_duration=5)
         permit = await holder.acquire()
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(waiter.acquire(), 0.2)
+        task = asyncio.ensure_future(waiter.acquire())
+        await asyncio.sleep(0.2)
+        # Cancel until it ends: on Python < 3.12 a cancellation racing an inner wait_for
+        # (redis-py's) can be lost once (CPython gh-86296), which a loaded machine makes
+        # likely; the behaviour under test is what a cancel leaves behind.
+        while not task.done():
+            task.cancel()
+            await asyncio.sleep(0.05)
+        with pytest.raises(asyncio.CancelledError):
+            await task
         await asyncio.sleep(0.05)               # the shielded cancel runs
         metrics = await holder.metrics()
         assert (metrics.in_use, metrics.waiting) == (1, 0)
