@@ -155,12 +155,16 @@ local function write(key, writes, why, actor, adopted, adopted_wire, deploy, now
   if why then
     hset[#hset + 1], hset[#hset + 2] = 'f:at', int(now)
     hset[#hset + 1], hset[#hset + 2] = 'f:why', why
-    hset[#hset + 1], hset[#hset + 2] = 'f:actor', actor or ''
+    if actor and actor ~= '' then hset[#hset + 1], hset[#hset + 2] = 'f:actor', actor end
     if deploy then hset[#hset + 1], hset[#hset + 2] = 'd:' .. adopted, int(now) end
   end
   local hdel = writes and writes.hdel or {}
   -- the config in force keeps no 'c:' field (the meta hash holds its wire)
-  if why then hdel[#hdel + 1] = 'c:' .. adopted end
+  -- (nor an empty 'f:actor': no field is the same to readers, and spares ~11 bytes)
+  if why then
+    hdel[#hdel + 1] = 'c:' .. adopted
+    if not actor or actor == '' then hdel[#hdel + 1] = 'f:actor' end
+  end
   if #hdel > 0 then redis.call('HDEL', key, unpack(hdel)) end
   if #hset > 0 then
     redis.call('HSET', key, unpack(hset))
