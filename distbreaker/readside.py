@@ -680,7 +680,8 @@ def decode_bulkhead(leases: Sequence[tuple[Any, Any]], meta: Mapping[Any, Any],
     holders = [{"token": text(tok), "deadline_ms": deadline,
                 "expires_in_s": (deadline - now_ms) / 1000, "expired": deadline <= now_ms}
                for (tok, _), deadline in zip(leases, deadlines_of(leases_key, leases),
-                                             strict=True)]
+                                             strict=True)
+               if deadline > 0]  # not the keep-alive member `~` (score 0, KEY_SCHEMA)
 
     def counter(field: str) -> int | None:
         try:

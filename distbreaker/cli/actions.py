@@ -402,7 +402,7 @@ def release_stale_command(app: App, name: str, as_json: bool) -> None:
                  if "bulkhead" in parts]
         raise NotFound(f"unknown bulkhead {name!r} under prefix {app.prefix!r}"
                        + did_you_mean(operate.close_names(name, known)))
-    before = int(client.zcard(keys.leases))
+    before = int(client.zcount(keys.leases, 1, "+inf"))  # not the keep-alive member (score 0)
     ttl_ms = max(int(client.pttl(keys.meta)), int(client.pttl(keys.leases)))
     # The metrics op reaps expired leases; it must carry the stored limit (it
     # sizes the waiters' wake-ups) and the keys' remaining TTL (it refreshes them).

@@ -283,7 +283,7 @@ class ChaosRun:
         self.shared.mode.value = cw.DOWN
         hung = self.shared.victim_hung.wait(30 * SCALE)
         fault.notes["victim_held_probe"] = hung
-        leases = self.admin.zcard(BulkheadKeys.build(NAME).leases)
+        leases = self.admin.zcount(BulkheadKeys.build(NAME).leases, 1, "+inf")
         fault.notes["bulkhead_leases_at_kill"] = leases
         fault.notes["probe_leases_at_kill"] = self.admin.zcard(BreakerKeys.build(NAME).probes)
         self.victim.kill()

@@ -126,15 +126,20 @@ def test_script_spends_few_commands_per_acquire_and_release(name: str) -> None:
         reply, again = counted(codec.acquire_call("b", 0))
         assert reply == 1
         counted(codec.release_call("b"))
+        # every lease released: the zset stays with its keep-alive member and its TTL
+        assert client.zrange(codec.keys.leases, 0, -1, withscores=True) == [(b"~", 0.0)]
+        assert client.pttl(codec.keys.leases) > 0
         reply, idle = counted(codec.metrics_call())
-        # the hot paths. First acquire: TIME HMGET ZCOUNT HINCRBY ZADD, then the TTL
-        # refresh of new keys: ZREMRANGEBYSCORE HSET(ttl_until, limit) PEXPIRE x2; release:
-        # TIME HGET(waiters) ZSCORE (the lease is live) ZREM; the next acquire: TIME
-        # HMGET ZCOUNT HINCRBY ZADD
-        # PEXPIREAT (a new leases zset expires with the meta hash); metrics on an idle
-        # bulkhead (the general path): the three reads. No waiter registered: neither
+        # the hot paths. First acquire: TIME HMGET ZCOUNT HINCRBY ZADD (the lease and the
+        # keep-alive member), then the TTL refresh of new keys: ZREMRANGEBYSCORE
+        # HSET(ttl_until, limit) PEXPIRE x2; release: TIME HGET(waiters) ZSCORE (the
+        # lease is live) ZREM (the zset stays: its keep-alive member); the next acquire:
+        # TIME HMGET ZCOUNT HINCRBY ZADD, no PEXPIREAT (the zset kept its TTL); metrics
+        # on an idle bulkhead (the general path): the three reads, then the reap of the
+        # keep-alive member (ZREMRANGEBYSCORE, ZRANGE). No waiter registered: neither
         # HGETALL nor LLEN.
-        assert (first, release, again, idle) == (9, 4, 6, 3)
+        assert (first, release, again, idle) == (9, 4, 5, 5)
+        assert client.exists(codec.keys.leases) == 0  # the reap left nothing behind
         client.close()
 
 

@@ -195,3 +195,36 @@ def test_deployments_in_the_same_millisecond_do_not_flip_the_config_in_force(
         warnings.simplefilter("ignore", ConfigDriftWarning)
         make(name, redis_url, failure_rate_threshold=30.0).call(lambda: None)
     assert in_force(redis_url, name)["fp"] == str(new._codec.fingerprint)
+
+
+def test_the_rollout_hash_stores_wires_only_for_configs_not_in_force(
+        name: str, redis_url: str) -> None:
+    """The config in force keeps its wire in the meta hash only (no `c:<fp>` copy); an
+    adoption stores the replaced config's wire and drops the adopted one's; `show` lists
+    every deployed config with its wire all along."""
+    client = redis.Redis.from_url(redis_url)
+    key = f"{DEFAULT_PREFIX}:v2:{{{name}}}:cb:cfgs"
+    v1 = make(name, redis_url, config_version=1)
+    v1.call(lambda: None)
+    fp1, wire1 = v1._codec.fingerprint, v1._codec.wire
+    assert client.hget(key, f"c:{fp1}") is None        # in force: the meta hash has it
+    client.hset(key, f"c:{fp1}", wire1)                # as an older client stored it
+    v0 = make(name, redis_url, config_version=0, failure_rate_threshold=30.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigDriftWarning)
+        v0.call(lambda: None)                          # a lower version: not adopted
+    fp0 = v0._codec.fingerprint
+    assert client.hget(key, f"c:{fp1}") is None        # the old copy dropped at the hello
+    assert client.hget(key, f"c:{fp0}") == v0._codec.wire.encode()
+    v2 = make(name, redis_url, config_version=2, failure_rate_threshold=40.0)
+    v2.call(lambda: None)                              # adopted: higher version
+    fp2 = v2._codec.fingerprint
+    assert in_force(redis_url, name)["fp"] == str(fp2)
+    assert client.hget(key, f"c:{fp2}") is None
+    assert client.hget(key, f"c:{fp1}") == wire1.encode()  # the replaced one's wire
+    shown = json.loads(run(redis_url, "show", name, "--json").stdout)["breaker"]["configs"]
+    assert {c["fingerprint"]: c["wire"] for c in shown} == {
+        str(fp2): v2._codec.wire, str(fp1): wire1, str(fp0): v0._codec.wire}
+    for breaker in (v0, v1, v2):
+        breaker.close()
+    client.close()

@@ -1412,7 +1412,8 @@ local function breaker_rollout()
 -- that said hello (ARGV[2] '<fp>@<worker>'), 'w:<worker>' -> '<fp>:<last hello ms>';
 -- per config fingerprint, 'd:<fp>' -> when it was deployed (the hello of a new
 -- worker instance running it while no other live worker did: a first deploy, or a
--- rollback after its workers had gone) and 'c:<fp>' -> its wire string; and 'f:at',
+-- rollback after its workers had gone) and, for configs other than the one in force
+-- (whose wire is the meta hash's 'cfg'), 'c:<fp>' -> its wire string; and 'f:at',
 -- 'f:why', 'f:actor': when, why and by whom the config in force was adopted.
 --
 -- The rule, decided on hellos only (a worker's first call, then one every 20 s; its
@@ -1473,6 +1474,41 @@ local function live(state, fp, now, except)
   return false
 end
 
+-- Why the hello of `mine` replaces `stored` as the config in force (nil: it does not).
+local function adoption(state, running, mine, mine_wire, stored, stored_wire, deployed_now)
+  if mine == stored or stored == '0' then return nil end
+  -- orphaned: every worker that ran the config in force said goodbye or has been silent
+  -- for FORGET_MS (not merely LIVE_MS: a fleet waiting out a long OPEN makes no calls)
+  if not running[stored] then return 'no worker runs the config in force' end
+  local vm, vs = version_of(mine_wire), version_of(stored_wire)
+  if vm > vs then return 'higher config version' end
+  -- Deployed in the same millisecond: the newer is the one this hello deploys (a later
+  -- hello of a config deployed in that millisecond must not take it back: with `>=`
+  -- every hello of either config flipped the config in force).
+  local dm, ds = state.deployed[mine] or 0, state.deployed[stored] or 0
+  if vm == vs and (dm > ds or (dm == ds and deployed_now)) then return 'newest deployment' end
+  return nil
+end
+
+-- The wire strings a hello stores: 'c:<fp>' only for configs not in force (the meta
+-- hash's 'cfg' holds that one's wire; a reader takes it from there). An adoption (`why`)
+-- stores the wire of the config it replaces and drops the adopted one's; a 'c:' field
+-- of the config in force (written by older clients) is dropped.
+local function with_wires(writes, why, state, mine, mine_wire, stored, stored_wire)
+  local hset, hdel = writes.hset, writes.hdel
+  if why or mine == stored then
+    if state.wires[mine] then hdel[#hdel + 1] = 'c:' .. mine end
+  elseif state.wires[mine] ~= mine_wire then
+    hset[#hset + 1], hset[#hset + 2] = 'c:' .. mine, mine_wire
+  end
+  if why and stored ~= '0' and stored_wire and state.wires[stored] ~= stored_wire then
+    hset[#hset + 1], hset[#hset + 2] = 'c:' .. stored, stored_wire
+  elseif not why and mine ~= stored and state.wires[stored] then
+    hdel[#hdel + 1] = 'c:' .. stored
+  end
+  return writes, why
+end
+
 -- A hello (or goodbye) of `worker` running config `mine` (fingerprint text, wire)
 -- while `stored` (text, '0' for none; wire) is in force. Returns the writes to make
 -- after the state record (a table for `write`), why `mine` is adopted (nil: it is
@@ -1493,12 +1529,6 @@ local function hello(key, worker, bye, mine, mine_wire, stored, stored_wire, now
   end
   state.workers[worker] = {mine, now}
   hset[#hset + 1], hset[#hset + 2] = 'w:' .. worker, mine .. ':' .. int(now)
-  if state.wires[mine] ~= mine_wire then
-    hset[#hset + 1], hset[#hset + 2] = 'c:' .. mine, mine_wire
-  end
-  if stored ~= '0' and stored_wire and not state.wires[stored] then
-    hset[#hset + 1], hset[#hset + 2] = 'c:' .. stored, stored_wire
-  end
   -- forget workers gone long ago, and configs that no worker entry runs any more
   local running = {}
   for id, w in pairs(state.workers) do
@@ -1509,28 +1539,16 @@ local function hello(key, worker, bye, mine, mine_wire, stored, stored_wire, now
       running[w[1]] = true
     end
   end
-  for fp in pairs(state.wires) do
-    if not running[fp] and fp ~= stored and fp ~= mine then
-      hdel[#hdel + 1], hdel[#hdel + 2] = 'c:' .. fp, 'd:' .. fp
+  for _, known in ipairs({state.wires, state.deployed}) do  -- (the one in force has no c:)
+    for fp in pairs(known) do
+      if not running[fp] and fp ~= stored and fp ~= mine then
+        hdel[#hdel + 1], hdel[#hdel + 2] = 'c:' .. fp, 'd:' .. fp
+      end
     end
   end
   local writes = {hset = hset, hdel = hdel}
-  if mine == stored or stored == '0' then return writes, nil end
-  -- orphaned: every worker that ran the config in force said goodbye or has been silent
-  -- for FORGET_MS (not merely LIVE_MS: a fleet waiting out a long OPEN makes no calls)
-  if not running[stored] then
-    return writes, 'no worker runs the config in force'
-  end
-  local vm, vs = version_of(mine_wire), version_of(stored_wire)
-  if vm > vs then return writes, 'higher config version' end
-  -- Deployed in the same millisecond: the newer is the one this hello deploys (a later
-  -- hello of a config deployed in that millisecond must not take it back: with `>=`
-  -- every hello of either config flipped the config in force).
-  local dm, ds = state.deployed[mine] or 0, state.deployed[stored] or 0
-  if vm == vs and (dm > ds or (dm == ds and deployed_now)) then
-    return writes, 'newest deployment'
-  end
-  return writes, nil
+  return with_wires(writes, adoption(state, running, mine, mine_wire, stored, stored_wire,
+                                     deployed_now), state, mine, mine_wire, stored, stored_wire)
 end
 
 -- The writes `hello` planned, plus the adoption's (`why`, `actor`; `deploy`: the
@@ -1541,11 +1559,17 @@ local function write(key, writes, why, actor, adopted, adopted_wire, deploy, now
   if why then
     hset[#hset + 1], hset[#hset + 2] = 'f:at', int(now)
     hset[#hset + 1], hset[#hset + 2] = 'f:why', why
-    hset[#hset + 1], hset[#hset + 2] = 'f:actor', actor or ''
-    hset[#hset + 1], hset[#hset + 2] = 'c:' .. adopted, adopted_wire
+    if actor and actor ~= '' then hset[#hset + 1], hset[#hset + 2] = 'f:actor', actor end
     if deploy then hset[#hset + 1], hset[#hset + 2] = 'd:' .. adopted, int(now) end
   end
-  if writes and #writes.hdel > 0 then redis.call('HDEL', key, unpack(writes.hdel)) end
+  local hdel = writes and writes.hdel or {}
+  -- the config in force keeps no 'c:' field (the meta hash holds its wire)
+  -- (nor an empty 'f:actor': no field is the same to readers, and spares ~11 bytes)
+  if why then
+    hdel[#hdel + 1] = 'c:' .. adopted
+    if not actor or actor == '' then hdel[#hdel + 1] = 'f:actor' end
+  end
+  if #hdel > 0 then redis.call('HDEL', key, unpack(hdel)) end
   if #hset > 0 then
     redis.call('HSET', key, unpack(hset))
     redis.call('PEXPIRE', key, int(ttl_ms))

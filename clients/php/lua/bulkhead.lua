@@ -114,6 +114,12 @@ local COUNTERS = {'rejected', 'acquired', 'lost', 'limit', 'waiters', 'ttl_until
 local schema_error, failed_on, bad_args = prelude.schema_error, prelude.failed_on,
                                          prelude.args_error
 
+-- The leases zset's keep-alive member (never a token: clients choose hex tokens): the
+-- fast acquire adds it with score 0, so releasing the last lease leaves the zset (and
+-- its TTL) in place; the fast path's reap keeps it, the general path's (score <= now)
+-- removes it like any expired lease (the next fast acquire puts it back).
+local KEEP = '~'
+
 -- The earliest lease: its deadline and token (nil when there is none).
 local function earliest(k)
   local f = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
@@ -402,9 +408,18 @@ local function fast_acquire(k_leases, k_meta, token, limit, limit_s, lease_ms, t
   local cap = limit
   if share < 1 then cap = math.max(1, math.floor(limit * share)) end
   local deadline = string.format('%d', now + lease_ms)
+  local created = false  -- this ZADD may have created the zset (it then needs its TTL)
   if in_use >= cap then  -- full: only a token holding a live lease gets in (refreshed)
     if not live_lease(k_leases, token, now) then return nil end
     redis.call('ZADD', k_leases, deadline, token)
+  elseif in_use == 0 then
+    -- no live lease: the token, if there, has expired (a new permit either way). The
+    -- keep-alive member KEEP (score 0: never live) stays when the last lease is
+    -- released, so the zset outlives sequential acquire/release pairs and its TTL is
+    -- set only when this ZADD added KEEP too (2 added: the zset may be new).
+    if type(redis.pcall('HINCRBY', k_meta, 'acquired', 1)) ~= 'number' then return nil end
+    created = redis.call('ZADD', k_leases, deadline, token, 0, KEEP) == 2
+    in_use = 1
   else
     -- counted first: a foreign (non-integer) counter stops the call before any write
     if type(redis.pcall('HINCRBY', k_meta, 'acquired', 1)) ~= 'number' then return nil end
@@ -417,7 +432,9 @@ local function fast_acquire(k_leases, k_meta, token, limit, limit_s, lease_ms, t
     end
   end
   local refresh = refresh_due(until_ms, now, lease_ms, ttl_ms)
-  if refresh then redis.call('ZREMRANGEBYSCORE', k_leases, '-inf', string.format('%d', now)) end
+  if refresh then  -- the expired leases, KEEP kept (score 0)
+    redis.call('ZREMRANGEBYSCORE', k_leases, '(0', string.format('%d', now))
+  end
   if refresh and m[3] ~= limit_s then
     redis.call('HSET', k_meta, 'ttl_until', string.format('%d', now + ttl_ms), 'limit', limit_s)
   elseif refresh then
@@ -428,7 +445,7 @@ local function fast_acquire(k_leases, k_meta, token, limit, limit_s, lease_ms, t
   if refresh then
     redis.call('PEXPIRE', k_meta, ttl_s)
     redis.call('PEXPIRE', k_leases, ttl_s)
-  elseif in_use == 1 then  -- this ZADD may have created the zset: it expires with meta
+  elseif created then  -- this ZADD created the zset (or put KEEP back): it expires with meta
     redis.call('PEXPIREAT', k_leases, m[2])
   end
   return 1
