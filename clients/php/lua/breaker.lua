@@ -846,15 +846,24 @@ local function breaker_shadow()
 -- The hot path pays nothing for the feature: the live record's `seq` field carries
 -- bit 32 (SHADOWED) while shadows exist, and lua/breaker.lua / lua/lib/breaker_hot.lua
 -- call `feed` only when they read that bit (they read `seq` anyway). A breaker's
--- shadows are one hash, <state key>:shadow, read with one HMGET and written with one
--- HSET per record whatever their number (a shadow is a slot 1..MAX), plus one ring per
--- shadow:
+-- shadows are one hash, <state key>:shadow (a shadow is a slot 1..MAX):
 --   c<slot>  "<until ms>|<name>|<config wire>|<set at ms>|<source>|<actor>|<reason>"
 --            (until 0: no end; source: operator or declared)
---   h<slot>  what every record changes: HOT_N big-endian i8 (below)
 --   s<slot>  what transitions and would-be rejections change: COLD_N i8 (below)
---   <state key>:shadow:w<slot>  (a string) its window from byte WINDOW_AT, in the live
---            record's slot format, so breaker_window's functions run on it
+-- plus one string per shadow, <state key>:shadow:w<slot>: its header (HDR_N i8 from
+-- byte 0: what every record changes, then its stamp) and its window from byte
+-- WINDOW_AT, in the live record's slot format, so breaker_window's functions run on it.
+-- The stamp changes whenever the breaker's set of shadows does (a shadow set, replaced
+-- or added): it tells a library's mirror (below) that its copy went stale.
+--
+-- The usual record (one outcome, every shadow CLOSED with a count window, no trip)
+-- costs one BITFIELD per shadow: a library (FCALL) keeps a mirror of each shadowed
+-- breaker's headers, windows and configs, so it knows the slot to write, the outcome
+-- that leaves it and the new counts before it sends anything. That BITFIELD checks the
+-- mirror in the same command (GET of the stamp, INCRBY of `seen`: every writer adds
+-- to `seen`, and a new shadow restamps the others); a stale mirror's writes are undone
+-- from the old values the command answered, and the general path runs. Under EVAL
+-- (the PHP client) nothing outlives a call: the general path always runs.
 -- Its history: the stream <state key>:shadow:events (MAXLEN ~ 1000), every entry
 -- naming its shadow. All keys share the name's hash tag; their TTL is the candidates'
 -- longest key TTL, refreshed by the feed (at most every TTL / 2).
@@ -871,6 +880,8 @@ local exceeded, rate, describe = breaker_window.exceeded, breaker_window.rate,
 local evicted, record_one, record_many = breaker_window.evicted, breaker_window.record_one,
                                          breaker_window.record_many
 local evict_time, record_time = breaker_window.evict_time, breaker_window.record_time
+local PRESENT, FAILED, SLOW, MS_MASK = layout.PRESENT, layout.FAILED, layout.SLOW,
+                                       layout.MS_MASK
 local window_write = breaker_window.write
 local WIN, COUNT_SLOT = layout.WINDOW_AT, layout.COUNT_SLOT_BYTES
 local wait_in_open = breaker_ops.wait_in_open
@@ -882,16 +893,17 @@ local DECLARED_LEASE = 60000        -- a declared shadow lives this long past a 
 local SEQ_AT = tonumber(layout.HOT_AT) + layout.HOT_LOW_BYTE.seq - 8  -- its first byte
 local STATES = {'CLOSED', 'OPEN', 'HALF_OPEN'}
 local CODE = {CLOSED = 0, OPEN = 1, HALF_OPEN = 2}
--- h<slot>, what every record writes (i8 each):
---   code calls failures slow total_ms head wsec seen seen_failures ttl_at
+-- the ring's header, what every record writes (i8 each, from byte 0), then the stamp:
+--   code calls failures slow total_ms head wsec seen seen_failures ttl_at stamp
 -- s<slot>, what only a transition or a would-be rejection writes (i8 each):
 --   since open_until opens hp_done hp_fail hp_slow started trips rejected avoided
 --   open_ms ep_at ep_rejected ep_avoided ep_ms
 -- (ep_*: the last episode, from a trip out of CLOSED back to CLOSED: its start, the
 -- calls it would have rejected, the failures among them, its length once over, 0 while
 -- it runs)
-local HOT_N, COLD_N = 10, 15
-local HOT_FORMAT, COLD_FORMAT = '>' .. rep('i8', HOT_N), '>' .. rep('i8', COLD_N)
+local HOT_N, HDR_N, COLD_N = 10, 11, 15
+local HDR_FORMAT, COLD_FORMAT = '>' .. rep('i8', HDR_N), '>' .. rep('i8', COLD_N)
+local HDR_LAST = tostring(8 * HDR_N - 1)
 local HOT = {'code', 'calls', 'failures', 'slow', 'total_ms', 'head', 'wsec', 'seen',
              'seen_failures', 'ttl_at'}
 local COLD = {'since', 'open_until', 'opens', 'hp_done', 'hp_fail', 'hp_slow', 'started',
@@ -905,15 +917,16 @@ end
 
 -- A shadow's state as a table (the general path: transitions, OPEN, HALF_OPEN, TIME).
 local function unpack_state(hot, cold_bytes)
-  local st, h, c = {}, decode(hot or '', HOT_N, 8), decode(cold_bytes or '', COLD_N, 8)
+  local st, h, c = {}, decode(hot or '', HDR_N, 8), decode(cold_bytes or '', COLD_N, 8)
   for i, f in ipairs(HOT) do st[f] = h[i] end
   for i, f in ipairs(COLD) do st[f] = c[i] end
+  st.stamp = h[HDR_N]
   return st
 end
 
 local function pack_hot(st)
-  return pack(HOT_FORMAT, HOT_N, st.code, st.calls, st.failures, st.slow, st.total_ms, st.head,
-              st.wsec, st.seen, st.seen_failures, st.ttl_at)
+  return pack(HDR_FORMAT, HDR_N, st.code, st.calls, st.failures, st.slow, st.total_ms, st.head,
+              st.wsec, st.seen, st.seen_failures, st.ttl_at, st.stamp or 0)
 end
 
 local function pack_cold(st)
@@ -926,12 +939,29 @@ end
 -- format, so lua/lib/breaker_window.lua's functions work on it unchanged.
 local function ring_key(kstate, slot) return kstate .. ':shadow:w' .. slot end
 
--- A ring (re)started empty, at its full length, with its TTL.
-local PAD = rep('\0', WIN)
-local function new_ring(kring, c)
+-- A ring (re)started empty, at its full length, with its TTL, and header `hdr` (the
+-- header's bytes; nil: zeros, the caller writes it).
+local PAD = rep('\0', WIN - 8 * HDR_N)
+local HDR_ZERO = rep('\0', 8 * HDR_N)
+local function new_ring(kring, c, hdr)
   rcall('DEL', kring)
-  rcall('SETRANGE', kring, '0', PAD .. breaker_window.empty(c.window_type, c.window_size))
+  rcall('SETRANGE', kring, '0', (hdr or HDR_ZERO) .. PAD
+                                 .. breaker_window.empty(c.window_type, c.window_size))
   rcall('PEXPIRE', kring, int(c.ttl_ms))
+end
+
+-- A new stamp: the server's clock in microseconds (a set of shadows changes far less
+-- often; a stale mirror never sees one it holds).
+local function new_stamp()
+  local t = rcall('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- The header's bytes of a ring (its first HDR_N fields).
+local function read_hdr(kring)
+  local raw = pcall_('GETRANGE', kring, '0', HDR_LAST)
+  if type(raw) ~= 'string' then return '' end
+  return raw
 end
 
 -- "<until>|<name>|<wire>|<set at>|<source>|<actor>|<reason>" parsed: the config's
@@ -1073,9 +1103,9 @@ end
 -- does not trip it (one BITFIELD SET of its ring; only its hot state changes). nil when
 -- the case is not that simple (`step` then runs, nothing of this one's done).
 local function step_closed(kring, c, hot, now, fails, slows, ms)
-  if c.window_type ~= 0 or not packer or #hot < 8 * HOT_N then return nil end
-  local code, calls, failures, slow, total_ms, head, wsec, seen, seen_failures, ttl_at =
-    packer.unpack(HOT_FORMAT, hot)
+  if c.window_type ~= 0 or not packer or #hot < 8 * HDR_N then return nil end
+  local code, calls, failures, slow, total_ms, head, wsec, seen, seen_failures, ttl_at, stamp =
+    packer.unpack(HDR_FORMAT, hot)
   if code ~= 0 then return nil end
   -- a trip needs the calls to reach the minimum: judged before anything is written
   if calls + 1 >= c.min_calls and exceeded(calls + 1, failures + fails, slow + slows,
@@ -1093,8 +1123,8 @@ local function step_closed(kring, c, hot, now, fails, slows, ms)
   end
   local refresh = now - ttl_at >= c.ttl_ms / 2 or ttl_at > now
   if refresh then ttl_at = now end
-  return packer.pack(HOT_FORMAT, 0, calls, failures, slow, total_ms, (head + 1) % c.window_size,
-                     wsec, seen + 1, seen_failures + fails, ttl_at), refresh
+  return packer.pack(HDR_FORMAT, 0, calls, failures, slow, total_ms, (head + 1) % c.window_size,
+                     wsec, seen + 1, seen_failures + fails, ttl_at, stamp), refresh
 end
 
 -- History entries of `shadow` (XADD through pcall: their failure undoes nothing).
@@ -1153,7 +1183,10 @@ local function read_all(k)
   end
   for slot, t in pairs(slots) do
     t[4] = t[1] and spec_of(t[1])
-    if t[4] then byname[t[4].name], count = slot, count + 1 end
+    if t[4] then
+      byname[t[4].name], count = slot, count + 1
+      t[2] = read_hdr(k .. ':w' .. slot)
+    end
   end
   return slots, byname, count
 end
@@ -1182,28 +1215,34 @@ local function finish_ends(kstate, k, dels, left)
   end
 end
 
+-- How long a shadow's keys must live: its key TTL, or until its end if later.
+local function keep_ms(c, until_ms, now)
+  return max(c.ttl_ms, until_ms > 0 and until_ms - now or 0)
+end
+
 -- The keys of the last breaker fed (a worker feeds the same few: building the strings
 -- costs more than comparing one).
-local fed_for, fed_k, fed_hmget, fed_rings
-local HOT_FIELD = {'h1', 'h2', 'h3'}
+local fed_for, fed_k, fed_rings
 local COLD_FIELD = {'s1', 's2', 's3'}
 
--- Feeds every shadow of the breaker whose state record is `kstate` one record's
--- outcomes (`ok` successes, `fails` failures, `slows` slow, `ms` in all), after the
--- live record was written: one HMGET of the slots' configs and hot states, each
--- usual shadow one BITFIELD of its ring, one HSET. Shadows whose end passed go here.
-local function feed(kstate, now, micros, ok, fails, slows, ms)
+-- The general feed: every shadow of the breaker whose state record is `kstate` fed one
+-- record's outcomes (`ok` successes, `fails` failures, `slows` slow, `ms` in all), after
+-- the live record was written: one HMGET of the slots' configs, each shadow a read of
+-- its header, its window's writes and a write of its header. Shadows whose end passed go
+-- here. Answers the live shadows' {slot, config, header bytes} when each is CLOSED with a
+-- count window (what a mirror can hold), else nil.
+local function feed_general(kstate, now, micros, ok, fails, slows, ms)
   if kstate ~= fed_for then
     fed_for, fed_k = kstate, kstate .. ':shadow'
     fed_rings = {ring_key(kstate, 1), ring_key(kstate, 2), ring_key(kstate, 3)}
   end
   local k = fed_k
-  local got = pcall_('HMGET', k, 'c1', 'h1', 'c2', 'h2', 'c3', 'h3')
-  if got.err then return end
+  local got = pcall_('HMGET', k, 'c1', 'c2', 'c3')
+  if got.err then return nil end
   local n = ok + fails
-  local writes, nw, ended, live, keep = nil, 0, false, 0, 0
+  local ended, live, keep, mirrorable = false, 0, 0, {}
   for slot = 1, MAX do
-    local text_, hot = got[2 * slot - 1], got[2 * slot]
+    local text_ = got[slot]
     local c = text_ and spec_of(text_)
     if c and c.until_ms > 0 and now >= c.until_ms then
       ended = true
@@ -1213,27 +1252,31 @@ local function feed(kstate, now, micros, ok, fails, slows, ms)
       local s = slows
       if n == 1 then s = (ms > c.slow_ms) and 1 or 0 end
       local kring = fed_rings[slot]
+      local hot = read_hdr(kring)
       local refresh, cold, events = false, nil, nil
       local new_hot
-      if n == 1 and hot then new_hot, refresh = step_closed(kring, c, hot, now, fails, s, ms) end
+      if n == 1 then new_hot, refresh = step_closed(kring, c, hot, now, fails, s, ms) end
       if not new_hot then
-        new_hot, cold, events, refresh = step(kring, c, hot or '', rcall('HGET', k,
+        new_hot, cold, events, refresh = step(kring, c, hot, rcall('HGET', k,
                                               COLD_FIELD[slot]) or '', now, micros, ok, fails,
                                               s, ms)
       end
-      writes = writes or {}
-      writes[nw + 1], writes[nw + 2], nw = HOT_FIELD[slot], new_hot, nw + 2
-      if cold then writes[nw + 1], writes[nw + 2], nw = COLD_FIELD[slot], cold, nw + 2 end
+      rcall('SETRANGE', kring, '0', new_hot)
+      if cold then rcall('HSET', k, COLD_FIELD[slot], cold) end
       if events then history(kstate, c.name, events, now) end
       if refresh then
         keep = max(keep, keep_ms(c, c.until_ms, now))
         pcall_('PEXPIRE', kring, int(c.ttl_ms))
       end
+      if mirrorable and c.window_type == 0 and sub(new_hot, 1, 8) == '\0\0\0\0\0\0\0\0' then
+        mirrorable[#mirrorable + 1] = {slot, c, new_hot}
+      else
+        mirrorable = nil
+      end
     elseif text_ then
       ended = true  -- a config this script cannot read: dropped below
     end
   end
-  if writes then rcall('HSET', k, unpack(writes)) end
   if ended or live == 0 then  -- the general way: expiries, a bad config, nothing left
     local slots, _, count = read_all(k)
     local dels, left = {}, count
@@ -1252,11 +1295,168 @@ local function feed(kstate, now, micros, ok, fails, slows, ms)
       end
     end
     finish_ends(kstate, k, dels, left)
+    mirrorable = nil
   end
   if keep > 0 and live > 0 then
     rcall('PEXPIRE', k, int(keep))
     pcall_('PEXPIRE', kstate .. ':shadow:events', int(keep))
   end
+  return mirrorable
+end
+
+-- The mirror (a library's, FCALL: nothing outlives an EVAL): per state key, its
+-- shadows as they are in Redis after this library's last write, each {kring, config,
+-- header values (HDR_N), window (0-based slots)}. Kept for a few breakers (a window
+-- of up to MIRROR_SLOTS slots each); a breaker whose mirror went stale is mirrored
+-- again only after COOL feeds (another writer, a PHP worker say, would make every
+-- record pay the copy).
+local MIRROR, N_MIRROR, MIRRORED_MAX, MIRROR_SLOTS, COOL = {}, 0, 64, 1000, 64
+local COOLING = {}
+local feeds = 0  -- this library's feeds (under EVAL: 0 at every call)
+local BIT = {}    -- a count slot's bit offset (a string), by slot
+local F_CALLS, F_FAILS, F_SLOW, F_MS, F_HEAD, F_SEEN, F_SEEN_F, F_STAMP =
+  '64', '128', '192', '256', '320', '448', '512', '640'
+local CHUNK = 200
+local CHUNK_FORMAT = '>' .. rep('I4', CHUNK)
+
+-- Mirrors the shadows `list` ({slot, config, header bytes} each) of `kstate`: each
+-- window read once (the header just written is the one given).
+local function mirror(kstate, list)
+  local m = {}
+  for i, e in ipairs(list) do
+    local c = e[2]
+    local size = c.window_size
+    if size > MIRROR_SLOTS or not packer then return end
+    local hdr = {packer.unpack(HDR_FORMAT, e[3])}
+    hdr[HDR_N + 1] = nil
+    if hdr[HDR_N] == 0 then return end  -- (a ring of an older layout: never mirrored)
+    local kring = ring_key(kstate, e[1])
+    local raw = rcall('GETRANGE', kring, int(WIN), int(WIN + COUNT_SLOT * size - 1))
+    if #raw < COUNT_SLOT * size then return end
+    local ring, at = {}, 0
+    while at < size do
+      local take = min(CHUNK, size - at)
+      local v = take == CHUNK and {packer.unpack(CHUNK_FORMAT, raw, COUNT_SLOT * at + 1)}
+                or decode(raw, take, COUNT_SLOT, COUNT_SLOT * at + 1)
+      for j = 1, take do ring[at + j - 1] = v[j] end
+      at = at + take
+    end
+    m[i] = {kring, c, hdr, ring}
+  end
+  if N_MIRROR >= MIRRORED_MAX then MIRROR, N_MIRROR = {}, 0 end
+  if not MIRROR[kstate] then N_MIRROR = N_MIRROR + 1 end
+  MIRROR[kstate] = m
+end
+
+-- Undoes the fast path's BITFIELDs (`done`: {kring, args, answers} each): every field
+-- set back to the value it answered, `seen` back; a ring the command created (it was
+-- gone: its stamp read 0) deleted.
+local function undo(done)
+  for i = #done, 1, -1 do
+    local kring, a, r = done[i][1], done[i][2], done[i][3]
+    if r[1] == 0 then
+      rcall('DEL', kring)
+    else
+      local back, j = {'INCRBY', 'i64', F_SEEN, '-1'}, 3
+      for at = 8, #a, 4 do
+        back[#back + 1] = 'SET'; back[#back + 1] = a[at + 1]
+        back[#back + 1] = a[at + 2]; back[#back + 1] = int(r[j])
+        j = j + 1
+      end
+      rcall('BITFIELD', kring, unpack(back))
+    end
+  end
+end
+
+-- The usual record from the mirror `m`: one outcome, every shadow CLOSED with a count
+-- window and none tripping, none due for its end or its TTL refresh: one BITFIELD per
+-- shadow, which checks the mirror as it writes. Nil when the record is not that simple,
+-- false when the mirror was stale (nothing changed either way).
+local function feed_fast(m, now, fails, ms)
+  local plan = {}
+  for i = 1, #m do
+    local e = m[i]
+    local c, h, ring = e[2], e[3], e[4]
+    if h[1] ~= 0 or (c.until_ms > 0 and now >= c.until_ms) then return nil end
+    local ttl_at = h[10]
+    if now - ttl_at >= c.ttl_ms / 2 or ttl_at > now then return nil end
+    local s = (ms > c.slow_ms) and 1 or 0
+    local head = h[6]
+    local mc = min(ms, MS_MASK)
+    local v = PRESENT + fails * FAILED + s * SLOW + mc
+    local dn, df, ds, dms = evicted(ring[head])
+    local calls, failures, slow = h[2] + 1 - dn, h[3] + fails - df, h[4] + s - ds
+    if calls >= c.min_calls and calls > 0
+        and exceeded(calls, failures, slow, c.failure_threshold, c.slow_threshold) then
+      return nil
+    end
+    local bit = BIT[head]
+    if not bit then bit = int((WIN + COUNT_SLOT * head) * 8); BIT[head] = bit end
+    local nh = (head + 1) % c.window_size
+    local a = {'GET', 'i64', F_STAMP, 'INCRBY', 'i64', F_SEEN, '1',
+               'SET', 'u32', bit, int(v), 'SET', 'i64', F_HEAD, int(nh),
+               'SET', 'i64', F_MS, int(h[5] + mc - dms)}
+    if dn ~= 1 then
+      a[#a + 1] = 'SET'; a[#a + 1] = 'i64'; a[#a + 1] = F_CALLS; a[#a + 1] = int(calls)
+    end
+    if df ~= fails then
+      a[#a + 1] = 'SET'; a[#a + 1] = 'i64'; a[#a + 1] = F_FAILS; a[#a + 1] = int(failures)
+    end
+    if ds ~= s then
+      a[#a + 1] = 'SET'; a[#a + 1] = 'i64'; a[#a + 1] = F_SLOW; a[#a + 1] = int(slow)
+    end
+    if fails > 0 then
+      a[#a + 1] = 'SET'; a[#a + 1] = 'i64'; a[#a + 1] = F_SEEN_F
+      a[#a + 1] = int(h[9] + fails)
+    end
+    plan[i] = {a, v, nh, calls, failures, slow, h[5] + mc - dms}
+  end
+  local done = {}
+  for i = 1, #m do
+    local e, a = m[i], plan[i][1]
+    local r = rcall('BITFIELD', e[1], unpack(a))
+    done[i] = {e[1], a, r}
+    if r[1] ~= e[3][HDR_N] or r[2] ~= e[3][8] + 1 then
+      undo(done)
+      return false
+    end
+  end
+  for i = 1, #m do  -- the mirror follows
+    local h, p = m[i][3], plan[i]
+    m[i][4][h[6]] = p[2]
+    h[2], h[3], h[4], h[5], h[6] = p[4], p[5], p[6], p[7], p[3]
+    h[8], h[9] = h[8] + 1, h[9] + fails
+  end
+  return true
+end
+
+-- Feeds every shadow of the breaker whose state record is `kstate` one record's
+-- outcomes: from the mirror when it can (one BITFIELD per shadow), else the general
+-- way (after which a library mirrors the breaker's shadows, when they are all CLOSED
+-- with count windows and the record was one outcome).
+local function feed(kstate, now, micros, ok, fails, slows, ms)
+  local warm = feeds > 0
+  feeds = feeds + 1
+  local m = MIRROR[kstate]
+  if m then
+    local fed
+    if ok + fails == 1 then fed = feed_fast(m, now, fails, ms) end
+    if fed then return end
+    if fed == false then COOLING[kstate] = feeds + COOL end
+    MIRROR[kstate], N_MIRROR = nil, N_MIRROR - 1
+  end
+  local list = feed_general(kstate, now, micros, ok, fails, slows, ms)
+  if warm and list and ok + fails == 1 then
+    local cool = COOLING[kstate]
+    if cool and feeds < cool then return end
+    COOLING[kstate] = nil
+    mirror(kstate, list)
+  end
+end
+
+-- A breaker's mirror dropped (its shadows set, cleared or ended here).
+local function forget(kstate)
+  if MIRROR[kstate] then MIRROR[kstate], N_MIRROR = nil, N_MIRROR - 1 end
 end
 
 -- A hello's declared shadows: ARGV[2] '<fp>@<worker>#<shadow>=<wire>|...' split into
@@ -1269,11 +1469,6 @@ end
 
 local function valid_name(shadow)
   return shadow and #shadow >= 1 and #shadow <= 40 and match(shadow, '^[%w_.%-]+$') ~= nil
-end
-
--- How long a shadow's keys must live: its key TTL, or until its end if later.
-local function keep_ms(c, until_ms, now)
-  return max(c.ttl_ms, until_ms > 0 and until_ms - now or 0)
 end
 
 -- The c<slot> field's text (an actor's '|' would end it early: written as '/').
@@ -1292,18 +1487,24 @@ end
 
 -- Creates or replaces shadow `shadow` in `slot` (the checks done) with config `wire`
 -- (`c` parsed): its fields, an empty ring, the live record's bit, the TTLs, a history
--- entry.
+-- entry. Every shadow of the breaker gets the new stamp (a mirror of them went stale).
 local function put(kstate, k, slots, slot, shadow, c, wire, until_ms, source, actor, reason,
                    now, kind)
   local st = unpack_state(nil, nil)
-  st.ttl_at, st.since, st.started = now, now, now
+  st.ttl_at, st.since, st.started, st.stamp = now, now, now, new_stamp()
+  forget(kstate)
   rcall('HSET', k, 'c' .. slot, spec_text(until_ms, shadow, wire, now, source, actor, reason),
-        'h' .. slot, pack_hot(st), 's' .. slot, pack_cold(st))
-  new_ring(ring_key(kstate, slot), c)
+        's' .. slot, pack_cold(st))
+  rcall('HDEL', k, 'h' .. slot)  -- (the header's place before the rings held it)
+  new_ring(ring_key(kstate, slot), c, pack_hot(st))
   local ttl = keep_ms(c, until_ms, now)
   for other = 1, MAX do  -- the hash lives as long as its longest-lived shadow may
     local t = slots[other]
-    if other ~= slot and t and t[4] then ttl = max(ttl, keep_ms(t[4], t[4].until_ms, now)) end
+    if other ~= slot and t and t[4] then
+      ttl = max(ttl, keep_ms(t[4], t[4].until_ms, now))
+      local kr = ring_key(kstate, other)
+      if rcall('EXISTS', kr) == 1 then rcall('BITFIELD', kr, 'SET', 'i64', F_STAMP, int(st.stamp)) end
+    end
   end
   rcall('PEXPIRE', k, int(ttl))
   flag(kstate, true)
@@ -1346,6 +1547,7 @@ end
 -- Reply: the number of shadows the breaker then has. Every check before the first write.
 local function op(keys, argv)
   local kstate = keys[1]
+  forget(kstate)
   local k = kstate .. ':shadow'
   local action, shadow = argv[2], argv[3]
   local actor, reason = argv[6] or '', argv[7] or ''
