@@ -73,6 +73,8 @@ def shadow_ring_key(state_key: str, slot: int) -> str:
 
 #: The bytes of a ring's header a reader decodes (HOT_FIELDS, 8 each).
 HEADER_BYTES = 8 * len(HOT_FIELDS)
+#: The header's `seen` field is epoch * SEEN_SPAN + seen (lua/lib/breaker_shadow.lua).
+SEEN_SPAN = 1 << 40
 
 
 def shadow_history_key(state_key: str) -> str:
@@ -231,6 +233,7 @@ def decode_shadows(raw: Mapping[Any, Any], now_ms: int,
             config = None
         n = dict(zip(STATE_FIELDS, _ints(p.get("h", b""), len(HOT_FIELDS))
                      + _ints(p.get("s", b""), len(COLD_FIELDS)), strict=True))
+        n["seen"] %= SEEN_SPAN  # (the field carries its epoch above)
         stored = _STATES[n["code"]] if 0 <= n["code"] < len(_STATES) else "CLOSED"
         state = "HALF_OPEN" if stored == "OPEN" and now_ms >= n["open_until"] else stored
         views.append(ShadowView(

@@ -15,20 +15,24 @@
 --   c<slot>  "<until ms>|<name>|<config wire>|<set at ms>|<source>|<actor>|<reason>"
 --            (until 0: no end; source: operator or declared)
 --   s<slot>  what transitions and would-be rejections change: COLD_N i8 (below)
--- plus one string per shadow, <state key>:shadow:w<slot>: its header (HDR_N i8 from
--- byte 0: what every record changes, then its stamp) and its window from byte
--- WINDOW_AT, in the live record's slot format, so breaker_window's functions run on it.
--- The stamp changes whenever the breaker's set of shadows does (a shadow set, replaced
--- or added): it tells a library's mirror (below) that its copy went stale.
+-- plus one string per shadow, <state key>:shadow:w<slot>: its header (HOT_N i8 from
+-- byte 0, what every record changes) and its window from byte WINDOW_AT, in the live
+-- record's slot format, so breaker_window's functions run on it. A count window's head
+-- is its `seen` modulo its size (a window restarts empty wherever that points), so a
+-- record that changes no count changes only `seen` and one slot. The `seen` field holds
+-- epoch * SPAN + seen: its epoch (1..EPOCHS) changes whenever the breaker's set of
+-- shadows does (a shadow set, replaced or added), which tells a mirror (below) it went
+-- stale.
 --
 -- The usual record (one outcome, every shadow CLOSED with a count window, no trip)
--- costs one BITFIELD per shadow: a library (FCALL) keeps a mirror of each shadowed
--- breaker's headers, windows and configs, so it knows the slot to write, the outcome
--- that leaves it and the new counts before it sends anything. That BITFIELD checks the
--- mirror in the same command (GET of the stamp, INCRBY of `seen`: every writer adds
--- to `seen`, and a new shadow restamps the others); a stale mirror's writes are undone
--- from the old values the command answered, and the general path runs. Under EVAL
--- (the PHP client) nothing outlives a call: the general path always runs.
+-- costs one BITFIELD per shadow, INCRBY of `seen` and SET of its slot (and SETs of the
+-- counts it changes): a library (FCALL) keeps a mirror of each shadowed breaker's
+-- headers, windows and configs, so it knows the slot to write, the outcome that leaves
+-- it and the new counts before it sends anything. The INCRBY checks the mirror in the
+-- same command (every writer adds to `seen`; a new shadow changes the others' epoch): a
+-- stale mirror's writes are undone from the old values the command answered, and the
+-- general path runs. Under EVAL (the PHP client) nothing outlives a call: the general
+-- path always runs.
 -- Its history: the stream <state key>:shadow:events (MAXLEN ~ 1000), every entry
 -- naming its shadow. All keys share the name's hash tag; their TTL is the candidates'
 -- longest key TTL, refreshed by the feed (at most every TTL / 2).
@@ -58,17 +62,19 @@ local DECLARED_LEASE = 60000        -- a declared shadow lives this long past a 
 local SEQ_AT = tonumber(layout.HOT_AT) + layout.HOT_LOW_BYTE.seq - 8  -- its first byte
 local STATES = {'CLOSED', 'OPEN', 'HALF_OPEN'}
 local CODE = {CLOSED = 0, OPEN = 1, HALF_OPEN = 2}
--- the ring's header, what every record writes (i8 each, from byte 0), then the stamp:
---   code calls failures slow total_ms head wsec seen seen_failures ttl_at stamp
+-- the ring's header, what every record writes (i8 each, from byte 0):
+--   code calls failures slow total_ms head wsec seen seen_failures ttl_at
+-- (total_ms: kept 0, nothing reads it; head: seen % window size; seen: with its epoch)
 -- s<slot>, what only a transition or a would-be rejection writes (i8 each):
 --   since open_until opens hp_done hp_fail hp_slow started trips rejected avoided
 --   open_ms ep_at ep_rejected ep_avoided ep_ms
 -- (ep_*: the last episode, from a trip out of CLOSED back to CLOSED: its start, the
 -- calls it would have rejected, the failures among them, its length once over, 0 while
 -- it runs)
-local HOT_N, HDR_N, COLD_N = 10, 11, 15
-local HDR_FORMAT, COLD_FORMAT = '>' .. rep('i8', HDR_N), '>' .. rep('i8', COLD_N)
-local HDR_LAST = tostring(8 * HDR_N - 1)
+local HOT_N, COLD_N = 10, 15
+local HDR_FORMAT, COLD_FORMAT = '>' .. rep('i8', HOT_N), '>' .. rep('i8', COLD_N)
+local HDR_LAST = tostring(8 * HOT_N - 1)
+local SPAN, EPOCHS = 1099511627776, 8191  -- 2^40; epochs * SPAN < 2^53 (a Lua number)
 local HOT = {'code', 'calls', 'failures', 'slow', 'total_ms', 'head', 'wsec', 'seen',
              'seen_failures', 'ttl_at'}
 local COLD = {'since', 'open_until', 'opens', 'hp_done', 'hp_fail', 'hp_slow', 'started',
@@ -82,16 +88,17 @@ end
 
 -- A shadow's state as a table (the general path: transitions, OPEN, HALF_OPEN, TIME).
 local function unpack_state(hot, cold_bytes)
-  local st, h, c = {}, decode(hot or '', HDR_N, 8), decode(cold_bytes or '', COLD_N, 8)
+  local st, h, c = {}, decode(hot or '', HOT_N, 8), decode(cold_bytes or '', COLD_N, 8)
   for i, f in ipairs(HOT) do st[f] = h[i] end
   for i, f in ipairs(COLD) do st[f] = c[i] end
-  st.stamp = h[HDR_N]
+  st.epoch = st.seen - st.seen % SPAN
+  st.seen = st.seen - st.epoch
   return st
 end
 
 local function pack_hot(st)
-  return pack(HDR_FORMAT, HDR_N, st.code, st.calls, st.failures, st.slow, st.total_ms, st.head,
-              st.wsec, st.seen, st.seen_failures, st.ttl_at, st.stamp or 0)
+  return pack(HDR_FORMAT, HOT_N, st.code, st.calls, st.failures, st.slow, 0, st.head,
+              st.wsec, st.epoch + st.seen, st.seen_failures, st.ttl_at)
 end
 
 local function pack_cold(st)
@@ -106,8 +113,8 @@ local function ring_key(kstate, slot) return kstate .. ':shadow:w' .. slot end
 
 -- A ring (re)started empty, at its full length, with its TTL, and header `hdr` (the
 -- header's bytes; nil: zeros, the caller writes it).
-local PAD = rep('\0', WIN - 8 * HDR_N)
-local HDR_ZERO = rep('\0', 8 * HDR_N)
+local PAD = rep('\0', WIN - 8 * HOT_N)
+local HDR_ZERO = rep('\0', 8 * HOT_N)
 local function new_ring(kring, c, hdr)
   rcall('DEL', kring)
   rcall('SETRANGE', kring, '0', (hdr or HDR_ZERO) .. PAD
@@ -115,14 +122,19 @@ local function new_ring(kring, c, hdr)
   rcall('PEXPIRE', kring, int(c.ttl_ms))
 end
 
--- A new stamp: the server's clock in microseconds (a set of shadows changes far less
--- often; a stale mirror never sees one it holds).
-local function new_stamp()
-  local t = rcall('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- The next epoch (times SPAN) after the `seen` field `raw` (nil: none, from the clock).
+local function next_epoch(raw)
+  local e
+  if raw then
+    e = floor(raw / SPAN) % EPOCHS + 1
+  else
+    local t = rcall('TIME')
+    e = tonumber(t[2]) % EPOCHS + 1
+  end
+  return e * SPAN
 end
 
--- The header's bytes of a ring (its first HDR_N fields).
+-- The header's bytes of a ring (its HOT_N fields).
 local function read_hdr(kring)
   local raw = pcall_('GETRANGE', kring, '0', HDR_LAST)
   if type(raw) ~= 'string' then return '' end
@@ -172,7 +184,8 @@ local function move(st, c, event, reason, now, micros, events)
   else  -- CLOSED: the episode ends, the window starts afresh
     st.ep_ms = now - st.ep_at
     st.open_ms, st.open_until, st.opens = st.open_ms + st.ep_ms, 0, 0
-    st.calls, st.failures, st.slow, st.total_ms, st.head, st.wsec = 0, 0, 0, 0, 0, 0
+    st.calls, st.failures, st.slow, st.total_ms, st.wsec = 0, 0, 0, 0, 0
+    st.head = st.seen % c.window_size  -- (where the emptied window restarts)
     st.clear_ring = true
   end
   events = events or {}
@@ -185,6 +198,7 @@ end
 -- hot and cold bytes (cold nil: unchanged) and the history entries (nil: none).
 local function step(kring, c, hot, cold_bytes, now, micros, ok, fails, slows, ms)
   local st = unpack_state(hot, cold_bytes)
+  if c.window_type == 0 then st.head = st.seen % c.window_size end
   local n = ok + fails
   local events
   if st.code == 1 and now >= st.open_until then
@@ -218,6 +232,8 @@ local function step(kring, c, hot, cold_bytes, now, micros, ok, fails, slows, ms
         st.slow, st.total_ms = st.slow + slows - ds, st.total_ms + (m or 0) - dms
         st.head = (st.head + 1) % c.window_size
       else
+        -- (more outcomes than slots: the first ones would be overwritten by the last)
+        if n > c.window_size then st.head = (st.head + n - c.window_size) % c.window_size end
         local values, from = {}, st.head
         local k, dn, df, ds, dms
         k, st.head, dn, df, ds, dms = record_many(kring, st.head, c.window_size, ok, fails,
@@ -268,9 +284,10 @@ end
 -- does not trip it (one BITFIELD SET of its ring; only its hot state changes). nil when
 -- the case is not that simple (`step` then runs, nothing of this one's done).
 local function step_closed(kring, c, hot, now, fails, slows, ms)
-  if c.window_type ~= 0 or not packer or #hot < 8 * HDR_N then return nil end
-  local code, calls, failures, slow, total_ms, head, wsec, seen, seen_failures, ttl_at, stamp =
+  if c.window_type ~= 0 or not packer or #hot < 8 * HOT_N then return nil end
+  local code, calls, failures, slow, total_ms, head, wsec, seen, seen_failures, ttl_at =
     packer.unpack(HDR_FORMAT, hot)
+  head = seen % SPAN % c.window_size
   if code ~= 0 then return nil end
   -- a trip needs the calls to reach the minimum: judged before anything is written
   if calls + 1 >= c.min_calls and exceeded(calls + 1, failures + fails, slow + slows,
@@ -288,8 +305,8 @@ local function step_closed(kring, c, hot, now, fails, slows, ms)
   end
   local refresh = now - ttl_at >= c.ttl_ms / 2 or ttl_at > now
   if refresh then ttl_at = now end
-  return packer.pack(HDR_FORMAT, 0, calls, failures, slow, total_ms, (head + 1) % c.window_size,
-                     wsec, seen + 1, seen_failures + fails, ttl_at, stamp), refresh
+  return packer.pack(HDR_FORMAT, 0, calls, failures, slow, 0, (head + 1) % c.window_size,
+                     wsec, seen + 1, seen_failures + fails, ttl_at), refresh
 end
 
 -- History entries of `shadow` (XADD through pcall: their failure undoes nothing).
@@ -470,31 +487,32 @@ local function feed_general(kstate, now, micros, ok, fails, slows, ms)
 end
 
 -- The mirror (a library's, FCALL: nothing outlives an EVAL): per state key, its
--- shadows as they are in Redis after this library's last write, each {kring, config,
--- header values (HDR_N), window (0-based slots)}. Kept for a few breakers (a window
--- of up to MIRROR_SLOTS slots each); a breaker whose mirror went stale is mirrored
+-- shadows as they are in Redis after this library's last write, each a table: kring,
+-- c (its config), ring (its window's slots, 0-based), ver (the `seen` field, epoch
+-- included), calls, failures, slow, seen_failures, ttl_at. Kept for a few breakers (of
+-- windows up to MIRROR_SLOTS slots); a breaker whose mirror went stale is mirrored
 -- again only after COOL feeds (another writer, a PHP worker say, would make every
 -- record pay the copy).
 local MIRROR, N_MIRROR, MIRRORED_MAX, MIRROR_SLOTS, COOL = {}, 0, 64, 1000, 64
-local COOLING = {}
+local COOLING, N_COOLING = {}, 0
 local feeds = 0  -- this library's feeds (under EVAL: 0 at every call)
 local BIT = {}    -- a count slot's bit offset (a string), by slot
-local F_CALLS, F_FAILS, F_SLOW, F_MS, F_HEAD, F_SEEN, F_SEEN_F, F_STAMP =
-  '64', '128', '192', '256', '320', '448', '512', '640'
+local VALUE, N_VALUE = {}, 0  -- a slot's value as a string, by value (a few hundred)
+local F_CALLS, F_FAILS, F_SLOW, F_SEEN, F_SEEN_F = '64', '128', '192', '448', '512'
 local CHUNK = 200
 local CHUNK_FORMAT = '>' .. rep('I4', CHUNK)
 
--- Mirrors the shadows `list` ({slot, config, header bytes} each) of `kstate`: each
--- window read once (the header just written is the one given).
+-- Mirrors the shadows `list` ({slot, config, header bytes} each, all CLOSED with count
+-- windows) of `kstate`: each window read once (the header just written is given).
 local function mirror(kstate, list)
   local m = {}
   for i, e in ipairs(list) do
     local c = e[2]
     local size = c.window_size
     if size > MIRROR_SLOTS or not packer then return end
-    local hdr = {packer.unpack(HDR_FORMAT, e[3])}
-    hdr[HDR_N + 1] = nil
-    if hdr[HDR_N] == 0 then return end  -- (a ring of an older layout: never mirrored)
+    local _, calls, failures, slow, _, _, _, ver, seen_failures, ttl_at =
+      packer.unpack(HDR_FORMAT, e[3])
+    if ver < SPAN then return end  -- (a ring of an older layout: never mirrored)
     local kring = ring_key(kstate, e[1])
     local raw = rcall('GETRANGE', kring, int(WIN), int(WIN + COUNT_SLOT * size - 1))
     if #raw < COUNT_SLOT * size then return end
@@ -506,31 +524,31 @@ local function mirror(kstate, list)
       for j = 1, take do ring[at + j - 1] = v[j] end
       at = at + take
     end
-    m[i] = {kring, c, hdr, ring}
+    m[i] = {kring = kring, c = c, ring = ring, ver = ver, calls = calls, failures = failures,
+            slow = slow, seen_failures = seen_failures, ttl_at = ttl_at}
   end
   if N_MIRROR >= MIRRORED_MAX then MIRROR, N_MIRROR = {}, 0 end
   if not MIRROR[kstate] then N_MIRROR = N_MIRROR + 1 end
   MIRROR[kstate] = m
 end
 
--- Undoes the fast path's BITFIELDs (`done`: {kring, args, answers} each): every field
--- set back to the value it answered, `seen` back; a ring the command created (it was
--- gone: its stamp read 0) deleted.
-local function undo(done)
-  for i = #done, 1, -1 do
-    local kring, a, r = done[i][1], done[i][2], done[i][3]
-    if r[1] == 0 then
-      rcall('DEL', kring)
-    else
-      local back, j = {'INCRBY', 'i64', F_SEEN, '-1'}, 3
-      for at = 8, #a, 4 do
-        back[#back + 1] = 'SET'; back[#back + 1] = a[at + 1]
-        back[#back + 1] = a[at + 2]; back[#back + 1] = int(r[j])
-        j = j + 1
-      end
-      rcall('BITFIELD', kring, unpack(back))
+-- Undoes the fast path's BITFIELD on shadow `e` (`r`: its answers; `extra`: the SETs it
+-- sent after the slot's, offset and value each): every field set back to the value it
+-- answered, `seen` back; a ring the command created (it was gone: `seen` read 1)
+-- deleted.
+local function undo(e, bit, r, extra)
+  if r[1] == 1 then
+    rcall('DEL', e.kring)
+    return
+  end
+  local back = {'INCRBY', 'i64', F_SEEN, '-1', 'SET', 'u32', bit, int(r[2])}
+  if extra then
+    for j = 1, #extra, 2 do
+      back[#back + 1] = 'SET'; back[#back + 1] = 'i64'; back[#back + 1] = extra[j]
+      back[#back + 1] = int(r[2 + (j + 1) / 2])
     end
   end
+  rcall('BITFIELD', e.kring, unpack(back))
 end
 
 -- The usual record from the mirror `m`: one outcome, every shadow CLOSED with a count
@@ -538,59 +556,79 @@ end
 -- shadow, which checks the mirror as it writes. Nil when the record is not that simple,
 -- false when the mirror was stale (nothing changed either way).
 local function feed_fast(m, now, fails, ms)
-  local plan = {}
-  for i = 1, #m do
+  local n_m = #m
+  for i = 1, n_m do  -- every check before the first write
     local e = m[i]
-    local c, h, ring = e[2], e[3], e[4]
-    if h[1] ~= 0 or (c.until_ms > 0 and now >= c.until_ms) then return nil end
-    local ttl_at = h[10]
-    if now - ttl_at >= c.ttl_ms / 2 or ttl_at > now then return nil end
+    local c, ttl_at = e.c, e.ttl_at
+    if (c.until_ms > 0 and now >= c.until_ms) or now - ttl_at >= c.ttl_ms / 2
+        or ttl_at > now then
+      return nil
+    end
     local s = (ms > c.slow_ms) and 1 or 0
-    local head = h[6]
-    local mc = min(ms, MS_MASK)
-    local v = PRESENT + fails * FAILED + s * SLOW + mc
-    local dn, df, ds, dms = evicted(ring[head])
-    local calls, failures, slow = h[2] + 1 - dn, h[3] + fails - df, h[4] + s - ds
+    local head = e.ver % SPAN % c.window_size
+    local dn, df, ds = evicted(e.ring[head])
+    local calls, failures, slow = e.calls + 1 - dn, e.failures + fails - df, e.slow + s - ds
     if calls >= c.min_calls and calls > 0
         and exceeded(calls, failures, slow, c.failure_threshold, c.slow_threshold) then
       return nil
     end
+    e.head, e.v, e.n_calls, e.n_failures, e.n_slow = head, PRESENT + fails * FAILED + s * SLOW
+                                                      + min(ms, MS_MASK), calls, failures, slow
+  end
+  for i = 1, n_m do
+    local e = m[i]
+    local head, v = e.head, e.v
     local bit = BIT[head]
     if not bit then bit = int((WIN + COUNT_SLOT * head) * 8); BIT[head] = bit end
-    local nh = (head + 1) % c.window_size
-    local a = {'GET', 'i64', F_STAMP, 'INCRBY', 'i64', F_SEEN, '1',
-               'SET', 'u32', bit, int(v), 'SET', 'i64', F_HEAD, int(nh),
-               'SET', 'i64', F_MS, int(h[5] + mc - dms)}
-    if dn ~= 1 then
-      a[#a + 1] = 'SET'; a[#a + 1] = 'i64'; a[#a + 1] = F_CALLS; a[#a + 1] = int(calls)
+    local vs = VALUE[v]
+    if not vs then
+      if N_VALUE >= 256 then VALUE, N_VALUE = {}, 0 end
+      vs, N_VALUE = int(v), N_VALUE + 1
+      VALUE[v] = vs
     end
-    if df ~= fails then
-      a[#a + 1] = 'SET'; a[#a + 1] = 'i64'; a[#a + 1] = F_FAILS; a[#a + 1] = int(failures)
+    local extra
+    if e.n_calls ~= e.calls then extra = {F_CALLS, int(e.n_calls)} end
+    if e.n_failures ~= e.failures then
+      extra = extra or {}
+      extra[#extra + 1] = F_FAILS; extra[#extra + 1] = int(e.n_failures)
     end
-    if ds ~= s then
-      a[#a + 1] = 'SET'; a[#a + 1] = 'i64'; a[#a + 1] = F_SLOW; a[#a + 1] = int(slow)
+    if e.n_slow ~= e.slow then
+      extra = extra or {}
+      extra[#extra + 1] = F_SLOW; extra[#extra + 1] = int(e.n_slow)
     end
     if fails > 0 then
-      a[#a + 1] = 'SET'; a[#a + 1] = 'i64'; a[#a + 1] = F_SEEN_F
-      a[#a + 1] = int(h[9] + fails)
+      extra = extra or {}
+      extra[#extra + 1] = F_SEEN_F; extra[#extra + 1] = int(e.seen_failures + fails)
     end
-    plan[i] = {a, v, nh, calls, failures, slow, h[5] + mc - dms}
-  end
-  local done = {}
-  for i = 1, #m do
-    local e, a = m[i], plan[i][1]
-    local r = rcall('BITFIELD', e[1], unpack(a))
-    done[i] = {e[1], a, r}
-    if r[1] ~= e[3][HDR_N] or r[2] ~= e[3][8] + 1 then
-      undo(done)
+    local r
+    if extra then
+      local a = {'INCRBY', 'i64', F_SEEN, '1', 'SET', 'u32', bit, vs}
+      for j = 1, #extra, 2 do
+        a[#a + 1] = 'SET'; a[#a + 1] = 'i64'; a[#a + 1] = extra[j]; a[#a + 1] = extra[j + 1]
+      end
+      r = rcall('BITFIELD', e.kring, unpack(a))
+    else
+      r = rcall('BITFIELD', e.kring, 'INCRBY', 'i64', F_SEEN, '1', 'SET', 'u32', bit, vs)
+    end
+    if r[1] ~= e.ver + 1 then  -- stale: this one and the ones before undone
+      undo(e, bit, r, extra)
+      for j = i - 1, 1, -1 do
+        local d = m[j]
+        rcall('BITFIELD', d.kring, 'INCRBY', 'i64', F_SEEN, '-1', 'SET', 'u32', BIT[d.head],
+              int(d.ring[d.head]))
+        -- (its counts: set back from the mirror, which was right for it)
+        rcall('BITFIELD', d.kring, 'SET', 'i64', F_CALLS, int(d.calls), 'SET', 'i64', F_FAILS,
+              int(d.failures), 'SET', 'i64', F_SLOW, int(d.slow), 'SET', 'i64', F_SEEN_F,
+              int(d.seen_failures))
+      end
       return false
     end
   end
-  for i = 1, #m do  -- the mirror follows
-    local h, p = m[i][3], plan[i]
-    m[i][4][h[6]] = p[2]
-    h[2], h[3], h[4], h[5], h[6] = p[4], p[5], p[6], p[7], p[3]
-    h[8], h[9] = h[8] + 1, h[9] + fails
+  for i = 1, n_m do  -- the mirror follows
+    local e = m[i]
+    e.ring[e.head], e.ver = e.v, e.ver + 1
+    e.calls, e.failures, e.slow = e.n_calls, e.n_failures, e.n_slow
+    e.seen_failures = e.seen_failures + fails
   end
   return true
 end
@@ -607,7 +645,10 @@ local function feed(kstate, now, micros, ok, fails, slows, ms)
     local fed
     if ok + fails == 1 then fed = feed_fast(m, now, fails, ms) end
     if fed then return end
-    if fed == false then COOLING[kstate] = feeds + COOL end
+    if fed == false then
+      if N_COOLING >= 256 then COOLING, N_COOLING = {}, 0 end
+      COOLING[kstate], N_COOLING = feeds + COOL, N_COOLING + 1
+    end
     MIRROR[kstate], N_MIRROR = nil, N_MIRROR - 1
   end
   local list = feed_general(kstate, now, micros, ok, fails, slows, ms)
@@ -652,23 +693,30 @@ end
 
 -- Creates or replaces shadow `shadow` in `slot` (the checks done) with config `wire`
 -- (`c` parsed): its fields, an empty ring, the live record's bit, the TTLs, a history
--- entry. Every shadow of the breaker gets the new stamp (a mirror of them went stale).
+-- entry. Every other shadow of the breaker moves to its next epoch (a mirror of them
+-- went stale).
 local function put(kstate, k, slots, slot, shadow, c, wire, until_ms, source, actor, reason,
                    now, kind)
   local st = unpack_state(nil, nil)
-  st.ttl_at, st.since, st.started, st.stamp = now, now, now, new_stamp()
+  st.ttl_at, st.since, st.started = now, now, now
+  local kring = ring_key(kstate, slot)
+  local old = rcall('EXISTS', kring) == 1 and decode(read_hdr(kring), HOT_N, 8)[8] or nil
+  st.epoch = next_epoch(old)
   forget(kstate)
   rcall('HSET', k, 'c' .. slot, spec_text(until_ms, shadow, wire, now, source, actor, reason),
         's' .. slot, pack_cold(st))
   rcall('HDEL', k, 'h' .. slot)  -- (the header's place before the rings held it)
-  new_ring(ring_key(kstate, slot), c, pack_hot(st))
+  new_ring(kring, c, pack_hot(st))
   local ttl = keep_ms(c, until_ms, now)
   for other = 1, MAX do  -- the hash lives as long as its longest-lived shadow may
     local t = slots[other]
     if other ~= slot and t and t[4] then
       ttl = max(ttl, keep_ms(t[4], t[4].until_ms, now))
       local kr = ring_key(kstate, other)
-      if rcall('EXISTS', kr) == 1 then rcall('BITFIELD', kr, 'SET', 'i64', F_STAMP, int(st.stamp)) end
+      if rcall('EXISTS', kr) == 1 then
+        local seen = decode(read_hdr(kr), HOT_N, 8)[8]
+        rcall('BITFIELD', kr, 'SET', 'i64', F_SEEN, int(next_epoch(seen) + seen % SPAN))
+      end
     end
   end
   rcall('PEXPIRE', k, int(ttl))
