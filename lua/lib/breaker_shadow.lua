@@ -487,13 +487,16 @@ local function feed_general(kstate, now, micros, ok, fails, slows, ms)
 end
 
 -- The mirror (a library's, FCALL: nothing outlives an EVAL): per state key, its
--- shadows as they are in Redis after this library's last write, each a table: kring,
--- c (its config), ring (its window's slots, 0-based), ver (the `seen` field, epoch
--- included), calls, failures, slow, seen_failures, ttl_at. Kept for a few breakers (of
--- windows up to MIRROR_SLOTS slots); a breaker whose mirror went stale is mirrored
--- again only after COOL feeds (another writer, a PHP worker say, would make every
--- record pay the copy).
-local MIRROR, N_MIRROR, MIRRORED_MAX, MIRROR_SLOTS, COOL = {}, 0, 64, 1000, 64
+-- shadows as they are in Redis after this library's last write, each an array (its
+-- fields below, by index: the usual record reads them by position). Kept for a few
+-- breakers (of windows up to MIRROR_SLOTS slots); a breaker whose mirror went stale is
+-- mirrored again only after COOL feeds (another writer, a PHP worker say, would make
+-- every record pay the copy).
+local M_KRING, M_RING, M_VER, M_CALLS, M_FAILS, M_SLOW, M_SEEN_F, M_TTL_AT = 1, 2, 3, 4, 5, 6,
+                                                                          7, 8
+local M_SIZE, M_UNTIL, M_TTL_HALF, M_SLOW_MS, M_MIN, M_FT, M_ST = 9, 10, 11, 12, 13, 14, 15
+local P_HEAD, P_V, P_CALLS, P_FAILS, P_SLOW, P_R = 16, 17, 18, 19, 20, 21  -- (the record's)
+local MIRROR, N_MIRROR, MIRRORED_MAX, MIRROR_SLOTS, COOL = {}, 0, 64, 1000, 16
 local COOLING, N_COOLING = {}, 0
 local feeds = 0  -- this library's feeds (under EVAL: 0 at every call)
 local BIT = {}    -- a count slot's bit offset (a string), by slot
@@ -501,6 +504,7 @@ local VALUE, N_VALUE = {}, 0  -- a slot's value as a string, by value (a few hun
 local F_CALLS, F_FAILS, F_SLOW, F_SEEN, F_SEEN_F = '64', '128', '192', '448', '512'
 local CHUNK = 200
 local CHUNK_FORMAT = '>' .. rep('I4', CHUNK)
+local NEVER = math.huge
 
 -- Mirrors the shadows `list` ({slot, config, header bytes} each, all CLOSED with count
 -- windows) of `kstate`: each window read once (the header just written is given).
@@ -524,31 +528,54 @@ local function mirror(kstate, list)
       for j = 1, take do ring[at + j - 1] = v[j] end
       at = at + take
     end
-    m[i] = {kring = kring, c = c, ring = ring, ver = ver, calls = calls, failures = failures,
-            slow = slow, seen_failures = seen_failures, ttl_at = ttl_at}
+    m[i] = {kring, ring, ver, calls, failures, slow, seen_failures, ttl_at, size,
+            c.until_ms > 0 and c.until_ms or NEVER, c.ttl_ms / 2, c.slow_ms, c.min_calls,
+            c.failure_threshold, c.slow_threshold, 0, 0, 0, 0, 0, false}
   end
   if N_MIRROR >= MIRRORED_MAX then MIRROR, N_MIRROR = {}, 0 end
   if not MIRROR[kstate] then N_MIRROR = N_MIRROR + 1 end
   MIRROR[kstate] = m
 end
 
--- Undoes the fast path's BITFIELD on shadow `e` (`r`: its answers; `extra`: the SETs it
--- sent after the slot's, offset and value each): every field set back to the value it
--- answered, `seen` back; a ring the command created (it was gone: `seen` read 1)
--- deleted.
-local function undo(e, bit, r, extra)
+-- A ring's value as a string (a few hundred kept: slots repeat their values).
+local function value_text(v)
+  local vs = VALUE[v]
+  if not vs then
+    if N_VALUE >= 256 then VALUE, N_VALUE = {}, 0 end
+    vs, N_VALUE = int(v), N_VALUE + 1
+    VALUE[v] = vs
+  end
+  return vs
+end
+
+-- The record's write of a shadow whose counts change (a failure, or an evicted outcome
+-- unlike the new one): its BITFIELD's arguments after the key.
+local function full_args(e, bit, vs, fails)
+  local a = {'INCRBY', 'i64', F_SEEN, '1', 'SET', 'u32', bit, vs,
+             'SET', 'i64', F_CALLS, int(e[P_CALLS]), 'SET', 'i64', F_FAILS, int(e[P_FAILS]),
+             'SET', 'i64', F_SLOW, int(e[P_SLOW])}
+  if fails > 0 then
+    a[21], a[22], a[23], a[24] = 'SET', 'i64', F_SEEN_F, int(e[M_SEEN_F] + fails)
+  end
+  return a
+end
+
+-- Undoes a fast write of shadow `e` from the old values its BITFIELD answered (`r`:
+-- `seen`, the slot, then the counts when it set them); a ring the command created (it
+-- was gone: `seen` read 1) deleted.
+local function undo(e, r)
+  local kring = e[M_KRING]
   if r[1] == 1 then
-    rcall('DEL', e.kring)
+    rcall('DEL', kring)
     return
   end
-  local back = {'INCRBY', 'i64', F_SEEN, '-1', 'SET', 'u32', bit, int(r[2])}
-  if extra then
-    for j = 1, #extra, 2 do
-      back[#back + 1] = 'SET'; back[#back + 1] = 'i64'; back[#back + 1] = extra[j]
-      back[#back + 1] = int(r[2 + (j + 1) / 2])
-    end
+  local back = {'INCRBY', 'i64', F_SEEN, '-1', 'SET', 'u32', BIT[e[P_HEAD]], int(r[2])}
+  local fields = {F_CALLS, F_FAILS, F_SLOW, F_SEEN_F}
+  for j = 3, #r do
+    back[#back + 1] = 'SET'; back[#back + 1] = 'i64'; back[#back + 1] = fields[j - 2]
+    back[#back + 1] = int(r[j])
   end
-  rcall('BITFIELD', e.kring, unpack(back))
+  rcall('BITFIELD', kring, unpack(back))
 end
 
 -- The usual record from the mirror `m`: one outcome, every shadow CLOSED with a count
@@ -557,78 +584,52 @@ end
 -- false when the mirror was stale (nothing changed either way).
 local function feed_fast(m, now, fails, ms)
   local n_m = #m
+  local mc = ms < MS_MASK and ms or MS_MASK
   for i = 1, n_m do  -- every check before the first write
     local e = m[i]
-    local c, ttl_at = e.c, e.ttl_at
-    if (c.until_ms > 0 and now >= c.until_ms) or now - ttl_at >= c.ttl_ms / 2
-        or ttl_at > now then
+    local ttl_at = e[M_TTL_AT]
+    if now >= e[M_UNTIL] or now - ttl_at >= e[M_TTL_HALF] or ttl_at > now then return nil end
+    local s = ms > e[M_SLOW_MS] and 1 or 0
+    local head = e[M_VER] % SPAN % e[M_SIZE]
+    local o = e[M_RING][head]
+    local calls, failures, slow = e[M_CALLS] + 1, e[M_FAILS] + fails, e[M_SLOW] + s
+    if o >= PRESENT then  -- (breaker_window.evicted, inline)
+      calls, o = calls - 1, o - PRESENT
+      if o >= FAILED then failures, o = failures - 1, o - FAILED end
+      if o >= SLOW then slow = slow - 1 end
+    end
+    if calls >= e[M_MIN] and (failures * 1000000 >= e[M_FT] * calls
+                              or slow * 1000000 >= e[M_ST] * calls) then
       return nil
     end
-    local s = (ms > c.slow_ms) and 1 or 0
-    local head = e.ver % SPAN % c.window_size
-    local dn, df, ds = evicted(e.ring[head])
-    local calls, failures, slow = e.calls + 1 - dn, e.failures + fails - df, e.slow + s - ds
-    if calls >= c.min_calls and calls > 0
-        and exceeded(calls, failures, slow, c.failure_threshold, c.slow_threshold) then
-      return nil
-    end
-    e.head, e.v, e.n_calls, e.n_failures, e.n_slow = head, PRESENT + fails * FAILED + s * SLOW
-                                                      + min(ms, MS_MASK), calls, failures, slow
+    e[P_HEAD], e[P_V], e[P_CALLS], e[P_FAILS], e[P_SLOW] =
+      head, PRESENT + fails * FAILED + s * SLOW + mc, calls, failures, slow
   end
   for i = 1, n_m do
     local e = m[i]
-    local head, v = e.head, e.v
+    local head = e[P_HEAD]
     local bit = BIT[head]
     if not bit then bit = int((WIN + COUNT_SLOT * head) * 8); BIT[head] = bit end
-    local vs = VALUE[v]
-    if not vs then
-      if N_VALUE >= 256 then VALUE, N_VALUE = {}, 0 end
-      vs, N_VALUE = int(v), N_VALUE + 1
-      VALUE[v] = vs
-    end
-    local extra
-    if e.n_calls ~= e.calls then extra = {F_CALLS, int(e.n_calls)} end
-    if e.n_failures ~= e.failures then
-      extra = extra or {}
-      extra[#extra + 1] = F_FAILS; extra[#extra + 1] = int(e.n_failures)
-    end
-    if e.n_slow ~= e.slow then
-      extra = extra or {}
-      extra[#extra + 1] = F_SLOW; extra[#extra + 1] = int(e.n_slow)
-    end
-    if fails > 0 then
-      extra = extra or {}
-      extra[#extra + 1] = F_SEEN_F; extra[#extra + 1] = int(e.seen_failures + fails)
-    end
     local r
-    if extra then
-      local a = {'INCRBY', 'i64', F_SEEN, '1', 'SET', 'u32', bit, vs}
-      for j = 1, #extra, 2 do
-        a[#a + 1] = 'SET'; a[#a + 1] = 'i64'; a[#a + 1] = extra[j]; a[#a + 1] = extra[j + 1]
-      end
-      r = rcall('BITFIELD', e.kring, unpack(a))
+    if fails == 0 and e[P_CALLS] == e[M_CALLS] and e[P_FAILS] == e[M_FAILS]
+        and e[P_SLOW] == e[M_SLOW] then
+      r = rcall('BITFIELD', e[M_KRING], 'INCRBY', 'i64', F_SEEN, '1', 'SET', 'u32', bit,
+                value_text(e[P_V]))
     else
-      r = rcall('BITFIELD', e.kring, 'INCRBY', 'i64', F_SEEN, '1', 'SET', 'u32', bit, vs)
+      r = rcall('BITFIELD', e[M_KRING], unpack(full_args(e, bit, value_text(e[P_V]), fails)))
     end
-    if r[1] ~= e.ver + 1 then  -- stale: this one and the ones before undone
-      undo(e, bit, r, extra)
-      for j = i - 1, 1, -1 do
-        local d = m[j]
-        rcall('BITFIELD', d.kring, 'INCRBY', 'i64', F_SEEN, '-1', 'SET', 'u32', BIT[d.head],
-              int(d.ring[d.head]))
-        -- (its counts: set back from the mirror, which was right for it)
-        rcall('BITFIELD', d.kring, 'SET', 'i64', F_CALLS, int(d.calls), 'SET', 'i64', F_FAILS,
-              int(d.failures), 'SET', 'i64', F_SLOW, int(d.slow), 'SET', 'i64', F_SEEN_F,
-              int(d.seen_failures))
-      end
+    if r[1] ~= e[M_VER] + 1 then  -- stale: this one and the ones before undone
+      undo(e, r)
+      for j = i - 1, 1, -1 do undo(m[j], m[j][P_R]) end
       return false
     end
+    e[P_R] = r
   end
   for i = 1, n_m do  -- the mirror follows
     local e = m[i]
-    e.ring[e.head], e.ver = e.v, e.ver + 1
-    e.calls, e.failures, e.slow = e.n_calls, e.n_failures, e.n_slow
-    e.seen_failures = e.seen_failures + fails
+    e[M_RING][e[P_HEAD]], e[M_VER] = e[P_V], e[M_VER] + 1
+    e[M_CALLS], e[M_FAILS], e[M_SLOW] = e[P_CALLS], e[P_FAILS], e[P_SLOW]
+    e[M_SEEN_F] = e[M_SEEN_F] + fails
   end
   return true
 end
