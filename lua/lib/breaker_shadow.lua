@@ -488,14 +488,16 @@ end
 
 -- The mirror (a library's, FCALL: nothing outlives an EVAL): per state key, its
 -- shadows as they are in Redis after this library's last write, each an array (its
--- fields below, by index: the usual record reads them by position). Kept for a few
--- breakers (of windows up to MIRROR_SLOTS slots); a breaker whose mirror went stale is
--- mirrored again only after COOL feeds (another writer, a PHP worker say, would make
--- every record pay the copy).
+-- fields below, by index: the usual record reads few of them, by position; each table
+-- access costs the server about a hundred instructions). Kept for a few breakers (of
+-- windows up to MIRROR_SLOTS slots); a breaker whose mirror went stale is mirrored
+-- again only after COOL feeds (another writer, a PHP worker say, would make every
+-- record pay the copy).
 local M_KRING, M_RING, M_VER, M_CALLS, M_FAILS, M_SLOW, M_SEEN_F, M_TTL_AT = 1, 2, 3, 4, 5, 6,
                                                                           7, 8
-local M_SIZE, M_UNTIL, M_TTL_HALF, M_SLOW_MS, M_MIN, M_FT, M_ST = 9, 10, 11, 12, 13, 14, 15
-local P_HEAD, P_V, P_CALLS, P_FAILS, P_SLOW, P_R = 16, 17, 18, 19, 20, 21  -- (the record's)
+-- (M_DEADLINE: its end or its next TTL refresh, whichever comes first)
+local M_SIZE, M_DEADLINE, M_SLOW_MS, M_MIN, M_FT, M_ST, M_BIT, M_R = 9, 10, 11, 12, 13, 14,
+                                                                     15, 16
 local MIRROR, N_MIRROR, MIRRORED_MAX, MIRROR_SLOTS, COOL = {}, 0, 64, 1000, 16
 local COOLING, N_COOLING = {}, 0
 local feeds = 0  -- this library's feeds (under EVAL: 0 at every call)
@@ -504,7 +506,6 @@ local VALUE, N_VALUE = {}, 0  -- a slot's value as a string, by value (a few hun
 local F_CALLS, F_FAILS, F_SLOW, F_SEEN, F_SEEN_F = '64', '128', '192', '448', '512'
 local CHUNK = 200
 local CHUNK_FORMAT = '>' .. rep('I4', CHUNK)
-local NEVER = math.huge
 
 -- Mirrors the shadows `list` ({slot, config, header bytes} each, all CLOSED with count
 -- windows) of `kstate`: each window read once (the header just written is given).
@@ -528,9 +529,10 @@ local function mirror(kstate, list)
       for j = 1, take do ring[at + j - 1] = v[j] end
       at = at + take
     end
-    m[i] = {kring, ring, ver, calls, failures, slow, seen_failures, ttl_at, size,
-            c.until_ms > 0 and c.until_ms or NEVER, c.ttl_ms / 2, c.slow_ms, c.min_calls,
-            c.failure_threshold, c.slow_threshold, 0, 0, 0, 0, 0, false}
+    local deadline = ttl_at + c.ttl_ms / 2
+    if c.until_ms > 0 then deadline = min(deadline, c.until_ms) end
+    m[i] = {kring, ring, ver, calls, failures, slow, seen_failures, ttl_at, size, deadline,
+            c.slow_ms, c.min_calls, c.failure_threshold, c.slow_threshold, false, false}
   end
   if N_MIRROR >= MIRRORED_MAX then MIRROR, N_MIRROR = {}, 0 end
   if not MIRROR[kstate] then N_MIRROR = N_MIRROR + 1 end
@@ -539,37 +541,28 @@ end
 
 -- A ring's value as a string (a few hundred kept: slots repeat their values).
 local function value_text(v)
-  local vs = VALUE[v]
-  if not vs then
-    if N_VALUE >= 256 then VALUE, N_VALUE = {}, 0 end
-    vs, N_VALUE = int(v), N_VALUE + 1
-    VALUE[v] = vs
-  end
+  if N_VALUE >= 256 then VALUE, N_VALUE = {}, 0 end
+  local vs = int(v)
+  VALUE[v], N_VALUE = vs, N_VALUE + 1
   return vs
 end
 
--- The record's write of a shadow whose counts change (a failure, or an evicted outcome
--- unlike the new one): its BITFIELD's arguments after the key.
-local function full_args(e, bit, vs, fails)
-  local a = {'INCRBY', 'i64', F_SEEN, '1', 'SET', 'u32', bit, vs,
-             'SET', 'i64', F_CALLS, int(e[P_CALLS]), 'SET', 'i64', F_FAILS, int(e[P_FAILS]),
-             'SET', 'i64', F_SLOW, int(e[P_SLOW])}
-  if fails > 0 then
-    a[21], a[22], a[23], a[24] = 'SET', 'i64', F_SEEN_F, int(e[M_SEEN_F] + fails)
-  end
-  return a
+local function bit_of(head)
+  local bit = int((WIN + COUNT_SLOT * head) * 8)
+  BIT[head] = bit
+  return bit
 end
 
--- Undoes a fast write of shadow `e` from the old values its BITFIELD answered (`r`:
--- `seen`, the slot, then the counts when it set them); a ring the command created (it
--- was gone: `seen` read 1) deleted.
-local function undo(e, r)
+-- Undoes a fast write of shadow `e` (at bit offset `bit`) from the old values its
+-- BITFIELD answered (`r`: `seen`, the slot, then the counts when it set them); a ring
+-- the command created (it was gone: `seen` read 1) deleted.
+local function undo(e, bit, r)
   local kring = e[M_KRING]
   if r[1] == 1 then
     rcall('DEL', kring)
     return
   end
-  local back = {'INCRBY', 'i64', F_SEEN, '-1', 'SET', 'u32', BIT[e[P_HEAD]], int(r[2])}
+  local back = {'INCRBY', 'i64', F_SEEN, '-1', 'SET', 'u32', bit, int(r[2])}
   local fields = {F_CALLS, F_FAILS, F_SLOW, F_SEEN_F}
   for j = 3, #r do
     back[#back + 1] = 'SET'; back[#back + 1] = 'i64'; back[#back + 1] = fields[j - 2]
@@ -578,58 +571,75 @@ local function undo(e, r)
   rcall('BITFIELD', kring, unpack(back))
 end
 
+-- The writes of the shadows before the `k`th undone (a later one could not be fed:
+-- the mirror is dropped).
+local function undo_before(m, k)
+  for j = k - 1, 1, -1 do undo(m[j], m[j][M_BIT], m[j][M_R]) end
+end
+
+-- A record whose outcome changes shadow `e`'s counts (a failure, or an evicted outcome
+-- of another kind; `o` the evicted slot's value, `v` the new one, `s` its slowness):
+-- its trip judged (nil: it would trip, nothing written), then one BITFIELD that sets
+-- the counts too. Answers the BITFIELD's answers and the new counts.
+local function write_counts(e, bit, o, v, s, fails)
+  local calls, failures, slow = e[M_CALLS] + 1, e[M_FAILS] + fails, e[M_SLOW] + s
+  if o >= PRESENT then  -- (breaker_window.evicted, inline)
+    calls, o = calls - 1, o - PRESENT
+    if o >= FAILED then failures, o = failures - 1, o - FAILED end
+    if o >= SLOW then slow = slow - 1 end
+  end
+  if calls >= e[M_MIN] and (failures * 1000000 >= e[M_FT] * calls
+                            or slow * 1000000 >= e[M_ST] * calls) then
+    return nil
+  end
+  local vs = VALUE[v] or value_text(v)
+  local r
+  if fails > 0 then
+    r = rcall('BITFIELD', e[M_KRING], 'INCRBY', 'i64', F_SEEN, '1', 'SET', 'u32', bit, vs,
+              'SET', 'i64', F_CALLS, int(calls), 'SET', 'i64', F_FAILS, int(failures),
+              'SET', 'i64', F_SLOW, int(slow), 'SET', 'i64', F_SEEN_F,
+              int(e[M_SEEN_F] + fails))
+  else
+    r = rcall('BITFIELD', e[M_KRING], 'INCRBY', 'i64', F_SEEN, '1', 'SET', 'u32', bit, vs,
+              'SET', 'i64', F_CALLS, int(calls), 'SET', 'i64', F_FAILS, int(failures),
+              'SET', 'i64', F_SLOW, int(slow))
+  end
+  return r, calls, failures, slow
+end
+
 -- The usual record from the mirror `m`: one outcome, every shadow CLOSED with a count
 -- window and none tripping, none due for its end or its TTL refresh: one BITFIELD per
--- shadow, which checks the mirror as it writes. Nil when the record is not that simple,
--- false when the mirror was stale (nothing changed either way).
+-- shadow, which checks the mirror as it writes (INCRBY of `seen`). A success of the
+-- kind of the outcome it evicts (the usual case) changes no count: the BITFIELD is that
+-- INCRBY and the slot's SET, nothing more is judged. Nil when the record is not that
+-- simple, false when the mirror was stale (nothing changed either way; the mirror is
+-- then dropped by the caller).
 local function feed_fast(m, now, fails, ms)
   local n_m = #m
-  local mc = ms < MS_MASK and ms or MS_MASK
-  for i = 1, n_m do  -- every check before the first write
-    local e = m[i]
-    local ttl_at = e[M_TTL_AT]
-    if now >= e[M_UNTIL] or now - ttl_at >= e[M_TTL_HALF] or ttl_at > now then return nil end
-    local s = ms > e[M_SLOW_MS] and 1 or 0
-    local head = e[M_VER] % SPAN % e[M_SIZE]
-    local o = e[M_RING][head]
-    local calls, failures, slow = e[M_CALLS] + 1, e[M_FAILS] + fails, e[M_SLOW] + s
-    if o >= PRESENT then  -- (breaker_window.evicted, inline)
-      calls, o = calls - 1, o - PRESENT
-      if o >= FAILED then failures, o = failures - 1, o - FAILED end
-      if o >= SLOW then slow = slow - 1 end
-    end
-    if calls >= e[M_MIN] and (failures * 1000000 >= e[M_FT] * calls
-                              or slow * 1000000 >= e[M_ST] * calls) then
-      return nil
-    end
-    e[P_HEAD], e[P_V], e[P_CALLS], e[P_FAILS], e[P_SLOW] =
-      head, PRESENT + fails * FAILED + s * SLOW + mc, calls, failures, slow
-  end
+  local vf = PRESENT + fails * FAILED + (ms < MS_MASK and ms or MS_MASK)
   for i = 1, n_m do
     local e = m[i]
-    local head = e[P_HEAD]
-    local bit = BIT[head]
-    if not bit then bit = int((WIN + COUNT_SLOT * head) * 8); BIT[head] = bit end
-    local r
-    if fails == 0 and e[P_CALLS] == e[M_CALLS] and e[P_FAILS] == e[M_FAILS]
-        and e[P_SLOW] == e[M_SLOW] then
+    if now >= e[M_DEADLINE] or now < e[M_TTL_AT] then undo_before(m, i); return nil end
+    local s = ms > e[M_SLOW_MS] and SLOW or 0
+    local ver, ring = e[M_VER], e[M_RING]
+    local head = ver % SPAN % e[M_SIZE]
+    local o, v = ring[head], vf + s
+    local bit = BIT[head] or bit_of(head)
+    local r, calls, failures, slow
+    if fails == 0 and o - o % SLOW == v - v % SLOW then
       r = rcall('BITFIELD', e[M_KRING], 'INCRBY', 'i64', F_SEEN, '1', 'SET', 'u32', bit,
-                value_text(e[P_V]))
+                VALUE[v] or value_text(v))
     else
-      r = rcall('BITFIELD', e[M_KRING], unpack(full_args(e, bit, value_text(e[P_V]), fails)))
+      r, calls, failures, slow = write_counts(e, bit, o, v, s / SLOW, fails)
+      if not r then undo_before(m, i); return nil end
     end
-    if r[1] ~= e[M_VER] + 1 then  -- stale: this one and the ones before undone
-      undo(e, r)
-      for j = i - 1, 1, -1 do undo(m[j], m[j][P_R]) end
-      return false
+    if r[1] ~= ver + 1 then undo(e, bit, r); undo_before(m, i); return false end
+    ring[head], e[M_VER] = v, ver + 1
+    if calls then
+      e[M_CALLS], e[M_FAILS], e[M_SLOW], e[M_SEEN_F] = calls, failures, slow,
+                                                      e[M_SEEN_F] + fails
     end
-    e[P_R] = r
-  end
-  for i = 1, n_m do  -- the mirror follows
-    local e = m[i]
-    e[M_RING][e[P_HEAD]], e[M_VER] = e[P_V], e[M_VER] + 1
-    e[M_CALLS], e[M_FAILS], e[M_SLOW] = e[P_CALLS], e[P_FAILS], e[P_SLOW]
-    e[M_SEEN_F] = e[M_SEEN_F] + fails
+    if n_m > 1 then e[M_BIT], e[M_R] = bit, r end
   end
   return true
 end
