@@ -489,16 +489,19 @@ end
 -- The mirror (a library's, FCALL: nothing outlives an EVAL): per state key, its
 -- shadows as they are in Redis after this library's last write, each an array (its
 -- fields below, by index: the usual record reads few of them, by position; each table
--- access costs the server about a hundred instructions). Kept for a few breakers (of
--- windows up to MIRROR_SLOTS slots); a breaker whose mirror went stale is mirrored
--- again only after COOL feeds (another writer, a PHP worker say, would make every
--- record pay the copy).
+-- access costs the server about a hundred instructions). Kept for MIRRORED_MAX breakers
+-- (of windows up to MIRROR_SLOTS slots): when full, others are not mirrored (their
+-- records go the general way) until the mirror is emptied, at most once every
+-- REFILL feeds, so breakers that took turns would not make every record pay a copy. A
+-- breaker whose mirror went stale is mirrored again only after COOL feeds (another
+-- writer, a PHP worker say, would make every record pay the copy).
 local M_KRING, M_RING, M_VER, M_CALLS, M_FAILS, M_SLOW, M_SEEN_F, M_TTL_AT = 1, 2, 3, 4, 5, 6,
                                                                           7, 8
 -- (M_DEADLINE: its end or its next TTL refresh, whichever comes first)
 local M_SIZE, M_DEADLINE, M_SLOW_MS, M_MIN, M_FT, M_ST, M_BIT, M_R = 9, 10, 11, 12, 13, 14,
                                                                      15, 16
-local MIRROR, N_MIRROR, MIRRORED_MAX, MIRROR_SLOTS, COOL = {}, 0, 64, 1000, 16
+local MIRROR, N_MIRROR, MIRRORED_MAX, MIRROR_SLOTS, COOL = {}, 0, 256, 1000, 16
+local REFILL, emptied_at = 100000, 0
 local COOLING, N_COOLING = {}, 0
 local feeds = 0  -- this library's feeds (under EVAL: 0 at every call)
 local BIT = {}    -- a count slot's bit offset (a string), by slot
@@ -510,6 +513,10 @@ local CHUNK_FORMAT = '>' .. rep('I4', CHUNK)
 -- Mirrors the shadows `list` ({slot, config, header bytes} each, all CLOSED with count
 -- windows) of `kstate`: each window read once (the header just written is given).
 local function mirror(kstate, list)
+  if N_MIRROR >= MIRRORED_MAX then
+    if feeds - emptied_at < REFILL then return end
+    MIRROR, N_MIRROR, emptied_at = {}, 0, feeds
+  end
   local m = {}
   for i, e in ipairs(list) do
     local c = e[2]
@@ -534,7 +541,6 @@ local function mirror(kstate, list)
     m[i] = {kring, ring, ver, calls, failures, slow, seen_failures, ttl_at, size, deadline,
             c.slow_ms, c.min_calls, c.failure_threshold, c.slow_threshold, false, false}
   end
-  if N_MIRROR >= MIRRORED_MAX then MIRROR, N_MIRROR = {}, 0 end
   if not MIRROR[kstate] then N_MIRROR = N_MIRROR + 1 end
   MIRROR[kstate] = m
 end
