@@ -7,6 +7,7 @@ everything, counts for the same outcomes."""
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from distbreaker import CircuitBreaker, operate
 from distbreaker import readside as view
 from distbreaker._runtime.keys import DEFAULT_PREFIX, BreakerKeys
 from distbreaker._runtime.scripts import FUNCTIONS
-from distbreaker.breaker.shadow import shadow_ring_key
+from distbreaker.breaker.shadow import shadow_key, shadow_ring_key
 
 LIVE = {"sliding_window_size": 10, "minimum_number_of_calls": 10,
         "failure_rate_threshold": 100, "redis_timeout": 5.0, "subscribe": False}
@@ -102,3 +103,19 @@ def test_a_shadow_added_or_cleared_elsewhere_is_seen_by_the_next_record(
     assert not redis_client.exists(shadow_ring_key(state, 2))
     assert {s: f[1:6] for s, f in figures(redis_client, name).items()} == {
         "wide": (7, 1, 0, 26, 1)}
+
+
+def test_the_record_that_refreshes_the_ttls_counts_and_refreshes_them(
+        redis_client: redis.Redis, name: str) -> None:
+    fast = CircuitBreaker(name, redis=redis_client, **LIVE)
+    fast.reset()
+    short = {"key_ttl": 2.0, "half_open_lease": 1.0, "wait_duration_in_open_state": 1.0}
+    operate.set_shadow(redis_client, DEFAULT_PREFIX, name, "short", short, "t", "t")
+    for _ in range(3):
+        record(fast, True)
+    time.sleep(1.2)  # past half its key TTL: the next record refreshes the TTLs
+    record(fast, True)
+    state = BreakerKeys.build(name).state
+    assert redis_client.pttl(shadow_key(state)) > 1000
+    assert redis_client.pttl(shadow_ring_key(state, 1)) > 1000
+    assert figures(redis_client, name)["short"][4] == 4  # (that record counted too)
