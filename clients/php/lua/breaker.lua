@@ -948,9 +948,10 @@ local function ring_key(kstate, slot) return kstate .. ':shadow:w' .. slot end
 
 -- A ring (re)started empty, at its full length, with its TTL, and header `hdr` (the
 -- header's bytes; nil: zeros, the caller writes it).
-local PAD = rep('\0', WIN - 8 * HOT_N)
-local HDR_ZERO = rep('\0', 8 * HOT_N)
+-- (its zeros made at first use: under EVAL every call runs this chunk)
+local PAD, HDR_ZERO
 local function new_ring(kring, c, hdr)
+  if not PAD then PAD, HDR_ZERO = rep('\0', WIN - 8 * HOT_N), rep('\0', 8 * HOT_N) end
   rcall('DEL', kring)
   rcall('SETRANGE', kring, '0', (hdr or HDR_ZERO) .. PAD
                                  .. breaker_window.empty(c.window_type, c.window_size))
@@ -1330,191 +1331,224 @@ end
 -- REFILL feeds, so breakers that took turns would not make every record pay a copy. A
 -- breaker whose mirror went stale is mirrored again only after COOL feeds (another
 -- writer, a PHP worker say, would make every record pay the copy).
-local M_KRING, M_RING, M_VER, M_CALLS, M_FAILS, M_SLOW, M_SEEN_F, M_TTL_AT = 1, 2, 3, 4, 5, 6,
-                                                                          7, 8
--- (M_DEADLINE: its end or its next TTL refresh, whichever comes first)
-local M_SIZE, M_DEADLINE, M_SLOW_MS, M_MIN, M_FT, M_ST, M_BIT, M_R = 9, 10, 11, 12, 13, 14,
-                                                                     15, 16
-local MIRROR, N_MIRROR, MIRRORED_MAX, MIRROR_SLOTS, COOL = {}, 0, 256, 1000, 16
-local REFILL, emptied_at = 100000, 0
-local COOLING, N_COOLING = {}, 0
-local feeds = 0  -- this library's feeds (under EVAL: 0 at every call)
-local BIT = {}    -- a count slot's bit offset (a string), by slot
-local VALUE, N_VALUE = {}, 0  -- a slot's value as a string, by value (a few hundred)
-local F_CALLS, F_FAILS, F_SLOW, F_SEEN, F_SEEN_F = '64', '128', '192', '448', '512'
-local CHUNK = 200
-local CHUNK_FORMAT = '>' .. rep('I4', CHUNK)
+-- Its functions are made by `make_mirror` at a library's second feed: under EVAL every
+-- call runs this chunk (and feeds once), and each closure made costs in proportion to
+-- the chunk's locals it captures.
+local function make_mirror(layout_, codec)
+  local rcall, min, rep, unpack = redis.call, math.min, string.rep, unpack
+  local int, decode, packer = codec.int, codec.decode, codec.packer
+  local WIN, COUNT_SLOT = layout_.WINDOW_AT, layout_.COUNT_SLOT_BYTES
+  local PRESENT, FAILED, SLOW, MS_MASK = layout_.PRESENT, layout_.FAILED, layout_.SLOW,
+                                         layout_.MS_MASK
+  local SPAN, HDR_FORMAT = 1099511627776, '>' .. rep('i8', 10)  -- (as this module's)
+  local M_KRING, M_RING, M_VER, M_CALLS, M_FAILS, M_SLOW, M_SEEN_F, M_TTL_AT = 1, 2, 3, 4, 5, 6,
+                                                                            7, 8
+  -- (M_DEADLINE: its end or its next TTL refresh, whichever comes first)
+  local M_SIZE, M_DEADLINE, M_SLOW_MS, M_MIN, M_FT, M_ST, M_BIT, M_R = 9, 10, 11, 12, 13, 14,
+                                                                       15, 16
+  local MIRROR, N_MIRROR, MIRRORED_MAX, MIRROR_SLOTS, COOL = {}, 0, 256, 1000, 16
+  local REFILL, emptied_at = 100000, 0
+  local COOLING, N_COOLING = {}, 0
+  local BIT = {}    -- a count slot's bit offset (a string), by slot
+  local VALUE, N_VALUE = {}, 0  -- a slot's value as a string, by value (a few hundred)
+  local F_CALLS, F_FAILS, F_SLOW, F_SEEN, F_SEEN_F = '64', '128', '192', '448', '512'
+  local CHUNK, CHUNK_FORMAT = 200, nil  -- (made at the first mirror)
 
--- Mirrors the shadows `list` ({slot, config, header bytes} each, all CLOSED with count
--- windows) of `kstate`: each window read once (the header just written is given).
-local function mirror(kstate, list)
-  if N_MIRROR >= MIRRORED_MAX then
-    if feeds - emptied_at < REFILL then return end
-    MIRROR, N_MIRROR, emptied_at = {}, 0, feeds
-  end
-  local m = {}
-  for i, e in ipairs(list) do
-    local c = e[2]
-    local size = c.window_size
-    if size > MIRROR_SLOTS or not packer then return end
-    local _, calls, failures, slow, _, _, _, ver, seen_failures, ttl_at =
-      packer.unpack(HDR_FORMAT, e[3])
-    if ver < SPAN then return end  -- (a ring of an older layout: never mirrored)
-    local kring = ring_key(kstate, e[1])
-    local raw = rcall('GETRANGE', kring, int(WIN), int(WIN + COUNT_SLOT * size - 1))
-    if #raw < COUNT_SLOT * size then return end
-    local ring, at = {}, 0
-    while at < size do
-      local take = min(CHUNK, size - at)
-      local v = take == CHUNK and {packer.unpack(CHUNK_FORMAT, raw, COUNT_SLOT * at + 1)}
-                or decode(raw, take, COUNT_SLOT, COUNT_SLOT * at + 1)
-      for j = 1, take do ring[at + j - 1] = v[j] end
-      at = at + take
+
+  -- Mirrors the shadows `list` ({slot, config, header bytes} each, all CLOSED with count
+  -- windows) of `kstate`: each window read once (the header just written is given).
+  local function mirror(kstate, list)
+    if N_MIRROR >= MIRRORED_MAX then
+      if feeds - emptied_at < REFILL then return end
+      MIRROR, N_MIRROR, emptied_at = {}, 0, feeds
     end
-    local deadline = ttl_at + c.ttl_ms / 2
-    if c.until_ms > 0 then deadline = min(deadline, c.until_ms) end
-    m[i] = {kring, ring, ver, calls, failures, slow, seen_failures, ttl_at, size, deadline,
-            c.slow_ms, c.min_calls, c.failure_threshold, c.slow_threshold, false, false}
+    local m = {}
+    for i, e in ipairs(list) do
+      local c = e[2]
+      local size = c.window_size
+      if size > MIRROR_SLOTS or not packer then return end
+      local _, calls, failures, slow, _, _, _, ver, seen_failures, ttl_at =
+        packer.unpack(HDR_FORMAT, e[3])
+      if ver < SPAN then return end  -- (a ring of an older layout: never mirrored)
+      local kring = kstate .. ':shadow:w' .. e[1]
+      local raw = rcall('GETRANGE', kring, int(WIN), int(WIN + COUNT_SLOT * size - 1))
+      if #raw < COUNT_SLOT * size then return end
+      local ring, at = {}, 0
+      CHUNK_FORMAT = CHUNK_FORMAT or '>' .. rep('I4', CHUNK)
+      while at < size do
+        local take = min(CHUNK, size - at)
+        local v = take == CHUNK and {packer.unpack(CHUNK_FORMAT, raw, COUNT_SLOT * at + 1)}
+                  or decode(raw, take, COUNT_SLOT, COUNT_SLOT * at + 1)
+        for j = 1, take do ring[at + j - 1] = v[j] end
+        at = at + take
+      end
+      local deadline = ttl_at + c.ttl_ms / 2
+      if c.until_ms > 0 then deadline = min(deadline, c.until_ms) end
+      m[i] = {kring, ring, ver, calls, failures, slow, seen_failures, ttl_at, size, deadline,
+              c.slow_ms, c.min_calls, c.failure_threshold, c.slow_threshold, false, false}
+    end
+    if not MIRROR[kstate] then N_MIRROR = N_MIRROR + 1 end
+    MIRROR[kstate] = m
   end
-  if not MIRROR[kstate] then N_MIRROR = N_MIRROR + 1 end
-  MIRROR[kstate] = m
-end
 
--- A ring's value as a string (a few hundred kept: slots repeat their values).
-local function value_text(v)
-  if N_VALUE >= 256 then VALUE, N_VALUE = {}, 0 end
-  local vs = int(v)
-  VALUE[v], N_VALUE = vs, N_VALUE + 1
-  return vs
-end
-
-local function bit_of(head)
-  local bit = int((WIN + COUNT_SLOT * head) * 8)
-  BIT[head] = bit
-  return bit
-end
-
--- Undoes a fast write of shadow `e` (at bit offset `bit`) from the old values its
--- BITFIELD answered (`r`: `seen`, the slot, then the counts when it set them); a ring
--- the command created (it was gone: `seen` read 1) deleted.
-local function undo(e, bit, r)
-  local kring = e[M_KRING]
-  if r[1] == 1 then
-    rcall('DEL', kring)
-    return
+  -- A ring's value as a string (a few hundred kept: slots repeat their values).
+  local function value_text(v)
+    if N_VALUE >= 256 then VALUE, N_VALUE = {}, 0 end
+    local vs = int(v)
+    VALUE[v], N_VALUE = vs, N_VALUE + 1
+    return vs
   end
-  local back = {'INCRBY', 'i64', F_SEEN, '-1', 'SET', 'u32', bit, int(r[2])}
-  local fields = {F_CALLS, F_FAILS, F_SLOW, F_SEEN_F}
-  for j = 3, #r do
-    back[#back + 1] = 'SET'; back[#back + 1] = 'i64'; back[#back + 1] = fields[j - 2]
-    back[#back + 1] = int(r[j])
-  end
-  rcall('BITFIELD', kring, unpack(back))
-end
 
--- The writes of the shadows before the `k`th undone (a later one could not be fed:
--- the mirror is dropped).
-local function undo_before(m, k)
-  for j = k - 1, 1, -1 do undo(m[j], m[j][M_BIT], m[j][M_R]) end
-end
+  local function bit_of(head)
+    local bit = int((WIN + COUNT_SLOT * head) * 8)
+    BIT[head] = bit
+    return bit
+  end
 
--- A record whose outcome changes shadow `e`'s counts (a failure, or an evicted outcome
--- of another kind; `o` the evicted slot's value, `v` the new one, `s` its slowness):
--- its trip judged (nil: it would trip, nothing written), then one BITFIELD that sets
--- the counts too. Answers the BITFIELD's answers and the new counts.
-local function write_counts(e, bit, o, v, s, fails)
-  local calls, failures, slow = e[M_CALLS] + 1, e[M_FAILS] + fails, e[M_SLOW] + s
-  if o >= PRESENT then  -- (breaker_window.evicted, inline)
-    calls, o = calls - 1, o - PRESENT
-    if o >= FAILED then failures, o = failures - 1, o - FAILED end
-    if o >= SLOW then slow = slow - 1 end
+  -- Undoes a fast write of shadow `e` (at bit offset `bit`) from the old values its
+  -- BITFIELD answered (`r`: `seen`, the slot, then the counts when it set them); a ring
+  -- the command created (it was gone: `seen` read 1) deleted.
+  local function undo(e, bit, r)
+    local kring = e[M_KRING]
+    if r[1] == 1 then
+      rcall('DEL', kring)
+      return
+    end
+    local back = {'INCRBY', 'i64', F_SEEN, '-1', 'SET', 'u32', bit, int(r[2])}
+    local fields = {F_CALLS, F_FAILS, F_SLOW, F_SEEN_F}
+    for j = 3, #r do
+      back[#back + 1] = 'SET'; back[#back + 1] = 'i64'; back[#back + 1] = fields[j - 2]
+      back[#back + 1] = int(r[j])
+    end
+    rcall('BITFIELD', kring, unpack(back))
   end
-  if calls >= e[M_MIN] and (failures * 1000000 >= e[M_FT] * calls
-                            or slow * 1000000 >= e[M_ST] * calls) then
-    return nil
-  end
-  local vs = VALUE[v] or value_text(v)
-  local r
-  if fails > 0 then
-    r = rcall('BITFIELD', e[M_KRING], 'INCRBY', 'i64', F_SEEN, '1', 'SET', 'u32', bit, vs,
-              'SET', 'i64', F_CALLS, int(calls), 'SET', 'i64', F_FAILS, int(failures),
-              'SET', 'i64', F_SLOW, int(slow), 'SET', 'i64', F_SEEN_F,
-              int(e[M_SEEN_F] + fails))
-  else
-    r = rcall('BITFIELD', e[M_KRING], 'INCRBY', 'i64', F_SEEN, '1', 'SET', 'u32', bit, vs,
-              'SET', 'i64', F_CALLS, int(calls), 'SET', 'i64', F_FAILS, int(failures),
-              'SET', 'i64', F_SLOW, int(slow))
-  end
-  return r, calls, failures, slow
-end
 
--- The usual record from the mirror `m`: one outcome, every shadow CLOSED with a count
--- window and none tripping, none due for its end or its TTL refresh: one BITFIELD per
--- shadow, which checks the mirror as it writes (INCRBY of `seen`). A success of the
--- kind of the outcome it evicts (the usual case) changes no count: the BITFIELD is that
--- INCRBY and the slot's SET, nothing more is judged. Nil when the record is not that
--- simple, false when the mirror was stale (nothing changed either way; the mirror is
--- then dropped by the caller).
-local function feed_fast(m, now, fails, ms)
-  local n_m = #m
-  local vf = PRESENT + fails * FAILED + (ms < MS_MASK and ms or MS_MASK)
-  for i = 1, n_m do
-    local e = m[i]
-    if now >= e[M_DEADLINE] or now < e[M_TTL_AT] then undo_before(m, i); return nil end
-    local s = ms > e[M_SLOW_MS] and SLOW or 0
-    local ver, ring = e[M_VER], e[M_RING]
-    local head = ver % SPAN % e[M_SIZE]
-    local o, v = ring[head], vf + s
-    local bit = BIT[head] or bit_of(head)
-    local r, calls, failures, slow
-    if fails == 0 and o - o % SLOW == v - v % SLOW then
-      r = rcall('BITFIELD', e[M_KRING], 'INCRBY', 'i64', F_SEEN, '1', 'SET', 'u32', bit,
-                VALUE[v] or value_text(v))
+  -- The writes of the shadows before the `k`th undone (a later one could not be fed:
+  -- the mirror is dropped).
+  local function undo_before(m, k)
+    for j = k - 1, 1, -1 do undo(m[j], m[j][M_BIT], m[j][M_R]) end
+  end
+
+  -- A record whose outcome changes shadow `e`'s counts (a failure, or an evicted outcome
+  -- of another kind; `o` the evicted slot's value, `v` the new one, `s` its slowness):
+  -- its trip judged (nil: it would trip, nothing written), then one BITFIELD that sets
+  -- the counts too. Answers the BITFIELD's answers and the new counts.
+  local function write_counts(e, bit, o, v, s, fails)
+    local calls, failures, slow = e[M_CALLS] + 1, e[M_FAILS] + fails, e[M_SLOW] + s
+    if o >= PRESENT then  -- (breaker_window.evicted, inline)
+      calls, o = calls - 1, o - PRESENT
+      if o >= FAILED then failures, o = failures - 1, o - FAILED end
+      if o >= SLOW then slow = slow - 1 end
+    end
+    if calls >= e[M_MIN] and (failures * 1000000 >= e[M_FT] * calls
+                              or slow * 1000000 >= e[M_ST] * calls) then
+      return nil
+    end
+    local vs = VALUE[v] or value_text(v)
+    local r
+    if fails > 0 then
+      r = rcall('BITFIELD', e[M_KRING], 'INCRBY', 'i64', F_SEEN, '1', 'SET', 'u32', bit, vs,
+                'SET', 'i64', F_CALLS, int(calls), 'SET', 'i64', F_FAILS, int(failures),
+                'SET', 'i64', F_SLOW, int(slow), 'SET', 'i64', F_SEEN_F,
+                int(e[M_SEEN_F] + fails))
     else
-      r, calls, failures, slow = write_counts(e, bit, o, v, s / SLOW, fails)
-      if not r then undo_before(m, i); return nil end
+      r = rcall('BITFIELD', e[M_KRING], 'INCRBY', 'i64', F_SEEN, '1', 'SET', 'u32', bit, vs,
+                'SET', 'i64', F_CALLS, int(calls), 'SET', 'i64', F_FAILS, int(failures),
+                'SET', 'i64', F_SLOW, int(slow))
     end
-    if r[1] ~= ver + 1 then undo(e, bit, r); undo_before(m, i); return false end
-    ring[head], e[M_VER] = v, ver + 1
-    if calls then
-      e[M_CALLS], e[M_FAILS], e[M_SLOW], e[M_SEEN_F] = calls, failures, slow,
-                                                      e[M_SEEN_F] + fails
-    end
-    if n_m > 1 then e[M_BIT], e[M_R] = bit, r end
+    return r, calls, failures, slow
   end
-  return true
+
+  -- The usual record from the mirror `m`: one outcome, every shadow CLOSED with a count
+  -- window and none tripping, none due for its end or its TTL refresh: one BITFIELD per
+  -- shadow, which checks the mirror as it writes (INCRBY of `seen`). A success of the
+  -- kind of the outcome it evicts (the usual case) changes no count: the BITFIELD is that
+  -- INCRBY and the slot's SET, nothing more is judged. Nil when the record is not that
+  -- simple, false when the mirror was stale (nothing changed either way; the mirror is
+  -- then dropped by the caller).
+  local function feed_fast(m, now, fails, ms)
+    local n_m = #m
+    local vf = PRESENT + fails * FAILED + (ms < MS_MASK and ms or MS_MASK)
+    for i = 1, n_m do
+      local e = m[i]
+      if now >= e[M_DEADLINE] or now < e[M_TTL_AT] then undo_before(m, i); return nil end
+      local s = ms > e[M_SLOW_MS] and SLOW or 0
+      local ver, ring = e[M_VER], e[M_RING]
+      local head = ver % SPAN % e[M_SIZE]
+      local o, v = ring[head], vf + s
+      local bit = BIT[head] or bit_of(head)
+      local r, calls, failures, slow
+      if fails == 0 and o - o % SLOW == v - v % SLOW then
+        r = rcall('BITFIELD', e[M_KRING], 'INCRBY', 'i64', F_SEEN, '1', 'SET', 'u32', bit,
+                  VALUE[v] or value_text(v))
+      else
+        r, calls, failures, slow = write_counts(e, bit, o, v, s / SLOW, fails)
+        if not r then undo_before(m, i); return nil end
+      end
+      if r[1] ~= ver + 1 then undo(e, bit, r); undo_before(m, i); return false end
+      ring[head], e[M_VER] = v, ver + 1
+      if calls then
+        e[M_CALLS], e[M_FAILS], e[M_SLOW], e[M_SEEN_F] = calls, failures, slow,
+                                                        e[M_SEEN_F] + fails
+      end
+      if n_m > 1 then e[M_BIT], e[M_R] = bit, r end
+    end
+    return true
+  end
+
+  -- The record, from the mirror when it can: true when it fed the shadows (`feeds`:
+  -- the library's feeds so far).
+  local function fed(kstate, feeds, now, ok, fails, ms)
+    local m = MIRROR[kstate]
+    if not m then return false end
+    local done
+    if ok + fails == 1 then done = feed_fast(m, now, fails, ms) end
+    if done then return true end
+    if done == false then
+      if N_COOLING >= 256 then COOLING, N_COOLING = {}, 0 end
+      COOLING[kstate], N_COOLING = feeds + COOL, N_COOLING + 1
+    end
+    MIRROR[kstate], N_MIRROR = nil, N_MIRROR - 1
+    return false
+  end
+
+  -- After the general way fed one outcome to shadows `list` (feed_general's): mirrored,
+  -- unless the breaker's mirror went stale lately.
+  local function after(kstate, feeds, list)
+    local cool = COOLING[kstate]
+    if cool and feeds < cool then return end
+    COOLING[kstate] = nil
+    mirror(kstate, list)
+  end
+
+  -- A breaker's mirror dropped (its shadows set, cleared or ended here).
+  local function forget(kstate)
+    if MIRROR[kstate] then MIRROR[kstate], N_MIRROR = nil, N_MIRROR - 1 end
+  end
+
+  return {fed = fed, after = after, forget = forget}
 end
+
+local mirrors  -- make_mirror's functions (a library's: never made under EVAL)
+local feeds = 0  -- this library's feeds (under EVAL: 0 at every call's)
 
 -- Feeds every shadow of the breaker whose state record is `kstate` one record's
 -- outcomes: from the mirror when it can (one BITFIELD per shadow), else the general
 -- way (after which a library mirrors the breaker's shadows, when they are all CLOSED
 -- with count windows and the record was one outcome).
 local function feed(kstate, now, micros, ok, fails, slows, ms)
-  local warm = feeds > 0
   feeds = feeds + 1
-  local m = MIRROR[kstate]
-  if m then
-    local fed
-    if ok + fails == 1 then fed = feed_fast(m, now, fails, ms) end
-    if fed then return end
-    if fed == false then
-      if N_COOLING >= 256 then COOLING, N_COOLING = {}, 0 end
-      COOLING[kstate], N_COOLING = feeds + COOL, N_COOLING + 1
-    end
-    MIRROR[kstate], N_MIRROR = nil, N_MIRROR - 1
+  if feeds > 1 then
+    mirrors = mirrors or make_mirror(layout, record_codec)
+    if mirrors.fed(kstate, feeds, now, ok, fails, ms) then return end
   end
   local list = feed_general(kstate, now, micros, ok, fails, slows, ms)
-  if warm and list and ok + fails == 1 then
-    local cool = COOLING[kstate]
-    if cool and feeds < cool then return end
-    COOLING[kstate] = nil
-    mirror(kstate, list)
-  end
+  if mirrors and list and ok + fails == 1 then mirrors.after(kstate, feeds, list) end
 end
 
 -- A breaker's mirror dropped (its shadows set, cleared or ended here).
 local function forget(kstate)
-  if MIRROR[kstate] then MIRROR[kstate], N_MIRROR = nil, N_MIRROR - 1 end
+  if mirrors then mirrors.forget(kstate) end
 end
 
 -- A hello's declared shadows: ARGV[2] '<fp>@<worker>#<shadow>=<wire>|...' split into
@@ -1567,7 +1601,7 @@ local function put(kstate, k, slots, slot, shadow, c, wire, until_ms, source, ac
       local kr = ring_key(kstate, other)
       if rcall('EXISTS', kr) == 1 then
         local seen = decode(read_hdr(kr), HOT_N, 8)[8]
-        rcall('BITFIELD', kr, 'SET', 'i64', F_SEEN, int(next_epoch(seen) + seen % SPAN))
+        rcall('BITFIELD', kr, 'SET', 'i64', '448', int(next_epoch(seen) + seen % SPAN))  -- (seen)
       end
     end
   end
