@@ -19,6 +19,7 @@ _FLAVOURED = {
     "ComponentHealth": (".registry", "ComponentHealth"),
     "GaneshaBreaker": (".ganesha.sync", "GaneshaBreaker"),
     "Policy": (".policy.sync", "Policy"),
+    "Pool": (".pool.sync", "Pool"),
     "RateLimiter": (".ratelimiter.sync", "RateLimiter"),
     "Registry": (".registry", "Registry"),
     "RegistryConfigError": (".registry", "RegistryConfigError"),
@@ -36,13 +37,14 @@ if TYPE_CHECKING:
     from .bulkhead.sync import Bulkhead
     from .ganesha.sync import GaneshaBreaker
     from .policy.sync import Policy
+    from .pool.sync import Pool
     from .ratelimiter.sync import RateLimiter
     from .registry import ComponentHealth, Registry, RegistryConfigError, RegistryHealth, health
     from .retry.sync import Retry
 
     __all__ = [*_shared, "Bulkhead", "CircuitBreaker", "ComponentHealth", "GaneshaBreaker",
-               "Policy", "RateLimiter", "Registry", "RegistryConfigError", "RegistryHealth",
-               "Retry", "RetryBudget", "health"]
+               "Policy", "Pool", "RateLimiter", "Registry", "RegistryConfigError",
+               "RegistryHealth", "Retry", "RetryBudget", "health"]
 
 
 def __getattr__(name: str) -> Any:

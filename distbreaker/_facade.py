@@ -33,6 +33,7 @@ from .errors import (
     DistbreakerError,
     InjectedFault,
     InjectedRejection,
+    NoPoolMember,
     Overloaded,
     RedisUnavailable,
     RequestNotPermitted,
@@ -41,6 +42,8 @@ from .errors import (
 )
 from .ganesha.config import GaneshaConfig, GaneshaEvent
 from .policy.core import AttemptTimeout
+from .pool.config import PoolConfig
+from .pool.core import MemberChange, MemberStatus, Pick, PoolStatus
 from .ratelimiter.config import RateLimiterConfig
 from .ratelimiter.core import RateLimiterMetrics
 from .retry.config import Jitter, RetryConfig
@@ -69,9 +72,15 @@ __all__ = [
     "InjectedFault",
     "InjectedRejection",
     "Jitter",
+    "MemberChange",
+    "MemberStatus",
     "Metrics",
+    "NoPoolMember",
     "Outcome",
     "Overloaded",
+    "Pick",
+    "PoolConfig",
+    "PoolStatus",
     "RateLimiterConfig",
     "RateLimiterMetrics",
     "RecordMode",

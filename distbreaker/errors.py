@@ -135,6 +135,17 @@ class RequestNotPermitted(DistbreakerError):
                          f"retry after {self.retry_after:.3f}s")
 
 
+class NoPoolMember(DistbreakerError, LookupError):
+    """`Pool.pick()` found no member to choose: the pool has none (in Redis, and none in
+    this process's config or `set_members()`), or every one was avoided."""
+
+    _fields = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"pool {name!r} has no member to pick")
+
+
 class RedisUnavailable(DistbreakerError, RedisConnectionError):
     """Redis could not serve a read or an operator action of `component` (e.g.
     "circuit breaker 'payments'"); the Redis error is the ``__cause__``.

@@ -20,7 +20,6 @@ import dataclasses
 import functools
 import json
 import math
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -109,6 +108,7 @@ class NameKeys:
     rl: str
 
     @classmethod
+    @functools.lru_cache(maxsize=16384)  # immutable; the dashboard reads the same names often
     def build(cls, name: str, prefix: str, schema: str = V2) -> NameKeys:
         bk, hk, rk = (BreakerKeys.build(name, prefix), BulkheadKeys.build(name, prefix),
                       BudgetKeys.build(name, prefix))
@@ -116,7 +116,8 @@ class NameKeys:
               "history": bk.history, "bh_leases": hk.leases, "bh_meta": hk.meta,
               "bh_notify": hk.notify, "rb": rk.slices, "fw": f"{bk.state}:fw",
               "rl": RateLimiterKeys.build(name, prefix).bucket}
-        keys = {role: _in_schema(key, prefix, schema) for role, key in v2.items()}
+        keys = v2 if schema == V2 else {role: _in_schema(key, prefix, schema)
+                                        for role, key in v2.items()}
         if schema == V1:
             keys["meta"] = keys["state"] + ":win"
         return cls(schema=schema, **keys)
@@ -130,10 +131,11 @@ class NameKeys:
                 self.rl: "hash"}
 
     def unread(self, parts: Iterable[str]) -> dict[str, str]:
-        """The keys of `parts` a summary does not read (the history, the quorum marks,
-        the waiters' list), with their types: `ls` asks their TYPE so that a foreign
-        type there is an error row too."""
-        wanted = {"breaker": (self.history, self.fw), "bulkhead": (self.bh_notify,)}
+        """The keys of `parts` a summary does not read (the history, the waiters' list;
+        v1: the quorum marks, which a v2 summary reads), with their types: `ls` asks
+        their TYPE so that a foreign type there is an error row too."""
+        unread = (self.history,) if self.schema == V2 else (self.history, self.fw)
+        wanted = {"breaker": unread, "bulkhead": (self.bh_notify,)}
         types = self.expected_types()
         return {key: types[key] for part in parts for key in wanted.get(part, ())}
 
@@ -159,12 +161,16 @@ def name_from_key(key: str, prefix: str, schema: str = V2) -> tuple[str, str] | 
     head = schema_namespace(prefix, schema) + ":{"
     if not key.startswith(head):
         return None
-    suffixes = _SUFFIXES[schema]
-    for suffix in sorted(suffixes, key=len, reverse=True):
-        tail = "}" + suffix
+    for tail, component in _TAILS[schema]:
         if key.endswith(tail) and len(key) > len(head) + len(tail):
-            return key[len(head):-len(tail)], suffixes[suffix]
+            return key[len(head):-len(tail)], component
     return None
+
+
+#: Per key schema, ("}" + suffix, component), longest suffix first (`name_from_key`).
+_TAILS = {schema: [("}" + suffix, suffixes[suffix])
+                   for suffix in sorted(suffixes, key=len, reverse=True)]
+          for schema, suffixes in _SUFFIXES.items()}
 
 
 def key_schema(key: str, prefix: str) -> str | None:
@@ -172,10 +178,14 @@ def key_schema(key: str, prefix: str) -> str | None:
     return next((s for s in SCHEMAS if name_from_key(key, prefix, s) is not None), None)
 
 
+def scan_pattern(prefix: str, schema: str = V2) -> str:
+    """The SCAN MATCH pattern of every name's keys in `schema` under `prefix`."""
+    return _glob_escape(schema_namespace(prefix, schema)) + ":{*"
+
+
 def _scan_raw(client: Any, prefix: str, count: int, schema: str = V2) -> Iterator[Any]:
     """The keys as the client returns them (bytes, unless it decodes responses)."""
-    pattern = _glob_escape(schema_namespace(prefix, schema)) + ":{*"
-    kwargs: dict[str, Any] = {"match": pattern, "count": count}
+    kwargs: dict[str, Any] = {"match": scan_pattern(prefix, schema), "count": count}
     if is_cluster(client):
         kwargs["target_nodes"] = client.PRIMARIES
     yield from client.scan_iter(**kwargs)
@@ -199,21 +209,30 @@ def scan(client: Any, prefix: str, count: int = SCAN_COUNT, legacy: bool = True)
     valid names and foreign name parts."""
     found = Scan()
     for schema in SCHEMAS if legacy else (V2,):
-        names = found.names if schema == V2 else found.legacy
         for raw in _scan_raw(client, prefix, count, schema):
-            key = text(raw)
-            parsed = name_from_key(key, prefix, schema)
-            if parsed is None:
-                continue
-            name, component = parsed
-            if (name in found.invalid or _invalid_name(name) is not None
-                    or not _utf8(raw)):  # its name part was decoded with replacement chars
-                found.invalid.setdefault(name, []).append(key)
-            else:
-                names.setdefault(name, set()).add(component)
+            sort_key(found, raw, prefix, schema)
     for keys in found.invalid.values():
         keys.sort()
     return found
+
+
+def sort_key(found: Scan, raw: Any, prefix: str, schema: str = V2) -> None:
+    """Add one scanned key (as the client returned it) of `schema` to `found`: its name's
+    components, or its invalid name part (the dashboard scans a step at a time)."""
+    key = text(raw)
+    parsed = name_from_key(key, prefix, schema)
+    if parsed is None:
+        return
+    name, component = parsed
+    names = found.names if schema == V2 else found.legacy
+    known = names.get(name)  # a name is checked once, not once per key
+    if known is not None and _utf8(raw):
+        known.add(component)
+    elif (name in found.invalid or _invalid_name(name) is not None
+            or not _utf8(raw)):  # its name part was decoded with replacement chars
+        found.invalid.setdefault(name, []).append(key)
+    else:
+        names.setdefault(name, set()).add(component)
 
 
 def scan_names(client: Any, prefix: str,
@@ -379,32 +398,42 @@ def decode_rollout(raw: Mapping[Any, Any], in_force: int, wire: str,
     minute, in force first, then newest deployment first; and how the config in force
     got there (None for a record without one)."""
     h = {text(k): text(v) for k, v in raw.items()}
-    workers: Counter[str] = Counter()
+    workers: dict[str, int] = {}  # (a dict: `ls` decodes this for thousands of names)
+    fps: set[str] = set()
     for field, value in h.items():
-        if field.startswith("w:"):
+        kind = field[:2]
+        if kind == "w:":
             fp, _, seen = value.partition(":")
             if now_ms - _int_or(seen, 0) <= ROLLOUT_LIVE_MS:
-                workers[fp] += 1
-    fps = {f[2:] for f in h if f.startswith(("c:", "d:"))} | set(workers)
+                workers[fp] = workers.get(fp, 0) + 1
+                fps.add(fp)
+        elif kind in ("c:", "d:"):
+            fps.add(field[2:])
+    forced = str(in_force)
     if in_force:
-        fps.add(str(in_force))
+        fps.add(forced)
     configs = []
     for fp in fps:
-        config_wire = h.get(f"c:{fp}") or (wire if fp == str(in_force) else "")
-        try:
-            version = BreakerConfig.from_wire(config_wire).config_version if config_wire \
-                else None
-        except ValueError:
-            version = None
+        config_wire = h.get(f"c:{fp}") or (wire if fp == forced else "")
+        version = _config_version(config_wire) if config_wire else None
         configs.append({"fingerprint": fp, "wire": config_wire or None, "version": version,
                         "deployed_at_ms": _int_or(h.get(f"d:{fp}", "0"), 0) or None,
-                        "workers": workers[fp], "in_force": fp == str(in_force)})
+                        "workers": workers.get(fp, 0), "in_force": fp == forced})
     configs.sort(key=lambda c: (not c["in_force"], -(c["deployed_at_ms"] or 0)))
     if not in_force:
         return configs, None
     return configs, {"fingerprint": str(in_force),
                      "since_ms": _int_or(h.get("f:at", "0"), 0) or None,
                      "why": h.get("f:why") or None, "actor": h.get("f:actor") or None}
+
+
+@functools.lru_cache(maxsize=256)
+def _config_version(wire: str) -> int | None:
+    """A wire string's `config_version` (None: not a config); a fleet has few wires."""
+    try:
+        return BreakerConfig.from_wire(wire).config_version
+    except ValueError:
+        return None
 
 
 def decode_quorum(breaker: Mapping[str, Any], marks: Mapping[Any, Any],
@@ -769,7 +798,10 @@ def decode_rate_limiter(raw: Mapping[Any, Any], now_ms: int) -> dict[str, Any]:
         "limit_for_period": limit, "limit_refresh_period_ms": period, "burst": burst,
         "overridden": overridden, "available": None, "reserved_ahead_ms": None,
         "calls": num("calls") or 0, "permits": num("permits") or 0,
-        "waited": num("waited") or 0, "rejected": num("rejected") or 0}
+        "waited": num("waited") or 0, "rejected": num("rejected") or 0,
+        # the last operator change of the limit (`distbreaker limit`), if one was recorded
+        "changed_reason": f.get("why"), "changed_by": f.get("by"),
+        "changed_at_ms": num("at") if "at" in f else None}
     tat = num("tat")
     if limit and period and burst and limit > 0 and period > 0 and tat is not None:
         backlog = max(0, tat - now_ms * 1000)
@@ -831,7 +863,7 @@ def _summaries(client: Any, prefix: str, items: Sequence[tuple[str, frozenset[st
                schema: str = V2) -> list[dict[str, Any]]:
     now_ms = server_now_ms(client)
     pipe = client.pipeline(transaction=False)
-    plan: list[list[str]] = []
+    plan: list[tuple[NameKeys, list[str]]] = []
     for name, parts in items:
         keys = NameKeys.build(name, prefix, schema)
         steps = []
@@ -863,23 +895,23 @@ def _summaries(client: Any, prefix: str, items: Sequence[tuple[str, frozenset[st
         for key in keys.unread(parts):
             pipe.type(key)
             steps.append(f"type {key}")
-        plan.append(steps)
+        plan.append((keys, steps))
     replies = iter(pipe.execute(raise_on_error=False))
     rows = []
-    for (name, _), steps in zip(items, plan, strict=True):
+    for (name, _), (keys, steps) in zip(items, plan, strict=True):
         got = {step: next(replies) for step in steps}
-        rows.append(_summary(client, prefix, name, got, now_ms, schema))
+        rows.append(_summary(client, prefix, name, got, now_ms, schema, keys))
     return rows
 
 
 def _summary(client: Any, prefix: str, name: str, got: dict[str, Any],
-             now_ms: int, schema: str = V2) -> dict[str, Any]:
+             now_ms: int, schema: str = V2, keys: NameKeys | None = None) -> dict[str, Any]:
     row = _empty_row(name, schema)
     if any(isinstance(v, Exception) for v in got.values()):
         row["error"] = _explain_types(client, prefix, name, schema) or next(
             str(v) for v in got.values() if isinstance(v, Exception))
         return row
-    keys = NameKeys.build(name, prefix, schema)
+    keys = keys or NameKeys.build(name, prefix, schema)
     expected = keys.expected_types()
     errors = [f"key {step[5:]} holds a {text(found)}, expected a {expected[step[5:]]}"
               for step, found in got.items() if step.startswith("type ")
@@ -927,6 +959,91 @@ def _summary(client: Any, prefix: str, name: str, got: dict[str, Any],
             errors.append(_content_error(name, exc, key))
     row["error"] = "; ".join(errors) or None
     return row
+
+
+# -- many names: selectors, a brief read to filter and rank, then full rows ----------
+GLOB_CHARS = "*?["
+
+
+def is_selector(text: str) -> bool:
+    """Whether an operator's NAME is a glob over names (``llm:*``, ``tenant:?``)."""
+    return any(c in text for c in GLOB_CHARS)
+
+
+def matching(names: Iterable[str], patterns: Sequence[str]) -> list[str]:
+    """The names any of the glob `patterns` matches (fnmatch, case-sensitive: ``*``, ``?``,
+    ``[abc]``; ``[*]`` for a literal ``*``), sorted."""
+    import fnmatch
+    import re
+
+    if not patterns:
+        return sorted(names)
+    match = re.compile("|".join(fnmatch.translate(p) for p in patterns)).match
+    return sorted(n for n in names if match(n))
+
+
+#: The breaker field `ls --top N --by ...` ranks by, highest first.
+RANK_FIELDS = {"failure-rate": "failure_rate", "slow-rate": "slow_rate",
+               "rejections": "rejected", "calls": "calls"}
+
+
+def read_brief(client: Any, prefix: str, names: Iterable[str],
+               batch: int = 1000) -> dict[str, dict[str, Any] | None]:
+    """Per name (key schema v2), its breaker dict as `ls` shows it, without the parts a
+    summary adds from other keys (probe leases, quorum marks, rollout): two commands per
+    name (GETRANGE of the state record's header, HGETALL of its meta hash), so thousands
+    of names can be filtered by state or ranked before the few shown are read in full.
+    None: no state record, or foreign data (the full read names it)."""
+    names = list(names)
+    now_ms = server_now_ms(client)
+    out: dict[str, dict[str, Any] | None] = {}
+    for i in range(0, len(names), batch):
+        chunk = names[i:i + batch]
+        pipe = client.pipeline(transaction=False)
+        for name in chunk:
+            keys = BreakerKeys.build(name, prefix)
+            queue_raw(pipe, keys.state, state_record.WINDOW_OFFSET - 1)
+            pipe.hmget(keys.meta, list(_META_FIELDS))
+        replies = pipe.execute(raise_on_error=False)
+        for j, name in enumerate(chunk):
+            record, meta = replies[2 * j], replies[2 * j + 1]
+            out[name] = None
+            if not record or isinstance(record, Exception) or isinstance(meta, Exception):
+                continue
+            fields = {k: v for k, v in zip(_META_FIELDS, meta, strict=True) if v is not None}
+            try:
+                out[name] = decode_state_record(name, record, fields, now_ms)
+            except _FOREIGN_CONTENT:
+                pass
+    return out
+
+
+def rank(briefs: Mapping[str, dict[str, Any] | None], by: str, top: int) -> list[str]:
+    """The `top` names with the highest `by` (a `RANK_FIELDS` key), ties by name; names
+    without a breaker are not ranked."""
+    field = RANK_FIELDS[by]
+    ranked = sorted((n for n, b in briefs.items() if b is not None),
+                    key=lambda n: (-(briefs[n][field] or 0), n))  # type: ignore[index]
+    return ranked[:top]
+
+
+def rank_key(row: Mapping[str, Any], by: str) -> tuple[float, str]:
+    """Sort key of a full row for `by`, as `rank` orders names (highest first)."""
+    breaker = row.get("breaker") or {}
+    return -(breaker.get(RANK_FIELDS[by]) or 0), row["name"]
+
+
+def rank_rows(client: Any, prefix: str, names: Mapping[str, Iterable[str]] | Iterable[str],
+              by: str, top: int) -> list[dict[str, Any]]:
+    """The full summary rows of the `top` names with the highest `by`: a brief read of
+    every name ranks them, then only those are read in full (and ordered by what that
+    read found)."""
+    parts = ({n: frozenset(p) for n, p in names.items()} if isinstance(names, Mapping)
+             else dict.fromkeys(names, _ALL))
+    briefs = read_brief(client, prefix, [n for n, p in parts.items() if "breaker" in p])
+    chosen = rank(briefs, by, top)
+    return sorted(read_summaries(client, prefix, {n: parts[n] for n in chosen}),
+                  key=lambda r: rank_key(r, by))
 
 
 #: Scores and counters above this are no server time nor count distbreaker writes.

@@ -100,6 +100,7 @@ local reason_now, actor_now
 local dirty_half_open, dirty_window, dirty_state, dirty_counters, dirty_config
 local meta_reason, meta_cfg, meta_drift, clear_drift, cfg_store, drift
 local clear_ring, n_count_slots, count_slots_from, time_slot_at, time_slot_values, n_evict
+local time_slot_fresh
 local clear_probes, probe_add, probe_rem, live_count, undo_bit, undo_value
 local transitions, events, permitted, quorum_mark, quorum_blocked, clear_quorum_marks
 local count_slot_values = {}
@@ -109,6 +110,12 @@ local arg_fp_text, hello_worker, hello_bye, rollout_writes, adopted_why, adopted
 -- shadow configs (lua/lib/breaker_shadow.lua): a record's counts to feed them, a hello's
 -- declared shadows
 local shadow_feed, shadow_decl
+local rehello_due
+-- The names derived from the last state key (kept across calls: a worker calls the
+-- same few breakers, and building the strings costs more than comparing one).
+-- (one table: `begin` is near Lua's limit of 60 upvalues per function)
+local derived = {}
+local fp_compared, fp_text = nil, nil  -- the stored fingerprint and its text (kept)
 
 -- Run only on error paths and before cold-path writes (TYPE costs a command).
 local schema_error, foreign_type, args_error = prelude.schema_error, prelude.foreign_type,
@@ -333,7 +340,8 @@ local function evict_time_buckets()
     -- counts: nothing to zero (after the clock went back, some would count again)
     if not zero then clear_ring = false end
   end
-  window_sec, dirty_window = sec, true
+  -- this second's slot held an earlier second (window_sec < sec): it starts from zero
+  window_sec, dirty_window, time_slot_fresh = sec, true, true
 end
 
 -- Count window: one outcome goes by BITFIELD SET (the call's first write, through
@@ -365,7 +373,7 @@ local function record_window(ok, fails, slows, ms)
   if ok + fails <= 0 then return end
   if window_type == 0 then return record_count(ok, fails, slows, ms) end
   time_slot_at, time_slot_values = record_time(
-    K_STATE, now, window_size, clear_ring, ok + fails, fails, slows, ms)
+    K_STATE, now, window_size, clear_ring or time_slot_fresh, ok + fails, fails, slows, ms)
   calls, failures, slow, total_ms = calls + ok + fails, failures + fails, slow + slows,
                                     total_ms + ms
   dirty_window = true
@@ -647,6 +655,22 @@ local function reply_numbers()
   return wait_ms, in_flight
 end
 
+-- Whether quorum marks may exist to clear with the window: the caller's config asks
+-- for a quorum (config field 20 > 1), or another config governed or was stored (drift,
+-- adopted this call: a stored one may have). Else no client sends marks, and the DEL
+-- is spared (a window restarts after every idle gap of a TIME window's length).
+local QUORUM_OF, QUORUM_N = {}, 0  -- wire string -> needed workers (a library keeps them)
+local function quorum_possible()
+  if drift == 1 or cfg_store or meta_drift then return true end
+  local needed = QUORUM_OF[cfg_wire]
+  if not needed then
+    needed = tonumber(breaker_config.field(cfg_wire, 20) or '') or 1
+    if QUORUM_N >= 64 then QUORUM_OF, QUORUM_N = {}, 0 end
+    QUORUM_OF[cfg_wire], QUORUM_N = needed, QUORUM_N + 1
+  end
+  return needed > 1
+end
+
 -- The meta hash (after the state record).
 local function write_meta()
   if meta_reason or meta_cfg or meta_drift or clear_drift then
@@ -661,18 +685,24 @@ local function write_others(refresh)
     breaker_rollout.write(K_STATE .. ':cfgs', rollout_writes, adopted_why,
                           op == 'set' and argv[8] or '',
                           int(fp), cfg_wire, adopted_deploy, now, ttl_ms)
+  elseif rehello_due then
+    breaker_rollout.rehello(derived.cfgs, hello_worker, fp_text, cfg_wire, now, ttl_ms)
   end
-  if clear_quorum_marks or quorum_mark then
+  if (clear_quorum_marks and quorum_possible()) or quorum_mark then
     breaker_persist.write_quorum_marks(K_STATE, clear_quorum_marks, quorum_mark, now, ttl_ms)
   end
   if clear_probes or probe_add or probe_rem then
     breaker_persist.write_probes(K_PROBES, clear_probes, probe_add, probe_rem, now, lease_ms)
   end
   if refresh then
-    -- an override or a long OPEN wait keeps the keys for key_ttl past its end
-    local held, open_until = override_until, cold().open_until
-    if s_state == 'OPEN' and open_until > held then held = open_until end
-    return breaker_persist.refresh_ttls(K_STATE, K_META, K_PROBES, now, ttl_ms, held)
+    -- an override or a long OPEN wait keeps the keys for key_ttl past its end (the
+    -- cold group is read for it only when OPEN); the probe leases matter only in
+    -- HALF_OPEN (and an OPEN that followed it): elsewhere they were cleared, or expire
+    local held = override_until
+    if s_state == 'OPEN' and cold().open_until > held then held = cold().open_until end
+    return breaker_persist.refresh_ttls(K_STATE, K_META,
+                                        (s_state == 'HALF_OPEN' or s_state == 'OPEN')
+                                        and K_PROBES, derived.cfgs, now, ttl_ms, held)
   end
   if probe_add and (live_count or 0) == 0 then rcall('PEXPIRE', K_PROBES, int(ttl_ms)) end
   -- (a stored config too: the first worker after an operator made the record creates meta)
@@ -742,7 +772,6 @@ local function finish()
 end
 
 -- Adopting or comparing configs --------------------------------------------------
-local fp_compared, fp_text = nil, nil
 
 -- The caller's config replaces the stored one (a rollout's rule, or an operator's
 -- `config adopt`): thresholds, waits and probes take effect at once and keep the
@@ -775,11 +804,11 @@ local function say_hello(mine, stored, stored_wire)
 end
 
 -- After `load`: decides which config governs and what to store.
--- A worker's hello when its config is the one in force (an error reply, or nil).
+-- A worker's hello when its config is the one in force: it decides nothing, so it is
+-- made after the state record (`rehello_due`, in write_others: one HSET, usually).
 local function hello_in_force()
-  if not hello_worker then return nil end
-  local _, err = say_hello(fp_text, fp_text, cfg_wire)
-  return err
+  if hello_worker then rehello_due = true end
+  return nil
 end
 
 local function settle_config()
@@ -866,22 +895,19 @@ end
 
 local server_time = breaker_hot.server_time  -- the server time in ms, and its microseconds
 
--- The names derived from the last state key (kept across calls: a worker calls the
--- same few breakers, and building the strings costs more than comparing one).
-local derived_for, derived_meta, derived_probes, derived_hist
-
 local function begin(keys, args, given_now, given_micros)
   -- KEYS[2..4] may be left out: they are the state key plus ':meta', ':probes',
   -- ':events' (fewer arguments per call; every key shares the name's hash tag)
   K_STATE = keys[1]
-  if K_STATE ~= derived_for then
-    derived_for, derived_meta, derived_probes, derived_hist = K_STATE, K_STATE .. ':meta',
-                                                              K_STATE .. ':probes',
-                                                              K_STATE .. ':events'
+  local d = derived
+  if K_STATE ~= d.state then
+    d.state, d.meta, d.probes, d.hist = K_STATE, K_STATE .. ':meta', K_STATE .. ':probes',
+                                        K_STATE .. ':events'
+    d.cfgs = K_STATE .. ':cfgs'
   end
-  K_META = keys[2] or derived_meta
-  K_PROBES = keys[3] or derived_probes
-  K_HIST = keys[4] or derived_hist
+  K_META = keys[2] or d.meta
+  K_PROBES = keys[3] or d.probes
+  K_HIST = keys[4] or d.hist
   argv = args
   op, cfg_wire, name, channel = args[1], args[3], args[4], args[5]
   arg_fp_text = args[2] or ''
@@ -893,8 +919,8 @@ local function begin(keys, args, given_now, given_micros)
   elseif hello_worker then
     hello_worker, hello_bye = nil, false
   end
-  if rollout_writes or adopted_why then
-    rollout_writes, adopted_why, adopted_deploy = nil, nil, nil
+  if rollout_writes or adopted_why or rehello_due then
+    rollout_writes, adopted_why, adopted_deploy, rehello_due = nil, nil, nil, nil
   end
   if given_now then  -- a merged call (lua/finish.lua) read TIME once for all its calls
     now, micros = given_now, given_micros
@@ -907,6 +933,7 @@ local function begin(keys, args, given_now, given_micros)
                                                                              false, false
   meta_reason, meta_cfg, meta_drift, clear_drift = false, false, false, false
   clear_ring, n_count_slots, time_slot_at, time_slot_values, n_evict = false, 0, nil, nil, 0
+  time_slot_fresh = false
   clear_probes, probe_add, probe_rem, live_count = false, nil, nil, nil
   undo_bit, undo_value = nil, nil
   transitions, events, quorum_mark, quorum_blocked, clear_quorum_marks = nil, nil, nil, nil, false

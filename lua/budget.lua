@@ -42,7 +42,8 @@
 --   deposits, withdrawals: D and W over the live window
 --   drift: 1 when the stored geometry differs from ARGV[4]/ARGV[5] (stored wins)
 -- Errors: "DISTBREAKER_SCHEMA <key> ..." (foreign data), "DISTBREAKER_ARGS ...".
--- Commands on the hot path (same slice, no drift): TIME, HMGET, HSET.
+-- Commands on the hot path (same slice, no drift): TIME, HMGET, HSET; a deposit that
+-- starts a slice: TIME, HMGET, HMGET (the slices that left), HDEL, HSET, PEXPIRE.
 -- (Globals are looked up per call: while a library loads, Redis hides them.)
 
 
@@ -92,6 +93,47 @@ local function parse_geometry(a2, a3, a4, a5)
   return parsed
 end
 
+-- The slices that leave the window when the newest moves from slice `head` to `cur`
+-- (> head): their fields that exist (for one HDEL; nil: none) and the totals less
+-- their counts. O(1) commands at any gap (a loop of HMGET + HDEL per slice cost 2
+-- commands per slice that passed). After a gap of one or two slices (calls every
+-- second or so) one HMGET of their fields; after a longer one, when most of those
+-- seconds had no call, one HGETALL: it answers only the fields that exist, and
+-- building an id's text costs more than reading a field.
+local function leaving(K, head, cur, n, D, W)
+  local fields, k = {}, 0
+  local first, last = head - n + 1, cur - n
+  if cur - head > 2 then
+    local all = redis.call('HGETALL', K)
+    local whole = cur - head >= n
+    for i = 1, #all, 2 do
+      local f = all[i]
+      local kind = string.sub(f, 1, 2)
+      if kind == 'd:' or kind == 'w:' then
+        local id = tonumber(string.sub(f, 3))
+        if id and (whole or (id >= first and id <= last)) then
+          fields[k + 1], k = f, k + 1
+          if not whole then
+            if kind == 'd:' then D = D - (tonumber(all[i + 1]) or 0)
+            else W = W - (tonumber(all[i + 1]) or 0) end
+          end
+        end
+      end
+    end
+    if whole then D, W = 0, 0 end
+    if k == 0 then fields = nil end
+    return fields, D, W
+  end
+  for id = first, last do
+    fields[k + 1], fields[k + 2], k = 'd:' .. id, 'w:' .. id, k + 2
+  end
+  local old = redis.call('HMGET', K, unpack(fields))
+  for i = 1, k, 2 do
+    D, W = D - (tonumber(old[i]) or 0), W - (tonumber(old[i + 1]) or 0)
+  end
+  return fields, D, W
+end
+
 -- The hot path: a deposit within the current slice of a hash whose geometry matches
 -- (compared as the text the general path writes); the general path's result with no
 -- eviction to do. nil: not that case (nothing written), the general path decides.
@@ -105,7 +147,7 @@ local function fast_deposit(K, g, amount, now, quiet)
     last_slice, last_cs, last_dk = cur, cs, dk
   end
   local raw = redis.pcall('HMGET', K, 'v', 'slice_ms', 'n', 'head', 'D', dk, 'W')
-  if raw['err'] or raw[1] ~= '1' or raw[2] ~= g[6] or raw[3] ~= g[7] or raw[4] ~= cs then
+  if raw['err'] or raw[1] ~= '1' or raw[2] ~= g[6] or raw[3] ~= g[7] then
     return nil
   end
   local D, dh, W = tonumber(raw[5]), tonumber(raw[6] or 0), tonumber(raw[7])
@@ -114,8 +156,24 @@ local function fast_deposit(K, g, amount, now, quiet)
   if not (D and W and dh) then return nil end
   local sum = D + W + dh
   if not (sum < BIG and sum > -BIG) then return nil end
-  D, dh = D + amount, dh + amount
-  redis.call('HSET', K, 'D', string.format('%d', D), dk, string.format('%d', dh))
+  if raw[4] ~= cs then
+    -- a new slice (the usual deposit after a second or more): the slices that left
+    -- go, and the whole header is written with the TTL, as the general path does
+    local head = tonumber(raw[4])
+    if not exact(head) or head >= cur or raw[6] then return nil end
+    local gone
+    gone, D, W = leaving(K, head, cur, g[4], D, W)
+    if not (exact(D) and exact(W)) then return nil end  -- (nothing written yet)
+    D = D + amount
+    if gone then redis.call('HDEL', K, unpack(gone)) end
+    redis.call('HSET', K, 'head', cs, 'D', string.format('%d', D), 'W', string.format('%d', W),
+               'ppm', string.format('%d', g[1]), 'reserve', string.format('%d', g[2]),
+               dk, string.format('%d', amount))
+    redis.call('PEXPIRE', K, (g[4] + 1) * g[5])
+  else
+    D, dh = D + amount, dh + amount
+    redis.call('HSET', K, 'D', string.format('%d', D), dk, string.format('%d', dh))
+  end
   if quiet then return 0 end
   return {1, math.floor((g[2] + g[1] * D) / 1000000) - W, D, W, now, 0}
 end
@@ -182,17 +240,9 @@ return function(KEYS, ARGV, given_now)
   if head == nil then
     head, dh, wh = cur, 0, 0
   elseif cur > head then
-    if cur - head >= n then
-      for id = head - n + 1, head do redis.call('HDEL', K, 'd:' .. id, 'w:' .. id) end
-      D, W = 0, 0
-    else
-      for id = head - n + 1, cur - n do
-        local old = redis.call('HMGET', K, 'd:' .. id, 'w:' .. id)
-        D = D - (tonumber(old[1]) or 0)
-        W = W - (tonumber(old[2]) or 0)
-        redis.call('HDEL', K, 'd:' .. id, 'w:' .. id)
-      end
-    end
+    local gone
+    gone, D, W = leaving(K, head, cur, n, D, W)
+    if gone then redis.call('HDEL', K, unpack(gone)) end
     head, dh, wh, moved = cur, 0, 0, true
   elseif cur == head and drift == 0 then
     dh, wh = tonumber(raw[7]) or 0, tonumber(raw[8]) or 0

@@ -39,6 +39,7 @@ import dataclasses
 import json
 import os
 import secrets
+import statistics
 import sys
 import time
 from collections import Counter
@@ -117,6 +118,8 @@ class Scenario:
     sent: Counter[str] = dataclasses.field(default_factory=Counter)
     server: Counter[str] = dataclasses.field(default_factory=Counter)
     usec: Counter[str] = dataclasses.field(default_factory=Counter)
+    #: each slice's per-call latencies (ns), in slice (round) order
+    latencies: list[list[int]] = dataclasses.field(default_factory=list)
 
     def warm_up(self) -> None:
         """Connections, script cache and local view ready before the first slice."""
@@ -133,11 +136,15 @@ class Scenario:
         CountingConnection.commands = Counter()
         calls_before, usec_before = command_stats(admin)
         done, elapsed, cpu, call = 0, 0.0, 0.0, self.call
+        clock, lat = time.perf_counter_ns, []
+        add = lat.append
         while calls is None or done < calls:
             batch = 100 if calls is None else min(100, calls - done)
             started, cpu_started = time.perf_counter(), time.thread_time()
-            for _ in range(batch):
+            for _ in range(batch):  # each call timed alone too (~0.1 us per call)
+                t = clock()
                 call()
+                add(clock() - t)
             elapsed += time.perf_counter() - started
             cpu += time.thread_time() - cpu_started
             done += batch
@@ -151,6 +158,7 @@ class Scenario:
         self.round_trips += CountingConnection.round_trips
         self.sent += CountingConnection.commands
         self.calls += done
+        self.latencies.append(lat)
         self.seconds += elapsed
         self.cpu += cpu
         self.best = max(self.best, done / elapsed if elapsed else 0.0)
@@ -172,11 +180,26 @@ class Scenario:
                 sum(self.usec[name] for name in self.sent) / calls, 2),
             "server_commands": {name: round(count / calls, 3)
                                 for name, count in sorted(self.server.items())},
+            "p50_us": round(self.p50_us(), 2),
+            "cpu_us_per_call": round(self.cpu_us_per_call, 2),
         }
 
     @property
     def calls_per_second(self) -> float:
         return self.calls / self.seconds if self.seconds else 0.0
+
+    def p50_us(self) -> float:
+        """The median latency of every call of every slice, in microseconds."""
+        every = [ns for lat in self.latencies for ns in lat]
+        return statistics.median(every) / 1000 if every else 0.0
+
+    def slice_p50s_us(self) -> list[float]:
+        """Each slice's median latency (us), in round order."""
+        return [statistics.median(lat) / 1000 if lat else 0.0 for lat in self.latencies]
+
+    @property
+    def cpu_us_per_call(self) -> float:
+        return self.cpu / self.calls * 1e6 if self.calls else 0.0
 
     @property
     def calls_per_cpu_second(self) -> float:
@@ -368,6 +391,41 @@ CPU_RATIOS = {
 }
 
 
+#: p50 latency ratios against a bare GET on the same kind of connection (issue 25: the
+#: client should add little to one round trip), each also per round (min..max: spread).
+LATENCY_RATIOS = {
+    "raw FCALL of the CLOSED record / GET, p50": ("raw_record", "get"),
+    "distbreaker CLOSED / GET, p50": ("closed", "get"),
+    "pybreaker+Redis CLOSED / GET, p50": ("pybreaker_closed", "get"),
+    "distbreaker CLOSED / pybreaker+Redis CLOSED, p50": ("closed", "pybreaker_closed"),
+}
+
+
+def latency_ratios(scenarios: list[Scenario]) -> dict[str, dict[str, float]]:
+    """p50 ratios over the whole run, and the lowest and highest of the rounds' ratios
+    (the scenarios run interleaved, so a round's slices saw the same load)."""
+    by = {s.key: s for s in scenarios}
+    out: dict[str, dict[str, float]] = {}
+    for label, (a, b) in LATENCY_RATIOS.items():
+        if a not in by or b not in by or not by[b].p50_us():
+            continue
+        rounds = [x / y for x, y in zip(by[a].slice_p50s_us(), by[b].slice_p50s_us(),
+                                        strict=False) if y]
+        out[label] = {"ratio": round(by[a].p50_us() / by[b].p50_us(), 2),
+                      "min": round(min(rounds), 2) if rounds else 0.0,
+                      "max": round(max(rounds), 2) if rounds else 0.0}
+    return out
+
+
+def client_cpu_above_get(scenarios: list[Scenario]) -> float | None:
+    """The bench thread's CPU per exact CLOSED call above a bare GET's (us): the Python
+    distbreaker and redis-py spend beyond one plain command."""
+    by = {s.key: s for s in scenarios}
+    if "closed" not in by or "get" not in by:
+        return None
+    return round(by["closed"].cpu_us_per_call - by["get"].cpu_us_per_call, 1)
+
+
 def ratios(scenarios: list[Scenario]) -> dict[str, float]:
     """Throughput ratios between scenarios (higher: the first is faster)."""
     rate = {scenario.key: scenario.calls_per_second for scenario in scenarios}
@@ -381,14 +439,14 @@ def ratios(scenarios: list[Scenario]) -> dict[str, float]:
 def print_table(scenarios: list[Scenario], info: dict[str, Any]) -> None:
     print(f"distbreaker {info['distbreaker']}, redis {info['redis_version']} ({info['redis']}), "
           f"python {info['python']}, {info['run']}")
-    header = (f"{'scenario':40} {'calls/s':>9} {'best':>9} {'per CPU-s':>10} {'round trips':>12} "
-              f"{'top-level':>10} {'server cmds':>12} {'server us':>10}")
+    header = (f"{'scenario':40} {'calls/s':>9} {'best':>9} {'per CPU-s':>10} {'p50 us':>8} "
+              f"{'round trips':>12} {'top-level':>10} {'server cmds':>12} {'server us':>10}")
     print(header)
     print("-" * len(header))
     for s in scenarios:
         r = s.result()
         print(f"{s.title:40} {s.calls_per_second:9,.0f} {s.best:9,.0f} "
-              f"{s.calls_per_cpu_second:10,.0f} "
+              f"{s.calls_per_cpu_second:10,.0f} {s.p50_us():8.1f} "
               f"{r['round_trips_per_call']:12.2f} {r['top_level_commands_per_call']:10.2f} "
               f"{r['server_commands_per_call']:12.2f} {r['server_usec_per_call']:10.1f}")
     print("\ncalls/s: over all slices; best: the fastest slice; per CPU-s: calls per second of "
@@ -400,6 +458,12 @@ def print_table(scenarios: list[Scenario], info: dict[str, Any]) -> None:
     print("\nratios (calls/s, or calls per CPU-s where said):")
     for label, value in ratios(scenarios).items():
         print(f"  {label:52} {value:8.2f}x")
+    print("\np50 latency ratios (interleaved; min..max of the rounds' ratios):")
+    for label, value in latency_ratios(scenarios).items():
+        print(f"  {label:52} {value['ratio']:8.2f}x  ({value['min']:.2f}..{value['max']:.2f})")
+    above = client_cpu_above_get(scenarios)
+    if above is not None:
+        print(f"\nclient CPU per exact CLOSED call above a bare GET: {above:.1f} us")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -431,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if options.json:
         print(json.dumps({**info, "ratios": ratios(scenarios),
+                          "latency_ratios": latency_ratios(scenarios),
+                          "client_cpu_us_above_get": client_cpu_above_get(scenarios),
                           "results": [s.result() for s in scenarios],
                           **bench_batched.detection_json(detection)}, indent=2))
     else:

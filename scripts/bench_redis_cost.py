@@ -94,6 +94,7 @@ from distbreaker import (
     CallNotPermitted,
     CircuitBreaker,
     Policy,
+    Pool,
     RateLimiter,
     RetryBudget,
     State,
@@ -174,6 +175,10 @@ class CostScenario:
     call: Callable[[], Any]
     prepare: Callable[[], None] | None = None
     finish: Callable[[], None] | None = None
+    #: calls per batch and warm-up calls of this scenario (None: the run's): a paced
+    #: scenario makes fewer
+    calls: int | None = None
+    warm_up: int | None = None
 
 
 def ok() -> str:
@@ -305,6 +310,9 @@ def idle_long_window(client: redis.Redis, name: str, gap: int, label: str,
             made = True
         for breaker in pool:
             age_time_record(client, breaker.keys.state, gap, ttl_due)
+            # its first call after the gap says hello, as a worker's does after any gap
+            # longer than HELLO_INTERVAL (20 s)
+            breaker._codec._next_hello = 0.0
         turn = 0
 
     def call() -> None:
@@ -389,6 +397,35 @@ def policy_attempt(client: redis.Redis, name: str) -> CostScenario:
                         lambda: policy.call(ok))
 
 
+#: Policy attempts spread out (calls per second, calls per batch): the budget starts a
+#: new slice every second and the breaker's hello is due every 20 s, so a spread-out
+#: attempt can cost more than back-to-back ones (issue 25: <= 250k at every pacing).
+POLICY_PACINGS = ((2.0, 20), (0.2, 6))
+
+
+def policy_paced(client: redis.Redis, name: str, per_second: float,
+                 calls: int) -> CostScenario:
+    """A Policy attempt every 1/`per_second` s (the wait is idle time: callgrind counts
+    only the server's request handling). A few warm-up calls only."""
+    policy = Policy(name, redis=client, bulkhead={"max_concurrent_calls": 25},
+                    retry={"max_attempts": 3}, budget=True)
+    interval = 1.0 / per_second
+    last = 0.0
+
+    def call() -> None:
+        nonlocal last
+        wait = last + interval - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        last = time.monotonic()
+        policy.call(ok)
+
+    label = f"{per_second:g}".replace(".", "_")
+    return CostScenario(f"policy_{label}_per_s",
+                        f"full Policy attempt, {per_second:g} attempts/s", call,
+                        calls=calls, warm_up=2)
+
+
 def bulkhead_slot(client: redis.Redis, name: str) -> CostScenario:
     bulkhead = Bulkhead(name, redis=client, max_concurrent_calls=25)
 
@@ -423,6 +460,32 @@ def ratelimiter_acquire(client: redis.Redis, name: str) -> CostScenario:
     return CostScenario("ratelimiter", "rate limiter acquire (granted)", limiter.acquire)
 
 
+def pool_pick_record(client: redis.Redis, name: str) -> CostScenario:
+    """A pool of 10 members: pick one (a lease in its in-flight count), record a success
+    (issue 26: two script calls per call)."""
+    pool = Pool(name, redis=client, members=[f"10.0.0.{i}:80" for i in range(10)],
+                redis_timeout=SLOW_SERVER_TIMEOUT)
+
+    def pick_record() -> None:
+        pool.record(pool.pick(), status=200, duration=0.005)
+
+    return CostScenario("pool", "pool pick + record (10 members, success)", pick_record)
+
+
+def pool_repick(client: redis.Redis, name: str) -> CostScenario:
+    """The same calls chained with `repick`: each call records the last one's success and
+    picks the next member in one script call."""
+    pool = Pool(name, redis=client, members=[f"10.0.0.{i}:80" for i in range(10)],
+                redis_timeout=SLOW_SERVER_TIMEOUT)
+    last = [pool.pick()]
+
+    def repick() -> None:
+        last[0] = pool.repick(last[0], status=200, duration=0.005)
+
+    return CostScenario("pool_repick", "pool repick: record + pick in one call (10 members)",
+                        repick)
+
+
 def record_wire(scenario: CostScenario) -> tuple[Any, ...]:
     """The script call (command, sha or function, numkeys, keys..., args...) one call sends."""
     CountingConnection.last_script = None
@@ -432,8 +495,11 @@ def record_wire(scenario: CostScenario) -> tuple[Any, ...]:
     return CountingConnection.last_script
 
 
-def build_scenarios(url: str, tag: str, calls: int = DEFAULT_CALLS) -> list[CostScenario]:
-    """Every measured path, each on its own keys (names start with `tag`)."""
+def build_scenarios(url: str, tag: str, calls: int = DEFAULT_CALLS,
+                    pacings: Sequence[tuple[float, int]] = POLICY_PACINGS
+                    ) -> list[CostScenario]:
+    """Every measured path, each on its own keys (names start with `tag`); `pacings`:
+    the spread-out Policy rows (attempts/s, calls per batch)."""
     client = counting_client(url)
     closed = exact_closed(client, f"{tag}-closed")
     scenarios = [ping(client, tag), empty_script(client, record_wire(closed))]
@@ -452,10 +518,13 @@ def build_scenarios(url: str, tag: str, calls: int = DEFAULT_CALLS) -> list[Cost
             half_open_probe(client, f"{tag}-half"), open_fast_fail(client, f"{tag}-open"),
             *(batched_closed(client, f"{tag}-batched-{k}", k) for k in BATCH_SIZES),
             policy_attempt(client, f"{tag}-policy"),
+            *(policy_paced(client, f"{tag}-policy-{i}", rate, n)
+              for i, (rate, n) in enumerate(pacings)),
             bulkhead_slot(client, f"{tag}-bulkhead"),
             adaptive_bulkhead_slot(client, f"{tag}-adaptive-bulkhead"),
             budget_deposit(client, f"{tag}-budget"),
-            ratelimiter_acquire(client, f"{tag}-ratelimiter")]
+            ratelimiter_acquire(client, f"{tag}-ratelimiter"),
+            pool_pick_record(client, f"{tag}-pool"), pool_repick(client, f"{tag}-repick")]
 
 
 # -- measuring -------------------------------------------------------------------------
@@ -539,11 +608,11 @@ def measure(scenarios: Sequence[CostScenario], meter: Meter, calls: int, batches
     for scenario in scenarios:
         if scenario.prepare is not None:
             scenario.prepare()
-        for _ in range(warm_up):
+        for _ in range(warm_up if scenario.warm_up is None else min(warm_up, scenario.warm_up)):
             scenario.call()
         if scenario.finish is not None:
             scenario.finish()
-    results = {s.key: Measured(s.key, s.title, calls) for s in scenarios}
+    results = {s.key: Measured(s.key, s.title, s.calls or calls) for s in scenarios}
     for batch in range(batches):
         for scenario in scenarios:
             if scenario.prepare is not None:
@@ -551,7 +620,7 @@ def measure(scenarios: Sequence[CostScenario], meter: Meter, calls: int, batches
             call, done = scenario.call, results[scenario.key]
             CountingConnection.reset()
             meter.zero()
-            for _ in range(calls):
+            for _ in range(done.calls):
                 call()
             if scenario.finish is not None:
                 scenario.finish()

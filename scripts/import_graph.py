@@ -53,9 +53,11 @@ LAYERS: list[tuple[str, set[str], bool]] = [
     # (layer name, its units, whether units of this layer may import each other)
     ("errors", {"errors"}, False),
     ("runtime", {"_runtime"}, False),  # shared machinery, classification included
-    ("component", {"breaker", "bulkhead", "budget", "retry", "ganesha", "ratelimiter"}, False),
+    ("component", {"breaker", "bulkhead", "budget", "retry", "ganesha", "ratelimiter", "pool"},
+     False),
     # Compose the components: the policy, the fleet's read side, operator actions.
-    ("composition", {"policy", "readside", "operate", "inject", "recording"}, False),
+    ("composition", {"policy", "readside", "readside_pool", "operate", "inject", "recording"},
+     False),
     ("registry", {"registry"}, False),
     ("integration", {"contrib", "_facade"}, False),
     ("package", {"__init__", "aio"}, False),
@@ -71,7 +73,8 @@ ALLOWED: set[tuple[str, str]] = {
 }
 
 #: Units whose modules others import by public name only (no ``_private`` names).
-SEALED = {"_runtime", "breaker", "bulkhead", "budget", "retry", "ganesha", "ratelimiter", "policy"}
+SEALED = {"_runtime", "breaker", "bulkhead", "budget", "retry", "ganesha", "ratelimiter", "pool",
+          "policy"}
 
 #: Private methods other modules call on purpose (the fork-safety protocol of
 #: `distbreaker._runtime.forking`).

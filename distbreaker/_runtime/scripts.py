@@ -58,7 +58,7 @@ _CANDIDATES = (_PACKAGE_DIR / "lua", _PACKAGE_DIR.parent / "lua")
 
 #: The scripts of the library, in the order the library defines them.
 SCRIPT_NAMES = ("breaker", "bulkhead", "budget", "ganesha", "finish", "ratelimiter",
-                "inject")
+                "inject", "pool")
 MODULE_MARKER = "--!module"
 LIB_MARKER = "--!lib"
 NEEDS = " needs "

@@ -7,6 +7,7 @@ from ..budget.aio import RetryBudget
 from ..bulkhead.aio import Bulkhead
 from ..ganesha.aio import GaneshaBreaker
 from ..policy.aio import Policy
+from ..pool.aio import Pool
 from ..ratelimiter.aio import RateLimiter
 from ..registry.aio import Registry
 from ..registry.config import RegistryConfigError
@@ -15,5 +16,5 @@ from ..registry.health import ahealth as health
 from ..retry.aio import Retry
 
 __all__ = [*_shared, "Bulkhead", "CircuitBreaker", "ComponentHealth", "GaneshaBreaker",
-           "Policy", "RateLimiter", "Registry", "RegistryConfigError", "RegistryHealth", "Retry",
-           "RetryBudget", "health"]
+           "Policy", "Pool", "RateLimiter", "Registry", "RegistryConfigError", "RegistryHealth",
+           "Retry", "RetryBudget", "health"]

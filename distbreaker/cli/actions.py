@@ -6,6 +6,7 @@ dashboard); this module parses options and prints results.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import click
@@ -16,7 +17,16 @@ from .._runtime.keys import BulkheadKeys
 from .._runtime.options import to_seconds
 from .._runtime.scripts import load_script, run_script
 from ..errors import SchemaError
-from .app import App, NotFound, check_name, cli, default_actor, default_reason, emit_json
+from .app import (
+    App,
+    Failure,
+    NotFound,
+    check_name,
+    cli,
+    default_actor,
+    default_reason,
+    emit_json,
+)
 from .fmt import clock, coloured, printable
 
 
@@ -143,19 +153,134 @@ def _hold(for_text: str | None, until_text: str | None) -> dict[str, float | Non
         raise click.UsageError(str(exc)) from None
 
 
+#: A selector matching more names than this asks before acting (`--yes` skips the
+#: question; `--confirm-over` or $DISTBREAKER_CONFIRM_OVER moves the threshold).
+CONFIRM_OVER = 10
+
+
+def confirm_over_default() -> int:
+    try:
+        return max(0, int(os.environ.get("DISTBREAKER_CONFIRM_OVER", CONFIRM_OVER)))
+    except ValueError:
+        return CONFIRM_OVER
+
+
+def _selector_options(run: Any) -> Any:
+    run = click.option("--exact", is_flag=True, help="NAME is one name even when it holds "
+                       "* ? or [ (no selector).")(run)
+    run = click.option("--confirm-over", type=click.IntRange(0), default=confirm_over_default,
+                       show_default="10, or $DISTBREAKER_CONFIRM_OVER", help="A selector "
+                       "matching more names than this asks first.")(run)
+    run = click.option("--yes", is_flag=True, help="Act on every name a selector matches "
+                       "without asking.")(run)
+    return click.option("--dry-run", is_flag=True, help="Only show what a selector would "
+                        "change (each name's state now and after); change nothing.")(run)
+
+
+def run_selector(app: App, pattern: str, action: operate.Action, reason: str | None,
+                 actor: str, as_json: bool, *, dry_run: bool, yes: bool, confirm_over: int,
+                 for_: float | None = None, until: float | None = None) -> None:
+    """An action on every breaker whose name the glob `pattern` matches: `--dry-run`
+    shows what would change; more than `confirm_over` names ask first unless `yes`; each
+    name is recorded with the reason and actor as a single action is."""
+    names = operate.selected(app.client, app.prefix, [pattern])
+    if not names:
+        raise NotFound(f"no breaker under prefix {app.prefix!r} matches {pattern!r}")
+    if dry_run:
+        plans = operate.plan_many(app.client, app.prefix, names, action,
+                                  held=for_ is not None or until is not None)
+        for plan in plans:
+            if as_json:
+                emit_json(plan, lines=True)
+            else:
+                click.echo(plan_text(plan))
+        changing = sum(1 for p in plans if p["would_change"])
+        if not as_json:
+            click.echo(f"dry run: {action.command} would change {changing} of "
+                       f"{len(names)} breaker(s) matching {pattern!r}; nothing was changed",
+                       err=True)
+        return
+    confirm_many(action.command, "breakers", names, pattern, yes, confirm_over)
+    why = reason or default_reason(f"{action.command} {pattern}")
+    try:
+        results = operate.act_many(app.client, app.prefix, names, action, why, actor,
+                                   for_=for_, until=until)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    failed = [r for r in results if r.get("error")]
+    for r in results:
+        if as_json:
+            emit_json(r, lines=True)
+        elif r.get("error"):
+            click.echo(f"{printable(r['name'])}: not changed: {printable(r['error'])}",
+                       err=True)
+        else:
+            click.echo(result_text(r))
+    if not as_json:
+        changed = sum(1 for r in results if r.get("changed"))
+        click.echo(f"{action.command}: {changed} of {len(names)} breaker(s) matching "
+                   f"{pattern!r} changed" + (f"; {len(failed)} could not be acted on"
+                                             if failed else ""), err=True)
+    if failed:
+        raise click.exceptions.Exit(1)
+
+
+def confirm_many(command: str, what: str, names: list[str], pattern: str, yes: bool,
+                 confirm_over: int) -> None:
+    """Ask on stderr before acting on more than `confirm_over` names (unless `yes`);
+    anything but yes (no terminal and no input included) raises Failure: nothing
+    changed."""
+    if len(names) <= confirm_over or yes:
+        return
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    try:
+        agreed = click.confirm(f"{command} {len(names)} {what} matching {pattern!r} "
+                               f"({shown})?", err=True)
+    except click.Abort:
+        agreed = False
+    if not agreed:
+        raise Failure(f"not confirmed: nothing changed ({len(names)} names match "
+                      f"{pattern!r}; --dry-run shows them, --yes acts without asking)")
+
+
+def plan_text(p: dict[str, Any]) -> str:
+    """'llm:a: OPEN -> FORCED_OPEN (would change)' for `--dry-run`."""
+    if p["error"]:
+        return f"{printable(p['name'])}: {printable(p['error'])}"
+    if p["would_change"]:
+        return (f"{printable(p['name'])}: {coloured(p['state'])} -> {coloured(p['target'])}"
+                "  (would change)")
+    return f"{printable(p['name'])}: {coloured(p['state'])}  (unchanged)"
+
+
+SELECTOR_HELP = ("\n\nA NAME with * ? or [ ('llm:*', 'tenant:?7') is a selector: every "
+                 "matching breaker, each recorded with the reason and actor; --dry-run "
+                 "shows what would change; over --confirm-over matches it asks first.")
+
+
 def _action_command(action: operate.Action) -> None:
     def run(app: App, name: str, reason: str | None, actor: str, as_json: bool,
+            dry_run: bool, yes: bool, confirm_over: int, exact: bool,
             create: bool = False, for_text: str | None = None,
             until_text: str | None = None) -> None:
-        run_action(app, name, action, reason, actor, as_json, create=create,
-                   **_hold(for_text, until_text))
+        hold = _hold(for_text, until_text)
+        if view.is_selector(name) and not exact:
+            if create:
+                raise click.UsageError("--create does not apply to a selector (NAME with "
+                                       "* ? or [); --exact makes NAME one name")
+            run_selector(app, name, action, reason, actor, as_json, dry_run=dry_run,
+                         yes=yes, confirm_over=confirm_over, **hold)
+            return
+        if dry_run:
+            raise click.UsageError("--dry-run applies to a selector (NAME with * ? or [)")
+        run_action(app, name, action, reason, actor, as_json, create=create, **hold)
 
-    run = click.pass_obj(_JSON(_ACTOR(_REASON(_hold_options(run)))))
+    run = click.pass_obj(_JSON(_ACTOR(_REASON(_hold_options(_selector_options(run))))))
     if action.creates:
         run = click.option("--create", is_flag=True, help="Store a new breaker even when "
                            "an existing name is close to NAME (a typo guard).")(run)
     click.argument("name", callback=check_name)(run)
-    cli.command(action.command, help=action.help)(run)
+    cli.command(action.command, help=action.help + SELECTOR_HELP)(run)
 
 
 for _action in operate.ACTIONS.values():
@@ -166,20 +291,35 @@ for _action in operate.ACTIONS.values():
 @cli.command("reset")
 @click.argument("name", required=False, callback=check_name)
 @click.option("--all", "every", is_flag=True, help="Reset every breaker under the prefix.")
-@click.option("--yes", is_flag=True, help="Confirm --all.")
+@click.option("--yes", is_flag=True, help="Confirm --all; act on every name a selector "
+              "matches without asking.")
+@click.option("--dry-run", is_flag=True, help="Only show what a selector would change.")
+@click.option("--confirm-over", type=click.IntRange(0), default=confirm_over_default,
+              show_default="10, or $DISTBREAKER_CONFIRM_OVER",
+              help="A selector matching more names than this asks first.")
+@click.option("--exact", is_flag=True, help="NAME is one name even when it holds * ? or [.")
 @click.option("--adopt-drift", is_flag=True, help="Store the config a drifting worker "
               "reported (see `show`) instead of keeping the stored one.")
 @_REASON
 @_ACTOR
 @_JSON
 @click.pass_obj
-def reset_command(app: App, name: str | None, every: bool, yes: bool, adopt_drift: bool,
+def reset_command(app: App, name: str | None, every: bool, yes: bool, dry_run: bool,
+                  confirm_over: int, exact: bool, adopt_drift: bool,
                   reason: str | None, actor: str, as_json: bool) -> None:
-    """Back to CLOSED with an empty window and no recorded config drift (NAME, or every
-    breaker with --all --yes)."""
+    """Back to CLOSED with an empty window and no recorded config drift (NAME, every
+    breaker a selector such as 'tenant:*' matches, or every breaker with --all --yes)."""
     action = operate.ACTIONS["reset"]
     if every == (name is not None):
         raise click.UsageError("give either NAME or --all")
+    if name is not None and view.is_selector(name) and not exact:
+        if adopt_drift:
+            raise click.UsageError("--adopt-drift applies to one NAME, not a selector")
+        run_selector(app, name, action, reason, actor, as_json, dry_run=dry_run, yes=yes,
+                     confirm_over=confirm_over)
+        return
+    if dry_run:
+        raise click.UsageError("--dry-run applies to a selector (NAME with * ? or [)")
     if not every:
         run_action(app, name or "", action, reason, actor, as_json, adopt_drift=adopt_drift)
         return
@@ -190,16 +330,18 @@ def reset_command(app: App, name: str | None, every: bool, yes: bool, adopt_drif
                                f"{app.prefix!r}; add --yes to confirm")
     done = 0
     refused = foreign_breakers(app)
-    for n in operate.breaker_names(app.client, app.prefix):
-        if n in refused:
+    names = [n for n in operate.breaker_names(app.client, app.prefix) if n not in refused]
+    # pipelined (3 round trips per 500 names); a name with only history left, or expired
+    # since the scan, is skipped; one that became foreign since it was read is refused
+    for r in operate.act_many(app.client, app.prefix, names, action,
+                              reason or default_reason(action.command), actor):
+        if r.get("error"):
+            refused[r["name"]] = r["error"]
             continue
-        try:
-            run_action(app, n, action, reason, actor, as_json)
-        except NotFound:  # only history left, or expired between the scan and the reset
-            continue
-        except SchemaError as exc:  # became foreign since it was read
-            refused[n] = str(exc)
-            continue
+        if as_json:
+            emit_json(r, lines=True)
+        else:
+            click.echo(result_text(r))
         done += 1
     for n, error in sorted(refused.items()):
         if as_json:

@@ -183,8 +183,8 @@ COMMAND_MODULES: dict[str, str] = {
     "open": "actions", "trip": "actions", "disable": "actions", "metrics-only": "actions",
     "close": "actions", "reset": "actions", "release-stale": "actions", "config": "actions",
     "doctor": "doctor", "ganesha": "ganesha_cmd", "dashboard": "dashboard_cmd",
-    "demo": "demo_cmd", "inject": "inject_cmd", "record": "record_cmd",
-    "replay": "replay_cmd", "shadow": "shadow_cmd",
+    "demo": "demo_cmd", "inject": "inject_cmd", "limit": "limit_cmd", "pool": "pool_cmd",
+    "record": "record_cmd", "replay": "replay_cmd", "shadow": "shadow_cmd",
 }
 
 

@@ -12,12 +12,10 @@ from typing import Any
 import click
 import redis
 
-from .. import operate
 from .. import readside as view
 from .._runtime.keys import BreakerKeys, events_channel
 from ..breaker.state import State
 from ..errors import SchemaError
-from .actions import did_you_mean
 from .app import App, NotFound, check_name, cli, emit_json
 from .fmt import (
     STATE_WIDTH,
@@ -51,21 +49,108 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]],
 
 
 # -- ls ------------------------------------------------------------------------------
-def collect(app: App, states: Sequence[str] = ()) -> dict[str, Any]:
-    """The `ls` document: every name under the prefix, optionally filtered by state.
+#: `ls --json` is indented up to this many rows; a longer listing is printed on one line
+#: (the indenting encoder is pure Python: 5x the time of the whole read at 10,000 names).
+JSON_INDENT_ROWS = 1000
 
-    `unfiltered` (not part of the JSON) counts the states of every row, so an
-    empty filtered listing can say what there is instead.
+
+def collect(app: App, states: Sequence[str] = (), patterns: Sequence[str] = (),
+            limit: int | None = None, page: int = 1, top: int | None = None,
+            by: str = "failure-rate") -> dict[str, Any]:
+    """The `ls` document: every name under the prefix (or those the glob `patterns`
+    match), optionally filtered by state, one page of `limit` rows, or the `top` names
+    by `by` (docs/CLI_JSON.md).
+
+    With a state filter, a page or a top, every name is first read briefly (its state
+    record's header and meta hash: `readside.read_brief`) and only the rows shown are
+    read in full, so 10,000 names cost two commands each plus the page.
+    `_counts` (not part of the JSON) counts the states of every row, so an empty
+    filtered listing can say what there is instead.
     """
-    client = app.client
-    rows = view.read_rows(client, app.prefix, view.scan(client, app.prefix))
+    client, prefix = app.client, app.prefix
+    found = view.scan(client, prefix)
+    if patterns:
+        keep = set(view.matching({*found.names, *found.legacy, *found.invalid}, patterns))
+        found = view.Scan({n: p for n, p in found.names.items() if n in keep},
+                          {n: k for n, k in found.invalid.items() if n in keep},
+                          {n: p for n, p in found.legacy.items() if n in keep})
     wanted = {s.upper() for s in states}
-    counts = Counter(r["state"] or ("ERROR" if r["error"] else "no breaker") for r in rows)
-    if wanted:
-        rows = [r for r in rows if r["state"] in wanted]
-    return {"schema": view.JSON_SCHEMA_VERSION, "prefix": app.prefix,
+    paging: dict[str, Any] | None = None
+    if top is None and limit is None and not wanted:  # the whole listing, every row read
+        rows = view.read_rows(client, prefix, found)
+        counts = Counter(_count_key(r) for r in rows)
+        total = len(rows)
+    else:
+        rows, counts, total, paging = _brief_listing(app, found, wanted, limit, page, top, by)
+    return {"schema": view.JSON_SCHEMA_VERSION, "prefix": prefix,
             "server_time_ms": view.server_now_ms(client), "breakers": rows,
+            "total": total, "page": paging, "match": list(patterns),
+            "top": None if top is None else {"n": top, "by": by},
             "_counts": dict(counts)}
+
+
+def _count_key(row: dict[str, Any]) -> str:
+    return row["state"] or ("ERROR" if row["error"] else "no breaker")
+
+
+def _brief_listing(app: App, found: view.Scan, wanted: set[str], limit: int | None,
+                   page: int, top: int | None, by: str
+                   ) -> tuple[list[dict[str, Any]], Counter[str], int, dict[str, Any] | None]:
+    """(rows shown, state counts of every row, rows matching, the page) from a brief read
+    of every v2 breaker, the v1 rows (few: workers not yet upgraded) read in full."""
+    client, prefix = app.client, app.prefix
+    briefs: dict[str, dict[str, Any] | None] = {}
+    if wanted or top is not None:  # a page of every name needs no state to choose rows
+        briefs = view.read_brief(client, prefix, [n for n, p in found.names.items()
+                                                  if "breaker" in p])
+    legacy = {r["name"]: r for r in view.read_summaries(client, prefix, found.legacy,
+                                                        schema=view.V1)}
+    counts: Counter[str] = Counter()
+    for name in found.names:
+        b = briefs.get(name)
+        counts[b["state"] if b else "no breaker"] += 1
+    counts.update(_count_key(r) for r in legacy.values())
+    counts["ERROR"] += len(found.invalid)
+    if not counts["ERROR"]:
+        del counts["ERROR"]
+
+    def shown(state: str | None) -> bool:
+        return not wanted or state in wanted
+
+    if top is not None:
+        chosen = view.rank({n: b for n, b in briefs.items() if b and shown(b["state"])},
+                           by, top)
+        rows = sorted(view.read_summaries(client, prefix, {n: found.names[n] for n in chosen}),
+                      key=lambda r: view.rank_key(r, by))
+        return [r for r in rows if shown(r["state"])], counts, len(chosen), None
+    # (name, key schema) of every row, in `read_rows` order, filtered by state
+    entries = [(n, view.V2) for n in found.names
+               if shown((briefs.get(n) or {}).get("state"))]
+    entries += [(n, view.V1) for n, r in legacy.items() if shown(r["state"])]
+    if not wanted:
+        entries += [(n, view.V2 if n not in found.legacy else view.V1) for n in found.invalid]
+    entries.sort(key=lambda e: (e[0], view.SCHEMAS.index(e[1])))
+    total = len(entries)
+    paging = None
+    if limit is not None:
+        pages = max(1, -(-total // limit))
+        paging = {"limit": limit, "page": page, "pages": pages,
+                  "next_page": page + 1 if page < pages else None}
+        entries = entries[(page - 1) * limit:page * limit]
+    v2 = {n: found.names[n] for n, schema in entries
+          if schema == view.V2 and n in found.names}
+    full = {(r["name"], view.V2): r for r in view.read_summaries(client, prefix, v2)}
+    rows = []
+    for name, schema in entries:
+        if (name, schema) in full:
+            row = full[(name, schema)]
+        elif schema == view.V1 and name in legacy:
+            row = legacy[name]
+        else:
+            row = view.invalid_row(name, found.invalid.get(name, []), prefix)
+        if shown(row["state"]):
+            rows.append(row)
+    return rows, counts, total, paging
 
 
 def public(doc: dict[str, Any]) -> dict[str, Any]:
@@ -179,37 +264,76 @@ LS_HEADERS = ["NAME", "STATE", "IN STATE", "FAIL", "SLOW", "CALLS", "RETRY IN", 
 
 def empty_message(app: App, doc: dict[str, Any], states: Sequence[str]) -> str:
     counts = doc["_counts"]
+    paging = doc.get("page")
+    if paging and paging["page"] > paging["pages"] and doc.get("total"):
+        return (f"page {paging['page']} is past the last page ({paging['pages']} of "
+                f"{paging['limit']} rows: {plural(doc['total'], 'name')})")
+    where = f"under prefix {app.prefix!r}" + (
+        f" matching {' or '.join(repr(p) for p in doc['match'])}" if doc.get("match") else "")
     if not states or not counts:
-        return f"no breakers, bulkheads, rate limiters or budgets under prefix {app.prefix!r}"
+        return f"no breakers, bulkheads, rate limiters or budgets {where}"
     wanted = " or ".join(s.upper() for s in states)
-    return (f"no breaker is {wanted} under prefix {app.prefix!r} "
+    return (f"no breaker is {wanted} {where} "
             f"({plural(sum(counts.values()), 'name')}: {describe_counts(counts)})")
 
 
+def page_footer(doc: dict[str, Any]) -> str | None:
+    """Where a page or a top listing stands, for stderr (None for a whole listing)."""
+    paging, top = doc.get("page"), doc.get("top")
+    if top is not None:
+        return (f"top {len(doc['breakers'])} by {top['by']} of "
+                f"{plural(sum(doc['_counts'].values()), 'name')}")
+    if paging is None:
+        return None
+    shown = len(doc["breakers"])
+    line = (f"page {paging['page']} of {paging['pages']} ({shown} of "
+            f"{plural(doc['total'], 'row')})")
+    if paging["next_page"] is not None:
+        line += f"; next: --page {paging['next_page']}"
+    return line
+
+
 @cli.command("ls")
+@click.argument("patterns", nargs=-1, metavar="[NAME_GLOB]...")
 @click.option("--state", "states", multiple=True, type=click.Choice(STATE_CHOICES,
               case_sensitive=False), help="Only breakers in this state (repeatable).")
+@click.option("--limit", type=click.IntRange(1), help="Rows per page (with --page); "
+              "only the rows shown are read in full.")
+@click.option("--page", type=click.IntRange(1), default=1, show_default=True,
+              help="Which page of --limit rows (sorted by name).")
+@click.option("--top", type=click.IntRange(1), metavar="N", help="Only the N breakers with "
+              "the highest --by (a brief read of every name ranks them).")
+@click.option("--by", type=click.Choice(list(view.RANK_FIELDS)), default="failure-rate",
+              show_default=True, help="What --top ranks by (rejections: calls Redis refused).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output "
               "(docs/CLI_JSON.md).")
 @click.pass_obj
-def ls_command(app: App, states: tuple[str, ...], as_json: bool) -> None:
+def ls_command(app: App, patterns: tuple[str, ...], states: tuple[str, ...],
+               limit: int | None, page: int, top: int | None, by: str, as_json: bool) -> None:
     """List every breaker, bulkhead, rate limiter and retry budget under the prefix (SCAN,
-    never KEYS).
+    never KEYS), or those whose names match a NAME_GLOB ('llm:*', 'tenant:?7').
 
     RATE is permits available now/limit per period (! an operator's limit; negative:
     reserved by waiting calls); BUDGET is +requests -retries =retries left; OPEN (due)
     is an OPEN whose wait is over (the next call probes). Names marked [v1] are read
     from key schema v1 (workers not yet upgraded, read-only).
     """
-    doc = collect(app, states)
+    if top is not None and limit is not None:
+        raise click.UsageError("give --top or --limit, not both")
+    if page != 1 and limit is None:
+        raise click.UsageError("--page needs --limit")
+    doc = collect(app, states, patterns, limit, page, top, by)
     if as_json:
-        emit_json(public(doc))
+        emit_json(public(doc), lines=len(doc["breakers"]) > JSON_INDENT_ROWS)
     elif not doc["breakers"]:
         click.echo(empty_message(app, doc, states), err=True)
     else:
         click.echo(table(LS_HEADERS, ls_rows(doc), colour_col=1))
         if any(r.get("schema") == view.V1 for r in doc["breakers"]):
             click.echo(V1_LEGEND, err=True)
+        footer = page_footer(doc)
+        if footer:
+            click.echo(footer, err=True)
 
 
 # -- show ----------------------------------------------------------------------------
@@ -394,6 +518,13 @@ def show_text(d: dict[str, Any]) -> str:
                      f"{rl['calls']} calls granted ({rl['permits']} permits, {rl['waited']} "
                      f"after a wait), {rl['rejected']} refused; reservations reach "
                      f"{duration((rl['reserved_ahead_ms'] or 0) / 1000)} ahead")
+        if rl.get("changed_at_ms"):
+            what = "limit by: " if rl["overridden"] else "reset by: "
+            lines.append(f"{what} {printable(rl['changed_by'] or 'an unnamed operator')} "
+                         f"at {clock(rl['changed_at_ms'])}: "
+                         f"{printable(rl['changed_reason'] or '')}"
+                         + ("" if rl["overridden"] else " (the operator's limit dropped: "
+                            "each worker's own config governs)"))
     for key, ttl in d["ttls"].items():
         lines.append(f"ttl:       {key}  {'no expiry' if ttl is None else duration(ttl)}")
     return "\n".join(lines)
@@ -401,6 +532,9 @@ def show_text(d: dict[str, Any]) -> str:
 
 def unknown(app: App, name: str, what: str = "name") -> NotFound:
     """NotFound for a name without keys, with the closest existing names."""
+    from .. import operate  # the actions' module: only for this message
+    from .actions import did_you_mean
+
     known = list(view.scan_names(app.client, app.prefix))
     return NotFound(f"unknown {what} {name!r}: no keys under prefix {app.prefix!r}"
                     + did_you_mean(operate.close_names(name, known)))
@@ -484,7 +618,9 @@ def recent_events(app: App, name: str | None, count: int,
     if name is not None:
         if not client.exists(BreakerKeys.build(name, app.prefix).state,
                              BreakerKeys.build(name, app.prefix).history):
-            if not operate.has_v1_breaker(client, app.prefix, name):
+            from ..operate import has_v1_breaker
+
+            if not has_v1_breaker(client, app.prefix, name):
                 raise unknown(app, name, "breaker")
             schema = view.V1  # only a worker not yet upgraded wrote it: its v1 history
         names = [name]
@@ -665,12 +801,17 @@ def _replay_history(app: App, name: str | None, count: int, as_json: bool,
         if not as_json:
             click.echo(f"{exc.message}; following it anyway", err=True)
     width = name_width([name] if name else [e["name"] for e in history]
-                       or operate.breaker_names(app.client, app.prefix))
+                       or _breaker_names(app))
     show = EventPrinter(as_json, width, kinds)
     show.newest_ms = view.server_now_ms(app.client)
     for event in history:
         show(event)
     return show
+
+
+def _breaker_names(app: App) -> list[str]:
+    return sorted(n for n, parts in view.scan_names(app.client, app.prefix).items()
+                  if "breaker" in parts)
 
 
 def _catch_up(app: App, name: str | None, show: EventPrinter, kinds: Sequence[str]) -> None:

@@ -60,7 +60,13 @@ def render(doc: dict[str, Any] | None, prefix: str, interval: float, width: int,
         parts.append(Text(f"distbreaker watch  prefix {prefix}  server time "
                           f"{clock(doc['server_time_ms'], date=False)}  every {interval:g}s",
                           style="bold"))
-        parts.append(Text(f"{len(doc['breakers'])} names: {describe_counts(counts) or 'none'}"))
+        if doc.get("top"):  # a top N of many: the states of every name
+            every = doc.get("_counts") or {}
+            parts.append(Text(f"top {len(doc['breakers'])} by failure rate of "
+                              f"{sum(every.values())} names: {describe_counts(every)}"))
+        else:
+            parts.append(Text(f"{len(doc['breakers'])} names: "
+                              f"{describe_counts(counts) or 'none'}"))
     if outage is not None:
         parts.append(Text(outage.line(), style="bold red"))
     if doc is None:
@@ -151,23 +157,29 @@ class Outage:
 UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError)
 
 
-def read(app: App, states: Sequence[str]) -> dict[str, Any]:
-    doc = collect(app, states)
-    doc["_filtered"] = bool(states)
+def read(app: App, states: Sequence[str], patterns: Sequence[str] = (),
+         top: int | None = None) -> dict[str, Any]:
+    doc = collect(app, states, patterns, top=top)
+    doc["_filtered"] = bool(states or patterns or top)
     return doc
 
 
 @cli.command("watch")
+@click.argument("patterns", nargs=-1, metavar="[NAME_GLOB]...")
 @click.option("--interval", default=2.0, show_default=True,
               type=click.FloatRange(0.05), help="Seconds between refreshes.")
 @click.option("--state", "states", multiple=True, type=click.Choice(STATE_CHOICES,
               case_sensitive=False), help="Only breakers in this state (repeatable).")
+@click.option("--top", type=click.IntRange(1), metavar="N", help="Only the N breakers with "
+              "the highest failure rate (thousands of names: a brief read of each ranks "
+              "them, only N are read in full).")
 @click.option("--iterations", type=click.IntRange(1), help="Stop after N refreshes.")
 @click.pass_obj
-def watch_command(app: App, interval: float, states: tuple[str, ...],
-                  iterations: int | None) -> None:
-    """A live table of every breaker, worst first: FORCED_OPEN, OPEN, HALF_OPEN, then by
-    failure rate (Ctrl-C to stop). Keeps retrying while Redis is unreachable."""
+def watch_command(app: App, patterns: tuple[str, ...], interval: float,
+                  states: tuple[str, ...], top: int | None, iterations: int | None) -> None:
+    """A live table of every breaker (or those a NAME_GLOB matches), worst first:
+    FORCED_OPEN, OPEN, HALF_OPEN, then by failure rate (Ctrl-C to stop). Keeps retrying
+    while Redis is unreachable."""
     from rich.console import Console
     from rich.live import Live
 
@@ -183,7 +195,7 @@ def watch_command(app: App, interval: float, states: tuple[str, ...],
     try:
         while iterations is None or done < iterations:
             try:
-                doc = read(app, states)
+                doc = read(app, states, patterns, top)
                 outage = None
             except UNREACHABLE as exc:
                 app.close()  # reconnect on the next refresh

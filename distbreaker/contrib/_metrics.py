@@ -35,7 +35,8 @@ from ..readside import (
     scan,
 )
 
-__all__ = ["REJECTION_REASONS", "Family", "MetricsSource", "catalog", "process_families"]
+__all__ = ["DEFAULT_TOP_K", "REJECTION_REASONS", "Family", "MetricsSource", "catalog",
+           "interest", "process_families"]
 
 _REJECTION_REASONS = {"OPEN": "open", "HALF_OPEN": "half_open_full",
                       "FORCED_OPEN": "forced_open", "UNKNOWN": "redis_unavailable",
@@ -43,6 +44,8 @@ _REJECTION_REASONS = {"OPEN": "open", "HALF_OPEN": "half_open_full",
 #: The `reason` label of a rejection, by the state that rejected it.
 REJECTION_REASONS = dict(_REJECTION_REASONS)
 _STATES = [s.value for s in State]
+#: Per-name series for at most this many discovered names by default (`top_k`).
+DEFAULT_TOP_K = 100
 
 
 @dataclasses.dataclass
@@ -81,10 +84,15 @@ class MetricsSource:
 
     def __init__(self, redis: Any = None, *, prefix: str = DEFAULT_PREFIX,
                  discover: bool = False, timeout: float = 1.0,
-                 components: Iterable[Any] = ()) -> None:
+                 components: Iterable[Any] = (), top_k: int | None = DEFAULT_TOP_K) -> None:
         self.client = sync_client(redis, timeout)
         self.prefix = prefix
         self.discover = discover
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
+                                  or top_k < 0):
+            raise ValueError(f"top_k must be an integer >= 0 or None, got {top_k!r}")
+        #: At most this many discovered names get per-name series (None: every name).
+        self.top_k = top_k
         self._lock = threading.Lock()
         self._names: dict[str, set[str]] = {}
         self._breakers: list[BreakerCore] = []
@@ -178,23 +186,40 @@ class MetricsSource:
         up, foreign = _up(), _foreign()
         try:
             rows, legacy, found = self._read()
-            self._count_history([r["name"] for r in rows if r["breaker"] is not None])
+            shown = self._bounded(rows)
+            self._count_history([r["name"] for r in shown if r["breaker"] is not None])
         except Exception:  # a scrape must never fail because Redis did
             up.add((), 0)
             return [up]
         up.add((), 1)
         foreign.add((), foreign_key_count(found, rows + legacy))
+        names = {r["name"] for r in shown}
         with self._lock:
             budgets = dict(self._budgets)
-            moves = dict(self._fleet_moves)
-        # shadow configs: read only for breakers whose record says they have some
-        shadowed = [r["name"] for r in rows if (r.get("breaker") or {}).get("shadowed")]
+            moves = {k: v for k, v in self._fleet_moves.items() if k[0] in names}
+        # shadow configs: read only for shown breakers whose record says they have some
+        shadowed = [r["name"] for r in shown if (r.get("breaker") or {}).get("shadowed")]
         try:
             shadows = read_shadows_many(self.client, self.prefix, shadowed)
         except Exception:  # a scrape must never fail because Redis did
             shadows = {}
-        return [up, *_fleet_families(rows, budgets), _fleet_transitions(moves), foreign,
-                _v1_states(legacy), *(_shadow_families(shadows) if shadows else ())]
+        return [up, *_fleet_families(shown, budgets), _fleet_transitions(moves), foreign,
+                _v1_states(legacy), *_namespace_families(rows, len(rows) - len(shown)),
+                *(_shadow_families(shadows) if shadows else ())]
+
+    def _bounded(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rows that get per-name series: every registered name, and the `top_k`
+        discovered ones that most need a look (`interest`); the namespace aggregates
+        cover every row."""
+        if self.top_k is None:
+            return rows
+        with self._lock:
+            registered = set(self._names)
+        found = [r for r in rows if r["name"] not in registered]
+        if len(found) <= self.top_k:
+            return rows
+        chosen = {r["name"] for r in sorted(found, key=interest)[:self.top_k]}
+        return [r for r in rows if r["name"] in registered or r["name"] in chosen]
 
     def _count_history(self, names: list[str]) -> None:
         """Add the history entries written since the last read to the fleet counter (the
@@ -265,6 +290,64 @@ class MetricsSource:
         return [calls, rejections, transitions, injected]
 
 
+#: States that need a look first, then the ones an operator holds, then CLOSED.
+_STATE_RANK = {"FORCED_OPEN": 0, "OPEN": 0, "HALF_OPEN": 0, "DISABLED": 1, "METRICS_ONLY": 1,
+               "CLOSED": 2}
+
+
+def interest(row: dict[str, Any]) -> tuple[Any, ...]:
+    """Sort key of a row for the top-K export, most interesting first: unreadable
+    (foreign data), then OPEN / HALF_OPEN / FORCED_OPEN, DISABLED / METRICS_ONLY, CLOSED,
+    names without a breaker; within a rank the highest failure rate, slow-call rate,
+    Redis rejections, bulkhead use and rate-limiter refusals; then the name."""
+    breaker = row.get("breaker") or {}
+    bulkhead = row.get("bulkhead") or {}
+    limiter = row.get("rate_limiter") or {}
+    return (0 if row.get("error") else 1, _STATE_RANK.get(row.get("state") or "", 3),
+            -(breaker.get("failure_rate") or 0), -(breaker.get("slow_rate") or 0),
+            -(breaker.get("rejected") or 0), -(bulkhead.get("in_use") or 0),
+            -(limiter.get("rejected") or 0), row["name"])
+
+
+def _namespace_families(rows: list[dict[str, Any]], left_out: int) -> list[Family]:
+    """Aggregates over every name read (label-free, or by state / outcome): they keep
+    their meaning whatever `top_k` leaves out."""
+    names = _gauge("distbreaker_namespace_names", "Names under the prefix this read "
+                   "exported or aggregated (registered and discovered)")
+    omitted = _gauge("distbreaker_namespace_names_not_exported", "Names left without "
+                     "per-name series by top_k (they are in the namespace aggregates)")
+    states = _gauge("distbreaker_namespace_breakers", "Breakers in each fleet-wide state",
+                    "state")
+    calls = _counter("distbreaker_namespace_fleet_calls", "Calls every worker recorded in "
+                     "every breaker of the namespace (since each key was created), by "
+                     "outcome", "outcome")
+    rejected = _counter("distbreaker_namespace_fleet_rejections", "Calls Redis rejected "
+                        "fleet-wide in every breaker of the namespace")
+    in_use = _gauge("distbreaker_namespace_bulkhead_in_use", "Bulkhead permits held in "
+                    "every bulkhead of the namespace")
+    limited = _counter("distbreaker_namespace_ratelimiter_rejections", "Calls every rate "
+                       "limiter of the namespace refused fleet-wide")
+    names.add((), len(rows))
+    omitted.add((), left_out)
+    by_state = Counter(r["state"] for r in rows if r["state"] is not None)
+    for value in _STATES:
+        states.add((value,), by_state.get(value, 0))
+    done = failed = refused = held = limits = 0
+    for row in rows:
+        breaker = row.get("breaker") or {}
+        done += breaker.get("calls_total") or 0
+        failed += breaker.get("failures_total") or 0
+        refused += breaker.get("rejected") or 0
+        held += (row.get("bulkhead") or {}).get("in_use") or 0
+        limits += (row.get("rate_limiter") or {}).get("rejected") or 0
+    calls.add(("success",), done - failed)
+    calls.add(("failure",), failed)
+    rejected.add((), refused)
+    in_use.add((), held)
+    limited.add((), limits)
+    return [names, omitted, states, calls, rejected, in_use, limited]
+
+
 def _up() -> Family:
     return _gauge("distbreaker_up", "1 when Redis answered this scrape, else 0")
 
@@ -309,7 +392,8 @@ def process_families() -> list[Family]:
 def catalog() -> list[Family]:
     """Every family distbreaker exports (no samples), in export order."""
     return [_up(), *_fleet_families([], {}), _fleet_transitions({}), _foreign(),
-            _v1_states([]), *_shadow_families({}), *_local_families()]
+            _v1_states([]), *_namespace_families([], 0), *_shadow_families({}),
+            *_local_families()]
 
 
 def _shadow_families(shadows: dict[str, list[dict[str, Any]]]) -> list[Family]:

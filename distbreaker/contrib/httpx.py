@@ -30,6 +30,11 @@ transport also takes `attempt_timeout`: the policy cancels the whole attempt
 
 The asyncio transport's shared Redis client binds to the event loop that first
 uses it (as an `httpx.AsyncClient` does); build one transport per loop.
+
+`PoolTransport` / `AsyncPoolTransport` route by `distbreaker.Pool` instead: a request
+to a pool's logical host (``http://payments/charge``) goes to the member the pool
+picks, and its outcome is recorded on that member (see `distbreaker.contrib._pool_http`
+and docs/guides/httpx.md).
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from ._http import (
     exchange_sync,
     rejection_headers,
 )
+from ._pool_http import Failover, Routes, Target, rewrite
 
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError, httpx.ProxyError)
@@ -162,4 +168,160 @@ class AsyncBreakerTransport(_Protected, httpx.AsyncBaseTransport):
             await self._protection.client.aclose()
 
 
-__all__ = ["LOCAL_ERRORS", "TRANSIENT_ERRORS", "AsyncBreakerTransport", "BreakerTransport"]
+class _PoolRouted:
+    """What both pool transports share: which pool, the member's request, the outcome."""
+
+    def __init__(self, pool: Any, transport: Any = None, *,
+                 key: Callable[[httpx.Request], str | None] | None = None,
+                 http_classifier: Any = None, keep_host: bool = False, failover: int = 0,
+                 failover_methods: Iterable[str] | None = IDEMPOTENT_METHODS) -> None:
+        if not isinstance(keep_host, bool):
+            raise TypeError("keep_host must be a bool")
+        self._routes = Routes(pool, key, http_classifier, failover, failover_methods)
+        self._keep_host = keep_host
+        self._inner = transport if transport is not None else self._default_inner()
+
+    def _default_inner(self) -> Any:
+        raise NotImplementedError
+
+    def _pool_for(self, request: httpx.Request) -> Any:
+        return self._routes.pool_for(request.url.host, request.url.port)
+
+    def _to_member(self, request: httpx.Request, member: str) -> httpx.Request:
+        """The request as sent to `member`: its scheme, host, port and path prefix; the Host
+        header the member's (`keep_host`: the logical host's)."""
+        target: Target = self._routes.target(member)
+        url = request.url
+        scheme, host, port, raw_path = rewrite(url.scheme, url.raw_path.decode("ascii"), target)
+        headers = request.headers.copy()
+        if not self._keep_host:
+            headers["Host"] = target.netloc
+        return httpx.Request(request.method,
+                             url.copy_with(scheme=scheme, host=host, port=port,
+                                           raw_path=raw_path.encode("ascii")),
+                             headers=headers, stream=request.stream,
+                             extensions=request.extensions)
+
+    def _outcome(self, response: httpx.Response, member: str) -> dict[str, Any]:
+        response.extensions["distbreaker_member"] = member
+        outcome, eject_for = self._routes.verdict(response.status_code, response.headers)
+        return {"outcome": outcome, "eject_for": eject_for}
+
+    def _failed(self, error: BaseException) -> str | None:
+        return self._routes.error_outcome(error, TRANSIENT_ERRORS, LOCAL_ERRORS)
+
+    def _failover(self, request: httpx.Request) -> Failover:
+        return Failover(self._routes.attempts(request.method,
+                                              isinstance(request.stream, httpx.ByteStream)))
+
+
+class PoolTransport(_PoolRouted, httpx.BaseTransport):
+    """Sends a request for a pool's logical host to the member `pool.pick()` chooses.
+
+    `pool`: a `distbreaker.Pool` for every request, or a mapping of logical host (or
+    ``host:port``) to pool (requests to other hosts go out untouched). `key(request)`:
+    the pick's stickiness key. The response's status is classified by `http_classifier`
+    (as the breaker transports) and recorded on the member; a 429 or 503 with
+    Retry-After ejects it that long, fleet-wide. `response.extensions["distbreaker_member"]`
+    names the member. `failover=N`: a failure (a 5xx, 429 or other status classified a
+    failure, or no response at all) is sent again, at once, to up to N other members
+    (each a new pick avoiding those tried), for `failover_methods` (default: the
+    idempotent ones) with a body that can be sent again; the caller gets the last answer.
+    Wrap a `BreakerTransport` (`transport=`) for a breaker per member.
+    """
+
+    def _default_inner(self) -> httpx.BaseTransport:
+        return httpx.HTTPTransport()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        pool = self._pool_for(request)
+        if pool is None:
+            return self._inner.handle_request(request)  # type: ignore[no-any-return]
+        run, key = self._failover(request), self._routes.key_of(request)
+        pick = pool.pick(key)
+        while True:
+            if not run.fresh(pick.member):   # nothing else was left
+                pool.release(pick)
+                return run.result()  # type: ignore[no-any-return]
+            try:
+                response = self._inner.handle_request(self._to_member(request, pick.member))
+            except BaseException as error:
+                outcome = self._failed(error)
+                step = run.failed(error, outcome)
+                if step == "next":   # record this one and pick the next: one script call
+                    pick = pool.repick(pick, error, outcome=outcome, key=key, avoid=run.tried)
+                    continue
+                if outcome is None:
+                    pool.release(pick)
+                else:
+                    pool.record(pick, error, outcome=outcome or None)
+                if step == "answer":
+                    return run.result()  # type: ignore[no-any-return]
+                stale = run.superseded()
+                if stale is not None:
+                    stale.close()
+                raise
+            stale = run.superseded()
+            if stale is not None:
+                stale.close()
+            verdict = self._outcome(response, pick.member)
+            if run.answered(response, verdict["outcome"]):
+                pool.record(pick, **verdict)
+                return response  # type: ignore[no-any-return]
+            pick = pool.repick(pick, **verdict, key=key, avoid=run.tried)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class AsyncPoolTransport(_PoolRouted, httpx.AsyncBaseTransport):
+    """`PoolTransport` for `httpx.AsyncClient`, over `distbreaker.aio.Pool` pools."""
+
+    def _default_inner(self) -> httpx.AsyncBaseTransport:
+        return httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        pool = self._pool_for(request)
+        if pool is None:
+            return await self._inner.handle_async_request(request)  # type: ignore[no-any-return]
+        run, key = self._failover(request), self._routes.key_of(request)
+        pick = await pool.pick(key)
+        while True:
+            if not run.fresh(pick.member):   # nothing else was left
+                await pool.release(pick)
+                return run.result()  # type: ignore[no-any-return]
+            try:
+                response = await self._inner.handle_async_request(
+                    self._to_member(request, pick.member))
+            except BaseException as error:
+                outcome = self._failed(error)
+                step = run.failed(error, outcome)
+                if step == "next":   # record this one and pick the next: one script call
+                    pick = await pool.repick(pick, error, outcome=outcome, key=key,
+                                             avoid=run.tried)
+                    continue
+                if outcome is None:
+                    await pool.release(pick)
+                else:
+                    await pool.record(pick, error, outcome=outcome or None)
+                if step == "answer":
+                    return run.result()  # type: ignore[no-any-return]
+                stale = run.superseded()
+                if stale is not None:
+                    await stale.aclose()
+                raise
+            stale = run.superseded()
+            if stale is not None:
+                await stale.aclose()
+            verdict = self._outcome(response, pick.member)
+            if run.answered(response, verdict["outcome"]):
+                await pool.record(pick, **verdict)
+                return response  # type: ignore[no-any-return]
+            pick = await pool.repick(pick, **verdict, key=key, avoid=run.tried)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+__all__ = ["LOCAL_ERRORS", "TRANSIENT_ERRORS", "AsyncBreakerTransport", "AsyncPoolTransport",
+           "BreakerTransport", "PoolTransport"]

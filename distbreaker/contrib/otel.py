@@ -37,7 +37,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from .._runtime.keys import DEFAULT_PREFIX
 from ..breaker.events import Transition
 from ..errors import CallNotPermitted
-from ._metrics import Family, MetricsSource, catalog
+from ._metrics import DEFAULT_TOP_K, Family, MetricsSource, catalog
 
 __all__ = ["DistbreakerInstrumentor", "add_rejection_event", "add_transition_event"]
 
@@ -75,18 +75,22 @@ class DistbreakerInstrumentor:
     later; its Redis URL (or sync client) serves the metric reads unless `redis`
     is given. `components` and `register()` add breakers, bulkheads, budgets,
     policies or names. `max_age` bounds how stale one collection's fleet read
-    may be for the instruments read after the first.
+    may be for the instruments read after the first. With `discover`, at most `top_k`
+    discovered names get per-name points, as with the Prometheus collector
+    (docs/guides/prometheus.md, "Thousands of names"); the namespace aggregates count
+    every name.
     """
 
     def __init__(self, redis: Any = None, *, registry: Any = None, meter_provider: Any = None,
                  prefix: str | None = None, discover: bool = False, timeout: float = 1.0,
-                 components: Iterable[Any] = (), max_age: float = 1.0) -> None:
+                 components: Iterable[Any] = (), max_age: float = 1.0,
+                 top_k: int | None = DEFAULT_TOP_K) -> None:
         if redis is None and registry is not None:
             redis = _reader_target(registry)
         if prefix is None:
             prefix = registry.spec.prefix if registry is not None else DEFAULT_PREFIX
         self.source = MetricsSource(redis, prefix=prefix, discover=discover, timeout=timeout,
-                                    components=components)
+                                    components=components, top_k=top_k)
         self.source.on_transition(add_transition_event)
         self.max_age = max_age
         self._lock = threading.Lock()

@@ -19,9 +19,16 @@ from ..breaker.core import BreakerCore
 from ..breaker.events import Transition
 from ..breaker.state import State
 from ..errors import InjectedFault, InjectedRejection
-from ._metrics import REJECTION_REASONS, Family, MetricsSource, process_families
+from ._metrics import (
+    DEFAULT_TOP_K,
+    REJECTION_REASONS,
+    Family,
+    MetricsSource,
+    process_families,
+)
+from ._pool_metrics import PoolCollector
 
-__all__ = ["DistbreakerCollector"]
+__all__ = ["DistbreakerCollector", "PoolCollector"]
 
 
 class DistbreakerCollector(Collector):
@@ -69,6 +76,16 @@ class DistbreakerCollector(Collector):
       each breaker found in key schema v1, kept by workers not yet upgraded during
       a rolling deploy (they do not share state with v2 workers).
 
+    Bounded cardinality: with ``discover=True`` and thousands of keyed names, only
+    ``top_k`` discovered names (default 100; None: all) get the per-name series above:
+    the unreadable ones, then OPEN / HALF_OPEN / FORCED_OPEN, DISABLED / METRICS_ONLY,
+    CLOSED, each by failure rate, slow-call rate and rejections (registered names always
+    get theirs). Every name is in the namespace aggregates:
+    ``distbreaker_namespace_names``, ``_names_not_exported``,
+    ``distbreaker_namespace_breakers{state}``,
+    ``distbreaker_namespace_fleet_calls_total{outcome}``,
+    ``_fleet_rejections_total``, ``_bulkhead_in_use``, ``_ratelimiter_rejections_total``.
+
     Per process, from the registered objects (no Redis): ``distbreaker_calls_total
     {name,outcome}``, ``distbreaker_rejections_total{name,reason}`` (open,
     half_open_full, forced_open, redis_unavailable, ramping: slow start after a recovery,
@@ -86,8 +103,10 @@ class DistbreakerCollector(Collector):
 
     def __init__(self, redis: Any = None, *, prefix: str = DEFAULT_PREFIX,
                  discover: bool = False, timeout: float = 1.0,
-                 components: Iterable[Any] = (), multiprocess: bool | None = None) -> None:
-        self.source = MetricsSource(redis, prefix=prefix, discover=discover, timeout=timeout)
+                 components: Iterable[Any] = (), multiprocess: bool | None = None,
+                 top_k: int | None = DEFAULT_TOP_K) -> None:
+        self.source = MetricsSource(redis, prefix=prefix, discover=discover, timeout=timeout,
+                                    top_k=top_k)
         if multiprocess is None:
             multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR")
                                 or os.environ.get("prometheus_multiproc_dir"))

@@ -14,6 +14,11 @@ back as a synthetic 503 with Retry-After (the error in
 ``response.distbreaker_rejection``). Bodies are not read by the adapter (a
 ``stream=True`` request is classified by its status and headers). Leave the
 adapter's own ``max_retries`` at 0, or the retry layers multiply.
+
+`PoolAdapter` routes by `distbreaker.Pool` instead: a request to a pool's logical host
+goes to the member the pool picks, its outcome recorded on that member;
+``route(session, {"payments": pool})`` mounts one on ``http://payments/`` and
+``https://payments/``.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from ._http import (
     Protection,
     rejection_headers,
 )
+from ._pool_http import Failover, Routes, rewrite
 
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     requests.exceptions.ConnectionError, requests.exceptions.Timeout)
@@ -145,7 +151,101 @@ def protect(session: requests.Session, redis: Any = None, **options: Any) -> Bre
     return adapter
 
 
-__all__ = ["LOCAL_ERRORS", "TRANSIENT_ERRORS", "BreakerAdapter", "protect"]
+class PoolAdapter(requests.adapters.HTTPAdapter):
+    """An HTTPAdapter sending a request for a pool's logical host to the member
+    `pool.pick()` chooses, and recording the outcome on that member.
+
+    Same options and semantics as `distbreaker.contrib.httpx.PoolTransport`: `pool` one
+    `distbreaker.Pool` or a mapping of logical host (or ``host:port``) to pool (other
+    hosts are sent as they are); `key(request)` the stickiness key; `http_classifier`;
+    `keep_host` sends the logical host as the Host header; `failover` and
+    `failover_methods` send a failure to other members. The response's
+    `distbreaker_member` attribute names the member. Keyword arguments not listed go to
+    `HTTPAdapter`.
+    """
+
+    def __init__(self, pool: Any, *,
+                 key: Callable[[requests.PreparedRequest], str | None] | None = None,
+                 http_classifier: Any = None, keep_host: bool = False, failover: int = 0,
+                 failover_methods: Iterable[str] | None = IDEMPOTENT_METHODS,
+                 **adapter_options: Any) -> None:
+        if not isinstance(keep_host, bool):
+            raise TypeError("keep_host must be a bool")
+        super().__init__(**adapter_options)
+        self._routes = Routes(pool, key, http_classifier, failover, failover_methods)
+        self._keep_host = keep_host
+
+    def send(self, request: requests.PreparedRequest, stream: bool = False,
+             timeout: Any = None, verify: Any = True, cert: Any = None,
+             proxies: Any = None) -> requests.Response:
+        parts = urllib.parse.urlsplit(request.url or "")
+        pool = self._routes.pool_for(parts.hostname or "", parts.port)
+        options = {"stream": stream, "timeout": timeout, "verify": verify, "cert": cert,
+                   "proxies": proxies}
+        if pool is None:
+            return super().send(request, **options)
+        run = Failover(self._routes.attempts(
+            request.method or "GET", isinstance(request.body, (bytes, str, type(None)))))
+        key = self._routes.key_of(request)
+        pick = pool.pick(key)
+        while True:
+            if not run.fresh(pick.member):   # nothing else was left
+                pool.release(pick)
+                return run.result()  # type: ignore[no-any-return]
+            try:
+                response = super().send(self._to_member(request, parts, pick.member),
+                                        **options)
+            except BaseException as error:
+                outcome = self._routes.error_outcome(error, TRANSIENT_ERRORS, LOCAL_ERRORS)
+                step = run.failed(error, outcome)
+                if step == "next":   # record this one and pick the next: one script call
+                    pick = pool.repick(pick, error, outcome=outcome, key=key, avoid=run.tried)
+                    continue
+                if outcome is None:
+                    pool.release(pick)
+                else:
+                    pool.record(pick, error, outcome=outcome or None)
+                if step == "answer":
+                    return run.result()  # type: ignore[no-any-return]
+                stale = run.superseded()
+                if stale is not None:
+                    stale.close()
+                raise
+            stale = run.superseded()
+            if stale is not None:
+                stale.close()
+            outcome, eject_for = self._routes.verdict(response.status_code, response.headers)
+            verdict = {"outcome": outcome, "eject_for": eject_for}
+            response.distbreaker_member = pick.member  # type: ignore[attr-defined]
+            if run.answered(response, outcome):
+                pool.record(pick, **verdict)
+                return response
+            pick = pool.repick(pick, **verdict, key=key, avoid=run.tried)
+
+    def _to_member(self, request: requests.PreparedRequest, parts: urllib.parse.SplitResult,
+                   member: str) -> requests.PreparedRequest:
+        target = self._routes.target(member)
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        scheme, _, _, path = rewrite(parts.scheme, path, target)
+        sent = request.copy()
+        sent.url = urllib.parse.urlunsplit((scheme, target.netloc, path, "", ""))
+        if self._keep_host:
+            sent.headers["Host"] = parts.netloc
+        return sent
+
+
+def route(session: requests.Session, pools: Any, **options: Any) -> PoolAdapter:
+    """Mount one `PoolAdapter` (a mapping of logical host -> pool, and `options`) on
+    ``http://<host>/`` and ``https://<host>/`` of each host."""
+    adapter = PoolAdapter(pools, **options)
+    for host in pools:
+        session.mount(f"http://{host}/", adapter)
+        session.mount(f"https://{host}/", adapter)
+    return adapter
+
+
+__all__ = ["LOCAL_ERRORS", "TRANSIENT_ERRORS", "BreakerAdapter", "PoolAdapter", "protect",
+           "route"]
 
 
 def _check_http_timeout(timeout: Any) -> Any:

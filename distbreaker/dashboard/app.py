@@ -4,8 +4,9 @@ event stream.
 - ``GET /``: the fleet page; ``GET /breakers/{name}``: one breaker's page.
 - ``GET /api/config``: whether operator actions are enabled.
 - ``GET /api/events``: server-sent events: ``status`` (Redis reachable or not),
-  ``snapshot`` (the fleet, with each name's recent rates, on connect),
-  ``update`` (the fleet, after each transition and every refresh),
+  ``snapshot`` (the fleet's rows, with each name's recent rates, on connect and
+  whenever a stream fell behind), ``update`` (only the rows that changed and the keys
+  of those gone, numbered by ``seq``; nothing while nothing changes),
   ``transition`` (one transition from the channel, as it happens). Filtered by
   ``?name=NAME`` (repeatable: only these names' rows and transitions) and
   ``?type=KIND`` (repeatable: only these kinds), e.g.
@@ -126,6 +127,10 @@ class Dashboard:
                         kind, data = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
                     except asyncio.TimeoutError:
                         yield ": keep-alive\n\n"
+                        continue
+                    if kind == "resync":  # it missed diffs: the whole fleet again
+                        for kind, data in self.hub.first_messages(wanted):
+                            yield sse(kind, data)
                         continue
                     yield sse(kind, data)
             finally:

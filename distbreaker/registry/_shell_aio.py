@@ -13,6 +13,7 @@ from ..breaker.aio import CircuitBreaker
 from ..budget.aio import RetryBudget
 from ..bulkhead.aio import Bulkhead
 from ..policy.aio import Policy
+from ..pool.aio import Pool
 from ..ratelimiter.aio import RateLimiter
 from ..retry.aio import Retry
 from .core import Classes, RegistryCore
@@ -21,11 +22,11 @@ from .health import RegistryHealth, run_async
 logger = logging.getLogger("distbreaker")
 
 CLASSES = Classes(breaker=CircuitBreaker, bulkhead=Bulkhead, budget=RetryBudget, retry=Retry,
-                  policy=Policy, rate_limiter=RateLimiter)
+                  policy=Policy, rate_limiter=RateLimiter, pool=Pool)
 
 
 class RegistryShell(RegistryCore[CircuitBreaker, Bulkhead, RetryBudget, Retry, Policy,
-                                 RateLimiter]):
+                                 RateLimiter, Pool]):
     """The registry's health and close, over this flavour's components."""
 
     CLASSES = CLASSES

@@ -15,6 +15,7 @@ from ..breaker.sync import CircuitBreaker
 from ..budget.sync import RetryBudget
 from ..bulkhead.sync import Bulkhead
 from ..policy.sync import Policy
+from ..pool.sync import Pool
 from ..ratelimiter.sync import RateLimiter
 from ..retry.sync import Retry
 from .core import Classes, RegistryCore
@@ -23,11 +24,11 @@ from .health import RegistryHealth, run_sync
 logger = logging.getLogger("distbreaker")
 
 CLASSES = Classes(breaker=CircuitBreaker, bulkhead=Bulkhead, budget=RetryBudget, retry=Retry,
-                  policy=Policy, rate_limiter=RateLimiter)
+                  policy=Policy, rate_limiter=RateLimiter, pool=Pool)
 
 
 class RegistryShell(RegistryCore[CircuitBreaker, Bulkhead, RetryBudget, Retry, Policy,
-                                 RateLimiter]):
+                                 RateLimiter, Pool]):
     """The registry's health and close, over this flavour's components."""
 
     CLASSES = CLASSES

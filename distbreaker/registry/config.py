@@ -11,6 +11,7 @@ bulkheads: {instances: {payments: {max_concurrent_calls: 25,
                                    adaptive: {min_limit: 2, max_limit: 50}}}}
 budgets:   {instances: {payments: {percent_can_retry: 0.2}}}
 rate_limiters: {instances: {llm: {limit_for_period: 100000, limit_refresh_period: 1m}}}
+pools:     {instances: {payments-hosts: {members: [10.0.0.1:80, 10.0.0.2:80], consecutive_5xx: 3}}}
 retries:   {instances: {payments: {max_attempts: 3, budget: payments}}}
 policies:  {instances: {payments: {breaker: payments, bulkhead: payments,
                                    budget: payments, retry: {max_attempts: 3}},
@@ -28,7 +29,7 @@ exception classes and predicates are dotted import paths
 ``${VAR:-default}``) in any string is replaced from the environment.
 
 Environment variables ``DISTBREAKER_<KIND>_<NAME>_<FIELD>`` (KIND one of
-BREAKER, BULKHEAD, BUDGET, RATE_LIMITER, RETRY, POLICY; the name upper-cased with every
+BREAKER, BULKHEAD, BUDGET, RATE_LIMITER, RETRY, POLICY, POOL; the name upper-cased with every
 character other than a letter or digit as ``_``) override the file, e.g.
 ``DISTBREAKER_BREAKER_PAYMENTS_MINIMUM_NUMBER_OF_CALLS=4``. The longest
 field name that ends the variable wins. NAME ``DEFAULT`` overrides
@@ -61,6 +62,7 @@ from ..breaker.config import BreakerConfig
 from ..budget.config import BudgetConfig
 from ..bulkhead.adaptive import AdaptiveLimit
 from ..bulkhead.config import BulkheadConfig
+from ..pool.config import PoolConfig
 from ..ratelimiter.config import RateLimiterConfig
 from ..retry.config import RetryConfig
 
@@ -120,6 +122,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("rate_limiter", "rate_limiters", RateLimiterConfig),
     Kind("retry", "retries", RetryConfig, ("budget",)),
     Kind("policy", "policies", None, tuple(_POLICY_FIELDS)),
+    Kind("pool", "pools", PoolConfig),
 )}
 _BY_SECTION = {k.section: k for k in KINDS.values()}
 

@@ -34,6 +34,7 @@ BudgetT = TypeVar("BudgetT")
 RetryT = TypeVar("RetryT")
 PolicyT = TypeVar("PolicyT")
 LimiterT = TypeVar("LimiterT")
+PoolT = TypeVar("PoolT")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +47,7 @@ class Classes:
     retry: type
     policy: type
     rate_limiter: type
+    pool: type
 
 
 def keyed_name(name: str, key: Any) -> str:
@@ -70,7 +72,7 @@ def client_for(spec: RegistrySpec, redis: Any, make: Any) -> Any:
         raise RegistryConfigError(spec.source, "redis", None, str(error)) from None
 
 
-class RegistryCore(Generic[BreakerT, BulkheadT, BudgetT, RetryT, PolicyT, LimiterT]):
+class RegistryCore(Generic[BreakerT, BulkheadT, BudgetT, RetryT, PolicyT, LimiterT, PoolT]):
     """Named components, each built once; `client` is shared by all of them.
 
     Each flavour sets `CLASSES` (its components) and `make_client(target, timeout)`.
@@ -136,6 +138,10 @@ class RegistryCore(Generic[BreakerT, BulkheadT, BudgetT, RetryT, PolicyT, Limite
         """The rate limiter `name` (for `key`: its own limiter with `name`'s config; or
         one limiter's ``acquire(key=...)``, which shares its object)."""
         return cast(LimiterT, self._get("rate_limiter", name, key))
+
+    def pool(self, name: str) -> PoolT:
+        """The pool `name` (its members and outlier detection from the `pools:` section)."""
+        return cast(PoolT, self._get("pool", name, None))
 
     def retry(self, name: str) -> RetryT:
         """The Retry `name` (no key: a Retry keeps no state of its own)."""
@@ -260,7 +266,7 @@ class RegistryCore(Generic[BreakerT, BulkheadT, BudgetT, RetryT, PolicyT, Limite
         that order
         (a component shared by policies is read once per report)."""
         order = {kind: i for i, kind in enumerate(KINDS)}
-        items = sorted((pair for pair in self.components() if pair[0] != "retry"),
+        items = sorted((pair for pair in self.components() if pair[0] not in ("retry", "pool")),
                        key=lambda pair: order[pair[0]])
         plans = []
         for kind, component in items:

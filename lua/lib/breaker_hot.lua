@@ -1,7 +1,9 @@
---!lib needs record_layout record_codec breaker_shadow
+--!lib needs record_layout record_codec breaker_shadow breaker_rollout
 -- The breaker's hot path (lua/breaker.lua): the usual record, one successful call,
 -- not slow and not a probe, in CLOSED with a count window, the caller's config stored
--- (fingerprint), no override, no TTL refresh due. It is what the general path does
+-- (fingerprint; or a worker's repeated hello with it, which costs one HSET after the
+-- record: lua/lib/breaker_rollout.lua `rehello`), no override, no TTL refresh due.
+-- It is what the general path does
 -- for that case (the same commands: GETRANGE, BITFIELD SET, SETRANGE of the totals
 -- group, the short reply), without the per-call context: its state is the locals of
 -- `record` (registers, the cheapest values of Lua). nil when the case is not that
@@ -9,9 +11,10 @@
 -- undo). A success can still make the window's rates count (the calls reach
 -- minimum_calls, or a quorum now met): that is left to the general path too, with the
 -- slot written back. Also the server time, which both paths read.
-local tonumber, min, byte, rep = tonumber, math.min, string.byte, string.rep
+local tonumber, min, byte, rep, sub = tonumber, math.min, string.byte, string.rep, string.sub
 local rcall, pcall_ = redis.call, redis.pcall
 local layout, packer, int = record_layout, record_codec.packer, record_codec.int
+local rehello = breaker_rollout.rehello
 local MAGIC, WIN, COUNT_SLOT = layout.MAGIC, layout.WINDOW_AT, layout.COUNT_SLOT_BYTES
 local PRESENT, FAILED, SLOW, MS_MASK = layout.PRESENT, layout.FAILED, layout.SLOW, layout.MS_MASK
 local HOT_AT, HOT_LAST, HOT_BYTES = layout.HOT_AT, layout.HOT_LAST, layout.HOT_BYTES
@@ -60,7 +63,19 @@ local function record(keys, args, given_now, given_micros)
     fp_text, FAST_N = int(stored_fp), FAST_N + 1
     FP_TEXT[stored_fp] = fp_text
   end
-  if fp_text ~= args[2] then return nil, raw, given_now, given_micros end
+  local a2, worker = args[2], nil
+  if fp_text ~= a2 then
+    -- a hello '<fp>@<worker>' of the config in force (longer than any fingerprint)
+    local n = #fp_text
+    if #a2 <= 15 or byte(a2, n + 1) ~= 64 or sub(a2, 1, n) ~= fp_text
+        or sub(a2, -4) == '@bye' then
+      return nil, raw, given_now, given_micros
+    end
+    worker = sub(a2, n + 2)
+    -- an operator's recording switch (`distbreaker record start`) reaches a worker in its
+    -- hello's full reply (lua/lib/breaker_sample.lua): that hello takes the general path
+    if pcall_('EXISTS', k .. ':rec:on') == 1 then return nil, raw, given_now, given_micros end
+  end
   local t_now, us = given_now, given_micros
   if not t_now then t_now, us = server_time() end
   if t_now - ttl_refreshed_at >= key_ttl / 2 or ttl_refreshed_at > t_now then
@@ -97,6 +112,7 @@ local function record(keys, args, given_now, given_micros)
                                               + 4294967296 or (write_seq + 1) % 4294967296,
                                               calls_total + 1, failures_total))
   if shadowed then pcall(breaker_shadow.feed, k, t_now, us, 1, 0, 0, ms) end
+  if worker then rehello(k .. ':cfgs', worker, fp_text, args[3], t_now, key_ttl) end
   return {'CLOSED', t_now, since_ms}
 end
 

@@ -12,7 +12,8 @@
 -- 'f:why', 'f:actor': when, why and by whom the config in force was adopted.
 --
 -- The rule, decided on hellos only (a worker's first call, then one every 20 s; its
--- other calls cost nothing more): the caller's config replaces the one in force when
+-- other calls cost nothing more; a repeated hello of a worker whose config is in force
+-- decides nothing and costs one HSET, `rehello`): the caller's config replaces the one in force when
 -- it ranks higher (config field 22, the explicit version, first; then the deploy
 -- time: the newest deployment wins), or when no worker runs the one in force any more
 -- (each said goodbye, '<fp>@<worker>@bye' from `close()`, or has been silent for
@@ -72,7 +73,7 @@ end
 -- while `stored` (text, '0' for none; wire) is in force. Returns the writes to make
 -- after the state record (a table for `write`), why `mine` is adopted (nil: it is
 -- not), or nil, nil and an error reply.
-local function hello(key, worker, bye, mine, mine_wire, stored, stored_wire, now)
+local function hello(key, worker, bye, mine, mine_wire, stored, stored_wire, now, fresh)
   local state, err = read(key)
   if not state then return nil, nil, err end
   local hset, hdel = {}, {}
@@ -81,7 +82,8 @@ local function hello(key, worker, bye, mine, mine_wire, stored, stored_wire, now
     return {hset = hset, hdel = hdel}, nil
   end
   local deployed_now = false  -- this hello deploys `mine`
-  if not state.workers[worker] and not live(state, mine, now, worker) then
+  -- (`fresh`: this call's `rehello` just created the worker's entry)
+  if (fresh or not state.workers[worker]) and not live(state, mine, now, worker) then
     state.deployed[mine], deployed_now = now, true
     hset[#hset + 1], hset[#hset + 2] = 'd:' .. mine, int(now)
   end
@@ -146,5 +148,22 @@ local function write(key, writes, why, actor, adopted, adopted_wire, deploy, now
   end
 end
 
+-- A repeated hello of a worker whose config (`fp`, its text; `wire`) is in force, made
+-- after the state record: the rule can adopt nothing (the config is in force), so the
+-- hello only says the worker still runs it: one HSET of its entry's time (the hash's
+-- TTL is refreshed with the record's, lua/lib/breaker_persist.lua). When that created
+-- the entry (`fresh`: the hot path's HSET did; the hash expired, or the worker was
+-- forgotten after FORGET_MS of silence) the whole hello runs, which may deploy the
+-- config. Through pcall: a foreign key type only loses the hello, never the call
+-- (the worker's next full hello reports it).
+local function rehello(key, worker, fp, wire, now, ttl_ms, fresh)
+  if not fresh then
+    local added = pcall_('HSET', key, 'w:' .. worker, fp .. ':' .. int(now))
+    if added ~= 1 then return end
+  end
+  local writes = hello(key, worker, false, fp, wire, fp, wire, now, true)
+  if writes then pcall(write, key, writes, nil, nil, nil, nil, nil, now, ttl_ms) end
+end
+
 return {split = split, version_of = version_of, hello = hello, write = write,
-        LIVE_MS = LIVE_MS}
+        rehello = rehello, LIVE_MS = LIVE_MS}

@@ -242,6 +242,28 @@ def test_cli_ls_and_show_scan_every_primary(cluster: EmbeddedCluster,
         assert shown.exit_code == 0, shown.output
         assert json.loads(shown.stdout)["breaker"]["calls"] == 1
 
+    def cli_json(*args: str) -> list[dict[str, Any]]:
+        done = CliRunner().invoke(cli, ["--url", cluster.url, "--prefix", prefix, *args,
+                                        "--json"])
+        assert done.exit_code == 0, done.output
+        return [json.loads(line) for line in done.stdout.splitlines()]
+
+    # many names: the brief read, a page, a selector's dry run and action (pipelines
+    # across the primaries)
+    top = json.loads(CliRunner().invoke(cli, ["--url", cluster.url, "--prefix", prefix, "ls",
+                                              "--top", "1", "--by", "calls", "--json",
+                                              "--state", "closed"]).stdout)
+    assert [r["state"] for r in top["breakers"]] == ["CLOSED"]
+    page = json.loads(CliRunner().invoke(cli, ["--url", cluster.url, "--prefix", prefix, "ls",
+                                               "--limit", "1", "--page", "2", "--json"]).stdout)
+    assert [r["name"] for r in page["breakers"]] == sorted(by_node.values())[1:2]
+    plans = cli_json("close", f"{name}-*", "--dry-run")
+    assert sorted(p["name"] for p in plans) == sorted(by_node.values())
+    assert [p["name"] for p in plans if p["would_change"]] == [opened]
+    closed = cli_json("close", f"{name}-*", "--yes", "--reason", "cluster selector")
+    assert {r["name"]: r["changed"] for r in closed} == {
+        n: n == opened for n in by_node.values()}
+
 
 def test_asyncio_breaker_and_policy_on_an_async_cluster_client(cluster: EmbeddedCluster,
                                                                name: str) -> None:

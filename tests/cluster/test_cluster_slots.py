@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from redis.cluster import RedisCluster, key_slot
 
-from distbreaker import Bulkhead, CircuitBreaker, RateLimiter, RetryBudget
+from distbreaker import Bulkhead, CircuitBreaker, Pool, RateLimiter, RetryBudget
 from distbreaker import inject as faults
 from distbreaker._runtime.keys import (
     DEFAULT_PREFIX,
@@ -157,13 +157,17 @@ def exercise(name: str, client: Any) -> None:
                           timeout_duration=0)
     assert limiter.try_acquire() and limiter.drain().available_permissions == 0
     assert limiter.change_limit_for_period(5).overridden and not limiter.reset_limit().overridden
+    pool = Pool(name, redis=client, members=["a", "b"], consecutive_5xx=1,
+                max_ejection_percent=50)
+    pool.record(pool.pick(), status=500)
+    assert pool.status().ejected == 1 and pool.uneject(pool.status().members[0].member)
 
 
 def test_every_script_runs_on_the_cluster_with_one_slot_per_call(
         cluster_client: RedisCluster) -> None:
     scripts = {load_script(path.stem).sha: path.stem for path in lua_dir().glob("*.lua")}
     assert set(scripts.values()) == {"breaker", "bulkhead", "budget", "ganesha", "finish",
-                                     "ratelimiter", "inject"}
+                                     "ratelimiter", "inject", "pool"}
     seen: set[str] = set()
     for name in NAME_SHAPES:
         recorder = Recorder(cluster_client)

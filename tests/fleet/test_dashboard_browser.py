@@ -133,7 +133,7 @@ def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 # -- reading the page -------------------------------------------------------------------
 ROW_STATE = """
-const row = [...document.querySelectorAll('#rows tr')].find(r => r.dataset.name === arguments[0]);
+const row = [...document.querySelectorAll('#rows .row')].find(r => r.dataset.name === arguments[0]);
 if (!row) return null;
 const badge = row.querySelector('.state');
 return badge ? badge.dataset.state : null;
@@ -178,7 +178,7 @@ def test_a_trip_by_a_worker_shows_without_a_reload_and_a_cli_close_shows_closed(
     wait_for(lambda: [row_state(browser, n) for n in ("payments", "search", "legacy")]
              == ["CLOSED", "FORCED_OPEN", "ERROR"])  # foreign data: an error row
     legacy = browser.execute_script(
-        "return [...document.querySelectorAll('#rows tr')]"
+        "return [...document.querySelectorAll('#rows .row')]"
         ".find(r => r.dataset.name === 'legacy').textContent")
     assert "holds a hash, expected a string" in legacy
     browser.execute_script("window.__sameDocument = 'yes'")

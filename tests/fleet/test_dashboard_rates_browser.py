@@ -39,7 +39,7 @@ LOAD = textwrap.dedent("""
 """)
 
 RATES = """
-const row = [...document.querySelectorAll('#rows tr')].find(r => r.dataset.name === arguments[0]);
+const row = [...document.querySelectorAll('#rows .row')].find(r => r.dataset.name === arguments[0]);
 const cell = row && row.querySelector('.rates');
 return cell ? cell.textContent : null;
 """
@@ -76,7 +76,7 @@ def test_fleet_rates_from_two_workers_show_on_both_pages(redis_url: str, load: A
         assert float(calls) > 0 and ok > 0 and failed > 0, text   # one call in four fails
         assert ok > failed, text
         latency = browser.execute_script(
-            "const row = [...document.querySelectorAll('#rows tr')]"
+            "const row = [...document.querySelectorAll('#rows .row')]"
             ".find(r => r.dataset.name === 'orders');"
             "return row.querySelector('.latency').textContent")
         p50, p99 = (int(part.split("ms")[0]) for part in latency[len("p50 "):].split(" · p99 "))
@@ -112,7 +112,7 @@ def test_sparklines_survive_a_restart_of_the_dashboard(redis_url: str, redis_cli
         times = browser.execute_script(points_js, "checkout")
         assert min(times) < restarted_at_ms                # drawn from before the restart
         assert browser.execute_script(
-            "const row = [...document.querySelectorAll('#rows tr')]"
+            "const row = [...document.querySelectorAll('#rows .row')]"
             ".find(r => r.dataset.name === 'checkout');"
             "return row.querySelectorAll('svg.spark path').length") >= 1
     finally:
@@ -138,8 +138,8 @@ def test_the_event_stream_filters_by_name_and_type(redis_url: str, browser: Any)
     try:
         browser.get(dashboard.base + "/")
         browser.execute_script(STREAM, "name=alpha&type=transition&type=update")
-        wait_for(lambda: browser.execute_script(
-            "return window.__seen.some(m => m[0] === 'update')"), timeout=60)
+        wait_for(lambda: browser.execute_script(  # the stream is open: subscribed
+            "return window.__source.readyState === 1"), timeout=60)
         for name in ("beta", "alpha"):
             done = cli(redis_url, "trip", name, "--reason", f"drill {name}")
             assert done.returncode == 0, done.stderr

@@ -25,7 +25,7 @@ from tests.helpers.dependency import AsyncDependency, Dependency
 
 _ASYNC_COMPONENTS = (distbreaker.aio.CircuitBreaker, distbreaker.aio.Bulkhead,
                      distbreaker.aio.Policy, distbreaker.aio.RetryBudget,
-                     distbreaker.aio.RateLimiter)
+                     distbreaker.aio.RateLimiter, distbreaker.aio.Pool)
 
 
 class Blocking:
@@ -126,6 +126,9 @@ class Flavour:
 
     def rate_limiter(self, *args: Any, **kwargs: Any) -> Any:
         return self._make(distbreaker.RateLimiter, distbreaker.aio.RateLimiter, args, kwargs)
+
+    def pool(self, *args: Any, **kwargs: Any) -> Any:
+        return self._make(distbreaker.Pool, distbreaker.aio.Pool, args, kwargs)
 
     def dependency(self, *args: Any, **kwargs: Any) -> Dependency | AsyncDependency:
         """A dependency of this flavour (a coroutine one for asyncio, so tasks overlap)."""

@@ -34,3 +34,15 @@ def test_every_row_makes_the_round_trips_of_its_path(bench: ModuleType, redis_ur
     ratios = bench.ratios(list(scenarios.values()))
     assert "distbreaker OPEN / OPEN with 1 listener, per CPU-s" in ratios
     assert "distbreaker CLOSED / raw FCALL of its call, per CPU-s" in ratios
+
+
+def test_the_latency_ratios_set_each_row_against_a_bare_get(bench: ModuleType,
+                                                              redis_url: str) -> None:
+    scenarios = bench.run(redis_url, seconds=1.0, calls=40, rounds=2)
+    by = {s.key: s for s in scenarios}
+    assert all(len(by[key].latencies) == 2 and by[key].p50_us() > 0
+               for key in ("get", "raw_record", "closed", "pybreaker_closed"))
+    ratios = bench.latency_ratios(scenarios)
+    assert set(ratios) == set(bench.LATENCY_RATIOS)
+    assert all(r["min"] <= r["max"] for r in ratios.values())
+    assert bench.client_cpu_above_get(scenarios) is not None

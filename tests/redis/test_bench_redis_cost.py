@@ -19,10 +19,12 @@ ROUND_TRIPS = {
     "ping": 1, "empty_evalsha": 1, "pybreaker_closed": 2, "closed": 1, "closed_time": 1,
     "half_open": 2, "open": 0, "batched_closed_10": 0.1, "batched_closed_100": 0.01,
     "policy": 2, "bulkhead": 2, "adaptive_bulkhead": 2, "budget": 1, "ratelimiter": 1,
+    "pool": 2, "pool_repick": 1,
     "closed_time_3600": 1,
     "closed_time_idle_3600": 1, "closed_time_idle_1800": 1, "closed_time_idle_3599": 1,
     "closed_time_idle_3600_no_ttl": 1, "closed_shadow_1": 1, "closed_shadow_3": 1,
     "closed_recording": 1,  # the sample rides on the record's script call
+    "policy_20_per_s": 2,
 }
 
 
@@ -35,7 +37,7 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 
 def test_every_scenario_makes_the_round_trips_of_its_path(bench: ModuleType,
                                                           redis_url: str) -> None:
-    scenarios = bench.build_scenarios(redis_url, "cost")
+    scenarios = bench.build_scenarios(redis_url, "cost", pacings=((20.0, 5),))
     results = bench.measure(scenarios, bench.NoMeter(), calls=100, batches=2, warm_up=10)
     assert {m.key: m.round_trips_per_call() for m in results} == pytest.approx(ROUND_TRIPS)
     commands = {m.key: m.commands_per_call() for m in results}

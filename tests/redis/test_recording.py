@@ -75,6 +75,22 @@ def test_the_operators_switch_reaches_workers_at_their_hello_and_stops(
     assert control.stop(redis_client, name) is False
 
 
+def test_a_running_worker_learns_the_switch_at_its_next_repeated_hello(
+        redis_url: str, redis_client: redis.Redis, name: str) -> None:
+    """A worker already running (its first hello said, its repeated hellos on the hot
+    path) learns `record start` at its next hello and `record stop` at the one after."""
+    worker = CircuitBreaker(name, redis=redis_url, **FAST)
+    worker.call(lambda: None)                        # the first hello: nothing to record
+    control.start(redis_client, name, 1.0, 3600, max_samples=50, ttl_s=120)
+    worker.call(lambda: None)                        # no hello due: not learned yet
+    assert redis_client.xlen(control.stream_key(name)) == 0
+    worker._codec._next_hello = 0.0                  # the next hello is due (every 20 s)
+    for _ in range(3):
+        worker.call(lambda: None)
+    assert redis_client.xlen(control.stream_key(name)) >= 2
+    worker.close()
+
+
 def test_a_batched_flush_is_recorded_whole(redis_url: str, redis_client: redis.Redis,
                                            name: str) -> None:
     breaker = CircuitBreaker(name, redis=redis_url, record_mode="batched", max_batch=10,

@@ -34,3 +34,13 @@ def test_percentiles_by_nearest_rank() -> None:
     values = list(range(1, 101))
     assert (percentile(values, 0.5), percentile(values, 0.99)) == (50, 99)
     assert percentile([7], 0.99) == 7
+
+
+def test_a_named_stream_gets_only_its_rows_and_pools_of_an_update() -> None:
+    update = {"rows": [{"name": "a"}, {"name": "b"}], "removed": ["c", "v1:a"],
+              "pools": [{"pool": "llm"}, {"pool": "db"}], "pools_removed": ["llm", "x"]}
+    shown = Filter(frozenset({"a", "llm"})).apply("update", update)
+    assert shown is not None
+    assert [r["name"] for r in shown["rows"]] == ["a"] and shown["removed"] == ["v1:a"]
+    assert shown["pools"] == [{"pool": "llm"}] and shown["pools_removed"] == ["llm"]
+    assert Filter(frozenset({"zzz"})).apply("update", update) is None   # nothing for it

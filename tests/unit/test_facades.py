@@ -15,10 +15,11 @@ ONLY_AIO: dict[str, str] = {}
 
 #: The names each facade exports in its own flavour, with a method that does Redis I/O.
 COMPONENTS = {"Bulkhead": "call", "CircuitBreaker": "call", "GaneshaBreaker": "call",
-              "Policy": "call", "RateLimiter": "acquire", "Retry": "call",
+              "Policy": "call", "Pool": "pick", "RateLimiter": "acquire", "Retry": "call",
               "RetryBudget": "try_withdraw"}
 #: Components holding Redis clients or batched state: close() (sync), aclose() (asyncio).
-CLOSABLE = {"Bulkhead", "CircuitBreaker", "GaneshaBreaker", "RateLimiter", "RetryBudget"}
+CLOSABLE = {"Bulkhead", "CircuitBreaker", "GaneshaBreaker", "Pool", "RateLimiter",
+            "RetryBudget"}
 #: Not components, but with a flavour of their own: the registry builds the flavour's
 #: components, health() reads them (awaited in asyncio).
 FLAVOURED = {"Registry", "health"}

@@ -17,6 +17,7 @@ from distbreaker._runtime.keys import (
     BreakerKeys,
     BudgetKeys,
     BulkheadKeys,
+    PoolKeys,
     RateLimiterKeys,
     events_channel,
     namespace,
@@ -36,7 +37,7 @@ def key_patterns() -> list[tuple[str, str, str]]:
     """(class.field, built key, documented pattern) for every key field of the key classes."""
     base = f"{namespace('distbreaker')}:{{{NAME}}}"
     out = []
-    for cls in (BreakerKeys, BulkheadKeys, BudgetKeys, RateLimiterKeys):
+    for cls in (BreakerKeys, BulkheadKeys, BudgetKeys, RateLimiterKeys, PoolKeys):
         keys = cls.build(NAME)
         for field in dataclasses.fields(cls):
             built = getattr(keys, field.name)

@@ -52,3 +52,10 @@ def test_refused(char: str) -> None:
 @pytest.mark.parametrize("name", ["payments", "é-ü", "\U0001f600", "a{b}", "数据库"])
 def test_accepted(name: str) -> None:
     assert validate_name(name) == name
+
+
+def test_the_ascii_fast_path_refuses_exactly_what_the_table_refuses() -> None:
+    from distbreaker._runtime.keys import _ASCII_REFUSED
+
+    assert all(bool(_ASCII_REFUSED.search(chr(cp))) == bool(REFUSED_CHAR.search(chr(cp)))
+               for cp in range(128))

@@ -810,7 +810,9 @@ end
 -- The TTL of every key but the history: key_ttl, or until key_ttl past a later end
 -- (`held`: an override, a long OPEN wait); answers that TTL (as the decimal string),
 -- which the caller gives the history after its XADD (a first event creates the stream).
-local function refresh_ttls(state_key, meta_key, probes_key, now, ttl_ms, held)
+-- `probes_key` false: the probe leases are left alone (none are live). The rollout
+-- hash too (<state key>:cfgs): a worker's repeated hello writes it without a PEXPIRE.
+local function refresh_ttls(state_key, meta_key, probes_key, cfgs_key, now, ttl_ms, held)
   local keep = ttl_ms
   if held > now then keep = max(ttl_ms, held - now + ttl_ms) end
   -- formatted once, as an integer (a number argument is formatted by Lua's %.14g for
@@ -818,7 +820,8 @@ local function refresh_ttls(state_key, meta_key, probes_key, now, ttl_ms, held)
   keep = int(keep)
   rcall('PEXPIRE', state_key, keep)
   rcall('PEXPIRE', meta_key, keep)
-  rcall('PEXPIRE', probes_key, keep)
+  if probes_key then rcall('PEXPIRE', probes_key, keep) end
+  rcall('PEXPIRE', cfgs_key, keep)
   return keep
 end
 
@@ -1697,116 +1700,6 @@ return {feed = feed, op = op, declare = declare, split_hello = split_hello,
 end)(prelude(), record_layout(), record_codec(), breaker_config(), breaker_transitions(), breaker_window(), breaker_ops()) end
   return breaker_shadow_value
 end
-local breaker_hot_value
-local function breaker_hot()
-  if breaker_hot_value == nil then breaker_hot_value = (function(record_layout, record_codec, breaker_shadow)
---!lib needs record_layout record_codec breaker_shadow
--- The breaker's hot path (lua/breaker.lua): the usual record, one successful call,
--- not slow and not a probe, in CLOSED with a count window, the caller's config stored
--- (fingerprint), no override, no TTL refresh due. It is what the general path does
--- for that case (the same commands: GETRANGE, BITFIELD SET, SETRANGE of the totals
--- group, the short reply), without the per-call context: its state is the locals of
--- `record` (registers, the cheapest values of Lua). nil when the case is not that
--- simple (the general path then runs and decides, having nothing of this one's to
--- undo). A success can still make the window's rates count (the calls reach
--- minimum_calls, or a quorum now met): that is left to the general path too, with the
--- slot written back. Also the server time, which both paths read.
-local tonumber, min, byte, rep = tonumber, math.min, string.byte, string.rep
-local rcall, pcall_ = redis.call, redis.pcall
-local layout, packer, int = record_layout, record_codec.packer, record_codec.int
-local MAGIC, WIN, COUNT_SLOT = layout.MAGIC, layout.WINDOW_AT, layout.COUNT_SLOT_BYTES
-local PRESENT, FAILED, SLOW, MS_MASK = layout.PRESENT, layout.FAILED, layout.SLOW, layout.MS_MASK
-local HOT_AT, HOT_LAST, HOT_BYTES = layout.HOT_AT, layout.HOT_LAST, layout.HOT_BYTES
-local TOTALS_AT = layout.TOTALS_AT
-local HOT_FORMAT = '>' .. rep('i8', layout.HOT_FIELDS)
-local TOTALS_FORMAT = '>' .. rep('i8', layout.TOTALS_FIELDS)
--- the low bytes of the window type and the state code in the hot read
-local WINDOW_TYPE_BYTE, STATE_BYTE = layout.HOT_LOW_BYTE.window_type, layout.HOT_LOW_BYTE.state
-local FP_TEXT, SLOT_BIT, FAST_N = {}, {}, 0   -- decimal texts, kept (a library keeps them)
-
--- The server time in ms, and its microseconds (the open wait's random draw).
-local function server_time()
-  local t = rcall('TIME')
-  local us = tonumber(t[2])
-  return tonumber(t[1]) * 1000 + (us - us % 1000) / 1000, us
-end
-
--- Returns the reply, or nil and (when it read them) the hot fields' bytes and the
--- server time, which the general path then uses instead of reading them again.
-local function record(keys, args, given_now, given_micros)
-  if args[7] ~= '1' or args[8] ~= '0' or args[9] ~= '0' or args[6] ~= '' or not packer then
-    return nil, nil, given_now, given_micros
-  end
-  local k = keys[1]
-  local raw = pcall_('GETRANGE', k, HOT_AT, HOT_LAST)
-  if type(raw) ~= 'string' or #raw < HOT_BYTES then return nil, nil, given_now, given_micros end
-  -- a TIME window or another state than CLOSED leaves at once, before the fields are
-  -- decoded
-  if byte(raw, WINDOW_TYPE_BYTE) ~= 0 or byte(raw, STATE_BYTE) ~= 0 then
-    return nil, raw, given_now, given_micros
-  end
-  local ms = tonumber(args[10])
-  if not ms or ms < 0 or ms % 1 ~= 0 then return nil, raw, given_now, given_micros end
-  -- the hot group, as the general path's `load` reads it (this record's values)
-  local _, _, _, _, _, _, magic, stored_fp, window_type, window_size, minimum_calls,
-        failure_threshold, slow_threshold, key_ttl, code, since_ms, override_until,
-        ttl_refreshed_at, n_calls, n_failures, n_slow, sum_ms, ring_head, window_sec,
-        write_seq, calls_total, failures_total = packer.unpack(HOT_FORMAT, raw)
-  if magic ~= MAGIC or code ~= 0 or window_type ~= 0 or window_size <= 0
-      or override_until ~= 0 then
-    return nil, raw, given_now, given_micros
-  end
-  if FAST_N >= 256 then FP_TEXT, SLOT_BIT, FAST_N = {}, {}, 0 end
-  local fp_text = FP_TEXT[stored_fp]
-  if not fp_text then
-    fp_text, FAST_N = int(stored_fp), FAST_N + 1
-    FP_TEXT[stored_fp] = fp_text
-  end
-  if fp_text ~= args[2] then return nil, raw, given_now, given_micros end
-  local t_now, us = given_now, given_micros
-  if not t_now then t_now, us = server_time() end
-  if t_now - ttl_refreshed_at >= key_ttl / 2 or ttl_refreshed_at > t_now then
-    return nil, raw, t_now, us
-  end
-  local m = min(ms, MS_MASK)
-  local bit = SLOT_BIT[ring_head]
-  if not bit then
-    bit, FAST_N = int((WIN + COUNT_SLOT * ring_head) * 8), FAST_N + 1
-    SLOT_BIT[ring_head] = bit
-  end
-  local r = pcall_('BITFIELD', k, 'SET', 'u32', bit, int(PRESENT + m))
-  if r.err then return nil, raw, t_now, us end
-  local o, n, f, sl, total = r[1], n_calls + 1, n_failures, n_slow, sum_ms + m
-  if o >= PRESENT then  -- the slot's old outcome leaves the window
-    local old = o - PRESENT
-    n = n - 1
-    if old >= FAILED then f, old = f - 1, old - FAILED end
-    if old >= SLOW then sl, old = sl - 1, old - SLOW end
-    total = total - old
-  end
-  if n >= minimum_calls and n > 0
-      and (f * 1000000 >= failure_threshold * n or sl * 1000000 >= slow_threshold * n) then
-    rcall('BITFIELD', k, 'SET', 'u32', bit, int(o))
-    return nil, raw, t_now, us
-  end
-  -- the totals group (window totals, head, window_sec, seq, the cumulative counters);
-  -- the state's own fields stay
-  -- (seq's bit 32: shadow configs exist, fed after the write: lua/lib/breaker_shadow.lua)
-  local shadowed = write_seq >= 4294967296
-  rcall('SETRANGE', k, TOTALS_AT, packer.pack(TOTALS_FORMAT, n, f, sl, total,
-                                              (ring_head + 1) % window_size, window_sec,
-                                              shadowed and (write_seq + 1) % 4294967296
-                                              + 4294967296 or (write_seq + 1) % 4294967296,
-                                              calls_total + 1, failures_total))
-  if shadowed then pcall(breaker_shadow.feed, k, t_now, us, 1, 0, 0, ms) end
-  return {'CLOSED', t_now, since_ms}
-end
-
-return {record = record, server_time = server_time}
-
-end)(record_layout(), record_codec(), breaker_shadow()) end
-  return breaker_hot_value
-end
 local breaker_rollout_value
 local function breaker_rollout()
   if breaker_rollout_value == nil then breaker_rollout_value = (function(record_codec, breaker_config)
@@ -1824,7 +1717,8 @@ local function breaker_rollout()
 -- 'f:why', 'f:actor': when, why and by whom the config in force was adopted.
 --
 -- The rule, decided on hellos only (a worker's first call, then one every 20 s; its
--- other calls cost nothing more): the caller's config replaces the one in force when
+-- other calls cost nothing more; a repeated hello of a worker whose config is in force
+-- decides nothing and costs one HSET, `rehello`): the caller's config replaces the one in force when
 -- it ranks higher (config field 22, the explicit version, first; then the deploy
 -- time: the newest deployment wins), or when no worker runs the one in force any more
 -- (each said goodbye, '<fp>@<worker>@bye' from `close()`, or has been silent for
@@ -1884,7 +1778,7 @@ end
 -- while `stored` (text, '0' for none; wire) is in force. Returns the writes to make
 -- after the state record (a table for `write`), why `mine` is adopted (nil: it is
 -- not), or nil, nil and an error reply.
-local function hello(key, worker, bye, mine, mine_wire, stored, stored_wire, now)
+local function hello(key, worker, bye, mine, mine_wire, stored, stored_wire, now, fresh)
   local state, err = read(key)
   if not state then return nil, nil, err end
   local hset, hdel = {}, {}
@@ -1893,7 +1787,8 @@ local function hello(key, worker, bye, mine, mine_wire, stored, stored_wire, now
     return {hset = hset, hdel = hdel}, nil
   end
   local deployed_now = false  -- this hello deploys `mine`
-  if not state.workers[worker] and not live(state, mine, now, worker) then
+  -- (`fresh`: this call's `rehello` just created the worker's entry)
+  if (fresh or not state.workers[worker]) and not live(state, mine, now, worker) then
     state.deployed[mine], deployed_now = now, true
     hset[#hset + 1], hset[#hset + 2] = 'd:' .. mine, int(now)
   end
@@ -1958,11 +1853,154 @@ local function write(key, writes, why, actor, adopted, adopted_wire, deploy, now
   end
 end
 
+-- A repeated hello of a worker whose config (`fp`, its text; `wire`) is in force, made
+-- after the state record: the rule can adopt nothing (the config is in force), so the
+-- hello only says the worker still runs it: one HSET of its entry's time (the hash's
+-- TTL is refreshed with the record's, lua/lib/breaker_persist.lua). When that created
+-- the entry (`fresh`: the hot path's HSET did; the hash expired, or the worker was
+-- forgotten after FORGET_MS of silence) the whole hello runs, which may deploy the
+-- config. Through pcall: a foreign key type only loses the hello, never the call
+-- (the worker's next full hello reports it).
+local function rehello(key, worker, fp, wire, now, ttl_ms, fresh)
+  if not fresh then
+    local added = pcall_('HSET', key, 'w:' .. worker, fp .. ':' .. int(now))
+    if added ~= 1 then return end
+  end
+  local writes = hello(key, worker, false, fp, wire, fp, wire, now, true)
+  if writes then pcall(write, key, writes, nil, nil, nil, nil, nil, now, ttl_ms) end
+end
+
 return {split = split, version_of = version_of, hello = hello, write = write,
-        LIVE_MS = LIVE_MS}
+        rehello = rehello, LIVE_MS = LIVE_MS}
 
 end)(record_codec(), breaker_config()) end
   return breaker_rollout_value
+end
+local breaker_hot_value
+local function breaker_hot()
+  if breaker_hot_value == nil then breaker_hot_value = (function(record_layout, record_codec, breaker_shadow, breaker_rollout)
+--!lib needs record_layout record_codec breaker_shadow breaker_rollout
+-- The breaker's hot path (lua/breaker.lua): the usual record, one successful call,
+-- not slow and not a probe, in CLOSED with a count window, the caller's config stored
+-- (fingerprint; or a worker's repeated hello with it, which costs one HSET after the
+-- record: lua/lib/breaker_rollout.lua `rehello`), no override, no TTL refresh due.
+-- It is what the general path does
+-- for that case (the same commands: GETRANGE, BITFIELD SET, SETRANGE of the totals
+-- group, the short reply), without the per-call context: its state is the locals of
+-- `record` (registers, the cheapest values of Lua). nil when the case is not that
+-- simple (the general path then runs and decides, having nothing of this one's to
+-- undo). A success can still make the window's rates count (the calls reach
+-- minimum_calls, or a quorum now met): that is left to the general path too, with the
+-- slot written back. Also the server time, which both paths read.
+local tonumber, min, byte, rep, sub = tonumber, math.min, string.byte, string.rep, string.sub
+local rcall, pcall_ = redis.call, redis.pcall
+local layout, packer, int = record_layout, record_codec.packer, record_codec.int
+local rehello = breaker_rollout.rehello
+local MAGIC, WIN, COUNT_SLOT = layout.MAGIC, layout.WINDOW_AT, layout.COUNT_SLOT_BYTES
+local PRESENT, FAILED, SLOW, MS_MASK = layout.PRESENT, layout.FAILED, layout.SLOW, layout.MS_MASK
+local HOT_AT, HOT_LAST, HOT_BYTES = layout.HOT_AT, layout.HOT_LAST, layout.HOT_BYTES
+local TOTALS_AT = layout.TOTALS_AT
+local HOT_FORMAT = '>' .. rep('i8', layout.HOT_FIELDS)
+local TOTALS_FORMAT = '>' .. rep('i8', layout.TOTALS_FIELDS)
+-- the low bytes of the window type and the state code in the hot read
+local WINDOW_TYPE_BYTE, STATE_BYTE = layout.HOT_LOW_BYTE.window_type, layout.HOT_LOW_BYTE.state
+local FP_TEXT, SLOT_BIT, FAST_N = {}, {}, 0   -- decimal texts, kept (a library keeps them)
+
+-- The server time in ms, and its microseconds (the open wait's random draw).
+local function server_time()
+  local t = rcall('TIME')
+  local us = tonumber(t[2])
+  return tonumber(t[1]) * 1000 + (us - us % 1000) / 1000, us
+end
+
+-- Returns the reply, or nil and (when it read them) the hot fields' bytes and the
+-- server time, which the general path then uses instead of reading them again.
+local function record(keys, args, given_now, given_micros)
+  if args[7] ~= '1' or args[8] ~= '0' or args[9] ~= '0' or args[6] ~= '' or not packer then
+    return nil, nil, given_now, given_micros
+  end
+  local k = keys[1]
+  local raw = pcall_('GETRANGE', k, HOT_AT, HOT_LAST)
+  if type(raw) ~= 'string' or #raw < HOT_BYTES then return nil, nil, given_now, given_micros end
+  -- a TIME window or another state than CLOSED leaves at once, before the fields are
+  -- decoded
+  if byte(raw, WINDOW_TYPE_BYTE) ~= 0 or byte(raw, STATE_BYTE) ~= 0 then
+    return nil, raw, given_now, given_micros
+  end
+  local ms = tonumber(args[10])
+  if not ms or ms < 0 or ms % 1 ~= 0 then return nil, raw, given_now, given_micros end
+  -- the hot group, as the general path's `load` reads it (this record's values)
+  local _, _, _, _, _, _, magic, stored_fp, window_type, window_size, minimum_calls,
+        failure_threshold, slow_threshold, key_ttl, code, since_ms, override_until,
+        ttl_refreshed_at, n_calls, n_failures, n_slow, sum_ms, ring_head, window_sec,
+        write_seq, calls_total, failures_total = packer.unpack(HOT_FORMAT, raw)
+  if magic ~= MAGIC or code ~= 0 or window_type ~= 0 or window_size <= 0
+      or override_until ~= 0 then
+    return nil, raw, given_now, given_micros
+  end
+  if FAST_N >= 256 then FP_TEXT, SLOT_BIT, FAST_N = {}, {}, 0 end
+  local fp_text = FP_TEXT[stored_fp]
+  if not fp_text then
+    fp_text, FAST_N = int(stored_fp), FAST_N + 1
+    FP_TEXT[stored_fp] = fp_text
+  end
+  local a2, worker = args[2], nil
+  if fp_text ~= a2 then
+    -- a hello '<fp>@<worker>' of the config in force (longer than any fingerprint)
+    local n = #fp_text
+    if #a2 <= 15 or byte(a2, n + 1) ~= 64 or sub(a2, 1, n) ~= fp_text
+        or sub(a2, -4) == '@bye' then
+      return nil, raw, given_now, given_micros
+    end
+    worker = sub(a2, n + 2)
+    -- an operator's recording switch (`distbreaker record start`) reaches a worker in its
+    -- hello's full reply (lua/lib/breaker_sample.lua): that hello takes the general path
+    if pcall_('EXISTS', k .. ':rec:on') == 1 then return nil, raw, given_now, given_micros end
+  end
+  local t_now, us = given_now, given_micros
+  if not t_now then t_now, us = server_time() end
+  if t_now - ttl_refreshed_at >= key_ttl / 2 or ttl_refreshed_at > t_now then
+    return nil, raw, t_now, us
+  end
+  local m = min(ms, MS_MASK)
+  local bit = SLOT_BIT[ring_head]
+  if not bit then
+    bit, FAST_N = int((WIN + COUNT_SLOT * ring_head) * 8), FAST_N + 1
+    SLOT_BIT[ring_head] = bit
+  end
+  local r = pcall_('BITFIELD', k, 'SET', 'u32', bit, int(PRESENT + m))
+  if r.err then return nil, raw, t_now, us end
+  local o, n, f, sl, total = r[1], n_calls + 1, n_failures, n_slow, sum_ms + m
+  if o >= PRESENT then  -- the slot's old outcome leaves the window
+    local old = o - PRESENT
+    n = n - 1
+    if old >= FAILED then f, old = f - 1, old - FAILED end
+    if old >= SLOW then sl, old = sl - 1, old - SLOW end
+    total = total - old
+  end
+  if n >= minimum_calls and n > 0
+      and (f * 1000000 >= failure_threshold * n or sl * 1000000 >= slow_threshold * n) then
+    rcall('BITFIELD', k, 'SET', 'u32', bit, int(o))
+    return nil, raw, t_now, us
+  end
+  -- the totals group (window totals, head, window_sec, seq, the cumulative counters);
+  -- the state's own fields stay
+  -- (seq's bit 32: shadow configs exist, fed after the write: lua/lib/breaker_shadow.lua)
+  local shadowed = write_seq >= 4294967296
+  rcall('SETRANGE', k, TOTALS_AT, packer.pack(TOTALS_FORMAT, n, f, sl, total,
+                                              (ring_head + 1) % window_size, window_sec,
+                                              shadowed and (write_seq + 1) % 4294967296
+                                              + 4294967296 or (write_seq + 1) % 4294967296,
+                                              calls_total + 1, failures_total))
+  if shadowed then pcall(breaker_shadow.feed, k, t_now, us, 1, 0, 0, ms) end
+  if worker then rehello(k .. ':cfgs', worker, fp_text, args[3], t_now, key_ttl) end
+  return {'CLOSED', t_now, since_ms}
+end
+
+return {record = record, server_time = server_time}
+
+end)(record_layout(), record_codec(), breaker_shadow(), breaker_rollout()) end
+  return breaker_hot_value
 end
 local breaker_sample_value
 local function breaker_sample()
@@ -2114,6 +2152,7 @@ local reason_now, actor_now
 local dirty_half_open, dirty_window, dirty_state, dirty_counters, dirty_config
 local meta_reason, meta_cfg, meta_drift, clear_drift, cfg_store, drift
 local clear_ring, n_count_slots, count_slots_from, time_slot_at, time_slot_values, n_evict
+local time_slot_fresh
 local clear_probes, probe_add, probe_rem, live_count, undo_bit, undo_value
 local transitions, events, permitted, quorum_mark, quorum_blocked, clear_quorum_marks
 local count_slot_values = {}
@@ -2123,6 +2162,12 @@ local arg_fp_text, hello_worker, hello_bye, rollout_writes, adopted_why, adopted
 -- shadow configs (lua/lib/breaker_shadow.lua): a record's counts to feed them, a hello's
 -- declared shadows
 local shadow_feed, shadow_decl
+local rehello_due
+-- The names derived from the last state key (kept across calls: a worker calls the
+-- same few breakers, and building the strings costs more than comparing one).
+-- (one table: `begin` is near Lua's limit of 60 upvalues per function)
+local derived = {}
+local fp_compared, fp_text = nil, nil  -- the stored fingerprint and its text (kept)
 
 -- Run only on error paths and before cold-path writes (TYPE costs a command).
 local schema_error, foreign_type, args_error = prelude.schema_error, prelude.foreign_type,
@@ -2347,7 +2392,8 @@ local function evict_time_buckets()
     -- counts: nothing to zero (after the clock went back, some would count again)
     if not zero then clear_ring = false end
   end
-  window_sec, dirty_window = sec, true
+  -- this second's slot held an earlier second (window_sec < sec): it starts from zero
+  window_sec, dirty_window, time_slot_fresh = sec, true, true
 end
 
 -- Count window: one outcome goes by BITFIELD SET (the call's first write, through
@@ -2379,7 +2425,7 @@ local function record_window(ok, fails, slows, ms)
   if ok + fails <= 0 then return end
   if window_type == 0 then return record_count(ok, fails, slows, ms) end
   time_slot_at, time_slot_values = record_time(
-    K_STATE, now, window_size, clear_ring, ok + fails, fails, slows, ms)
+    K_STATE, now, window_size, clear_ring or time_slot_fresh, ok + fails, fails, slows, ms)
   calls, failures, slow, total_ms = calls + ok + fails, failures + fails, slow + slows,
                                     total_ms + ms
   dirty_window = true
@@ -2661,6 +2707,22 @@ local function reply_numbers()
   return wait_ms, in_flight
 end
 
+-- Whether quorum marks may exist to clear with the window: the caller's config asks
+-- for a quorum (config field 20 > 1), or another config governed or was stored (drift,
+-- adopted this call: a stored one may have). Else no client sends marks, and the DEL
+-- is spared (a window restarts after every idle gap of a TIME window's length).
+local QUORUM_OF, QUORUM_N = {}, 0  -- wire string -> needed workers (a library keeps them)
+local function quorum_possible()
+  if drift == 1 or cfg_store or meta_drift then return true end
+  local needed = QUORUM_OF[cfg_wire]
+  if not needed then
+    needed = tonumber(breaker_config.field(cfg_wire, 20) or '') or 1
+    if QUORUM_N >= 64 then QUORUM_OF, QUORUM_N = {}, 0 end
+    QUORUM_OF[cfg_wire], QUORUM_N = needed, QUORUM_N + 1
+  end
+  return needed > 1
+end
+
 -- The meta hash (after the state record).
 local function write_meta()
   if meta_reason or meta_cfg or meta_drift or clear_drift then
@@ -2675,18 +2737,24 @@ local function write_others(refresh)
     breaker_rollout.write(K_STATE .. ':cfgs', rollout_writes, adopted_why,
                           op == 'set' and argv[8] or '',
                           int(fp), cfg_wire, adopted_deploy, now, ttl_ms)
+  elseif rehello_due then
+    breaker_rollout.rehello(derived.cfgs, hello_worker, fp_text, cfg_wire, now, ttl_ms)
   end
-  if clear_quorum_marks or quorum_mark then
+  if (clear_quorum_marks and quorum_possible()) or quorum_mark then
     breaker_persist.write_quorum_marks(K_STATE, clear_quorum_marks, quorum_mark, now, ttl_ms)
   end
   if clear_probes or probe_add or probe_rem then
     breaker_persist.write_probes(K_PROBES, clear_probes, probe_add, probe_rem, now, lease_ms)
   end
   if refresh then
-    -- an override or a long OPEN wait keeps the keys for key_ttl past its end
-    local held, open_until = override_until, cold().open_until
-    if s_state == 'OPEN' and open_until > held then held = open_until end
-    return breaker_persist.refresh_ttls(K_STATE, K_META, K_PROBES, now, ttl_ms, held)
+    -- an override or a long OPEN wait keeps the keys for key_ttl past its end (the
+    -- cold group is read for it only when OPEN); the probe leases matter only in
+    -- HALF_OPEN (and an OPEN that followed it): elsewhere they were cleared, or expire
+    local held = override_until
+    if s_state == 'OPEN' and cold().open_until > held then held = cold().open_until end
+    return breaker_persist.refresh_ttls(K_STATE, K_META,
+                                        (s_state == 'HALF_OPEN' or s_state == 'OPEN')
+                                        and K_PROBES, derived.cfgs, now, ttl_ms, held)
   end
   if probe_add and (live_count or 0) == 0 then rcall('PEXPIRE', K_PROBES, int(ttl_ms)) end
   -- (a stored config too: the first worker after an operator made the record creates meta)
@@ -2756,7 +2824,6 @@ local function finish()
 end
 
 -- Adopting or comparing configs --------------------------------------------------
-local fp_compared, fp_text = nil, nil
 
 -- The caller's config replaces the stored one (a rollout's rule, or an operator's
 -- `config adopt`): thresholds, waits and probes take effect at once and keep the
@@ -2789,11 +2856,11 @@ local function say_hello(mine, stored, stored_wire)
 end
 
 -- After `load`: decides which config governs and what to store.
--- A worker's hello when its config is the one in force (an error reply, or nil).
+-- A worker's hello when its config is the one in force: it decides nothing, so it is
+-- made after the state record (`rehello_due`, in write_others: one HSET, usually).
 local function hello_in_force()
-  if not hello_worker then return nil end
-  local _, err = say_hello(fp_text, fp_text, cfg_wire)
-  return err
+  if hello_worker then rehello_due = true end
+  return nil
 end
 
 local function settle_config()
@@ -2880,22 +2947,19 @@ end
 
 local server_time = breaker_hot.server_time  -- the server time in ms, and its microseconds
 
--- The names derived from the last state key (kept across calls: a worker calls the
--- same few breakers, and building the strings costs more than comparing one).
-local derived_for, derived_meta, derived_probes, derived_hist
-
 local function begin(keys, args, given_now, given_micros)
   -- KEYS[2..4] may be left out: they are the state key plus ':meta', ':probes',
   -- ':events' (fewer arguments per call; every key shares the name's hash tag)
   K_STATE = keys[1]
-  if K_STATE ~= derived_for then
-    derived_for, derived_meta, derived_probes, derived_hist = K_STATE, K_STATE .. ':meta',
-                                                              K_STATE .. ':probes',
-                                                              K_STATE .. ':events'
+  local d = derived
+  if K_STATE ~= d.state then
+    d.state, d.meta, d.probes, d.hist = K_STATE, K_STATE .. ':meta', K_STATE .. ':probes',
+                                        K_STATE .. ':events'
+    d.cfgs = K_STATE .. ':cfgs'
   end
-  K_META = keys[2] or derived_meta
-  K_PROBES = keys[3] or derived_probes
-  K_HIST = keys[4] or derived_hist
+  K_META = keys[2] or d.meta
+  K_PROBES = keys[3] or d.probes
+  K_HIST = keys[4] or d.hist
   argv = args
   op, cfg_wire, name, channel = args[1], args[3], args[4], args[5]
   arg_fp_text = args[2] or ''
@@ -2907,8 +2971,8 @@ local function begin(keys, args, given_now, given_micros)
   elseif hello_worker then
     hello_worker, hello_bye = nil, false
   end
-  if rollout_writes or adopted_why then
-    rollout_writes, adopted_why, adopted_deploy = nil, nil, nil
+  if rollout_writes or adopted_why or rehello_due then
+    rollout_writes, adopted_why, adopted_deploy, rehello_due = nil, nil, nil, nil
   end
   if given_now then  -- a merged call (lua/finish.lua) read TIME once for all its calls
     now, micros = given_now, given_micros
@@ -2921,6 +2985,7 @@ local function begin(keys, args, given_now, given_micros)
                                                                              false, false
   meta_reason, meta_cfg, meta_drift, clear_drift = false, false, false, false
   clear_ring, n_count_slots, time_slot_at, time_slot_values, n_evict = false, 0, nil, nil, 0
+  time_slot_fresh = false
   clear_probes, probe_add, probe_rem, live_count = false, nil, nil, nil
   undo_bit, undo_value = nil, nil
   transitions, events, quorum_mark, quorum_blocked, clear_quorum_marks = nil, nil, nil, nil, false

@@ -72,6 +72,8 @@ local main = (function(prelude)
 --   x         server ms of the last PEXPIRE
 --   cl, cp, cb  ARGV[2..4] of the call that last set the TTL (informational: lets
 --               operator tools show the bucket; each call uses its own)
+--   why, by, at  the last operator change of the limit (op set / unset given a reason):
+--               its reason, actor and server ms (informational, shown by operator tools)
 --   TTL: PEXPIRE ARGV[5] (key ttl ms) by a write when the last one is older than a
 --   quarter of it; clients keep key ttl >= 2 * (longest timeout + period), so a key
 --   never expires while a reservation in it lies in the future.
@@ -82,7 +84,9 @@ local main = (function(prelude)
 --         (limit * period must be <= 9e12: the arithmetic is exact in doubles)
 -- ARGV[6] acquire: permits (integer in [1, burst in force])
 --         set: the new limit;  ARGV[7] set: the new period ms;  ARGV[8] set: the new burst
+--         unset: the reason (optional; ARGV[7] the actor)
 -- ARGV[7] acquire: the longest wait ms (0: only at once)
+-- ARGV[9] set: the reason (optional; ARGV[10] the actor): stored as why / by / at
 --
 -- Reply, acquire: {ok, wait_ms, now_ms, limit}: ok 1 = granted, run after wait_ms
 --   (ceil of the wait in µs); ok 0 = refused, wait_ms is the wait it would have needed
@@ -251,11 +255,17 @@ return function(KEYS, ARGV)
     lim, cap = b[1], b[4]
     local fields = {'v', '1', 'tat', fmt(tat), 'lim', fmt(b[1]), 'per', fmt(b[2]),
                     'bur', fmt(b[3])}
+    if ARGV[9] then
+      local i = #fields
+      fields[i + 1], fields[i + 2], fields[i + 3] = 'why', ARGV[9], 'by'
+      fields[i + 4], fields[i + 5], fields[i + 6] = ARGV[10] or '', 'at', fmt(now_ms)
+    end
     write(K, fields, expire_fields(K, fields, now_ms, 0, ttl,
                                    backlog > cap and backlog or cap, ARGV))
   elseif op == 'unset' then
     if exists then
       redis.call('HDEL', K, 'lim', 'per', 'bur')
+      if ARGV[6] then redis.call('HSET', K, 'why', ARGV[6], 'by', ARGV[7] or '', 'at', fmt(now_ms)) end
       b = g
       lim, cap = b[1], b[4]
     end

@@ -1,5 +1,6 @@
 // One breaker's page: state, config, window, probes, bulkhead, budget and history,
-// re-read on each of its transitions and every few seconds; operator actions when enabled.
+// re-read on each of its transitions and every few seconds; its fleet rates and latency
+// from its own event stream; operator actions when enabled.
 "use strict";
 
 const NAME = decodeURIComponent(location.pathname.slice("/breakers/".length));
@@ -141,19 +142,23 @@ async function setup() {
   }
   await load();
   // this name's stream only: its transitions and its row of each fleet read
+  // the snapshot has its row as last read; an update comes only when the row changed
+  const fleetRow = (data) => {
+    const row = data.rows.find((r) => r.name === NAME && r.schema !== "v1");
+    if (!row) return;
+    fleetRates = row.rates;
+    fleetLatency = row.latency;
+    const shown = document.getElementById("fleet-rates");
+    if (shown) shown.textContent = ratesText(fleetRates);
+    const latency = document.getElementById("fleet-latency");
+    if (latency) latency.textContent = latencyText(fleetLatency);
+  };
   connectEvents({
     status: showStatus,
     transition: (event) => { if (event.name === NAME) load(); },
-    update: (data) => {
-      const row = data.rows.find((r) => r.name === NAME && r.schema !== "v1");
-      fleetRates = row ? row.rates : null;
-      fleetLatency = row ? row.latency : null;
-      const shown = document.getElementById("fleet-rates");
-      if (shown) shown.textContent = ratesText(fleetRates);
-      const latency = document.getElementById("fleet-latency");
-      if (latency) latency.textContent = latencyText(fleetLatency);
-    },
-  }, "name=" + encodeURIComponent(NAME) + "&type=status&type=transition&type=update");
+    snapshot: fleetRow,
+    update: fleetRow,
+  }, "name=" + encodeURIComponent(NAME) + "&type=status&type=transition&type=snapshot&type=update");
   setInterval(load, 3000);
 }
 

@@ -51,12 +51,13 @@ function ratesText(rates) {
     perSecond(rates.rejected) + " rejected)";
 }
 
-// Fleet-wide call latency over the window: p50 / p99 of a count window, the mean of a
-// time window.
+// Fleet-wide call latency over the window: p50 / p99 of a count window (every call's
+// duration); of a time window "~": of its per-second mean latencies (it keeps sums).
 function latencyText(latency) {
   if (!latency) return "-";
   if (latency.p50_ms === undefined) return "mean " + Math.round(latency.mean_ms) + "ms";
-  return "p50 " + latency.p50_ms + "ms · p99 " + latency.p99_ms + "ms";
+  const about = latency.per === "second" ? "~" : "";
+  return about + "p50 " + latency.p50_ms + "ms · " + about + "p99 " + latency.p99_ms + "ms";
 }
 
 function percent(value) {
