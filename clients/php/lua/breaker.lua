@@ -1357,10 +1357,10 @@ local function make_mirror(layout_, codec)
   local F_CALLS, F_FAILS, F_SLOW, F_SEEN, F_SEEN_F = '64', '128', '192', '448', '512'
   local CHUNK, CHUNK_FORMAT = 200, nil  -- (made at the first mirror)
 
-
   -- Mirrors the shadows `list` ({slot, config, header bytes} each, all CLOSED with count
-  -- windows) of `kstate`: each window read once (the header just written is given).
-  local function mirror(kstate, list)
+  -- windows) of `kstate`: each window read once (the header just written is given;
+  -- `feeds`: the library's feeds so far).
+  local function mirror(kstate, list, feeds)
     if N_MIRROR >= MIRRORED_MAX then
       if feeds - emptied_at < REFILL then return end
       MIRROR, N_MIRROR, emptied_at = {}, 0, feeds
@@ -1521,7 +1521,7 @@ local function make_mirror(layout_, codec)
     local cool = COOLING[kstate]
     if cool and feeds < cool then return end
     COOLING[kstate] = nil
-    mirror(kstate, list)
+    mirror(kstate, list, feeds)
   end
 
   -- A breaker's mirror dropped (its shadows set, cleared or ended here).
