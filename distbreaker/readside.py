@@ -38,11 +38,14 @@ from ._runtime.scripts import text
 from .breaker.config import MAX_COUNT_WINDOW, MAX_TIME_WINDOW, BreakerConfig, WindowType
 from .breaker.core import config_fingerprint, rate
 from .breaker.shadow import (
+    HEADER_BYTES,
+    MAX_SHADOWS,
     SHADOWED,
     decode_shadow_event,
     decode_shadows,
     shadow_history_key,
     shadow_key,
+    shadow_ring_key,
 )
 from .breaker.state import State
 from .errors import SchemaError
@@ -1240,14 +1243,23 @@ def read_shadows_many(client: Any, prefix: str, names: Sequence[str],
     if now_ms is None:
         now_ms = server_now_ms(client)
     pipe = client.pipeline(transaction=False)
+    slots = range(1, MAX_SHADOWS + 1)
     for name in names:
-        pipe.hgetall(shadow_key(BreakerKeys.build(name, prefix).state))
+        state = BreakerKeys.build(name, prefix).state
+        pipe.hgetall(shadow_key(state))
+        for slot in slots:  # each shadow's header: what every record changes
+            pipe.getrange(shadow_ring_key(state, slot), 0, HEADER_BYTES - 1)
     found: dict[str, list[dict[str, Any]]] = {}
-    for name, raw in zip(names, pipe.execute(raise_on_error=False), strict=True):
+    replies = pipe.execute(raise_on_error=False)
+    step = 1 + len(slots)
+    for at, name in enumerate(names):
+        raw = replies[at * step]
         if isinstance(raw, Exception) or not raw:
             continue
+        headers = {slot: h for slot, h in zip(slots, replies[at * step + 1:at * step + step],
+                                               strict=True) if isinstance(h, bytes)}
         views = [v.as_dict(clock) if clock else v.as_dict()
-                 for v in decode_shadows(raw, now_ms)]
+                 for v in decode_shadows(raw, now_ms, headers)]
         if views:
             found[name] = views
     return found

@@ -27,6 +27,7 @@ from .config import MAX_SHADOWS, SHADOW_NAME, BreakerConfig
 
 __all__ = [
     "DECLARED_LEASE",
+    "HEADER_BYTES",
     "MAX_SHADOWS",
     "SHADOWED",
     "STATE_FIELDS",
@@ -39,6 +40,7 @@ __all__ = [
     "set_args",
     "shadow_history_key",
     "shadow_key",
+    "shadow_ring_key",
     "validate_shadow_name",
 ]
 
@@ -46,8 +48,9 @@ __all__ = [
 SHADOWED = 1 << 32
 #: Seconds a declared shadow lives past the last hello that declared it.
 DECLARED_LEASE = 60.0
-#: A shadow's state in the shadow hash (big-endian i8 each): `h:<shadow>`, written by
-#: every record, and `s:<shadow>`, written by transitions and would-be rejections.
+#: A shadow's state (big-endian i8 each): HOT_FIELDS, written by every record, in its
+#: ring's header (`shadow_ring_key`), and COLD_FIELDS, written by transitions and would-be
+#: rejections, in the shadow hash's `s<slot>`.
 HOT_FIELDS = ("code", "calls", "failures", "slow", "total_ms", "head", "wsec", "seen",
               "seen_failures", "ttl_at")
 COLD_FIELDS = ("since", "open_until", "opens", "hp_done", "hp_fail", "hp_slow", "started",
@@ -60,6 +63,18 @@ _STATES = ("CLOSED", "OPEN", "HALF_OPEN")
 def shadow_key(state_key: str) -> str:
     """The shadow hash of the breaker whose state record is `state_key`."""
     return f"{state_key}:shadow"
+
+
+def shadow_ring_key(state_key: str, slot: int) -> str:
+    """The string of shadow `slot` (1..MAX_SHADOWS): its header (what every record
+    changes, from byte 0) and its window; docs/KEY_SCHEMA.md "Shadow configs"."""
+    return f"{state_key}:shadow:w{slot}"
+
+
+#: The bytes of a ring's header a reader decodes (HOT_FIELDS, 8 each).
+HEADER_BYTES = 8 * len(HOT_FIELDS)
+#: The header's `seen` field is epoch * SEEN_SPAN + seen (lua/lib/breaker_shadow.lua).
+SEEN_SPAN = 1 << 40
 
 
 def shadow_history_key(state_key: str) -> str:
@@ -192,14 +207,19 @@ def _ints(raw: bytes, count: int) -> list[int]:
     return [int.from_bytes(raw[8 * i:8 * i + 8], "big", signed=True) for i in range(count)]
 
 
-def decode_shadows(raw: Mapping[Any, Any], now_ms: int) -> list[ShadowView]:
-    """The shadow hash (HGETALL, bytes) as views, by name. A field that cannot be
-    decoded is skipped (the next record replaces or drops it)."""
+def decode_shadows(raw: Mapping[Any, Any], now_ms: int,
+                   headers: Mapping[int, bytes | None] | None = None) -> list[ShadowView]:
+    """The shadow hash (HGETALL, bytes) and the rings' headers (`headers`, by slot: the
+    first HEADER_BYTES of each `shadow_ring_key`) as views, by name. A field that cannot
+    be decoded is skipped (the next record replaces or drops it)."""
     parts: dict[str, dict[str, Any]] = {}
     for field, value in raw.items():
         name = text(field)
-        if len(name) == 2 and name[0] in "chs":  # c<slot>, h<slot>, s<slot>
+        if len(name) == 2 and name[0] in "chs":  # c<slot>, s<slot> (h<slot>: older layout)
             parts.setdefault(name[1], {})[name[0]] = value
+    for slot, header in (headers or {}).items():
+        if header and str(slot) in parts:
+            parts[str(slot)]["h"] = header
     views = []
     for _, p in sorted(parts.items()):
         if "c" not in p:
@@ -213,6 +233,7 @@ def decode_shadows(raw: Mapping[Any, Any], now_ms: int) -> list[ShadowView]:
             config = None
         n = dict(zip(STATE_FIELDS, _ints(p.get("h", b""), len(HOT_FIELDS))
                      + _ints(p.get("s", b""), len(COLD_FIELDS)), strict=True))
+        n["seen"] %= SEEN_SPAN  # (the field carries its epoch above)
         stored = _STATES[n["code"]] if 0 <= n["code"] < len(_STATES) else "CLOSED"
         state = "HALF_OPEN" if stored == "OPEN" and now_ms >= n["open_until"] else stored
         views.append(ShadowView(
