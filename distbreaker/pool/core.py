@@ -334,13 +334,7 @@ class PoolCore:
                           self._rng.getrandbits(31), sticky, avoid_text)
 
         def answered(raw: Any) -> Pick | None:
-            self._health.succeeded()
-            member, mode = text(raw[0]), int(raw[1])
-            if mode < 0 or not member:
-                return None
-            if "picked" in self.listeners.wanted:
-                self.event("picked", reason=member)
-            return Pick(member, token, MODES[mode] if mode < len(MODES) else "normal")
+            return self._picked(raw, token)
 
         def unavailable(error: BaseException | None) -> Pick | None:
             if error is not None:
@@ -349,6 +343,16 @@ class PoolCore:
 
         return PendingCall(self._script, self.keys.script_keys, args, self._health.usable,
                            answered, unavailable)
+
+    def _picked(self, raw: Any, token: str) -> Pick | None:
+        """The member a pick's (or repick's) reply names; None: no member to pick."""
+        self._health.succeeded()
+        member, mode = text(raw[0]), int(raw[1])
+        if mode < 0 or not member:
+            return None
+        if "picked" in self.listeners.wanted:
+            self.event("picked", reason=member)
+        return Pick(member, token, MODES[mode] if mode < len(MODES) else "normal")
 
     def local_pick(self, key: Any = None, avoid: Iterable[str] = ()) -> Pick | None:
         """Redis unreachable: a weighted random member this process has not seen ejected
@@ -381,14 +385,8 @@ class PoolCore:
                           sticky, " ".join(avoid), *record[2:])
 
         def answered(raw: Any) -> Pick | None:
-            self._health.succeeded()
             self._note(decode_change(previous.member, raw[3:7]))
-            member, mode = text(raw[0]), int(raw[1])
-            if mode < 0 or not member:
-                return None
-            if "picked" in self.listeners.wanted:
-                self.event("picked", reason=member)
-            return Pick(member, token, MODES[mode] if mode < len(MODES) else "normal")
+            return self._picked(raw, token)
 
         def unavailable(error: BaseException | None) -> Pick | None:
             if error is not None:

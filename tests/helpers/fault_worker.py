@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Callable
 
 import redis
 
@@ -23,6 +24,19 @@ SECONDS = 90.0
 
 def report_key(name: str) -> str:
     return f"test:faults:{name}"
+
+
+def kind(error: BaseException) -> str:
+    return "injected" if isinstance(error, InjectedFault) else "rejected"
+
+
+def outcome(call: Callable[[], object]) -> str:
+    """How one protected call ended: ok, injected (an error) or rejected (injected)."""
+    try:
+        call()
+    except (InjectedFault, InjectedRejection) as error:
+        return kind(error)
+    return "ok"
 
 
 def main() -> None:
@@ -40,16 +54,7 @@ def main() -> None:
     end = time.monotonic() + SECONDS
     if flavour == "sync":
         breaker = distbreaker.CircuitBreaker(name, redis=url, **config)
-        while time.monotonic() < end:
-            try:
-                breaker.call(lambda: "ok")
-                field = "ok"
-            except InjectedFault:
-                field = "injected"
-            except InjectedRejection:
-                field = "rejected"
-            if not count(field):
-                break
+        while time.monotonic() < end and count(outcome(lambda: breaker.call(lambda: "ok"))):
             time.sleep(0.01)
         breaker.close()
         return
@@ -64,10 +69,8 @@ def main() -> None:
             try:
                 await breaker.call(ok)
                 field = "ok"
-            except InjectedFault:
-                field = "injected"
-            except InjectedRejection:
-                field = "rejected"
+            except (InjectedFault, InjectedRejection) as error:
+                field = kind(error)
             if not count(field):
                 break
             await asyncio.sleep(0.01)
