@@ -75,8 +75,12 @@ def validate_shadow_name(name: object) -> str:
 
 
 def candidate(base: BreakerConfig, changes: Mapping[str, Any]) -> BreakerConfig:
-    """The candidate config: `base` (the config in force) with `changes` applied."""
-    return base.replace(shadow={"candidate": dict(changes)}).shadow[0][1]
+    """The candidate config: `base` (the config in force) with `changes` applied
+    (ValueError names the setting)."""
+    try:
+        return base.replace(shadow={"candidate": dict(changes)}).shadow[0][1]
+    except ValueError as error:  # the placeholder name would only confuse
+        raise ValueError(str(error).removeprefix("shadow 'candidate': ")) from None
 
 
 def hello_suffix(shadows: Sequence[tuple[str, BreakerConfig]]) -> str:
@@ -207,6 +211,8 @@ def decode_shadows(raw: Mapping[Any, Any], now_ms: int) -> list[ShadowView]:
         spec = text(p["c"]).split("|", 6)
         spec += [""] * (7 - len(spec))
         until, name, wire, set_at, source, actor, reason = spec
+        if not (until or "0").isdigit() or not (set_at or "0").isdigit():
+            continue  # not a slot a script wrote (foreign data): skipped, as promised
         try:
             config: BreakerConfig | None = BreakerConfig.from_wire(wire)
         except ValueError:

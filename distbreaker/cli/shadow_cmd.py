@@ -14,7 +14,7 @@ import click
 
 from .. import operate
 from .. import readside as view
-from ..breaker.shadow import MAX_SHADOWS
+from ..breaker.shadow import MAX_SHADOWS, validate_shadow_name
 from ..registry.config import KINDS, RegistryConfigError, canonical_field, convert, load_file
 from .actions import did_you_mean, parse_duration
 from .app import App, NotFound, check_name, cli, default_actor, default_reason, emit_json
@@ -88,6 +88,11 @@ def shadow_command(app: App, name: str, config_path: str | None, shadow: str | N
         raise click.UsageError("--for applies with --config")
     why = reason or default_reason("shadow")
     if off:
+        try:
+            if shadow is not None:
+                validate_shadow_name(shadow)
+        except ValueError as exc:
+            raise click.UsageError(f"--as: {exc}") from None
         result = operate.clear_shadow(app.client, app.prefix, name, shadow, why, actor)
         if as_json:
             emit_json(result, lines=True)
@@ -109,8 +114,10 @@ def shadow_command(app: App, name: str, config_path: str | None, shadow: str | N
                            + did_you_mean(exc.suggestions)) from None
         except RegistryConfigError as exc:
             raise click.UsageError(str(exc)) from None
+        except UnicodeDecodeError:
+            raise click.UsageError(f"{config_path}: not UTF-8 text") from None
         except ValueError as exc:
-            raise click.UsageError(str(exc)) from None
+            raise click.UsageError(f"{config_path}: {exc}") from None
         if as_json:
             emit_json(result, lines=True)
             return
