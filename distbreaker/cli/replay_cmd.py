@@ -131,7 +131,9 @@ def replay_command(timeline: Any, configs: tuple[str, ...], sweeps: tuple[str, .
                       "--truth-window, or cut the timeline")
     name = name or samples[0].name or "replay"
     try:
-        candidates = [(Path(p).stem, load_config(p, name)) for p in configs] \
+        stems = [Path(p).stem for p in configs]
+        candidates = [(stem if stems.count(stem) == 1 else p, load_config(p, name))
+                      for stem, p in zip(stems, configs, strict=True)] \
             or [("defaults", BreakerConfig())]
         parsed = [parse_sweep(s) for s in sweeps]
     except (RegistryConfigError, ValueError, OSError) as exc:
@@ -159,6 +161,8 @@ def replay_command(timeline: Any, configs: tuple[str, ...], sweeps: tuple[str, .
             report.png_plot(plot, results, truth, target)
         except RuntimeError as exc:
             raise Failure(str(exc)) from None
+        except OSError as exc:
+            raise Failure(f"--plot {plot}: cannot write it: {exc.strerror or exc}") from None
     if as_json:
         emit_json({"target_failure_rate": target, "samples": len(samples),
                    "truth_window_s": truth_window,

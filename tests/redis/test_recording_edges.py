@@ -5,10 +5,13 @@ bad options are usage errors (docs/guides/tuning.md, docs/guides/cli.md)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import redis
+from click.testing import CliRunner
 
+from distbreaker.cli import cli
 from distbreaker.recording import control
 from tests.helpers.cli import run
 
@@ -57,3 +60,22 @@ def test_export_skips_stream_entries_that_are_not_samples(redis_url: str,
 def test_bad_record_options_are_usage_errors(args: tuple[str, ...]) -> None:
     done = run("redis://127.0.0.1:1/0", "record", *args)
     assert done.exit_code == 2 and "Traceback" not in done.output, done.output
+
+
+def test_replay_labels_same_named_configs_apart_and_an_unwritable_plot_is_one_line(
+        tmp_path: Path) -> None:
+    timeline = tmp_path / "t.jsonl"
+    timeline.write_text('{"t_ms":1000,"ok":1}\n{"t_ms":2000,"failed":1}\n', encoding="utf-8")
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "live.json").write_text('{"failure_rate_threshold": 50}',
+                                                      encoding="utf-8")
+    done = CliRunner().invoke(cli, ["replay", str(timeline),
+                                    "--config", str(tmp_path / "a" / "live.json"),
+                                    "--config", str(tmp_path / "b" / "live.json")])
+    assert done.exit_code == 0 and "a/live.json" in done.output \
+        and "b/live.json" in done.output, done.output
+    done = CliRunner().invoke(cli, ["replay", str(timeline), "--plot",
+                                    str(tmp_path / "missing" / "out.png")])
+    assert done.exit_code == 1 and "Error" in done.output, done.output
+    assert not isinstance(done.exception, OSError)
