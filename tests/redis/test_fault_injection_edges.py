@@ -67,3 +67,12 @@ def test_an_injected_latency_is_bounded_everywhere(
     with pytest.raises(ValueError, match="7 days"):
         raw_set(redis_client, {"kind": "reject", "rate": 1}, duration_ms=8 * 86_400_000)
     assert redis_client.exists(KEYS[0]) == 0
+
+
+def test_a_question_mark_stands_for_one_character_of_a_unicode_name(
+        redis_url: str, redis_client: redis.Redis) -> None:
+    run_script(redis_client, load_script("inject"), KEYS, ["read", "30000", "llm:é", "ab"])
+    assert faults.inject(redis_client, DEFAULT_PREFIX, "llm:?", "reject", for_=60)["names"] \
+        == ["llm:é"]  # the script's match agrees with the workers' (one character)
+    with pytest.raises(faults.NotAllowed):
+        faults.inject(redis_client, DEFAULT_PREFIX, "llm:??", "reject", for_=60)

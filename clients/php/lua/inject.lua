@@ -79,7 +79,7 @@ local main = (function(prelude)
 -- A set or off that changed something publishes {"faults": 1, "at_ms": <now_ms>} on the
 -- channel, the breakers' events channel (workers re-read at once; no "name" or "to":
 -- readers of transitions skip it).
--- Selectors: '*' any run of characters, '?' one character, anything else itself.
+-- Selectors: '*' any run of characters, '?' one (UTF-8) character, anything else itself.
 
 local args_error, failed_on = prelude.args_error, prelude.failed_on
 local foreign_type = prelude.foreign_type
@@ -92,10 +92,14 @@ local MAX_END_MS = 7 * 24 * 3600 * 1000 + 3600 * 1000
 local MAX_LATENCY_MS = 600000
 local KINDS = {error = true, latency = true, reject = true}
 
+-- One UTF-8 character (names are UTF-8 without control characters): '?' matches one
+-- character, as in the Python and PHP workers, not one byte.
+local UTF8_CHAR = '[\1-\127\194-\244][\128-\191]*'
+
 -- A selector as an anchored Lua pattern.
 local function glob(selector)
   local escaped = selector:gsub('[%^%$%(%)%%%.%[%]%+%-]', '%%%0')
-  return '^' .. escaped:gsub('%*', '.*'):gsub('%?', '.') .. '$'
+  return '^' .. escaped:gsub('%*', '.*'):gsub('%?', UTF8_CHAR) .. '$'
 end
 
 -- The live fields of the hash, the latest end among them, and the dead ones (expired,
