@@ -96,7 +96,7 @@ def record_status(app: App, name: str, as_json: bool) -> None:
 @click.pass_obj
 def record_export(app: App, name: str) -> None:
     """The recorded samples as JSONL on stdout, oldest first (docs/guides/tuning.md)."""
-    n, skipped = 0, []
+    n, skipped = 0, list[str]()
     for line in write_jsonl(control.export(app.client, name, app.prefix, skipped)):
         sys.stdout.write(line)
         n += 1
