@@ -94,6 +94,9 @@ local function log(L, now_ms, fields)
 end
 
 local function check_spec(text)
+  if #text > 4096 then
+    return nil, args_error('bad injection spec: more than 4096 bytes')
+  end
   local ok, spec = pcall(cjson.decode, text)
   if not ok or type(spec) ~= 'table' or not KINDS[spec.kind] then
     return nil, args_error('bad injection spec: kind must be error, latency or reject')

@@ -76,3 +76,13 @@ def test_a_question_mark_stands_for_one_character_of_a_unicode_name(
         == ["llm:é"]  # the script's match agrees with the workers' (one character)
     with pytest.raises(faults.NotAllowed):
         faults.inject(redis_client, DEFAULT_PREFIX, "llm:??", "reject", for_=60)
+
+
+def test_an_injection_carries_a_bounded_reason(redis_url: str,
+                                               redis_client: redis.Redis) -> None:
+    done = run(redis_url, "inject", "pay", "--reject", "--for", "1m", "--allow-absent",
+               "--reason", "x" * 501)
+    assert done.exit_code == 2 and "--reason" in done.output, done.output
+    with pytest.raises(ValueError, match="4096"):
+        raw_set(redis_client, {"kind": "reject", "rate": 1, "reason": "x" * 5000})
+    assert redis_client.exists(KEYS[0]) == 0
