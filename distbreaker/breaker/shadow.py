@@ -91,9 +91,18 @@ def hello_suffix(shadows: Sequence[tuple[str, BreakerConfig]]) -> str:
     return "#" + "|".join(f"{name}={config.to_wire()}" for name, config in shadows)
 
 
+#: The longest actor or reason a shadow carries: its slot is read by every record of
+#: the breaker (one HMGET), so its size is paid on the hot path.
+MAX_TEXT = 200
+
+
 def set_args(name: str, config: BreakerConfig, for_: float | None, actor: str,
              reason: str) -> tuple[str, ...]:
     """ARGV of the `shadow set` op (after the op name): name, wire, for ms, actor, reason."""
+    for what, value in (("actor", actor), ("reason", reason)):
+        if len(value) > MAX_TEXT:
+            raise ValueError(f"--{what} is at most {MAX_TEXT} characters (every record of "
+                             f"the breaker reads it), got {len(value)}")
     for_ms = "" if for_ is None else str(max(1, to_ms(for_)))
     return ("set", validate_shadow_name(name), config.to_wire(), for_ms, actor, reason)
 

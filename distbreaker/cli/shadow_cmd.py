@@ -116,8 +116,9 @@ def shadow_command(app: App, name: str, config_path: str | None, shadow: str | N
             raise click.UsageError(str(exc)) from None
         except UnicodeDecodeError:
             raise click.UsageError(f"{config_path}: not UTF-8 text") from None
-        except ValueError as exc:
-            raise click.UsageError(f"{config_path}: {exc}") from None
+        except ValueError as exc:  # an option's, or the candidate file's
+            raise click.UsageError(str(exc) if str(exc).startswith("--")
+                                   else f"{config_path}: {exc}") from None
         if as_json:
             emit_json(result, lines=True)
             return

@@ -41,3 +41,12 @@ def test_bad_candidates_and_names_are_usage_errors(redis_url: str, tmp_path: Pat
         assert "candidate'" not in done.output  # no placeholder name in the message
     done = run(redis_url, "shadow", name, "--off", "--as", "bad name")
     assert done.exit_code == 2 and "--as" in done.output, done.output
+
+
+def test_a_shadow_carries_a_bounded_reason(redis_url: str, tmp_path: Path, name: str) -> None:
+    make(name, redis_url).call(lambda: None)
+    path = tmp_path / "tight.yaml"
+    path.write_text("failure_rate_threshold: 30\n", encoding="utf-8")
+    done = run(redis_url, "shadow", name, "--config", str(path), "--reason", "r" * 201)
+    assert done.exit_code == 2 and "--reason" in done.output, done.output
+    assert "no shadow configs" in run(redis_url, "shadow", name).output
