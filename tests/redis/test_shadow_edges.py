@@ -50,3 +50,13 @@ def test_a_shadow_carries_a_bounded_reason(redis_url: str, tmp_path: Path, name:
     done = run(redis_url, "shadow", name, "--config", str(path), "--reason", "r" * 201)
     assert done.exit_code == 2 and "--reason" in done.output, done.output
     assert "no shadow configs" in run(redis_url, "shadow", name).output
+
+
+def test_a_mistyped_name_is_unknown_not_shadowless(redis_url: str, name: str) -> None:
+    make(name, redis_url).call(lambda: None)
+    for args in (("shadow", name + "x"), ("shadow", name + "x", "--json"),
+                 ("shadow", name + "x", "--off"), ("events", "--shadow", name + "x")):
+        done = run(redis_url, *args)
+        assert done.exit_code == 1 and "unknown breaker" in done.output, (args, done.output)
+        assert "did you mean" in done.output
+    assert run(redis_url, "shadow", name).exit_code == 0  # a breaker without shadows
