@@ -353,6 +353,9 @@ local fed_for, fed_k, fed_hmget, fed_rings
 local HOT_FIELD = {'h1', 'h2', 'h3'}
 local COLD_FIELD = {'s1', 's2', 's3'}
 
+-- How long a shadow's keys are kept (defined below; `feed` refreshes with it).
+local keep_ms
+
 -- Feeds every shadow of the breaker whose state record is `kstate` one record's
 -- outcomes (`ok` successes, `fails` failures, `slows` slow, `ms` in all), after the
 -- live record was written: one HMGET of the slots' configs and hot states, each
@@ -437,7 +440,7 @@ local function valid_name(shadow)
 end
 
 -- How long a shadow's keys must live: its key TTL, or until its end if later.
-local function keep_ms(c, until_ms, now)
+function keep_ms(c, until_ms, now)  -- the local declared above `feed`
   return max(c.ttl_ms, until_ms > 0 and until_ms - now or 0)
 end
 

@@ -4,12 +4,15 @@ option, never a traceback (docs/guides/shadow.md, docs/guides/cli.md)."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import redis
 
-from distbreaker._runtime.keys import BreakerKeys
-from distbreaker.breaker.shadow import shadow_key
+from distbreaker import operate
+from distbreaker._runtime.keys import DEFAULT_PREFIX, BreakerKeys
+from distbreaker.breaker.shadow import HOT_FIELDS, shadow_key
+from distbreaker.readside import read_shadows
 from tests.helpers.cli import make, run
 
 
@@ -60,3 +63,23 @@ def test_a_mistyped_name_is_unknown_not_shadowless(redis_url: str, name: str) ->
         assert done.exit_code == 1 and "unknown breaker" in done.output, (args, done.output)
         assert "did you mean" in done.output
     assert run(redis_url, "shadow", name).exit_code == 0  # a breaker without shadows
+
+
+def test_a_shadow_is_still_fed_once_its_ttl_refresh_is_due(redis_url: str,
+                                                          redis_client: redis.Redis,
+                                                          name: str) -> None:
+    """The refresh (every key_ttl / 2: 30 minutes by default) once raised inside the
+    best-effort feed, so a shadow silently stopped learning for the rest of its life."""
+    breaker = make(name, redis_url)
+    breaker.call(lambda: None)
+    operate.set_shadow(redis_client, DEFAULT_PREFIX, name, "t",
+                       {"failure_rate_threshold": 90}, "r", "a", for_=3600)
+    for _ in range(3):
+        breaker.call(lambda: None)
+    key = shadow_key(BreakerKeys.build(name).state)
+    hot = list(struct.unpack(f">{len(HOT_FIELDS)}q", redis_client.hget(key, "h1")))
+    hot[HOT_FIELDS.index("ttl_at")] -= 10 * 3600 * 1000  # the last refresh long ago
+    redis_client.hset(key, "h1", struct.pack(f">{len(HOT_FIELDS)}q", *hot))
+    for _ in range(3):
+        breaker.call(lambda: None)
+    assert read_shadows(redis_client, DEFAULT_PREFIX, name)[0]["seen"] == 6
