@@ -23,6 +23,9 @@ from ._runtime.faults import (
 from ._runtime.keys import events_channel, validate_name
 from ._runtime.scripts import load_script, run_script, text
 
+#: The longest actor or reason an injection carries (lua/inject.lua caps the spec JSON).
+MAX_TEXT = 500
+
 
 class NotAllowed(LookupError):
     """No running worker of the selector allows fault injection."""
@@ -46,6 +49,10 @@ def inject(client: Any, prefix: str, selector: str, kind: str, *, rate: float = 
             or not 0.001 <= for_ <= MAX_DURATION_S:
         raise ValueError(f"--for must be between 1 ms and {MAX_DURATION_S / 86400:g} days: "
                          f"an injection always ends by itself; got {for_!r}")
+    for what, value in (("actor", actor), ("reason", reason)):
+        if len(value) > MAX_TEXT:
+            raise ValueError(f"--{what} is at most {MAX_TEXT} characters (every allowing "
+                             f"worker reads it every few seconds), got {len(value)}")
     spec = check_spec(kind, rate, status, latency) | {"actor": actor, "reason": reason}
     raw = run_script(client, load_script("inject"), fault_keys(prefix),
                      ["set", events_channel(prefix, db_of(client)), selector,

@@ -28,6 +28,8 @@ REGISTRATION_MS = 30_000
 REFRESH_S = 5.0
 #: The longest injection: it must always end by itself.
 MAX_DURATION_S = 7 * 24 * 3600.0
+#: The longest injected latency: a worker's sleep must end too (lua/inject.lua's limit).
+MAX_LATENCY_S = 600.0
 
 
 def fault_keys(prefix: str) -> list[str]:
@@ -56,8 +58,10 @@ def check_spec(kind: str, rate: float, status: int | None = None,
             raise ValueError(f"status must be an HTTP status in [100, 599], got {status!r}")
         spec["status"] = status
     if kind == "latency":
-        if isinstance(latency, bool) or not isinstance(latency, (int, float)) or latency <= 0:
-            raise ValueError(f"latency must be > 0 seconds, got {latency!r}")
+        if isinstance(latency, bool) or not isinstance(latency, (int, float)) \
+                or not 0 < latency <= MAX_LATENCY_S:
+            raise ValueError(f"latency must be in (0, {MAX_LATENCY_S:g}] seconds, "
+                             f"got {latency!r}")
         spec["latency_ms"] = max(1, round(latency * 1000))
     return spec
 
@@ -186,13 +190,14 @@ class FaultTable:
                 self._by_name[name] = found
         return found
 
-    def _rolled(self, name: str, kinds: tuple[str, ...]) -> list[Fault]:
-        """The injections of `kinds` covering `name` whose roll hit this call."""
+    def _rolled(self, name: str, kinds: tuple[str, ...]) -> list[tuple[Fault, float]]:
+        """The injections of `kinds` covering `name` whose roll hit this call, each with
+        the seconds it has left."""
         covering = self._covering(name)
         if not covering:
             return []
         now = self._clock()
-        return [f for f, end in covering
+        return [(f, end - now) for f, end in covering
                 if f.kind in kinds and end > now and self._rand() < f.rate]
 
     def rejection(self, name: str) -> Fault | None:
@@ -201,16 +206,18 @@ class FaultTable:
         if not hit:
             return None
         self.applied["reject"] += 1
-        return hit[0]
+        return hit[0][0]
 
     def disturbance(self, name: str) -> Disturbance:
         """The injected error and latency this permitted call gets (checked just before
-        the protected function would run)."""
+        the protected function would run). An injected latency never outlasts its
+        injection: a call that would sleep past the end sleeps until the end."""
         hit = self._rolled(name, ("error", "latency"))
         if not hit:
             return UNDISTURBED
-        error = next((f for f in hit if f.kind == "error"), None)
-        latency = max((f.latency for f in hit if f.kind == "latency"), default=0.0)
+        error = next((f for f, _ in hit if f.kind == "error"), None)
+        latency = max((min(f.latency, left) for f, left in hit if f.kind == "latency"),
+                      default=0.0)
         if error is not None:
             self.applied["error"] += 1
         if latency:

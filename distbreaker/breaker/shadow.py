@@ -90,8 +90,12 @@ def validate_shadow_name(name: object) -> str:
 
 
 def candidate(base: BreakerConfig, changes: Mapping[str, Any]) -> BreakerConfig:
-    """The candidate config: `base` (the config in force) with `changes` applied."""
-    return base.replace(shadow={"candidate": dict(changes)}).shadow[0][1]
+    """The candidate config: `base` (the config in force) with `changes` applied
+    (ValueError names the setting)."""
+    try:
+        return base.replace(shadow={"candidate": dict(changes)}).shadow[0][1]
+    except ValueError as error:  # the placeholder name would only confuse
+        raise ValueError(str(error).removeprefix("shadow 'candidate': ")) from None
 
 
 def hello_suffix(shadows: Sequence[tuple[str, BreakerConfig]]) -> str:
@@ -102,9 +106,18 @@ def hello_suffix(shadows: Sequence[tuple[str, BreakerConfig]]) -> str:
     return "#" + "|".join(f"{name}={config.to_wire()}" for name, config in shadows)
 
 
+#: The longest actor or reason a shadow carries: its slot is read by every record of
+#: the breaker (one HMGET), so its size is paid on the hot path.
+MAX_TEXT = 200
+
+
 def set_args(name: str, config: BreakerConfig, for_: float | None, actor: str,
              reason: str) -> tuple[str, ...]:
     """ARGV of the `shadow set` op (after the op name): name, wire, for ms, actor, reason."""
+    for what, value in (("actor", actor), ("reason", reason)):
+        if len(value) > MAX_TEXT:
+            raise ValueError(f"--{what} is at most {MAX_TEXT} characters (every record of "
+                             f"the breaker reads it), got {len(value)}")
     for_ms = "" if for_ is None else str(max(1, to_ms(for_)))
     return ("set", validate_shadow_name(name), config.to_wire(), for_ms, actor, reason)
 
@@ -227,6 +240,8 @@ def decode_shadows(raw: Mapping[Any, Any], now_ms: int,
         spec = text(p["c"]).split("|", 6)
         spec += [""] * (7 - len(spec))
         until, name, wire, set_at, source, actor, reason = spec
+        if not (until or "0").isdigit() or not (set_at or "0").isdigit():
+            continue  # not a slot a script wrote (foreign data): skipped, as promised
         try:
             config: BreakerConfig | None = BreakerConfig.from_wire(wire)
         except ValueError:

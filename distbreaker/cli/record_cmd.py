@@ -49,11 +49,12 @@ def record_start(app: App, name: str, rate: str, for_text: str, max_samples: int
     """Turn recording on for NAME; every worker follows at its next hello (about 20 s)."""
     try:
         fraction = parse_rate(rate, "--rate")
-        until = control.start(app.client, name, fraction, _seconds(for_text, "--for"),
-                              max_samples=max_samples, ttl_s=_seconds(ttl_text, "--ttl"),
-                              actor=actor, prefix=app.prefix)
+        for_s, ttl_s = _seconds(for_text, "--for"), _seconds(ttl_text, "--ttl")
+        control.check_start(fraction, for_s, max_samples, ttl_s)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    until = control.start(app.client, name, fraction, for_s, max_samples=max_samples,
+                          ttl_s=ttl_s, actor=actor, prefix=app.prefix)
     if as_json:
         emit_json({"name": name, "rate": fraction, "until_ms": until}, lines=True)
         return
@@ -95,30 +96,45 @@ def record_status(app: App, name: str, as_json: bool) -> None:
 @click.pass_obj
 def record_export(app: App, name: str) -> None:
     """The recorded samples as JSONL on stdout, oldest first (docs/guides/tuning.md)."""
-    n = 0
-    for line in write_jsonl(control.export(app.client, name, app.prefix)):
+    n, skipped = 0, list[str]()
+    for line in write_jsonl(control.export(app.client, name, app.prefix, skipped)):
         sys.stdout.write(line)
         n += 1
     sys.stdout.flush()
+    if skipped:
+        click.echo(f"note: skipped {len(skipped)} entries of the stream that are not samples "
+                   f"(foreign data), e.g. {skipped[0]}", err=True)
     if n == 0:
         raise Failure(f"{name}: no recorded samples under prefix {app.prefix!r} "
                       f"(distbreaker record start {name} --rate 10% --for 1h)")
 
 
+#: The most outcomes `record seed` generates (a timeline is held in memory).
+MAX_SEED_CALLS = 10_000_000
+
+
 @record_group.command("seed")
-@click.option("--seconds", type=int, default=600, show_default=True)
-@click.option("--rate", "calls_per_second", type=int, default=20, show_default=True,
-              help="Calls per second.")
-@click.option("--fail-from", type=int, default=120, show_default=True,
+@click.option("--seconds", type=click.IntRange(1, 7 * 86_400), default=600,
+              show_default=True)
+@click.option("--rate", "calls_per_second", type=click.IntRange(1, 10_000), default=20,
+              show_default=True, help="Calls per second.")
+@click.option("--fail-from", type=click.IntRange(0), default=120, show_default=True,
               help="Second the dependency starts failing.")
-@click.option("--fail-until", type=int, default=300, show_default=True,
+@click.option("--fail-until", type=click.IntRange(0), default=300, show_default=True,
               help="Second it recovers.")
-@click.option("--failure-rate", type=float, default=0.9, show_default=True,
+@click.option("--failure-rate", type=click.FloatRange(0, 1), default=0.9, show_default=True,
               help="Share of calls failing meanwhile (0.02 before and after).")
 def record_seed(seconds: int, calls_per_second: int, fail_from: int, fail_until: int,
                 failure_rate: float) -> None:
     """A generated timeline (JSONL on stdout): a dependency that fails, then recovers."""
     from ..recording.timeline import seed
+
+    if fail_until < fail_from:
+        raise click.UsageError(f"--fail-until ({fail_until}) is before --fail-from "
+                               f"({fail_from})")
+    if seconds * calls_per_second > MAX_SEED_CALLS:
+        raise click.UsageError(f"--seconds x --rate is at most {MAX_SEED_CALLS:,} calls, got "
+                               f"{seconds * calls_per_second:,}")
 
     for line in write_jsonl(seed(seconds, calls_per_second, fail_from, fail_until,
                                  failure_rate)):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import shutil
 import sys
 from collections.abc import Iterator
@@ -55,6 +56,17 @@ def with_changes(config: BreakerConfig, changes: dict[str, Any]) -> BreakerConfi
         raise click.UsageError(f"--sweep: {exc}") from None
 
 
+#: The most truth buckets a replay judges with (timeline span / --truth-window).
+MAX_BUCKETS = 10_000_000
+
+
+def _finite(param: Any, value: float) -> float:
+    """click callback: NaN passes FloatRange's bounds; refuse it."""
+    if math.isnan(value):
+        raise click.BadParameter("must be a number, got nan", param=param)
+    return value
+
+
 @contextlib.contextmanager
 def throwaway_redis() -> Iterator[Any]:
     """A client of a fresh local redis-server (fakeredis when none is installed): the
@@ -81,12 +93,14 @@ def throwaway_redis() -> Iterator[Any]:
 @click.option("--sweep", "sweeps", multiple=True, metavar="FIELD=FROM..TO:STEP",
               help="Replay the (first) config with FIELD at each value, e.g. "
               "failure_rate_threshold=30..70:10 or wait_duration_in_open_state=10,30,60.")
-@click.option("--target-failure-rate", "target", type=float, default=20.0, show_default=True,
+@click.option("--target-failure-rate", "target", type=click.FloatRange(0, 100),
+              default=20.0, show_default=True, callback=lambda c, p, v: _finite(p, v),
               help="Percent: a trip while the recorded failure rate was under it is false; "
               "a stretch at or above it is an incident to detect.")
-@click.option("--truth-window", type=float, default=5.0, show_default=True,
+@click.option("--truth-window", type=click.FloatRange(0.001, 86_400), default=5.0,
+              show_default=True, callback=lambda c, p, v: _finite(p, v),
               help="Seconds: the buckets the recorded failure rate is judged in.")
-@click.option("--truth-min-calls", type=int, default=10, show_default=True,
+@click.option("--truth-min-calls", type=click.IntRange(1), default=10, show_default=True,
               help="Calls a bucket needs to judge the failure rate (fewer: the previous "
               "bucket's rate stands).")
 @click.option("--name", help="The breaker's name in registry files (default: the "
@@ -110,9 +124,16 @@ def replay_command(timeline: Any, configs: tuple[str, ...], sweeps: tuple[str, .
         raise Failure(f"{timeline.name}: {exc}") from None
     if not samples:
         raise Failure(f"{timeline.name}: no samples")
+    span_s = (samples[-1].t_ms - samples[0].t_ms) / 1000
+    if span_s / truth_window > MAX_BUCKETS:
+        raise Failure(f"{timeline.name}: the timeline spans {span_s:.0f}s, more than "
+                      f"{MAX_BUCKETS:,} buckets of --truth-window {truth_window:g}s: widen "
+                      "--truth-window, or cut the timeline")
     name = name or samples[0].name or "replay"
     try:
-        candidates = [(Path(p).stem, load_config(p, name)) for p in configs] \
+        stems = [Path(p).stem for p in configs]
+        candidates = [(stem if stems.count(stem) == 1 else p, load_config(p, name))
+                      for stem, p in zip(stems, configs, strict=True)] \
             or [("defaults", BreakerConfig())]
         parsed = [parse_sweep(s) for s in sweeps]
     except (RegistryConfigError, ValueError, OSError) as exc:
@@ -140,6 +161,8 @@ def replay_command(timeline: Any, configs: tuple[str, ...], sweeps: tuple[str, .
             report.png_plot(plot, results, truth, target)
         except RuntimeError as exc:
             raise Failure(str(exc)) from None
+        except OSError as exc:
+            raise Failure(f"--plot {plot}: cannot write it: {exc.strerror or exc}") from None
     if as_json:
         emit_json({"target_failure_rate": target, "samples": len(samples),
                    "truth_window_s": truth_window,

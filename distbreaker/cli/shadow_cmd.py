@@ -14,7 +14,9 @@ import click
 
 from .. import operate
 from .. import readside as view
-from ..breaker.shadow import MAX_SHADOWS
+from .._runtime.keys import BreakerKeys
+from ..breaker.shadow import MAX_SHADOWS, shadow_history_key, validate_shadow_name
+from ..breaker.shadow import shadow_key as shadows_key
 from ..registry.config import KINDS, RegistryConfigError, canonical_field, convert, load_file
 from .actions import did_you_mean, parse_duration
 from .app import App, NotFound, check_name, cli, default_actor, default_reason, emit_json
@@ -37,6 +39,16 @@ def candidate_changes(path: str) -> dict[str, Any]:
         except ValueError as error:
             raise RegistryConfigError(path, "", field, str(error)) from None
     return changes
+
+
+def require_breaker(app: App, name: str) -> None:
+    """NotFound (exit 1, with the closest names) for a name without a breaker: a
+    mistyped name must not read as "no shadows"."""
+    keys = BreakerKeys.build(name, app.prefix)
+    if not app.client.exists(keys.state, shadows_key(keys.state)):
+        known = operate.breaker_names(app.client, app.prefix)
+        raise NotFound(f"unknown breaker {name!r} under prefix {app.prefix!r}"
+                       + did_you_mean(operate.close_names(name, known)))
 
 
 def local_clock(ms: int) -> str:
@@ -88,6 +100,12 @@ def shadow_command(app: App, name: str, config_path: str | None, shadow: str | N
         raise click.UsageError("--for applies with --config")
     why = reason or default_reason("shadow")
     if off:
+        try:
+            if shadow is not None:
+                validate_shadow_name(shadow)
+        except ValueError as exc:
+            raise click.UsageError(f"--as: {exc}") from None
+        require_breaker(app, name)
         result = operate.clear_shadow(app.client, app.prefix, name, shadow, why, actor)
         if as_json:
             emit_json(result, lines=True)
@@ -109,8 +127,11 @@ def shadow_command(app: App, name: str, config_path: str | None, shadow: str | N
                            + did_you_mean(exc.suggestions)) from None
         except RegistryConfigError as exc:
             raise click.UsageError(str(exc)) from None
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from None
+        except UnicodeDecodeError:
+            raise click.UsageError(f"{config_path}: not UTF-8 text") from None
+        except ValueError as exc:  # an option's, or the candidate file's
+            raise click.UsageError(str(exc) if str(exc).startswith("--")
+                                   else f"{config_path}: {exc}") from None
         if as_json:
             emit_json(result, lines=True)
             return
@@ -122,6 +143,8 @@ def shadow_command(app: App, name: str, config_path: str | None, shadow: str | N
         return
     shadows = view.read_shadows(app.client, app.prefix, name,
                                 clock=None if as_json else local_clock)
+    if not shadows:
+        require_breaker(app, name)
     if as_json:
         emit_json({"name": name, "shadows": shadows})
         return
@@ -140,6 +163,10 @@ def shadow_events(app: App, name: str | None, count: int, as_json: bool,
     if name is None:
         raise click.UsageError("--shadow needs a NAME")
     events = view.read_shadow_history(app.client, app.prefix, name, count, shadow)
+    if not events:
+        keys = BreakerKeys.build(name, app.prefix)
+        if not app.client.exists(shadow_history_key(keys.state)):
+            require_breaker(app, name)
     if not events and not as_json:
         click.echo(f"no shadow history recorded for {name!r}", err=True)
     for event in events:

@@ -245,11 +245,13 @@ def parse_sweep(spec: str) -> tuple[str, list[Any]]:
             step = _number(step_text) if step_text else 1
         except ValueError:
             raise ValueError(f"--sweep {spec!r}: FROM, TO and STEP must be numbers") from None
+        if not all(math.isfinite(x) for x in (lo, hi, step)):
+            raise ValueError(f"--sweep {spec!r}: FROM, TO and STEP must be finite numbers")
         if step <= 0 or hi < lo:
             raise ValueError(f"--sweep {spec!r}: needs FROM <= TO and STEP > 0")
-        n = math.floor((hi - lo) / step + 1e-9) + 1
-        if n > 1000:
+        if (hi - lo) / step >= 1000:
             raise ValueError(f"--sweep {spec!r}: more than 1000 values")
+        n = math.floor((hi - lo) / step + 1e-9) + 1
         out: list[Any] = []
         for i in range(n):
             v = lo + i * step

@@ -53,10 +53,20 @@ class TimelineError(ValueError):
     """A line that is not a recorded outcome (the message names the line)."""
 
 
-def _int(obj: Mapping[str, Any], key: str, line: int, default: int | None = 0) -> int:
+#: Limits of a line (what the breaker script can be fed exactly): times up to the year
+#: 9999, counts up to 10^9 per entry, rates down to one in a million (the stream's unit).
+MAX_T_MS = 253_402_300_799_999
+MAX_COUNT = 1_000_000_000
+MAX_DURATION_MS = 1_000_000_000_000
+MIN_RATE = 1e-6
+
+
+def _int(obj: Mapping[str, Any], key: str, line: int, default: int | None = 0,
+         most: int = MAX_COUNT) -> int:
     value = obj.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise TimelineError(f"line {line}: {key} must be an integer >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+        raise TimelineError(f"line {line}: {key} must be an integer in [0, {most}], "
+                            f"got {value!r}")
     return value
 
 
@@ -66,11 +76,12 @@ def parse_entry(obj: Any, line: int = 0) -> Sample:
     if "t_ms" not in obj:
         raise TimelineError(f"line {line}: t_ms is missing")
     rate = obj.get("rate", 1.0)
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1:
-        raise TimelineError(f"line {line}: rate must be in (0, 1], got {rate!r}")
-    sample = Sample(t_ms=_int(obj, "t_ms", line), ok=_int(obj, "ok", line),
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) \
+            or not MIN_RATE <= rate <= 1:
+        raise TimelineError(f"line {line}: rate must be in [{MIN_RATE:g}, 1], got {rate!r}")
+    sample = Sample(t_ms=_int(obj, "t_ms", line, most=MAX_T_MS), ok=_int(obj, "ok", line),
                     failed=_int(obj, "failed", line), slow=_int(obj, "slow", line),
-                    duration_ms=_int(obj, "duration_ms", line),
+                    duration_ms=_int(obj, "duration_ms", line, most=MAX_DURATION_MS),
                     worker=str(obj.get("worker", "")), rate=float(rate),
                     state=str(obj.get("state", "")), name=str(obj.get("name", "")))
     if sample.calls == 0:
@@ -83,14 +94,19 @@ def parse_entry(obj: Any, line: int = 0) -> Sample:
 def read_jsonl(lines: Iterable[str]) -> list[Sample]:
     """The samples of a JSONL text, sorted by time (blank lines skipped)."""
     samples = []
-    for number, text in enumerate(lines, 1):
-        if not text.strip():
-            continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise TimelineError(f"line {number}: not JSON ({error.msg})") from None
-        samples.append(parse_entry(obj, number))
+    number = 0
+    try:
+        for number, text in enumerate(lines, 1):
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise TimelineError(f"line {number}: not JSON ({error.msg})") from None
+            samples.append(parse_entry(obj, number))
+    except UnicodeDecodeError:
+        raise TimelineError(f"line {number + 1}: not UTF-8 text (a JSONL file from "
+                            "`distbreaker record export`?)") from None
     samples.sort(key=lambda s: s.t_ms)
     return samples
 

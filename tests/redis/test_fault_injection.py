@@ -28,15 +28,19 @@ def registered(client: redis.Redis, name: str) -> bool:
     return name in faults.in_force(client, DEFAULT_PREFIX)[2]
 
 
-def feed_read_since(reads: int) -> bool:
-    return any(feed.reads > reads for feed in FEEDS.feeds())
-
-
 def injected(client: redis.Redis, *args: str, **kwargs: Any) -> dict[str, Any]:
-    """Inject, then wait for this process's feed to read it (pub/sub makes that quick)."""
-    before = max((f.reads for f in FEEDS.feeds()), default=0)
+    """Inject, then wait for this process's feed to hold it (pub/sub makes that quick; a
+    read that was under way when the injection was set does not count)."""
     result = faults.inject(client, DEFAULT_PREFIX, *args, **kwargs)
-    wait_until(lambda: feed_read_since(before), what="the feed re-read the injections")
+
+    def held() -> bool:  # by every feed of a breaker it covers (sync and asyncio have theirs)
+        feeds = [feed for feed in FEEDS.feeds()
+                 if faults.covered(dict.fromkeys(feed._names, 0), result["selector"])]
+        return bool(feeds) and all(
+            any(f.selector == result["selector"] and f.kind == result["kind"]
+                for f in feed.table.faults()) for feed in feeds)
+
+    wait_until(held, what="the feed re-read the injections")
     return result
 
 

@@ -101,3 +101,15 @@ def test_injected_errors_say_what_they_are_and_pickle() -> None:
     rejection = InjectedRejection("llm:a", "OPEN", 1.0, "fault injection: reject")
     assert isinstance(rejection, CallNotPermitted)
     assert isinstance(pickle.loads(pickle.dumps(rejection)), InjectedRejection)
+
+
+def test_an_injected_latency_never_outlasts_its_injection_and_is_bounded() -> None:
+    clock = Clock()
+    table = FaultTable(clock=clock, rand=lambda: 0.0)
+    table.replace(now_ms=10_000, read_at=100.0, faults=[
+        Fault("slow", "latency", 1.0, 13_000, latency=600.0)])
+    clock.now = 101.0
+    assert table.disturbance("slow").latency == pytest.approx(2.0)  # until the end, no later
+    with pytest.raises(ValueError, match="latency"):
+        check_spec("latency", 1.0, latency=600.001)
+    assert check_spec("latency", 1.0, latency=600)["latency_ms"] == 600_000

@@ -67,7 +67,9 @@ local main = (function(prelude)
 --         ARGV[6] "1": refuse unless a registered name matches, ARGV[7] actor,
 --         ARGV[8] reason
 --         spec: {"kind": "error"|"latency"|"reject", "rate": (0, 1], "status": 100-599
---         (error), "latency_ms": > 0 (latency)}
+--         (error), "latency_ms": 1-600000 (latency)}; duration at most 7 days
+--   A field ending more than 7 days + 1 hour from now is not ours: removed like an
+--   expired one (after the call's checks, as every write).
 --         reply {1, now_ms, until_ms, matched names...} or {0, now_ms} (nothing allows it)
 --   off:  ARGV[2] channel, ARGV[3] selector ("" = every injection), ARGV[4] kind ("" = all
 --         kinds), ARGV[5] actor, ARGV[6] reason;  reply {removed, now_ms}
@@ -77,35 +79,49 @@ local main = (function(prelude)
 -- A set or off that changed something publishes {"faults": 1, "at_ms": <now_ms>} on the
 -- channel, the breakers' events channel (workers re-read at once; no "name" or "to":
 -- readers of transitions skip it).
--- Selectors: '*' any run of characters, '?' one character, anything else itself.
+-- Selectors: '*' any run of characters, '?' one (UTF-8) character, anything else itself.
 
 local args_error, failed_on = prelude.args_error, prelude.failed_on
+local foreign_type = prelude.foreign_type
 
 local LOG_TTL_MS = 7 * 24 * 3600 * 1000
+-- The longest injection (7 days) and registration (1 hour): a field ending later is
+-- not ours (foreign data), and is removed rather than keeping the hash forever.
+local MAX_END_MS = 7 * 24 * 3600 * 1000 + 3600 * 1000
+-- The longest injected latency (10 minutes): a worker's sleep must end.
+local MAX_LATENCY_MS = 600000
 local KINDS = {error = true, latency = true, reject = true}
+
+-- One UTF-8 character (names are UTF-8 without control characters): '?' matches one
+-- character, as in the Python and PHP workers, not one byte.
+local UTF8_CHAR = '[\1-\127\194-\244][\128-\191]*'
 
 -- A selector as an anchored Lua pattern.
 local function glob(selector)
   local escaped = selector:gsub('[%^%$%(%)%%%.%[%]%+%-]', '%%%0')
-  return '^' .. escaped:gsub('%*', '.*'):gsub('%?', '.') .. '$'
+  return '^' .. escaped:gsub('%*', '.*'):gsub('%?', UTF8_CHAR) .. '$'
 end
 
--- The live fields of the hash (expired ones removed), the latest end among them.
+-- The live fields of the hash, the latest end among them, and the dead ones (expired,
+-- or not ours) for `prune` to remove once the call's checks passed.
 local function live(K, now_ms)
   local ok, flat = pcall(redis.call, 'HGETALL', K)
   if not ok then return nil, failed_on(K, 'hash', flat) end
   local out, dead, latest = {}, {}, 0
   for i = 1, #flat, 2 do
     local until_ms = tonumber(string.match(flat[i + 1], '^(%d+)'))
-    if until_ms == nil or until_ms <= now_ms then
+    if until_ms == nil or until_ms <= now_ms or until_ms > now_ms + MAX_END_MS then
       dead[#dead + 1] = flat[i]
     else
       out[#out + 1], out[#out + 2] = flat[i], flat[i + 1]
       if until_ms > latest then latest = until_ms end
     end
   end
+  return out, nil, latest, dead
+end
+
+local function prune(K, dead)
   if #dead > 0 then redis.call('HDEL', K, unpack(dead)) end
-  return out, nil, latest
 end
 
 local function expire(K, latest, now_ms)
@@ -122,6 +138,9 @@ local function log(L, now_ms, fields)
 end
 
 local function check_spec(text)
+  if #text > 4096 then
+    return nil, args_error('bad injection spec: more than 4096 bytes')
+  end
   local ok, spec = pcall(cjson.decode, text)
   if not ok or type(spec) ~= 'table' or not KINDS[spec.kind] then
     return nil, args_error('bad injection spec: kind must be error, latency or reject')
@@ -135,8 +154,9 @@ local function check_spec(text)
     return nil, args_error('bad injection spec: status must be an HTTP status')
   end
   local latency = tonumber(spec.latency_ms)
-  if spec.kind == 'latency' and not (latency and latency > 0) then
-    return nil, args_error('bad injection spec: latency_ms must be > 0')
+  if spec.kind == 'latency' and not (latency and latency > 0 and latency <= MAX_LATENCY_MS) then
+    return nil, args_error('bad injection spec: latency_ms must be in [1, ' .. MAX_LATENCY_MS
+                           .. ']')
   end
   return spec
 end
@@ -148,12 +168,13 @@ return function(KEYS, ARGV)
   if op ~= 'set' and op ~= 'off' and op ~= 'list' and op ~= 'read' then
     return args_error('unknown injection op ' .. tostring(op))
   end
-  local fields, err, latest = live(K, now_ms)
+  local fields, err, latest, dead = live(K, now_ms)
   if err then return err end
 
   if op == 'read' then
     local ttl = tonumber(ARGV[2])
-    if not ttl or ttl < 1 then return args_error('bad registration ms') end
+    if not ttl or ttl < 1 or ttl > 3600000 then return args_error('bad registration ms') end
+    prune(K, dead)
     local out, register = {now_ms}, {}
     for i = 1, #fields, 2 do
       if string.sub(fields[i], 1, 2) == 'f:' then
@@ -172,17 +193,22 @@ return function(KEYS, ARGV)
   end
 
   if op == 'list' then
+    prune(K, dead)
     local out = {now_ms}
     for i = 1, #fields do out[#out + 1] = fields[i] end
     return out
   end
 
   local channel = ARGV[2]
+  -- set and off write the log: its type is checked before the first write
+  local foreign = foreign_type(L, 'stream')
+  if foreign then return foreign end
   if op == 'set' then
     local selector, text, duration = ARGV[3] or '', ARGV[4] or '', tonumber(ARGV[5])
     if selector == '' then return args_error('empty selector') end
-    if not duration or duration < 1 or duration ~= math.floor(duration) then
-      return args_error('duration ms must be a positive integer')
+    if not duration or duration < 1 or duration ~= math.floor(duration)
+        or duration > 7 * 24 * 3600 * 1000 then
+      return args_error('duration ms must be an integer in [1, 604800000] (7 days)')
     end
     local spec, bad = check_spec(text)
     if not spec then return bad end
@@ -192,6 +218,7 @@ return function(KEYS, ARGV)
       if name and string.find(name, pattern) then matched[#matched + 1] = name end
     end
     if ARGV[6] == '1' and #matched == 0 then return {0, now_ms} end
+    prune(K, dead)
     local until_ms = now_ms + duration
     redis.call('HSET', K, 'f:' .. spec.kind .. ':' .. selector, until_ms .. ' ' .. text)
     expire(K, until_ms > latest and until_ms or latest, now_ms)
@@ -205,6 +232,7 @@ return function(KEYS, ARGV)
   end
 
   -- off
+  prune(K, dead)
   local selector, kind = ARGV[3] or '', ARGV[4] or ''
   local gone = {}
   for i = 1, #fields, 2 do

@@ -65,7 +65,8 @@ final class FaultInjection
             if ($f['kind'] === 'error') {
                 $error ??= $f;
             } else {
-                $latency = max($latency, $f['latency']);
+                // never past the injection's end: an ended injection delays nothing
+                $latency = max($latency, min($f['latency'], $f['ends'] - hrtime(true) / 1e9));
             }
         }
         if ($latency > 0) {
@@ -100,10 +101,14 @@ final class FaultInjection
         try {
             $raw = Scripts::run($this->redis, $this->script, self::keys($this->prefix),
                 ['read', self::REGISTRATION_MS, $this->name]);
+            Scripts::expectArray($raw);
         } catch (\RedisException) {
             return; // Redis unavailable: keep what was read (the breaker's outage policy applies)
+        } catch (\Throwable) {
+            // foreign data in the injections' keys: an optional rehearsal never fails a
+            // call; keep what was read (the CLI reports the schema error to the operator)
+            return;
         }
-        Scripts::expectArray($raw);
         $nowMs = (int) $raw[0];
         $faults = [];
         for ($i = 1; $i + 1 < count($raw); $i += 2) {
