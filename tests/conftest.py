@@ -19,6 +19,16 @@ from distbreaker.demo.embedded import RedisServer  # noqa: E402 - after the rewr
 _names = itertools.count()
 
 
+@pytest.fixture(autouse=True)
+def _no_fault_feed_outlives_its_test() -> Iterator[None]:
+    """A breaker allowing fault injection starts a thread that reads Redis every few
+    seconds; one a test left open would run into the next tests (their command counts)."""
+    yield
+    from distbreaker._runtime.fault_feed import FEEDS
+
+    FEEDS.stop_all()
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     server = RedisServer().start()
