@@ -156,6 +156,12 @@ class Dashboard:
                                                      found["schema"])
             except SchemaError:  # the stream key holds another type: found["error"] says so
                 found["history"] = []
+            breaker = found.get("breaker") or {}
+            if breaker.get("shadowed"):  # shadow configs (docs/guides/shadow.md)
+                try:
+                    found["shadows"] = view.read_shadows(self.client, self.prefix, name)
+                except SchemaError:
+                    found["shadows"] = []
         except (SchemaError, ValueError) as exc:
             return JSONResponse({"error": str(exc)}, status_code=422)
         except redis.RedisError as exc:

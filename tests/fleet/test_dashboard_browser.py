@@ -265,3 +265,38 @@ def test_read_only_by_default_and_redis_outage_is_a_banner(browser: Any) -> None
     finally:
         process.stop()
         server.stop()
+
+
+def test_a_breakers_page_shows_its_shadow_configs(
+        redis_url: str, redis_client: redis.Redis, dashboard: DashboardProcess,
+        browser: Any) -> None:
+    """What each candidate config would have done (docs/guides/shadow.md), on the page of
+    the breaker it shadows; a breaker without shadows shows no such section."""
+    from distbreaker import CircuitBreaker, operate
+
+    breaker = CircuitBreaker("checkout", redis=redis_url, sliding_window_size=10,
+                             minimum_number_of_calls=4, key_ttl=600, redis_timeout=5.0)
+    breaker.call(lambda: None)
+    operate.set_shadow(redis_client, "distbreaker", "checkout", "tight",
+                       {"failure_rate_threshold": 20}, "what if", "ops")
+    for fail in (True, False, False, False, False):
+        try:
+            breaker.call((lambda: 1 / 0) if fail else (lambda: None))
+        except ZeroDivisionError:
+            pass
+    assert breaker.state.value == "CLOSED"  # 25 % < the live 50 %: the shadow's 20 % trips
+    browser.get(dashboard.base + "/breakers/checkout")
+
+    def shadow_row() -> str:
+        return str(browser.execute_script(
+            "const r = document.querySelector('#shadows tr[data-shadow=\"tight\"]');"
+            "return r && !document.getElementById('shadows-section').hidden"
+            " ? r.textContent : ''"))
+    wait_for(lambda: "OPEN" in shadow_row() or "HALF_OPEN" in shadow_row())
+    assert "would be open since" in shadow_row() and "would have been rejected" in shadow_row()
+    CircuitBreaker("plain", redis=redis_url, key_ttl=600).call(lambda: None)
+    browser.get(dashboard.base + "/breakers/plain")
+    wait_for(lambda: browser.execute_script(
+        "return document.getElementById('name').textContent") == "plain")
+    assert browser.execute_script("return document.getElementById('shadows-section').hidden")
+    breaker.close()

@@ -18,7 +18,22 @@ function facts(target, pairs) {
 
 function seconds(value) { return value + "s"; }
 
+function renderShadows() {
+  const shadows = detail.shadows || [];
+  document.getElementById("shadows-section").hidden = shadows.length === 0;
+  document.getElementById("shadows").replaceChildren(...shadows.map((s) =>
+    el("tr", {"data-shadow": s.name},
+       el("td", {text: s.name}),
+       el("td", {}, stateBadge(s.state)),
+       el("td", {class: "num", text: String(s.trips)}),
+       el("td", {class: "num", text: String(s.rejected)}),
+       el("td", {class: "num", text: String(s.avoided)}),
+       el("td", {class: "num", text: String(s.seen)}),
+       el("td", {text: s.summary || ""}))));
+}
+
 function render() {
+  renderShadows();
   document.getElementById("name").textContent = NAME;
   document.title = "distbreaker — " + NAME;
   const b = detail.breaker;
