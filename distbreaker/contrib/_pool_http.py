@@ -222,3 +222,43 @@ class Routes:
 
 __all__ = ["FAILURE", "GATEWAY", "LOCAL", "SUCCESS", "Failover", "Routes", "Target", "parse_member",
            "rewrite", "verdict"]
+
+
+def route_request(pool: Any, run: Failover, key: Any, send: Callable[[str], Any],
+          error_outcome: Callable[[BaseException], str | None],
+          verdict_of: Callable[[Any, str], dict[str, Any]]) -> Any:
+    """One request routed by a sync pool, with failover: pick a member, `send(member)`,
+    record what happened (`error_outcome(error)` for no response, `verdict_of(response,
+    member)` for one), and on a failure `run` allows, record it and pick the next member
+    in one script call (`repick`). Returns the answer `run` settles on, or raises."""
+    pick = pool.pick(key)
+    while True:
+        if not run.fresh(pick.member):   # nothing else was left
+            pool.release(pick)
+            return run.result()
+        try:
+            response = send(pick.member)
+        except BaseException as error:
+            outcome = error_outcome(error)
+            step = run.failed(error, outcome)
+            if step == "next":   # record this one and pick the next: one script call
+                pick = pool.repick(pick, error, outcome=outcome, key=key, avoid=run.tried)
+                continue
+            if outcome is None:
+                pool.release(pick)
+            else:
+                pool.record(pick, error, outcome=outcome or None)
+            if step == "answer":
+                return run.result()
+            stale = run.superseded()
+            if stale is not None:
+                stale.close()
+            raise
+        stale = run.superseded()
+        if stale is not None:
+            stale.close()
+        verdict = verdict_of(response, pick.member)
+        if run.answered(response, verdict["outcome"]):
+            pool.record(pick, **verdict)
+            return response
+        pick = pool.repick(pick, **verdict, key=key, avoid=run.tried)

@@ -59,7 +59,7 @@ from ._http import (
     exchange_sync,
     rejection_headers,
 )
-from ._pool_http import Failover, Routes, Target, rewrite
+from ._pool_http import Failover, Routes, Target, rewrite, route_request
 
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError, httpx.ProxyError)
@@ -238,37 +238,9 @@ class PoolTransport(_PoolRouted, httpx.BaseTransport):
         if pool is None:
             return self._inner.handle_request(request)  # type: ignore[no-any-return]
         run, key = self._failover(request), self._routes.key_of(request)
-        pick = pool.pick(key)
-        while True:
-            if not run.fresh(pick.member):   # nothing else was left
-                pool.release(pick)
-                return run.result()  # type: ignore[no-any-return]
-            try:
-                response = self._inner.handle_request(self._to_member(request, pick.member))
-            except BaseException as error:
-                outcome = self._failed(error)
-                step = run.failed(error, outcome)
-                if step == "next":   # record this one and pick the next: one script call
-                    pick = pool.repick(pick, error, outcome=outcome, key=key, avoid=run.tried)
-                    continue
-                if outcome is None:
-                    pool.release(pick)
-                else:
-                    pool.record(pick, error, outcome=outcome or None)
-                if step == "answer":
-                    return run.result()  # type: ignore[no-any-return]
-                stale = run.superseded()
-                if stale is not None:
-                    stale.close()
-                raise
-            stale = run.superseded()
-            if stale is not None:
-                stale.close()
-            verdict = self._outcome(response, pick.member)
-            if run.answered(response, verdict["outcome"]):
-                pool.record(pick, **verdict)
-                return response  # type: ignore[no-any-return]
-            pick = pool.repick(pick, **verdict, key=key, avoid=run.tried)
+        return route_request(pool, run, key,  # type: ignore[no-any-return]
+                     lambda member: self._inner.handle_request(self._to_member(request, member)),
+                     self._failed, self._outcome)
 
     def close(self) -> None:
         self._inner.close()

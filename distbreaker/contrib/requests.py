@@ -45,7 +45,7 @@ from ._http import (
     Protection,
     rejection_headers,
 )
-from ._pool_http import Failover, Routes, rewrite
+from ._pool_http import Failover, Routes, rewrite, route_request
 
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     requests.exceptions.ConnectionError, requests.exceptions.Timeout)
@@ -187,40 +187,18 @@ class PoolAdapter(requests.adapters.HTTPAdapter):
         run = Failover(self._routes.attempts(
             request.method or "GET", isinstance(request.body, (bytes, str, type(None)))))
         key = self._routes.key_of(request)
-        pick = pool.pick(key)
-        while True:
-            if not run.fresh(pick.member):   # nothing else was left
-                pool.release(pick)
-                return run.result()  # type: ignore[no-any-return]
-            try:
-                response = super().send(self._to_member(request, parts, pick.member),
-                                        **options)
-            except BaseException as error:
-                outcome = self._routes.error_outcome(error, TRANSIENT_ERRORS, LOCAL_ERRORS)
-                step = run.failed(error, outcome)
-                if step == "next":   # record this one and pick the next: one script call
-                    pick = pool.repick(pick, error, outcome=outcome, key=key, avoid=run.tried)
-                    continue
-                if outcome is None:
-                    pool.release(pick)
-                else:
-                    pool.record(pick, error, outcome=outcome or None)
-                if step == "answer":
-                    return run.result()  # type: ignore[no-any-return]
-                stale = run.superseded()
-                if stale is not None:
-                    stale.close()
-                raise
-            stale = run.superseded()
-            if stale is not None:
-                stale.close()
+
+        def verdict_of(response: requests.Response, member: str) -> dict[str, Any]:
             outcome, eject_for = self._routes.verdict(response.status_code, response.headers)
-            verdict = {"outcome": outcome, "eject_for": eject_for}
-            response.distbreaker_member = pick.member  # type: ignore[attr-defined]
-            if run.answered(response, outcome):
-                pool.record(pick, **verdict)
-                return response
-            pick = pool.repick(pick, **verdict, key=key, avoid=run.tried)
+            response.distbreaker_member = member  # type: ignore[attr-defined]
+            return {"outcome": outcome, "eject_for": eject_for}
+
+        return route_request(pool, run, key,  # type: ignore[no-any-return]
+                     lambda member: super(PoolAdapter, self).send(
+                         self._to_member(request, parts, member), **options),
+                     lambda error: self._routes.error_outcome(error, TRANSIENT_ERRORS,
+                                                              LOCAL_ERRORS),
+                     verdict_of)
 
     def _to_member(self, request: requests.PreparedRequest, parts: urllib.parse.SplitResult,
                    member: str) -> requests.PreparedRequest:
