@@ -238,9 +238,10 @@ class PoolTransport(_PoolRouted, httpx.BaseTransport):
         if pool is None:
             return self._inner.handle_request(request)  # type: ignore[no-any-return]
         run, key = self._failover(request), self._routes.key_of(request)
-        return route_request(pool, run, key,  # type: ignore[no-any-return]
-                     lambda member: self._inner.handle_request(self._to_member(request, member)),
-                     self._failed, self._outcome)
+        return route_request(  # type: ignore[no-any-return]
+            pool, run, key,
+            lambda member: self._inner.handle_request(self._to_member(request, member)),
+            self._failed, self._outcome)
 
     def close(self) -> None:
         self._inner.close()

@@ -193,12 +193,12 @@ class PoolAdapter(requests.adapters.HTTPAdapter):
             response.distbreaker_member = member  # type: ignore[attr-defined]
             return {"outcome": outcome, "eject_for": eject_for}
 
-        return route_request(pool, run, key,  # type: ignore[no-any-return]
-                     lambda member: super(PoolAdapter, self).send(
-                         self._to_member(request, parts, member), **options),
-                     lambda error: self._routes.error_outcome(error, TRANSIENT_ERRORS,
-                                                              LOCAL_ERRORS),
-                     verdict_of)
+        return route_request(  # type: ignore[no-any-return]
+            pool, run, key,
+            lambda member: super(PoolAdapter, self).send(
+                self._to_member(request, parts, member), **options),
+            lambda error: self._routes.error_outcome(error, TRANSIENT_ERRORS, LOCAL_ERRORS),
+            verdict_of)
 
     def _to_member(self, request: requests.PreparedRequest, parts: urllib.parse.SplitResult,
                    member: str) -> requests.PreparedRequest:
