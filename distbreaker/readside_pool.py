@@ -62,12 +62,11 @@ def status_reply(raw: Mapping[Any, Any], now_ms: int) -> list[Any]:
 def read_pool(client: Any, prefix: str, name: str) -> PoolStatus | None:
     """A pool as the fleet sees it (None: no such pool)."""
     keys = PoolKeys.build(name, prefix)
-    pipe = client.pipeline(transaction=False)
-    pipe.time()
-    pipe.hgetall(keys.members)
-    (seconds, micros), raw = pipe.execute()
+    raw = client.hgetall(keys.members)
     if not raw:
         return None
+    # TIME on its own: a pipeline holding it is refused by Redis Cluster (no key, no slot)
+    seconds, micros = client.time()
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     for key, value in raw.items():
         if text(key).startswith("m:"):

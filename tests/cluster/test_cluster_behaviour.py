@@ -324,3 +324,16 @@ def test_check_passes_on_every_components_slot(cluster_client: RedisCluster, nam
                       RetryBudget(name, redis=cluster_client),
                       Policy(f"{name}-p", redis=cluster_client)):
         component.check()
+
+
+def test_a_pool_is_read_on_the_cluster(cluster_client: RedisCluster, name: str) -> None:
+    """`distbreaker pool show` and the dashboard read a pool's status on a cluster too."""
+    from distbreaker import Pool
+    from distbreaker.readside_pool import read_pool
+
+    pool = Pool(name, members=["a:80", "b:80"], redis=cluster_client)
+    pick = pool.pick()
+    assert pick is not None
+    pool.record(pick, None)
+    status = read_pool(cluster_client, "distbreaker", name)
+    assert status is not None and {m.member for m in status.members} == {"a:80", "b:80"}
