@@ -148,6 +148,14 @@ class PolicyShell(PolicyCore):
     def __call__(self, fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
         return decorate_async(self.call, fn, "Policy")
 
+    async def aclose(self) -> None:
+        """Close the components this policy built itself (batched outcomes sent,
+        subscriptions and fault-injection feeds ended, goodbyes said); components given
+        to it as instances are yours to close. The Redis client is shared: never closed
+        here."""
+        for component in self.owned:
+            await component.aclose()
+
     async def check(self) -> None:
         """Each component's `check()`: raise `CheckFailed` (naming the cause and its fix)
         unless Redis can serve them all; for an app that would rather fail at start-up."""

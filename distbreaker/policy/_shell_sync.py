@@ -150,6 +150,14 @@ class PolicyShell(PolicyCore):
     def __call__(self, fn: Callable[P, T]) -> Callable[P, T]:
         return decorate_sync(self.call, fn, "Policy")
 
+    def close(self) -> None:
+        """Close the components this policy built itself (batched outcomes sent,
+        subscriptions and fault-injection feeds ended, goodbyes said); components given
+        to it as instances are yours to close. The Redis client is shared: never closed
+        here."""
+        for component in self.owned:
+            component.close()
+
     def check(self) -> None:
         """Each component's `check()`: raise `CheckFailed` (naming the cause and its fix)
         unless Redis can serve them all; for an app that would rather fail at start-up."""

@@ -132,6 +132,7 @@ class PolicyCore:
         retry, budget, rate limiter), sharing `client`, then check the other options."""
         breaker_cls, bulkhead_cls, retry_cls, budget_cls, limiter_cls = self._kinds
         breaker, bulkhead, retry, budget, rate_limiter = specs
+        spec_budget = budget
         self.breaker = build_component(breaker, breaker_cls, name, client, prefix)
         self.rate_limiter = build_component(rate_limiter, limiter_cls, name, client, prefix)
         self.bulkhead = build_component(bulkhead, bulkhead_cls, name, client, prefix)
@@ -141,6 +142,12 @@ class PolicyCore:
             retry = {**({} if retry is True else retry), "http_classifier": http_classifier}
         retry = build_retry(retry, retry_cls)
         budget = build_component(budget, budget_cls, name, client, prefix)
+        #: What this policy built itself (from True, a config or a dict): `close` closes
+        #: it; components given as instances are the caller's to close.
+        self.owned = [built for given, built in ((breaker, self.breaker),
+                                                 (rate_limiter, self.rate_limiter),
+                                                 (bulkhead, self.bulkhead), (spec_budget, budget))
+                      if built is not None and built is not given]
         self.name = validate_name(name)
         if fallback is not None and not callable(fallback):
             raise TypeError(f"fallback must be callable or None, got {fallback!r}")

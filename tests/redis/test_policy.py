@@ -257,3 +257,25 @@ def test_one_failing_reply_in_the_pipeline_does_not_undo_the_others(
         policy.call(down)
     assert round_trips(redis_client) == before
     assert policy.bulkhead.metrics().in_use == 0
+
+
+def test_close_closes_what_the_policy_built_and_leaves_what_it_was_given(
+        flavour: Flavour, redis_url: str, name: str) -> None:
+    """Batched outcomes of a breaker the policy built are sent by its close; a breaker
+    given as an instance stays open (the caller closes it)."""
+    policy = flavour.policy(name, redis=redis_url, breaker={
+        "record_mode": "batched", "flush_interval": 60, "redis_timeout": 5.0})
+    for _ in range(4):
+        policy.call(lambda: "ok")
+    reader = CircuitBreaker(name, redis=redis_url, redis_timeout=5.0)
+    assert reader.metrics().calls == 0  # still pending in this process
+    if flavour.is_async:
+        policy.aclose()
+    else:
+        policy.close()
+    assert reader.metrics().calls == 4
+    given = flavour.breaker(name + "-given", redis=redis_url, redis_timeout=5.0)
+    other = flavour.policy(name + "-given", redis=redis_url, breaker=given.target
+                           if flavour.is_async else given)
+    assert other.owned == []
+    reader.close()
