@@ -262,11 +262,10 @@ class RegistryCore(Generic[BreakerT, BulkheadT, BudgetT, RetryT, PolicyT, Limite
             prefix=self.spec.prefix, redis_timeout=self.spec.redis_timeout)
 
     def health_plans(self) -> list[tuple[int, Any]]:
-        """(id, probe) of every unkeyed breaker, bulkhead, budget, rate limiter and policy, in
-        that order
-        (a component shared by policies is read once per report)."""
+        """(id, probe) of every unkeyed breaker, bulkhead, budget, rate limiter, policy and
+        pool, in that order (a component shared by policies is read once per report)."""
         order = {kind: i for i, kind in enumerate(KINDS)}
-        items = sorted((pair for pair in self.components() if pair[0] not in ("retry", "pool")),
+        items = sorted((pair for pair in self.components() if pair[0] != "retry"),
                        key=lambda pair: order[pair[0]])
         plans = []
         for kind, component in items:

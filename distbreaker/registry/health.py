@@ -29,6 +29,7 @@ from ..breaker.core import BreakerCore
 from ..breaker.state import State
 from ..budget.core import BudgetCore
 from ..policy.core import PolicyCore
+from ..pool.core import PoolCore
 from ..ratelimiter.core import RateLimiterCore
 
 #: States an operator holds a breaker in (see `distbreaker.CircuitBreaker.transition_to_*`).
@@ -186,6 +187,24 @@ def judge_rate_limiter(limiter: Any, metrics: Any, error: BaseException | None,
                  "calls": metrics.calls, "rejected": metrics.rejected})
 
 
+def judge_pool(pool: Any, status: Any, error: BaseException | None,
+               critical: bool) -> ComponentHealth:
+    """A pool serves while it has members (picks go on locally while Redis is unreachable);
+    it is not `ok` while a pick would panic (too few healthy members: every member is a
+    candidate again)."""
+    reachable = not _unreachable(error)
+    if status is None:
+        return ComponentHealth("pool", pool.name, not reachable, critical, reachable,
+                               bool(pool.local_fallback_active), error=_error_text(error))
+    # members this process puts in at its first pick count too (a pool not used yet)
+    members = len(status.members) or len(pool.members_to_restore)
+    return ComponentHealth(
+        "pool", pool.name, bool(members) and not status.panic, critical, True,
+        bool(pool.local_fallback_active), state="PANIC" if status.panic else None,
+        serving=bool(members),
+        details={"members": members, "ejected": status.ejected, "panic": status.panic})
+
+
 def judge_policy(name: str, parts: list[ComponentHealth], critical: bool,
                  when_open: bool = False) -> ComponentHealth:
     """A policy lets calls through (serves) when each of its parts does."""
@@ -216,8 +235,8 @@ class PolicyProbe:
 
 
 def kind_of(component: Any) -> str:
-    """"breaker", "bulkhead", "budget", "rate_limiter" or "policy"; TypeError for anything
-    else."""
+    """"breaker", "bulkhead", "budget", "rate_limiter", "policy" or "pool"; TypeError for
+    anything else."""
     if isinstance(component, BreakerCore):
         return "breaker"
     if isinstance(component, RateLimiterCore):
@@ -226,6 +245,8 @@ def kind_of(component: Any) -> str:
         return "budget"
     if isinstance(component, PolicyCore):
         return "policy"
+    if isinstance(component, PoolCore):
+        return "pool"
     if hasattr(component, "local_fallback_active") and hasattr(component, "metrics"):
         return "bulkhead"
     raise TypeError(f"cannot report the health of {component!r}: expected a breaker, "
@@ -254,6 +275,9 @@ def plan(component: Any, critical: bool = False,
     if kind == "rate_limiter":
         return Probe(component.metrics,
                      lambda value, error: judge_rate_limiter(component, value, error, critical))
+    if kind == "pool":
+        return Probe(component.status,
+                     lambda value, error: judge_pool(component, value, error, critical))
     return Probe(component.balance,
                  lambda value, error: judge_budget(component, value, error, critical))
 

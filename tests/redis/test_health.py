@@ -127,3 +127,22 @@ def test_asyncio_health(redis_url: str, name: str) -> None:
         return report.ready, single.ok, single.state
 
     assert asyncio.run(main()) == (True, True, "CLOSED")
+
+
+def test_a_pool_is_in_the_registrys_health_and_panic_is_not_ok(redis_url: str,
+                                                               name: str) -> None:
+    registry = Registry.from_dict({"pools": {"instances": {name: {
+        "members": ["a:80", "b:80"], "consecutive_5xx": 1, "max_ejection_percent": 100,
+        "healthy_panic_threshold": 50, "redis_timeout": 5.0}}}}, redis=redis_url, environ={})
+    pool = registry.pool(name)
+    report = registry.health()
+    entry = next(c for c in report.components if c.kind == "pool")
+    assert (entry.name, entry.ok, entry.serving) == (name, True, True)
+    assert entry.details == {"members": 2, "ejected": 0, "panic": False}  # not used yet
+    pool.release(pool.pick())  # the first pick puts the members in Redis
+    for member in ("a:80", "b:80"):
+        pool.eject(member, 60)
+    entry = next(c for c in registry.health().components if c.kind == "pool")
+    assert entry.details["panic"] and entry.state == "PANIC" and not entry.ok
+    assert entry.serving and registry.health().ready  # picks go to every member: serving
+    registry.close()
