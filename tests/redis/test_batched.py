@@ -337,3 +337,29 @@ def test_fail_open_outage_feeds_the_local_breaker_at_once() -> None:
         except CallNotPermitted:
             outcomes.append("rejected")
     assert outcomes == ["failed"] * 4 + ["rejected"] * 3
+
+
+def test_the_flusher_thread_outlives_a_failing_round(redis_url: str, name: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round that raises (once an infinite wait, from a race with a flush on another
+    thread) is logged; the process's flusher goes on and later outcomes still arrive."""
+    breaker = CircuitBreaker(name, redis=redis_url, record_mode="batched",
+                             flush_interval=0.01, redis_timeout=5.0)
+    breaker.call(lambda: None)
+    breaker.flush()
+    real, failed = THREAD_FLUSHER.acc.due_in, []
+
+    def due_in_once_broken() -> float:
+        if not failed:
+            failed.append(True)
+            raise OverflowError("timestamp out of range for platform time_t")
+        return real()
+
+    monkeypatch.setattr(THREAD_FLUSHER.acc, "due_in", due_in_once_broken)
+    breaker.call(lambda: None)
+    wait_until(lambda: bool(failed), what="the round failed once")
+    for _ in range(3):
+        breaker.call(lambda: None)
+    wait_until(lambda: breaker.metrics().calls == 5, timeout=30,
+               what="the flusher sent the later outcomes")
+    breaker.close()

@@ -113,10 +113,13 @@ class Accumulator:
         return bool(self._pending)
 
     def due_in(self) -> float:
-        """Seconds until the pending outcomes are due (<= 0: flush now)."""
-        if self.full or not self._pending:
-            return 0.0
-        return self.since + self.interval - time.monotonic()
+        """Seconds until the pending outcomes are due (<= 0: flush now). Under the lock: a
+        drain between reading `_pending` and `interval` (an explicit flush from another
+        thread) made this infinite once, which killed the flusher thread."""
+        with self._lock:
+            if self.full or not self._pending:
+                return 0.0
+            return self.since + self.interval - time.monotonic()
 
     def reset(self) -> None:
         """In a forked child: nothing pending (the parent sends its own), a fresh lock."""
