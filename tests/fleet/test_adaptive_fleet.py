@@ -206,7 +206,9 @@ def test_the_limit_never_leaves_its_bounds_under_random_outcomes_from_a_fleet(
     assert stored and reported
     assert all(MIN <= v <= MAX for v in stored), (min(stored), max(stored))
     assert all(MIN <= v <= MAX for v in reported)
-    assert len(set(reported)) > 1                       # it did move
+    # it did move: off its initial 6 (on a loaded machine the first 429s can take it to
+    # the floor before the first reply is collected, and it may stay there)
+    assert any(v != 6 for v in reported + stored), (set(reported), set(stored))
 
 
 def test_the_limit_never_leaves_its_bounds_for_any_outcome_sequence(

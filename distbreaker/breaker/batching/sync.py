@@ -63,6 +63,8 @@ class ThreadFlusher(FlusherShell):
             except Exception:  # the process's only flusher: it must outlive any one round
                 logger.exception("distbreaker: batched flusher round failed")
                 self._wake.wait(1.0)
+                if self.acc:  # what was pending is still due (no later call wakes it)
+                    self._wake.set()
 
     def _doze(self, delay: float) -> None:
         self._wake.wait(delay)
