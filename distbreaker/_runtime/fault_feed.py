@@ -42,8 +42,6 @@ class FaultFeed:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
-        #: Set after each successful read (tests wait on it).
-        self.fresh = threading.Event()
         self.reads = 0
         forking.register(self)
 
@@ -88,7 +86,6 @@ class FaultFeed:
         now_ms, faults, _ = parse_flat(flat)
         self.table.replace(now_ms, faults, sent)
         self.reads += 1
-        self.fresh.set()
 
     def _run(self) -> None:
         stop = self._stop
@@ -112,7 +109,6 @@ class FaultFeed:
         """In a forked child: start a thread of its own on the next join or call."""
         self._lock = threading.Lock()
         self._thread = None
-        self.fresh = threading.Event()
         if self._names:
             names, self._names = self._names, {}
             for name, n in names.items():
@@ -146,14 +142,6 @@ class FaultFeeds:
         whatever it forgot to close)."""
         for feed in self.feeds():
             feed.stop()
-
-    def applied(self) -> dict[str, int]:
-        """Injections applied in this process, by kind (for exporters)."""
-        total: dict[str, int] = {}
-        for feed in self.feeds():
-            for kind, n in feed.table.applied.items():
-                total[kind] = total.get(kind, 0) + n
-        return total
 
 
 FEEDS = FaultFeeds()
