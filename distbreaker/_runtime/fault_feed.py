@@ -50,8 +50,8 @@ class FaultFeed:
             self._names[name] = self._names.get(name, 0) + 1
             if self._thread is None:
                 self._stop = threading.Event()
-                self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name="distbreaker-faults")
+                self._thread = threading.Thread(target=self._run, args=(self._stop,),
+                                                daemon=True, name="distbreaker-faults")
                 self._thread.start()
             else:
                 self._wake.set()  # register the new name now
@@ -63,10 +63,18 @@ class FaultFeed:
                 self._names[name] = left
             else:
                 self._names.pop(name, None)
-            if not self._names and self._thread is not None:
-                self._stop.set()
-                self._wake.set()
+        # With no name left the thread ends by itself within its 0.25 s wait (`_idle`).
+
+    def _idle(self, stop: threading.Event) -> bool:
+        """Thread side: with no name left, end this thread; decided under the lock so
+        that create/close churn reuses one thread and connection (as the subscriber's)."""
+        with self._lock:
+            if self._names:
+                return False
+            stop.set()
+            if self._thread is threading.current_thread():
                 self._thread = None
+            return True
 
     def stop(self) -> None:
         """Forget every name and end the thread (it ends within its 0.25 s wait)."""
@@ -87,13 +95,13 @@ class FaultFeed:
         self.table.replace(now_ms, faults, sent)
         self.reads += 1
 
-    def _run(self) -> None:
-        stop = self._stop
+    def _run(self, stop: threading.Event) -> None:
+        """The thread's body; `stop` is this thread's own (a later join makes a new one)."""
 
         def serve(client: Any, pubsub: Any) -> None:
             self._read(client)
             due = time.monotonic() + REFRESH_S
-            while not stop.is_set():
+            while not stop.is_set() and not self._idle(stop):
                 message = pubsub.get_message(timeout=max(0.0, min(0.25, due - time.monotonic())))
                 changed = self._wake.is_set() or time.monotonic() >= due
                 if message is not None and message.get("type") == "message":
@@ -103,7 +111,8 @@ class FaultFeed:
                     self._read(client)
                     due = time.monotonic() + REFRESH_S
 
-        listen_until(stop, self._where.make_client, self._where.channel, serve, "fault feed")
+        listen_until(stop, self._where.make_client, self._where.channel, serve, "fault feed",
+                     on_error=lambda: self._idle(stop))
 
     def _after_fork(self) -> None:
         """In a forked child: start a thread of its own on the next join or call."""

@@ -113,22 +113,33 @@ class Subscriber:
             self._watched.setdefault(core.name, weakref.WeakSet()).add(core)
             if self._thread is None:
                 self._stop = threading.Event()
-                self._thread = threading.Thread(target=self._run, daemon=True,
+                self._thread = threading.Thread(target=self._run, args=(self._stop,),
+                                                daemon=True,
                                                 name=f"distbreaker-subscriber {self.channel}")
                 self._thread.start()
 
     def unwatch(self, core: Watched) -> None:
-        """Stop watching `core`; with nothing left to watch the thread ends (within the
-        1 s it waits for a message) and closes its connection."""
+        """Stop watching `core`; with nothing left to watch the thread ends by itself
+        (within the 1 s it waits for a message, `_idle`) and closes its connection."""
         with self._lock:
             watched = self._watched.get(core.name)
             if watched is not None:
                 watched.discard(core)
                 if not watched:
                     del self._watched[core.name]
-            if not self._watched and self._thread is not None:
-                self._stop.set()
+
+    def _idle(self, stop: threading.Event) -> bool:
+        """Thread side: with nothing watched, end this thread. Decided under the lock,
+        so a watch before it keeps this thread and one after it starts a new one: a
+        process that creates and closes breakers in a loop reuses one thread and one
+        connection instead of leaving one per breaker open until its next wake."""
+        with self._lock:
+            if self._watched:
+                return False
+            stop.set()
+            if self._thread is threading.current_thread():
                 self._thread = None
+            return True
 
     def siblings_of(self, core: Watched) -> list[Watched]:
         """The other watched breakers of the same name (same server) in this process."""
@@ -146,19 +157,23 @@ class Subscriber:
             if core.invalidate(at_ms, recovered):
                 self.invalidations += 1
 
-    def _run(self) -> None:
-        stop = self._stop  # this thread's own: a later restart makes a new one
+    def _run(self, stop: threading.Event) -> None:
+        """The thread's body; `stop` is this thread's own (a later restart makes a new one)."""
 
         def serve(client: Any, pubsub: Any) -> None:
             del client
             self.ready.set()
-            while not stop.is_set():
+            while not stop.is_set() and not self._idle(stop):
                 message = pubsub.get_message(timeout=1.0)
                 if message is not None and message.get("type") == "message":
                     self.handle(message["data"])
 
+        def on_error() -> None:
+            self.ready.clear()
+            self._idle(stop)
+
         listen_until(stop, self._make_client, self.channel, serve, "subscriber",
-                     on_error=self.ready.clear)
+                     on_error=on_error)
 
     def _after_fork(self) -> None:
         """In a forked child: no thread yet (the next flush starts one), fresh lock."""

@@ -128,3 +128,24 @@ def test_memory_urls_still_work_and_close(name: str) -> None:
     first.close()
     assert second.call(lambda: "ok") == "ok"
     second.close()
+
+
+def test_creating_and_closing_breakers_in_a_loop_reuses_one_listener_connection(
+        name: str, redis_url: str) -> None:
+    """A process that builds a breaker per request on its own bounded client: each
+    close used to leave the pub/sub listener's connection held until the thread's next
+    wake (up to 1 s) while the next breaker started another, so the pool ran dry
+    ("Too many connections") and breakers fell back to local state."""
+    client = redis.Redis.from_url(redis_url, max_connections=8)
+    try:
+        for i in range(300):
+            # fail_closed: a call that could not reach Redis raises instead of passing.
+            breaker = distbreaker.CircuitBreaker(f"{name}-{i % 5}", redis=client,
+                                                 allow_fault_injection=True,
+                                                 on_redis_error="fail_closed")
+            assert breaker.call(lambda: "ok") == "ok"
+            breaker.close()
+        # The caller's connection plus one listener per kind (transitions, faults).
+        assert client.connection_pool._created_connections <= 4
+    finally:
+        client.close()
