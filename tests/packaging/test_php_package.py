@@ -43,7 +43,7 @@ def scripts_the_php_client_loads() -> set[str]:
 
 def test_the_package_carries_each_scripts_eval_form_generated_from_lua() -> None:
     needed = scripts_the_php_client_loads()
-    assert needed == {"breaker", "bulkhead", "budget", "ratelimiter", "inject"}
+    assert needed == {"breaker", "bulkhead", "budget", "ratelimiter", "inject", "pool"}
     shipped = {p.stem for p in (PACKAGE / "lua").glob("*.lua")}
     assert shipped == needed, "clients/php/lua must hold exactly the scripts the client loads"
     for name in needed:
@@ -172,7 +172,7 @@ def test_a_composer_install_runs_from_its_vendor_folder_alone(
     installed = project / "vendor" / "distbreaker" / "distbreaker"
     assert not installed.is_symlink()
     assert sorted(p.name for p in (installed / "lua").glob("*.lua")) == \
-        ["breaker.lua", "budget.lua", "bulkhead.lua", "inject.lua", "ratelimiter.lua"]
+        ["breaker.lua", "budget.lua", "bulkhead.lua", "inject.lua", "pool.lua", "ratelimiter.lua"]
     assert (installed / "config" / "distbreaker.php").is_file()
 
     (project / "run.php").write_text(INSTALLED)

@@ -106,6 +106,13 @@ final class Keys
         return ['slices' => self::base($name, $prefix) . ':rb'];
     }
 
+    /** @return array{members: string, leases: string, history: string} the pool's keys in script order */
+    public static function pool(string $name, string $prefix = self::DEFAULT_PREFIX): array
+    {
+        $base = self::base($name, $prefix);
+        return ['members' => "{$base}:pool", 'leases' => "{$base}:pool:leases", 'history' => "{$base}:pool:events"];
+    }
+
     /** @return array{bucket: string} */
     public static function rateLimiter(string $name, string $prefix = self::DEFAULT_PREFIX): array
     {

@@ -322,6 +322,47 @@ LUA;
         }
         break;
 
+    case 'pool': // picks (a step may avoid members), each recorded with the step's status or outcome
+        $pool = new Distbreaker\Pool($redis, $job['name'], $config);
+        $out = ['picks' => [], 'events' => [], 'sources' => []];
+        foreach ($job['steps'] as $step) {
+            $pick = $pool->pick($step['key'] ?? null, $step['avoid'] ?? []);
+            if ($step['throw'] ?? false) {
+                try {
+                    $pool->call(static function () { throw new RuntimeException('upstream failed'); });
+                } catch (RuntimeException $e) {
+                    $out['thrown'][] = $e->getMessage();
+                }
+                $pool->release($pick);
+                continue;
+            }
+            $change = $pool->record($pick, $step['status'] ?? null, null, $step['outcome'] ?? null, $step['retry_after'] ?? null);
+            $out['picks'][] = $pick->member;
+            $out['sources'][] = $pick->source;
+            $out['events'][] = $change === null ? null : $change['event'];
+        }
+        $out['status'] = $job['dead_port'] ?? false ? [] : $pool->status();
+        break;
+
+    case 'pool_wire': // the config wire string of each config (compared with Python's PoolConfig.wire)
+        $out = array_map(static fn (array $c) => (new Distbreaker\Pool($redis, $job['name'], $c))->wire, $job['configs']);
+        break;
+
+    case 'pool_outage': // Redis unreachable: picks are local (static members), outcomes dropped
+        $down = new Redis();
+        try {
+            $down->connect('127.0.0.1', (int) $job['dead_port'], 0.2);
+        } catch (RedisException) {
+        }
+        $pool = new Distbreaker\Pool($down, $job['name'], $config);
+        $out = ['picks' => [], 'records' => []];
+        for ($i = 0; $i < ($job['n'] ?? 5); $i++) {
+            $pick = $pool->pick();
+            $out['picks'][] = [$pick->member, $pick->source];
+            $out['records'][] = $pool->record($pick, 503);
+        }
+        break;
+
     default:
         fwrite(STDERR, "unknown action {$job['action']}\n");
         exit(2);
