@@ -226,8 +226,12 @@ end
 -- after FORGET_MS of silence) the whole hello runs, which may deploy the config.
 -- Through pcall: a foreign key type only loses the hello, never the call (the
 -- worker's next full hello reports it).
+local memo_state, memo_meta, memo_legacy  -- the last record key's two hash keys
 local function rehello(state_key, worker, fp, wire, now, ttl_ms, fresh)
-  local key, legacy_key = state_key .. ':meta', state_key .. ':cfgs'
+  if state_key ~= memo_state then
+    memo_state, memo_meta, memo_legacy = state_key, state_key .. ':meta', state_key .. ':cfgs'
+  end
+  local key, legacy_key = memo_meta, memo_legacy
   if not fresh then
     local entry = fp .. ':' .. int(now)
     local added = pcall_('HSET', key, 'w:' .. worker, entry)
