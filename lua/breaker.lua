@@ -686,7 +686,8 @@ local function write_others(refresh)
                           op == 'set' and argv[8] or '',
                           int(fp), cfg_wire, adopted_deploy, now, ttl_ms)
   elseif rehello_due then
-    breaker_rollout.rehello(K_STATE, hello_worker, fp_text, cfg_wire, now, ttl_ms)
+    breaker_rollout.rehello(K_META, derived.cfgs, hello_worker, fp_text, cfg_wire, now,
+                            ttl_ms)
   end
   if (clear_quorum_marks and quorum_possible()) or quorum_mark then
     breaker_persist.write_quorum_marks(K_STATE, clear_quorum_marks, quorum_mark, now, ttl_ms)

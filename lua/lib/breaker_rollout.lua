@@ -217,21 +217,17 @@ local function write(key, legacy_key, writes, why, actor, adopted, adopted_wire,
 end
 
 -- A repeated hello of a worker whose config (`fp`, its text; `wire`) is in force, made
--- after the state record (`state_key`: the record's key): the rule can adopt nothing
--- (the config is in force), so the hello only says the worker still runs it: one HSET
--- of its entry's time in the meta hash (whose TTL is refreshed with the record's,
+-- after the state record (`key`: the meta hash; `legacy_key`: <state key>:cfgs): the
+-- rule can adopt nothing (the config is in force), so the hello only says the worker
+-- still runs it: one HSET of its entry's time in the meta hash (whose TTL is refreshed
+-- with the record's,
 -- lua/lib/breaker_persist.lua), and the same in the legacy hash while that exists (an
 -- EXISTS: older workers must keep seeing this one). When that created the entry
 -- (`fresh`: the hot path's HSET did; the hash expired, or the worker was forgotten
 -- after FORGET_MS of silence) the whole hello runs, which may deploy the config.
 -- Through pcall: a foreign key type only loses the hello, never the call (the
 -- worker's next full hello reports it).
-local memo_state, memo_meta, memo_legacy  -- the last record key's two hash keys
-local function rehello(state_key, worker, fp, wire, now, ttl_ms, fresh)
-  if state_key ~= memo_state then
-    memo_state, memo_meta, memo_legacy = state_key, state_key .. ':meta', state_key .. ':cfgs'
-  end
-  local key, legacy_key = memo_meta, memo_legacy
+local function rehello(key, legacy_key, worker, fp, wire, now, ttl_ms, fresh)
   if not fresh then
     local entry = fp .. ':' .. int(now)
     local added = pcall_('HSET', key, 'w:' .. worker, entry)

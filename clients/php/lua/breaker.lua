@@ -1921,21 +1921,17 @@ local function write(key, legacy_key, writes, why, actor, adopted, adopted_wire,
 end
 
 -- A repeated hello of a worker whose config (`fp`, its text; `wire`) is in force, made
--- after the state record (`state_key`: the record's key): the rule can adopt nothing
--- (the config is in force), so the hello only says the worker still runs it: one HSET
--- of its entry's time in the meta hash (whose TTL is refreshed with the record's,
+-- after the state record (`key`: the meta hash; `legacy_key`: <state key>:cfgs): the
+-- rule can adopt nothing (the config is in force), so the hello only says the worker
+-- still runs it: one HSET of its entry's time in the meta hash (whose TTL is refreshed
+-- with the record's,
 -- lua/lib/breaker_persist.lua), and the same in the legacy hash while that exists (an
 -- EXISTS: older workers must keep seeing this one). When that created the entry
 -- (`fresh`: the hot path's HSET did; the hash expired, or the worker was forgotten
 -- after FORGET_MS of silence) the whole hello runs, which may deploy the config.
 -- Through pcall: a foreign key type only loses the hello, never the call (the
 -- worker's next full hello reports it).
-local memo_state, memo_meta, memo_legacy  -- the last record key's two hash keys
-local function rehello(state_key, worker, fp, wire, now, ttl_ms, fresh)
-  if state_key ~= memo_state then
-    memo_state, memo_meta, memo_legacy = state_key, state_key .. ':meta', state_key .. ':cfgs'
-  end
-  local key, legacy_key = memo_meta, memo_legacy
+local function rehello(key, legacy_key, worker, fp, wire, now, ttl_ms, fresh)
   if not fresh then
     local entry = fp .. ':' .. int(now)
     local added = pcall_('HSET', key, 'w:' .. worker, entry)
@@ -2071,7 +2067,7 @@ local function record(keys, args, given_now, given_micros)
                                               + 4294967296 or (write_seq + 1) % 4294967296,
                                               calls_total + 1, failures_total))
   if shadowed then pcall(breaker_shadow.feed, k, t_now, us, 1, 0, 0, ms) end
-  if worker then rehello(k, worker, fp_text, args[3], t_now, key_ttl) end
+  if worker then rehello(k .. ':meta', k .. ':cfgs', worker, fp_text, args[3], t_now, key_ttl) end
   return {'CLOSED', t_now, since_ms}
 end
 
@@ -2816,7 +2812,8 @@ local function write_others(refresh)
                           op == 'set' and argv[8] or '',
                           int(fp), cfg_wire, adopted_deploy, now, ttl_ms)
   elseif rehello_due then
-    breaker_rollout.rehello(K_STATE, hello_worker, fp_text, cfg_wire, now, ttl_ms)
+    breaker_rollout.rehello(K_META, derived.cfgs, hello_worker, fp_text, cfg_wire, now,
+                            ttl_ms)
   end
   if (clear_quorum_marks and quorum_possible()) or quorum_mark then
     breaker_persist.write_quorum_marks(K_STATE, clear_quorum_marks, quorum_mark, now, ttl_ms)
