@@ -23,8 +23,8 @@
 --
 -- The rule, decided on hellos only (a worker's first call, then one every 20 s; its
 -- other calls cost nothing more; a repeated hello of a worker whose config is in force
--- decides nothing and costs one HSET, `rehello`): the caller's config replaces the one in force when
--- it ranks higher (config field 22, the explicit version, first; then the deploy
+-- decides nothing and costs one HSET and one EXISTS, `rehello`): the caller's config
+-- replaces the one in force when it ranks higher (config field 22, the explicit version, first; then the deploy
 -- time: the newest deployment wins), or when no worker runs the one in force any more
 -- (each said goodbye, '<fp>@<worker>@bye' from `close()`, or has been silent for
 -- FORGET_MS). A worker counts as running its config (for deploys and for readers'
