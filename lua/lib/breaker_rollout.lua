@@ -24,10 +24,10 @@
 -- The rule, decided on hellos only (a worker's first call, then one every 20 s; its
 -- other calls cost nothing more; a repeated hello of a worker whose config is in force
 -- decides nothing and costs one HSET and one EXISTS, `rehello`): the caller's config
--- replaces the one in force when it ranks higher (config field 22, the explicit version, first; then the deploy
--- time: the newest deployment wins), or when no worker runs the one in force any more
--- (each said goodbye, '<fp>@<worker>@bye' from `close()`, or has been silent for
--- FORGET_MS). A worker counts as running its config (for deploys and for readers'
+-- replaces the one in force when it ranks higher (config field 22, the explicit
+-- version, first; then the deploy time: the newest deployment wins), or when no worker
+-- runs the one in force any more (each said goodbye, '<fp>@<worker>@bye' from
+-- `close()`, or has been silent for FORGET_MS). A worker counts as running its config (for deploys and for readers'
 -- counts) for LIVE_MS after its last hello.
 local tonumber, pairs, unpack, pcall_ = tonumber, pairs, unpack, redis.pcall
 local sub, find, match = string.sub, string.find, string.match
@@ -220,9 +220,8 @@ end
 -- after the state record (`key`: the meta hash; `legacy_key`: <state key>:cfgs): the
 -- rule can adopt nothing (the config is in force), so the hello only says the worker
 -- still runs it: one HSET of its entry's time in the meta hash (whose TTL is refreshed
--- with the record's,
--- lua/lib/breaker_persist.lua), and the same in the legacy hash while that exists (an
--- EXISTS: older workers must keep seeing this one). When that created the entry
+-- with the record's, lua/lib/breaker_persist.lua), and the same in the legacy hash
+-- while that exists (an EXISTS: older workers must keep seeing this one). When that created the entry
 -- (`fresh`: the hot path's HSET did; the hash expired, or the worker was forgotten
 -- after FORGET_MS of silence) the whole hello runs, which may deploy the config.
 -- Through pcall: a foreign key type only loses the hello, never the call (the
