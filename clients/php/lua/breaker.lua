@@ -1731,8 +1731,8 @@ local function breaker_rollout()
 -- replaces the one in force when it ranks higher (config field 22, the explicit
 -- version, first; then the deploy time: the newest deployment wins), or when no worker
 -- runs the one in force any more (each said goodbye, '<fp>@<worker>@bye' from
--- `close()`, or has been silent for FORGET_MS). A worker counts as running its config (for deploys and for readers'
--- counts) for LIVE_MS after its last hello.
+-- `close()`, or has been silent for FORGET_MS). A worker counts as running its config
+-- (for deploys and for readers' counts) for LIVE_MS after its last hello.
 local tonumber, pairs, unpack, pcall_ = tonumber, pairs, unpack, redis.pcall
 local sub, find, match = string.sub, string.find, string.match
 local int, wire_field = record_codec.int, breaker_config.field
@@ -1925,16 +1925,19 @@ end
 -- rule can adopt nothing (the config is in force), so the hello only says the worker
 -- still runs it: one HSET of its entry's time in the meta hash (whose TTL is refreshed
 -- with the record's, lua/lib/breaker_persist.lua), and the same in the legacy hash
--- while that exists (an EXISTS: older workers must keep seeing this one). When that created the entry
--- (`fresh`: the hot path's HSET did; the hash expired, or the worker was forgotten
--- after FORGET_MS of silence) the whole hello runs, which may deploy the config.
+-- while that exists (an EXISTS: older workers must keep seeing this one). When that
+-- created the entry (`fresh`: the hot path's HSET did; the hash expired, or the worker
+-- was forgotten after FORGET_MS of silence) the whole hello runs, which may deploy the
+-- config.
 -- Through pcall: a foreign key type only loses the hello, never the call (the
 -- worker's next full hello reports it).
 local function rehello(key, legacy_key, worker, fp, wire, now, ttl_ms, fresh)
   if not fresh then
     local entry = fp .. ':' .. int(now)
     local added = pcall_('HSET', key, 'w:' .. worker, entry)
-    if pcall_('EXISTS', legacy_key) == 1 then pcall_('HSET', legacy_key, 'w:' .. worker, entry) end
+    if pcall_('EXISTS', legacy_key) == 1 then
+      pcall_('HSET', legacy_key, 'w:' .. worker, entry)
+    end
     if added ~= 1 then return end
   end
   local writes = hello(key, legacy_key, worker, false, fp, wire, fp, wire, now, true)
