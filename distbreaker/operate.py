@@ -265,7 +265,7 @@ def adopt_config(client: Any, prefix: str, name: str, reason: str, actor: str,
     keys = BreakerKeys.build(name, prefix)
     record = view.read_record(client, keys.state, state_record.WINDOW_OFFSET - 1)
     meta = client.hgetall(keys.meta)
-    rollout = client.hgetall(keys.state + view.ROLLOUT_SUFFIX)
+    rollout = view.merge_rollout(meta, client.hgetall(keys.state + view.LEGACY_ROLLOUT_SUFFIX))
     breaker_view = view.decode_state_record(name, record or b"", meta, view.server_now_ms(
         client), rollout=rollout)
     candidates = [c for c in breaker_view["configs"] if c["wire"] and not c["in_force"]]

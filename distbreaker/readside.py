@@ -73,8 +73,10 @@ UNSET_CONFIG = "unset"
 _META_FIELDS = ("cfg", "drift_cfg", "drift_at", "reason", "actor")
 #: The quorum trip's marks hash: the state key plus this (docs/KEY_SCHEMA.md).
 QUORUM_SUFFIX = ":fw"
-#: The config rollout hash: the state key plus this (docs/KEY_SCHEMA.md).
-ROLLOUT_SUFFIX = ":cfgs"
+#: The config rollout's fields live in the meta hash; clients before that kept them in a
+#: hash of their own, the state key plus this, which readers merge while it exists
+#: (docs/KEY_SCHEMA.md, "Config rollouts").
+LEGACY_ROLLOUT_SUFFIX = ":cfgs"
 
 
 def schema_namespace(prefix: str, schema: str = V2) -> str:
@@ -391,9 +393,33 @@ def decode_state_record(name: str, data: bytes, meta: Mapping[Any, Any], now_ms:
 ROLLOUT_LIVE_MS = 60_000
 
 
+def merge_rollout(meta: Mapping[Any, Any],
+                  legacy: Mapping[Any, Any] | None) -> dict[str, str]:
+    """The config rollout's fields: the meta hash's over the legacy rollout hash's
+    (``<state key>:cfgs``, kept by workers of a version before the merge while they run):
+    a worker's later hello wins, and the adoption (`f:` fields) whose hash has one.
+    Non-rollout fields of the meta hash come along; `decode_rollout` ignores them."""
+    m = {text(k): text(v) for k, v in meta.items()}
+    if not legacy:
+        return m
+    out = {k: v for k, v in ((text(k), text(v)) for k, v in legacy.items())
+           if not (k.startswith("f:") and "f:at" in m)}
+    for k, v in m.items():
+        if k.startswith("w:") and k in out and _seen(out[k]) > _seen(v):
+            continue
+        out[k] = v
+    return out
+
+
+def _seen(entry: str) -> int:
+    """A worker entry's (`<fp>:<ms>`) last hello, ms."""
+    return _int_or(entry.partition(":")[2], 0)
+
+
 def decode_rollout(raw: Mapping[Any, Any], in_force: int, wire: str,
                    now_ms: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    """The configs deployed (rollout hash ``<state key>:cfgs``): one entry per config
+    """The configs deployed (the config rollout's fields of the meta hash, merged by
+    `merge_rollout`): one entry per config
     fingerprint the hash knows, with the workers that said hello with it in the last
     minute, in force first, then newest deployment first; and how the config in force
     got there (None for a record without one)."""
@@ -422,9 +448,11 @@ def decode_rollout(raw: Mapping[Any, Any], in_force: int, wire: str,
     configs.sort(key=lambda c: (not c["in_force"], -(c["deployed_at_ms"] or 0)))
     if not in_force:
         return configs, None
-    return configs, {"fingerprint": str(in_force),
-                     "since_ms": _int_or(h.get("f:at", "0"), 0) or None,
-                     "why": h.get("f:why") or None, "actor": h.get("f:actor") or None}
+    why, since = h.get("f:why"), h.get("f:at", "0")
+    if why is None and f"d:{forced}" in h:  # the first config stored writes no `f:` field
+        why, since = "first config", h[f"d:{forced}"]
+    return configs, {"fingerprint": str(in_force), "since_ms": _int_or(since, 0) or None,
+                     "why": why or None, "actor": h.get("f:actor") or None}
 
 
 @functools.lru_cache(maxsize=256)
@@ -871,9 +899,9 @@ def _summaries(client: Any, prefix: str, items: Sequence[tuple[str, frozenset[st
         if "breaker" in parts:
             if schema == V2:
                 queue_raw(pipe, keys.state, state_record.WINDOW_OFFSET - 1)
-                pipe.hmget(keys.meta, list(_META_FIELDS))
+                pipe.hgetall(keys.meta)  # (its fields and the config rollout's)
                 pipe.hgetall(keys.state + QUORUM_SUFFIX)
-                pipe.hgetall(keys.state + ROLLOUT_SUFFIX)
+                pipe.hgetall(keys.state + LEGACY_ROLLOUT_SUFFIX)
                 steps += ["record", "meta", "quorum", "rollout"]
             else:
                 pipe.hgetall(keys.state)
@@ -921,10 +949,11 @@ def _summary(client: Any, prefix: str, name: str, got: dict[str, Any],
     def breaker() -> None:
         deadlines = deadlines_of(keys.probes, got.get("probe") or ())
         if got.get("record"):
-            meta = dict(zip(_META_FIELDS, got["meta"], strict=True))
+            meta = {text(k): v for k, v in (got["meta"] or {}).items()}
             row["breaker"] = decode_state_record(
-                name, got["record"], {k: v for k, v in meta.items() if v is not None},
-                now_ms, deadlines, got.get("quorum") or {}, got.get("rollout") or {})
+                name, got["record"], {k: meta[k] for k in _META_FIELDS if k in meta},
+                now_ms, deadlines, got.get("quorum") or {},
+                merge_rollout(meta, got.get("rollout")))
             row["state"] = row["breaker"]["state"]
         elif got.get("state"):
             row["breaker"] = decode_state_hash(name, got["state"], now_ms, deadlines)
@@ -1119,7 +1148,7 @@ def read_detail(client: Any, prefix: str, name: str, schema: str = V2) -> dict[s
     extras = 0
     if schema == V2 and keys.state in usable:
         pipe.hgetall(keys.state + QUORUM_SUFFIX)
-        pipe.hgetall(keys.state + ROLLOUT_SUFFIX)
+        pipe.hgetall(keys.state + LEGACY_ROLLOUT_SUFFIX)
         extras = 2
     replies = pipe.execute(raise_on_error=False)
     got: dict[str, Any] = dict(zip(order, replies, strict=False))
@@ -1127,6 +1156,8 @@ def read_detail(client: Any, prefix: str, name: str, schema: str = V2) -> dict[s
     marks, rollout = ({} if isinstance(r, Exception) else r
                       for r in (replies[-2:] if extras else ({}, {})))
     state, meta = got.get(keys.state) or {}, got.get(keys.meta, {})
+    if schema == V2:
+        rollout = merge_rollout(meta, rollout)
     probes, history_len = got.get(keys.probes, []), got.get(keys.history, 0)
     leases, bh_meta = got.get(keys.bh_leases, []), got.get(keys.bh_meta, {})
     budget, limiter = got.get(keys.rb, {}), got.get(keys.rl, {})

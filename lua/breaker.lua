@@ -682,11 +682,12 @@ end
 -- Quorum marks, probes and TTLs (after the state record and the meta hash).
 local function write_others(refresh)
   if rollout_writes or adopted_why then
-    breaker_rollout.write(K_STATE .. ':cfgs', rollout_writes, adopted_why,
+    breaker_rollout.write(K_META, derived.cfgs, rollout_writes, adopted_why,
                           op == 'set' and argv[8] or '',
                           int(fp), cfg_wire, adopted_deploy, now, ttl_ms)
   elseif rehello_due then
-    breaker_rollout.rehello(derived.cfgs, hello_worker, fp_text, cfg_wire, now, ttl_ms)
+    breaker_rollout.rehello(K_META, derived.cfgs, hello_worker, fp_text, cfg_wire, now,
+                            ttl_ms)
   end
   if (clear_quorum_marks and quorum_possible()) or quorum_mark then
     breaker_persist.write_quorum_marks(K_STATE, clear_quorum_marks, quorum_mark, now, ttl_ms)
@@ -702,7 +703,7 @@ local function write_others(refresh)
     if s_state == 'OPEN' and cold().open_until > held then held = cold().open_until end
     return breaker_persist.refresh_ttls(K_STATE, K_META,
                                         (s_state == 'HALF_OPEN' or s_state == 'OPEN')
-                                        and K_PROBES, derived.cfgs, now, ttl_ms, held)
+                                        and K_PROBES, now, ttl_ms, held)
   end
   if probe_add and (live_count or 0) == 0 then rcall('PEXPIRE', K_PROBES, int(ttl_ms)) end
   -- (a stored config too: the first worker after an operator made the record creates meta)
@@ -796,9 +797,9 @@ end
 -- answers why its config `mine` replaces the stored one `stored` (nil: it does not),
 -- or nil and an error reply.
 local function say_hello(mine, stored, stored_wire)
-  local writes, why, err = breaker_rollout.hello(K_STATE .. ':cfgs', hello_worker, hello_bye,
+  local writes, why, err = breaker_rollout.hello(K_META, derived.cfgs, hello_worker, hello_bye,
                                                  mine, cfg_wire, stored, stored_wire, now)
-  if err then return nil, foreign_keys() or schema_error(K_STATE .. ':cfgs', 'is not a hash') end
+  if err then return nil, foreign_keys() or schema_error(K_META, 'is not a hash') end
   rollout_writes = writes
   return why, nil
 end
@@ -882,10 +883,8 @@ local function settle_config()
   if mine == fp then  -- the caller's fingerprint was wrong, not its config
     return hello_in_force()
   end
-  if hello_worker then
-    local stored_wire = pcall_('HGET', K_META, 'cfg')
-    if type(stored_wire) ~= 'string' then stored_wire = nil end
-    local why, err = say_hello(int(mine), fp_text, stored_wire)
+  if hello_worker then  -- (the stored wire: the meta hash's `cfg`, read with the rollout)
+    local why, err = say_hello(int(mine), fp_text, nil)
     if err then return err end
     if why then return adopt_config(why, false) end
   end
@@ -903,7 +902,7 @@ local function begin(keys, args, given_now, given_micros)
   if K_STATE ~= d.state then
     d.state, d.meta, d.probes, d.hist = K_STATE, K_STATE .. ':meta', K_STATE .. ':probes',
                                         K_STATE .. ':events'
-    d.cfgs = K_STATE .. ':cfgs'
+    d.cfgs = K_STATE .. ':cfgs'  -- the legacy rollout hash (lua/lib/breaker_rollout.lua)
   end
   K_META = keys[2] or d.meta
   K_PROBES = keys[3] or d.probes

@@ -70,7 +70,7 @@ def seed(url: str, names: int) -> None:
     # the seeding worker's goodbye (what close() sends): it reports into none of them any
     # more, so the reporting workers do not change while the bench measures "idle"
     pipe = client.pipeline(transaction=False)
-    for key in client.scan_iter(match="distbreaker:v2:{tenant:*}:cb:cfgs", count=1000):
+    for key in client.scan_iter(match="distbreaker:v2:{tenant:*}:cb:meta", count=1000):
         for field in client.hkeys(key):
             if (field.decode() if isinstance(field, bytes) else field).startswith("w:"):
                 pipe.hdel(key, field)

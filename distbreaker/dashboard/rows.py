@@ -4,7 +4,7 @@ window latency from a state record's window.
 
 A fleet row is the `ls` row cut down to what the pages show (a 10,000-name snapshot stays
 a few MB): the breaker's state, times, rates and probes, the number of workers that
-reported into it in the last minute (their config hellos, ``<state key>:cfgs``), the
+reported into it in the last minute (their config hellos, in the meta hash), the
 bulkhead, the retry budget, the rate limiter, and the dashboard's own figures (``rates``,
 ``rl_rates``, ``latency``). Times are absolute (server ms): the page counts "for" and
 "next call" itself, so a row that did not change is never sent again.

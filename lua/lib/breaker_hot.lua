@@ -112,7 +112,7 @@ local function record(keys, args, given_now, given_micros)
                                               + 4294967296 or (write_seq + 1) % 4294967296,
                                               calls_total + 1, failures_total))
   if shadowed then pcall(breaker_shadow.feed, k, t_now, us, 1, 0, 0, ms) end
-  if worker then rehello(k .. ':cfgs', worker, fp_text, args[3], t_now, key_ttl) end
+  if worker then rehello(k .. ':meta', k .. ':cfgs', worker, fp_text, args[3], t_now, key_ttl) end
   return {'CLOSED', t_now, since_ms}
 end
 

@@ -95,9 +95,9 @@ end
 -- The TTL of every key but the history: key_ttl, or until key_ttl past a later end
 -- (`held`: an override, a long OPEN wait); answers that TTL (as the decimal string),
 -- which the caller gives the history after its XADD (a first event creates the stream).
--- `probes_key` false: the probe leases are left alone (none are live). The rollout
--- hash too (<state key>:cfgs): a worker's repeated hello writes it without a PEXPIRE.
-local function refresh_ttls(state_key, meta_key, probes_key, cfgs_key, now, ttl_ms, held)
+-- `probes_key` false: the probe leases are left alone (none are live). The meta hash
+-- holds the config rollout too (a worker's repeated hello writes it without a PEXPIRE).
+local function refresh_ttls(state_key, meta_key, probes_key, now, ttl_ms, held)
   local keep = ttl_ms
   if held > now then keep = max(ttl_ms, held - now + ttl_ms) end
   -- formatted once, as an integer (a number argument is formatted by Lua's %.14g for
@@ -106,7 +106,6 @@ local function refresh_ttls(state_key, meta_key, probes_key, cfgs_key, now, ttl_
   rcall('PEXPIRE', state_key, keep)
   rcall('PEXPIRE', meta_key, keep)
   if probes_key then rcall('PEXPIRE', probes_key, keep) end
-  rcall('PEXPIRE', cfgs_key, keep)
   return keep
 end
 

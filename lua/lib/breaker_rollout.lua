@@ -4,22 +4,31 @@
 -- lua/breaker.lua passes the values and applies the answer (adopting, writing after
 -- the state record).
 --
--- The rollout hash <state key>:cfgs (docs/KEY_SCHEMA.md) holds, per worker instance
--- that said hello (ARGV[2] '<fp>@<worker>'), 'w:<worker>' -> '<fp>:<last hello ms>';
--- per config fingerprint, 'd:<fp>' -> when it was deployed (the hello of a new
--- worker instance running it while no other live worker did: a first deploy, or a
--- rollback after its workers had gone) and, for configs other than the one in force
--- (whose wire is the meta hash's 'cfg'), 'c:<fp>' -> its wire string; and 'f:at',
--- 'f:why', 'f:actor': when, why and by whom the config in force was adopted.
+-- The rollout fields live in the meta hash <state key>:meta (docs/KEY_SCHEMA.md; one
+-- key fewer per breaker than a hash of their own): per worker instance that said hello
+-- (ARGV[2] '<fp>@<worker>'), 'w:<worker>' -> '<fp>:<last hello ms>'; per config
+-- fingerprint, 'd:<fp>' -> when it was deployed (the hello of a new worker instance
+-- running it while no other live worker did: a first deploy, or a rollback after its
+-- workers had gone) and, for configs other than the one in force (whose wire is the
+-- meta hash's 'cfg'), 'c:<fp>' -> its wire string; and 'f:at', 'f:why', 'f:actor':
+-- when, why and by whom the config in force was adopted (none: it is the first config
+-- stored, in force since its 'd:').
+--
+-- Mixed fleets: clients before this layout kept these fields in a hash of their own,
+-- <state key>:cfgs (LEGACY). While that key exists (an older worker's hellos keep it
+-- alive), a hello reads it too (the union: every worker of both versions counts) and
+-- writes its own fields there as well, so older workers see the newer ones and neither
+-- takes its config back from the other. This code never refreshes that key's TTL: once
+-- the last older worker is gone it expires (key_ttl) and nothing reads it any more.
 --
 -- The rule, decided on hellos only (a worker's first call, then one every 20 s; its
 -- other calls cost nothing more; a repeated hello of a worker whose config is in force
--- decides nothing and costs one HSET, `rehello`): the caller's config replaces the one in force when
--- it ranks higher (config field 22, the explicit version, first; then the deploy
--- time: the newest deployment wins), or when no worker runs the one in force any more
--- (each said goodbye, '<fp>@<worker>@bye' from `close()`, or has been silent for
--- FORGET_MS). A worker counts as running its config (for deploys and for readers'
--- counts) for LIVE_MS after its last hello.
+-- decides nothing and costs one HSET and one EXISTS, `rehello`): the caller's config
+-- replaces the one in force when it ranks higher (config field 22, the explicit
+-- version, first; then the deploy time: the newest deployment wins), or when no worker
+-- runs the one in force any more (each said goodbye, '<fp>@<worker>@bye' from
+-- `close()`, or has been silent for FORGET_MS). A worker counts as running its config
+-- (for deploys and for readers' counts) for LIVE_MS after its last hello.
 local tonumber, pairs, unpack, pcall_ = tonumber, pairs, unpack, redis.pcall
 local sub, find, match = string.sub, string.find, string.match
 local int, wire_field = record_codec.int, breaker_config.field
@@ -43,24 +52,41 @@ local function version_of(wire)
   return tonumber(wire_field(wire, 22) or '') or 0
 end
 
--- The rollout hash as tables, or nil and the raw error (a foreign key type).
-local function read(key)
-  local raw = pcall_('HGETALL', key)
-  if type(raw) == 'table' and raw.err then return nil, raw.err end
-  local workers, deployed, wires = {}, {}, {}
+-- The rollout fields of one HGETALL reply into `state` (a later worker entry wins).
+local function parse(raw, state)
+  local workers, deployed, wires = state.workers, state.deployed, state.wires
   for i = 1, #raw, 2 do
     local field, value = raw[i], raw[i + 1]
     local kind, id = sub(field, 1, 2), sub(field, 3)
     if kind == 'w:' then
       local fp, seen = match(value, '^(%d+):(%d+)$')
-      if fp then workers[id] = {fp, tonumber(seen)} end
+      if fp and not (workers[id] and workers[id][2] >= tonumber(seen)) then
+        workers[id] = {fp, tonumber(seen)}
+      end
     elseif kind == 'd:' then
       deployed[id] = tonumber(value) or 0
     elseif kind == 'c:' then
       wires[id] = value
+    elseif field == 'cfg' then
+      state.cfg = value
     end
   end
-  return {workers = workers, deployed = deployed, wires = wires}
+end
+
+-- The rollout fields as tables (the meta hash's, over the legacy hash's while that
+-- exists: `legacy` true), or nil and the raw error (the meta hash of a foreign type; a
+-- legacy key of a foreign type is ignored).
+local function read(key, legacy_key)
+  local raw = pcall_('HGETALL', key)
+  if type(raw) == 'table' and raw.err then return nil, raw.err end
+  local state = {workers = {}, deployed = {}, wires = {}, legacy = false}
+  local old = pcall_('HGETALL', legacy_key)
+  if type(old) == 'table' and not old.err and #old > 0 then
+    state.legacy = true
+    parse(old, state)
+  end
+  parse(raw, state)
+  return state
 end
 
 local function live(state, fp, now, except)
@@ -106,16 +132,19 @@ local function with_wires(writes, why, state, mine, mine_wire, stored, stored_wi
 end
 
 -- A hello (or goodbye) of `worker` running config `mine` (fingerprint text, wire)
--- while `stored` (text, '0' for none; wire) is in force. Returns the writes to make
--- after the state record (a table for `write`), why `mine` is adopted (nil: it is
--- not), or nil, nil and an error reply.
-local function hello(key, worker, bye, mine, mine_wire, stored, stored_wire, now, fresh)
-  local state, err = read(key)
+-- while `stored` (text, '0' for none; wire, nil: the meta hash's `cfg`, read with the
+-- rollout fields) is in force. `key`: the meta hash, `legacy_key`: <state key>:cfgs.
+-- Returns the writes to make after the state record (a table for `write`), why `mine`
+-- is adopted (nil: it is not), or nil, nil and an error reply.
+local function hello(key, legacy_key, worker, bye, mine, mine_wire, stored, stored_wire, now,
+                     fresh)
+  local state, err = read(key, legacy_key)
   if not state then return nil, nil, err end
+  stored_wire = stored_wire or state.cfg
   local hset, hdel = {}, {}
   if bye then
     hdel[1] = 'w:' .. worker
-    return {hset = hset, hdel = hdel}, nil
+    return {hset = hset, hdel = hdel, legacy = state.legacy}, nil
   end
   local deployed_now = false  -- this hello deploys `mine`
   -- (`fresh`: this call's `rehello` just created the worker's entry)
@@ -142,17 +171,22 @@ local function hello(key, worker, bye, mine, mine_wire, stored, stored_wire, now
       end
     end
   end
-  local writes = {hset = hset, hdel = hdel}
+  local writes = {hset = hset, hdel = hdel, legacy = state.legacy}
   return with_wires(writes, adoption(state, running, mine, mine_wire, stored, stored_wire,
                                      deployed_now), state, mine, mine_wire, stored, stored_wire)
 end
 
 -- The writes `hello` planned, plus the adoption's (`why`, `actor`; `deploy`: the
 -- adopted config's fingerprint text and wire, an operator's adoption making it the
--- newest deployment). After the state record.
-local function write(key, writes, why, actor, adopted, adopted_wire, deploy, now, ttl_ms)
+-- newest deployment), to the meta hash `key`, and to the legacy hash too while it
+-- exists (`writes.legacy`; without a hello, an adoption asks). After the state record.
+local function write(key, legacy_key, writes, why, actor, adopted, adopted_wire, deploy, now,
+                     ttl_ms)
   local hset = writes and writes.hset or {}
-  if why then
+  -- the first config stored writes no 'f:' fields: none means just that, since its
+  -- 'd:' (every breaker has one: ~40 bytes each spared)
+  local first = why == 'first config'
+  if why and not first then
     hset[#hset + 1], hset[#hset + 2] = 'f:at', int(now)
     hset[#hset + 1], hset[#hset + 2] = 'f:why', why
     if actor and actor ~= '' then hset[#hset + 1], hset[#hset + 2] = 'f:actor', actor end
@@ -163,30 +197,49 @@ local function write(key, writes, why, actor, adopted, adopted_wire, deploy, now
   -- (nor an empty 'f:actor': no field is the same to readers, and spares ~11 bytes)
   if why then
     hdel[#hdel + 1] = 'c:' .. adopted
-    if not actor or actor == '' then hdel[#hdel + 1] = 'f:actor' end
+    if first then
+      hdel[#hdel + 1], hdel[#hdel + 2], hdel[#hdel + 3] = 'f:at', 'f:why', 'f:actor'
+    elseif not actor or actor == '' then
+      hdel[#hdel + 1] = 'f:actor'
+    end
   end
   if #hdel > 0 then redis.call('HDEL', key, unpack(hdel)) end
   if #hset > 0 then
     redis.call('HSET', key, unpack(hset))
     redis.call('PEXPIRE', key, int(ttl_ms))
   end
+  local legacy = writes and writes.legacy
+  if legacy == nil then legacy = redis.call('EXISTS', legacy_key) == 1 end
+  if legacy then  -- (no PEXPIRE: the older workers keep it alive, or it expires)
+    if #hdel > 0 then pcall_('HDEL', legacy_key, unpack(hdel)) end
+    if #hset > 0 then pcall_('HSET', legacy_key, unpack(hset)) end
+  end
 end
 
 -- A repeated hello of a worker whose config (`fp`, its text; `wire`) is in force, made
--- after the state record: the rule can adopt nothing (the config is in force), so the
--- hello only says the worker still runs it: one HSET of its entry's time (the hash's
--- TTL is refreshed with the record's, lua/lib/breaker_persist.lua). When that created
--- the entry (`fresh`: the hot path's HSET did; the hash expired, or the worker was
--- forgotten after FORGET_MS of silence) the whole hello runs, which may deploy the
--- config. Through pcall: a foreign key type only loses the hello, never the call
--- (the worker's next full hello reports it).
-local function rehello(key, worker, fp, wire, now, ttl_ms, fresh)
+-- after the state record (`key`: the meta hash; `legacy_key`: <state key>:cfgs): the
+-- rule can adopt nothing (the config is in force), so the hello only says the worker
+-- still runs it: one HSET of its entry's time in the meta hash (whose TTL is refreshed
+-- with the record's, lua/lib/breaker_persist.lua), and the same in the legacy hash
+-- while that exists (an EXISTS: older workers must keep seeing this one). When that
+-- created the entry (`fresh`: the hot path's HSET did; the hash expired, or the worker
+-- was forgotten after FORGET_MS of silence) the whole hello runs, which may deploy the
+-- config.
+-- Through pcall: a foreign key type only loses the hello, never the call (the
+-- worker's next full hello reports it).
+local function rehello(key, legacy_key, worker, fp, wire, now, ttl_ms, fresh)
   if not fresh then
-    local added = pcall_('HSET', key, 'w:' .. worker, fp .. ':' .. int(now))
+    local entry = fp .. ':' .. int(now)
+    local added = pcall_('HSET', key, 'w:' .. worker, entry)
+    if pcall_('EXISTS', legacy_key) == 1 then
+      pcall_('HSET', legacy_key, 'w:' .. worker, entry)
+    end
     if added ~= 1 then return end
   end
-  local writes = hello(key, worker, false, fp, wire, fp, wire, now, true)
-  if writes then pcall(write, key, writes, nil, nil, nil, nil, nil, now, ttl_ms) end
+  local writes = hello(key, legacy_key, worker, false, fp, wire, fp, wire, now, true)
+  if writes then
+    pcall(write, key, legacy_key, writes, nil, nil, nil, nil, nil, now, ttl_ms)
+  end
 end
 
 return {split = split, version_of = version_of, hello = hello, write = write,

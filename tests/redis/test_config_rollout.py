@@ -132,7 +132,7 @@ def test_an_operator_adopts_a_deployed_config_keeping_window_and_state(
         warnings.simplefilter("ignore", ConfigDriftWarning)
         newer.call(lambda: None)
     assert in_force(redis_url, name)["fp"] == str(older._codec.fingerprint)
-    assert redis_client.exists(f"{DEFAULT_PREFIX}:v2:{{{name}}}:cb:cfgs")
+    assert not redis_client.exists(f"{DEFAULT_PREFIX}:v2:{{{name}}}:cb:cfgs")
 
 
 def test_prometheus_counts_the_workers_of_each_deployed_config(
@@ -161,7 +161,7 @@ def test_an_asyncio_breaker_says_hello_and_goodbye(name: str, redis_url: str,
 
     from distbreaker.aio import CircuitBreaker as AsyncBreaker
 
-    key = f"{DEFAULT_PREFIX}:v2:{{{name}}}:cb:cfgs"
+    key = f"{DEFAULT_PREFIX}:v2:{{{name}}}:cb:meta"
 
     async def run() -> tuple[int, int]:
         breaker = AsyncBreaker(name, redis=redis_url, **BASE)
@@ -185,7 +185,7 @@ def test_deployments_in_the_same_millisecond_do_not_flip_the_config_in_force(
     new = make(name, redis_url)
     new.call(lambda: None)
     assert in_force(redis_url, name)["fp"] == str(new._codec.fingerprint)
-    key = f"{DEFAULT_PREFIX}:v2:{{{name}}}:cb:cfgs"
+    key = f"{DEFAULT_PREFIX}:v2:{{{name}}}:cb:meta"
     deployed = {k: v for k, v in redis_client.hgetall(key).items() if k.startswith(b"d:")}
     assert len(deployed) == 2
     redis_client.hset(key, mapping=dict.fromkeys(deployed, max(deployed.values())))
@@ -203,7 +203,7 @@ def test_the_rollout_hash_stores_wires_only_for_configs_not_in_force(
     adoption stores the replaced config's wire and drops the adopted one's; `show` lists
     every deployed config with its wire all along."""
     client = redis.Redis.from_url(redis_url)
-    key = f"{DEFAULT_PREFIX}:v2:{{{name}}}:cb:cfgs"
+    key = f"{DEFAULT_PREFIX}:v2:{{{name}}}:cb:meta"
     v1 = make(name, redis_url, config_version=1)
     v1.call(lambda: None)
     fp1, wire1 = v1._codec.fingerprint, v1._codec.wire

@@ -34,8 +34,8 @@ def test_measures_every_key_of_each_breaker_shape(redis_url: str,
         "COUNT window of 10, idle (full window)", "TIME window of 60 s, one call",
         "COUNT 10, tripped, 5 history entries", "COUNT 10, after 200 transitions"]
     for row in (idle, timed, tripped, churned):
-        assert set(row["keys"]) == {"state", "meta", "probes", "history", "rollout"}
-        assert row["keys"]["rollout"] > 0  # the first call's hello
+        assert set(row["keys"]) == {"state", "meta", "probes", "history", "legacy_rollout"}
+        assert row["keys"]["legacy_rollout"] == 0  # the hellos write into the meta hash
         assert row["bytes"] == sum(row["keys"].values())
         assert row["keys"]["state"] > 0 and row["keys"]["meta"] > 0
         assert row["keys"]["probes"] == 0  # no probe in flight
@@ -47,18 +47,23 @@ def test_measures_every_key_of_each_breaker_shape(redis_url: str,
         # adds to its content is the allocator's size class and the key's own
         # overhead, not the up-to-2x of a string grown piece by piece
         assert row["keys"]["state"] - row["record_content"] < 160, row
+        assert row["record_content"] <= row["record_allocated"] < 1.25 * row["record_content"]
     # an idle bulkhead keeps its lease zset (only the keep-alive member `~`, so the next
     # acquire sends no PEXPIREAT: docs/KEY_SCHEMA.md, the bulkhead's keys)
     assert [sorted(r["keys"]) for r in (bulkhead, budget)] == [
         ["distbreaker:v2:{mem-bulkhead}:bh", "distbreaker:v2:{mem-bulkhead}:bh:meta"],
         ["distbreaker:v2:{mem-budget}:rb"]]
-    assert {k.split(":", 3)[3] for k in policy["keys"]} == {"bh", "bh:meta", "cb", "cb:cfgs",
-                                                           "cb:meta", "rb"}
+    assert {k.split(":", 3)[3] for k in policy["keys"]} == {"bh", "bh:meta", "cb", "cb:meta",
+                                                           "rb"}
     assert all(v > 0 for r in (bulkhead, budget, policy) for v in r["keys"].values())
     # A bigger window is a bigger state record.
     redis_client.flushall()
     bigger = rows(redis_url, 200)[0]
     assert bigger["keys"]["state"] > idle["keys"]["state"]
+    # COUNT-100 and TIME-60 (the shapes docs/OPERATIONS.md shows) fall in close classes
+    redis_client.flushall()
+    assert [r["record_ratio"] for r in rows(redis_url, 100)[:2]] == [
+        round(768 / 720, 3), round(1536 / 1520, 3)]
 
 
 def test_fleet_row_reports_used_memory_per_breaker(redis_url: str) -> None:
@@ -66,7 +71,8 @@ def test_fleet_row_reports_used_memory_per_breaker(redis_url: str) -> None:
     assert done.returncode == 0, done.stderr
     fleet = json.loads(done.stdout)[-1]
     assert fleet["breaker"] == "50 COUNT-10 breakers, used_memory per breaker"
-    assert fleet["bytes"] > 0
+    assert fleet["bytes"] == fleet["dataset"] + fleet["overhead"] > 0
+    assert fleet["keys_per_breaker"] == 2  # an idle breaker: its record and its meta hash
 
 
 def test_prints_one_line_per_breaker(redis_url: str) -> None:

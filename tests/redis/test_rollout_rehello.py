@@ -1,7 +1,8 @@
 """A worker's repeated hello (every 20 s) when its config is in force: one HSET of its
 entry's time after the state record, on the hot path (COUNT window) and the general
 path (TIME window) alike; a forgotten entry gets the whole hello again (which may
-deploy the config); the rollout hash's TTL is refreshed with the record's."""
+deploy the config); the rollout's fields live in the meta hash, whose TTL is refreshed
+with the record's."""
 
 from __future__ import annotations
 
@@ -15,6 +16,12 @@ from distbreaker._runtime.keys import DEFAULT_PREFIX
 
 
 def cfgs_key(name: str) -> str:
+    """The hash holding the config rollout's fields: the meta hash."""
+    return f"{DEFAULT_PREFIX}:v2:{{{name}}}:cb:meta"
+
+
+def legacy_key(name: str) -> str:
+    """The rollout hash of clients before the merge into the meta hash."""
     return f"{DEFAULT_PREFIX}:v2:{{{name}}}:cb:cfgs"
 
 
@@ -75,15 +82,15 @@ def test_the_rollout_hash_ttl_is_refreshed_with_the_record(
 
 
 @pytest.mark.parametrize("window", ["COUNT_BASED", "TIME_BASED"])
-def test_a_foreign_rollout_key_loses_the_repeated_hello_never_the_call(
+def test_a_foreign_legacy_rollout_key_loses_the_repeated_hello_never_the_call(
         name: str, redis_url: str, redis_client: redis.Redis, window: str) -> None:
     breaker = CircuitBreaker(name, redis=redis_url, sliding_window_type=window,
                              sliding_window_size=10, redis_timeout=5.0,
                              on_redis_error="fail_closed")
     breaker.call(lambda: None)
-    redis_client.delete(cfgs_key(name))
-    redis_client.set(cfgs_key(name), "not a hash", px=60_000)
+    redis_client.set(legacy_key(name), "not a hash", px=60_000)
     breaker._codec._next_hello = 0.0
     assert breaker.call(lambda: "ok") == "ok"       # recorded, no error
     assert breaker.metrics().calls == 2
-    assert redis_client.get(cfgs_key(name)) == b"not a hash"
+    assert redis_client.get(legacy_key(name)) == b"not a hash"
+    entry(redis_client, breaker)                     # the meta hash has the hello
