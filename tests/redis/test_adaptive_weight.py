@@ -121,22 +121,6 @@ def test_the_window_after_a_cut_confirms_nothing(name: str,
     assert float(meta["a_limit"]) == 10.0
 
 
-def test_slow_start_stops_growing_while_a_queue_shows(name: str,
-                                                      redis_client: redis.Redis) -> None:
-    keys, wire = BulkheadKeys.build(name), _wire(initial_limit=4)
-    for token in ("x1", "x2", "x3"):   # with the reporting call's, 4 permits in use
-        run_script(redis_client, SCRIPT, (keys.leases, keys.meta, keys.notify),
-                   ("acquire", token, 200, 30_000, 3_600_000, 0, wire))
-    _report(redis_client, keys, wire, 10)
-    meta = _report(redis_client, keys, wire, 10)            # reference 10 ms
-    limit = float(meta["a_limit"])
-    for _ in range(2):   # 1.3x: within the tolerance, a queue all the same: held
-        meta = _report(redis_client, keys, wire, 13)
-        assert float(meta["a_limit"]) == limit and meta["a_dec"] == "0"
-    meta = _report(redis_client, keys, wire, 10)            # no queue: x1.3
-    assert meta["a_why"] == "slow start" and float(meta["a_limit"]) == round(limit * 1.3, 3)
-
-
 def test_after_a_429_the_limit_follows_the_429s_not_the_latency(
         name: str, redis_client: redis.Redis) -> None:
     keys, wire = BulkheadKeys.build(name), _wire()

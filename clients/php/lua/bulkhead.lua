@@ -284,8 +284,8 @@ local function close_window(st, p, rtt, in_use, now)
     st.limit = st.limit * math.max(0.5, st.ref / rtt)
     st.why, st.dec, st.streak = 'latency far above the no-load level', now, -1
   elseif after_cut then                      -- (nothing: the window after a cut settles)
-  elseif starting then             -- slow start: x1.3 per window while no queue shows
-    if growing and rtt < st.ref * 1.15 then        -- (until a cut ends it)
+  elseif starting then                       -- slow start: x1.3 per window
+    if growing then
       st.limit, st.why = st.limit * 1.3, 'slow start'
     end
   elseif queued > hold and not refusing then
