@@ -695,7 +695,9 @@ class Bench:
             r["best_fixed"] = {**fixed[best], "sweep": {
                 str(limit): fixed[limit].get("goodput") for limit in sorted(fixed)},
                 "sweep_overload": {str(limit): fixed[limit].get("overload_calls")
-                                   for limit in sorted(fixed)}}
+                                   for limit in sorted(fixed)},
+                "sweep_p50_ms": {str(limit): fixed[limit].get("p50_ms")
+                                 for limit in sorted(fixed)}}
             if 2 * C in fixed:
                 r["fixed_2x"] = fixed[2 * C]
         for kind in ("adaptive", "aimd", "gradient"):
