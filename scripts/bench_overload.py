@@ -693,7 +693,11 @@ class Bench:
                      for limit in o.limits or sweep_limits(C)}
             best = max(fixed, key=lambda limit: fixed[limit].get("goodput", -1.0))
             r["best_fixed"] = {**fixed[best], "sweep": {
-                str(limit): fixed[limit].get("goodput") for limit in sorted(fixed)}}
+                str(limit): fixed[limit].get("goodput") for limit in sorted(fixed)},
+                "sweep_overload": {str(limit): fixed[limit].get("overload_calls")
+                                   for limit in sorted(fixed)},
+                "sweep_p50_ms": {str(limit): fixed[limit].get("p50_ms")
+                                 for limit in sorted(fixed)}}
             if 2 * C in fixed:
                 r["fixed_2x"] = fixed[2 * C]
         for kind in ("adaptive", "aimd", "gradient"):
@@ -877,8 +881,10 @@ def print_table(document: dict[str, Any]) -> None:
                           str(value["rejected"]), f"{value['redis_usec_per_call']:.1f}")
         console.print(table)
         if "sweep" in best:
-            console.print("best_fixed sweep (limit: goodput/s): " + ", ".join(
-                f"{limit}: {goodput:g}" for limit, goodput in best["sweep"].items()))
+            beyond = best.get("sweep_overload") or {}
+            console.print("best_fixed sweep (limit: goodput/s, calls beyond C): " + ", ".join(
+                f"{limit}: {goodput:g}, {beyond.get(limit)}"
+                for limit, goodput in best["sweep"].items()))
         for key in STEP:
             for c in (results.get(key) or {}).get("convergence") or []:
                 console.print(f"{key}: step to C={c['capacity']} at {c['at']:g} s: within "

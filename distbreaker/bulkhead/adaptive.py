@@ -28,12 +28,13 @@ class AdaptiveLimit:
     stays in [`min_limit`, `max_limit`]. Successes are gathered fleet-wide in windows
     (`window` seconds and 24 calls); each window's mean latency is compared with a
     **no-load reference**: the mean latency at a limit the dependency does not queue
-    behind (the first windows', re-measured every `probe_interval` seconds at half the
-    limit), which a standing queue therefore cannot become. Slow start grows it x1.3
-    per window. Above `tolerance` x the reference, or above `latency_target` (an SLO
-    the limit never trades away), it is cut to limit x reference / latency (at least
-    half); otherwise the queue the latency shows is held at a small headroom, with
-    `smoothing` as the gain. A failure, timeout or overload answer multiplies it by
+    behind (the first windows', re-measured every `probe_interval` seconds at 3/4 of the
+    limit and averaged), which a standing queue therefore cannot become. Slow start
+    grows it x1.3 per window. Above `tolerance` x the reference, or above
+    `latency_target` (an SLO the limit never trades away), it is cut to limit x
+    reference / latency (at least half; the window after a cut confirms nothing);
+    otherwise the queue the latency shows is held at half a call (3 % of a large
+    limit), with `smoothing` as the gain. A failure, timeout or overload answer multiplies it by
     `backoff_ratio` (at most once per window); an `Overloaded` error's retry_after
     also pauses increases, and after a 429 the 429s, not the latency, mark the
     capacity. `sample_rate`: a worker reports its successes in batches of

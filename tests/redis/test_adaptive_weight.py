@@ -83,9 +83,10 @@ def test_the_latency_target_is_never_traded_away(name: str,
     assert float(meta["a_limit"]) == 20.0                    # x max(0.5, 15 / 30)
 
 
-def test_a_probe_remeasures_the_reference_at_half_the_limit(
+def test_a_probe_remeasures_the_reference_at_three_quarters_of_the_limit(
         name: str, redis_client: redis.Redis) -> None:
-    keys, wire = BulkheadKeys.build(name), _wire(probe_interval=0.6)
+    # (50 ms windows: a window of 24 calls closes after three of them, 150 ms)
+    keys, wire = BulkheadKeys.build(name), _wire(probe_interval=0.6, window=0.05)
     _report(redis_client, keys, wire, 20)
     _report(redis_client, keys, wire, 20)                   # reference 20 ms
     _report(redis_client, keys, wire, 80)                   # a cut ends slow start
@@ -93,11 +94,31 @@ def test_a_probe_remeasures_the_reference_at_half_the_limit(
     time.sleep(0.6)
     meta = _report(redis_client, keys, wire, 20)            # the probe starts
     assert meta["a_why"] == "measuring no-load latency"
-    assert float(meta["a_limit"]) == limit / 2 and float(meta["a_saved"]) == limit
+    assert float(meta["a_limit"]) == limit * 0.75 and float(meta["a_saved"]) == limit
     time.sleep(0.03)       # the probe's window opens once the old calls could leave
     meta = _report(redis_client, keys, wire, 8)             # the dependency got faster
+    assert meta["a_why"] == "measuring no-load latency"     # a probe needs 2 x 24 calls
+    meta = _report(redis_client, keys, wire, 8)
     assert meta["a_why"] == "no-load latency re-measured"
-    assert float(meta["a_rtt_l"]) == 8.0 and float(meta["a_limit"]) == limit
+    # averaged with the last reference: one window's noise moves it half as far
+    assert float(meta["a_rtt_l"]) == 14.0 and float(meta["a_limit"]) == limit
+
+
+def test_the_window_after_a_cut_confirms_nothing(name: str,
+                                                 redis_client: redis.Redis) -> None:
+    """Its calls may have waited behind the old limit's queue: only a second window above
+    the tolerance (or one twice as far) cuts again."""
+    # (the probe that follows the end of slow start comes five 50 ms windows later)
+    keys, wire = BulkheadKeys.build(name), _wire(window=0.05)
+    _report(redis_client, keys, wire, 10)
+    _report(redis_client, keys, wire, 10)                   # reference 10 ms
+    meta = _report(redis_client, keys, wire, 40)            # 4x: one cut, to 20
+    assert float(meta["a_limit"]) == 20.0
+    meta = _report(redis_client, keys, wire, 20)            # 2x, right after the cut
+    assert float(meta["a_limit"]) == 20.0
+    meta = _report(redis_client, keys, wire, 20)            # 2x again: confirmed
+    assert meta["a_why"] == "latency far above the no-load level"
+    assert float(meta["a_limit"]) == 10.0
 
 
 def test_after_a_429_the_limit_follows_the_429s_not_the_latency(

@@ -217,10 +217,12 @@ local MIN_SAMPLES = 24
 
 -- Whether a window (opened at `ws`, `wn` successes of mean `rtt`) closes now: it is
 -- full, or its mean is already above the tolerated latency or the target.
-local function window_closes(p, ws, wn, rtt, ref, now)
-  if wn < MIN_SAMPLES / 3 then return false end
+-- A probe's window (`probing`) needs twice as many: its mean becomes the reference.
+local function window_closes(p, ws, wn, rtt, ref, now, probing)
+  local need = probing and 2 * MIN_SAMPLES or MIN_SAMPLES
+  if wn < need / 3 then return false end
   local age = now - ws
-  if wn < MIN_SAMPLES then return age >= 3 * p.window end
+  if wn < need then return age >= 3 * p.window end
   return age >= p.window or (ref > 0 and (rtt > ref * p.tolerance
                                           or (p.target > 0 and rtt > p.target)))
 end
@@ -241,15 +243,17 @@ local function close_window(st, p, rtt, in_use, now)
   local measured = st.saved > 0
   if measured then                          -- a probe ends: the reference re-measured
     -- (rising by at most `tolerance` per probe: one stalled window is not the norm)
-    st.ref, st.limit, st.saved = math.min(rtt, st.ref * p.tolerance), st.saved, 0
+    -- (averaged with the last one, which halves a single window's noise)
+    st.ref = (st.ref + math.min(rtt, st.ref * p.tolerance)) / 2
+    st.limit, st.saved = st.saved, 0
     st.probe, st.why = now + p.probe, 'no-load latency re-measured'
   elseif st.ref <= 0 then
     st.ref, st.probe, st.why = rtt, now + p.probe, 'no-load latency measured'
-  elseif starting and rtt < st.ref * 1.05 then  -- no queue yet in slow start: averaged in
+  elseif starting and rtt < st.ref * 1.1 then  -- no queue yet in slow start: averaged in
     st.ref = (st.ref + rtt) / 2
   elseif now >= st.probe and st.probe > 0 then  -- a probe starts: half the limit
     st.saved = st.limit
-    st.limit = math.max(p.min, st.limit / 2)
+    st.limit = math.max(p.min, st.limit * 0.75)
     st.why = 'measuring no-load latency'
   end
   -- after a cut or at a probe the next window opens once the calls of the old limit
@@ -263,29 +267,36 @@ local function close_window(st, p, rtt, in_use, now)
   -- the queue the latency shows (Little: limit x (1 - reference / latency))
   local queued = st.limit * (1 - st.ref / rtt)
   local headroom = math.max(1, 0.05 * st.limit)
+  -- the queue held on a dependency that queues: half a call (a few % of a large limit)
+  local hold = math.max(0.5, 0.03 * st.limit)
   local growing = now >= st.pause and in_use * 4 >= math.floor(st.limit) * 3
   local refusing = st.r429 > 0 and now - st.r429 < 3 * p.probe   -- it answered 429 lately
-  if target and rtt > target then
+  -- the first window after a cut: its calls may still have waited behind the queue of
+  -- the old limit, so it confirms nothing and only a latency twice as far cuts again
+  local after_cut = st.streak < 0
+  if after_cut then st.streak = 0 end
+  if target and rtt > target and (not after_cut or rtt > 2 * target) then
     st.limit = st.limit * math.max(0.5, target / rtt)
-    st.why, st.dec, st.streak = 'latency above the target', now, 0
-  elseif rtt > st.ref * p.tolerance and (previous > st.ref * p.tolerance
+    st.why, st.dec, st.streak = 'latency above the target', now, -1
+  elseif rtt > st.ref * p.tolerance and ((previous > st.ref * p.tolerance and not after_cut)
                                          or rtt > 2 * st.ref * p.tolerance) then
     -- (two windows in a row, or one twice as far: one noisy window is only trimmed)
     st.limit = st.limit * math.max(0.5, st.ref / rtt)
-    st.why, st.dec, st.streak = 'latency far above the no-load level', now, 0
+    st.why, st.dec, st.streak = 'latency far above the no-load level', now, -1
+  elseif after_cut then                      -- (nothing: the window after a cut settles)
   elseif starting then                       -- slow start: x1.3 per window
     if growing then
       st.limit, st.why = st.limit * 1.3, 'slow start'
     end
-  elseif queued > headroom and not refusing then
+  elseif queued > hold and not refusing then
     -- a dependency that queues (it answered no 429 lately): the queue is held at
-    -- `headroom`; a window above it takes part of the excess off
-    st.limit = st.limit - math.min(p.smoothing * (queued - headroom), 0.25 * st.limit)
+    -- `hold`; a window above it takes part of the excess off
+    st.limit = st.limit - math.min(p.smoothing * (queued - hold), 0.25 * st.limit)
     st.why, st.dec, st.streak = 'latency above the no-load level', now, 0
   elseif growing then                        -- one below adds, faster window after window
     st.streak = math.min(st.streak + 1, 8)
     local room = headroom
-    if not refusing then room = math.max(headroom - math.max(0, queued), 0.2 * headroom) end
+    if not refusing then room = math.max(hold - math.max(0, queued), 0.2 * hold) end
     st.limit = st.limit + p.smoothing * room * (1 + st.streak / 2)
     if st.streak >= 3 and queued <= 0 then   -- no queue window after window: capacity
       st.limit = st.limit * (1 + 0.05 * (st.streak - 2))   -- came back, find it sooner
@@ -322,7 +333,8 @@ local function adapt(st, p, outcome, latency, retry_after, in_use, now, weight)
   elseif outcome == 'ok' and now >= st.ws then
     if st.ws <= 0 then st.ws = now end   -- the first report opens the first window
     st.wn, st.wsum = st.wn + weight, st.wsum + latency * weight
-    if st.wn > 0 and window_closes(p, st.ws, st.wn, st.wsum / st.wn, st.ref, now) then
+    if st.wn > 0 and window_closes(p, st.ws, st.wn, st.wsum / st.wn, st.ref, now,
+                                   st.saved > 0) then
       close_window(st, p, st.wsum / st.wn, in_use, now)
     end
   end
@@ -475,17 +487,19 @@ end
 -- or anything is unusual, and the full report below runs.
 local function window_add(k_leases, k_meta, token, ap, argv, now, ttl_ms, ttl_s)
   local m = redis.pcall('HMGET', k_meta, 'waiters', 'ttl_until', 'a_limit', 'a_ws', 'a_wn',
-                        'a_wsum', 'a_rtt_l')
+                        'a_wsum', 'a_rtt_l', 'a_saved')
   if m['err'] or (m[1] and m[1] ~= '0') or not tonumber(m[3]) then return nil end
   local until_ms, ws, wn = tonumber(m[2] or 0), tonumber(m[4] or 0), tonumber(m[5] or 0)
-  local wsum, ref = tonumber(m[6] or 0), tonumber(m[7] or 0)
-  if not (until_ms and ws and wn and wsum and ref) then return nil end
+  local wsum, ref, saved = tonumber(m[6] or 0), tonumber(m[7] or 0), tonumber(m[8] or 0)
+  if not (until_ms and ws and wn and wsum and ref and saved) then return nil end
   local latency, weight = tonumber(argv[9]) or 0, math.max(1, tonumber(argv[11]) or 1)
   if ws <= 0 then return nil end   -- the first window: adapt() opens it
   local counted = now >= ws
   if counted then
     wn, wsum = wn + weight, wsum + latency * weight
-    if window_closes(ap, ws, wn, wsum / wn, ref, now) then return nil end  -- adapt() closes it
+    if window_closes(ap, ws, wn, wsum / wn, ref, now, saved > 0) then
+      return nil   -- adapt() closes it
+    end
   end
   if not live_lease(k_leases, token, now) then return nil end
   redis.call('ZREM', k_leases, token)
