@@ -417,12 +417,12 @@ local function fast_acquire(k_leases, k_meta, token, limit, limit_s, lease_ms, t
     -- keep-alive member KEEP (score 0: never live) stays when the last lease is
     -- released, so the zset outlives sequential acquire/release pairs and its TTL is
     -- set only when this ZADD added KEEP too (2 added: the zset may be new).
-    if type(redis.pcall('HINCRBY', k_meta, 'acquired', 1)) ~= 'number' then return nil end
-    created = redis.call('ZADD', k_leases, deadline, token, 0, KEEP) == 2
+    if type(redis.pcall('HINCRBY', k_meta, 'acquired', '1')) ~= 'number' then return nil end
+    created = redis.call('ZADD', k_leases, deadline, token, '0', KEEP) == 2
     in_use = 1
   else
     -- counted first: a foreign (non-integer) counter stops the call before any write
-    if type(redis.pcall('HINCRBY', k_meta, 'acquired', 1)) ~= 'number' then return nil end
+    if type(redis.pcall('HINCRBY', k_meta, 'acquired', '1')) ~= 'number' then return nil end
     if redis.call('ZADD', k_leases, 'NX', deadline, token) == 1 then
       in_use = in_use + 1
     else  -- the token was there: a live lease is refreshed (not a new permit)
