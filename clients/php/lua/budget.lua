@@ -236,6 +236,16 @@ local function parse_geometry(a2, a3, a4, a5)
   return parsed
 end
 
+-- The older slice at byte `pos` of `older`: id, deposits, withdrawals.
+local function entry_at(older, pos)
+  if packer then
+    local id, d, w = packer.unpack('>i8i8i8', older, pos)
+    return id, d, w
+  end
+  local e = decode(older, 3, 8, pos)
+  return e[1], e[2], e[3]
+end
+
 -- The older slices after head moves to `cur` (> head): the ones that left the window
 -- (ids <= cur - n) go, their counts out of D and W; the old head slice joins them when
 -- it stays and counted anything. Answers the new tail, D, W; nil when the tail is
@@ -246,14 +256,16 @@ local function roll(older, head, cur, n, D, W, dh, wh)
   if len % ENTRY_BYTES ~= 0 then return nil end
   local last_gone, pos = cur - n, 1
   while pos <= len do
-    local e = decode(older, 3, 8, pos)
-    local id, d, w = e[1], e[2], e[3]
+    local id, d, w = entry_at(older, pos)
     if not (exact(id) and exact(d) and exact(w)) or id >= head then return nil end
     if id > last_gone then break end
     D, W, pos = D - d, W - w, pos + ENTRY_BYTES
   end
   if pos > 1 then older = string.sub(older, pos) end
-  if dh > 0 or wh > 0 then older = older .. encode({head, dh, wh}, 1, 3, 8) end
+  if dh > 0 or wh > 0 then
+    older = older .. (packer and packer.pack('>i8i8i8', head, dh, wh)
+                      or encode({head, dh, wh}, 1, 3, 8))
+  end
   return older, D, W
 end
 
