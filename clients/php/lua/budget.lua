@@ -174,6 +174,10 @@ local main = (function(prelude, record_codec)
 
 local schema_error, failed_on, args_error = prelude.schema_error, prelude.failed_on,
                                            prelude.args_error
+-- (Globals as locals: each global lookup and each tonumber() of a string costs; the
+-- chunk runs at the first call, when the globals are there.)
+local floor, tonumber, type, rcall, rpcall = math.floor, tonumber, type, redis.call,
+                                            redis.pcall
 local packer, encode, decode, decode_fields = record_codec.packer, record_codec.encode,
                                               record_codec.decode, record_codec.decode_fields
 
@@ -189,10 +193,11 @@ local VERSION = 2
 -- the error on (an ACL refusal on a key of the right type).
 local function read_failed(key, reply) return failed_on(key, 'string', reply) end
 
--- Counts and ids the script keeps exact: integers in [0, 2^53).
+-- Counts and ids the script keeps exact: integers in [0, 2^53). (A field read from
+-- the window is an integer: its 8 bytes are one; only its range needs a check.)
 local BIG = 9007199254740992
 local function exact(x)
-  return x ~= nil and x == math.floor(x) and x >= 0 and x < BIG
+  return x ~= nil and x >= 0 and x < BIG
 end
 
 local function corrupt(K) return schema_error(K, 'has corrupt budget fields') end
@@ -275,24 +280,25 @@ return function(KEYS, ARGV, given_now)
   local amount, withdraw
   local deposit = op == 'deposit' or op == 'add'
   if deposit then
-    amount = ARGV[6] == '1' and 1 or tonumber(ARGV[6] or '1')
+    local a6 = ARGV[6]
+    amount = (a6 == nil or a6 == '1') and 1 or tonumber(a6)
     if amount and amount < 1 then amount = nil end
   elseif op == 'withdraw' or op == 'balance' then
     withdraw = op == 'withdraw'
     amount = tonumber(ARGV[7] or '0')
   end
-  if not amount or amount < 0 or amount ~= math.floor(amount) or not g then
+  if not amount or amount < 0 or amount ~= floor(amount) or not g then
     return bad_args(op)
   end
 
   local now = given_now  -- a merged call (lua/finish.lua) read TIME once for all its calls
   if not now then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local t = rcall('TIME')
+    now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
   end
 
   -- One read: the header.
-  local raw = redis.pcall('GETRANGE', K, HEADER_FIRST, HEADER_LAST)
+  local raw = rpcall('GETRANGE', K, HEADER_FIRST, HEADER_LAST)
   if type(raw) == 'table' then return read_failed(K, raw) end
   local exists = raw ~= ''
   local n, slice_ms, head, D, W, dh, wh
@@ -303,23 +309,24 @@ return function(KEYS, ARGV, given_now)
     if v ~= VERSION then
       return schema_error(K, 'has budget layout ' .. tostring(v) .. ', this client speaks 2')
     end
-    if not (exact(slice_ms) and exact(n) and exact(head) and exact(D) and exact(W)
-            and exact(dh) and exact(wh)) or slice_ms < 1 or n < 1 or n > 100 then
+    if not (n >= 1 and n <= 100 and slice_ms >= 1 and slice_ms < BIG and head >= 0
+            and head < BIG and D >= 0 and D < BIG and W >= 0 and W < BIG and dh >= 0
+            and dh < BIG and wh >= 0 and wh < BIG) then
       return corrupt(K)
     end
   else
-    if redis.call('EXISTS', K) == 1 then return schema_error(K, 'is an empty string') end
+    if rcall('EXISTS', K) == 1 then return schema_error(K, 'is an empty string') end
     n, slice_ms, D, W, dh, wh = g[4], g[5], 0, 0, 0, 0
   end
   local drift = 0
   if slice_ms ~= g[5] or n ~= g[4] then drift = 1 end
-  local cur = math.floor(now / slice_ms)
+  local cur = floor(now / slice_ms)
   if not head then head = cur end
 
   -- Lazy eviction: a new slice drops the older slices that left the window.
   local older, moved = nil, false
   if cur > head then
-    if cur - head < n then older = redis.call('GETRANGE', K, OLDER_FIRST, '-1') end
+    if cur - head < n then older = rcall('GETRANGE', K, OLDER_FIRST, '-1') end
     older, D, W = roll(older, head, cur, n, D, W, dh, wh)
     if not older or not (exact(D) and exact(W)) then return corrupt(K) end
     head, dh, wh, moved = cur, 0, 0, true
@@ -330,7 +337,7 @@ return function(KEYS, ARGV, given_now)
     D, dh, wrote = D + amount, dh + amount, true
   end
   if withdraw then
-    if math.floor((g[2] + g[1] * D) / 1000000) - W >= 1 then
+    if floor((g[2] + g[1] * D) / 1000000) - W >= 1 then
       W, wh, wrote = W + 1, wh + 1, true
     else
       ok = 0
@@ -342,14 +349,14 @@ return function(KEYS, ARGV, given_now)
     -- created or a new slice: the whole string, with its TTL
     local ttl = g[6]
     if drift == 1 then ttl = string.format('%d', (n + 1) * slice_ms) end
-    redis.call('SET', K, encode({VERSION, n, slice_ms, head, D, W, dh, wh, g[1], g[2]}, 1,
+    rcall('SET', K, encode({VERSION, n, slice_ms, head, D, W, dh, wh, g[1], g[2]}, 1,
                                 HEADER_FIELDS, 8) .. (older or ''), 'PX', ttl)
   elseif wrote then
-    redis.call('SETRANGE', K, COUNTS_AT, counts_bytes(D, W, dh, wh))
+    rcall('SETRANGE', K, COUNTS_AT, counts_bytes(D, W, dh, wh))
   end
 
   if op == 'add' then return drift end
-  return {ok, math.floor((g[2] + g[1] * D) / 1000000) - W, D, W, now, drift}
+  return {ok, floor((g[2] + g[1] * D) / 1000000) - W, D, W, now, drift}
 end
 
 end)(prelude(), record_codec())

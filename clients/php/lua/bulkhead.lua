@@ -361,6 +361,23 @@ local a_limit_of = memoized(function(raw)
   return a and {a, string.format('%d', math.floor(a))} or false
 end)
 
+-- Texts parsed once while they stay the same (tonumber of a string costs about as much
+-- as a command's argument handling): the TIME reply's seconds (they change once a
+-- second) and meta's ttl_until (it changes once per refresh). Fast paths only.
+local tonumber_ = tonumber
+local last_s, last_s_ms, last_until_s, last_until = nil, 0, nil, nil
+local function server_ms(t)
+  local s = t[1]
+  if s ~= last_s then last_s, last_s_ms = s, tonumber_(s) * 1000 end
+  local micros = tonumber_(t[2])
+  return last_s_ms + (micros - micros % 1000) / 1000
+end
+local function until_of(text)  -- ttl_until (false: absent, 0) as a number; nil: not one
+  if not text then return 0 end
+  if text ~= last_until_s then last_until_s, last_until = text, tonumber_(text) end
+  return last_until
+end
+
 -- Whether the token holds a live lease (deadline after now): an expired one, even if no
 -- op reaped it yet, is lost as the general path says (it reaps first).
 local function live_lease(k_leases, token, now)
@@ -399,7 +416,7 @@ local function fast_acquire(k_leases, k_meta, token, limit, limit_s, lease_ms, t
     limit, limit_s = stored_limit_of(m[4], ap)
     if not limit then return nil end
   end
-  local until_ms = tonumber(m[2] or 0)
+  local until_ms = until_of(m[2])
   if not until_ms or (m[3] and m[3] ~= limit_s and not tonumber(m[3])) then return nil end
   -- the live leases (deadline after now); expired ones are reaped below only when the
   -- TTLs are refreshed (they count for nothing meanwhile), and by the general path
@@ -570,10 +587,7 @@ local function parse_call(ARGV, given_now)
   if not OPS[op] then return nil, bad_args('unknown bulkhead op ' .. tostring(op)) end
   if op == 'acquire' and token == '' then return nil, bad_args('acquire needs a token') end
   local now = given_now  -- a merged call (lua/finish.lua) read TIME once for all its calls
-  if not now then
-    local t = redis.call('TIME')
-    now = t[1] * 1000 + math.floor(t[2] / 1000)
-  end
+  if not now then now = server_ms(redis.call('TIME')) end
   local ap = adaptive_params(ARGV[7])
   if ap == false then return nil, bad_args('bad adaptive limit ' .. tostring(ARGV[7])) end
   local share = 1
