@@ -61,11 +61,13 @@ local schema_error, failed_on, args_error = prelude.schema_error, prelude.failed
 -- chunk runs at the first call, when the globals are there.)
 local floor, tonumber, type, rcall, rpcall = math.floor, tonumber, type, redis.call,
                                             redis.pcall
+local sub = string.sub
 local packer, encode, decode, decode_fields = record_codec.packer, record_codec.encode,
                                               record_codec.decode, record_codec.decode_fields
 
 local HEADER_FIELDS = 10              -- 8-byte integers in the header
 local HEADER_BYTES = 8 * HEADER_FIELDS
+local HEADER_FORMAT = '>' .. string.rep('i8', HEADER_FIELDS)
 local HEADER_FIRST, HEADER_LAST = '0', tostring(HEADER_BYTES - 1)
 local OLDER_FIRST = tostring(HEADER_BYTES)
 local COUNTS_AT = '32'                -- byte offset of D, W, d, w (fields 5-8)
@@ -149,7 +151,7 @@ local function roll(older, head, cur, n, D, W, dh, wh)
     if id > last_gone then break end
     D, W, pos = D - d, W - w, pos + ENTRY_BYTES
   end
-  if pos > 1 then older = string.sub(older, pos) end
+  if pos > 1 then older = sub(older, pos) end
   if dh > 0 or wh > 0 then
     older = older .. (packer and packer.pack('>i8i8i8', head, dh, wh)
                       or encode({head, dh, wh}, 1, 3, 8))
@@ -232,8 +234,13 @@ return function(KEYS, ARGV, given_now)
     -- created or a new slice: the whole string, with its TTL
     local ttl = g[6]
     if drift == 1 then ttl = string.format('%d', (n + 1) * slice_ms) end
-    rcall('SET', K, encode({VERSION, n, slice_ms, head, D, W, dh, wh, g[1], g[2]}, 1,
-                                HEADER_FIELDS, 8) .. (older or ''), 'PX', ttl)
+    local header
+    if packer then
+      header = packer.pack(HEADER_FORMAT, VERSION, n, slice_ms, head, D, W, dh, wh, g[1], g[2])
+    else
+      header = encode({VERSION, n, slice_ms, head, D, W, dh, wh, g[1], g[2]}, 1, HEADER_FIELDS, 8)
+    end
+    rcall('SET', K, older and header .. older or header, 'PX', ttl)
   elseif wrote then
     rcall('SETRANGE', K, COUNTS_AT, counts_bytes(D, W, dh, wh))
   end

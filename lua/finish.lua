@@ -56,7 +56,7 @@ end
 -- The server ms of a TIME reply. Its seconds change once a second: their text is
 -- parsed only when it changed (tonumber of a string costs as much as a command's
 -- argument handling).
-local tonumber = tonumber
+local tonumber, type, pcall, unpack = tonumber, type, pcall, unpack
 local last_s, last_s_ms = nil, 0
 local function server_ms(t)
   local s, micros = t[1], tonumber(t[2])
