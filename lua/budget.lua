@@ -68,6 +68,8 @@ local packer, encode, decode, decode_fields = record_codec.packer, record_codec.
 local HEADER_FIELDS = 10              -- 8-byte integers in the header
 local HEADER_BYTES = 8 * HEADER_FIELDS
 local HEADER_FORMAT = '>' .. string.rep('i8', HEADER_FIELDS)
+local HOT_FORMAT = '>' .. string.rep('i8', 8)  -- the header's fields before ppm, reserve
+local COUNTS_FORMAT = '>i8i8i8i8'
 local HEADER_FIRST, HEADER_LAST = '0', tostring(HEADER_BYTES - 1)
 local OLDER_FIRST = tostring(HEADER_BYTES)
 local COUNTS_AT = '32'                -- byte offset of D, W, d, w (fields 5-8)
@@ -92,8 +94,7 @@ local function bad_args(op)
 end
 
 -- D, W, d, w as the 32 bytes SETRANGE writes at COUNTS_AT.
-local function counts_bytes(D, W, d, w)
-  if packer then return packer.pack('>i8i8i8i8', D, W, d, w) end
+local function counts_bytes(D, W, d, w)  -- (without struct: fakeredis)
   return encode({D, W, d, w}, 1, 4, 8)
 end
 
@@ -190,7 +191,11 @@ return function(KEYS, ARGV, given_now)
   if exists then
     if #raw ~= HEADER_BYTES then return corrupt(K) end
     local v
-    v, n, slice_ms, head, D, W, dh, wh = decode_fields(raw, 8)
+    if packer then
+      v, n, slice_ms, head, D, W, dh, wh = packer.unpack(HOT_FORMAT, raw)
+    else
+      v, n, slice_ms, head, D, W, dh, wh = decode_fields(raw, 8)
+    end
     if v ~= VERSION then
       return schema_error(K, 'has budget layout ' .. tostring(v) .. ', this client speaks 2')
     end
@@ -242,7 +247,8 @@ return function(KEYS, ARGV, given_now)
     end
     rcall('SET', K, older and header .. older or header, 'PX', ttl)
   elseif wrote then
-    rcall('SETRANGE', K, COUNTS_AT, counts_bytes(D, W, dh, wh))
+    rcall('SETRANGE', K, COUNTS_AT, packer and packer.pack(COUNTS_FORMAT, D, W, dh, wh)
+                                    or counts_bytes(D, W, dh, wh))
   end
 
   if op == 'add' then return drift end
