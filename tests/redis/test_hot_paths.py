@@ -4,10 +4,11 @@ paths", "The usual record"), against a real redis-server.
 Differential: one state is saved (DUMP), the call runs on its hot path, the state is put
 back (RESTORE) and the same call runs again forced through the general path by an input
 that the general path reads as the same thing but the hot path does not take (a stored
-`waiters` of "00", an outcome on a fixed-limit release, "01" for one success, a stored
-slice length "1000.0"); the replies and the keys left behind must agree, except where the
-docs allow a difference: the hot reply's shape, when expired bulkhead leases are reaped,
-and `limit` not written by a hot release."""
+`waiters` of "00", an outcome on a fixed-limit release, "01" for one success); the
+replies and the keys left behind must agree, except where the docs allow a difference:
+the hot reply's shape, when expired bulkhead leases are reaped, and `limit` not written
+by a hot release. (The retry budget, layout 2, has one path: its test says what a
+deposit within the slice writes.)"""
 
 from __future__ import annotations
 
