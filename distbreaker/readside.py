@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import json
 import math
+import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -60,7 +61,7 @@ SCHEMAS = (V2, V1)
 # Key suffixes after ``{name}`` and the component each belongs to, per key schema.
 _COMMON = {":cb": "breaker", ":cb:probes": "breaker", ":cb:events": "breaker",
            ":bh": "bulkhead", ":bh:meta": "bulkhead", ":bh:notify": "bulkhead",
-           ":rb": "budget"}
+           ":rb": "budget", ":rb2": "budget"}
 _SUFFIXES = {V2: {**_COMMON, ":cb:meta": "breaker", ":cb:fw": "breaker",
                   ":rl": "rate_limiter"},
              V1: {**_COMMON, ":cb:win": "breaker"}}
@@ -108,6 +109,7 @@ class NameKeys:
     rb: str
     fw: str
     rl: str
+    rb1: str  # budget layout 1 (a hash; the v1 schema's only budget key): older workers
 
     @classmethod
     @functools.lru_cache(maxsize=16384)  # immutable; the dashboard reads the same names often
@@ -117,11 +119,12 @@ class NameKeys:
         v2 = {"state": bk.state, "meta": bk.meta, "probes": bk.probes,
               "history": bk.history, "bh_leases": hk.leases, "bh_meta": hk.meta,
               "bh_notify": hk.notify, "rb": rk.slices, "fw": f"{bk.state}:fw",
-              "rl": RateLimiterKeys.build(name, prefix).bucket}
+              "rl": RateLimiterKeys.build(name, prefix).bucket, "rb1": rk.layout1}
         keys = v2 if schema == V2 else {role: _in_schema(key, prefix, schema)
                                         for role, key in v2.items()}
         if schema == V1:
             keys["meta"] = keys["state"] + ":win"
+            keys["rb"] = keys["rb1"]
         return cls(schema=schema, **keys)
 
     def expected_types(self) -> dict[str, str]:
@@ -129,8 +132,8 @@ class NameKeys:
         state, meta = ("string", "hash") if self.schema == V2 else ("hash", "hash")
         return {self.state: state, self.meta: meta, self.probes: "zset",
                 self.history: "stream", self.bh_leases: "zset", self.bh_meta: "hash",
-                self.bh_notify: "list", self.rb: "hash", self.fw: "hash",
-                self.rl: "hash"}
+                self.bh_notify: "list", self.rb1: "hash", self.fw: "hash",
+                self.rl: "hash", self.rb: "string" if self.schema == V2 else "hash"}
 
     def unread(self, parts: Iterable[str]) -> dict[str, str]:
         """The keys of `parts` a summary does not read (the history, the waiters' list;
@@ -779,13 +782,40 @@ def _int_or(value: str, default: int) -> int:
         return default
 
 
-def decode_budget(raw: Mapping[Any, Any], now_ms: int) -> dict[str, Any]:
-    """The retry budget hash: deposits, withdrawals and balance over the live window.
+def budget_fields(raw: bytes) -> dict[str, str]:
+    """A budget window of layout 2 (the string lua/budget.lua writes: big-endian 8-byte
+    integers, a header of 10, then id, deposits, withdrawals per older slice) as the
+    fields of layout 1's hash, so one decoding serves both (and `fields` reads the same)."""
+    if len(raw) < BUDGET_HEADER or (len(raw) - BUDGET_HEADER) % 24:
+        raise SchemaError(f"budget window of {len(raw)} bytes is not a layout-2 window")
+    values = struct.unpack(f">{len(raw) // 8}q", raw)
+    v, n, slice_ms, head, d_total, w_total, d, w, ppm, reserve = values[:10]
+    fields = {"v": v, "n": n, "slice_ms": slice_ms, "head": head, "D": d_total,
+              "W": w_total, "ppm": ppm, "reserve": reserve}
+    for sid, deposits, withdrawals in [*zip(values[10::3], values[11::3], values[12::3],
+                                            strict=True),
+                                       (head, d, w)]:
+        if deposits:
+            fields[f"d:{sid}"] = deposits
+        if withdrawals:
+            fields[f"w:{sid}"] = withdrawals
+    return {k: str(v) for k, v in fields.items()}
 
-    The balance uses the last writer's percent_can_retry and reserve (fields
-    `ppm`, `reserve`); it is None for a hash written before they were stored.
-    The raw fields are included as they are.
+
+#: Bytes of a layout-2 budget window's header (lua/budget.lua).
+BUDGET_HEADER = 80
+
+
+def decode_budget(raw: Mapping[Any, Any] | bytes, now_ms: int) -> dict[str, Any]:
+    """The retry budget window: deposits, withdrawals and balance over the live window.
+
+    `raw` is a layout-2 window (bytes) or the hash of layout 1 (workers of earlier
+    versions). The balance uses the last writer's percent_can_retry and reserve
+    (fields `ppm`, `reserve`); it is None for a hash written before they were stored.
+    The raw fields are included as they are (a layout-2 window's as layout 1 names them).
     """
+    if isinstance(raw, bytes):
+        raw = budget_fields(raw)
     f = {text(k): text(v) for k, v in raw.items()}
     out: dict[str, Any] = {"deposits": None, "withdrawals": None, "balance": None,
                            "slice_ms": None, "slices": None,
@@ -916,7 +946,10 @@ def _summaries(client: Any, prefix: str, items: Sequence[tuple[str, frozenset[st
                                withscores=True)  # a lease no worker wrote (e.g. inf)
             steps += ["in_use", "limit", "far"]
         if "budget" in parts:
-            pipe.hgetall(keys.rb)
+            if schema == V2:
+                queue_raw(pipe, keys.rb)
+                steps.append("budget2")
+            pipe.hgetall(keys.rb1)
             steps.append("budget")
         if "rate_limiter" in parts and schema == V2:
             pipe.hgetall(keys.rl)
@@ -970,8 +1003,9 @@ def _summary(client: Any, prefix: str, name: str, got: dict[str, Any],
                                "adaptive": decode_adaptive(fields, now_ms)}
 
     def budget() -> None:
-        if got.get("budget"):
-            row["budget"] = decode_budget(got["budget"], now_ms)
+        window = got.get("budget2") or got.get("budget")
+        if window:
+            row["budget"] = decode_budget(window, now_ms)
 
     def rate_limiter() -> None:
         if got.get("rate_limiter"):
@@ -1135,7 +1169,8 @@ def read_detail(client: Any, prefix: str, name: str, schema: str = V2) -> dict[s
     now_ms = server_now_ms(client)
     pipe = client.pipeline(transaction=False)
     reads = {keys.state: (lambda k: queue_raw(pipe, k)) if schema == V2 else pipe.hgetall,
-             keys.meta: pipe.hgetall, keys.bh_meta: pipe.hgetall, keys.rb: pipe.hgetall,
+             keys.meta: pipe.hgetall, keys.bh_meta: pipe.hgetall, keys.rb1: pipe.hgetall,
+             keys.rb: (lambda k: queue_raw(pipe, k)) if schema == V2 else pipe.hgetall,
              keys.rl: pipe.hgetall,
              keys.probes: lambda k: pipe.zrange(k, 0, -1, withscores=True),
              keys.bh_leases: lambda k: pipe.zrange(k, 0, -1, withscores=True),
@@ -1160,7 +1195,7 @@ def read_detail(client: Any, prefix: str, name: str, schema: str = V2) -> dict[s
         rollout = merge_rollout(meta, rollout)
     probes, history_len = got.get(keys.probes, []), got.get(keys.history, 0)
     leases, bh_meta = got.get(keys.bh_leases, []), got.get(keys.bh_meta, {})
-    budget, limiter = got.get(keys.rb, {}), got.get(keys.rl, {})
+    budget, limiter = got.get(keys.rb) or got.get(keys.rb1, {}), got.get(keys.rl, {})
     detail: dict[str, Any] = {"name": name, "prefix": prefix, "schema": schema,
                               "server_time_ms": now_ms,
                               "exists": bool(state or leases or bh_meta or budget or limiter

@@ -329,11 +329,29 @@ local a_limit_of = memoized(function(raw)
   return a and {a, string.format('%d', math.floor(a))} or false
 end)
 
+-- Texts parsed once while they stay the same (tonumber of a string costs about as much
+-- as a command's argument handling): the TIME reply's seconds (they change once a
+-- second) and meta's ttl_until (it changes once per refresh). Fast paths only.
+local tonumber_, type_, sformat_, rcall_, rpcall_ = tonumber, type, string.format, redis.call,
+                                                 redis.pcall
+local last_s, last_s_ms, last_until_s, last_until = nil, 0, nil, nil
+local function server_ms(t)
+  local s = t[1]
+  if s ~= last_s then last_s, last_s_ms = s, tonumber_(s) * 1000 end
+  local micros = tonumber_(t[2])
+  return last_s_ms + (micros - micros % 1000) / 1000
+end
+local function until_of(text)  -- ttl_until (false: absent, 0) as a number; nil: not one
+  if not text then return 0 end
+  if text ~= last_until_s then last_until_s, last_until = text, tonumber_(text) end
+  return last_until
+end
+
 -- Whether the token holds a live lease (deadline after now): an expired one, even if no
 -- op reaped it yet, is lost as the general path says (it reaps first).
 local function live_lease(k_leases, token, now)
-  local held = redis.pcall('ZSCORE', k_leases, token)
-  return type(held) == 'string' and tonumber(held) > now
+  local held = rpcall_('ZSCORE', k_leases, token)
+  return type_(held) == 'string' and tonumber_(held) > now
 end
 
 -- Whether an op that writes meta (or adds a lease for `keep_for` ms) refreshes the TTLs:
@@ -360,22 +378,22 @@ local function fast_acquire(k_leases, k_meta, token, limit, limit_s, lease_ms, t
   if ap then
     m = redis.pcall('HMGET', k_meta, 'waiters', 'ttl_until', 'limit', 'a_limit')
   else
-    m = redis.pcall('HMGET', k_meta, 'waiters', 'ttl_until', 'limit')
+    m = rpcall_('HMGET', k_meta, 'waiters', 'ttl_until', 'limit')
   end
   if m['err'] or (m[1] and m[1] ~= '0') then return nil end
   if ap then  -- else limit_s as sent (the general path too)
     limit, limit_s = stored_limit_of(m[4], ap)
     if not limit then return nil end
   end
-  local until_ms = tonumber(m[2] or 0)
+  local until_ms = until_of(m[2])
   if not until_ms or (m[3] and m[3] ~= limit_s and not tonumber(m[3])) then return nil end
   -- the live leases (deadline after now); expired ones are reaped below only when the
   -- TTLs are refreshed (they count for nothing meanwhile), and by the general path
-  local in_use = redis.pcall('ZCOUNT', k_leases, string.format('%d', now + 1), '+inf')
-  if type(in_use) ~= 'number' then return nil end
+  local in_use = rpcall_('ZCOUNT', k_leases, sformat_('%d', now + 1), '+inf')
+  if type_(in_use) ~= 'number' then return nil end
   local cap = limit
   if share < 1 then cap = math.max(1, math.floor(limit * share)) end
-  local deadline = string.format('%d', now + lease_ms)
+  local deadline = sformat_('%d', now + lease_ms)
   local created = false  -- this ZADD may have created the zset (it then needs its TTL)
   if in_use >= cap then  -- full: only a token holding a live lease gets in (refreshed)
     if not live_lease(k_leases, token, now) then return nil end
@@ -385,12 +403,12 @@ local function fast_acquire(k_leases, k_meta, token, limit, limit_s, lease_ms, t
     -- keep-alive member KEEP (score 0: never live) stays when the last lease is
     -- released, so the zset outlives sequential acquire/release pairs and its TTL is
     -- set only when this ZADD added KEEP too (2 added: the zset may be new).
-    if type(redis.pcall('HINCRBY', k_meta, 'acquired', 1)) ~= 'number' then return nil end
-    created = redis.call('ZADD', k_leases, deadline, token, 0, KEEP) == 2
+    if type_(rpcall_('HINCRBY', k_meta, 'acquired', '1')) ~= 'number' then return nil end
+    created = rcall_('ZADD', k_leases, deadline, token, '0', KEEP) == 2
     in_use = 1
   else
     -- counted first: a foreign (non-integer) counter stops the call before any write
-    if type(redis.pcall('HINCRBY', k_meta, 'acquired', 1)) ~= 'number' then return nil end
+    if type(redis.pcall('HINCRBY', k_meta, 'acquired', '1')) ~= 'number' then return nil end
     if redis.call('ZADD', k_leases, 'NX', deadline, token) == 1 then
       in_use = in_use + 1
     else  -- the token was there: a live lease is refreshed (not a new permit)
@@ -426,11 +444,11 @@ local function fast_release(k_leases, k_meta, token, now, ap)
     if m['err'] or not a_limit_of(m[2]) then return nil end
     w = m[1]
   else
-    w = redis.pcall('HGET', k_meta, 'waiters')
-    if type(w) == 'table' then return nil end
+    w = rpcall_('HGET', k_meta, 'waiters')
+    if type_(w) == 'table' then return nil end
   end
   if (w and w ~= '0') or not live_lease(k_leases, token, now) then return nil end
-  redis.call('ZREM', k_leases, token)
+  rcall_('ZREM', k_leases, token)
   return 1
 end
 
@@ -540,10 +558,7 @@ local function parse_call(ARGV, given_now)
   if not OPS[op] then return nil, bad_args('unknown bulkhead op ' .. tostring(op)) end
   if op == 'acquire' and token == '' then return nil, bad_args('acquire needs a token') end
   local now = given_now  -- a merged call (lua/finish.lua) read TIME once for all its calls
-  if not now then
-    local t = redis.call('TIME')
-    now = t[1] * 1000 + math.floor(t[2] / 1000)
-  end
+  if not now then now = server_ms(redis.call('TIME')) end
   local ap = adaptive_params(ARGV[7])
   if ap == false then return nil, bad_args('bad adaptive limit ' .. tostring(ARGV[7])) end
   local share = 1

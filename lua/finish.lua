@@ -53,6 +53,17 @@ local function parse_plan(plan)
   return parsed
 end
 
+-- The server ms of a TIME reply. Its seconds change once a second: their text is
+-- parsed only when it changed (tonumber of a string costs as much as a command's
+-- argument handling).
+local tonumber, type, pcall, unpack = tonumber, type, pcall, unpack
+local last_s, last_s_ms = nil, 0
+local function server_ms(t)
+  local s, micros = t[1], tonumber(t[2])
+  if s ~= last_s then last_s, last_s_ms = s, tonumber(s) * 1000 end
+  return last_s_ms + (micros - micros % 1000) / 1000, micros
+end
+
 local function as_error(e)
   if type(e) == 'table' and e['err'] then return e end
   return {err = 'ERR ' .. tostring(e)}
@@ -71,9 +82,7 @@ return function(KEYS, ARGV)
     return redis.error_reply('DISTBREAKER_ARGS finish plan ' .. plan_s ..
                              ' does not match its KEYS and ARGV')
   end
-  local t = redis.call('TIME')
-  local micros = tonumber(t[2])
-  local now = tonumber(t[1]) * 1000 + (micros - micros % 1000) / 1000
+  local now, micros = server_ms(redis.call('TIME'))
   local flat, n, ki, ai = presized(), 0, 1, 2
   for i = 1, #plan, 3 do
     local nk, na = plan[i + 1], plan[i + 2]

@@ -131,11 +131,17 @@ class BulkheadKeys:
 class BudgetKeys:
     """Keys of one fleet-wide retry budget (same hash tag as the breaker of that name)."""
 
-    slices: str   # hash: per-time-slice deposits and withdrawals
+    slices: str   # string: the window, budget layout 2 (docs/KEY_SCHEMA.md)
 
     @classmethod
     def build(cls, name: str, prefix: str = DEFAULT_PREFIX) -> BudgetKeys:
-        return cls(slices=f"{_base(name, prefix)}:rb")
+        return cls(slices=f"{_base(name, prefix)}:rb2")
+
+    @property
+    def layout1(self) -> str:
+        """The hash of budget layout 1, which workers before it write (readers show it
+        while no layout-2 window exists: a fleet rolling over to layout 2)."""
+        return self.slices[:-1]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -466,9 +466,9 @@ class Hub:
         self._pool_names.update(k[len(head):-len(tail)] for k in map(view.text, keys)
                                 if k.startswith(head) and k.endswith(tail))
         for schema in view.SCHEMAS:
-            # each component's main key only (:cb, :bh, :rb, :rl): a quarter of the keys
+            # each component's keys (:cb..., :bh..., :rb, :rb2, :rl): not a pool's
             cursor, keys = client.scan(self._cursors[schema], match=view.scan_pattern(
-                self.prefix, schema) + "}:[bcr][bhl]", count=SCAN_STEP)
+                self.prefix, schema) + "}:[bcr][bhl]*", count=SCAN_STEP)
             self._cursors[schema] = int(cursor)
             for raw in keys:
                 if self._known(view.text(raw), heads[schema], schema):
@@ -480,7 +480,8 @@ class Hub:
         """Whether a scanned key belongs to a tracked name and component."""
         name, _, suffix = key[len(head):].rpartition("}:")
         t = self._tracked.get(name if schema == view.V2 else "v1:" + name)
-        part = {"cb": "breaker", "bh": "bulkhead", "rb": "budget", "rl": "rate_limiter"}.get(suffix)
+        part = {"cb": "breaker", "bh": "bulkhead", "rb": "budget", "rb2": "budget",
+                "rl": "rate_limiter"}.get(suffix.partition(":")[0])
         return t is not None and t.invalid is None and part in t.parts
 
     # -- reading -------------------------------------------------------------------------

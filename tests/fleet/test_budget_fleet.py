@@ -9,6 +9,7 @@ import time
 import redis
 
 from distbreaker.budget.sync import RetryBudget
+from tests.helpers.budget_window import window
 
 
 def _fleet_worker(url: str, name: str, start: float, rounds: int) -> int:
@@ -43,5 +44,5 @@ def test_fleet_wide_retries_never_exceed_percent_of_requests_plus_floor(
     while budget.try_withdraw():
         left += 1
     assert sum(taken) + left == allowance                  # nothing lost, nothing extra
-    stored = redis_client.hgetall(budget.keys.slices)
-    assert int(stored[b"D"]) == deposits and int(stored[b"W"]) == allowance
+    stored = window(redis_client, budget.keys.slices)
+    assert stored["D"] == deposits and stored["W"] == allowance

@@ -13,6 +13,7 @@ from distbreaker.budget.config import BudgetConfig
 from distbreaker.budget.sync import RetryBudget
 from distbreaker.demo.embedded import RedisServer, free_port
 from distbreaker.errors import ConfigDriftWarning, RetryBudgetExhausted, SchemaError
+from tests.helpers.budget_window import window
 from tests.helpers.flavours import Flavour
 from tests.helpers.waiting import wait_until
 
@@ -80,10 +81,10 @@ def test_slices_expire_after_ttl(redis_url: str, redis_client: redis.Redis, name
     time.sleep(2.1)
     assert budget.balance() == 0              # everything has left
     assert budget.deposit() == 1              # and the old withdrawal is forgotten too
-    fields = redis_client.hkeys(budget.keys.slices)
-    assert sorted(f for f in fields if f[:2] in (b"d:", b"w:")) == sorted(
-        f for f in fields if f.startswith(b"d:"))
-    assert len([f for f in fields if f.startswith(b"d:")]) == 1
+    fields = window(redis_client, budget.keys.slices)
+    assert sorted(f for f in fields if f[:2] in ("d:", "w:")) == sorted(
+        f for f in fields if f.startswith("d:"))
+    assert len([f for f in fields if f.startswith("d:")]) == 1
 
 
 def test_memory_is_bounded_by_the_slice_count(redis_url: str, redis_client: redis.Redis,
@@ -94,12 +95,11 @@ def test_memory_is_bounded_by_the_slice_count(redis_url: str, redis_client: redi
         budget.deposit()
         budget.try_withdraw()
         time.sleep(0.005)
-    fields = redis_client.hkeys(budget.keys.slices)
-    slice_fields = [f for f in fields if f[:2] in (b"d:", b"w:")]
+    stored = window(redis_client, budget.keys.slices)
+    slice_fields = [f for f in stored if f[:2] in ("d:", "w:")]
     assert len(slice_fields) <= 2 * 4
-    stored = redis_client.hgetall(budget.keys.slices)
-    assert int(stored[b"D"]) == sum(int(v) for k, v in stored.items() if k.startswith(b"d:"))
-    assert int(stored[b"W"]) == sum(int(v) for k, v in stored.items() if k.startswith(b"w:"))
+    assert stored["D"] == sum(v for k, v in stored.items() if k.startswith("d:"))
+    assert stored["W"] == sum(v for k, v in stored.items() if k.startswith("w:"))
     time.sleep(0.35)
     assert not redis_client.exists(budget.keys.slices)   # PEXPIRE (n + 1) * slice
 
@@ -116,7 +116,7 @@ def test_batched_deposits_cost_no_round_trip_until_the_batch_is_full(
     for _ in range(5):
         budget.deposit()
     assert budget.try_withdraw()                          # carries the 5 pending deposits
-    assert int(redis_client.hget(budget.keys.slices, "D") or 0) == 15
+    assert window(redis_client, budget.keys.slices)["D"] == 15
     budget.deposit(3)
     budget.flush()
     budget.flush()                                        # nothing pending: no call
@@ -148,13 +148,14 @@ def test_script_rejects_bad_arguments(redis_client: redis.Redis) -> None:
 def test_foreign_data_is_a_schema_error(redis_url: str, redis_client: redis.Redis,
                                         name: str) -> None:
     budget = RetryBudget(name, redis=redis_url)
-    redis_client.set(budget.keys.slices, "not a hash")
-    with pytest.raises(SchemaError, match="expected a hash"):
+    redis_client.hset(budget.keys.slices, "x", "1")
+    with pytest.raises(SchemaError, match="expected a string"):
         budget.deposit()
     redis_client.delete(budget.keys.slices)
-    redis_client.hset(budget.keys.slices, "x", "1")
-    with pytest.raises(SchemaError):
+    redis_client.set(budget.keys.slices, "not a budget window")
+    with pytest.raises(SchemaError, match="corrupt budget fields"):
         budget.try_withdraw()
+    assert redis_client.get(budget.keys.slices) == b"not a budget window"  # nothing written
 
 
 def test_geometry_drift_warns_and_the_stored_window_wins(redis_url: str, name: str) -> None:

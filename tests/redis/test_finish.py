@@ -21,6 +21,7 @@ from distbreaker import Bulkhead, CircuitBreaker, RetryBudget
 from distbreaker._runtime.scripts import library, load_script, translate_error
 from distbreaker.errors import SchemaError
 from distbreaker.policy.core import MergedCall, split_flat
+from tests.helpers.budget_window import window
 from tests.helpers.flavours import Flavour
 from tests.helpers.redis_stats import commands
 
@@ -65,7 +66,7 @@ def one_merged_call(monkeypatch: pytest.MonkeyPatch, name: str,
 
 
 def deposits(client: redis.Redis, policy: Any) -> int:
-    return int(client.hget(policy.budget.keys.slices, "D") or 0)
+    return window(client, policy.budget.keys.slices).get("D", 0)
 
 
 # -- (1) one FCALL, each component its own reply --------------------------------------
@@ -111,14 +112,15 @@ def test_a_foreign_budget_key_fails_only_the_deposit(
         name: str, redis_url: str, redis_client: redis.Redis, flavour: Flavour) -> None:
     policy = full_policy(flavour, name, redis_url)
     policy.call(lambda: "warm-up")
-    redis_client.set(policy.budget.keys.slices, "not a hash")
+    redis_client.delete(policy.budget.keys.slices)
+    redis_client.hset(policy.budget.keys.slices, "not", "a window")
     with pytest.raises(SchemaError) as raised:
         policy.call(lambda: "ok")
     assert raised.value.key == policy.budget.keys.slices
     # the release and the record after it in the plan still ran, and were settled
     assert policy.breaker.metrics().calls == 2
     assert policy.bulkhead.metrics().in_use == 0
-    assert redis_client.get(policy.budget.keys.slices) == b"not a hash"  # not overwritten
+    assert redis_client.hgetall(policy.budget.keys.slices) == {b"not": b"a window"}
 
 
 @pytest.mark.keys_without_ttl("it writes foreign keys by hand")
@@ -238,7 +240,11 @@ def state_of(client: redis.Redis, keys: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in keys:
         kind = client.type(key)
-        if kind == b"hash":
+        if key.endswith(":rb2"):  # the budget window without its server-time fields
+            fields = window(client, key)
+            out[key] = {f: v for f, v in fields.items()
+                        if f != "head" and f[:2] not in ("d:", "w:")}
+        elif kind == b"hash":
             fields = client.hgetall(key)
             out[key] = {f: v for f, v in fields.items()
                         if f not in (b"ttl_until", b"head") and f[:2] not in (b"d:", b"w:")}
@@ -311,7 +317,7 @@ def test_components_of_different_names_are_pipelined_not_merged(
     assert fcalls(redis_client) - before == 3 * 4
     assert breaker.metrics().calls == 4
     assert bulkhead.metrics().in_use == 0
-    assert int(redis_client.hget(budget.keys.slices, "D")) == 4
+    assert window(redis_client, budget.keys.slices)["D"] == 4
 
 
 def test_a_lone_record_is_not_merged(name: str, redis_url: str, redis_client: redis.Redis,
@@ -396,7 +402,7 @@ def test_foreign_data_met_by_an_attempt_is_not_retried(
     with pytest.raises(SchemaError):
         policy.call(dependency)
     assert calls == []  # the acquire met it, once
-    assert int(redis_client.hget(policy.budget.keys.slices, "W") or 0) == 0  # no retry
+    assert window(redis_client, policy.budget.keys.slices).get("W", 0) == 0  # no retry
 
 
 @pytest.mark.keys_without_ttl("it writes foreign keys by hand")
@@ -438,7 +444,7 @@ def test_a_refused_budget_key_leaves_the_release_and_the_record_to_run(
         assert redis_client.zcount(f"{base}:bh", 1, "+inf") == 0  # every lease released
         admin = CircuitBreaker(name, redis=redis_url)
         assert admin.metrics().calls == 3  # every record reached Redis
-        assert not redis_client.exists(f"{base}:rb")
+        assert not redis_client.exists(f"{base}:rb2")
     finally:
         redis_client.execute_command("ACL", "DELUSER", user)
 
@@ -449,7 +455,7 @@ def test_a_corrupt_withdrawal_total_is_named_by_the_policys_deposit(
     checks every header field it would have to trust, as the general path does."""
     policy = full_policy(flavour, name, redis_url)
     policy.call(lambda: "warm-up")
-    redis_client.hset(policy.budget.keys.slices, "W", "many")
+    redis_client.setrange(policy.budget.keys.slices, 40, b"\xff" * 8)  # W = -1 (layout 2)
     with pytest.raises(SchemaError, match="corrupt budget fields"):
         policy.call(lambda: "ok")
     assert policy.breaker.metrics().calls == 2  # the release and the record still ran

@@ -4,10 +4,11 @@ paths", "The usual record"), against a real redis-server.
 Differential: one state is saved (DUMP), the call runs on its hot path, the state is put
 back (RESTORE) and the same call runs again forced through the general path by an input
 that the general path reads as the same thing but the hot path does not take (a stored
-`waiters` of "00", an outcome on a fixed-limit release, "01" for one success, a stored
-slice length "1000.0"); the replies and the keys left behind must agree, except where the
-docs allow a difference: the hot reply's shape, when expired bulkhead leases are reaped,
-and `limit` not written by a hot release."""
+`waiters` of "00", an outcome on a fixed-limit release, "01" for one success); the
+replies and the keys left behind must agree, except where the docs allow a difference:
+the hot reply's shape, when expired bulkhead leases are reaped, and `limit` not written
+by a hot release. (The retry budget, layout 2, has one path: its test says what a
+deposit within the slice writes.)"""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import redis
 
 from distbreaker import CircuitBreaker
 from distbreaker._runtime.scripts import load_script, run_script
+from tests.helpers.budget_window import window
 
 LIMIT, LEASE, TTL = 5, 30_000, 3_600_000
 
@@ -246,25 +248,27 @@ def budget(client: redis.Redis, key: str, *args: Any) -> Any:
 
 @pytest.mark.parametrize("amount", [1, 3])
 @pytest.mark.parametrize("before", [0, 1, 4])
-def test_the_hot_deposit_gives_the_general_deposit_s_result(
+def test_a_deposit_within_the_slice_changes_only_its_counts(
         amount: int, before: int, name: str, redis_client: redis.Redis) -> None:
-    key = f"t:{{{name}}}:rb"
+    """Budget layout 2 has one path: within the current slice a deposit rewrites only
+    D and the slice's deposits (SETRANGE: the TTL stays), and answers the new totals."""
+    key = f"t:{{{name}}}:rb2"
+    while server_ms(redis_client) % 1000 > 500:  # every call in one slice (1 s)
+        time.sleep(0.05)
     for _ in range(before):
         budget(redis_client, key, "deposit", *BUDGET_ARGS, 1)
     budget(redis_client, key, "withdraw", *BUDGET_ARGS, 1)
-    while server_ms(redis_client) % 1000 > 500:  # both runs in one slice (1 s)
-        time.sleep(0.05)
-    saved = Keys(redis_client, [key])
-    saved.save()
-    hot = budget(redis_client, key, "deposit", *BUDGET_ARGS, amount)
-    hot_state = redis_client.hgetall(key)
-    saved.restore()
-    redis_client.hset(key, "slice_ms", "1000.0")  # the same length: the general path
-    general = budget(redis_client, key, "deposit", *BUDGET_ARGS, amount)
-    general_state = redis_client.hgetall(key)
-    general_state[b"slice_ms"] = b"1000"
-    assert hot[:4] == general[:4] and hot[5] == general[5] == 0
-    assert hot_state == general_state  # (the same slice: both ran within one second)
+    stored = window(redis_client, key)
+    redis_client.pexpire(key, 60_000)
+    reply = budget(redis_client, key, "deposit", *BUDGET_ARGS, amount)
+    after = window(redis_client, key)
+    d = after["D"]
+    assert d == before + amount and after["W"] == stored["W"]
+    assert reply[:4] == [1, (10_000_000 + 500_000 * d) // 1_000_000 - after["W"], d,
+                         after["W"]] and reply[5] == 0
+    head = stored["head"]
+    assert after == {**stored, "D": d, f"d:{head}": d}
+    assert redis_client.pttl(key) > 11_000  # not refreshed within the slice
 
 
 # -- breaker ----------------------------------------------------------------------------

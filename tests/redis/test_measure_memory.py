@@ -52,9 +52,9 @@ def test_measures_every_key_of_each_breaker_shape(redis_url: str,
     # acquire sends no PEXPIREAT: docs/KEY_SCHEMA.md, the bulkhead's keys)
     assert [sorted(r["keys"]) for r in (bulkhead, budget)] == [
         ["distbreaker:v2:{mem-bulkhead}:bh", "distbreaker:v2:{mem-bulkhead}:bh:meta"],
-        ["distbreaker:v2:{mem-budget}:rb"]]
+        ["distbreaker:v2:{mem-budget}:rb2"]]
     assert {k.split(":", 3)[3] for k in policy["keys"]} == {"bh", "bh:meta", "cb", "cb:meta",
-                                                           "rb"}
+                                                           "rb2"}
     assert all(v > 0 for r in (bulkhead, budget, policy) for v in r["keys"].values())
     # A bigger window is a bigger state record.
     redis_client.flushall()

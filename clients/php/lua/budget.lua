@@ -41,8 +41,81 @@ return {schema_error = schema_error, args_error = args_error, foreign_type = for
 end)() end
   return prelude_value
 end
-local main = (function(prelude)
---!module needs prelude
+local record_codec_value
+local function record_codec()
+  if record_codec_value == nil then record_codec_value = (function()
+--!lib
+-- The state record's integer codec: big-endian 8-byte signed (header fields) and
+-- 4-byte unsigned (window slots), with Redis's struct library where it exists
+-- (fakeredis has none: plain Lua there; its Functions refuse even to read a missing
+-- global, hence pcall). Bytes past the end of a string read as zero. Pure functions:
+-- no per-call state.
+local floor, unpack = math.floor, unpack
+local byte, char, rep = string.byte, string.char, string.rep
+local has_struct, found_struct = pcall(function() return struct end)
+local packer = has_struct and type(found_struct) == 'table' and found_struct or nil
+local formats = {}
+local function format(width, count)
+  local key = width * 100000 + count
+  local f = formats[key]
+  if not f then
+    f = '>' .. rep(width == 8 and 'i8' or 'I4', count)
+    formats[key] = f
+  end
+  return f
+end
+
+-- `count` integers of `width` bytes from byte `pos` (1-based) of s.
+local function decode(s, count, width, pos)
+  pos = pos or 1
+  local need = pos - 1 + count * width
+  if #s < need then s = s .. rep('\0', need - #s) end
+  if packer then return {packer.unpack(format(width, count), s, pos)} end
+  local out = {}
+  for i = 0, count - 1 do
+    local v, at = 0, pos + i * width
+    for j = at, at + width - 1 do v = v * 256 + byte(s, j) end
+    if width == 8 and byte(s, at) >= 128 then v = v - 18446744073709551616 end
+    out[i + 1] = v
+  end
+  return out
+end
+
+-- `count` header fields as values (no table on the hot path).
+local function decode_fields(s, count)
+  if #s < 8 * count then s = s .. rep('\0', 8 * count - #s) end
+  if packer then return packer.unpack(format(8, count), s) end
+  return unpack(decode(s, count, 8))
+end
+
+-- A number as the decimal string Redis gets for it (Lua's own conversion of a
+-- number argument formats a double with %.14g, several times as costly).
+local sformat = string.format
+local function int(n) return sformat('%d', n) end
+
+local function encode(values, first, last, width)
+  if packer then
+    return packer.pack(format(width, last - first + 1), unpack(values, first, last))
+  end
+  local parts = {}
+  for i = first, last do
+    local v = values[i]
+    if v < 0 then v = v + 18446744073709551616 end
+    local b = {}
+    for j = width, 1, -1 do b[j] = v % 256; v = floor(v / 256) end
+    parts[#parts + 1] = char(unpack(b))
+  end
+  return table.concat(parts)
+end
+
+return {packer = packer, format = format, decode = decode, decode_fields = decode_fields,
+        encode = encode, int = int}
+
+end)() end
+  return record_codec_value
+end
+local main = (function(prelude, record_codec)
+--!module needs prelude record_codec
 -- distbreaker retry budget (Finagle semantics). A module: the helpers below are
 -- defined once (at FUNCTION LOAD, or once per EVAL) and the chunk returns the entry.
 --
@@ -52,22 +125,29 @@ local main = (function(prelude)
 -- and a withdrawal succeeds only when balance >= 1. Integer arithmetic only:
 -- the reserve and the percentage arrive in millionths, so math.floor() is exact.
 --
--- KEYS[1] slices hash  <ns>:{<name>}:rb
---   v           layout version, "1"
---   slice_ms    slice length in ms   } the window geometry, fixed by the first
---   n           slices per window    } writer until the key expires or is deleted
---   head        id of the newest slice (slice id = math.floor(server_ms / slice_ms))
---   D, W        running totals of deposits / withdrawals over the live slices
---   d:<id>      deposits in slice <id>      (only the last n slices exist:
---   w:<id>      withdrawals in slice <id>    older ones are evicted lazily)
---   ppm, reserve  ARGV[2] and ARGV[3] of the last call that wrote the whole header
---                 (created the hash or started a slice; informational: lets
---                 operator tools show the balance; each call uses its own)
---   TTL: PEXPIRE (n + 1) * slice_ms by a call that writes and either creates the
---   hash or moves head to a new slice (at most once per slice): a count written
---   later in that slice leaves the window (n slices after its own) before the
---   key expires. A call that writes nothing (balance; a refused withdrawal
---   carrying no deposits, within the current slice) refreshes nothing.
+-- KEYS[1] window string  <ns>:{<name>}:rb2  (budget layout 2; layout 1, the hash
+--   <ns>:{<name>}:rb, is no longer written: docs/KEY_SCHEMA.md, "Retry budget")
+--   big-endian 8-byte signed integers, a header of 10 then 3 per older slice:
+--   [1] v         layout version, 2
+--   [2] n         slices per window    } the window geometry, fixed by the first
+--   [3] slice_ms  slice length in ms   } writer until the key expires or is deleted
+--   [4] head      id of the newest slice (slice id = math.floor(server_ms / slice_ms))
+--   [5] D, [6] W  running totals of deposits / withdrawals over the live slices
+--   [7] d, [8] w  deposits / withdrawals in slice head
+--   [9] ppm, [10] reserve  ARGV[2] and ARGV[3] of the last call that wrote the whole
+--                 string (created it or started a slice; informational: operator tools
+--                 show the balance with them, each call uses its own)
+--   then, oldest first, each older slice still in the window that counted anything:
+--   id, deposits, withdrawals (ids in (head - n, head))
+--   Why this layout: a deposit within the current slice reads the header (GETRANGE)
+--   and writes its four counts (SETRANGE); a deposit that starts a slice reads the
+--   older slices too (one GETRANGE) and writes the whole string with its TTL (one
+--   SET): no command per slice, and none that only refreshes a TTL.
+--   TTL: PX (n + 1) * slice_ms by the SET of a call that creates the string or moves
+--   head to a new slice (at most once per slice): a count written later in that slice
+--   leaves the window (n slices after its own) before the key expires. A write within
+--   the current slice (SETRANGE) keeps the TTL. A call that writes nothing (balance; a
+--   refused withdrawal carrying no deposits, within the current slice) writes nothing.
 --
 -- ARGV[1] op: deposit | add | withdraw | balance (add: a deposit whose caller needs
 --         only the drift flag, e.g. a Policy's merged call: it answers the integer drift)
@@ -86,30 +166,56 @@ local main = (function(prelude)
 --   deposits, withdrawals: D and W over the live window
 --   drift: 1 when the stored geometry differs from ARGV[4]/ARGV[5] (stored wins)
 -- Errors: "DISTBREAKER_SCHEMA <key> ..." (foreign data), "DISTBREAKER_ARGS ...".
--- Commands on the hot path (same slice, no drift): TIME, HMGET, HSET; a deposit that
--- starts a slice: TIME, HMGET, HMGET (the slices that left), HDEL, HSET, PEXPIRE.
+-- Commands (no drift): within the current slice TIME, GETRANGE, SETRANGE; a call that
+-- starts a slice TIME, GETRANGE, GETRANGE (the older slices), SET; creating: TIME,
+-- GETRANGE, EXISTS, SET.
 -- (Globals are looked up per call: while a library loads, Redis hides them.)
 
 
 local schema_error, failed_on, args_error = prelude.schema_error, prelude.failed_on,
                                            prelude.args_error
+-- (Globals as locals: each global lookup and each tonumber() of a string costs; the
+-- chunk runs at the first call, when the globals are there.)
+local floor, tonumber, type, rcall, rpcall = math.floor, tonumber, type, redis.call,
+                                            redis.pcall
+local sub = string.sub
+local packer, encode, decode, decode_fields = record_codec.packer, record_codec.encode,
+                                              record_codec.decode, record_codec.decode_fields
+
+local HEADER_FIELDS = 10              -- 8-byte integers in the header
+local HEADER_BYTES = 8 * HEADER_FIELDS
+local HEADER_FORMAT = '>' .. string.rep('i8', HEADER_FIELDS)
+local HOT_FORMAT = '>' .. string.rep('i8', 8)  -- the header's fields before ppm, reserve
+local COUNTS_FORMAT = '>i8i8i8i8'
+local HEADER_FIRST, HEADER_LAST = '0', tostring(HEADER_BYTES - 1)
+local OLDER_FIRST = tostring(HEADER_BYTES)
+local COUNTS_AT = '32'                -- byte offset of D, W, d, w (fields 5-8)
+local ENTRY_BYTES = 24                -- an older slice: id, deposits, withdrawals
+local VERSION = 2
 
 -- A failed first read of K: name the foreign type (TYPE runs only here), or pass
 -- the error on (an ACL refusal on a key of the right type).
-local function read_failed(key, reply) return failed_on(key, 'hash', reply) end
+local function read_failed(key, reply) return failed_on(key, 'string', reply) end
 
--- Counts and ids the script keeps exact (and prints with %d): integers below 2^53. A
--- field such as D = "1.5e400" (tonumber: inf) is foreign data, not a huge count.
+-- Counts and ids the script keeps exact: integers in [0, 2^53). (A field read from
+-- the window is an integer: its 8 bytes are one; only its range needs a check.)
 local BIG = 9007199254740992
 local function exact(x)
-  return x ~= nil and x == math.floor(x) and x > -BIG and x < BIG
+  return x ~= nil and x >= 0 and x < BIG
 end
+
+local function corrupt(K) return schema_error(K, 'has corrupt budget fields') end
 
 local function bad_args(op)
   return args_error('bad budget arguments for ' .. tostring(op))
 end
 
--- ARGV[2..5] as {ppm, reserve, ttl ms, slices, slice ms, slice ms as text}, false when
+-- D, W, d, w as the 32 bytes SETRANGE writes at COUNTS_AT.
+local function counts_bytes(D, W, d, w)  -- (without struct: fakeredis)
+  return encode({D, W, d, w}, 1, 4, 8)
+end
+
+-- ARGV[2..5] as {ppm, reserve, ttl ms, slices, slice ms, TTL ms as text}, false when
 -- malformed; parsed once per distinct string (a function library keeps them).
 -- (Looked up by the four strings in turn: cheaper than a key made by concatenation.)
 local GEOMETRY, GEOMETRY_N = {}, 0
@@ -122,11 +228,12 @@ local function parse_geometry(a2, a3, a4, a5)
   if parsed == nil then
     local ppm, reserve, ttl_ms, n = tonumber(a2), tonumber(a3), tonumber(a4), tonumber(a5)
     parsed = false
-    if ppm and ppm >= 0 and reserve and reserve >= 0 and ttl_ms and ttl_ms >= 1 and n
-        and n >= 1 and n <= 100 then
+    if ppm and ppm >= 0 and ppm < BIG and ppm == math.floor(ppm) and reserve
+        and reserve >= 0 and reserve < BIG and reserve == math.floor(reserve) and ttl_ms
+        and ttl_ms >= 1 and n and n >= 1 and n <= 100 and n == math.floor(n) then
       local slice = math.ceil(ttl_ms / n)
       if slice < 1 then slice = 1 end
-      parsed = {ppm, reserve, ttl_ms, n, slice, string.format('%d', slice), string.format('%d', n)}
+      parsed = {ppm, reserve, ttl_ms, n, slice, string.format('%d', (n + 1) * slice)}
     end
     if GEOMETRY_N >= 64 then GEOMETRY, GEOMETRY_N, t2, t3, t4 = {}, 0, nil, nil, nil end
     if not t2 then t2 = {}; GEOMETRY[a2] = t2 end
@@ -137,203 +244,133 @@ local function parse_geometry(a2, a3, a4, a5)
   return parsed
 end
 
--- The slices that leave the window when the newest moves from slice `head` to `cur`
--- (> head): their fields that exist (for one HDEL; nil: none) and the totals less
--- their counts. O(1) commands at any gap (a loop of HMGET + HDEL per slice cost 2
--- commands per slice that passed). After a gap of one or two slices (calls every
--- second or so) one HMGET of their fields; after a longer one, when most of those
--- seconds had no call, one HGETALL: it answers only the fields that exist, and
--- building an id's text costs more than reading a field.
-local function leaving(K, head, cur, n, D, W)
-  local fields, k = {}, 0
-  local first, last = head - n + 1, cur - n
-  if cur - head > 2 then
-    local all = redis.call('HGETALL', K)
-    local whole = cur - head >= n
-    for i = 1, #all, 2 do
-      local f = all[i]
-      local kind = string.sub(f, 1, 2)
-      if kind == 'd:' or kind == 'w:' then
-        local id = tonumber(string.sub(f, 3))
-        if id and (whole or (id >= first and id <= last)) then
-          fields[k + 1], k = f, k + 1
-          if not whole then
-            if kind == 'd:' then D = D - (tonumber(all[i + 1]) or 0)
-            else W = W - (tonumber(all[i + 1]) or 0) end
-          end
-        end
-      end
-    end
-    if whole then D, W = 0, 0 end
-    if k == 0 then fields = nil end
-    return fields, D, W
+-- The older slice at byte `pos` of `older`: id, deposits, withdrawals.
+local function entry_at(older, pos)
+  if packer then
+    local id, d, w = packer.unpack('>i8i8i8', older, pos)
+    return id, d, w
   end
-  for id = first, last do
-    fields[k + 1], fields[k + 2], k = 'd:' .. id, 'w:' .. id, k + 2
-  end
-  local old = redis.call('HMGET', K, unpack(fields))
-  for i = 1, k, 2 do
-    D, W = D - (tonumber(old[i]) or 0), W - (tonumber(old[i + 1]) or 0)
-  end
-  return fields, D, W
+  local e = decode(older, 3, 8, pos)
+  return e[1], e[2], e[3]
 end
 
--- The hot path: a deposit within the current slice of a hash whose geometry matches
--- (compared as the text the general path writes); the general path's result with no
--- eviction to do. nil: not that case (nothing written), the general path decides.
-local last_slice, last_cs, last_dk = nil, nil, nil  -- the current slice's texts (kept)
-local function fast_deposit(K, g, amount, now, quiet)
-  local cur = math.floor(now / g[5])
-  local cs, dk = last_cs, last_dk
-  if cur ~= last_slice then
-    cs = string.format('%d', cur)
-    dk = 'd:' .. cs
-    last_slice, last_cs, last_dk = cur, cs, dk
+-- The older slices after head moves to `cur` (> head): the ones that left the window
+-- (ids <= cur - n) go, their counts out of D and W; the old head slice joins them when
+-- it stays and counted anything. Answers the new tail, D, W; nil when the tail is
+-- corrupt (nothing written yet).
+local function roll(older, head, cur, n, D, W, dh, wh)
+  if cur - head >= n then return '', 0, 0 end  -- the whole window left (not read)
+  local len = #older
+  if len % ENTRY_BYTES ~= 0 then return nil end
+  local last_gone, pos = cur - n, 1
+  while pos <= len do
+    local id, d, w = entry_at(older, pos)
+    if not (exact(id) and exact(d) and exact(w)) or id >= head then return nil end
+    if id > last_gone then break end
+    D, W, pos = D - d, W - w, pos + ENTRY_BYTES
   end
-  local raw = redis.pcall('HMGET', K, 'v', 'slice_ms', 'n', 'head', 'D', dk, 'W')
-  if raw['err'] or raw[1] ~= '1' or raw[2] ~= g[6] or raw[3] ~= g[7] then
-    return nil
+  if pos > 1 then older = sub(older, pos) end
+  if dh > 0 or wh > 0 then
+    older = older .. (packer and packer.pack('>i8i8i8', head, dh, wh)
+                      or encode({head, dh, wh}, 1, 3, 8))
   end
-  local D, dh, W = tonumber(raw[5]), tonumber(raw[6] or 0), tonumber(raw[7])
-  -- The hot path's share of `exact`: counts below 2^53 (inf and nan fail the comparison);
-  -- else the general path checks them and says why.
-  if not (D and W and dh) then return nil end
-  local sum = D + W + dh
-  if not (sum < BIG and sum > -BIG) then return nil end
-  if raw[4] ~= cs then
-    -- a new slice (the usual deposit after a second or more): the slices that left
-    -- go, and the whole header is written with the TTL, as the general path does
-    local head = tonumber(raw[4])
-    if not exact(head) or head >= cur or raw[6] then return nil end
-    local gone
-    gone, D, W = leaving(K, head, cur, g[4], D, W)
-    if not (exact(D) and exact(W)) then return nil end  -- (nothing written yet)
-    D = D + amount
-    if gone then redis.call('HDEL', K, unpack(gone)) end
-    redis.call('HSET', K, 'head', cs, 'D', string.format('%d', D), 'W', string.format('%d', W),
-               'ppm', string.format('%d', g[1]), 'reserve', string.format('%d', g[2]),
-               dk, string.format('%d', amount))
-    redis.call('PEXPIRE', K, (g[4] + 1) * g[5])
-  else
-    D, dh = D + amount, dh + amount
-    redis.call('HSET', K, 'D', string.format('%d', D), dk, string.format('%d', dh))
-  end
-  if quiet then return 0 end
-  return {1, math.floor((g[2] + g[1] * D) / 1000000) - W, D, W, now, 0}
+  return older, D, W
 end
 
 return function(KEYS, ARGV, given_now)
   local K, op = KEYS[1], ARGV[1]
   local g = parse_geometry(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
-  local ppm, reserve, ttl_ms, want_n = nil, nil, nil, nil
-  if g then ppm, reserve, ttl_ms, want_n = g[1], g[2], g[3], g[4] end
   local amount, withdraw
   local deposit = op == 'deposit' or op == 'add'
   if deposit then
-    amount = ARGV[6] == '1' and 1 or tonumber(ARGV[6] or '1')
+    local a6 = ARGV[6]
+    amount = (a6 == nil or a6 == '1') and 1 or tonumber(a6)
     if amount and amount < 1 then amount = nil end
   elseif op == 'withdraw' or op == 'balance' then
     withdraw = op == 'withdraw'
     amount = tonumber(ARGV[7] or '0')
   end
-  if not amount or amount < 0 or amount ~= math.floor(amount) or not g then
+  if not amount or amount < 0 or amount ~= floor(amount) or not g then
     return bad_args(op)
   end
 
   local now = given_now  -- a merged call (lua/finish.lua) read TIME once for all its calls
   if not now then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local t = rcall('TIME')
+    now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
   end
-  if deposit then
-    local fast = fast_deposit(K, g, amount, now, op == 'add')
-    if fast then return fast end
-  end
-  local want_slice = g[5]
-  local cur = math.floor(now / want_slice)
 
-  -- One read: the header and, when the geometry matches, the current slice.
-  local cs = cur .. ''
-  local raw = redis.pcall('HMGET', K, 'v', 'slice_ms', 'n', 'head', 'D', 'W', 'd:' .. cs,
-                          'w:' .. cs)
-  if raw['err'] then return read_failed(K, raw) end
-  local exists = raw[1] ~= false
-  local slice_ms, n, head, D, W, dh, wh
+  -- One read: the header.
+  local raw = rpcall('GETRANGE', K, HEADER_FIRST, HEADER_LAST)
+  if type(raw) == 'table' then return read_failed(K, raw) end
+  local exists = raw ~= ''
+  local n, slice_ms, head, D, W, dh, wh
   if exists then
-    if raw[1] ~= '1' then
-      return schema_error(K, 'has schema version ' .. tostring(raw[1]) .. ', this client speaks 1')
+    if #raw ~= HEADER_BYTES then return corrupt(K) end
+    local v
+    if packer then
+      v, n, slice_ms, head, D, W, dh, wh = packer.unpack(HOT_FORMAT, raw)
+    else
+      v, n, slice_ms, head, D, W, dh, wh = decode_fields(raw, 8)
     end
-    slice_ms, n, head = tonumber(raw[2]), tonumber(raw[3]), tonumber(raw[4])
-    D, W = tonumber(raw[5]), tonumber(raw[6])
-    if not (exact(slice_ms) and exact(n) and exact(head) and exact(D) and exact(W))
-        or slice_ms < 1 or n < 1 or n > 100 then
-      return schema_error(K, 'has corrupt budget fields')
+    if v ~= VERSION then
+      return schema_error(K, 'has budget layout ' .. tostring(v) .. ', this client speaks 2')
+    end
+    if not (n >= 1 and n <= 100 and slice_ms >= 1 and slice_ms < BIG and head >= 0
+            and head < BIG and D >= 0 and D < BIG and W >= 0 and W < BIG and dh >= 0
+            and dh < BIG and wh >= 0 and wh < BIG) then
+      return corrupt(K)
     end
   else
-    if redis.call('EXISTS', K) == 1 then return schema_error(K, 'is a hash without a version') end
-    slice_ms, n, head, D, W = want_slice, want_n, nil, 0, 0
+    if rcall('EXISTS', K) == 1 then return schema_error(K, 'is an empty string') end
+    n, slice_ms, D, W, dh, wh = g[4], g[5], 0, 0, 0, 0
   end
   local drift = 0
-  if slice_ms ~= want_slice or n ~= want_n then
-    drift = 1
-    cur = math.floor(now / slice_ms)
-  end
+  if slice_ms ~= g[5] or n ~= g[4] then drift = 1 end
+  local cur = floor(now / slice_ms)
+  if not head then head = cur end
 
-  -- Lazy eviction: drop the slices that left the window (at most n of them).
-  local moved = false
-  if head == nil then
-    head, dh, wh = cur, 0, 0
-  elseif cur > head then
-    local gone
-    gone, D, W = leaving(K, head, cur, n, D, W)
-    if gone then redis.call('HDEL', K, unpack(gone)) end
+  -- Lazy eviction: a new slice drops the older slices that left the window.
+  local older, moved = nil, false
+  if cur > head then
+    if cur - head < n then older = rcall('GETRANGE', K, OLDER_FIRST, '-1') end
+    older, D, W = roll(older, head, cur, n, D, W, dh, wh)
+    if not older or not (exact(D) and exact(W)) then return corrupt(K) end
     head, dh, wh, moved = cur, 0, 0, true
-  elseif cur == head and drift == 0 then
-    dh, wh = tonumber(raw[7]) or 0, tonumber(raw[8]) or 0
-  else  -- drift, or the server clock stepped back: count into the newest slice
-    local got = redis.call('HMGET', K, 'd:' .. head, 'w:' .. head)
-    dh, wh = tonumber(got[1]) or 0, tonumber(got[2]) or 0
-  end
-  if not (exact(D) and exact(W) and exact(dh) and exact(wh)) then
-    return schema_error(K, 'has corrupt budget fields')  -- (only dead slices were dropped)
-  end
+  end  -- (cur < head: the server clock stepped back; counts go into head)
 
-  local ok, wrote_d, wrote_w = 1, false, false
+  local ok, wrote = 1, false
   if amount > 0 then
-    D, dh, wrote_d = D + amount, dh + amount, true
+    D, dh, wrote = D + amount, dh + amount, true
   end
   if withdraw then
-    if math.floor((reserve + ppm * D) / 1000000) - W >= 1 then
-      W, wh, wrote_w = W + 1, wh + 1, true
+    if floor((g[2] + g[1] * D) / 1000000) - W >= 1 then
+      W, wh, wrote = W + 1, wh + 1, true
     else
       ok = 0
     end
   end
+  if not (D < BIG and dh < BIG) then return corrupt(K) end  -- (nothing written yet)
 
-  local write = wrote_d or wrote_w
-  if write and exists and not moved then
-    -- the hot path: one HSET of the counters that changed
-    local hs = head == cur and cs or string.format('%d', head)
-    if wrote_d and wrote_w then
-      redis.call('HSET', K, 'D', D, 'd:' .. hs, dh, 'W', W, 'w:' .. hs, wh)
-    elseif wrote_d then
-      redis.call('HSET', K, 'D', D, 'd:' .. hs, dh)
+  if moved or (wrote and not exists) then
+    -- created or a new slice: the whole string, with its TTL
+    local ttl = g[6]
+    if drift == 1 then ttl = string.format('%d', (n + 1) * slice_ms) end
+    local header
+    if packer then
+      header = packer.pack(HEADER_FORMAT, VERSION, n, slice_ms, head, D, W, dh, wh, g[1], g[2])
     else
-      redis.call('HSET', K, 'W', W, 'w:' .. hs, wh)
+      header = encode({VERSION, n, slice_ms, head, D, W, dh, wh, g[1], g[2]}, 1, HEADER_FIELDS, 8)
     end
-  elseif write or moved then
-    -- created or a new slice: the whole header, and the TTL
-    local args = {'v', '1', 'slice_ms', slice_ms, 'n', n, 'head', string.format('%d', head), 'D', D,
-                  'W', W, 'ppm', string.format('%d', ppm), 'reserve', string.format('%d', reserve)}
-    if wrote_d then args[#args + 1] = 'd:' .. head; args[#args + 1] = dh end
-    if wrote_w then args[#args + 1] = 'w:' .. head; args[#args + 1] = wh end
-    redis.call('HSET', K, unpack(args))
-    redis.call('PEXPIRE', K, (n + 1) * slice_ms)
+    rcall('SET', K, older and header .. older or header, 'PX', ttl)
+  elseif wrote then
+    rcall('SETRANGE', K, COUNTS_AT, packer and packer.pack(COUNTS_FORMAT, D, W, dh, wh)
+                                    or counts_bytes(D, W, dh, wh))
   end
 
   if op == 'add' then return drift end
-  return {ok, math.floor((reserve + ppm * D) / 1000000) - W, D, W, now, drift}
+  return {ok, floor((g[2] + g[1] * D) / 1000000) - W, D, W, now, drift}
 end
 
-end)(prelude())
+end)(prelude(), record_codec())
 return main(KEYS, ARGV)

@@ -103,7 +103,8 @@ final class Keys
     /** @return array{slices: string} */
     public static function budget(string $name, string $prefix = self::DEFAULT_PREFIX): array
     {
-        return ['slices' => self::base($name, $prefix) . ':rb'];
+        // budget layout 2 (a string); layout 1 was the hash ':rb' (docs/KEY_SCHEMA.md)
+        return ['slices' => self::base($name, $prefix) . ':rb2'];
     }
 
     /** @return array{members: string, leases: string, history: string} the pool's keys in script order */
