@@ -599,8 +599,7 @@ def decode_record_window(data: bytes, head: int, now_ms: int) -> list[dict[str, 
         raise SchemaError(f"the state record has window type {kind} and size {size}, "
                           "which no config allows")
     if kind == 1:
-        used = [slot for slot in state_record.time_slots(data, size) if slot[0]]
-        return _time_buckets(used, size, now_ms)
+        return _time_buckets(state_record.time_seconds(data, size), size, now_ms)
     return _count_buckets(state_record.count_slots(data, size), head)
 
 

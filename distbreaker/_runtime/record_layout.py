@@ -25,7 +25,8 @@ STATES = ("CLOSED", "OPEN", "HALF_OPEN", "FORCED_OPEN", "DISABLED", "METRICS_ONL
 #: A count window slot (u32): bit 31 an outcome is present, 30 failed, 29 slow, 0-28 ms.
 PRESENT, FAILED, SLOW, MS_MASK = 1 << 31, 1 << 30, 1 << 29, (1 << 29) - 1
 COUNT_SLOT_BYTES = 4
-#: A time window slot: five u32 (epoch second, calls, failures, slow, ms).
+#: A time window slot: five u32, the running totals at the end of its second (ms high
+#: bits, calls, failures, slow, ms low bits; docs/KEY_SCHEMA.md "Window").
 TIME_SLOT_BYTES = 20
 
 
@@ -113,8 +114,10 @@ FIELDS: tuple[Field, ...] = (
     Field("failures", "window total: failed calls"),
     Field("slow", "window total: slow calls"),
     Field("total_ms", "window total: ms of all calls"),
-    Field("head", "count window: next ring slot to write"),
-    Field("wsec", "time window: the last epoch second whose stale slots were evicted"),
+    Field("head", "count window: next ring slot to write; time window: 1, the cumulative "
+                  "slot layout (0: a record an earlier version wrote, converted by the next "
+                  "call)"),
+    Field("wsec", "time window: the last epoch second the window was moved to (0: never)"),
     Field("seq", "write sequence number: +1 (mod 2^32) on every write of the `state` "
                  "group; the hot read ends near it, with the cumulative counters (Lua 5.1 "
                  "hashes only some bytes of a long string, the last one always: strings "

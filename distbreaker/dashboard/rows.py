@@ -102,7 +102,7 @@ def window_latency(raw: bytes, window_type: str, size: int,
                 "mean_ms": round(sum(ms) / len(ms), 1), "calls": len(ms)}
     now_s = now_ms // 1000
     seconds = sorted((total / calls, calls) for sec, calls, _, _, total
-                     in state_record.time_slots(raw, size) if calls and 0 <= now_s - sec < size)
+                     in state_record.time_seconds(raw, size) if 0 <= now_s - sec < size)
     if not seconds:
         return None
     calls = sum(n for _, n in seconds)

@@ -48,7 +48,7 @@ local exceeded, rate, describe = breaker_window.exceeded, breaker_window.rate,
                                  breaker_window.describe
 local evicted, record_one, record_many = breaker_window.evicted, breaker_window.record_one,
                                          breaker_window.record_many
-local evict_time, record_time = breaker_window.evict_time, breaker_window.record_time
+local advance_time = breaker_window.advance_time
 local PRESENT, FAILED, SLOW, MS_MASK = layout.PRESENT, layout.FAILED, layout.SLOW,
                                        layout.MS_MASK
 local window_write = breaker_window.write
@@ -186,7 +186,8 @@ local function move(st, c, event, reason, now, micros, events)
     st.ep_ms = now - st.ep_at
     st.open_ms, st.open_until, st.opens = st.open_ms + st.ep_ms, 0, 0
     st.calls, st.failures, st.slow, st.total_ms, st.wsec = 0, 0, 0, 0, 0
-    st.head = st.seen % c.window_size  -- (where the emptied window restarts)
+    -- (where the emptied window restarts; a time window's: 1, its ring's layout mark)
+    st.head = c.window_type == 0 and st.seen % c.window_size or 1
     st.clear_ring = true
   end
   events = events or {}
@@ -209,18 +210,23 @@ local function step(kring, c, hot, cold_bytes, now, micros, ok, fails, slows, ms
     events = move(st, c, 'max_wait_elapsed', nil, now, micros, events)
   end
   if st.clear_ring then new_ring(kring, c); st.clear_ring = nil end
-  local whole
   if c.window_type == 1 then
+    -- (as the live record's: lua/breaker.lua evict_time_buckets; `head` 1 marks the
+    -- cumulative layout, 0 a ring an earlier version wrote)
     local sec = floor(now / 1000)
-    if sec ~= st.wsec then
-      local zero
-      whole, zero, st.calls, st.failures, st.slow, st.total_ms = evict_time(
-        kring, sec, st.wsec, c.window_size, st.calls, st.failures, st.slow, st.total_ms)
-      if whole then
-        st.calls, st.failures, st.slow, st.total_ms = 0, 0, 0, 0
+    if sec ~= st.wsec or st.head ~= 1 then
+      if st.wsec == 0 or sec < st.wsec or sec - st.wsec >= c.window_size then
+        if st.wsec ~= 0 or st.head ~= 1 then new_ring(kring, c) end
+        if st.wsec ~= 0 then st.calls, st.failures, st.slow, st.total_ms = 0, 0, 0, 0 end
+      else
+        local zero, first, run
+        zero, first, run, st.calls, st.failures, st.slow, st.total_ms = advance_time(
+          kring, sec, st.wsec, c.window_size, st.calls, st.failures, st.slow, st.total_ms,
+          st.head == 1)
         if zero then new_ring(kring, c) end
+        if first then window_write(kring, false, 1, c.window_size, first, run, 0, 0, nil) end
       end
-      st.wsec = sec
+      st.wsec, st.head = sec, 1
     end
   end
   st.seen, st.seen_failures = st.seen + n, st.seen_failures + fails
@@ -244,8 +250,6 @@ local function step(kring, c, hot, cold_bytes, now, micros, ok, fails, slows, ms
         st.slow, st.total_ms = st.slow + ds, st.total_ms + dms
       end
     else
-      local off, values = record_time(kring, now, c.window_size, false, n, fails, slows, ms)
-      window_write(kring, false, 1, c.window_size, off, values, 0, 0, nil)
       st.calls, st.failures = st.calls + n, st.failures + fails
       st.slow, st.total_ms = st.slow + slows, st.total_ms + ms
     end

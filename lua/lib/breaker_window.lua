@@ -6,8 +6,8 @@
 --
 -- Count window: a ring of window_size u32 slots at byte WIN + 4 * slot: bit 31 set
 -- for a recorded outcome, bit 30 failed, bit 29 slow, bits 0-28 its ms (capped).
--- Time window: slot s (epoch second % size) is 5 u32 at byte WIN + 20 * slot:
--- second, calls, failures, slow, ms.
+-- Time window: slot s (epoch second % size) is 5 u32 at byte WIN + 20 * slot: the
+-- running totals at the end of that second (advance_time below).
 local floor, min, max = math.floor, math.min, math.max
 local rcall, pcall_, rep, sub, byte = redis.call, redis.pcall, string.rep, string.sub,
                                      string.byte
@@ -61,108 +61,93 @@ local function zeros(n)
   return z
 end
 
--- Time window eviction: the fields calls, failures, slow, ms (2-5 of each slot)
--- summed over the `count` slots of the string s whose second (field 1) is the one
--- expected there: `expect` for the first, one more for each next; a slot holding
--- another second is stale (left by an earlier gap: eviction does not zero slots)
--- and counts nothing. Blocks of zero slots (never used, or cleared) are skipped by
--- one comparison with a kept string of zeros: Lua strings are interned, so the
--- block's `sub` finds that string (no allocation) and the comparison is of two
--- pointers. Other slots are decoded one by one, without tables. Answers the sums
--- and the second expected next.
-local BLOCK = 64
-local ZERO_BLOCK = rep('\0', TIME_SLOT * BLOCK)
+-- Time window, cumulative slots (docs/KEY_SCHEMA.md, "Window"): slot x % S holds the
+-- running totals C(x) at the end of second x (calls, failures, slow modulo 2^32; ms
+-- modulo 2^52, its high 20 bits in the slot's first u32, its low 32 bits in the last),
+-- counted from an arbitrary epoch: only differences mean anything. With `wsec` the
+-- last second seen and T the header's window totals (= C(wsec) - C(wsec - S)), the
+-- slots of seconds wsec - S .. wsec - 1 hold their C; slot wsec % S still holds
+-- C(wsec - S) (this second's own C is T plus that: it is written when the next
+-- second starts). So a call in the same second writes nothing but the header; the
+-- first call of a new second reads two slots and writes the run of seconds that
+-- passed (all with the same value: nothing happened in them) in one SETRANGE (two
+-- when the ring wraps), whatever the gap. No loop over seconds anywhere.
+-- A first u32 of 2^20 or more is an epoch second: a slot in the old layout (a
+-- worker of an earlier version wrote it): the ring is then re-based (below).
+local M32, M52, HI_TOP = 4294967296, 4503599627370496, 1048576
 local SLOT_FORMAT = '>I4I4I4I4I4'
-local function sum_run(s, count, expect, c, f, sl, ms)
-  if #s < count * TIME_SLOT then s = s .. rep('\0', count * TIME_SLOT - #s) end
-  local pos = 1
-  while count > 0 do
-    local k = min(count, BLOCK)
-    local bytes = k * TIME_SLOT
-    -- (a block whose first slot holds a second is busy: no copy made to compare it)
-    if k < BLOCK or byte(s, pos + 3) ~= 0 or byte(s, pos + 2) ~= 0
-        or sub(s, pos, pos + bytes - 1) ~= ZERO_BLOCK then
-      local t = expect
-      for at = pos, pos + bytes - 1, TIME_SLOT do
-        if packer then
-          local second, n, nf, ns, nms = packer.unpack(SLOT_FORMAT, s, at)
-          if second == t then c, f, sl, ms = c + n, f + nf, sl + ns, ms + nms end
-        else
-          local v = decode(s, 5, 4, at)
-          if v[1] == t then c, f, sl, ms = c + v[2], f + v[3], sl + v[4], ms + v[5] end
-        end
-        t = t + 1
-      end
+
+-- The bytes of one slot holding the running totals c, f, s, ms.
+local function time_slot(c, f, s, ms)
+  local hi = floor(ms / M32)
+  if packer then return packer.pack(SLOT_FORMAT, hi, c, f, s, ms - hi * M32) end
+  return encode({hi, c, f, s, ms - hi * M32}, 1, 5, 4)
+end
+
+-- The running totals in the slot at byte `pos` of s, and whether it is foreign (an
+-- old-layout slot).
+local function slot_values(s, pos)
+  local hi, c, f, sl, lo
+  if packer and #s >= pos + TIME_SLOT - 1 then
+    hi, c, f, sl, lo = packer.unpack(SLOT_FORMAT, s, pos)
+  else
+    local v = decode(s, 5, 4, pos)
+    hi, c, f, sl, lo = v[1], v[2], v[3], v[4], v[5]
+  end
+  return c, f, sl, hi * M32 + lo, hi >= HI_TOP
+end
+
+-- `unit` repeated n times: by doubling (Lua 5.1's string.rep copies byte by byte, a
+-- concatenation is one memcpy), so a run of the whole ring costs a dozen copies.
+local function repeated(unit, n)
+  if n <= 1 then return unit end
+  local out, have = unit, 1
+  while have * 2 <= n do out, have = out .. out, have * 2 end
+  if have < n then out = out .. sub(out, 1, (n - have) * #unit) end
+  return out
+end
+
+-- The seconds (wsec, sec] pass: answers whether the ring is zeroed, the first slot
+-- and the bytes of the run to write (nil: none), the new window totals, and whether
+-- the record was re-based. `marked` false: the record is in the old layout (tagged
+-- per-second slots: `head` is 0 in a TIME record written by an earlier version), or
+-- an old worker wrote a slot (found here): its window totals are kept, as if every
+-- call in them was made in second wsec (they leave the window at wsec + S: late, never
+-- early), on a zeroed ring. A gap of a whole window, a window never used (wsec 0)
+-- or a clock gone back (sec < wsec) restarts: zeroed ring, zero totals.
+local function advance_time(key, sec, wsec, size, calls, failures, slow, total_ms, marked)
+  local gap = sec - wsec
+  if wsec == 0 or gap < 0 or gap >= size then return true, nil, nil, 0, 0, 0, 0 end
+  local zero, base_c, base_f, base_s, base_ms, out_c, out_f, out_s, out_ms = not marked,
+    0, 0, 0, 0, 0, 0, 0, 0
+  if marked and gap > 0 then
+    -- C(wsec - S) in slot wsec % S, C(sec - S) in slot sec % S: one GETRANGE when they
+    -- are near (a run between them), else two
+    local a, b = wsec % size, sec % size
+    local foreign_a, foreign_b
+    if b > a and b - a <= 8 then
+      local s = rcall('GETRANGE', key, int(WIN + TIME_SLOT * a),
+                      int(WIN + TIME_SLOT * (b + 1) - 1))
+      base_c, base_f, base_s, base_ms, foreign_a = slot_values(s, 1)
+      out_c, out_f, out_s, out_ms, foreign_b = slot_values(s, 1 + TIME_SLOT * (b - a))
+    else
+      local at, bt = WIN + TIME_SLOT * a, WIN + TIME_SLOT * b
+      base_c, base_f, base_s, base_ms, foreign_a = slot_values(
+        rcall('GETRANGE', key, int(at), int(at + TIME_SLOT - 1)), 1)
+      out_c, out_f, out_s, out_ms, foreign_b = slot_values(
+        rcall('GETRANGE', key, int(bt), int(bt + TIME_SLOT - 1)), 1)
     end
-    pos, count, expect = pos + bytes, count - k, expect + k
+    if foreign_a or foreign_b then
+      zero, base_c, base_f, base_s, base_ms, out_c, out_f, out_s, out_ms = true,
+        0, 0, 0, 0, 0, 0, 0, 0
+    end
   end
-  return c, f, sl, ms, expect
-end
-
--- The sums of `count` slots from slot `first` (wrapping), the first expected to
--- hold second `expect`: one GETRANGE, two when the run wraps.
-local function sum_slots(key, first, count, expect, window_size)
-  local tail = min(count, window_size - first)
-  local at = WIN + TIME_SLOT * first
-  local c, f, sl, ms
-  c, f, sl, ms, expect = sum_run(rcall('GETRANGE', key, int(at),
-                                       int(at + TIME_SLOT * tail - 1)),
-                                 tail, expect, 0, 0, 0, 0)
-  if count > tail then
-    c, f, sl, ms = sum_run(rcall('GETRANGE', key, int(WIN),
-                                 int(WIN + TIME_SLOT * (count - tail) - 1)),
-                           count - tail, expect, c, f, sl, ms)
-  end
-  return c, f, sl, ms
-end
-
--- Time window: the seconds in (window_sec, sec] leave it. Nothing is zeroed: a slot
--- counts only while it holds a second of the window (the totals are the sum of those
--- slots), so the slots of seconds that left are simply no longer counted, and
--- this second's slot starts afresh when it holds another second. The totals lose
--- what the run of evicted seconds held (their slots, from slot (window_sec + 1) %
--- size, hold seconds window_sec + 1 - size ...): read in one GETRANGE (two when it
--- wraps), or, when that run is the larger part of the ring, the totals are the sum
--- of the slots that stay. So any gap reads at most half the ring, writes nothing
--- but this second's slot, and idle seconds cost next to nothing (sum_run).
--- Answers whether the whole window restarts (the gap is >= the window, or the
--- clock went back), whether its ring must then be zeroed (the clock went back:
--- slots of seconds ahead of it would count again), the totals and the number of
--- seconds that left (0: none, or nothing was counted).
-local function evict_time(key, sec, window_sec, window_size, calls, failures, slow, total_ms)
-  if sec < window_sec then return true, true, 0, 0, 0, 0, 0 end
-  if window_sec == 0 or sec - window_sec >= window_size then
-    return calls ~= 0 or window_sec ~= 0, false, 0, 0, 0, 0, 0
-  end
-  if calls <= 0 then return false, false, calls, failures, slow, total_ms, 0 end
-  local gap = sec - window_sec
-  if gap * 2 <= window_size then
-    local c, f, sl, ms = sum_slots(key, (window_sec + 1) % window_size, gap,
-                                   window_sec + 1 - window_size, window_size)
-    calls, failures, slow, total_ms = calls - c, failures - f, slow - sl, total_ms - ms
-  else
-    calls, failures, slow, total_ms = sum_slots(key, (sec + 1) % window_size,
-                                                window_size - gap, sec + 1 - window_size,
-                                                window_size)
-  end
-  return false, false, calls, failures, slow, total_ms, gap
-end
-
--- Time window record: this second's slot with the outcomes added (read first unless
--- the ring was cleared by this call; a slot holding another second starts from zero);
--- answers its offset and its 5 values.
-local function record_time(key, now, window_size, cleared, n, fails, slows, ms)
-  local sec = floor(now / 1000)
-  local off = WIN + TIME_SLOT * (sec % window_size)
-  local cur
-  if cleared then
-    cur = {sec, 0, 0, 0, 0}
-  else
-    cur = read_bytes(key, off, 5, 4)
-    if cur[1] ~= sec then cur = {sec, 0, 0, 0, 0} end
-  end
-  cur[2], cur[3], cur[4], cur[5] = cur[2] + n, cur[3] + fails, cur[4] + slows, cur[5] + ms
-  return off, cur
+  if gap == 0 then return zero, nil, nil, calls, failures, slow, total_ms end
+  -- C(wsec) = T + C(wsec - S): every second up to sec - 1 ends with it
+  local c, f, s, ms = (calls + base_c) % M32, (failures + base_f) % M32,
+                      (slow + base_s) % M32, (total_ms + base_ms) % M52
+  return zero, wsec % size, repeated(time_slot(c, f, s, ms), gap),
+         (c - out_c) % M32, (f - out_f) % M32, (s - out_s) % M32, (ms - out_ms) % M52
 end
 
 -- What a count slot's old value takes out of the totals (calls, failures, slow, ms);
@@ -230,11 +215,16 @@ local function record_many(key, head, window_size, ok, fails, slows, ms, values)
   return k, head, dn, df, ds, dms
 end
 
--- The time window's writes: the ring zeroed whole (a kept zero string: one copy)
--- when it restarts with slots that would count again, then this second's slot.
-local function write_time(key, whole, window_size, slot_at, slot_values)
+-- The time window's writes: the ring zeroed whole (a kept zero string: one copy),
+-- then the run of slots from slot `first` (two SETRANGEs when it wraps).
+local function write_time(key, whole, window_size, first, run)
   if whole then rcall('SETRANGE', key, WIN, zeros(TIME_SLOT * window_size)) end
-  if slot_at then rcall('SETRANGE', key, int(slot_at), encode(slot_values, 1, 5, 4)) end
+  if first then
+    local tail = (window_size - first) * TIME_SLOT
+    rcall('SETRANGE', key, int(WIN + TIME_SLOT * first), #run > tail and sub(run, 1, tail)
+                                                         or run)
+    if #run > tail then rcall('SETRANGE', key, WIN, sub(run, tail + 1)) end
+  end
 end
 
 -- The window's writes (after the header): a time window's (write_time); a count
@@ -264,7 +254,7 @@ local function empty(window_type, window_size)
   return zeros((window_type == 0 and COUNT_SLOT or TIME_SLOT) * window_size)
 end
 
-return {rate = rate, exceeded = exceeded, describe = describe, evict_time = evict_time,
-        record_time = record_time, evicted = evicted, record_one = record_one,
+return {rate = rate, exceeded = exceeded, describe = describe, advance_time = advance_time,
+        evicted = evicted, record_one = record_one,
         record_many = record_many, write = write,
         empty = empty}
