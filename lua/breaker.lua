@@ -236,8 +236,8 @@ local function clear_window()
   clear_ring, n_count_slots, time_slot_at, time_slot_values = true, 0, nil, nil
   clear_quorum_marks = true
   calls, failures, slow, total_ms, head, window_sec = 0, 0, 0, 0, 0, 0
-  -- a time window restarts now, on its zeroed ring (`head` 1: the cumulative layout)
-  if window_type == 1 then head, window_sec = 1, floor(now / 1000) end
+  -- a time window restarts now (its epoch: `head`; its bitmaps zeroed)
+  if window_type == 1 then head = floor(now / 1000); window_sec = head end
   dirty_window = true
 end
 
@@ -328,24 +328,20 @@ end
 
 -- Sliding window (lua/lib/breaker_window.lua) on this call's state -------------------
 -- Time window: the seconds that passed leave it (lua/lib/breaker_window.lua
--- advance_time: two slots read, the run of passed seconds written, whatever the gap).
--- `head` is 1 in a record in the cumulative layout; 0 in one an earlier version wrote.
+-- advance_time: a few commands and bytes, whatever the gap). `head` is the window's
+-- epoch second (0: a record an earlier version wrote, in the old layout).
 local function evict_time_buckets()
   local sec = floor(now / 1000)
-  if window_sec == sec and head == 1 then return end
-  if window_sec == 0 or sec < window_sec or sec - window_sec >= window_size then
-    -- the whole window left (or the clock went back): it restarts on a zeroed ring.
-    -- wsec 0: a new record (written whole), or one an earlier version cleared (its
-    -- ring zeroed again here: a stray old-layout slot would count); its totals stay.
-    if window_sec ~= 0 then clear_window() elseif head ~= 1 then clear_ring = true end
-    window_sec, head, dirty_window = sec, 1, true
+  if window_sec == sec and head ~= 0 then return end
+  if window_sec ~= 0 and (sec < window_sec or sec - window_sec >= window_size) then
+    clear_window()  -- the whole window left (or the clock went back): it restarts
     return
   end
   local zero
-  zero, time_slot_at, time_slot_values, calls, failures, slow, total_ms = advance_time(
-    K_STATE, sec, window_sec, window_size, calls, failures, slow, total_ms, head == 1)
+  zero, time_slot_values, calls, failures, slow, total_ms, head = advance_time(
+    K_STATE, sec, window_sec, window_size, calls, failures, slow, total_ms, head)
   if zero then clear_ring = true end
-  window_sec, head, dirty_window = sec, 1, true
+  window_sec, dirty_window = sec, true
 end
 
 -- Count window: one outcome goes by BITFIELD SET (the call's first write, through

@@ -75,7 +75,6 @@ import re
 import secrets
 import shutil
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -279,19 +278,23 @@ def age_time_record(client: redis.Redis, key: str, gap: int, ttl_due: bool = Tru
     whose every second saw 10 successful calls of 5 ms (the most there is to evict);
     its TTL refresh is as old as that last call, as it would be (`ttl_due`), or just
     made (to count the window's part alone)."""
-    from distbreaker._runtime.state_record import WINDOW_OFFSET, encode_fields
+    from distbreaker._runtime.state_record import (
+        WINDOW_OFFSET,
+        encode_fields,
+        encode_time_window,
+    )
 
     data = client.get(key)
     assert isinstance(data, bytes)
     seconds, _ = client.time()
     last = int(seconds) - gap
     size = LONG_WINDOW
-    slots = bytearray()
-    for i in range(size):
-        slots += struct.pack(">5I", last - (last - i) % size, 10, 0, 0, 50)
-    header = encode_fields(data, wsec=last, ttl_at=(last if ttl_due else int(seconds)) * 1000,
-                           calls=10 * size, failures=0, slow=0, total_ms=50 * size)
-    client.set(key, header[:WINDOW_OFFSET] + bytes(slots), keepttl=True)
+    slots, (calls, failures, slow, total_ms) = encode_time_window(
+        size, last, {t: (10, 0, 0, 50) for t in range(last - size, last + 1)})
+    header = encode_fields(data, wsec=last, head=last - size,
+                           ttl_at=(last if ttl_due else int(seconds)) * 1000,
+                           calls=calls, failures=failures, slow=slow, total_ms=total_ms)
+    client.set(key, header[:WINDOW_OFFSET] + slots, keepttl=True)
 
 
 def idle_long_window(client: redis.Redis, name: str, gap: int, label: str,

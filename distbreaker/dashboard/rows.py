@@ -81,8 +81,8 @@ def weighted_percentile(pairs: Sequence[tuple[float, int]], share: float) -> flo
 
 def window_end(window_type: str, size: int) -> int:
     """The last byte of a state record's window (what a latency read GETRANGEs)."""
-    width = (state_record.COUNT_SLOT_BYTES if window_type == "COUNT_BASED"
-             else state_record.TIME_SLOT_BYTES) * size
+    width = (state_record.COUNT_SLOT_BYTES * size if window_type == "COUNT_BASED"
+             else state_record.time_window_bytes(size))
     return state_record.WINDOW_OFFSET + width - 1
 
 

@@ -186,8 +186,7 @@ local function move(st, c, event, reason, now, micros, events)
     st.ep_ms = now - st.ep_at
     st.open_ms, st.open_until, st.opens = st.open_ms + st.ep_ms, 0, 0
     st.calls, st.failures, st.slow, st.total_ms, st.wsec = 0, 0, 0, 0, 0
-    -- (where the emptied window restarts; a time window's: 1, its ring's layout mark)
-    st.head = c.window_type == 0 and st.seen % c.window_size or 1
+    st.head = st.seen % c.window_size  -- (where the emptied window restarts)
     st.clear_ring = true
   end
   events = events or {}
@@ -211,22 +210,19 @@ local function step(kring, c, hot, cold_bytes, now, micros, ok, fails, slows, ms
   end
   if st.clear_ring then new_ring(kring, c); st.clear_ring = nil end
   if c.window_type == 1 then
-    -- (as the live record's: lua/breaker.lua evict_time_buckets; `head` 1 marks the
-    -- cumulative layout, 0 a ring an earlier version wrote)
+    -- (as the live record's: lua/breaker.lua evict_time_buckets; `head` is the
+    -- window's epoch, 0 in a ring an earlier version wrote)
     local sec = floor(now / 1000)
-    if sec ~= st.wsec or st.head ~= 1 then
-      if st.wsec == 0 or sec < st.wsec or sec - st.wsec >= c.window_size then
-        if st.wsec ~= 0 or st.head ~= 1 then new_ring(kring, c) end
-        if st.wsec ~= 0 then st.calls, st.failures, st.slow, st.total_ms = 0, 0, 0, 0 end
-      else
-        local zero, first, run
-        zero, first, run, st.calls, st.failures, st.slow, st.total_ms = advance_time(
-          kring, sec, st.wsec, c.window_size, st.calls, st.failures, st.slow, st.total_ms,
-          st.head == 1)
-        if zero then new_ring(kring, c) end
-        if first then window_write(kring, false, 1, c.window_size, first, run, 0, 0, nil) end
+    if sec ~= st.wsec or st.head == 0 then
+      local zero, plan
+      zero, plan, st.calls, st.failures, st.slow, st.total_ms, st.head = advance_time(
+        kring, sec, st.wsec, c.window_size, st.calls, st.failures, st.slow, st.total_ms,
+        st.head)
+      if zero then
+        window_write(kring, true, 1, c.window_size, nil, nil, 0, 0, nil)
       end
-      st.wsec, st.head = sec, 1
+      if plan then window_write(kring, false, 1, c.window_size, nil, plan, 0, 0, nil) end
+      st.wsec = sec
     end
   end
   st.seen, st.seen_failures = st.seen + n, st.seen_failures + fails

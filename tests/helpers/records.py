@@ -78,7 +78,7 @@ def age_time_window(client: Any, keys: BreakerKeys, gap: int, per_second: int = 
     last = int(seconds) - gap
     busy = {t: (per_second, 0, 0, ms) for t in range(last - size, last + 1) if t % every == 0}
     slots, (calls, failures, slow, total_ms) = encode_time_window(size, last, busy)
-    header = encode_fields(data, wsec=last, head=1, ttl_at=last * 1000, calls=calls,
+    header = encode_fields(data, wsec=last, head=last - size, ttl_at=last * 1000, calls=calls,
                            failures=failures, slow=slow, total_ms=total_ms)
     raw.set(keys.state, header[:WINDOW_OFFSET] + slots, keepttl=True)
     return last

@@ -369,7 +369,7 @@ end
 -- idle gaps): a kept string costs no allocation, which Lua's collector would pay
 -- for again in proportion. Longer runs than the longest TIME ring (a large COUNT
 -- window's reset) are built.
-local ZERO_KEPT, ZERO_LONG = 32, TIME_SLOT * 3600
+local ZERO_KEPT, ZERO_LONG = 32, (TIME_SLOT + 1) * 3600
 local zero_long = nil
 local zero_runs, n_zero_runs = {}, 0
 local function zeros(n)
@@ -383,19 +383,25 @@ local function zeros(n)
   return z
 end
 
--- Time window, cumulative slots (docs/KEY_SCHEMA.md, "Window"): slot x % S holds the
+-- Time window, cumulative slots (docs/KEY_SCHEMA.md, "Window"). Slot x % S holds the
 -- running totals C(x) at the end of second x (calls, failures, slow modulo 2^32; ms
--- modulo 2^52, its high 20 bits in the slot's first u32, its low 32 bits in the last),
--- counted from an arbitrary epoch: only differences mean anything. With `wsec` the
--- last second seen and T the header's window totals (= C(wsec) - C(wsec - S)), the
--- slots of seconds wsec - S .. wsec - 1 hold their C; slot wsec % S still holds
--- C(wsec - S) (this second's own C is T plus that: it is written when the next
--- second starts). So a call in the same second writes nothing but the header; the
--- first call of a new second reads two slots and writes the run of seconds that
--- passed (all with the same value: nothing happened in them) in one SETRANGE (two
--- when the ring wraps), whatever the gap. No loop over seconds anywhere.
--- A first u32 of 2^20 or more is an epoch second: a slot in the old layout (a
--- worker of an earlier version wrote it): the ring is then re-based (below).
+-- modulo 2^52, its high 20 bits in the slot's first u32, its low 32 bits in the
+-- last), counted from the record's epoch `head` (C is 0 before it): only differences
+-- mean anything. A second with calls is *active*; after the slots, two bitmaps (one
+-- per parity of the lap floor(x / S), bit S - 1 - x % S for second x: the latest
+-- second first) flag the active seconds of the last two laps. The header's totals T
+-- are C(wsec) - C(wsec - S); C(y) for any y is C of the latest active second <= y
+-- (nothing happened since), found by one BITPOS in C, so no gap is ever filled.
+-- A call in the same second writes nothing but the header. The first call of a new
+-- second `sec`: C(wsec) = T + C(wsec - S), the latter carried in slot wsec % S (it
+-- was written there when second wsec started); C(sec - S) from the latest active
+-- second in (wsec - S, sec - S] (one GETBIT when the gap is one second, else one
+-- BITPOS, two across a lap's start, and its slot); the new totals are their
+-- difference. It writes slot wsec (its C), slot sec (C(sec - S), carried), wsec's
+-- flag, and zeroes the bitmap of a lap that starts. A handful of commands, a few
+-- dozen bytes, at any gap. A slot whose first u32 is 2^20 or more holds an epoch
+-- second: an old-layout slot (a worker of an earlier version wrote it): the record
+-- is then re-based (below).
 local M32, M52, HI_TOP = 4294967296, 4503599627370496, 1048576
 local SLOT_FORMAT = '>I4I4I4I4I4'
 
@@ -419,57 +425,75 @@ local function slot_values(s, pos)
   return c, f, sl, hi * M32 + lo, hi >= HI_TOP
 end
 
--- `unit` repeated n times: by doubling (Lua 5.1's string.rep copies byte by byte, a
--- concatenation is one memcpy), so a run of the whole ring costs a dozen copies.
-local function repeated(unit, n)
-  if n <= 1 then return unit end
-  local out, have = unit, 1
-  while have * 2 <= n do out, have = out .. out, have * 2 end
-  if have < n then out = out .. sub(out, 1, (n - have) * #unit) end
-  return out
+local function read_slot(key, size, x)
+  local at = WIN + TIME_SLOT * (x % size)
+  return slot_values(rcall('GETRANGE', key, int(at), int(at + TIME_SLOT - 1)), 1)
 end
 
--- The seconds (wsec, sec] pass: answers whether the ring is zeroed, the first slot
--- and the bytes of the run to write (nil: none), the new window totals, and whether
--- the record was re-based. `marked` false: the record is in the old layout (tagged
--- per-second slots: `head` is 0 in a TIME record written by an earlier version), or
--- an old worker wrote a slot (found here): its window totals are kept, as if every
--- call in them was made in second wsec (they leave the window at wsec + S: late, never
--- early), on a zeroed ring. A gap of a whole window, a window never used (wsec 0)
--- or a clock gone back (sec < wsec) restarts: zeroed ring, zero totals.
-local function advance_time(key, sec, wsec, size, calls, failures, slow, total_ms, marked)
-  local gap = sec - wsec
-  if wsec == 0 or gap < 0 or gap >= size then return true, nil, nil, 0, 0, 0, 0 end
-  local zero, base_c, base_f, base_s, base_ms, out_c, out_f, out_s, out_ms = not marked,
-    0, 0, 0, 0, 0, 0, 0, 0
-  if marked and gap > 0 then
-    -- C(wsec - S) in slot wsec % S, C(sec - S) in slot sec % S: one GETRANGE when they
-    -- are near (a run between them), else two
-    local a, b = wsec % size, sec % size
-    local foreign_a, foreign_b
-    if b > a and b - a <= 8 then
-      local s = rcall('GETRANGE', key, int(WIN + TIME_SLOT * a),
-                      int(WIN + TIME_SLOT * (b + 1) - 1))
-      base_c, base_f, base_s, base_ms, foreign_a = slot_values(s, 1)
-      out_c, out_f, out_s, out_ms, foreign_b = slot_values(s, 1 + TIME_SLOT * (b - a))
+-- A bitmap's bytes; the first byte of the bitmaps; the bit offset of second x's flag.
+local function flag_bytes(size) return floor((size + 7) / 8) end
+local function flags_at(size) return WIN + TIME_SLOT * size end
+local function flag_bit(size, x)
+  local lap = floor(x / size)
+  return (flags_at(size) + (lap % 2) * flag_bytes(size)) * 8 + size - 1 - (x - lap * size)
+end
+
+-- The latest active second in [lo, hi] (at most two laps), or nil.
+local function latest_in_lap(key, size, lo, hi)
+  local top = flag_bit(size, hi)
+  local b = rcall('BITPOS', key, 1, int(top), int(flag_bit(size, lo)), 'BIT')
+  if b < 0 then return nil end
+  return hi - (b - top)
+end
+local function latest_active(key, size, lo, hi)
+  if lo > hi then return nil end
+  local start = hi - hi % size
+  if lo >= start then return latest_in_lap(key, size, lo, hi) end
+  return latest_in_lap(key, size, start, hi) or latest_in_lap(key, size, lo, start - 1)
+end
+
+-- Time window: second `sec` starts, `wsec` the last one seen (0: none), `epoch` the
+-- record's (`head`; 0: a record in the old layout, per-second tagged slots, which an
+-- earlier version wrote). Reads only; answers whether both bitmaps are zeroed, the
+-- plan of the other writes (nil: none; `write_time` makes them), the new totals and
+-- epoch. A gap of a whole window, a window never used (wsec 0) or a clock gone back
+-- (sec < wsec) restart: zero totals, new epoch. An old-layout record, or one where an
+-- old worker wrote a slot (found here), is re-based: its totals are kept, as if every
+-- call in them was made in second wsec (they leave the window at wsec + S: late,
+-- never early), the epoch becomes wsec.
+local function advance_time(key, sec, wsec, size, calls, failures, slow, total_ms, epoch)
+  if wsec == 0 or sec < wsec or sec - wsec >= size then
+    return true, nil, 0, 0, 0, 0, sec
+  end
+  local zero = false
+  if epoch == 0 then zero, epoch = true, wsec end
+  if sec == wsec then return zero, nil, calls, failures, slow, total_ms, epoch end
+  local y0, y = wsec - size, sec - size
+  -- C(wsec - S), carried in slot wsec; C(sec - S), of the latest active second
+  local lc, lf, ls, lms, foreign = 0, 0, 0, 0, false
+  if y0 >= epoch then lc, lf, ls, lms, foreign = read_slot(key, size, wsec) end
+  local a
+  if y >= epoch then
+    local lo = max(y0 + 1, epoch)
+    if lo == y then
+      if rcall('GETBIT', key, int(flag_bit(size, y))) == 1 then a = y end
     else
-      local at, bt = WIN + TIME_SLOT * a, WIN + TIME_SLOT * b
-      base_c, base_f, base_s, base_ms, foreign_a = slot_values(
-        rcall('GETRANGE', key, int(at), int(at + TIME_SLOT - 1)), 1)
-      out_c, out_f, out_s, out_ms, foreign_b = slot_values(
-        rcall('GETRANGE', key, int(bt), int(bt + TIME_SLOT - 1)), 1)
-    end
-    if foreign_a or foreign_b then
-      zero, base_c, base_f, base_s, base_ms, out_c, out_f, out_s, out_ms = true,
-        0, 0, 0, 0, 0, 0, 0, 0
+      a = latest_active(key, size, lo, y)
     end
   end
-  if gap == 0 then return zero, nil, nil, calls, failures, slow, total_ms end
-  -- C(wsec) = T + C(wsec - S): every second up to sec - 1 ends with it
-  local c, f, s, ms = (calls + base_c) % M32, (failures + base_f) % M32,
-                      (slow + base_s) % M32, (total_ms + base_ms) % M52
-  return zero, wsec % size, repeated(time_slot(c, f, s, ms), gap),
-         (c - out_c) % M32, (f - out_f) % M32, (s - out_s) % M32, (ms - out_ms) % M52
+  local oc, of, os, oms, foreign_a = lc, lf, ls, lms, false
+  if a then oc, of, os, oms, foreign_a = read_slot(key, size, a) end
+  if foreign or foreign_a then
+    zero, epoch, lc, lf, ls, lms, oc, of, os, oms = true, wsec, 0, 0, 0, 0, 0, 0, 0, 0
+  end
+  local c, f, s, ms = (calls + lc) % M32, (failures + lf) % M32, (slow + ls) % M32,
+                      (total_ms + lms) % M52
+  local plan = {wsec % size, time_slot(c, f, s, ms), sec % size, time_slot(oc, of, os, oms),
+                flag_bit(size, wsec), nil}
+  if floor(sec / size) ~= floor(wsec / size) then  -- a lap starts: its bitmap is zeroed
+    plan[6] = flags_at(size) + (floor(sec / size) % 2) * flag_bytes(size)
+  end
+  return zero, plan, (c - oc) % M32, (f - of) % M32, (s - os) % M32, (ms - oms) % M52, epoch
 end
 
 -- What a count slot's old value takes out of the totals (calls, failures, slow, ms);
@@ -537,16 +561,23 @@ local function record_many(key, head, window_size, ok, fails, slows, ms, values)
   return k, head, dn, df, ds, dms
 end
 
--- The time window's writes: the ring zeroed whole (a kept zero string: one copy),
--- then the run of slots from slot `first` (two SETRANGEs when it wraps).
-local function write_time(key, whole, window_size, first, run)
-  if whole then rcall('SETRANGE', key, WIN, zeros(TIME_SLOT * window_size)) end
-  if first then
-    local tail = (window_size - first) * TIME_SLOT
-    rcall('SETRANGE', key, int(WIN + TIME_SLOT * first), #run > tail and sub(run, 1, tail)
-                                                         or run)
-    if #run > tail then rcall('SETRANGE', key, WIN, sub(run, tail + 1)) end
+-- The time window's writes: both bitmaps zeroed (`whole`: a restart; a kept zero
+-- string), then the plan of advance_time: a lap's bitmap zeroed, slot wsec (its C) and
+-- slot sec (the carried C(sec - S)): one SETRANGE when they are neighbours, and the
+-- flag of wsec.
+local function write_time(key, whole, size, _, plan)
+  local nb = flag_bytes(size)
+  if whole then rcall('SETRANGE', key, int(flags_at(size)), zeros(2 * nb)) end
+  if not plan then return end
+  if plan[6] then rcall('SETRANGE', key, int(plan[6]), zeros(nb)) end
+  local a, b = plan[1], plan[3]
+  if b == a + 1 then
+    rcall('SETRANGE', key, int(WIN + TIME_SLOT * a), plan[2] .. plan[4])
+  else
+    rcall('SETRANGE', key, int(WIN + TIME_SLOT * a), plan[2])
+    rcall('SETRANGE', key, int(WIN + TIME_SLOT * b), plan[4])
   end
+  rcall('SETBIT', key, int(plan[5]), 1)
 end
 
 -- The window's writes (after the header): a time window's (write_time); a count
@@ -571,9 +602,11 @@ local function write(key, whole, window_type, window_size, time_slot_at, time_sl
 end
 
 -- A new record's window, all zero (the caller writes the record in one piece, at
--- its full length, so Redis sizes the string exactly).
+-- its full length, so Redis sizes the string exactly): a time window's slots and its
+-- two bitmaps.
 local function empty(window_type, window_size)
-  return zeros((window_type == 0 and COUNT_SLOT or TIME_SLOT) * window_size)
+  if window_type == 0 then return zeros(COUNT_SLOT * window_size) end
+  return zeros(TIME_SLOT * window_size + 2 * flag_bytes(window_size))
 end
 
 return {rate = rate, exceeded = exceeded, describe = describe, advance_time = advance_time,
@@ -1014,8 +1047,7 @@ local function move(st, c, event, reason, now, micros, events)
     st.ep_ms = now - st.ep_at
     st.open_ms, st.open_until, st.opens = st.open_ms + st.ep_ms, 0, 0
     st.calls, st.failures, st.slow, st.total_ms, st.wsec = 0, 0, 0, 0, 0
-    -- (where the emptied window restarts; a time window's: 1, its ring's layout mark)
-    st.head = c.window_type == 0 and st.seen % c.window_size or 1
+    st.head = st.seen % c.window_size  -- (where the emptied window restarts)
     st.clear_ring = true
   end
   events = events or {}
@@ -1039,22 +1071,19 @@ local function step(kring, c, hot, cold_bytes, now, micros, ok, fails, slows, ms
   end
   if st.clear_ring then new_ring(kring, c); st.clear_ring = nil end
   if c.window_type == 1 then
-    -- (as the live record's: lua/breaker.lua evict_time_buckets; `head` 1 marks the
-    -- cumulative layout, 0 a ring an earlier version wrote)
+    -- (as the live record's: lua/breaker.lua evict_time_buckets; `head` is the
+    -- window's epoch, 0 in a ring an earlier version wrote)
     local sec = floor(now / 1000)
-    if sec ~= st.wsec or st.head ~= 1 then
-      if st.wsec == 0 or sec < st.wsec or sec - st.wsec >= c.window_size then
-        if st.wsec ~= 0 or st.head ~= 1 then new_ring(kring, c) end
-        if st.wsec ~= 0 then st.calls, st.failures, st.slow, st.total_ms = 0, 0, 0, 0 end
-      else
-        local zero, first, run
-        zero, first, run, st.calls, st.failures, st.slow, st.total_ms = advance_time(
-          kring, sec, st.wsec, c.window_size, st.calls, st.failures, st.slow, st.total_ms,
-          st.head == 1)
-        if zero then new_ring(kring, c) end
-        if first then window_write(kring, false, 1, c.window_size, first, run, 0, 0, nil) end
+    if sec ~= st.wsec or st.head == 0 then
+      local zero, plan
+      zero, plan, st.calls, st.failures, st.slow, st.total_ms, st.head = advance_time(
+        kring, sec, st.wsec, c.window_size, st.calls, st.failures, st.slow, st.total_ms,
+        st.head)
+      if zero then
+        window_write(kring, true, 1, c.window_size, nil, nil, 0, 0, nil)
       end
-      st.wsec, st.head = sec, 1
+      if plan then window_write(kring, false, 1, c.window_size, nil, plan, 0, 0, nil) end
+      st.wsec = sec
     end
   end
   st.seen, st.seen_failures = st.seen + n, st.seen_failures + fails
@@ -2306,8 +2335,8 @@ local function clear_window()
   clear_ring, n_count_slots, time_slot_at, time_slot_values = true, 0, nil, nil
   clear_quorum_marks = true
   calls, failures, slow, total_ms, head, window_sec = 0, 0, 0, 0, 0, 0
-  -- a time window restarts now, on its zeroed ring (`head` 1: the cumulative layout)
-  if window_type == 1 then head, window_sec = 1, floor(now / 1000) end
+  -- a time window restarts now (its epoch: `head`; its bitmaps zeroed)
+  if window_type == 1 then head = floor(now / 1000); window_sec = head end
   dirty_window = true
 end
 
@@ -2398,24 +2427,20 @@ end
 
 -- Sliding window (lua/lib/breaker_window.lua) on this call's state -------------------
 -- Time window: the seconds that passed leave it (lua/lib/breaker_window.lua
--- advance_time: two slots read, the run of passed seconds written, whatever the gap).
--- `head` is 1 in a record in the cumulative layout; 0 in one an earlier version wrote.
+-- advance_time: a few commands and bytes, whatever the gap). `head` is the window's
+-- epoch second (0: a record an earlier version wrote, in the old layout).
 local function evict_time_buckets()
   local sec = floor(now / 1000)
-  if window_sec == sec and head == 1 then return end
-  if window_sec == 0 or sec < window_sec or sec - window_sec >= window_size then
-    -- the whole window left (or the clock went back): it restarts on a zeroed ring.
-    -- wsec 0: a new record (written whole), or one an earlier version cleared (its
-    -- ring zeroed again here: a stray old-layout slot would count); its totals stay.
-    if window_sec ~= 0 then clear_window() elseif head ~= 1 then clear_ring = true end
-    window_sec, head, dirty_window = sec, 1, true
+  if window_sec == sec and head ~= 0 then return end
+  if window_sec ~= 0 and (sec < window_sec or sec - window_sec >= window_size) then
+    clear_window()  -- the whole window left (or the clock went back): it restarts
     return
   end
   local zero
-  zero, time_slot_at, time_slot_values, calls, failures, slow, total_ms = advance_time(
-    K_STATE, sec, window_sec, window_size, calls, failures, slow, total_ms, head == 1)
+  zero, time_slot_values, calls, failures, slow, total_ms, head = advance_time(
+    K_STATE, sec, window_sec, window_size, calls, failures, slow, total_ms, head)
   if zero then clear_ring = true end
-  window_sec, head, dirty_window = sec, 1, true
+  window_sec, dirty_window = sec, true
 end
 
 -- Count window: one outcome goes by BITFIELD SET (the call's first write, through
