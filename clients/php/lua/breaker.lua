@@ -1984,6 +1984,15 @@ local function record(keys, args, given_now, given_micros)
       or override_until ~= 0 then
     return nil, raw, given_now, given_micros
   end
+  if window_type == 1 then
+    -- a TIME window stays here only in the second it saw last (the first call of a new
+    -- second moves it on, on the general path: lua/lib/breaker_window.lua advance_time);
+    -- `ring_head` is its epoch, 0 in a record an earlier version wrote
+    if not given_now then given_now, given_micros = server_time() end
+    if window_sec ~= (given_now - given_now % 1000) / 1000 or ring_head == 0 then
+      return nil, raw, given_now, given_micros
+    end
+  end
   if FAST_N >= 256 then FP_TEXT, SLOT_BIT, FAST_N = {}, {}, 0 end
   local fp_text = FP_TEXT[stored_fp]
   if not fp_text then
@@ -2010,13 +2019,7 @@ local function record(keys, args, given_now, given_micros)
   end
   local o, n, f, sl, total, next_head
   if window_type == 1 then
-    -- a TIME window in the second it saw last: only the header's totals change (the
-    -- window moves on with the first call of the next second, on the general path:
-    -- lua/lib/breaker_window.lua advance_time; `ring_head` is its epoch, 0 in an old
-    -- layout)
-    if window_sec ~= (t_now - t_now % 1000) / 1000 or ring_head == 0 then
-      return nil, raw, t_now, us
-    end
+    -- a TIME window in the second it saw last: only the header's totals change
     n, f, sl, total, next_head = n_calls + 1, n_failures, n_slow, sum_ms + ms, ring_head
     if n >= minimum_calls
         and (f * 1000000 >= failure_threshold * n or sl * 1000000 >= slow_threshold * n) then
