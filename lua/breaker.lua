@@ -237,7 +237,7 @@ local function clear_window()
   clear_quorum_marks = true
   calls, failures, slow, total_ms, head, window_sec = 0, 0, 0, 0, 0, 0
   -- a time window restarts now (its epoch: `head`; its bitmaps zeroed)
-  if window_type == 1 then head = floor(now / 1000); window_sec = head end
+  if window_type ~= 0 then head = floor(now / 1000); window_sec = head end
   dirty_window = true
 end
 
@@ -329,10 +329,20 @@ end
 -- Sliding window (lua/lib/breaker_window.lua) on this call's state -------------------
 -- Time window: the seconds that passed leave it (lua/lib/breaker_window.lua
 -- advance_time: a few commands and bytes, whatever the gap). `head` is the window's
--- epoch second (0: a record an earlier version wrote, in the old layout).
+-- epoch second. Window type 1: a record an earlier version wrote (per-second slots):
+-- re-based, and its type becomes 2 (the cumulative layout).
 local function evict_time_buckets()
   local sec = floor(now / 1000)
-  if window_sec == sec and head ~= 0 then return end
+  if window_sec == sec and window_type == 2 then return end
+  if window_type == 1 then
+    window_type, dirty_config = 2, true
+    if window_sec ~= 0 and (sec < window_sec or sec - window_sec >= window_size) then
+      clear_window()
+      clear_ring = true
+      return
+    end
+    head = 0
+  end
   if window_sec ~= 0 and (sec < window_sec or sec - window_sec >= window_size) then
     clear_window()  -- the whole window left (or the clock went back): it restarts
     return
@@ -381,7 +391,7 @@ end
 -- Time-driven transitions ---------------------------------------------------------
 local function advance()
   if override_until > 0 and now >= override_until then end_override() end
-  if window_type == 1 then evict_time_buckets() end
+  if window_type ~= 0 then evict_time_buckets() end
   if s_state == 'OPEN' then
     if now >= cold().open_until then fire('wait_elapsed') end
   end

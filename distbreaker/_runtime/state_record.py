@@ -112,15 +112,15 @@ def time_seconds(data: bytes, size: int) -> list[tuple[int, int, int, int, int]]
     """The seconds of a time window (its last `size` seconds up to the header's `wsec`)
     that saw calls, oldest first: (epoch second, calls, failures, slow, ms).
 
-    Decodes both layouts: cumulative slots (`head`, the window's epoch second, set:
+    Decodes both layouts: cumulative slots (window type 2; `head` the epoch second:
     slot x % size holds the running totals at the end of active second x, flagged in the
     bitmap of its lap's parity; slot wsec % size still holds those of wsec - size, and
     the header's window totals complete the last second) and an earlier version's tagged
-    per-second slots (`head` 0: epoch second, calls, failures, slow, ms)."""
+    per-second slots (window type 1: epoch second, calls, failures, slow, ms)."""
     padded = bytes(data[:_HEADER.size]).ljust(_HEADER.size, b"\0")
     header = dict(zip(FIELDS, _HEADER.unpack(padded), strict=True))
     wsec, epoch, slots = header["wsec"], header["head"], time_slots(data, size)
-    if not epoch:
+    if header["window_type"] == 1 or not epoch:
         return sorted(s for s in slots if s[0] and s[1])  # (the caller drops stale ones)
     if not wsec:
         return []

@@ -42,7 +42,7 @@ local function record(keys, args, given_now, given_micros)
   local raw = pcall_('GETRANGE', k, HOT_AT, HOT_LAST)
   if type(raw) ~= 'string' or #raw < HOT_BYTES then return nil, nil, given_now, given_micros end
   -- another state than CLOSED leaves at once, before the fields are decoded
-  if byte(raw, WINDOW_TYPE_BYTE) > 1 or byte(raw, STATE_BYTE) ~= 0 then
+  if byte(raw, WINDOW_TYPE_BYTE) == 1 or byte(raw, STATE_BYTE) ~= 0 then
     return nil, raw, given_now, given_micros
   end
   local ms = tonumber(args[10])
@@ -52,14 +52,14 @@ local function record(keys, args, given_now, given_micros)
         failure_threshold, slow_threshold, key_ttl, code, since_ms, override_until,
         ttl_refreshed_at, n_calls, n_failures, n_slow, sum_ms, ring_head, window_sec,
         write_seq, calls_total, failures_total = packer.unpack(HOT_FORMAT, raw)
-  if magic ~= MAGIC or code ~= 0 or window_type > 1 or window_size <= 0
+  if magic ~= MAGIC or code ~= 0 or window_type == 1 or window_type > 2 or window_size <= 0
       or override_until ~= 0 then
     return nil, raw, given_now, given_micros
   end
-  if window_type == 1 then
+  if window_type == 2 then
     -- a TIME window stays here only in the second it saw last (the first call of a new
     -- second moves it on, on the general path: lua/lib/breaker_window.lua advance_time);
-    -- `ring_head` is its epoch, 0 in a record an earlier version wrote
+    -- `ring_head` is its epoch (window type 1: a record an earlier version wrote)
     if not given_now then given_now, given_micros = server_time() end
     if window_sec ~= (given_now - given_now % 1000) / 1000 or ring_head == 0 then
       return nil, raw, given_now, given_micros
@@ -90,7 +90,7 @@ local function record(keys, args, given_now, given_micros)
     return nil, raw, t_now, us
   end
   local o, n, f, sl, total, next_head
-  if window_type == 1 then
+  if window_type == 2 then
     -- a TIME window in the second it saw last: only the header's totals change
     n, f, sl, total, next_head = n_calls + 1, n_failures, n_slow, sum_ms + ms, ring_head
     if n >= minimum_calls
@@ -127,7 +127,7 @@ local function record(keys, args, given_now, given_micros)
   local shadowed = write_seq >= 4294967296
   -- (a TIME window's first write: through pcall, a refusal leaves the general path to
   -- answer it)
-  local w = (window_type == 1 and pcall_ or rcall)('SETRANGE', k, TOTALS_AT, packer.pack(
+  local w = (window_type == 2 and pcall_ or rcall)('SETRANGE', k, TOTALS_AT, packer.pack(
     TOTALS_FORMAT, n, f, sl, total, next_head, window_sec,
     shadowed and (write_seq + 1) % 4294967296 + 4294967296 or (write_seq + 1) % 4294967296,
     calls_total + 1, failures_total))

@@ -209,7 +209,7 @@ local function step(kring, c, hot, cold_bytes, now, micros, ok, fails, slows, ms
     events = move(st, c, 'max_wait_elapsed', nil, now, micros, events)
   end
   if st.clear_ring then new_ring(kring, c); st.clear_ring = nil end
-  if c.window_type == 1 then
+  if c.window_type ~= 0 then
     -- (as the live record's: lua/breaker.lua evict_time_buckets; `head` is the
     -- window's epoch, 0 in a ring an earlier version wrote)
     local sec = floor(now / 1000)

@@ -197,8 +197,8 @@ def old_layout_slot(second: int, calls: int, failures: int, slow: int, ms: int) 
 def test_an_old_layout_record_is_converted_keeping_its_totals(redis_url: str,
                                                               redis_client: redis.Redis
                                                               ) -> None:
-    """A record an earlier version wrote (`head` 0, per-second tagged slots): its window
-    totals are kept (as if made in its last second: they leave late, never early) on a
+    """A record an earlier version wrote (window type 1, per-second tagged slots): its
+    window totals are kept (as if made in its last second: they leave late, never early) on a
     ring in the cumulative layout."""
     window = 60
     b = breaker(redis_url, "legacy", window)
@@ -212,12 +212,13 @@ def test_an_old_layout_record_is_converted_keeping_its_totals(redis_url: str,
         for t in range(last - 20, last + 1):
             ring[TIME_SLOT_BYTES * (t % window):TIME_SLOT_BYTES * (t % window + 1)] = \
                 old_layout_slot(t, 2, 1, 0, 30)
-        header = encode_fields(data, head=0, wsec=last, calls=42, failures=21, slow=0,
-                               total_ms=630)
+        header = encode_fields(data, window_type=1, head=0, wsec=last, calls=42, failures=21,
+                               slow=0, total_ms=630)
         redis_client.set(b.keys.state, header[:WINDOW_OFFSET] + bytes(ring), keepttl=True)
         b.record(b.acquire(), None, 0.0)
         record = read_record(redis_client, b.keys)
-        assert (record["head"], record["calls"], record["failures"]) == (last, 43, 21)
+        assert (record["window_type"], record["head"], record["calls"], record["failures"]) \
+            == (2, last, 43, 21)
         after = redis_client.get(b.keys.state)
         assert isinstance(after, bytes)
         assert sum(s[1] for s in time_seconds(after, window)) == 43

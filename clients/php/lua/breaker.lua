@@ -192,7 +192,7 @@ local function parse(wire)
   if not (size and mc and fthr and sthr and ow and pr and mho and lease and ttl and sd) then
     return false
   end
-  return {window_type = (wt == 'T') and 1 or 0, window_size = size, min_calls = mc,
+  return {window_type = (wt == 'T') and 2 or 0, window_size = size, min_calls = mc,
           failure_threshold = floor(fthr * 10000 + 0.5),
           slow_threshold = floor(sthr * 10000 + 0.5), open_wait = ow, probes_max = pr,
           max_half_open = mho, lease_ms = lease, ttl_ms = ttl, slow_ms = sd,
@@ -1070,7 +1070,7 @@ local function step(kring, c, hot, cold_bytes, now, micros, ok, fails, slows, ms
     events = move(st, c, 'max_wait_elapsed', nil, now, micros, events)
   end
   if st.clear_ring then new_ring(kring, c); st.clear_ring = nil end
-  if c.window_type == 1 then
+  if c.window_type ~= 0 then
     -- (as the live record's: lua/breaker.lua evict_time_buckets; `head` is the
     -- window's epoch, 0 in a ring an earlier version wrote)
     local sec = floor(now / 1000)
@@ -1970,7 +1970,7 @@ local function record(keys, args, given_now, given_micros)
   local raw = pcall_('GETRANGE', k, HOT_AT, HOT_LAST)
   if type(raw) ~= 'string' or #raw < HOT_BYTES then return nil, nil, given_now, given_micros end
   -- another state than CLOSED leaves at once, before the fields are decoded
-  if byte(raw, WINDOW_TYPE_BYTE) > 1 or byte(raw, STATE_BYTE) ~= 0 then
+  if byte(raw, WINDOW_TYPE_BYTE) == 1 or byte(raw, STATE_BYTE) ~= 0 then
     return nil, raw, given_now, given_micros
   end
   local ms = tonumber(args[10])
@@ -1980,14 +1980,14 @@ local function record(keys, args, given_now, given_micros)
         failure_threshold, slow_threshold, key_ttl, code, since_ms, override_until,
         ttl_refreshed_at, n_calls, n_failures, n_slow, sum_ms, ring_head, window_sec,
         write_seq, calls_total, failures_total = packer.unpack(HOT_FORMAT, raw)
-  if magic ~= MAGIC or code ~= 0 or window_type > 1 or window_size <= 0
+  if magic ~= MAGIC or code ~= 0 or window_type == 1 or window_type > 2 or window_size <= 0
       or override_until ~= 0 then
     return nil, raw, given_now, given_micros
   end
-  if window_type == 1 then
+  if window_type == 2 then
     -- a TIME window stays here only in the second it saw last (the first call of a new
     -- second moves it on, on the general path: lua/lib/breaker_window.lua advance_time);
-    -- `ring_head` is its epoch, 0 in a record an earlier version wrote
+    -- `ring_head` is its epoch (window type 1: a record an earlier version wrote)
     if not given_now then given_now, given_micros = server_time() end
     if window_sec ~= (given_now - given_now % 1000) / 1000 or ring_head == 0 then
       return nil, raw, given_now, given_micros
@@ -2018,7 +2018,7 @@ local function record(keys, args, given_now, given_micros)
     return nil, raw, t_now, us
   end
   local o, n, f, sl, total, next_head
-  if window_type == 1 then
+  if window_type == 2 then
     -- a TIME window in the second it saw last: only the header's totals change
     n, f, sl, total, next_head = n_calls + 1, n_failures, n_slow, sum_ms + ms, ring_head
     if n >= minimum_calls
@@ -2055,7 +2055,7 @@ local function record(keys, args, given_now, given_micros)
   local shadowed = write_seq >= 4294967296
   -- (a TIME window's first write: through pcall, a refusal leaves the general path to
   -- answer it)
-  local w = (window_type == 1 and pcall_ or rcall)('SETRANGE', k, TOTALS_AT, packer.pack(
+  local w = (window_type == 2 and pcall_ or rcall)('SETRANGE', k, TOTALS_AT, packer.pack(
     TOTALS_FORMAT, n, f, sl, total, next_head, window_sec,
     shadowed and (write_seq + 1) % 4294967296 + 4294967296 or (write_seq + 1) % 4294967296,
     calls_total + 1, failures_total))
@@ -2357,7 +2357,7 @@ local function clear_window()
   clear_quorum_marks = true
   calls, failures, slow, total_ms, head, window_sec = 0, 0, 0, 0, 0, 0
   -- a time window restarts now (its epoch: `head`; its bitmaps zeroed)
-  if window_type == 1 then head = floor(now / 1000); window_sec = head end
+  if window_type ~= 0 then head = floor(now / 1000); window_sec = head end
   dirty_window = true
 end
 
@@ -2449,10 +2449,20 @@ end
 -- Sliding window (lua/lib/breaker_window.lua) on this call's state -------------------
 -- Time window: the seconds that passed leave it (lua/lib/breaker_window.lua
 -- advance_time: a few commands and bytes, whatever the gap). `head` is the window's
--- epoch second (0: a record an earlier version wrote, in the old layout).
+-- epoch second. Window type 1: a record an earlier version wrote (per-second slots):
+-- re-based, and its type becomes 2 (the cumulative layout).
 local function evict_time_buckets()
   local sec = floor(now / 1000)
-  if window_sec == sec and head ~= 0 then return end
+  if window_sec == sec and window_type == 2 then return end
+  if window_type == 1 then
+    window_type, dirty_config = 2, true
+    if window_sec ~= 0 and (sec < window_sec or sec - window_sec >= window_size) then
+      clear_window()
+      clear_ring = true
+      return
+    end
+    head = 0
+  end
   if window_sec ~= 0 and (sec < window_sec or sec - window_sec >= window_size) then
     clear_window()  -- the whole window left (or the clock went back): it restarts
     return
@@ -2501,7 +2511,7 @@ end
 -- Time-driven transitions ---------------------------------------------------------
 local function advance()
   if override_until > 0 and now >= override_until then end_override() end
-  if window_type == 1 then evict_time_buckets() end
+  if window_type ~= 0 then evict_time_buckets() end
   if s_state == 'OPEN' then
     if now >= cold().open_until then fire('wait_elapsed') end
   end
