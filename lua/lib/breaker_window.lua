@@ -8,7 +8,7 @@
 -- for a recorded outcome, bit 30 failed, bit 29 slow, bits 0-28 its ms (capped).
 -- Time window: slot s (epoch second % size) is 5 u32 at byte WIN + 20 * slot: the
 -- running totals at the end of that second (advance_time below).
-local floor, min, max = math.floor, math.min, math.max
+local floor, min, max, tonumber = math.floor, math.min, math.max, tonumber
 local rcall, pcall_, rep, sub, byte = redis.call, redis.pcall, string.rep, string.sub,
                                      string.byte
 local layout = record_layout
@@ -116,10 +116,28 @@ local function flag_bit(size, x)
   return (flags_at(size) + (lap % 2) * flag_bytes(size)) * 8 + size - 1 - (x - lap * size)
 end
 
+-- The first set bit in bits [top, bottom] of the record, or -1: BITPOS in BIT units
+-- (Redis 7); before 7 (and where the version is not said: fakeredis), the first
+-- byte's bits from `top` are tested here and BITPOS searches the whole bytes after it.
+local BIT_UNITS = (tonumber(redis.REDIS_VERSION_NUM) or 0) >= 458752  -- 0x070000
+local function first_set(key, top, bottom)
+  if BIT_UNITS then return rcall('BITPOS', key, 1, int(top), int(bottom), 'BIT') end
+  local tb, bb = floor(top / 8), floor(bottom / 8)
+  local v = byte(rcall('GETRANGE', key, int(tb), int(tb)), 1) or 0
+  local last = tb == bb and bottom % 8 or 7
+  for i = top % 8, last do  -- (the bits of one byte: at most 8)
+    if floor(v / 2 ^ (7 - i)) % 2 == 1 then return tb * 8 + i end
+  end
+  if tb == bb then return -1 end
+  local b = rcall('BITPOS', key, 1, int(tb + 1), int(bb))
+  if b < 0 or b > bottom then return -1 end
+  return b
+end
+
 -- The latest active second in [lo, hi] (at most two laps), or nil.
 local function latest_in_lap(key, size, lo, hi)
   local top = flag_bit(size, hi)
-  local b = rcall('BITPOS', key, 1, int(top), int(flag_bit(size, lo)), 'BIT')
+  local b = first_set(key, top, flag_bit(size, lo))
   if b < 0 then return nil end
   return hi - (b - top)
 end
