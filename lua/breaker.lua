@@ -236,8 +236,12 @@ local function clear_window()
   clear_ring, n_count_slots, time_slot_at, time_slot_values = true, 0, nil, nil
   clear_quorum_marks = true
   calls, failures, slow, total_ms, head, window_sec = 0, 0, 0, 0, 0, 0
-  -- a time window restarts now (its epoch: `head`; its bitmaps zeroed)
-  if window_type ~= 0 then head = floor(now / 1000); window_sec = head end
+  -- a time window restarts now (its epoch: `head`); its bitmaps are zeroed by its
+  -- first move (lua/lib/breaker_window.lua advance_time), nothing now
+  if window_type ~= 0 then
+    head = floor(now / 1000)
+    window_sec, clear_ring = head, false
+  end
   dirty_window = true
 end
 
@@ -338,7 +342,6 @@ local function evict_time_buckets()
     window_type, dirty_config = 2, true
     if window_sec ~= 0 and (sec < window_sec or sec - window_sec >= window_size) then
       clear_window()
-      clear_ring = true
       return
     end
     head = 0

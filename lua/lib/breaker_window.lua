@@ -153,16 +153,17 @@ end
 -- earlier version wrote). Reads only; answers whether both bitmaps are zeroed, the
 -- plan of the other writes (nil: none; `write_time` makes them), the new totals and
 -- epoch. A gap of a whole window, a window never used (wsec 0) or a clock gone back
--- (sec < wsec) restart: zero totals, new epoch. An old-layout record, or one where an
--- old worker wrote a slot (found here), is re-based: its totals are kept, as if every
--- call in them was made in second wsec (they leave the window at wsec + S: late,
--- never early), the epoch becomes wsec.
+-- (sec < wsec) restart: zero totals, new epoch, nothing written (the bitmaps are
+-- zeroed by the first move from the epoch second: nothing reads a flag before). An
+-- old-layout record, or one where an old worker wrote a slot (found here), is
+-- re-based: its totals are kept, as if every call in them was made in second wsec
+-- (they leave the window at wsec + S: late, never early), the epoch becomes wsec.
 local function advance_time(key, sec, wsec, size, calls, failures, slow, total_ms, epoch)
   if wsec == 0 or sec < wsec or sec - wsec >= size then
-    return true, nil, 0, 0, 0, 0, sec
+    return false, nil, 0, 0, 0, 0, sec
   end
-  local zero = false
-  if epoch == 0 then zero, epoch = true, wsec end
+  if epoch == 0 then epoch = wsec end
+  local zero = wsec == epoch
   if sec == wsec then return zero, nil, calls, failures, slow, total_ms, epoch end
   local y0, y = wsec - size, sec - size
   -- C(wsec - S), carried in slot wsec; C(sec - S), of the latest active second
@@ -186,7 +187,8 @@ local function advance_time(key, sec, wsec, size, calls, failures, slow, total_m
                       (total_ms + lms) % M52
   local plan = {wsec % size, time_slot(c, f, s, ms), sec % size, time_slot(oc, of, os, oms),
                 flag_bit(size, wsec), nil}
-  if floor(sec / size) ~= floor(wsec / size) then  -- a lap starts: its bitmap is zeroed
+  if not zero and floor(sec / size) ~= floor(wsec / size) then  -- a lap starts: its
+    -- bitmap is zeroed
     plan[6] = flags_at(size) + (floor(sec / size) % 2) * flag_bytes(size)
   end
   return zero, plan, (c - oc) % M32, (f - of) % M32, (s - os) % M32, (ms - oms) % M52, epoch
