@@ -625,13 +625,12 @@ def decode_record_window(data: bytes, head: int, now_ms: int) -> list[dict[str, 
     record's own window type and size say how its bytes are laid out)."""
     fields = state_record.decode_record(data)
     size, kind = fields["window_size"], fields["window_type"]
-    top = {0: MAX_COUNT_WINDOW, 1: MAX_TIME_WINDOW}.get(kind)
+    top = {0: MAX_COUNT_WINDOW, 1: MAX_TIME_WINDOW, 2: MAX_TIME_WINDOW}.get(kind)
     if top is None or not 1 <= size <= top:
         raise SchemaError(f"the state record has window type {kind} and size {size}, "
                           "which no config allows")
-    if kind == 1:
-        used = [slot for slot in state_record.time_slots(data, size) if slot[0]]
-        return _time_buckets(used, size, now_ms)
+    if kind:
+        return _time_buckets(state_record.time_seconds(data, size), size, now_ms)
     return _count_buckets(state_record.count_slots(data, size), head)
 
 

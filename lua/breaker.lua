@@ -99,8 +99,7 @@ local reason_now, actor_now
 -- what to write: header groups, meta fields, the window, probes, quorum marks, events
 local dirty_half_open, dirty_window, dirty_state, dirty_counters, dirty_config
 local meta_reason, meta_cfg, meta_drift, clear_drift, cfg_store, drift
-local clear_ring, n_count_slots, count_slots_from, time_slot_at, time_slot_values, n_evict
-local time_slot_fresh
+local clear_ring, n_count_slots, count_slots_from, time_slot_at, time_slot_values
 local clear_probes, probe_add, probe_rem, live_count, undo_bit, undo_value
 local transitions, events, permitted, quorum_mark, quorum_blocked, clear_quorum_marks
 local count_slot_values = {}
@@ -224,8 +223,7 @@ local function load()
 end
 
 -- The window (lua/lib/breaker_window.lua): its bytes, arithmetic and rates ----------
-local rate, evict_time, record_time = breaker_window.rate, breaker_window.evict_time,
-                                      breaker_window.record_time
+local rate, advance_time = breaker_window.rate, breaker_window.advance_time
 local record_one, record_many, evicted = breaker_window.record_one, breaker_window.record_many,
                                          breaker_window.evicted
 local write_window, exceeded, rates_text = breaker_window.write, breaker_window.exceeded,
@@ -235,9 +233,15 @@ local window_empty = breaker_window.empty
 local HEADER_PAD = string.rep('\0', layout.WINDOW_AT - 8 * layout.HEADER_FIELDS)
 
 local function clear_window()
-  clear_ring, n_count_slots, time_slot_at, time_slot_values, n_evict = true, 0, nil, nil, 0
+  clear_ring, n_count_slots, time_slot_at, time_slot_values = true, 0, nil, nil
   clear_quorum_marks = true
   calls, failures, slow, total_ms, head, window_sec = 0, 0, 0, 0, 0, 0
+  -- a time window restarts now (its epoch: `head`); its bitmaps are zeroed by its
+  -- first move (lua/lib/breaker_window.lua advance_time), nothing now
+  if window_type ~= 0 then
+    head = floor(now / 1000)
+    window_sec, clear_ring = head, false
+  end
   dirty_window = true
 end
 
@@ -327,21 +331,30 @@ local function end_override()
 end
 
 -- Sliding window (lua/lib/breaker_window.lua) on this call's state -------------------
--- Time window: the seconds that passed leave it (their slots no longer count).
+-- Time window: the seconds that passed leave it (lua/lib/breaker_window.lua
+-- advance_time: a few commands and bytes, whatever the gap). `head` is the window's
+-- epoch second. Window type 1: a record an earlier version wrote (per-second slots):
+-- re-based, and its type becomes 2 (the cumulative layout).
 local function evict_time_buckets()
   local sec = floor(now / 1000)
-  if window_sec == sec then return end
-  local whole, zero
-  whole, zero, calls, failures, slow, total_ms, n_evict = evict_time(
-    K_STATE, sec, window_sec, window_size, calls, failures, slow, total_ms)
-  if whole then
-    clear_window()
-    -- after a gap longer than the window every slot holds a second that no longer
-    -- counts: nothing to zero (after the clock went back, some would count again)
-    if not zero then clear_ring = false end
+  if window_sec == sec and window_type == 2 then return end
+  if window_type == 1 then
+    window_type, dirty_config = 2, true
+    if window_sec ~= 0 and (sec < window_sec or sec - window_sec >= window_size) then
+      clear_window()
+      return
+    end
+    head = 0
   end
-  -- this second's slot held an earlier second (window_sec < sec): it starts from zero
-  window_sec, dirty_window, time_slot_fresh = sec, true, true
+  if window_sec ~= 0 and (sec < window_sec or sec - window_sec >= window_size) then
+    clear_window()  -- the whole window left (or the clock went back): it restarts
+    return
+  end
+  local zero
+  zero, time_slot_values, calls, failures, slow, total_ms, head = advance_time(
+    K_STATE, sec, window_sec, window_size, calls, failures, slow, total_ms, head)
+  if zero then clear_ring = true end
+  window_sec, dirty_window = sec, true
 end
 
 -- Count window: one outcome goes by BITFIELD SET (the call's first write, through
@@ -372,8 +385,7 @@ end
 local function record_window(ok, fails, slows, ms)
   if ok + fails <= 0 then return end
   if window_type == 0 then return record_count(ok, fails, slows, ms) end
-  time_slot_at, time_slot_values = record_time(
-    K_STATE, now, window_size, clear_ring or time_slot_fresh, ok + fails, fails, slows, ms)
+  evict_time_buckets()  -- (done by `advance` already: the outcomes count in this second)
   calls, failures, slow, total_ms = calls + ok + fails, failures + fails, slow + slows,
                                     total_ms + ms
   dirty_window = true
@@ -382,7 +394,7 @@ end
 -- Time-driven transitions ---------------------------------------------------------
 local function advance()
   if override_until > 0 and now >= override_until then end_override() end
-  if window_type == 1 then evict_time_buckets() end
+  if window_type ~= 0 then evict_time_buckets() end
   if s_state == 'OPEN' then
     if now >= cold().open_until then fire('wait_elapsed') end
   end
@@ -931,8 +943,7 @@ local function begin(keys, args, given_now, given_micros)
   dirty_half_open, dirty_window, dirty_state, dirty_counters, dirty_config = false, false, false,
                                                                              false, false
   meta_reason, meta_cfg, meta_drift, clear_drift = false, false, false, false
-  clear_ring, n_count_slots, time_slot_at, time_slot_values, n_evict = false, 0, nil, nil, 0
-  time_slot_fresh = false
+  clear_ring, n_count_slots, time_slot_at, time_slot_values = false, 0, nil, nil
   clear_probes, probe_add, probe_rem, live_count = false, nil, nil, nil
   undo_bit, undo_value = nil, nil
   transitions, events, quorum_mark, quorum_blocked, clear_quorum_marks = nil, nil, nil, nil, false

@@ -75,7 +75,6 @@ import re
 import secrets
 import shutil
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -259,12 +258,21 @@ def exact_closed_time(client: redis.Redis, name: str) -> CostScenario:
 LONG_WINDOW = 3600
 IDLE_GAPS = ((3600, "after 1 h idle"), (1800, "after 30 min idle"),
              (3599, "after 59 min 59 s idle"))
+#: A one-minute window (its every gap from 60 s on is a restart) and its worst gaps.
+SHORT_WINDOW = 60
+SHORT_IDLE_GAPS = ((3600, "after 1 h idle"), (1800, "after 30 min idle"),
+                   (30, "after 30 s idle"), (59, "after 59 s idle"))
+#: Outcomes per batched flush in the idle-gap row.
+IDLE_FLUSH = 10
 
 
-def time_breaker(client: redis.Redis, name: str) -> CircuitBreaker:
+def time_breaker(client: redis.Redis, name: str, window: int = LONG_WINDOW,
+                 batched: bool = False) -> CircuitBreaker:
+    extra: dict[str, Any] = ({"record_mode": "batched", "flush_interval": 60.0,
+                              "max_batch": 1000} if batched else {})
     return CircuitBreaker(name, redis=client, sliding_window_type="TIME_BASED",
-                          sliding_window_size=LONG_WINDOW, key_ttl=2 * LONG_WINDOW,
-                          subscribe=False)
+                          sliding_window_size=window, key_ttl=max(2 * window, 120),
+                          subscribe=False, **extra)
 
 
 def steady_long_window(client: redis.Redis, name: str) -> CostScenario:
@@ -274,31 +282,38 @@ def steady_long_window(client: redis.Redis, name: str) -> CostScenario:
                         lambda: breaker.call(ok))
 
 
-def age_time_record(client: redis.Redis, key: str, gap: int, ttl_due: bool = True) -> None:
+def age_time_record(client: redis.Redis, key: str, gap: int, ttl_due: bool = True,
+                    size: int = LONG_WINDOW) -> None:
     """Rewrite a TIME record as if its last call was `gap` seconds ago, after a window
     whose every second saw 10 successful calls of 5 ms (the most there is to evict);
     its TTL refresh is as old as that last call, as it would be (`ttl_due`), or just
     made (to count the window's part alone)."""
-    from distbreaker._runtime.state_record import WINDOW_OFFSET, encode_fields
+    from distbreaker._runtime.state_record import (
+        WINDOW_OFFSET,
+        encode_fields,
+        encode_time_window,
+    )
 
     data = client.get(key)
     assert isinstance(data, bytes)
     seconds, _ = client.time()
     last = int(seconds) - gap
-    size = LONG_WINDOW
-    slots = bytearray()
-    for i in range(size):
-        slots += struct.pack(">5I", last - (last - i) % size, 10, 0, 0, 50)
-    header = encode_fields(data, wsec=last, ttl_at=(last if ttl_due else int(seconds)) * 1000,
-                           calls=10 * size, failures=0, slow=0, total_ms=50 * size)
-    client.set(key, header[:WINDOW_OFFSET] + bytes(slots), keepttl=True)
+    slots, (calls, failures, slow, total_ms) = encode_time_window(
+        size, last, {t: (10, 0, 0, 50) for t in range(last - size, last + 1)})
+    header = encode_fields(data, wsec=last, head=last - size,
+                           ttl_at=(last if ttl_due else int(seconds)) * 1000,
+                           calls=calls, failures=failures, slow=slow, total_ms=total_ms)
+    client.set(key, header[:WINDOW_OFFSET] + slots, keepttl=True)
 
 
 def idle_long_window(client: redis.Redis, name: str, gap: int, label: str,
-                     calls: int, ttl_due: bool = True) -> CostScenario:
-    """The first call on a TIME-3600 breaker after an idle `gap`: each call of a batch
-    is made on its own breaker, every one aged by `prepare` (outside the measurement)."""
-    pool = [time_breaker(client, f"{name}-{i}") for i in range(max(calls, WARM_UP_CALLS))]
+                     calls: int, ttl_due: bool = True, window: int = LONG_WINDOW,
+                     batched: bool = False) -> CostScenario:
+    """The first call on a TIME breaker (TIME-3600 unless `window` says) after an idle
+    `gap`: each call of a batch is made on its own breaker, every one aged by `prepare`
+    (outside the measurement). `batched`: the call is a flush of IDLE_FLUSH outcomes."""
+    pool = [time_breaker(client, f"{name}-{i}", window, batched)
+            for i in range(max(calls, WARM_UP_CALLS))]
     made = False
     turn = 0
 
@@ -309,7 +324,7 @@ def idle_long_window(client: redis.Redis, name: str, gap: int, label: str,
                 breaker.call(ok)
             made = True
         for breaker in pool:
-            age_time_record(client, breaker.keys.state, gap, ttl_due)
+            age_time_record(client, breaker.keys.state, gap, ttl_due, window)
             # its first call after the gap says hello, as a worker's does after any gap
             # longer than HELLO_INTERVAL (20 s)
             breaker._codec._next_hello = 0.0
@@ -317,9 +332,24 @@ def idle_long_window(client: redis.Redis, name: str, gap: int, label: str,
 
     def call() -> None:
         nonlocal turn
-        pool[turn % len(pool)].call(ok)
+        breaker = pool[turn % len(pool)]
         turn += 1
+        if not batched:
+            breaker.call(ok)
+            return
+        for _ in range(IDLE_FLUSH):
+            breaker.call(ok)
+        breaker.flush()
 
+    size = f"{window:,} s"
+    if batched:
+        return CostScenario(f"batched_time_{window}_idle_{gap}",
+                            f"TIME window of {size}, a batched flush of {IDLE_FLUSH} "
+                            f"outcomes {label}", call, prepare=prepare)
+    if window != LONG_WINDOW:
+        return CostScenario(f"closed_time_{window}_idle_{gap}",
+                            f"TIME window of {size}, first call {label}", call,
+                            prepare=prepare)
     if ttl_due:
         return CostScenario(f"closed_time_idle_{gap}",
                             f"TIME window of 3,600 s, first call {label}", call, prepare=prepare)
@@ -515,6 +545,10 @@ def build_scenarios(url: str, tag: str, calls: int = DEFAULT_CALLS,
               for gap, label in IDLE_GAPS),
             idle_long_window(client, f"{tag}-idle-fresh", IDLE_GAPS[0][0], IDLE_GAPS[0][1],
                              calls, ttl_due=False),
+            *(idle_long_window(client, f"{tag}-idle60-{gap}", gap, label, calls,
+                               window=SHORT_WINDOW) for gap, label in SHORT_IDLE_GAPS),
+            idle_long_window(client, f"{tag}-idle-batched", 1800, "after 30 min idle", calls,
+                             batched=True),
             half_open_probe(client, f"{tag}-half"), open_fast_fail(client, f"{tag}-open"),
             *(batched_closed(client, f"{tag}-batched-{k}", k) for k in BATCH_SIZES),
             policy_attempt(client, f"{tag}-policy"),

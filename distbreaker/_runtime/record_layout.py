@@ -25,7 +25,8 @@ STATES = ("CLOSED", "OPEN", "HALF_OPEN", "FORCED_OPEN", "DISABLED", "METRICS_ONL
 #: A count window slot (u32): bit 31 an outcome is present, 30 failed, 29 slow, 0-28 ms.
 PRESENT, FAILED, SLOW, MS_MASK = 1 << 31, 1 << 30, 1 << 29, (1 << 29) - 1
 COUNT_SLOT_BYTES = 4
-#: A time window slot: five u32 (epoch second, calls, failures, slow, ms).
+#: A time window slot: five u32, the running totals at the end of its second (ms high
+#: bits, calls, failures, slow, ms low bits; docs/KEY_SCHEMA.md "Window").
 TIME_SLOT_BYTES = 20
 
 
@@ -96,7 +97,9 @@ FIELDS: tuple[Field, ...] = (
     Field("max_half_open_ms", "max wait in half-open, ms, 0 = none (config field 9)"),
     Field("magic", f"always `{MAGIC}` (`\"dbv2\"`); anything else is foreign data"),
     Field("fp", "fingerprint of the stored config (see below); 0 = unset"),
-    Field("window_type", "0 COUNT_BASED, 1 TIME_BASED"),
+    Field("window_type", "0 COUNT_BASED, 2 TIME_BASED (cumulative slots); 1: TIME_BASED in "
+                         "the per-second layout of earlier versions, which the next call "
+                         "re-bases to 2"),
     Field("window_size", "calls or seconds"),
     Field("minimum_calls", "minimum number of calls"),
     Field("failure_threshold_e4", "failure rate threshold, 1/10000 of a percent "
@@ -113,8 +116,9 @@ FIELDS: tuple[Field, ...] = (
     Field("failures", "window total: failed calls"),
     Field("slow", "window total: slow calls"),
     Field("total_ms", "window total: ms of all calls"),
-    Field("head", "count window: next ring slot to write"),
-    Field("wsec", "time window: the last epoch second whose stale slots were evicted"),
+    Field("head", "count window: next ring slot to write; time window: its epoch second "
+                  "(the running totals are 0 before it)"),
+    Field("wsec", "time window: the last epoch second the window was moved to (0: never)"),
     Field("seq", "write sequence number: +1 (mod 2^32) on every write of the `state` "
                  "group; the hot read ends near it, with the cumulative counters (Lua 5.1 "
                  "hashes only some bytes of a long string, the last one always: strings "

@@ -81,8 +81,8 @@ def weighted_percentile(pairs: Sequence[tuple[float, int]], share: float) -> flo
 
 def window_end(window_type: str, size: int) -> int:
     """The last byte of a state record's window (what a latency read GETRANGEs)."""
-    width = (state_record.COUNT_SLOT_BYTES if window_type == "COUNT_BASED"
-             else state_record.TIME_SLOT_BYTES) * size
+    width = (state_record.COUNT_SLOT_BYTES * size if window_type == "COUNT_BASED"
+             else state_record.time_window_bytes(size))
     return state_record.WINDOW_OFFSET + width - 1
 
 
@@ -102,7 +102,7 @@ def window_latency(raw: bytes, window_type: str, size: int,
                 "mean_ms": round(sum(ms) / len(ms), 1), "calls": len(ms)}
     now_s = now_ms // 1000
     seconds = sorted((total / calls, calls) for sec, calls, _, _, total
-                     in state_record.time_slots(raw, size) if calls and 0 <= now_s - sec < size)
+                     in state_record.time_seconds(raw, size) if 0 <= now_s - sec < size)
     if not seconds:
         return None
     calls = sum(n for _, n in seconds)

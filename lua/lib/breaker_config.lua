@@ -30,7 +30,7 @@ local function parse(wire)
   if not (size and mc and fthr and sthr and ow and pr and mho and lease and ttl and sd) then
     return false
   end
-  return {window_type = (wt == 'T') and 1 or 0, window_size = size, min_calls = mc,
+  return {window_type = (wt == 'T') and 2 or 0, window_size = size, min_calls = mc,
           failure_threshold = floor(fthr * 10000 + 0.5),
           slow_threshold = floor(sthr * 10000 + 0.5), open_wait = ow, probes_max = pr,
           max_half_open = mho, lease_ms = lease, ttl_ms = ttl, slow_ms = sd,

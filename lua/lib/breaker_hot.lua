@@ -41,9 +41,8 @@ local function record(keys, args, given_now, given_micros)
   local k = keys[1]
   local raw = pcall_('GETRANGE', k, HOT_AT, HOT_LAST)
   if type(raw) ~= 'string' or #raw < HOT_BYTES then return nil, nil, given_now, given_micros end
-  -- a TIME window or another state than CLOSED leaves at once, before the fields are
-  -- decoded
-  if byte(raw, WINDOW_TYPE_BYTE) ~= 0 or byte(raw, STATE_BYTE) ~= 0 then
+  -- another state than CLOSED leaves at once, before the fields are decoded
+  if byte(raw, WINDOW_TYPE_BYTE) == 1 or byte(raw, STATE_BYTE) ~= 0 then
     return nil, raw, given_now, given_micros
   end
   local ms = tonumber(args[10])
@@ -53,9 +52,18 @@ local function record(keys, args, given_now, given_micros)
         failure_threshold, slow_threshold, key_ttl, code, since_ms, override_until,
         ttl_refreshed_at, n_calls, n_failures, n_slow, sum_ms, ring_head, window_sec,
         write_seq, calls_total, failures_total = packer.unpack(HOT_FORMAT, raw)
-  if magic ~= MAGIC or code ~= 0 or window_type ~= 0 or window_size <= 0
+  if magic ~= MAGIC or code ~= 0 or window_type == 1 or window_type > 2 or window_size <= 0
       or override_until ~= 0 then
     return nil, raw, given_now, given_micros
+  end
+  if window_type == 2 then
+    -- a TIME window stays here only in the second it saw last (the first call of a new
+    -- second moves it on, on the general path: lua/lib/breaker_window.lua advance_time);
+    -- `ring_head` is its epoch (window type 1: a record an earlier version wrote)
+    if not given_now then given_now, given_micros = server_time() end
+    if window_sec ~= (given_now - given_now % 1000) / 1000 or ring_head == 0 then
+      return nil, raw, given_now, given_micros
+    end
   end
   if FAST_N >= 256 then FP_TEXT, SLOT_BIT, FAST_N = {}, {}, 0 end
   local fp_text = FP_TEXT[stored_fp]
@@ -81,6 +89,15 @@ local function record(keys, args, given_now, given_micros)
   if t_now - ttl_refreshed_at >= key_ttl / 2 or ttl_refreshed_at > t_now then
     return nil, raw, t_now, us
   end
+  local o, n, f, sl, total, next_head
+  if window_type == 2 then
+    -- a TIME window in the second it saw last: only the header's totals change
+    n, f, sl, total, next_head = n_calls + 1, n_failures, n_slow, sum_ms + ms, ring_head
+    if n >= minimum_calls
+        and (f * 1000000 >= failure_threshold * n or sl * 1000000 >= slow_threshold * n) then
+      return nil, raw, t_now, us
+    end
+  else
   local m = min(ms, MS_MASK)
   local bit = SLOT_BIT[ring_head]
   if not bit then
@@ -89,7 +106,7 @@ local function record(keys, args, given_now, given_micros)
   end
   local r = pcall_('BITFIELD', k, 'SET', 'u32', bit, int(PRESENT + m))
   if r.err then return nil, raw, t_now, us end
-  local o, n, f, sl, total = r[1], n_calls + 1, n_failures, n_slow, sum_ms + m
+  o, n, f, sl, total = r[1], n_calls + 1, n_failures, n_slow, sum_ms + m
   if o >= PRESENT then  -- the slot's old outcome leaves the window
     local old = o - PRESENT
     n = n - 1
@@ -102,15 +119,19 @@ local function record(keys, args, given_now, given_micros)
     rcall('BITFIELD', k, 'SET', 'u32', bit, int(o))
     return nil, raw, t_now, us
   end
+  next_head = (ring_head + 1) % window_size
+  end
   -- the totals group (window totals, head, window_sec, seq, the cumulative counters);
   -- the state's own fields stay
   -- (seq's bit 32: shadow configs exist, fed after the write: lua/lib/breaker_shadow.lua)
   local shadowed = write_seq >= 4294967296
-  rcall('SETRANGE', k, TOTALS_AT, packer.pack(TOTALS_FORMAT, n, f, sl, total,
-                                              (ring_head + 1) % window_size, window_sec,
-                                              shadowed and (write_seq + 1) % 4294967296
-                                              + 4294967296 or (write_seq + 1) % 4294967296,
-                                              calls_total + 1, failures_total))
+  -- (a TIME window's first write: through pcall, a refusal leaves the general path to
+  -- answer it)
+  local w = (window_type == 2 and pcall_ or rcall)('SETRANGE', k, TOTALS_AT, packer.pack(
+    TOTALS_FORMAT, n, f, sl, total, next_head, window_sec,
+    shadowed and (write_seq + 1) % 4294967296 + 4294967296 or (write_seq + 1) % 4294967296,
+    calls_total + 1, failures_total))
+  if type(w) == 'table' and w.err then return nil, raw, t_now, us end
   if shadowed then pcall(breaker_shadow.feed, k, t_now, us, 1, 0, 0, ms) end
   if worker then rehello(k .. ':meta', k .. ':cfgs', worker, fp_text, args[3], t_now, key_ttl) end
   return {'CLOSED', t_now, since_ms}

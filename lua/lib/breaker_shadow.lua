@@ -48,7 +48,7 @@ local exceeded, rate, describe = breaker_window.exceeded, breaker_window.rate,
                                  breaker_window.describe
 local evicted, record_one, record_many = breaker_window.evicted, breaker_window.record_one,
                                          breaker_window.record_many
-local evict_time, record_time = breaker_window.evict_time, breaker_window.record_time
+local advance_time = breaker_window.advance_time
 local PRESENT, FAILED, SLOW, MS_MASK = layout.PRESENT, layout.FAILED, layout.SLOW,
                                        layout.MS_MASK
 local window_write = breaker_window.write
@@ -209,17 +209,19 @@ local function step(kring, c, hot, cold_bytes, now, micros, ok, fails, slows, ms
     events = move(st, c, 'max_wait_elapsed', nil, now, micros, events)
   end
   if st.clear_ring then new_ring(kring, c); st.clear_ring = nil end
-  local whole
-  if c.window_type == 1 then
+  if c.window_type ~= 0 then
+    -- (as the live record's: lua/breaker.lua evict_time_buckets; `head` is the
+    -- window's epoch, 0 in a ring an earlier version wrote)
     local sec = floor(now / 1000)
-    if sec ~= st.wsec then
-      local zero
-      whole, zero, st.calls, st.failures, st.slow, st.total_ms = evict_time(
-        kring, sec, st.wsec, c.window_size, st.calls, st.failures, st.slow, st.total_ms)
-      if whole then
-        st.calls, st.failures, st.slow, st.total_ms = 0, 0, 0, 0
-        if zero then new_ring(kring, c) end
+    if sec ~= st.wsec or st.head == 0 then
+      local zero, plan
+      zero, plan, st.calls, st.failures, st.slow, st.total_ms, st.head = advance_time(
+        kring, sec, st.wsec, c.window_size, st.calls, st.failures, st.slow, st.total_ms,
+        st.head)
+      if zero then
+        window_write(kring, true, 1, c.window_size, nil, nil, 0, 0, nil)
       end
+      if plan then window_write(kring, false, 1, c.window_size, nil, plan, 0, 0, nil) end
       st.wsec = sec
     end
   end
@@ -244,8 +246,6 @@ local function step(kring, c, hot, cold_bytes, now, micros, ok, fails, slows, ms
         st.slow, st.total_ms = st.slow + ds, st.total_ms + dms
       end
     else
-      local off, values = record_time(kring, now, c.window_size, false, n, fails, slows, ms)
-      window_write(kring, false, 1, c.window_size, off, values, 0, 0, nil)
       st.calls, st.failures = st.calls + n, st.failures + fails
       st.slow, st.total_ms = st.slow + slows, st.total_ms + ms
     end

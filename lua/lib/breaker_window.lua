@@ -6,9 +6,9 @@
 --
 -- Count window: a ring of window_size u32 slots at byte WIN + 4 * slot: bit 31 set
 -- for a recorded outcome, bit 30 failed, bit 29 slow, bits 0-28 its ms (capped).
--- Time window: slot s (epoch second % size) is 5 u32 at byte WIN + 20 * slot:
--- second, calls, failures, slow, ms.
-local floor, min, max = math.floor, math.min, math.max
+-- Time window: slot s (epoch second % size) is 5 u32 at byte WIN + 20 * slot: the
+-- running totals at the end of that second (advance_time below).
+local floor, min, max, tonumber = math.floor, math.min, math.max, tonumber
 local rcall, pcall_, rep, sub, byte = redis.call, redis.pcall, string.rep, string.sub,
                                      string.byte
 local layout = record_layout
@@ -47,7 +47,7 @@ end
 -- idle gaps): a kept string costs no allocation, which Lua's collector would pay
 -- for again in proportion. Longer runs than the longest TIME ring (a large COUNT
 -- window's reset) are built.
-local ZERO_KEPT, ZERO_LONG = 32, TIME_SLOT * 3600
+local ZERO_KEPT, ZERO_LONG = 32, (TIME_SLOT + 1) * 3600
 local zero_long = nil
 local zero_runs, n_zero_runs = {}, 0
 local function zeros(n)
@@ -61,108 +61,137 @@ local function zeros(n)
   return z
 end
 
--- Time window eviction: the fields calls, failures, slow, ms (2-5 of each slot)
--- summed over the `count` slots of the string s whose second (field 1) is the one
--- expected there: `expect` for the first, one more for each next; a slot holding
--- another second is stale (left by an earlier gap: eviction does not zero slots)
--- and counts nothing. Blocks of zero slots (never used, or cleared) are skipped by
--- one comparison with a kept string of zeros: Lua strings are interned, so the
--- block's `sub` finds that string (no allocation) and the comparison is of two
--- pointers. Other slots are decoded one by one, without tables. Answers the sums
--- and the second expected next.
-local BLOCK = 64
-local ZERO_BLOCK = rep('\0', TIME_SLOT * BLOCK)
+-- Time window, cumulative slots (docs/KEY_SCHEMA.md, "Window"). Slot x % S holds the
+-- running totals C(x) at the end of second x (calls, failures, slow modulo 2^32; ms
+-- modulo 2^52, its high 20 bits in the slot's first u32, its low 32 bits in the
+-- last), counted from the record's epoch `head` (C is 0 before it): only differences
+-- mean anything. A second with calls is *active*; after the slots, two bitmaps (one
+-- per parity of the lap floor(x / S), bit S - 1 - x % S for second x: the latest
+-- second first) flag the active seconds of the last two laps. The header's totals T
+-- are C(wsec) - C(wsec - S); C(y) for any y is C of the latest active second <= y
+-- (nothing happened since), found by one BITPOS in C, so no gap is ever filled.
+-- A call in the same second writes nothing but the header. The first call of a new
+-- second `sec`: C(wsec) = T + C(wsec - S), the latter carried in slot wsec % S (it
+-- was written there when second wsec started); C(sec - S) from the latest active
+-- second in (wsec - S, sec - S] (one GETBIT when the gap is one second, else one
+-- BITPOS, two across a lap's start, and its slot); the new totals are their
+-- difference. It writes slot wsec (its C), slot sec (C(sec - S), carried), wsec's
+-- flag, and zeroes the bitmap of a lap that starts. A handful of commands, a few
+-- dozen bytes, at any gap. A slot whose first u32 is 2^20 or more holds an epoch
+-- second: an old-layout slot (a worker of an earlier version wrote it): the record
+-- is then re-based (below).
+local M32, M52, HI_TOP = 4294967296, 4503599627370496, 1048576
 local SLOT_FORMAT = '>I4I4I4I4I4'
-local function sum_run(s, count, expect, c, f, sl, ms)
-  if #s < count * TIME_SLOT then s = s .. rep('\0', count * TIME_SLOT - #s) end
-  local pos = 1
-  while count > 0 do
-    local k = min(count, BLOCK)
-    local bytes = k * TIME_SLOT
-    -- (a block whose first slot holds a second is busy: no copy made to compare it)
-    if k < BLOCK or byte(s, pos + 3) ~= 0 or byte(s, pos + 2) ~= 0
-        or sub(s, pos, pos + bytes - 1) ~= ZERO_BLOCK then
-      local t = expect
-      for at = pos, pos + bytes - 1, TIME_SLOT do
-        if packer then
-          local second, n, nf, ns, nms = packer.unpack(SLOT_FORMAT, s, at)
-          if second == t then c, f, sl, ms = c + n, f + nf, sl + ns, ms + nms end
-        else
-          local v = decode(s, 5, 4, at)
-          if v[1] == t then c, f, sl, ms = c + v[2], f + v[3], sl + v[4], ms + v[5] end
-        end
-        t = t + 1
-      end
+
+-- The bytes of one slot holding the running totals c, f, s, ms.
+local function time_slot(c, f, s, ms)
+  local hi = floor(ms / M32)
+  if packer then return packer.pack(SLOT_FORMAT, hi, c, f, s, ms - hi * M32) end
+  return encode({hi, c, f, s, ms - hi * M32}, 1, 5, 4)
+end
+
+-- The running totals in the slot at byte `pos` of s, and whether it is foreign (an
+-- old-layout slot).
+local function slot_values(s, pos)
+  local hi, c, f, sl, lo
+  if packer and #s >= pos + TIME_SLOT - 1 then
+    hi, c, f, sl, lo = packer.unpack(SLOT_FORMAT, s, pos)
+  else
+    local v = decode(s, 5, 4, pos)
+    hi, c, f, sl, lo = v[1], v[2], v[3], v[4], v[5]
+  end
+  return c, f, sl, hi * M32 + lo, hi >= HI_TOP
+end
+
+local function read_slot(key, size, x)
+  local at = WIN + TIME_SLOT * (x % size)
+  return slot_values(rcall('GETRANGE', key, int(at), int(at + TIME_SLOT - 1)), 1)
+end
+
+-- A bitmap's bytes; the first byte of the bitmaps; the bit offset of second x's flag.
+local function flag_bytes(size) return floor((size + 7) / 8) end
+local function flags_at(size) return WIN + TIME_SLOT * size end
+local function flag_bit(size, x)
+  local lap = floor(x / size)
+  return (flags_at(size) + (lap % 2) * flag_bytes(size)) * 8 + size - 1 - (x - lap * size)
+end
+
+-- The first set bit in bits [top, bottom] of the record, or -1: BITPOS in BIT units
+-- (Redis 7); before 7 (and where the version is not said: fakeredis), the first
+-- byte's bits from `top` are tested here and BITPOS searches the whole bytes after it.
+local BIT_UNITS = (tonumber(redis.REDIS_VERSION_NUM) or 0) >= 458752  -- 0x070000
+local function first_set(key, top, bottom)
+  if BIT_UNITS then return rcall('BITPOS', key, 1, int(top), int(bottom), 'BIT') end
+  local tb, bb = floor(top / 8), floor(bottom / 8)
+  local v = byte(rcall('GETRANGE', key, int(tb), int(tb)), 1) or 0
+  local last = tb == bb and bottom % 8 or 7
+  for i = top % 8, last do  -- (the bits of one byte: at most 8)
+    if floor(v / 2 ^ (7 - i)) % 2 == 1 then return tb * 8 + i end
+  end
+  if tb == bb then return -1 end
+  local b = rcall('BITPOS', key, 1, int(tb + 1), int(bb))
+  if b < 0 or b > bottom then return -1 end
+  return b
+end
+
+-- The latest active second in [lo, hi] (at most two laps), or nil.
+local function latest_in_lap(key, size, lo, hi)
+  local top = flag_bit(size, hi)
+  local b = first_set(key, top, flag_bit(size, lo))
+  if b < 0 then return nil end
+  return hi - (b - top)
+end
+local function latest_active(key, size, lo, hi)
+  if lo > hi then return nil end
+  local start = hi - hi % size
+  if lo >= start then return latest_in_lap(key, size, lo, hi) end
+  return latest_in_lap(key, size, start, hi) or latest_in_lap(key, size, lo, start - 1)
+end
+
+-- Time window: second `sec` starts, `wsec` the last one seen (0: none), `epoch` the
+-- record's (`head`; 0: a record in the old layout, per-second tagged slots, which an
+-- earlier version wrote). Reads only; answers whether both bitmaps are zeroed, the
+-- plan of the other writes (nil: none; `write_time` makes them), the new totals and
+-- epoch. A gap of a whole window, a window never used (wsec 0) or a clock gone back
+-- (sec < wsec) restart: zero totals, new epoch, nothing written (the bitmaps are
+-- zeroed by the first move from the epoch second: nothing reads a flag before). An
+-- old-layout record, or one where an old worker wrote a slot (found here), is
+-- re-based: its totals are kept, as if every call in them was made in second wsec
+-- (they leave the window at wsec + S: late, never early), the epoch becomes wsec.
+local function advance_time(key, sec, wsec, size, calls, failures, slow, total_ms, epoch)
+  if wsec == 0 or sec < wsec or sec - wsec >= size then
+    return false, nil, 0, 0, 0, 0, sec
+  end
+  if epoch == 0 then epoch = wsec end
+  local zero = wsec == epoch
+  if sec == wsec then return zero, nil, calls, failures, slow, total_ms, epoch end
+  local y0, y = wsec - size, sec - size
+  -- C(wsec - S), carried in slot wsec; C(sec - S), of the latest active second
+  local lc, lf, ls, lms, foreign = 0, 0, 0, 0, false
+  if y0 >= epoch then lc, lf, ls, lms, foreign = read_slot(key, size, wsec) end
+  local a
+  if y >= epoch then
+    local lo = max(y0 + 1, epoch)
+    if lo == y then
+      if rcall('GETBIT', key, int(flag_bit(size, y))) == 1 then a = y end
+    else
+      a = latest_active(key, size, lo, y)
     end
-    pos, count, expect = pos + bytes, count - k, expect + k
   end
-  return c, f, sl, ms, expect
-end
-
--- The sums of `count` slots from slot `first` (wrapping), the first expected to
--- hold second `expect`: one GETRANGE, two when the run wraps.
-local function sum_slots(key, first, count, expect, window_size)
-  local tail = min(count, window_size - first)
-  local at = WIN + TIME_SLOT * first
-  local c, f, sl, ms
-  c, f, sl, ms, expect = sum_run(rcall('GETRANGE', key, int(at),
-                                       int(at + TIME_SLOT * tail - 1)),
-                                 tail, expect, 0, 0, 0, 0)
-  if count > tail then
-    c, f, sl, ms = sum_run(rcall('GETRANGE', key, int(WIN),
-                                 int(WIN + TIME_SLOT * (count - tail) - 1)),
-                           count - tail, expect, c, f, sl, ms)
+  local oc, of, os, oms, foreign_a = lc, lf, ls, lms, false
+  if a then oc, of, os, oms, foreign_a = read_slot(key, size, a) end
+  if foreign or foreign_a then
+    zero, epoch, lc, lf, ls, lms, oc, of, os, oms = true, wsec, 0, 0, 0, 0, 0, 0, 0, 0
   end
-  return c, f, sl, ms
-end
-
--- Time window: the seconds in (window_sec, sec] leave it. Nothing is zeroed: a slot
--- counts only while it holds a second of the window (the totals are the sum of those
--- slots), so the slots of seconds that left are simply no longer counted, and
--- this second's slot starts afresh when it holds another second. The totals lose
--- what the run of evicted seconds held (their slots, from slot (window_sec + 1) %
--- size, hold seconds window_sec + 1 - size ...): read in one GETRANGE (two when it
--- wraps), or, when that run is the larger part of the ring, the totals are the sum
--- of the slots that stay. So any gap reads at most half the ring, writes nothing
--- but this second's slot, and idle seconds cost next to nothing (sum_run).
--- Answers whether the whole window restarts (the gap is >= the window, or the
--- clock went back), whether its ring must then be zeroed (the clock went back:
--- slots of seconds ahead of it would count again), the totals and the number of
--- seconds that left (0: none, or nothing was counted).
-local function evict_time(key, sec, window_sec, window_size, calls, failures, slow, total_ms)
-  if sec < window_sec then return true, true, 0, 0, 0, 0, 0 end
-  if window_sec == 0 or sec - window_sec >= window_size then
-    return calls ~= 0 or window_sec ~= 0, false, 0, 0, 0, 0, 0
+  local c, f, s, ms = (calls + lc) % M32, (failures + lf) % M32, (slow + ls) % M32,
+                      (total_ms + lms) % M52
+  local plan = {wsec % size, time_slot(c, f, s, ms), sec % size, time_slot(oc, of, os, oms),
+                flag_bit(size, wsec), nil}
+  if not zero and floor(sec / size) ~= floor(wsec / size) then  -- a lap starts: its
+    -- bitmap is zeroed
+    plan[6] = flags_at(size) + (floor(sec / size) % 2) * flag_bytes(size)
   end
-  if calls <= 0 then return false, false, calls, failures, slow, total_ms, 0 end
-  local gap = sec - window_sec
-  if gap * 2 <= window_size then
-    local c, f, sl, ms = sum_slots(key, (window_sec + 1) % window_size, gap,
-                                   window_sec + 1 - window_size, window_size)
-    calls, failures, slow, total_ms = calls - c, failures - f, slow - sl, total_ms - ms
-  else
-    calls, failures, slow, total_ms = sum_slots(key, (sec + 1) % window_size,
-                                                window_size - gap, sec + 1 - window_size,
-                                                window_size)
-  end
-  return false, false, calls, failures, slow, total_ms, gap
-end
-
--- Time window record: this second's slot with the outcomes added (read first unless
--- the ring was cleared by this call; a slot holding another second starts from zero);
--- answers its offset and its 5 values.
-local function record_time(key, now, window_size, cleared, n, fails, slows, ms)
-  local sec = floor(now / 1000)
-  local off = WIN + TIME_SLOT * (sec % window_size)
-  local cur
-  if cleared then
-    cur = {sec, 0, 0, 0, 0}
-  else
-    cur = read_bytes(key, off, 5, 4)
-    if cur[1] ~= sec then cur = {sec, 0, 0, 0, 0} end
-  end
-  cur[2], cur[3], cur[4], cur[5] = cur[2] + n, cur[3] + fails, cur[4] + slows, cur[5] + ms
-  return off, cur
+  return zero, plan, (c - oc) % M32, (f - of) % M32, (s - os) % M32, (ms - oms) % M52, epoch
 end
 
 -- What a count slot's old value takes out of the totals (calls, failures, slow, ms);
@@ -230,11 +259,23 @@ local function record_many(key, head, window_size, ok, fails, slows, ms, values)
   return k, head, dn, df, ds, dms
 end
 
--- The time window's writes: the ring zeroed whole (a kept zero string: one copy)
--- when it restarts with slots that would count again, then this second's slot.
-local function write_time(key, whole, window_size, slot_at, slot_values)
-  if whole then rcall('SETRANGE', key, WIN, zeros(TIME_SLOT * window_size)) end
-  if slot_at then rcall('SETRANGE', key, int(slot_at), encode(slot_values, 1, 5, 4)) end
+-- The time window's writes: both bitmaps zeroed (`whole`: a restart; a kept zero
+-- string), then the plan of advance_time: a lap's bitmap zeroed, slot wsec (its C) and
+-- slot sec (the carried C(sec - S)): one SETRANGE when they are neighbours, and the
+-- flag of wsec.
+local function write_time(key, whole, size, _, plan)
+  local nb = flag_bytes(size)
+  if whole then rcall('SETRANGE', key, int(flags_at(size)), zeros(2 * nb)) end
+  if not plan then return end
+  if plan[6] then rcall('SETRANGE', key, int(plan[6]), zeros(nb)) end
+  local a, b = plan[1], plan[3]
+  if b == a + 1 then
+    rcall('SETRANGE', key, int(WIN + TIME_SLOT * a), plan[2] .. plan[4])
+  else
+    rcall('SETRANGE', key, int(WIN + TIME_SLOT * a), plan[2])
+    rcall('SETRANGE', key, int(WIN + TIME_SLOT * b), plan[4])
+  end
+  rcall('SETBIT', key, int(plan[5]), 1)
 end
 
 -- The window's writes (after the header): a time window's (write_time); a count
@@ -259,12 +300,14 @@ local function write(key, whole, window_type, window_size, time_slot_at, time_sl
 end
 
 -- A new record's window, all zero (the caller writes the record in one piece, at
--- its full length, so Redis sizes the string exactly).
+-- its full length, so Redis sizes the string exactly): a time window's slots and its
+-- two bitmaps.
 local function empty(window_type, window_size)
-  return zeros((window_type == 0 and COUNT_SLOT or TIME_SLOT) * window_size)
+  if window_type == 0 then return zeros(COUNT_SLOT * window_size) end
+  return zeros(TIME_SLOT * window_size + 2 * flag_bytes(window_size))
 end
 
-return {rate = rate, exceeded = exceeded, describe = describe, evict_time = evict_time,
-        record_time = record_time, evicted = evicted, record_one = record_one,
+return {rate = rate, exceeded = exceeded, describe = describe, advance_time = advance_time,
+        evicted = evicted, record_one = record_one,
         record_many = record_many, write = write,
         empty = empty}

@@ -68,9 +68,7 @@ def age_time_window(client: Any, keys: BreakerKeys, gap: int, per_second: int = 
     With `every` > 1 only the seconds divisible by it saw calls (the other slots are
     zero bytes, never used). Keeps the TTL; the TTL refresh is as old as that last
     call. Answers the epoch second of that last call."""
-    import struct
-
-    from distbreaker._runtime.state_record import WINDOW_OFFSET
+    from distbreaker._runtime.state_record import WINDOW_OFFSET, encode_time_window
 
     raw = raw_client(client)
     data = raw.get(keys.state)
@@ -78,12 +76,9 @@ def age_time_window(client: Any, keys: BreakerKeys, gap: int, per_second: int = 
     size = decode_record(data)["window_size"]
     seconds, _ = raw.time()
     last = int(seconds) - gap
-    seconds_of = [last - (last - i) % size for i in range(size)]
-    busy = [t % every == 0 for t in seconds_of]
-    slots = b"".join(struct.pack(">5I", t, per_second, 0, 0, ms) if used else bytes(20)
-                     for t, used in zip(seconds_of, busy, strict=True))
-    n = sum(busy)
-    header = encode_fields(data, wsec=last, ttl_at=last * 1000, calls=per_second * n,
-                           failures=0, slow=0, total_ms=ms * n)
+    busy = {t: (per_second, 0, 0, ms) for t in range(last - size, last + 1) if t % every == 0}
+    slots, (calls, failures, slow, total_ms) = encode_time_window(size, last, busy)
+    header = encode_fields(data, wsec=last, head=last - size, ttl_at=last * 1000, calls=calls,
+                           failures=failures, slow=slow, total_ms=total_ms)
     raw.set(keys.state, header[:WINDOW_OFFSET] + slots, keepttl=True)
     return last
