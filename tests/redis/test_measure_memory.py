@@ -44,9 +44,9 @@ def test_measures_every_key_of_each_breaker_shape(redis_url: str,
     assert churned["keys"]["history"] > tripped["keys"]["history"]
     for row in (idle, timed, tripped, churned):
         # written whole when created, the record is sized exactly: what MEMORY USAGE
-        # adds to its content is the allocator's size class and the key's own
+        # adds to its content is the allocator's size class (below) and the key's own
         # overhead, not the up-to-2x of a string grown piece by piece
-        assert row["keys"]["state"] - row["record_content"] < 160, row
+        assert row["keys"]["state"] - row["record_allocated"] < 160, row
         assert row["record_content"] <= row["record_allocated"] < 1.25 * row["record_content"]
     # an idle bulkhead keeps its lease zset (only the keep-alive member `~`, so the next
     # acquire sends no PEXPIREAT: docs/KEY_SCHEMA.md, the bulkhead's keys)
@@ -60,10 +60,11 @@ def test_measures_every_key_of_each_breaker_shape(redis_url: str,
     redis_client.flushall()
     bigger = rows(redis_url, 200)[0]
     assert bigger["keys"]["state"] > idle["keys"]["state"]
-    # COUNT-100 and TIME-60 (the shapes docs/OPERATIONS.md shows) fall in close classes
+    # COUNT-100 and TIME-60 (the shapes docs/OPERATIONS.md shows): their size classes
+    # (TIME-60's 1,536 bytes and the string's header just miss the 1,536 class)
     redis_client.flushall()
     assert [r["record_ratio"] for r in rows(redis_url, 100)[:2]] == [
-        round(768 / 720, 3), round(1536 / 1520, 3)]
+        round(768 / 720, 3), round(1792 / 1536, 3)]
 
 
 def test_fleet_row_reports_used_memory_per_breaker(redis_url: str) -> None:
