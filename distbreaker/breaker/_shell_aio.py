@@ -141,7 +141,7 @@ class BreakerShell(BreakerCore):
 
         `outcome` overrides the breaker's own classification of `error`.
         """
-        pending = self._record_pending(permit, error, duration, outcome)
+        pending = self._record_pending(permit, error, duration, outcome, compact=True)
         if pending is not None:
             with self._recording(error):
                 await send_async(self._client, pending)

@@ -270,8 +270,14 @@ _new_object = object.__new__
 
 def decode_reply(raw: Sequence[Any]) -> Reply:
     """Decode the breaker script's reply array (bytes or str, per client settings): the
-    full reply, or the short one {state, now_ms, since_ms} of a record that changed
-    nothing a worker must know."""
+    full reply, the short one {state, now_ms, since_ms} of a record that changed
+    nothing a worker must know, or the compact record's {now_ms, since_ms}."""
+    if len(raw) == 2:
+        # the compact record's reply {now_ms, since_ms}: CLOSED, nothing else to know
+        reply = _new_object(Reply)
+        reply.__dict__.update(_SHORT_REPLY, state=State.CLOSED, now_ms=int(raw[0]),
+                              since_ms=int(raw[1]))
+        return reply
     if len(raw) == 3:
         # the reply of every usual record: built with one dict update, not the frozen
         # dataclass's object.__setattr__ per field (a third of the cost), equal to
@@ -354,6 +360,10 @@ class BreakerCodec:
         self.wire = config.to_wire()
         self.fingerprint = config_fingerprint(self.wire)
         self._slow_ms = to_ms(config.slow_call_duration)
+        #: The compact record can say this config's usual record (a count window, no
+        #: quorum: its hot path; docs/KEY_SCHEMA.md, "The compact record").
+        self._compact = (config.sliding_window_type is WindowType.COUNT_BASED
+                         and config.min_failing_workers <= 1)
         self._lock = threading.Lock()
         self._view: State | None = None          # None: unknown, ask Redis
         #: The view Redis last gave before it became unreachable (the fallback inherits it).
@@ -472,6 +482,20 @@ class BreakerCodec:
         counts = self._counts(outcome, duration)
         self._note_own(counts)
         return self._call("record", permit.token, *counts, *self._record_tail(counts))
+
+    def compact_args(self, call: ScriptCall) -> tuple[Any, ...] | None:
+        """ARGV of the compact record ``('r', fingerprint, ms)`` saying the same as the
+        full record `call`, or None when only the full form can (not one plain fast
+        success, a hello, a sample, a probe; a view other than CLOSED, a drift or an
+        override, whose replies the worker needs). The script answers 0 when it cannot
+        finish a compact record after all; the full form is then sent."""
+        args = call.args
+        if (len(args) == 10 and args[6] == 1 and not args[8] and not args[5]
+                and self._view is State.CLOSED and self._compact
+                and self.config_drift is None and not self._override_deadline
+                and args[1].__class__ is int):
+            return ("r", args[1], args[9])
+        return None
 
     def batched_counts(self, outcome: Outcome, duration: float) -> Counts | None:
         """Batched mode: the counts one finished call (no probe) adds, None when ignored."""
@@ -1034,7 +1058,7 @@ class BreakerCore:
                                                        sent_at=now), token)
 
     def _pending(self, call: ScriptCall, acquiring: bool = False,
-                 token: str = "", sent_at: float = 0.0) -> PendingCall:
+                 token: str = "", sent_at: float = 0.0, compact: bool = False) -> PendingCall:
         """`call` with its reply and outage handling. Its result: for an acquire the
         Permit (CallNotPermitted is raised), else the Reply (None: nobody answered)."""
 
@@ -1047,6 +1071,10 @@ class BreakerCore:
             reply = self._fallback(call, acquiring)
             return self._admit(reply, token, sent_at) if acquiring else reply
 
+        short = self._codec.compact_args(call) if compact else None
+        if short is not None:  # the full form is sent when the script asks for it
+            return PendingCall(self._script, call.keys[:1], short, self._health.usable,
+                               answered, unavailable, call.args)
         return PendingCall(self._script, call.keys, call.args, self._health.usable,
                            answered, unavailable)
 
@@ -1193,11 +1221,13 @@ class BreakerCore:
                         reason=event.reason, state=event.from_state)
 
     def _record_pending(self, permit: Permit, error: BaseException | None, duration: float,
-                        outcome: Outcome | None = None) -> PendingCall | None:
+                        outcome: Outcome | None = None,
+                        compact: bool = False) -> PendingCall | None:
         """The record call a finished call owes Redis now, or None (nothing to record,
-        or batched)."""
+        or batched); `compact`: in the compact form where it can be (sent alone, not
+        pipelined: its "send the full form" answer needs a second send)."""
         call = self._record_call(permit, error, duration, outcome)
-        return None if call is None else self._pending(call)
+        return None if call is None else self._pending(call, compact=compact)
 
     def _recording(self, error: BaseException | None) -> AbstractContextManager[None]:
         """Wrap sending the record of a call that ended with `error`: when that error
