@@ -515,7 +515,7 @@ def send(client: Any, pending: PendingCall) -> Any:
         return pending.on_unavailable(None)
     try:
         raw = run_script(client, pending.script, pending.keys, pending.args)
-        if raw.__class__ is int and pending.full is not None:
+        if raw == 0 and pending.full is not None:
             raw = run_script(client, pending.script, pending.keys, pending.full)
     except UNAVAILABLE_ERRORS as error:
         return pending.on_unavailable(error)
@@ -528,7 +528,7 @@ async def send_async(client: Any, pending: PendingCall) -> Any:
         return pending.on_unavailable(None)
     try:
         raw = await run_script_async(client, pending.script, pending.keys, pending.args)
-        if raw.__class__ is int and pending.full is not None:
+        if raw == 0 and pending.full is not None:
             raw = await run_script_async(client, pending.script, pending.keys, pending.full)
     except UNAVAILABLE_ERRORS as error:
         return pending.on_unavailable(error)

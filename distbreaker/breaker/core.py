@@ -268,15 +268,15 @@ _STATE_OF: dict[Any, State] = {**{s.value: s for s in State},
 _new_object = object.__new__
 
 
-def decode_reply(raw: Sequence[Any]) -> Reply:
+def decode_reply(raw: Sequence[Any] | int) -> Reply:
     """Decode the breaker script's reply array (bytes or str, per client settings): the
     full reply, the short one {state, now_ms, since_ms} of a record that changed
-    nothing a worker must know, or the compact record's {now_ms, since_ms}."""
-    if len(raw) == 2:
-        # the compact record's reply {now_ms, since_ms}: CLOSED, nothing else to know
+    nothing a worker must know, or the compact record's now_ms (an integer)."""
+    if raw.__class__ is int:
+        # the compact record's reply: now_ms, in CLOSED, nothing else to know (since_ms
+        # -1: unknown, the state the view holds)
         reply = _new_object(Reply)
-        reply.__dict__.update(_SHORT_REPLY, state=State.CLOSED, now_ms=int(raw[0]),
-                              since_ms=int(raw[1]))
+        reply.__dict__.update(_SHORT_REPLY, state=State.CLOSED, now_ms=raw, since_ms=-1)
         return reply
     if len(raw) == 3:
         # the reply of every usual record: built with one dict update, not the frozen
@@ -680,7 +680,7 @@ class BreakerCodec:
                     if left is not None:  # ask Redis once the override has ended
                         self._view_until = min(self._view_until, now + left)
                     self._view_reason, self._view_actor = reply.reason, reply.actor
-                    if reply.since_ms != self._counted_since:
+                    if reply.since_ms != self._counted_since and reply.since_ms >= 0:
                         # Resilience4j restarts the not-permitted count in every state
                         self._counted_since, self.not_permitted = reply.since_ms, 0
                 if reply.transitions:

@@ -37,11 +37,14 @@ local WINDOW_TYPE_BYTE, STATE_BYTE = layout.HOT_LOW_BYTE.window_type, layout.HOT
 -- decimal texts and numbers, kept (a library keeps them; at most 256 new ones, then afresh)
 local FP_TEXT, SLOT_BIT, MS_NUM, MS_SLOT, FAST_N = {}, {}, {}, {}, 0
 
--- The server time in ms, and its microseconds (the open wait's random draw).
+-- The server time in ms, and its microseconds (the open wait's random draw). The
+-- seconds' text changes once a second: its number is kept (one strtod less per call).
+local last_sec_text, last_sec_ms = nil, 0
 local function server_time()
   local t = rcall('TIME')
-  local us = tonumber(t[2])
-  return tonumber(t[1]) * 1000 + (us - us % 1000) / 1000, us
+  local us, s = tonumber(t[2]), t[1]
+  if s ~= last_sec_text then last_sec_text, last_sec_ms = s, tonumber(s) * 1000 end
+  return last_sec_ms + (us - us % 1000) / 1000, us
 end
 
 -- Returns the reply, or nil and (when it read them) the hot fields' bytes and the
@@ -139,7 +142,7 @@ local function record(keys, args, given_now, given_micros)
                                               calls_total + 1, failures_total))
   if shadowed then pcall(breaker_shadow.feed, k, t_now, us, 1, 0, 0, ms) end
   if worker then rehello(k .. ':cfgs', worker, fp_text, args[3], t_now, key_ttl) end
-  if compact then return {t_now, since_ms} end
+  if compact then return t_now end
   return {'CLOSED', t_now, since_ms}
 end
 
