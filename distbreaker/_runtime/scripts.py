@@ -463,9 +463,6 @@ class PendingCall:
     usable: Callable[[], bool]
     on_reply: Callable[[Any], Any]
     on_unavailable: Callable[[BaseException | None], Any]
-    #: A compact call's full ARGV: sent (with the full keys' first) when the script
-    #: answers the integer 0, "send the full form" (the breaker's compact record).
-    full: Sequence[Any] | None = None
 
     @property
     def spec(self) -> ScriptCallSpec:
@@ -515,8 +512,6 @@ def send(client: Any, pending: PendingCall) -> Any:
         return pending.on_unavailable(None)
     try:
         raw = run_script(client, pending.script, pending.keys, pending.args)
-        if raw == 0 and pending.full is not None:
-            raw = run_script(client, pending.script, pending.keys, pending.full)
     except UNAVAILABLE_ERRORS as error:
         return pending.on_unavailable(error)
     return pending.reply(raw)
@@ -528,8 +523,6 @@ async def send_async(client: Any, pending: PendingCall) -> Any:
         return pending.on_unavailable(None)
     try:
         raw = await run_script_async(client, pending.script, pending.keys, pending.args)
-        if raw == 0 and pending.full is not None:
-            raw = await run_script_async(client, pending.script, pending.keys, pending.full)
     except UNAVAILABLE_ERRORS as error:
         return pending.on_unavailable(error)
     return pending.reply(raw)

@@ -266,18 +266,13 @@ _SHORT_REPLY: dict[str, Any] = {
 _STATE_OF: dict[Any, State] = {**{s.value: s for s in State},
                                **{s.value.encode(): s for s in State}}
 _new_object = object.__new__
+_SUCCESS = Outcome.SUCCESS.value
 
 
-def decode_reply(raw: Sequence[Any] | int) -> Reply:
+def decode_reply(raw: Sequence[Any]) -> Reply:
     """Decode the breaker script's reply array (bytes or str, per client settings): the
-    full reply, the short one {state, now_ms, since_ms} of a record that changed
-    nothing a worker must know, or the compact record's now_ms (an integer)."""
-    if raw.__class__ is int:
-        # the compact record's reply: now_ms, in CLOSED, nothing else to know (since_ms
-        # -1: unknown, the state the view holds)
-        reply = _new_object(Reply)
-        reply.__dict__.update(_SHORT_REPLY, state=State.CLOSED, now_ms=raw, since_ms=-1)
-        return reply
+    full reply, or the short one {state, now_ms, since_ms} of a record that changed
+    nothing a worker must know (the compact record's integer: `compact_answered`)."""
     if len(raw) == 3:
         # the reply of every usual record: built with one dict update, not the frozen
         # dataclass's object.__setattr__ per field (a third of the cost), equal to
@@ -483,19 +478,33 @@ class BreakerCodec:
         self._note_own(counts)
         return self._call("record", permit.token, *counts, *self._record_tail(counts))
 
-    def compact_args(self, call: ScriptCall) -> tuple[Any, ...] | None:
-        """ARGV of the compact record ``('r', fingerprint, ms)`` saying the same as the
-        full record `call`, or None when only the full form can (not one plain fast
-        success, a hello, a sample, a probe; a view other than CLOSED, a drift or an
-        override, whose replies the worker needs). The script answers 0 when it cannot
-        finish a compact record after all; the full form is then sent."""
-        args = call.args
-        if (len(args) == 10 and args[6] == 1 and not args[8] and not args[5]
-                and self._view is State.CLOSED and self._compact
-                and self.config_drift is None and not self._override_deadline
-                and args[1].__class__ is int):
-            return ("r", args[1], args[9])
-        return None
+    def compact_record(self, duration: float) -> tuple[str, int, int] | None:
+        """ARGV of the compact record ``('r', fingerprint, ms)`` of one plain success
+        that lasted `duration` (exact mode, no probe: the caller checks), or None when
+        only the full form can say it: a slow call, a hello due, a sample, a view other
+        than CLOSED, a drift or an override (whose replies the worker needs), a time
+        window or a quorum. The script answers 0 when it cannot finish a compact record
+        after all; the full form is then sent. Counts nothing: `compact_answered` does."""
+        if (self._view is not State.CLOSED or not self._compact or self.config_drift is not None
+                or self._override_deadline or self.sampler.active):
+            return None
+        ms = round(duration * 1000)
+        if ms > self._slow_ms or time.monotonic() >= self._next_hello:
+            return None
+        return ("r", self.fingerprint, ms if ms > 0 else 0)
+
+    def compact_answered(self, now_ms: int, now: float) -> None:
+        """The compact record's answer (the server time, state CLOSED): the success
+        counted and the view refreshed as `apply` does for a short CLOSED reply (since
+        kept, no transition, no drift: the compact form was sent without one)."""
+        with self._lock:
+            self.outcomes[_SUCCESS] += 1
+            self._last_known = None
+            if now_ms >= self._view_now_ms:
+                self._view_now_ms, self._view = now_ms, State.CLOSED
+                self._open_deadline, self._view_until = now, now + self._revalidate
+                self._override_deadline = 0.0
+                self._view_reason = self._view_actor = ""
 
     def batched_counts(self, outcome: Outcome, duration: float) -> Counts | None:
         """Batched mode: the counts one finished call (no probe) adds, None when ignored."""
@@ -680,7 +689,7 @@ class BreakerCodec:
                     if left is not None:  # ask Redis once the override has ended
                         self._view_until = min(self._view_until, now + left)
                     self._view_reason, self._view_actor = reply.reason, reply.actor
-                    if reply.since_ms != self._counted_since and reply.since_ms >= 0:
+                    if reply.since_ms != self._counted_since:
                         # Resilience4j restarts the not-permitted count in every state
                         self._counted_since, self.not_permitted = reply.since_ms, 0
                 if reply.transitions:
@@ -1058,7 +1067,7 @@ class BreakerCore:
                                                        sent_at=now), token)
 
     def _pending(self, call: ScriptCall, acquiring: bool = False,
-                 token: str = "", sent_at: float = 0.0, compact: bool = False) -> PendingCall:
+                 token: str = "", sent_at: float = 0.0) -> PendingCall:
         """`call` with its reply and outage handling. Its result: for an acquire the
         Permit (CallNotPermitted is raised), else the Reply (None: nobody answered)."""
 
@@ -1071,10 +1080,6 @@ class BreakerCore:
             reply = self._fallback(call, acquiring)
             return self._admit(reply, token, sent_at) if acquiring else reply
 
-        short = self._codec.compact_args(call) if compact else None
-        if short is not None:  # the full form is sent when the script asks for it
-            return PendingCall(self._script, call.keys[:1], short, self._health.usable,
-                               answered, unavailable, call.args)
         return PendingCall(self._script, call.keys, call.args, self._health.usable,
                            answered, unavailable)
 
@@ -1220,14 +1225,45 @@ class BreakerCore:
             self._event("slow_call_rate_exceeded", rate=event.slow_rate,
                         reason=event.reason, state=event.from_state)
 
+    def _compact_args(self, permit: Permit, error: BaseException | None, duration: float,
+                      outcome: Outcome | None) -> tuple[str, int, int] | None:
+        """The exact mode's usual record in the compact form, decided without building
+        the full call (the shells send it alone), or None: the full path."""
+        if (error is not None or permit.token or self._flusher is not None
+                or (outcome is not None and outcome is not Outcome.SUCCESS)
+                or self._listeners.wanted):
+            return None
+        args = self._codec.compact_record(duration)
+        # asked last: while Redis is down, True means this call is the one trial
+        if args is None or not self._health.usable():
+            return None
+        return args
+
+    def _compact_done(self, raw: Any) -> bool:
+        """The compact record's reply: True when it was answered (now_ms), False when
+        the script asks for the full form (0)."""
+        if raw.__class__ is not int:
+            return False
+        self._redis_ok()  # Redis answered (a trial reported), 0 included
+        if raw == 0:
+            return False
+        self._codec.compact_answered(raw, time.monotonic())
+        return True
+
+    def _compact_unavailable(self, permit: Permit, duration: float,
+                             error: BaseException) -> None:
+        """Redis did not answer the compact record: the full call's outage path (the
+        local fallback records it, as for any record)."""
+        call = self._codec.record_call(permit, Outcome.SUCCESS, duration)
+        if call is not None:
+            self._pending(call).on_unavailable(error)
+
     def _record_pending(self, permit: Permit, error: BaseException | None, duration: float,
-                        outcome: Outcome | None = None,
-                        compact: bool = False) -> PendingCall | None:
+                        outcome: Outcome | None = None) -> PendingCall | None:
         """The record call a finished call owes Redis now, or None (nothing to record,
-        or batched); `compact`: in the compact form where it can be (sent alone, not
-        pipelined: its "send the full form" answer needs a second send)."""
+        or batched)."""
         call = self._record_call(permit, error, duration, outcome)
-        return None if call is None else self._pending(call, compact=compact)
+        return None if call is None else self._pending(call)
 
     def _recording(self, error: BaseException | None) -> AbstractContextManager[None]:
         """Wrap sending the record of a call that ended with `error`: when that error
