@@ -18,7 +18,7 @@ from .._runtime.health import UNAVAILABLE_ERRORS, redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.options import Seconds
 from .._runtime.preflight import preflight_async
-from .._runtime.scripts import PendingCall, run_script_async, send_async
+from .._runtime.scripts import PendingCall, run_function_async, run_script_async, send_async
 from ..errors import InjectedFault
 from .config import BreakerConfig
 from .core import (
@@ -144,8 +144,8 @@ class BreakerShell(BreakerCore):
         compact = self._compact_args(permit, error, duration, outcome)
         if compact is not None:  # the usual success: ARGV {'r', fingerprint, ms}
             try:
-                raw = await run_script_async(self._client, self._script,
-                                             (self._codec.keys.state,), compact)
+                raw = await run_function_async(self._client, self._script,
+                                               (self._codec.keys.state,), compact)
             except UNAVAILABLE_ERRORS as unavailable:
                 self._compact_unavailable(permit, duration, unavailable)
                 return

@@ -19,7 +19,7 @@ from .._runtime.health import UNAVAILABLE_ERRORS, redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.options import Seconds
 from .._runtime.preflight import preflight
-from .._runtime.scripts import PendingCall, run_script, send
+from .._runtime.scripts import PendingCall, run_function, run_script, send
 from ..errors import InjectedFault
 from .config import BreakerConfig
 from .core import (
@@ -145,8 +145,8 @@ class BreakerShell(BreakerCore):
         compact = self._compact_args(permit, error, duration, outcome)
         if compact is not None:  # the usual success: ARGV {'r', fingerprint, ms}
             try:
-                raw = run_script(self._client, self._script,
-                                 (self._codec.keys.state,), compact)
+                raw = run_function(self._client, self._script,
+                                   (self._codec.keys.state,), compact)
             except UNAVAILABLE_ERRORS as unavailable:
                 self._compact_unavailable(permit, duration, unavailable)
                 return
