@@ -23,10 +23,10 @@
 --
 -- KEYS[1] state record (string)   KEYS[2] meta hash   KEYS[3] probe leases (zset)
 -- KEYS[4] history stream; 2-4 may be left out (derived from KEYS[1], see begin)
--- ARGV[1] op: acquire | record | state | set, or r: the compact record (ARGV {'r',
---         fingerprint, ms}: one success, answered {now_ms, since_ms} by the hot path,
---         lua/lib/breaker_hot.lua, or 0 when only the full record can be answered;
---         nothing is written then and the client sends the full form)
+-- ARGV[1] op: acquire | record | state | set; or ARGV of exactly two elements
+--         {fingerprint, ms}: the compact record, one success, answered now_ms by the
+--         hot path (lua/lib/breaker_hot.lua), or 0 when only the full record can be
+--         answered: nothing is written then, and the client sends the full form
 -- ARGV[2] config fingerprint (decimal: the first 12 hex digits of the SHA-1 of
 --         ARGV[3], as an integer; a wrong one only costs time)
 -- ARGV[3] config wire string   ARGV[4] breaker name (for events)
@@ -977,14 +977,13 @@ local fast_record = breaker_hot.record
 
 return function(KEYS, ARGV, given_now, given_micros)
   preread = nil
-  local op1 = ARGV[1]
-  if op1 == 'record' or op1 == 'r' then
+  if ARGV[3] == nil and ARGV[2] ~= nil then  -- the compact record: done, or 0
+    preread = nil                             -- ("send the full form")
+    return fast_record(KEYS, ARGV, given_now, given_micros, true) or 0
+  end
+  if ARGV[1] == 'record' then
     local fast
     fast, preread, given_now, given_micros = fast_record(KEYS, ARGV, given_now, given_micros)
-    if op1 == 'r' then  -- the compact record: done, or 0 "send the full form"
-      preread = nil
-      return fast or 0
-    end
     if fast then
       if ARGV[12] then  -- a sampled outcome (lua/lib/breaker_sample.lua)
         breaker_sample.add(KEYS[1], ARGV[12], fast[2], ARGV[7], ARGV[8], ARGV[9], ARGV[10],

@@ -142,7 +142,7 @@ class BreakerShell(BreakerCore):
         `outcome` overrides the breaker's own classification of `error`.
         """
         compact = self._compact_args(permit, error, duration, outcome)
-        if compact is not None:  # the usual success: ARGV {'r', fingerprint, ms}
+        if compact is not None:  # the usual success: ARGV {fingerprint, ms}
             try:
                 raw = await run_function_async(self._client, self._script,
                                                (self._codec.keys.state,), compact)

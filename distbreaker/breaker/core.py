@@ -478,8 +478,8 @@ class BreakerCodec:
         self._note_own(counts)
         return self._call("record", permit.token, *counts, *self._record_tail(counts))
 
-    def compact_record(self, duration: float) -> tuple[str, int, int] | None:
-        """ARGV of the compact record ``('r', fingerprint, ms)`` of one plain success
+    def compact_record(self, duration: float) -> tuple[int, int] | None:
+        """ARGV of the compact record ``(fingerprint, ms)`` of one plain success
         that lasted `duration` (exact mode, no probe: the caller checks), or None when
         only the full form can say it: a slow call, a hello due, a sample, a view other
         than CLOSED, a drift or an override (whose replies the worker needs), a time
@@ -491,7 +491,7 @@ class BreakerCodec:
         ms = round(duration * 1000)
         if ms > self._slow_ms or time.monotonic() >= self._next_hello:
             return None
-        return ("r", self.fingerprint, ms if ms > 0 else 0)
+        return (self.fingerprint, ms if ms > 0 else 0)
 
     def compact_answered(self, now_ms: int, now: float) -> None:
         """The compact record's answer (the server time, state CLOSED): the success
@@ -1226,7 +1226,7 @@ class BreakerCore:
                         reason=event.reason, state=event.from_state)
 
     def _compact_args(self, permit: Permit, error: BaseException | None, duration: float,
-                      outcome: Outcome | None) -> tuple[str, int, int] | None:
+                      outcome: Outcome | None) -> tuple[int, int] | None:
         """The exact mode's usual record in the compact form, decided without building
         the full call (the shells send it alone), or None: the full path."""
         if (error is not None or permit.token or self._flusher is not None

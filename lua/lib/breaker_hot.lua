@@ -13,10 +13,11 @@
 -- slot written back. Also the server time, which both paths read.
 --
 -- Two forms of the call reach it: the full record (ARGV as lua/breaker.lua lists them,
--- answered {'CLOSED', now_ms, since_ms}) and the compact one, ARGV {'r', fingerprint,
--- ms}: one success, without the config wire, name and channel the hot path never
--- reads, answered {now_ms, since_ms}, or 0 ("send the full form"; nothing written)
--- whenever this path cannot finish it (docs/KEY_SCHEMA.md, "The compact record").
+-- answered {'CLOSED', now_ms, since_ms}) and the compact one (`compact`), ARGV
+-- {fingerprint, ms}: one success, without the op, config wire, name and channel the
+-- hot path never reads, answered now_ms; the entry answers 0 ("send the full form";
+-- nothing written) whenever this path cannot finish it (docs/KEY_SCHEMA.md, "The
+-- compact record").
 -- Only the hot fields it uses are decoded (magic to failures_total: the half-open
 -- figures before them are skipped).
 local tonumber, min, byte, rep, sub = tonumber, math.min, string.byte, string.rep, string.sub
@@ -49,9 +50,10 @@ end
 
 -- Returns the reply, or nil and (when it read them) the hot fields' bytes and the
 -- server time, which the general path then uses instead of reading them again.
-local function record(keys, args, given_now, given_micros)
-  local a2, ms_text, compact = args[2], args[3], args[1] == 'r'
+local function record(keys, args, given_now, given_micros, compact)
+  local a2, ms_text = args[1], args[2]
   if not compact then
+    a2 = args[2]
     if args[7] ~= '1' or args[8] ~= '0' or args[9] ~= '0' or args[6] ~= '' then
       return nil, nil, given_now, given_micros
     end

@@ -1,5 +1,5 @@
 """The compact record (docs/KEY_SCHEMA.md, "The compact record"): a usual CLOSED success
-sends ARGV {'r', fingerprint, ms} only, the script answers the server time, or 0 when it
+sends ARGV {fingerprint, ms} only, the script answers the server time, or 0 when it
 needs the full form, which the client then sends. Through the public API on a real
 redis-server: what goes on the wire, a config change reaching the script from a compact
 caller, and the full form of an older client still accepted.
@@ -47,17 +47,21 @@ def ok() -> str:
     return "ok"
 
 
+def ops() -> list[str]:
+    """Each script call's op, "compact" for the compact record's two-element ARGV."""
+    return ["compact" if len(args) == 2 else args[0] for args in Recording.sent]
+
+
 def test_a_usual_success_sends_only_fingerprint_and_duration(recording: redis.Redis,
                                                              name: str) -> None:
     breaker = CircuitBreaker(name, redis=recording, **SMALL)
     for _ in range(4):
         breaker.call(ok)
-    ops = [args[0] for args in Recording.sent]
+    sent = ops()
     # the first call acquires (no view yet: the full form, saying hello; sent again after
     # the library was loaded), then every record is compact
-    assert set(ops[:-4]) == {"acquire"} and ops[-4:] == ["r"] * 4
-    assert all(args == ("r", str(breaker._codec.fingerprint), "0")
-               for args in Recording.sent[-4:])
+    assert set(sent[:-4]) == {"acquire"} and sent[-4:] == ["compact"] * 4
+    assert all(args == (str(breaker._codec.fingerprint), "0") for args in Recording.sent[-4:])
     assert read_record(recording, BreakerKeys.build(name))["calls"] == 4
     assert breaker.state is State.CLOSED
 
@@ -66,7 +70,7 @@ def test_a_failure_a_slow_call_and_a_time_window_send_the_full_form(recording: r
                                                                      name: str) -> None:
     breaker = CircuitBreaker(name, redis=recording, slow_call_duration=0.05, **SMALL)
     breaker.call(ok)
-    assert Recording.sent[-1][0] == "r"
+    assert ops()[-1] == "compact"
     Recording.sent.clear()
     with pytest.raises(ValueError):
         breaker.call(lambda: (_ for _ in ()).throw(ValueError("x")))
@@ -74,8 +78,8 @@ def test_a_failure_a_slow_call_and_a_time_window_send_the_full_form(recording: r
     timed = CircuitBreaker(f"{name}-t", redis=recording, sliding_window_type="TIME", **SMALL)
     timed.call(ok)
     timed.call(ok)
-    assert "r" not in [args[0] for args in Recording.sent]
-    assert [args[0] for args in Recording.sent[:2]] == ["record", "record"]
+    assert "compact" not in ops()
+    assert ops()[:2] == ["record", "record"]
     assert read_record(recording, BreakerKeys.build(name))["calls"] == 3
 
 
@@ -87,18 +91,18 @@ def test_a_config_change_reaches_the_script_from_a_compact_caller(recording: red
     worker = CircuitBreaker(name, redis=recording, **SMALL)
     worker.call(ok)
     worker.call(ok)
-    assert Recording.sent[-1][0] == "r"
+    assert ops()[-1] == "compact"
     operator = CircuitBreaker(name, redis=recording, **{**SMALL, "failure_rate_threshold": 30})
     operator.adopt_config()
     Recording.sent.clear()
     with pytest.warns(Warning):
         worker.call(ok)
-    assert [args[0] for args in Recording.sent] == ["r", "record"]
+    assert ops() == ["compact", "record"]
     assert Recording.sent[1][2] == worker._codec.wire
     assert worker.config_drift == operator._codec.wire
     assert read_record(recording, BreakerKeys.build(name))["calls"] == 3
     worker.call(ok)
-    assert Recording.sent[-1][0] == "record"  # drifting: the full form
+    assert ops()[-1] == "record"  # drifting: the full form
 
 
 def test_a_compact_record_the_script_cannot_finish_writes_nothing(redis_client: redis.Redis,
@@ -107,14 +111,14 @@ def test_a_compact_record_the_script_cannot_finish_writes_nothing(redis_client: 
     wire = BreakerConfig(**SMALL).to_wire()
     fp = config_fingerprint(wire)
     script = load_script("breaker")
-    assert run_script(redis_client, script, [keys.state], ["r", fp, 5]) == 0  # no record yet
+    assert run_script(redis_client, script, [keys.state], [fp, 5]) == 0  # no record yet
     assert not redis_client.exists(keys.state)
     run_script(redis_client, script, keys.script_keys,
                ["record", fp, wire, name, keys.channel, "", 1, 0, 0, 5])
     before = redis_client.get(keys.state)
-    assert run_script(redis_client, script, [keys.state], ["r", fp + 1, 5]) == 0  # other config
+    assert run_script(redis_client, script, [keys.state], [fp + 1, 5]) == 0  # other config
     assert redis_client.get(keys.state) == before
-    now_ms = run_script(redis_client, script, [keys.state], ["r", fp, 5])
+    now_ms = run_script(redis_client, script, [keys.state], [fp, 5])
     assert isinstance(now_ms, int) and now_ms > 0
     assert read_record(redis_client, BreakerKeys.build(name))["calls"] == 2
 

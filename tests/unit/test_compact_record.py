@@ -1,4 +1,4 @@
-"""Which records go in the compact form ('r', fingerprint, ms), and its answer applied
+"""Which records go in the compact form (fingerprint, ms), and its answer applied
 (docs/KEY_SCHEMA.md, "The compact record"): pure core, no Redis."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ def closed_codec(**config: object) -> BreakerCodec:
 
 def test_a_plain_success_in_a_closed_view_is_compact() -> None:
     codec = closed_codec()
-    assert codec.compact_record(0.003) == ("r", codec.fingerprint, 3)
-    assert codec.compact_record(-0.001) == ("r", codec.fingerprint, 0)
+    assert codec.compact_record(0.003) == (codec.fingerprint, 3)
+    assert codec.compact_record(-0.001) == (codec.fingerprint, 0)
 
 
 def test_everything_else_takes_the_full_form() -> None:

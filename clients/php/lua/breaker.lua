@@ -1918,10 +1918,11 @@ local function breaker_hot()
 -- slot written back. Also the server time, which both paths read.
 --
 -- Two forms of the call reach it: the full record (ARGV as lua/breaker.lua lists them,
--- answered {'CLOSED', now_ms, since_ms}) and the compact one, ARGV {'r', fingerprint,
--- ms}: one success, without the config wire, name and channel the hot path never
--- reads, answered {now_ms, since_ms}, or 0 ("send the full form"; nothing written)
--- whenever this path cannot finish it (docs/KEY_SCHEMA.md, "The compact record").
+-- answered {'CLOSED', now_ms, since_ms}) and the compact one (`compact`), ARGV
+-- {fingerprint, ms}: one success, without the op, config wire, name and channel the
+-- hot path never reads, answered now_ms; the entry answers 0 ("send the full form";
+-- nothing written) whenever this path cannot finish it (docs/KEY_SCHEMA.md, "The
+-- compact record").
 -- Only the hot fields it uses are decoded (magic to failures_total: the half-open
 -- figures before them are skipped).
 local tonumber, min, byte, rep, sub = tonumber, math.min, string.byte, string.rep, string.sub
@@ -1954,9 +1955,10 @@ end
 
 -- Returns the reply, or nil and (when it read them) the hot fields' bytes and the
 -- server time, which the general path then uses instead of reading them again.
-local function record(keys, args, given_now, given_micros)
-  local a2, ms_text, compact = args[2], args[3], args[1] == 'r'
+local function record(keys, args, given_now, given_micros, compact)
+  local a2, ms_text = args[1], args[2]
   if not compact then
+    a2 = args[2]
     if args[7] ~= '1' or args[8] ~= '0' or args[9] ~= '0' or args[6] ~= '' then
       return nil, nil, given_now, given_micros
     end
@@ -2129,10 +2131,10 @@ local main = (function(prelude, record_layout, record_codec, breaker_config, bre
 --
 -- KEYS[1] state record (string)   KEYS[2] meta hash   KEYS[3] probe leases (zset)
 -- KEYS[4] history stream; 2-4 may be left out (derived from KEYS[1], see begin)
--- ARGV[1] op: acquire | record | state | set, or r: the compact record (ARGV {'r',
---         fingerprint, ms}: one success, answered {now_ms, since_ms} by the hot path,
---         lua/lib/breaker_hot.lua, or 0 when only the full record can be answered;
---         nothing is written then and the client sends the full form)
+-- ARGV[1] op: acquire | record | state | set; or ARGV of exactly two elements
+--         {fingerprint, ms}: the compact record, one success, answered now_ms by the
+--         hot path (lua/lib/breaker_hot.lua), or 0 when only the full record can be
+--         answered: nothing is written then, and the client sends the full form
 -- ARGV[2] config fingerprint (decimal: the first 12 hex digits of the SHA-1 of
 --         ARGV[3], as an integer; a wrong one only costs time)
 -- ARGV[3] config wire string   ARGV[4] breaker name (for events)
@@ -3083,14 +3085,13 @@ local fast_record = breaker_hot.record
 
 return function(KEYS, ARGV, given_now, given_micros)
   preread = nil
-  local op1 = ARGV[1]
-  if op1 == 'record' or op1 == 'r' then
+  if ARGV[3] == nil and ARGV[2] ~= nil then  -- the compact record: done, or 0
+    preread = nil                             -- ("send the full form")
+    return fast_record(KEYS, ARGV, given_now, given_micros, true) or 0
+  end
+  if ARGV[1] == 'record' then
     local fast
     fast, preread, given_now, given_micros = fast_record(KEYS, ARGV, given_now, given_micros)
-    if op1 == 'r' then  -- the compact record: done, or 0 "send the full form"
-      preread = nil
-      return fast or 0
-    end
     if fast then
       if ARGV[12] then  -- a sampled outcome (lua/lib/breaker_sample.lua)
         breaker_sample.add(KEYS[1], ARGV[12], fast[2], ARGV[7], ARGV[8], ARGV[9], ARGV[10],

@@ -164,8 +164,8 @@ final class CircuitBreaker
     }
 
     /**
-     * The compact record (docs/KEY_SCHEMA.md, "The compact record"): ARGV {'r', fingerprint,
-     * ms} for a plain success while the view is CLOSED, answered by the server time in ms;
+     * The compact record (docs/KEY_SCHEMA.md, "The compact record"): ARGV {fingerprint, ms}
+     * for a plain success while the view is CLOSED, answered by the server time in ms;
      * false when it cannot be sent, or the script answered 0 (send the full form).
      */
     private function compactRecord(Permit $permit, int $ms): bool
@@ -175,7 +175,7 @@ final class CircuitBreaker
             return false;
         }
         try {
-            $raw = Scripts::run($this->redis, $this->script, [$this->keys['state']], ['r', $this->fingerprint, $ms]);
+            $raw = Scripts::run($this->redis, $this->script, [$this->keys['state']], [$this->fingerprint, $ms]);
         } catch (\RedisException $e) {
             $this->view = null;
             throw $e;
