@@ -23,7 +23,10 @@
 --
 -- KEYS[1] state record (string)   KEYS[2] meta hash   KEYS[3] probe leases (zset)
 -- KEYS[4] history stream; 2-4 may be left out (derived from KEYS[1], see begin)
--- ARGV[1] op: acquire | record | state | set
+-- ARGV[1] op: acquire | record | state | set; or ARGV of exactly two elements
+--         {fingerprint, ms}: the compact record, one success, answered now_ms by the
+--         hot path (lua/lib/breaker_hot.lua), or 0 when only the full record can be
+--         answered: nothing is written then, and the client sends the full form
 -- ARGV[2] config fingerprint (decimal: the first 12 hex digits of the SHA-1 of
 --         ARGV[3], as an integer; a wrong one only costs time)
 -- ARGV[3] config wire string   ARGV[4] breaker name (for events)
@@ -66,6 +69,13 @@ local layout = record_layout
 local MAGIC = layout.MAGIC
 local HOT_AT, HOT_LAST, HOT_FIELDS = layout.HOT_AT, layout.HOT_LAST, layout.HOT_FIELDS
 local STATE_AT = layout.STATE_AT
+-- the half-open group's length, and where the state group starts, in the hot read (the
+-- probe's record writes both at once: write_record)
+local HOT_BYTES = layout.HOT_BYTES
+local HALF_OPEN_BYTES = tonumber(layout.HALF_OPEN_LAST) - tonumber(layout.HALF_OPEN_AT) + 1
+local STATE_FROM_HOT = tonumber(STATE_AT) - tonumber(layout.HOT_AT)
+local sub = string.sub
+local ONE_HOT_WRITE = layout.HALF_OPEN_AT == layout.HOT_AT and layout.STATE_LAST == layout.HOT_LAST
 -- (the cold and config groups' offsets are read from `layout` where they are used:
 -- off the hot paths, and a chunk has room for 200 locals only; the window's are in
 -- lua/lib/breaker_window.lua)
@@ -191,9 +201,10 @@ end
 -- Reads the hot header; returns an error reply, or nil. Sets `exists`, the hot
 -- fields and the governing config (stored, or this call's for a new or unset one).
 local preread = nil  -- the hot fields the hot path read before it stepped aside
+local hot_raw = nil  -- this call's hot read (write_record: the bytes between two groups)
 local function load()
   local raw = preread or pcall_('GETRANGE', K_STATE, HOT_AT, HOT_LAST)
-  preread = nil
+  preread, hot_raw = nil, raw
   if type(raw) == 'table' and raw.err then
     return foreign_keys() or redis.error_reply(raw.err)
   end
@@ -585,6 +596,26 @@ local function put(offset, bytes)
   return nil
 end
 
+-- A probe's record: the half-open figures and the state group in one write, with the
+-- config bytes between them (unchanged: no dirty_config) as this call read them.
+-- true and the refusal (nil: written), or false when the groups go separately.
+local function write_probe_record()
+  if not (ONE_HOT_WRITE and not dirty_counters and (dirty_state or dirty_window
+          or ttl_refreshed_at == now) and type(hot_raw) == 'string' and #hot_raw >= HOT_BYTES) then
+    return false
+  end
+  seq = seq - seq % 4294967296 + (seq + 1) % 4294967296
+  local refused = put(HOT_AT, header_half_open(hp_done, hp_fail, hp_slow)
+                      .. sub(hot_raw, HALF_OPEN_BYTES + 1, STATE_FROM_HOT)
+                      .. header_state(CODE[s_state], since, override_until, ttl_refreshed_at,
+                                      calls, failures, slow, total_ms, head, window_sec, seq,
+                                      calls_total, failures_total))
+  if refused then return true, refused end
+  write_window(K_STATE, clear_ring, window_type, window_size, time_slot_at, time_slot_values,
+               n_count_slots, count_slots_from, count_slot_values)
+  return true, nil
+end
+
 local function write_record()
   first_write = true
   if not exists then
@@ -607,7 +638,9 @@ local function write_record()
       window_size, min_calls, failure_threshold, slow_threshold, ttl_ms))
     if refused then return refused end
   elseif dirty_half_open then
-    local refused = put(layout.HALF_OPEN_AT, header_half_open(hp_done, hp_fail, hp_slow))
+    local combined, refused = write_probe_record()
+    if combined then return refused end
+    refused = put(layout.HALF_OPEN_AT, header_half_open(hp_done, hp_fail, hp_slow))
     if refused then return refused end
   end
   if exists and dirty_counters then
@@ -954,6 +987,10 @@ local fast_record = breaker_hot.record
 
 return function(KEYS, ARGV, given_now, given_micros)
   preread = nil
+  if ARGV[3] == nil and ARGV[2] ~= nil then  -- the compact record: done, or 0
+    preread = nil                             -- ("send the full form")
+    return fast_record(KEYS, ARGV, given_now, given_micros, true) or 0
+  end
   if ARGV[1] == 'record' then
     local fast
     fast, preread, given_now, given_micros = fast_record(KEYS, ARGV, given_now, given_micros)

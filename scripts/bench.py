@@ -402,7 +402,7 @@ LATENCY_RATIOS = {
 
 
 def latency_ratios(scenarios: list[Scenario]) -> dict[str, dict[str, float]]:
-    """p50 ratios over the whole run, and the lowest and highest of the rounds' ratios
+    """p50 ratios over the whole run, and the lowest, median and highest of the rounds' ratios
     (the scenarios run interleaved, so a round's slices saw the same load)."""
     by = {s.key: s for s in scenarios}
     out: dict[str, dict[str, float]] = {}
@@ -413,6 +413,7 @@ def latency_ratios(scenarios: list[Scenario]) -> dict[str, dict[str, float]]:
                                         strict=False) if y]
         out[label] = {"ratio": round(by[a].p50_us() / by[b].p50_us(), 2),
                       "min": round(min(rounds), 2) if rounds else 0.0,
+                      "median": round(statistics.median(rounds), 2) if rounds else 0.0,
                       "max": round(max(rounds), 2) if rounds else 0.0}
     return out
 
@@ -458,9 +459,10 @@ def print_table(scenarios: list[Scenario], info: dict[str, Any]) -> None:
     print("\nratios (calls/s, or calls per CPU-s where said):")
     for label, value in ratios(scenarios).items():
         print(f"  {label:52} {value:8.2f}x")
-    print("\np50 latency ratios (interleaved; min..max of the rounds' ratios):")
+    print("\np50 latency ratios (interleaved; min / median / max of the rounds' ratios):")
     for label, value in latency_ratios(scenarios).items():
-        print(f"  {label:52} {value['ratio']:8.2f}x  ({value['min']:.2f}..{value['max']:.2f})")
+        print(f"  {label:52} {value['ratio']:8.2f}x  ({value['min']:.2f} / {value['median']:.2f}"
+              f" / {value['max']:.2f})")
     above = client_cpu_above_get(scenarios)
     if above is not None:
         print(f"\nclient CPU per exact CLOSED call above a bare GET: {above:.1f} us")

@@ -517,7 +517,9 @@ def pool_repick(client: redis.Redis, name: str) -> CostScenario:
 
 
 def record_wire(scenario: CostScenario) -> tuple[Any, ...]:
-    """The script call (command, sha or function, numkeys, keys..., args...) one call sends."""
+    """The script call (command, sha or function, numkeys, keys..., args...) a steady call
+    sends (the second: a breaker's first call says hello in the full form)."""
+    scenario.call()  # (a first call says hello: the full form)
     CountingConnection.last_script = None
     scenario.call()
     if CountingConnection.last_script is None:

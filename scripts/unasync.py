@@ -51,6 +51,7 @@ TOKENS: list[tuple[str, str]] = [
     # the I/O helpers' spellings (distbreaker._runtime)
     (r"\brun_scripts_each_async\b", "run_scripts_each"),
     (r"\brun_script_async\b", "run_script"),
+    (r"\brun_function_async\b", "run_function"),
     (r"\bsend_async\b", "send"),
     (r"\bpreflight_async\b", "preflight"),
     (r"\bdecorate_async\b", "decorate_sync"),

@@ -437,6 +437,37 @@ async def run_script_async(client: Any, script: LuaScript, keys: Sequence[str],
         _raise_not_redis(exc)
 
 
+def run_function(client: Any, script: LuaScript, keys: Sequence[str],
+                 args: Sequence[Any]) -> Any:
+    """`run_script` for a hot call: its function called at once (the usual case, the
+    library loaded: no call flow to step through); any Functions trouble takes
+    `run_script`'s whole flow (loading the library, or the EVAL form)."""
+    if script.function and FUNCTIONS.usable(client):
+        try:
+            return client.execute_command("FCALL", script.function, len(keys), *keys, *args)
+        except ResponseError as exc:
+            if function_error(exc) is None:
+                _raise_translated(exc)
+        except MALFORMED as exc:
+            _raise_not_redis(exc)
+    return run_script(client, script, keys, args)
+
+
+async def run_function_async(client: Any, script: LuaScript, keys: Sequence[str],
+                             args: Sequence[Any]) -> Any:
+    """The asyncio twin of `run_function`."""
+    if script.function and FUNCTIONS.usable(client):
+        try:
+            return await client.execute_command("FCALL", script.function, len(keys), *keys,
+                                                *args)
+        except ResponseError as exc:
+            if function_error(exc) is None:
+                _raise_translated(exc)
+        except MALFORMED as exc:
+            _raise_not_redis(exc)
+    return await run_script_async(client, script, keys, args)
+
+
 @dataclasses.dataclass(frozen=True)
 class ScriptCall:
     """KEYS and ARGV of one script call, as a component's core builds them (the shell

@@ -14,11 +14,11 @@ from typing import Any, ParamSpec, TypeVar
 from .._runtime.blocks import TaskBlocks, ThreadBlocks
 from .._runtime.classify import Outcome
 from .._runtime.decorate import decorate_async
-from .._runtime.health import redis_unavailable_as
+from .._runtime.health import UNAVAILABLE_ERRORS, redis_unavailable_as
 from .._runtime.keys import DEFAULT_PREFIX
 from .._runtime.options import Seconds
 from .._runtime.preflight import preflight_async
-from .._runtime.scripts import PendingCall, run_script_async, send_async
+from .._runtime.scripts import PendingCall, run_function_async, run_script_async, send_async
 from ..errors import InjectedFault
 from .config import BreakerConfig
 from .core import (
@@ -141,6 +141,16 @@ class BreakerShell(BreakerCore):
 
         `outcome` overrides the breaker's own classification of `error`.
         """
+        compact = self._compact_args(permit, error, duration, outcome)
+        if compact is not None:  # the usual success: ARGV {fingerprint, ms}
+            try:
+                raw = await run_function_async(self._client, self._script,
+                                               (self._codec.keys.state,), compact)
+            except UNAVAILABLE_ERRORS as unavailable:
+                self._compact_unavailable(permit, duration, unavailable)
+                return
+            if self._compact_done(raw):
+                return
         pending = self._record_pending(permit, error, duration, outcome)
         if pending is not None:
             with self._recording(error):

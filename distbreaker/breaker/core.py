@@ -266,12 +266,13 @@ _SHORT_REPLY: dict[str, Any] = {
 _STATE_OF: dict[Any, State] = {**{s.value: s for s in State},
                                **{s.value.encode(): s for s in State}}
 _new_object = object.__new__
+_SUCCESS = Outcome.SUCCESS.value
 
 
 def decode_reply(raw: Sequence[Any]) -> Reply:
     """Decode the breaker script's reply array (bytes or str, per client settings): the
     full reply, or the short one {state, now_ms, since_ms} of a record that changed
-    nothing a worker must know."""
+    nothing a worker must know (the compact record's integer: `compact_answered`)."""
     if len(raw) == 3:
         # the reply of every usual record: built with one dict update, not the frozen
         # dataclass's object.__setattr__ per field (a third of the cost), equal to
@@ -354,6 +355,10 @@ class BreakerCodec:
         self.wire = config.to_wire()
         self.fingerprint = config_fingerprint(self.wire)
         self._slow_ms = to_ms(config.slow_call_duration)
+        #: The compact record can say this config's usual record (a count window, no
+        #: quorum: its hot path; docs/KEY_SCHEMA.md, "The compact record").
+        self._compact = (config.sliding_window_type is WindowType.COUNT_BASED
+                         and config.min_failing_workers <= 1)
         self._lock = threading.Lock()
         self._view: State | None = None          # None: unknown, ask Redis
         #: The view Redis last gave before it became unreachable (the fallback inherits it).
@@ -472,6 +477,34 @@ class BreakerCodec:
         counts = self._counts(outcome, duration)
         self._note_own(counts)
         return self._call("record", permit.token, *counts, *self._record_tail(counts))
+
+    def compact_record(self, duration: float) -> tuple[int, int] | None:
+        """ARGV of the compact record ``(fingerprint, ms)`` of one plain success
+        that lasted `duration` (exact mode, no probe: the caller checks), or None when
+        only the full form can say it: a slow call, a hello due, a sample, a view other
+        than CLOSED, a drift or an override (whose replies the worker needs), a time
+        window or a quorum. The script answers 0 when it cannot finish a compact record
+        after all; the full form is then sent. Counts nothing: `compact_answered` does."""
+        if (self._view is not State.CLOSED or not self._compact or self.config_drift is not None
+                or self._override_deadline or self.sampler.active):
+            return None
+        ms = round(duration * 1000)
+        if ms > self._slow_ms or time.monotonic() >= self._next_hello:
+            return None
+        return (self.fingerprint, ms if ms > 0 else 0)
+
+    def compact_answered(self, now_ms: int, now: float) -> None:
+        """The compact record's answer (the server time, state CLOSED): the success
+        counted and the view refreshed as `apply` does for a short CLOSED reply (since
+        kept, no transition, no drift: the compact form was sent without one)."""
+        with self._lock:
+            self.outcomes[_SUCCESS] += 1
+            self._last_known = None
+            if now_ms >= self._view_now_ms:
+                self._view_now_ms, self._view = now_ms, State.CLOSED
+                self._open_deadline, self._view_until = now, now + self._revalidate
+                self._override_deadline = 0.0
+                self._view_reason = self._view_actor = ""
 
     def batched_counts(self, outcome: Outcome, duration: float) -> Counts | None:
         """Batched mode: the counts one finished call (no probe) adds, None when ignored."""
@@ -1191,6 +1224,39 @@ class BreakerCore:
         if event.slow_rate >= config.slow_call_rate_threshold:
             self._event("slow_call_rate_exceeded", rate=event.slow_rate,
                         reason=event.reason, state=event.from_state)
+
+    def _compact_args(self, permit: Permit, error: BaseException | None, duration: float,
+                      outcome: Outcome | None) -> tuple[int, int] | None:
+        """The exact mode's usual record in the compact form, decided without building
+        the full call (the shells send it alone), or None: the full path."""
+        if (error is not None or permit.token or self._flusher is not None
+                or (outcome is not None and outcome is not Outcome.SUCCESS)
+                or self._listeners.wanted):
+            return None
+        args = self._codec.compact_record(duration)
+        # asked last: while Redis is down, True means this call is the one trial
+        if args is None or not self._health.usable():
+            return None
+        return args
+
+    def _compact_done(self, raw: Any) -> bool:
+        """The compact record's reply: True when it was answered (now_ms), False when
+        the script asks for the full form (0)."""
+        if raw.__class__ is not int:
+            return False
+        self._redis_ok()  # Redis answered (a trial reported), 0 included
+        if raw == 0:
+            return False
+        self._codec.compact_answered(raw, time.monotonic())
+        return True
+
+    def _compact_unavailable(self, permit: Permit, duration: float,
+                             error: BaseException) -> None:
+        """Redis did not answer the compact record: the full call's outage path (the
+        local fallback records it, as for any record)."""
+        call = self._codec.record_call(permit, Outcome.SUCCESS, duration)
+        if call is not None:
+            self._pending(call).on_unavailable(error)
 
     def _record_pending(self, permit: Permit, error: BaseException | None, duration: float,
                         outcome: Outcome | None = None) -> PendingCall | None:

@@ -1,6 +1,7 @@
 --!lib needs record_layout record_codec breaker_shadow breaker_rollout
 -- The breaker's hot path (lua/breaker.lua): the usual record, one successful call,
--- not slow and not a probe, in CLOSED with a count window, the caller's config stored
+-- not slow and not a probe, in CLOSED with a count window (or a TIME window in the
+-- second it saw last), the caller's config stored
 -- (fingerprint; or a worker's repeated hello with it, which costs one HSET after the
 -- record: lua/lib/breaker_rollout.lua `rehello`), no override, no TTL refresh due.
 -- It is what the general path does
@@ -11,6 +12,15 @@
 -- undo). A success can still make the window's rates count (the calls reach
 -- minimum_calls, or a quorum now met): that is left to the general path too, with the
 -- slot written back. Also the server time, which both paths read.
+--
+-- Two forms of the call reach it: the full record (ARGV as lua/breaker.lua lists them,
+-- answered {'CLOSED', now_ms, since_ms}) and the compact one (`compact`), ARGV
+-- {fingerprint, ms}: one success, without the op, config wire, name and channel the
+-- hot path never reads, answered now_ms; the entry answers 0 ("send the full form";
+-- nothing written) whenever this path cannot finish it (docs/KEY_SCHEMA.md, "The
+-- compact record").
+-- Only the hot fields it uses are decoded (magic to failures_total: the half-open
+-- figures before them are skipped).
 local tonumber, min, byte, rep, sub = tonumber, math.min, string.byte, string.rep, string.sub
 local rcall, pcall_ = redis.call, redis.pcall
 local layout, packer, int = record_layout, record_codec.packer, record_codec.int
@@ -19,39 +29,62 @@ local MAGIC, WIN, COUNT_SLOT = layout.MAGIC, layout.WINDOW_AT, layout.COUNT_SLOT
 local PRESENT, FAILED, SLOW, MS_MASK = layout.PRESENT, layout.FAILED, layout.SLOW, layout.MS_MASK
 local HOT_AT, HOT_LAST, HOT_BYTES = layout.HOT_AT, layout.HOT_LAST, layout.HOT_BYTES
 local TOTALS_AT = layout.TOTALS_AT
-local HOT_FORMAT = '>' .. rep('i8', layout.HOT_FIELDS)
+-- the hot fields from magic on (the half-open figures and their config before it are
+-- the general path's), and where they start in the hot read
+local USED_AT = layout.HOT_LOW_BYTE.magic - 7
+local USED_FORMAT = '>' .. rep('i8', layout.HOT_FIELDS - (USED_AT - 1) / 8)
 local TOTALS_FORMAT = '>' .. rep('i8', layout.TOTALS_FIELDS)
 -- the low bytes of the window type and the state code in the hot read
 local WINDOW_TYPE_BYTE, STATE_BYTE = layout.HOT_LOW_BYTE.window_type, layout.HOT_LOW_BYTE.state
-local FP_TEXT, SLOT_BIT, FAST_N = {}, {}, 0   -- decimal texts, kept (a library keeps them)
+-- decimal texts and numbers, kept (a library keeps them; at most 256 new ones, then afresh)
+local FP_TEXT, SLOT_BIT, MS_NUM, MS_SLOT, FAST_N = {}, {}, {}, {}, 0
 
--- The server time in ms, and its microseconds (the open wait's random draw).
+-- The server time in ms, and its microseconds (the open wait's random draw). The
+-- seconds' text changes once a second: its number is kept (one strtod less per call).
+local last_sec_text, last_sec_ms = nil, 0
 local function server_time()
   local t = rcall('TIME')
-  local us = tonumber(t[2])
-  return tonumber(t[1]) * 1000 + (us - us % 1000) / 1000, us
+  local us, s = tonumber(t[2]), t[1]
+  if s ~= last_sec_text then last_sec_text, last_sec_ms = s, tonumber(s) * 1000 end
+  return last_sec_ms + (us - us % 1000) / 1000, us
 end
 
 -- Returns the reply, or nil and (when it read them) the hot fields' bytes and the
 -- server time, which the general path then uses instead of reading them again.
-local function record(keys, args, given_now, given_micros)
-  if args[7] ~= '1' or args[8] ~= '0' or args[9] ~= '0' or args[6] ~= '' or not packer then
-    return nil, nil, given_now, given_micros
+local function record(keys, args, given_now, given_micros, compact)
+  local a2, ms_text = args[1], args[2]
+  if not compact then
+    a2 = args[2]
+    if args[7] ~= '1' or args[8] ~= '0' or args[9] ~= '0' or args[6] ~= '' then
+      return nil, nil, given_now, given_micros
+    end
+    ms_text = args[10]
   end
+  if not packer then return nil, nil, given_now, given_micros end
   local k = keys[1]
   local raw = pcall_('GETRANGE', k, HOT_AT, HOT_LAST)
   if type(raw) ~= 'string' or #raw < HOT_BYTES then return nil, nil, given_now, given_micros end
-  -- another state than CLOSED leaves at once, before the fields are decoded
+  -- a TIME window of an earlier version's layout (type 1) or another state than CLOSED
+  -- leaves at once, before the fields are decoded
   if byte(raw, WINDOW_TYPE_BYTE) == 1 or byte(raw, STATE_BYTE) ~= 0 then
     return nil, raw, given_now, given_micros
   end
-  local ms = tonumber(args[10])
-  if not ms or ms < 0 or ms % 1 ~= 0 then return nil, raw, given_now, given_micros end
-  -- the hot group, as the general path's `load` reads it (this record's values)
-  local _, _, _, _, _, _, magic, stored_fp, window_type, window_size, minimum_calls,
+  -- the duration and its slot value, kept by the duration's text (a few values recur:
+  -- a table read instead of strtod and a '%d' format per call)
+  local ms, slot_text = MS_NUM[ms_text], MS_SLOT[ms_text]
+  if not slot_text then
+    ms = tonumber(ms_text)
+    if not ms or ms < 0 or ms % 1 ~= 0 then return nil, raw, given_now, given_micros end
+    if FAST_N >= 256 then FP_TEXT, SLOT_BIT, MS_NUM, MS_SLOT, FAST_N = {}, {}, {}, {}, 0 end
+    slot_text, FAST_N = int(PRESENT + min(ms, MS_MASK)), FAST_N + 1
+    MS_NUM[ms_text], MS_SLOT[ms_text] = ms, slot_text
+  end
+  -- the hot group from magic on, as the general path's `load` reads it (this record's
+  -- values)
+  local magic, stored_fp, window_type, window_size, minimum_calls,
         failure_threshold, slow_threshold, key_ttl, code, since_ms, override_until,
         ttl_refreshed_at, n_calls, n_failures, n_slow, sum_ms, ring_head, window_sec,
-        write_seq, calls_total, failures_total = packer.unpack(HOT_FORMAT, raw)
+        write_seq, calls_total, failures_total = packer.unpack(USED_FORMAT, raw, USED_AT)
   if magic ~= MAGIC or code ~= 0 or window_type == 1 or window_type > 2 or window_size <= 0
       or override_until ~= 0 then
     return nil, raw, given_now, given_micros
@@ -65,17 +98,17 @@ local function record(keys, args, given_now, given_micros)
       return nil, raw, given_now, given_micros
     end
   end
-  if FAST_N >= 256 then FP_TEXT, SLOT_BIT, FAST_N = {}, {}, 0 end
+  if FAST_N >= 256 then FP_TEXT, SLOT_BIT, MS_NUM, MS_SLOT, FAST_N = {}, {}, {}, {}, 0 end
   local fp_text = FP_TEXT[stored_fp]
   if not fp_text then
     fp_text, FAST_N = int(stored_fp), FAST_N + 1
     FP_TEXT[stored_fp] = fp_text
   end
-  local a2, worker = args[2], nil
+  local worker = nil
   if fp_text ~= a2 then
     -- a hello '<fp>@<worker>' of the config in force (longer than any fingerprint)
     local n = #fp_text
-    if #a2 <= 15 or byte(a2, n + 1) ~= 64 or sub(a2, 1, n) ~= fp_text
+    if compact or #a2 <= 15 or byte(a2, n + 1) ~= 64 or sub(a2, 1, n) ~= fp_text
         or sub(a2, -4) == '@bye' then
       return nil, raw, given_now, given_micros
     end
@@ -104,7 +137,7 @@ local function record(keys, args, given_now, given_micros)
     bit, FAST_N = int((WIN + COUNT_SLOT * ring_head) * 8), FAST_N + 1
     SLOT_BIT[ring_head] = bit
   end
-  local r = pcall_('BITFIELD', k, 'SET', 'u32', bit, int(PRESENT + m))
+  local r = pcall_('BITFIELD', k, 'SET', 'u32', bit, slot_text)
   if r.err then return nil, raw, t_now, us end
   o, n, f, sl, total = r[1], n_calls + 1, n_failures, n_slow, sum_ms + m
   if o >= PRESENT then  -- the slot's old outcome leaves the window
@@ -134,6 +167,7 @@ local function record(keys, args, given_now, given_micros)
   if type(w) == 'table' and w.err then return nil, raw, t_now, us end
   if shadowed then pcall(breaker_shadow.feed, k, t_now, us, 1, 0, 0, ms) end
   if worker then rehello(k .. ':meta', k .. ':cfgs', worker, fp_text, args[3], t_now, key_ttl) end
+  if compact then return t_now end
   return {'CLOSED', t_now, since_ms}
 end
 

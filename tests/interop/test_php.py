@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -607,3 +608,44 @@ def test_php_records_feed_a_shadow_config(php_worker: Php, redis_client: redis.R
     (shadow,) = read_shadows(redis_client, "distbreaker", name)
     assert (shadow["seen"], shadow["seen_failures"], shadow["trips"]) == (3, 3, 1)
     assert (shadow["rejected"], shadow["avoided"]) == (1, 1)
+
+
+def test_php_sends_the_compact_record_and_python_reads_the_same_window(
+        php_worker: Php, redis_url: str, name: str) -> None:
+    """PHP follows the compact record (docs/KEY_SCHEMA.md, "The compact record"): once its
+    view is CLOSED a success sends ARGV {fingerprint, ms} only; the window is shared."""
+    seen: list[str] = []
+    done = f"compact-done-{name}"
+    monitor_client = redis.Redis.from_url(redis_url, decode_responses=True)
+
+    def watch() -> None:
+        with monitor_client.monitor() as m:
+            for command in m.listen():
+                seen.append(command["command"])
+                if done in command["command"]:
+                    return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    wait_until(lambda: redis.Redis.from_url(redis_url).ping() and _monitoring(redis_url),
+               timeout=10)
+    result = php_worker.run(action="calls", name=name, config={**SMALL, "hello_rate": 0},
+                            counter=f"{name}:dep", n=4, fail=False)
+    assert [r["outcome"] for r in result] == ["ok"] * 4
+    redis.Redis.from_url(redis_url).echo(done)
+    watcher.join(timeout=10)
+    state_key = BreakerKeys.build(name).state
+    scripts = [c.split() for c in seen if c.upper().startswith("EVALSHA")]
+    argvs = [c[3 + int(c[2]):] for c in scripts if c[3] == state_key]
+    assert argvs[0][0] == "acquire" and len(argvs) == 5
+    fp = config_fingerprint(BreakerConfig(**SMALL).to_wire())
+    assert all(len(a) == 2 and a[0] == str(fp) for a in argvs[1:])
+    python = python_breaker(name, redis_url)
+    assert python.metrics().calls == 4
+    monitor_client.close()
+
+
+def _monitoring(redis_url: str) -> bool:
+    """A MONITOR client is connected (CLIENT LIST shows its flag)."""
+    clients = redis.Redis.from_url(redis_url).client_list()
+    return any("O" in c.get("flags", "") for c in clients)

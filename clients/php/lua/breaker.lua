@@ -2000,7 +2000,8 @@ local function breaker_hot()
   if breaker_hot_value == nil then breaker_hot_value = (function(record_layout, record_codec, breaker_shadow, breaker_rollout)
 --!lib needs record_layout record_codec breaker_shadow breaker_rollout
 -- The breaker's hot path (lua/breaker.lua): the usual record, one successful call,
--- not slow and not a probe, in CLOSED with a count window, the caller's config stored
+-- not slow and not a probe, in CLOSED with a count window (or a TIME window in the
+-- second it saw last), the caller's config stored
 -- (fingerprint; or a worker's repeated hello with it, which costs one HSET after the
 -- record: lua/lib/breaker_rollout.lua `rehello`), no override, no TTL refresh due.
 -- It is what the general path does
@@ -2011,6 +2012,15 @@ local function breaker_hot()
 -- undo). A success can still make the window's rates count (the calls reach
 -- minimum_calls, or a quorum now met): that is left to the general path too, with the
 -- slot written back. Also the server time, which both paths read.
+--
+-- Two forms of the call reach it: the full record (ARGV as lua/breaker.lua lists them,
+-- answered {'CLOSED', now_ms, since_ms}) and the compact one (`compact`), ARGV
+-- {fingerprint, ms}: one success, without the op, config wire, name and channel the
+-- hot path never reads, answered now_ms; the entry answers 0 ("send the full form";
+-- nothing written) whenever this path cannot finish it (docs/KEY_SCHEMA.md, "The
+-- compact record").
+-- Only the hot fields it uses are decoded (magic to failures_total: the half-open
+-- figures before them are skipped).
 local tonumber, min, byte, rep, sub = tonumber, math.min, string.byte, string.rep, string.sub
 local rcall, pcall_ = redis.call, redis.pcall
 local layout, packer, int = record_layout, record_codec.packer, record_codec.int
@@ -2019,39 +2029,62 @@ local MAGIC, WIN, COUNT_SLOT = layout.MAGIC, layout.WINDOW_AT, layout.COUNT_SLOT
 local PRESENT, FAILED, SLOW, MS_MASK = layout.PRESENT, layout.FAILED, layout.SLOW, layout.MS_MASK
 local HOT_AT, HOT_LAST, HOT_BYTES = layout.HOT_AT, layout.HOT_LAST, layout.HOT_BYTES
 local TOTALS_AT = layout.TOTALS_AT
-local HOT_FORMAT = '>' .. rep('i8', layout.HOT_FIELDS)
+-- the hot fields from magic on (the half-open figures and their config before it are
+-- the general path's), and where they start in the hot read
+local USED_AT = layout.HOT_LOW_BYTE.magic - 7
+local USED_FORMAT = '>' .. rep('i8', layout.HOT_FIELDS - (USED_AT - 1) / 8)
 local TOTALS_FORMAT = '>' .. rep('i8', layout.TOTALS_FIELDS)
 -- the low bytes of the window type and the state code in the hot read
 local WINDOW_TYPE_BYTE, STATE_BYTE = layout.HOT_LOW_BYTE.window_type, layout.HOT_LOW_BYTE.state
-local FP_TEXT, SLOT_BIT, FAST_N = {}, {}, 0   -- decimal texts, kept (a library keeps them)
+-- decimal texts and numbers, kept (a library keeps them; at most 256 new ones, then afresh)
+local FP_TEXT, SLOT_BIT, MS_NUM, MS_SLOT, FAST_N = {}, {}, {}, {}, 0
 
--- The server time in ms, and its microseconds (the open wait's random draw).
+-- The server time in ms, and its microseconds (the open wait's random draw). The
+-- seconds' text changes once a second: its number is kept (one strtod less per call).
+local last_sec_text, last_sec_ms = nil, 0
 local function server_time()
   local t = rcall('TIME')
-  local us = tonumber(t[2])
-  return tonumber(t[1]) * 1000 + (us - us % 1000) / 1000, us
+  local us, s = tonumber(t[2]), t[1]
+  if s ~= last_sec_text then last_sec_text, last_sec_ms = s, tonumber(s) * 1000 end
+  return last_sec_ms + (us - us % 1000) / 1000, us
 end
 
 -- Returns the reply, or nil and (when it read them) the hot fields' bytes and the
 -- server time, which the general path then uses instead of reading them again.
-local function record(keys, args, given_now, given_micros)
-  if args[7] ~= '1' or args[8] ~= '0' or args[9] ~= '0' or args[6] ~= '' or not packer then
-    return nil, nil, given_now, given_micros
+local function record(keys, args, given_now, given_micros, compact)
+  local a2, ms_text = args[1], args[2]
+  if not compact then
+    a2 = args[2]
+    if args[7] ~= '1' or args[8] ~= '0' or args[9] ~= '0' or args[6] ~= '' then
+      return nil, nil, given_now, given_micros
+    end
+    ms_text = args[10]
   end
+  if not packer then return nil, nil, given_now, given_micros end
   local k = keys[1]
   local raw = pcall_('GETRANGE', k, HOT_AT, HOT_LAST)
   if type(raw) ~= 'string' or #raw < HOT_BYTES then return nil, nil, given_now, given_micros end
-  -- another state than CLOSED leaves at once, before the fields are decoded
+  -- a TIME window of an earlier version's layout (type 1) or another state than CLOSED
+  -- leaves at once, before the fields are decoded
   if byte(raw, WINDOW_TYPE_BYTE) == 1 or byte(raw, STATE_BYTE) ~= 0 then
     return nil, raw, given_now, given_micros
   end
-  local ms = tonumber(args[10])
-  if not ms or ms < 0 or ms % 1 ~= 0 then return nil, raw, given_now, given_micros end
-  -- the hot group, as the general path's `load` reads it (this record's values)
-  local _, _, _, _, _, _, magic, stored_fp, window_type, window_size, minimum_calls,
+  -- the duration and its slot value, kept by the duration's text (a few values recur:
+  -- a table read instead of strtod and a '%d' format per call)
+  local ms, slot_text = MS_NUM[ms_text], MS_SLOT[ms_text]
+  if not slot_text then
+    ms = tonumber(ms_text)
+    if not ms or ms < 0 or ms % 1 ~= 0 then return nil, raw, given_now, given_micros end
+    if FAST_N >= 256 then FP_TEXT, SLOT_BIT, MS_NUM, MS_SLOT, FAST_N = {}, {}, {}, {}, 0 end
+    slot_text, FAST_N = int(PRESENT + min(ms, MS_MASK)), FAST_N + 1
+    MS_NUM[ms_text], MS_SLOT[ms_text] = ms, slot_text
+  end
+  -- the hot group from magic on, as the general path's `load` reads it (this record's
+  -- values)
+  local magic, stored_fp, window_type, window_size, minimum_calls,
         failure_threshold, slow_threshold, key_ttl, code, since_ms, override_until,
         ttl_refreshed_at, n_calls, n_failures, n_slow, sum_ms, ring_head, window_sec,
-        write_seq, calls_total, failures_total = packer.unpack(HOT_FORMAT, raw)
+        write_seq, calls_total, failures_total = packer.unpack(USED_FORMAT, raw, USED_AT)
   if magic ~= MAGIC or code ~= 0 or window_type == 1 or window_type > 2 or window_size <= 0
       or override_until ~= 0 then
     return nil, raw, given_now, given_micros
@@ -2065,17 +2098,17 @@ local function record(keys, args, given_now, given_micros)
       return nil, raw, given_now, given_micros
     end
   end
-  if FAST_N >= 256 then FP_TEXT, SLOT_BIT, FAST_N = {}, {}, 0 end
+  if FAST_N >= 256 then FP_TEXT, SLOT_BIT, MS_NUM, MS_SLOT, FAST_N = {}, {}, {}, {}, 0 end
   local fp_text = FP_TEXT[stored_fp]
   if not fp_text then
     fp_text, FAST_N = int(stored_fp), FAST_N + 1
     FP_TEXT[stored_fp] = fp_text
   end
-  local a2, worker = args[2], nil
+  local worker = nil
   if fp_text ~= a2 then
     -- a hello '<fp>@<worker>' of the config in force (longer than any fingerprint)
     local n = #fp_text
-    if #a2 <= 15 or byte(a2, n + 1) ~= 64 or sub(a2, 1, n) ~= fp_text
+    if compact or #a2 <= 15 or byte(a2, n + 1) ~= 64 or sub(a2, 1, n) ~= fp_text
         or sub(a2, -4) == '@bye' then
       return nil, raw, given_now, given_micros
     end
@@ -2104,7 +2137,7 @@ local function record(keys, args, given_now, given_micros)
     bit, FAST_N = int((WIN + COUNT_SLOT * ring_head) * 8), FAST_N + 1
     SLOT_BIT[ring_head] = bit
   end
-  local r = pcall_('BITFIELD', k, 'SET', 'u32', bit, int(PRESENT + m))
+  local r = pcall_('BITFIELD', k, 'SET', 'u32', bit, slot_text)
   if r.err then return nil, raw, t_now, us end
   o, n, f, sl, total = r[1], n_calls + 1, n_failures, n_slow, sum_ms + m
   if o >= PRESENT then  -- the slot's old outcome leaves the window
@@ -2134,6 +2167,7 @@ local function record(keys, args, given_now, given_micros)
   if type(w) == 'table' and w.err then return nil, raw, t_now, us end
   if shadowed then pcall(breaker_shadow.feed, k, t_now, us, 1, 0, 0, ms) end
   if worker then rehello(k .. ':meta', k .. ':cfgs', worker, fp_text, args[3], t_now, key_ttl) end
+  if compact then return t_now end
   return {'CLOSED', t_now, since_ms}
 end
 
@@ -2215,7 +2249,10 @@ local main = (function(prelude, record_layout, record_codec, breaker_config, bre
 --
 -- KEYS[1] state record (string)   KEYS[2] meta hash   KEYS[3] probe leases (zset)
 -- KEYS[4] history stream; 2-4 may be left out (derived from KEYS[1], see begin)
--- ARGV[1] op: acquire | record | state | set
+-- ARGV[1] op: acquire | record | state | set; or ARGV of exactly two elements
+--         {fingerprint, ms}: the compact record, one success, answered now_ms by the
+--         hot path (lua/lib/breaker_hot.lua), or 0 when only the full record can be
+--         answered: nothing is written then, and the client sends the full form
 -- ARGV[2] config fingerprint (decimal: the first 12 hex digits of the SHA-1 of
 --         ARGV[3], as an integer; a wrong one only costs time)
 -- ARGV[3] config wire string   ARGV[4] breaker name (for events)
@@ -2258,6 +2295,13 @@ local layout = record_layout
 local MAGIC = layout.MAGIC
 local HOT_AT, HOT_LAST, HOT_FIELDS = layout.HOT_AT, layout.HOT_LAST, layout.HOT_FIELDS
 local STATE_AT = layout.STATE_AT
+-- the half-open group's length, and where the state group starts, in the hot read (the
+-- probe's record writes both at once: write_record)
+local HOT_BYTES = layout.HOT_BYTES
+local HALF_OPEN_BYTES = tonumber(layout.HALF_OPEN_LAST) - tonumber(layout.HALF_OPEN_AT) + 1
+local STATE_FROM_HOT = tonumber(STATE_AT) - tonumber(layout.HOT_AT)
+local sub = string.sub
+local ONE_HOT_WRITE = layout.HALF_OPEN_AT == layout.HOT_AT and layout.STATE_LAST == layout.HOT_LAST
 -- (the cold and config groups' offsets are read from `layout` where they are used:
 -- off the hot paths, and a chunk has room for 200 locals only; the window's are in
 -- lua/lib/breaker_window.lua)
@@ -2383,9 +2427,10 @@ end
 -- Reads the hot header; returns an error reply, or nil. Sets `exists`, the hot
 -- fields and the governing config (stored, or this call's for a new or unset one).
 local preread = nil  -- the hot fields the hot path read before it stepped aside
+local hot_raw = nil  -- this call's hot read (write_record: the bytes between two groups)
 local function load()
   local raw = preread or pcall_('GETRANGE', K_STATE, HOT_AT, HOT_LAST)
-  preread = nil
+  preread, hot_raw = nil, raw
   if type(raw) == 'table' and raw.err then
     return foreign_keys() or redis.error_reply(raw.err)
   end
@@ -2777,6 +2822,26 @@ local function put(offset, bytes)
   return nil
 end
 
+-- A probe's record: the half-open figures and the state group in one write, with the
+-- config bytes between them (unchanged: no dirty_config) as this call read them.
+-- true and the refusal (nil: written), or false when the groups go separately.
+local function write_probe_record()
+  if not (ONE_HOT_WRITE and not dirty_counters and (dirty_state or dirty_window
+          or ttl_refreshed_at == now) and type(hot_raw) == 'string' and #hot_raw >= HOT_BYTES) then
+    return false
+  end
+  seq = seq - seq % 4294967296 + (seq + 1) % 4294967296
+  local refused = put(HOT_AT, header_half_open(hp_done, hp_fail, hp_slow)
+                      .. sub(hot_raw, HALF_OPEN_BYTES + 1, STATE_FROM_HOT)
+                      .. header_state(CODE[s_state], since, override_until, ttl_refreshed_at,
+                                      calls, failures, slow, total_ms, head, window_sec, seq,
+                                      calls_total, failures_total))
+  if refused then return true, refused end
+  write_window(K_STATE, clear_ring, window_type, window_size, time_slot_at, time_slot_values,
+               n_count_slots, count_slots_from, count_slot_values)
+  return true, nil
+end
+
 local function write_record()
   first_write = true
   if not exists then
@@ -2799,7 +2864,9 @@ local function write_record()
       window_size, min_calls, failure_threshold, slow_threshold, ttl_ms))
     if refused then return refused end
   elseif dirty_half_open then
-    local refused = put(layout.HALF_OPEN_AT, header_half_open(hp_done, hp_fail, hp_slow))
+    local combined, refused = write_probe_record()
+    if combined then return refused end
+    refused = put(layout.HALF_OPEN_AT, header_half_open(hp_done, hp_fail, hp_slow))
     if refused then return refused end
   end
   if exists and dirty_counters then
@@ -3146,6 +3213,10 @@ local fast_record = breaker_hot.record
 
 return function(KEYS, ARGV, given_now, given_micros)
   preread = nil
+  if ARGV[3] == nil and ARGV[2] ~= nil then  -- the compact record: done, or 0
+    preread = nil                             -- ("send the full form")
+    return fast_record(KEYS, ARGV, given_now, given_micros, true) or 0
+  end
   if ARGV[1] == 'record' then
     local fast
     fast, preread, given_now, given_micros = fast_record(KEYS, ARGV, given_now, given_micros)

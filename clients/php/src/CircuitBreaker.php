@@ -38,6 +38,7 @@ final class CircuitBreaker
     private int $viewNowMs = 0;
     private string $viewReason = '';   // why the viewed state, who set it: for CallNotPermitted
     private string $viewActor = '';
+    private bool $viewHeld = false;    // the last reply showed an operator's override
     private int $slowMs;
     /** @var list<callable(array{name: string, from: string, to: string, reason: string, at_ms: int}): void> */
     private array $listeners = [];
@@ -153,10 +154,41 @@ final class CircuitBreaker
             $args = [$permit->token, $failed ? 0 : 1, $failed ? 1 : 0, $ms > $this->slowMs ? 1 : 0, $ms];
         }
         try {
+            if ($outcome === 'success' && $args[3] === 0 && $this->compactRecord($permit, $args[4])) {
+                return;
+            }
             $this->execute('record', ...$args);
         } catch (\RedisException $e) {
             $this->view = null; // the outcome is lost; never fail the caller for it
         }
+    }
+
+    /**
+     * The compact record (docs/KEY_SCHEMA.md, "The compact record"): ARGV {fingerprint, ms}
+     * for a plain success while the view is CLOSED, answered by the server time in ms;
+     * false when it cannot be sent, or the script answered 0 (send the full form).
+     */
+    private function compactRecord(Permit $permit, int $ms): bool
+    {
+        if ($permit->token !== '' || $this->view !== 'CLOSED' || $this->configDrift !== null
+            || $this->helloDue || $this->viewHeld || $this->config->slidingWindowType !== 'COUNT_BASED') {
+            return false;
+        }
+        try {
+            $raw = Scripts::run($this->redis, $this->script, [$this->keys['state']], [$this->fingerprint, $ms]);
+        } catch (\RedisException $e) {
+            $this->view = null;
+            throw $e;
+        }
+        if (!is_int($raw) || $raw <= 0) {
+            return false;
+        }
+        if ($raw >= $this->viewNowMs) {
+            $this->viewNowMs = $raw;
+            $this->view = 'CLOSED';
+            $this->viewReason = $this->viewActor = '';
+        }
+        return true;
     }
 
     /**
@@ -412,6 +444,7 @@ final class CircuitBreaker
             $this->openDeadline = self::monotonic() + $reply['wait_ms'] / 1000.0;
             $this->viewReason = $reply['reason'];
             $this->viewActor = $reply['actor'];
+            $this->viewHeld = $reply['override_until_ms'] > 0;
         }
         if ($reply['drift']) {
             $first = $this->configDrift === null;
