@@ -23,6 +23,9 @@ ROUND_TRIPS = {
     "closed_time_3600": 1,
     "closed_time_idle_3600": 1, "closed_time_idle_1800": 1, "closed_time_idle_3599": 1,
     "closed_time_idle_3600_no_ttl": 1, "closed_shadow_1": 1, "closed_shadow_3": 1,
+    "closed_time_60_idle_3600": 1, "closed_time_60_idle_1800": 1, "closed_time_60_idle_30": 1,
+    "closed_time_60_idle_59": 1,
+    "batched_time_3600_idle_1800": 1,  # one flush per measured call (10 outcomes)
     "closed_recording": 1,  # the sample rides on the record's script call
     "policy_20_per_s": 2,
 }
