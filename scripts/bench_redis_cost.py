@@ -322,6 +322,8 @@ def idle_long_window(client: redis.Redis, name: str, gap: int, label: str,
         if not made:
             for breaker in pool:
                 breaker.call(ok)
+                if batched:
+                    breaker.flush()  # the record exists before it is aged
             made = True
         for breaker in pool:
             age_time_record(client, breaker.keys.state, gap, ttl_due, window)
