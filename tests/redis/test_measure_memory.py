@@ -11,6 +11,8 @@ from typing import Any
 
 import redis
 
+from distbreaker.demo.embedded import RedisServer
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "measure_memory.py"
 
@@ -67,8 +69,14 @@ def test_measures_every_key_of_each_breaker_shape(redis_url: str,
         round(768 / 720, 3), round(1792 / 1536, 3)]
 
 
-def test_fleet_row_reports_used_memory_per_breaker(redis_url: str) -> None:
-    done = measure(redis_url, "--window", "10", "--fleet", "50", "--json")
+def test_fleet_row_reports_used_memory_per_breaker() -> None:
+    # a server of its own: used_memory deltas on the shared one move with what earlier
+    # tests left behind (freed lazily, expiring), and went negative once in CI
+    server = RedisServer().start()
+    try:
+        done = measure(server.url, "--window", "10", "--fleet", "50", "--json")
+    finally:
+        server.stop()
     assert done.returncode == 0, done.stderr
     fleet = json.loads(done.stdout)[-1]
     assert fleet["breaker"] == "50 COUNT-10 breakers, used_memory per breaker"
