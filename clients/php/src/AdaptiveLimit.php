@@ -37,11 +37,7 @@ final class AdaptiveLimit
     /** @param array<string, mixed> $options Python AdaptiveLimit field names */
     public function __construct(array $options = [])
     {
-        $unknown = array_diff(array_keys($options), array_keys(self::DEFAULTS));
-        if ($unknown !== []) {
-            sort($unknown);
-            throw new \InvalidArgumentException('unknown adaptive option(s): ' . implode(', ', $unknown));
-        }
+        Options::refuseUnknown($options, 'adaptive', self::DEFAULTS);
         $o = $options + self::DEFAULTS;
         $this->minLimit = self::integer($o['min_limit'], 'min_limit', 1, self::MILLION);
         $this->maxLimit = self::integer($o['max_limit'], 'max_limit', $this->minLimit, self::MILLION);

@@ -86,11 +86,7 @@ final class BreakerConfig
     /** @param array<string, mixed> $options Python BreakerConfig field names */
     public function __construct(array $options = [])
     {
-        $unknown = array_diff(array_keys($options), array_keys(self::DEFAULTS), array_keys(self::CLIENT_DEFAULTS));
-        if ($unknown !== []) {
-            sort($unknown);
-            throw new \InvalidArgumentException('unknown breaker option(s): ' . implode(', ', $unknown));
-        }
+        Options::refuseUnknown($options, 'breaker', self::DEFAULTS, self::CLIENT_DEFAULTS);
         $o = $options + self::DEFAULTS + self::CLIENT_DEFAULTS;
         $this->failureRateThreshold = self::percent($o['failure_rate_threshold'], 'failure_rate_threshold');
         $this->slowCallRateThreshold = self::percent($o['slow_call_rate_threshold'], 'slow_call_rate_threshold');

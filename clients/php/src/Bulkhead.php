@@ -64,11 +64,7 @@ final class Bulkhead
         $prefix = $config['prefix'] ?? Keys::DEFAULT_PREFIX;
         $luaDir = $config['lua_dir'] ?? null;
         unset($config['prefix'], $config['lua_dir']);
-        $unknown = array_diff(array_keys($config), array_keys(self::DEFAULTS));
-        if ($unknown !== []) {
-            sort($unknown);
-            throw new \InvalidArgumentException('unknown bulkhead option(s): ' . implode(', ', $unknown));
-        }
+        Options::refuseUnknown($config, 'bulkhead', self::DEFAULTS);
         $o = $config + self::DEFAULTS;
         foreach (['max_concurrent_calls' => 1, 'expected_workers' => 1] as $field => $low) {
             if (!is_int($o[$field]) || $o[$field] < $low || $o[$field] > 1000000) {

@@ -48,11 +48,7 @@ final class Connection
     /** @param array<string, mixed> $options see DEFAULTS; unknown keys are refused */
     public function __construct(array $options = [])
     {
-        $unknown = array_diff(array_keys($options), array_keys(self::DEFAULTS));
-        if ($unknown !== []) {
-            sort($unknown);
-            throw new \InvalidArgumentException('unknown connection option(s): ' . implode(', ', $unknown));
-        }
+        Options::refuseUnknown($options, 'connection', self::DEFAULTS);
         $o = array_filter($options, static fn ($v) => $v !== null) + self::DEFAULTS;
         if (is_string($o['url']) && $o['url'] !== '') {
             $o = self::parseUrl($o['url']) + $o;

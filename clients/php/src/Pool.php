@@ -68,11 +68,7 @@ final class Pool
         $this->prefix = $config['prefix'] ?? Keys::DEFAULT_PREFIX;
         $luaDir = $config['lua_dir'] ?? null;
         unset($config['prefix'], $config['lua_dir']);
-        $unknown = array_diff(array_keys($config), array_keys(self::DEFAULTS));
-        if ($unknown !== []) {
-            sort($unknown);
-            throw new \InvalidArgumentException('unknown pool option(s): ' . implode(', ', $unknown));
-        }
+        Options::refuseUnknown($config, 'pool', self::DEFAULTS);
         $o = $config + self::DEFAULTS;
         $this->members = self::normalizeMembers($o['members']);
         if (!in_array($o['balance'], self::BALANCES, true)) {

@@ -43,11 +43,7 @@ final class RateLimiter
         $this->prefix = $config['prefix'] ?? Keys::DEFAULT_PREFIX;
         $luaDir = $config['lua_dir'] ?? null;
         unset($config['prefix'], $config['lua_dir']);
-        $unknown = array_diff(array_keys($config), array_keys(self::DEFAULTS));
-        if ($unknown !== []) {
-            sort($unknown);
-            throw new \InvalidArgumentException('unknown rate limiter option(s): ' . implode(', ', $unknown));
-        }
+        Options::refuseUnknown($config, 'rate limiter', self::DEFAULTS);
         $o = $config + self::DEFAULTS;
         $limit = $o['limit_for_period'];
         if (!is_int($limit) || $limit < 1 || $limit > 1000000000) {

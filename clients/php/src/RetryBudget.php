@@ -39,11 +39,7 @@ final class RetryBudget
         $prefix = $config['prefix'] ?? Keys::DEFAULT_PREFIX;
         $luaDir = $config['lua_dir'] ?? null;
         unset($config['prefix'], $config['lua_dir']);
-        $unknown = array_diff(array_keys($config), array_keys(self::DEFAULTS));
-        if ($unknown !== []) {
-            sort($unknown);
-            throw new \InvalidArgumentException('unknown retry budget option(s): ' . implode(', ', $unknown));
-        }
+        Options::refuseUnknown($config, 'retry budget', self::DEFAULTS);
         $o = $config + self::DEFAULTS;
         foreach (['percent_can_retry' => 10.0, 'min_retries_per_sec' => 1000000.0] as $field => $top) {
             $v = $o[$field];
