@@ -34,11 +34,8 @@ class AdaptiveLimit:
     `latency_target` (an SLO the limit never trades away), it is cut to limit x
     reference / latency (at least half; the window after a cut confirms nothing);
     otherwise the queue the latency shows is held at half a call (3 % of a large
-    limit), with `smoothing` as the gain; a window trims only by the queue it shows
-    beyond one standard error of its mean (each window measures its spread), so
-    noise alone trims less (heavy-tailed latency: docs/ADAPTIVE.md). A failure,
-    timeout or overload answer multiplies it by `backoff_ratio` (at most once per
-    window); an `Overloaded` error's retry_after
+    limit), with `smoothing` as the gain. A failure, timeout or overload answer multiplies it by
+    `backoff_ratio` (at most once per window); an `Overloaded` error's retry_after
     also pauses increases, and after a 429 the 429s, not the latency, mark the
     capacity. `sample_rate`: a worker reports its successes in batches of
     1 / sample_rate (count and mean latency), which keeps the Redis cost of an

@@ -185,15 +185,13 @@ end
 -- decrease and until which increases are paused, why it last moved and when, the
 -- open window (start ms, successes, their latency sum), when the next probe of the
 -- reference is due, the limit a probe restores (0: not probing), growth windows in a row,
--- the server ms of the last 429, and the open window's spread (the sum of weight x
--- mean^2 over its reports, ms^2, and how many reports).
+-- the server ms of the last 429.
 local A_FIELDS = {'a_limit', 'a_rtt_s', 'a_rtt_l', 'a_dec', 'a_pause', 'a_why', 'a_moved',
-                  'a_ws', 'a_wn', 'a_wsum', 'a_probe', 'a_saved', 'a_streak', 'a_429',
-                  'a_wsq', 'a_wk'}
+                  'a_ws', 'a_wn', 'a_wsum', 'a_probe', 'a_saved', 'a_streak', 'a_429'}
 local A_NUMERIC = {'%.3f', '%.3f', '%.3f', '%d', '%d', nil, '%d', '%d', '%d', '%d', '%d',
-                   '%.3f', '%d', '%d', '%d', '%d'}
+                   '%.3f', '%d', '%d'}
 local A_KEYS = {'limit', 'rtt_s', 'ref', 'dec', 'pause', 'why', 'moved', 'ws', 'wn', 'wsum',
-                'probe', 'saved', 'streak', 'r429', 'wsq', 'wk'}
+                'probe', 'saved', 'streak', 'r429'}
 local N_A = #A_FIELDS
 
 -- The adaptive state (meta a_* fields, `raw[first..]` in A_FIELDS order) as numbers.
@@ -229,23 +227,6 @@ local function window_closes(p, ws, wn, rtt, ref, now, probing)
                                           or (p.target > 0 and rtt > p.target)))
 end
 
--- A new window opens at `at` (server ms): no success in it yet.
-local function open_window(st, at)
-  st.ws, st.wn, st.wsum, st.wsq, st.wk = at, 0, 0, 0, 0
-end
-
--- The standard error of the open window's mean (ms): the calls' spread, measured from
--- its reports (a report of w successes of mean m: the sum of w (m - mean)^2 over k
--- reports is (k - 1) x the calls' variance on average, whatever the batch sizes), over
--- sqrt(successes). 0 with fewer than 3 reports (no spread known: no allowance).
-local function window_se(st)
-  if st.wk < 3 or st.wn <= 0 then return 0 end
-  local mean = st.wsum / st.wn
-  local var = (st.wsq - st.wn * mean * mean) / (st.wk - 1)
-  if var <= 0 then return 0 end
-  return math.sqrt(var / st.wn)
-end
-
 -- A window closes: its mean latency `rtt` moves the limit (docs/ADAPTIVE.md has the
 -- why). The reference is the mean latency at a limit the dependency cannot queue
 -- behind: the first window's, averaged with the next ones below 1.05 x it while the
@@ -257,7 +238,6 @@ end
 -- after window). After a 429 the 429s mark the capacity, not latency below tolerance.
 local function close_window(st, p, rtt, in_use, now)
   local previous = st.rtt_s
-  local se = window_se(st)
   st.rtt_s = rtt
   local starting = st.dec <= 0               -- slow start: nothing cut the limit yet
   local measured = st.saved > 0
@@ -269,9 +249,7 @@ local function close_window(st, p, rtt, in_use, now)
     st.probe, st.why = now + p.probe, 'no-load latency re-measured'
   elseif st.ref <= 0 then
     st.ref, st.probe, st.why = rtt, now + p.probe, 'no-load latency measured'
-  elseif starting and (rtt < st.ref * 1.1 or rtt <= st.ref + 2 * se) then
-    -- no queue yet in slow start: averaged in (also a window above 1.1 x the reference
-    -- within its own noise: taking only the low ones would bias the reference low)
+  elseif starting and rtt < st.ref * 1.1 then  -- no queue yet in slow start: averaged in
     st.ref = (st.ref + rtt) / 2
   elseif now >= st.probe and st.probe > 0 then  -- a probe starts: half the limit
     st.saved = st.limit
@@ -282,16 +260,12 @@ local function close_window(st, p, rtt, in_use, now)
   -- had time to leave the dependency's queue (reports before then count nowhere)
   local settle = math.floor(math.min(rtt, 4 * st.ref))
   if st.saved > 0 or measured then
-    open_window(st, now + (st.saved > 0 and settle or 0))
+    st.ws, st.wn, st.wsum = now + (st.saved > 0 and settle or 0), 0, 0
     return
   end
   local target = p.target > 0 and p.target
-  -- the queue the latency shows (Little: limit x (1 - reference / latency)), and the
-  -- queue it shows beyond the window's noise (one standard error of its mean: +-17 %
-  -- per window at sigma 0.8): only that one trims, only a window below the hold grows
+  -- the queue the latency shows (Little: limit x (1 - reference / latency))
   local queued = st.limit * (1 - st.ref / rtt)
-  local shown = math.max(0, rtt - se - st.ref)
-  local beyond_noise = st.limit * shown / (st.ref + shown)
   local headroom = math.max(1, 0.05 * st.limit)
   -- the queue held on a dependency that queues: half a call (a few % of a large limit)
   local hold = math.max(0.5, 0.03 * st.limit)
@@ -314,13 +288,11 @@ local function close_window(st, p, rtt, in_use, now)
     if growing then
       st.limit, st.why = st.limit * 1.3, 'slow start'
     end
-  elseif beyond_noise > hold and not refusing then
+  elseif queued > hold and not refusing then
     -- a dependency that queues (it answered no 429 lately): the queue is held at
     -- `hold`; a window above it takes part of the excess off
-    st.limit = st.limit - math.min(p.smoothing * (beyond_noise - hold), 0.25 * st.limit)
+    st.limit = st.limit - math.min(p.smoothing * (queued - hold), 0.25 * st.limit)
     st.why, st.dec, st.streak = 'latency above the no-load level', now, 0
-  elseif queued > hold and not refusing then  -- above the hold within its noise: kept
-    st.streak = 0
   elseif growing then                        -- one below adds, faster window after window
     st.streak = math.min(st.streak + 1, 8)
     local room = headroom
@@ -336,7 +308,7 @@ local function close_window(st, p, rtt, in_use, now)
     -- at the end; a probe soon (five windows) measures it clean
     st.probe = math.min(st.probe, now + 5 * p.window)
   end
-  open_window(st, now + (st.dec == now and settle or 0))
+  st.ws, st.wn, st.wsum = now + (st.dec == now and settle or 0), 0, 0
 end
 
 -- One reported outcome: a failure, timeout or 429 multiplies the limit by `backoff`,
@@ -351,7 +323,7 @@ local function adapt(st, p, outcome, latency, retry_after, in_use, now, weight)
     if now - st.dec >= math.max(p.window, st.rtt_s) then
       st.limit, st.dec, st.streak = math.max(p.min, st.limit * p.backoff), now, 0
       st.why = outcome == '429' and 'overload (429)' or 'failure or timeout'
-      open_window(st, now)
+      st.ws, st.wn, st.wsum = now, 0, 0
     end
     if outcome == '429' then st.r429 = now end
     if outcome == '429' and retry_after > 0 and now + retry_after > st.pause then
@@ -361,7 +333,6 @@ local function adapt(st, p, outcome, latency, retry_after, in_use, now, weight)
   elseif outcome == 'ok' and now >= st.ws then
     if st.ws <= 0 then st.ws = now end   -- the first report opens the first window
     st.wn, st.wsum = st.wn + weight, st.wsum + latency * weight
-    st.wsq, st.wk = st.wsq + latency * latency * weight, st.wk + 1
     if st.wn > 0 and window_closes(p, st.ws, st.wn, st.wsum / st.wn, st.ref, now,
                                    st.saved > 0) then
       close_window(st, p, st.wsum / st.wn, in_use, now)
@@ -534,18 +505,16 @@ end
 -- or anything is unusual, and the full report below runs.
 local function window_add(k_leases, k_meta, token, ap, argv, now, ttl_ms, ttl_s)
   local m = redis.pcall('HMGET', k_meta, 'waiters', 'ttl_until', 'a_limit', 'a_ws', 'a_wn',
-                        'a_wsum', 'a_rtt_l', 'a_saved', 'a_wsq', 'a_wk')
+                        'a_wsum', 'a_rtt_l', 'a_saved')
   if m['err'] or (m[1] and m[1] ~= '0') or not tonumber(m[3]) then return nil end
   local until_ms, ws, wn = tonumber(m[2] or 0), tonumber(m[4] or 0), tonumber(m[5] or 0)
   local wsum, ref, saved = tonumber(m[6] or 0), tonumber(m[7] or 0), tonumber(m[8] or 0)
-  local wsq, wk = tonumber(m[9] or 0), tonumber(m[10] or 0)
-  if not (until_ms and ws and wn and wsum and ref and saved and wsq and wk) then return nil end
+  if not (until_ms and ws and wn and wsum and ref and saved) then return nil end
   local latency, weight = tonumber(argv[9]) or 0, math.max(1, tonumber(argv[11]) or 1)
   if ws <= 0 then return nil end   -- the first window: adapt() opens it
   local counted = now >= ws
   if counted then
     wn, wsum = wn + weight, wsum + latency * weight
-    wsq, wk = wsq + latency * latency * weight, wk + 1
     if window_closes(ap, ws, wn, wsum / wn, ref, now, saved > 0) then
       return nil   -- adapt() closes it
     end
@@ -554,12 +523,11 @@ local function window_add(k_leases, k_meta, token, ap, argv, now, ttl_ms, ttl_s)
   redis.call('ZREM', k_leases, token)
   local refresh = refresh_due(until_ms, now, 0, ttl_ms)
   local wn_s, wsum_s = string.format('%d', wn), string.format('%d', wsum)
-  local wsq_s, wk_s = string.format('%d', wsq), string.format('%d', wk)
   if counted and refresh then
-    redis.call('HSET', k_meta, 'a_wn', wn_s, 'a_wsum', wsum_s, 'a_wsq', wsq_s, 'a_wk', wk_s,
-               'ttl_until', string.format('%d', now + ttl_ms))
+    redis.call('HSET', k_meta, 'a_wn', wn_s, 'a_wsum', wsum_s, 'ttl_until',
+               string.format('%d', now + ttl_ms))
   elseif counted then
-    redis.call('HSET', k_meta, 'a_wn', wn_s, 'a_wsum', wsum_s, 'a_wsq', wsq_s, 'a_wk', wk_s)
+    redis.call('HSET', k_meta, 'a_wn', wn_s, 'a_wsum', wsum_s)
   elseif refresh then
     redis.call('HSET', k_meta, 'ttl_until', string.format('%d', now + ttl_ms))
   end
@@ -811,8 +779,7 @@ function OP.restart(c)
   local ast, ap = c.ast, c.ap
   if ast then
     ast.limit, ast.why, ast.moved, ast.pause = ap.min, 'restart after a recovery', c.now, 0
-    ast.saved, ast.streak = 0, 0
-    open_window(ast, c.now)
+    ast.saved, ast.streak, ast.ws, ast.wn, ast.wsum = 0, 0, c.now, 0, 0
     c.limit, c.limit_s = ap.min, string.format('%d', ap.min)
     c.adapted, c.wrote, c.meta_written = true, true, true
   end
