@@ -42,7 +42,11 @@ def test_every_scenario_makes_the_round_trips_of_its_path(bench: ModuleType,
                                                           redis_url: str) -> None:
     scenarios = bench.build_scenarios(redis_url, "cost", pacings=((20.0, 5),))
     results = bench.measure(scenarios, bench.NoMeter(), calls=100, batches=2, warm_up=10)
-    assert {m.key: m.round_trips_per_call() for m in results} == pytest.approx(ROUND_TRIPS)
+    trips = {m.key: m.round_trips_per_call() for m in results}
+    # an OPEN breaker re-reads the fleet state once per revalidate_interval: on a loaded
+    # machine one re-read can fall inside the 200 measured calls (0.005 a call)
+    assert trips.pop("open") <= 1 / 100
+    assert trips == pytest.approx({k: v for k, v in ROUND_TRIPS.items() if k != "open"})
     commands = {m.key: m.commands_per_call() for m in results}
     assert commands["ping"] == {"ping": 1.0}
     assert commands["pybreaker_closed"] == {"get": 1.0, "set": 1.0}
