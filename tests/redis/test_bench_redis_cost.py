@@ -50,7 +50,8 @@ def test_every_scenario_makes_the_round_trips_of_its_path(bench: ModuleType,
     commands = {m.key: m.commands_per_call() for m in results}
     assert commands["ping"] == {"ping": 1.0}
     assert commands["pybreaker_closed"] == {"get": 1.0, "set": 1.0}
-    assert commands["open"] == {}
+    # nothing but that one re-read (an FCALL), if it fell inside
+    assert set(commands["open"]) <= {"fcall"} and sum(commands["open"].values()) <= 1 / 100
     for key in ("empty_evalsha", "closed", "closed_time", "budget", "closed_time_idle_1800",
                 "ratelimiter"):
         assert set(commands[key]) <= {"evalsha", "fcall"}, key
