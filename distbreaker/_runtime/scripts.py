@@ -27,6 +27,7 @@ and asyncio driver.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -35,7 +36,7 @@ import os
 import threading
 import traceback
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
@@ -437,34 +438,47 @@ async def run_script_async(client: Any, script: LuaScript, keys: Sequence[str],
         _raise_not_redis(exc)
 
 
+def _fcall(client: Any, script: LuaScript, keys: Sequence[str],
+           args: Sequence[Any]) -> tuple[Any, ...] | None:
+    """The FCALL command of a hot call, None when Functions are not usable here."""
+    if script.function and FUNCTIONS.usable(client):
+        return ("FCALL", script.function, len(keys), *keys, *args)
+    return None
+
+
+@contextlib.contextmanager
+def _functions_trouble_falls_through() -> Iterator[None]:
+    """Around a hot FCALL: our script errors and a reply that is not Redis's raise as
+    `run_script` raises them; Functions trouble (no library, no FCALL) is swallowed, so
+    the caller goes on to `run_script`'s whole flow."""
+    try:
+        yield
+    except ResponseError as exc:
+        if function_error(exc) is None:
+            _raise_translated(exc)
+    except MALFORMED as exc:
+        _raise_not_redis(exc)
+
+
 def run_function(client: Any, script: LuaScript, keys: Sequence[str],
                  args: Sequence[Any]) -> Any:
     """`run_script` for a hot call: its function called at once (the usual case, the
     library loaded: no call flow to step through); any Functions trouble takes
     `run_script`'s whole flow (loading the library, or the EVAL form)."""
-    if script.function and FUNCTIONS.usable(client):
-        try:
-            return client.execute_command("FCALL", script.function, len(keys), *keys, *args)
-        except ResponseError as exc:
-            if function_error(exc) is None:
-                _raise_translated(exc)
-        except MALFORMED as exc:
-            _raise_not_redis(exc)
+    command = _fcall(client, script, keys, args)
+    if command is not None:
+        with _functions_trouble_falls_through():
+            return client.execute_command(*command)
     return run_script(client, script, keys, args)
 
 
 async def run_function_async(client: Any, script: LuaScript, keys: Sequence[str],
                              args: Sequence[Any]) -> Any:
     """The asyncio twin of `run_function`."""
-    if script.function and FUNCTIONS.usable(client):
-        try:
-            return await client.execute_command("FCALL", script.function, len(keys), *keys,
-                                                *args)
-        except ResponseError as exc:
-            if function_error(exc) is None:
-                _raise_translated(exc)
-        except MALFORMED as exc:
-            _raise_not_redis(exc)
+    command = _fcall(client, script, keys, args)
+    if command is not None:
+        with _functions_trouble_falls_through():
+            return await client.execute_command(*command)
     return await run_script_async(client, script, keys, args)
 
 
